@@ -1,0 +1,4 @@
+//! Pure decisions shared by the server, the agent and the relay: no tokio, no filesystem,
+//! no processes, and time is always passed in.
+
+pub mod tokens;

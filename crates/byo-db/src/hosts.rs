@@ -1,0 +1,211 @@
+//! Hosts and the machines they are made of (host_nodes).
+
+use chrono::{DateTime, Utc};
+use serde_json::Value;
+use sqlx::types::Json;
+
+use crate::{DbError, Result, Store, new_id};
+
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct HostRow {
+    pub id: String,
+    pub slug: String,
+    pub owner_sub: String,
+    pub profile_id: String,
+    pub gpu_type: String,
+    pub active: bool,
+    pub dedicated: bool,
+    pub dedicated_to: Option<String>,
+    pub placement: Option<String>,
+    pub prepare_state: Option<Json<Value>>,
+    pub prepared_at: Option<DateTime<Utc>>,
+    pub pubkey: Option<String>,
+    pub lockout_owner: bool,
+    pub relay_name: Option<String>,
+    pub relay_ip: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub activated_at: Option<DateTime<Utc>>,
+    pub retired_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewHost<'a> {
+    pub slug: &'a str,
+    pub owner_sub: &'a str,
+    pub profile_id: &'a str,
+    pub gpu_type: &'a str,
+}
+
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct HostNodeRow {
+    pub host_id: String,
+    pub index: i32,
+    pub machine_id: Option<String>,
+    pub hardware_id: String,
+    pub fingerprint: Json<Value>,
+    pub rails: Json<Value>,
+    pub prepare_state: Option<Json<Value>>,
+    pub created_at: DateTime<Utc>,
+    pub retired_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug)]
+pub struct NewHostNode<'a> {
+    pub host_id: &'a str,
+    pub index: i32,
+    pub machine_id: Option<&'a str>,
+    pub hardware_id: &'a str,
+    pub fingerprint: &'a Value,
+    pub rails: &'a Value,
+}
+
+impl Store {
+    /// Write a new hosts row. It is born inactive: `active = false` is the default and
+    /// only [`Store::activate_host`] writes true.
+    pub async fn insert_host(&self, new: NewHost<'_>, now: DateTime<Utc>) -> Result<HostRow> {
+        on_pool!(self, |p| sqlx::query_as::<_, HostRow>(
+            "insert into hosts (id, slug, owner_sub, profile_id, gpu_type, created_at)
+             values ($1, $2, $3, $4, $5, $6)
+             returning id, slug, owner_sub, profile_id, gpu_type, active, dedicated, dedicated_to,
+                       placement, prepare_state, prepared_at, pubkey, lockout_owner, relay_name,
+                       relay_ip, created_at, activated_at, retired_at"
+        )
+        .bind(new_id())
+        .bind(new.slug)
+        .bind(new.owner_sub)
+        .bind(new.profile_id)
+        .bind(new.gpu_type)
+        .bind(now)
+        .fetch_one(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    pub async fn host(&self, id: &str) -> Result<Option<HostRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, HostRow>(
+            "select id, slug, owner_sub, profile_id, gpu_type, active, dedicated, dedicated_to,
+                    placement, prepare_state, prepared_at, pubkey, lockout_owner, relay_name,
+                    relay_ip, created_at, activated_at, retired_at
+             from hosts where id = $1"
+        )
+        .bind(id)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// Record that preparation completed (the record L's rule 1 reads).
+    pub async fn mark_host_prepared(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update hosts set prepared_at = $2 where id = $1 and retired_at is null"
+        )
+        .bind(id)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        if done == 0 {
+            return Err(DbError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// The operator's approval: the single flag plus the placement chosen with it. A host
+    /// whose preparation did not finish is refused by the schema (`hosts_active_prepared`),
+    /// and a retired one by `hosts_retired_inactive`, whoever writes.
+    pub async fn activate_host(
+        &self,
+        id: &str,
+        placement: &str,
+        by: &str,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        let done =
+            on_pool!(self, |p| {
+                sqlx::query(
+            "update hosts set active = true, placement = $2, activated_at = $3, activated_by = $4
+             where id = $1"
+        )
+        .bind(id)
+        .bind(placement)
+        .bind(now)
+        .bind(by)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected())
+            })?;
+        if done == 0 {
+            return Err(DbError::NotFound);
+        }
+        Ok(())
+    }
+
+    pub async fn set_host_dedicated(&self, id: &str, to: Option<&str>) -> Result<()> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update hosts set dedicated = $2, dedicated_to = $3 where id = $1"
+        )
+        .bind(id)
+        .bind(to.is_some())
+        .bind(to)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        if done == 0 {
+            return Err(DbError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Stamp a host retired and clear what it was issued. The caller has taken it out of
+    /// service first; the schema refuses a retired host that is active or dedicated, and
+    /// the `hosts_retire_nodes` trigger frees its machines' hardware ids.
+    pub async fn retire_host(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update hosts set retired_at = $2, token_hash = null, ssh_map_token_hash = null
+             where id = $1 and retired_at is null"
+        )
+        .bind(id)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        if done == 0 {
+            return Err(DbError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Write one machine of a host. A hardware_id already in a host that is not retired is
+    /// a [`DbError::Conflict`].
+    pub async fn insert_host_node(&self, new: NewHostNode<'_>, now: DateTime<Utc>) -> Result<()> {
+        on_pool!(self, |p| {
+            sqlx::query(
+            r#"insert into host_nodes (host_id, "index", machine_id, hardware_id, fingerprint, rails, created_at)
+               values ($1, $2, $3, $4, $5, $6, $7)"#
+        )
+        .bind(new.host_id)
+        .bind(new.index)
+        .bind(new.machine_id)
+        .bind(new.hardware_id)
+        .bind(Json(new.fingerprint))
+        .bind(Json(new.rails))
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected())
+        })?;
+        Ok(())
+    }
+
+    pub async fn host_nodes(&self, host_id: &str) -> Result<Vec<HostNodeRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, HostNodeRow>(
+            r#"select host_id, "index", machine_id, hardware_id, fingerprint, rails, prepare_state,
+                      created_at, retired_at
+               from host_nodes where host_id = $1 order by "index""#
+        )
+        .bind(host_id)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+}

@@ -1,0 +1,182 @@
+//! The database: the one place SQL is written.
+//!
+//! One [`Store`] API over two backends — PostgreSQL in production, SQLite as the embedded
+//! default. Every query is written once: `$n` placeholders and `RETURNING` mean the same on
+//! both, and each function runs its statement against whichever pool the store holds (see
+//! [`on_pool!`]). Where the two differ — row locks — the difference is confined to
+//! [`in_tx!`]. Time is always passed in: no query reads a database clock.
+//!
+//! Constraints the design states live in the schema (`migrations/`), so they hold for every
+//! writer, including one that bypasses this crate.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+
+/// Run `$body` against the store's pool, whichever backend it is. The body is compiled
+/// once per backend, so it must be valid SQL and valid Rust for both.
+macro_rules! on_pool {
+    ($store:expr, |$p:ident| $body:expr) => {
+        match &$store.pool {
+            $crate::Pool::Postgres($p) => $body,
+            $crate::Pool::Sqlite($p) => $body,
+        }
+    };
+}
+
+/// Run `$body` in a transaction that serialises writers. On PostgreSQL rows are locked
+/// with `$for_update` (" for update"); SQLite has no row locks, so the transaction takes
+/// the database's write lock up front (`BEGIN IMMEDIATE`) and `$for_update` is empty.
+/// A `?` inside the body drops the transaction, which rolls it back.
+macro_rules! in_tx {
+    ($store:expr, |$tx:ident, $for_update:ident| $body:expr) => {
+        match &$store.pool {
+            $crate::Pool::Postgres(p) => {
+                let mut $tx = p.begin().await?;
+                let $for_update: &str = " for update";
+                let out = $body;
+                $tx.commit().await?;
+                out
+            }
+            $crate::Pool::Sqlite(p) => {
+                let mut $tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                let $for_update: &str = "";
+                let out = $body;
+                $tx.commit().await?;
+                out
+            }
+        }
+    };
+}
+
+pub mod audit;
+pub mod enrollments;
+mod error;
+pub mod hosts;
+pub mod inspect;
+pub mod profiles;
+pub mod sessions;
+#[cfg(feature = "testing")]
+pub mod testing;
+pub mod users;
+pub mod vms;
+
+pub use error::{DbError, Result};
+
+/// A handle on the database. Cheap to clone; every clone shares one pool.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: Pool,
+}
+
+#[derive(Clone, Debug)]
+enum Pool {
+    Postgres(PgPool),
+    Sqlite(SqlitePool),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    Postgres,
+    Sqlite,
+}
+
+impl std::fmt::Display for Backend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Backend::Postgres => "postgres",
+            Backend::Sqlite => "sqlite",
+        })
+    }
+}
+
+/// Outcome of a write guarded by `... is null`: the first writer wins, later ones are
+/// no-ops, and the caller learns which it was.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardedWrite {
+    Written,
+    AlreadySet,
+}
+
+impl GuardedWrite {
+    fn from_rows(rows: u64) -> Self {
+        if rows == 0 {
+            GuardedWrite::AlreadySet
+        } else {
+            GuardedWrite::Written
+        }
+    }
+}
+
+impl Store {
+    /// Connect by URL: `sqlite://path/to/byo.db` (created if missing) or
+    /// `postgres://user@host:port/db`.
+    pub async fn connect(url: &str) -> Result<Store> {
+        let pool = if url.starts_with("sqlite:") {
+            let opts = SqliteConnectOptions::from_str(url)
+                .map_err(|e| DbError::Config(format!("bad sqlite URL: {e}")))?
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .foreign_keys(true)
+                .busy_timeout(Duration::from_secs(30));
+            Pool::Sqlite(
+                SqlitePoolOptions::new()
+                    .max_connections(8)
+                    .connect_with(opts)
+                    .await?,
+            )
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Pool::Postgres(
+                PgPoolOptions::new()
+                    .max_connections(16)
+                    .acquire_timeout(Duration::from_secs(10))
+                    .connect(url)
+                    .await?,
+            )
+        } else {
+            return Err(DbError::Config(
+                "database URL must start with sqlite:// or postgres://".into(),
+            ));
+        };
+        Ok(Store { pool })
+    }
+
+    pub fn backend(&self) -> Backend {
+        match self.pool {
+            Pool::Postgres(_) => Backend::Postgres,
+            Pool::Sqlite(_) => Backend::Sqlite,
+        }
+    }
+
+    /// Bring the schema up to date. Each backend has its own migrations folder.
+    pub async fn migrate(&self) -> Result<()> {
+        match &self.pool {
+            Pool::Postgres(p) => sqlx::migrate!("migrations/postgres").run(p).await?,
+            Pool::Sqlite(p) => sqlx::migrate!("migrations/sqlite").run(p).await?,
+        }
+        Ok(())
+    }
+
+    /// A cheap round trip, for `/healthz`.
+    pub async fn ping(&self) -> Result<()> {
+        on_pool!(self, |p| sqlx::query("select 1")
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        on_pool!(self, |p| p.close().await)
+    }
+}
+
+/// A fresh random id for a row.
+pub(crate) fn new_id() -> String {
+    uuid::Uuid::new_v4().to_string()
+}

@@ -1,0 +1,95 @@
+//! Fresh databases for tests, on either backend (feature `testing`).
+//!
+//! PostgreSQL comes from `BYO_TEST_POSTGRES_URL`, a server the test command starts; each
+//! call creates a new database on it. Without that variable the PostgreSQL half of a test
+//! is skipped loudly — except under CI (`CI=true`), where a missing component is a failure.
+
+use crate::{Backend, Result, Store};
+
+/// A migrated store that lives as long as this value (the SQLite file is removed on drop).
+#[derive(Debug)]
+pub struct TestDb {
+    pub store: Store,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl std::ops::Deref for TestDb {
+    type Target = Store;
+    fn deref(&self) -> &Store {
+        &self.store
+    }
+}
+
+pub const POSTGRES_URL_VAR: &str = "BYO_TEST_POSTGRES_URL";
+
+pub async fn sqlite() -> TestDb {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let url = format!("sqlite://{}", dir.path().join("byo.db").display());
+    let store = Store::connect(&url).await.expect("open sqlite");
+    store.migrate().await.expect("migrate sqlite");
+    TestDb {
+        store,
+        _dir: Some(dir),
+    }
+}
+
+/// A fresh PostgreSQL database, or `None` (with a loud line on stderr) when no server was
+/// provided outside CI.
+pub async fn postgres() -> Option<TestDb> {
+    let admin_url = match std::env::var(POSTGRES_URL_VAR) {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!(
+                    "{POSTGRES_URL_VAR} is not set under CI: PostgreSQL tests must run, not skip"
+                );
+            }
+            eprintln!(
+                "SKIPPED (PostgreSQL): {POSTGRES_URL_VAR} is not set; run ./scripts/test to start a server"
+            );
+            return None;
+        }
+    };
+    let name = format!("byo_test_{}", uuid::Uuid::new_v4().simple());
+    let admin = Store::connect(&admin_url)
+        .await
+        .expect("connect to test PostgreSQL");
+    admin
+        .execute_unchecked(&format!("create database {name}"))
+        .await
+        .expect("create test database");
+    admin.close().await;
+    let (base, _) = admin_url.rsplit_once('/').expect("URL has a database path");
+    let store = Store::connect(&format!("{base}/{name}"))
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate postgres");
+    Some(TestDb { store, _dir: None })
+}
+
+/// Both backends that are available here: SQLite always, PostgreSQL when provided.
+pub async fn each_backend() -> Vec<TestDb> {
+    let mut out = vec![sqlite().await];
+    out.extend(postgres().await);
+    out
+}
+
+/// A fresh database on `backend`, or `None` when that backend is skipped here.
+pub async fn fresh(backend: Backend) -> Option<TestDb> {
+    match backend {
+        Backend::Sqlite => Some(sqlite().await),
+        Backend::Postgres => postgres().await,
+    }
+}
+
+impl Store {
+    /// Run a statement outside the Store API, as a careless writer would: tests use this to
+    /// prove the schema itself refuses what the design forbids.
+    pub async fn execute_unchecked(&self, sql: &str) -> Result<u64> {
+        let done = on_pool!(self, |p| sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))?;
+        Ok(done)
+    }
+}

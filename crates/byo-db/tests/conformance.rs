@@ -1,0 +1,574 @@
+//! The Store conformance suite: every scenario runs on SQLite, and on PostgreSQL whenever
+//! the test command started one (always under CI). Scenario names point into the design.
+
+use std::sync::Arc;
+
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_db::enrollments::NewEnrollment;
+use byo_db::hosts::{NewHost, NewHostNode};
+use byo_db::testing::{self, TestDb};
+use byo_db::users::NewUser;
+use byo_db::vms::NewVm;
+use byo_db::{DbError, GuardedWrite, Store};
+use byo_wire::Role;
+use chrono::{DateTime, Duration, DurationRound, TimeDelta, Utc};
+use serde_json::json;
+
+/// Generates `<scenario>::sqlite` and `<scenario>::postgres` tests for each scenario.
+macro_rules! conformance {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn sqlite() {
+                super::$name(byo_db::testing::sqlite().await).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn postgres() {
+                if let Some(db) = byo_db::testing::postgres().await {
+                    super::$name(db).await
+                }
+            }
+        }
+    )*};
+}
+
+conformance!(
+    g8_guarded_delete_writes_first_lands_wins,
+    g8_concurrent_confirmations_write_deleted_at_once,
+    n6_retired_host_is_held_inactive_and_undedicated,
+    d3_activation_refused_until_preparation_finished,
+    n7_hardware_id_unique_among_nodes_not_retired,
+    step28_single_use_token_redeemed_once_by_32_callers,
+    step28_unknown_spent_and_expired_tokens_get_the_same_none,
+    last_superadmin_cannot_be_revoked,
+    sessions_expire_and_end,
+    email_is_unique,
+    no_table_holds_a_plaintext_token,
+);
+
+/// Microsecond precision: what both backends store.
+fn now() -> DateTime<Utc> {
+    Utc::now()
+        .duration_trunc(TimeDelta::microseconds(1))
+        .unwrap()
+}
+
+async fn user(store: &Store, email: &str) -> String {
+    store
+        .create_user(
+            NewUser {
+                email,
+                display_name: "",
+                password_hash: "$argon2id$x",
+            },
+            now(),
+        )
+        .await
+        .unwrap()
+        .sub
+}
+
+async fn host(store: &Store, owner: &str, slug: &str) -> String {
+    store
+        .insert_host(
+            NewHost {
+                slug,
+                owner_sub: owner,
+                profile_id: "gb10-spark-1",
+                gpu_type: "spark-1",
+            },
+            now(),
+        )
+        .await
+        .unwrap()
+        .id
+}
+
+async fn vm(store: &Store, user_sub: &str, host_id: &str) -> String {
+    store
+        .create_vm(
+            NewVm {
+                user_sub,
+                host_id: Some(host_id),
+                name: "vm-1",
+                gpu_type: "spark-1",
+                ssh_hostname: Some("abc.spark-1.ssh.example"),
+            },
+            now(),
+        )
+        .await
+        .unwrap()
+        .id
+}
+
+async fn g8_guarded_delete_writes_first_lands_wins(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let h = host(&db, &owner, "spark-1").await;
+    let v = vm(&db, &owner, &h).await;
+    let first = now();
+    let later = first + Duration::seconds(5);
+
+    assert_eq!(
+        db.request_vm_delete(&v, first).await.unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.request_vm_delete(&v, later).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    let row = db.vm(&v).await.unwrap().unwrap();
+    assert_eq!(
+        row.delete_requested_at,
+        Some(first),
+        "the second request changed nothing"
+    );
+    assert_eq!(row.deleted_at, None, "a request stops nothing");
+
+    assert_eq!(
+        db.confirm_vm_deleted(&v, later).await.unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.confirm_vm_deleted(&v, later + Duration::seconds(1))
+            .await
+            .unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    let row = db.vm(&v).await.unwrap().unwrap();
+    assert_eq!(row.deleted_at, Some(later));
+    assert_eq!(row.delete_requested_at, Some(first));
+
+    // Either order composes: confirmation landing before the request leaves both facts.
+    let v2 = vm(&db, &owner, &h).await;
+    assert_eq!(
+        db.confirm_vm_deleted(&v2, first).await.unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.request_vm_delete(&v2, later).await.unwrap(),
+        GuardedWrite::Written
+    );
+    let row = db.vm(&v2).await.unwrap().unwrap();
+    assert_eq!(
+        (row.deleted_at, row.delete_requested_at),
+        (Some(first), Some(later))
+    );
+}
+
+async fn g8_concurrent_confirmations_write_deleted_at_once(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let h = host(&db, &owner, "spark-1").await;
+    let v = vm(&db, &owner, &h).await;
+    let base = now();
+    let store = Arc::new(db.store.clone());
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let store = store.clone();
+            let v = v.clone();
+            let at = base + Duration::milliseconds(i);
+            tokio::spawn(async move { (at, store.confirm_vm_deleted(&v, at).await.unwrap()) })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for t in tasks {
+        let (at, outcome) = t.await.unwrap();
+        if outcome == GuardedWrite::Written {
+            winners.push(at);
+        }
+    }
+    assert_eq!(winners.len(), 1, "exactly one confirmation writes");
+    assert_eq!(
+        db.vm(&v).await.unwrap().unwrap().deleted_at,
+        Some(winners[0])
+    );
+}
+
+async fn n6_retired_host_is_held_inactive_and_undedicated(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let op = user(&db, "op@example.com").await;
+    let h = host(&db, &owner, "spark-7").await;
+    db.mark_host_prepared(&h, now()).await.unwrap();
+    db.activate_host(&h, "shared", &op, now()).await.unwrap();
+
+    // Retiring an active host is refused by the schema, and nothing changes.
+    let err = db.retire_host(&h, now()).await.unwrap_err();
+    assert!(err.is_constraint("hosts_retired_inactive"), "{err:?}");
+    let row = db.host(&h).await.unwrap().unwrap();
+    assert!(row.active && row.retired_at.is_none());
+
+    db.execute_unchecked(&format!("update hosts set active = false where id = '{h}'"))
+        .await
+        .unwrap();
+    db.retire_host(&h, now()).await.unwrap();
+
+    // Every writer is held: the Store API and raw UPDATEs alike.
+    let err = db
+        .activate_host(&h, "shared", &op, now())
+        .await
+        .unwrap_err();
+    assert!(err.is_constraint("hosts_retired_inactive"), "{err:?}");
+    let err = db.set_host_dedicated(&h, Some(&owner)).await.unwrap_err();
+    assert!(err.is_constraint("hosts_retired_inactive"), "{err:?}");
+    for raw in [
+        format!("update hosts set active = true where id = '{h}'"),
+        format!("update hosts set dedicated = true where id = '{h}'"),
+        format!("update hosts set active = true, dedicated = true where id = '{h}'"),
+    ] {
+        let err = db.execute_unchecked(&raw).await.unwrap_err();
+        assert!(
+            err.is_constraint("hosts_retired_inactive"),
+            "{raw}: {err:?}"
+        );
+    }
+    let row = db.host(&h).await.unwrap().unwrap();
+    assert!(!row.active && !row.dedicated && row.retired_at.is_some());
+}
+
+async fn d3_activation_refused_until_preparation_finished(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let op = user(&db, "op@example.com").await;
+    let h = host(&db, &owner, "spark-3").await;
+    let err = db
+        .activate_host(&h, "shared", &op, now())
+        .await
+        .unwrap_err();
+    assert!(err.is_constraint("hosts_active_prepared"), "{err:?}");
+    let err = db
+        .execute_unchecked(&format!("update hosts set active = true where id = '{h}'"))
+        .await
+        .unwrap_err();
+    assert!(err.is_constraint("hosts_active_prepared"), "{err:?}");
+    let row = db.host(&h).await.unwrap().unwrap();
+    assert!(!row.active && row.placement.is_none() && row.activated_at.is_none());
+
+    db.mark_host_prepared(&h, now()).await.unwrap();
+    db.activate_host(&h, "shared", &op, now()).await.unwrap();
+    let row = db.host(&h).await.unwrap().unwrap();
+    assert!(row.active);
+    assert_eq!(row.placement.as_deref(), Some("shared"));
+    assert_eq!(row.gpu_type, "spark-1", "activation never changes gpu_type");
+}
+
+async fn n7_hardware_id_unique_among_nodes_not_retired(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let a = host(&db, &owner, "spark-1").await;
+    let b = host(&db, &owner, "spark-2").await;
+    let fp = json!({"gpu": "GB10", "arch": "aarch64"});
+    let node = |host_id: &'static str| NewHostNode {
+        host_id,
+        index: 0,
+        machine_id: Some("3f2a"),
+        hardware_id: "b41c",
+        fingerprint: Box::leak(Box::new(fp.clone())),
+        rails: Box::leak(Box::new(json!({}))),
+    };
+    let a_id: &'static str = Box::leak(a.clone().into_boxed_str());
+    let b_id: &'static str = Box::leak(b.clone().into_boxed_str());
+    db.insert_host_node(node(a_id), now()).await.unwrap();
+
+    // One box cannot be claimed by two live hosts.
+    let err = db.insert_host_node(node(b_id), now()).await.unwrap_err();
+    assert!(matches!(err, DbError::Conflict(_)), "{err:?}");
+    assert!(
+        db.host_nodes(&b).await.unwrap().is_empty(),
+        "nothing was written for b"
+    );
+
+    // Once a is retired its machine is free, and a's row still says it was there.
+    db.retire_host(&a, now()).await.unwrap();
+    db.insert_host_node(node(b_id), now()).await.unwrap();
+    let a_nodes = db.host_nodes(&a).await.unwrap();
+    assert_eq!(a_nodes.len(), 1);
+    assert_eq!(a_nodes[0].hardware_id, "b41c");
+    assert!(
+        a_nodes[0].retired_at.is_some(),
+        "the trigger stamped the node retired"
+    );
+    assert_eq!(db.host_nodes(&b).await.unwrap()[0].hardware_id, "b41c");
+
+    // A third live claim is refused again.
+    let c = host(&db, &owner, "spark-3").await;
+    let c_id: &'static str = Box::leak(c.into_boxed_str());
+    assert!(matches!(
+        db.insert_host_node(node(c_id), now()).await,
+        Err(DbError::Conflict(_))
+    ));
+}
+
+async fn enrollment(db: &Store, owner: &str, slug: &str, expires: DateTime<Utc>) -> SecretToken {
+    let h = host(db, owner, slug).await;
+    let token = SecretToken::generate(TokenKind::Enrollment);
+    db.create_enrollment(
+        NewEnrollment {
+            host_id: &h,
+            owner_sub: owner,
+            profile_id: "gb10-spark-1",
+            token_hash: &token.hash(),
+            token_expires_at: expires,
+        },
+        now(),
+    )
+    .await
+    .unwrap();
+    token
+}
+
+async fn step28_single_use_token_redeemed_once_by_32_callers(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let token = enrollment(&db, &owner, "spark-1", now() + Duration::hours(1)).await;
+    let hash = token.hash();
+    let store = db.store.clone();
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let store = store.clone();
+            let hash = hash.clone();
+            tokio::spawn(async move { store.redeem_enrollment(&hash, now()).await.unwrap() })
+        })
+        .collect();
+    let mut redeemed = Vec::new();
+    for t in tasks {
+        if let Some(row) = t.await.unwrap() {
+            redeemed.push(row);
+        }
+    }
+    assert_eq!(redeemed.len(), 1, "exactly one of 32 callers redeems");
+    assert_eq!(redeemed[0].state, "enrolled");
+    let stored = db.enrollment(&redeemed[0].id).await.unwrap().unwrap();
+    assert_eq!(stored.state, "enrolled");
+    assert_eq!(stored.redeemed_at, redeemed[0].redeemed_at);
+}
+
+async fn step28_unknown_spent_and_expired_tokens_get_the_same_none(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let live = enrollment(&db, &owner, "spark-1", now() + Duration::hours(1)).await;
+    let expired = enrollment(&db, &owner, "spark-2", now() - Duration::seconds(1)).await;
+    let unknown = SecretToken::generate(TokenKind::Enrollment);
+
+    assert!(
+        db.redeem_enrollment(&live.hash(), now())
+            .await
+            .unwrap()
+            .is_some()
+    );
+    assert!(
+        db.redeem_enrollment(&live.hash(), now())
+            .await
+            .unwrap()
+            .is_none(),
+        "spent"
+    );
+    assert!(
+        db.redeem_enrollment(&expired.hash(), now())
+            .await
+            .unwrap()
+            .is_none(),
+        "expired"
+    );
+    assert!(
+        db.redeem_enrollment(&unknown.hash(), now())
+            .await
+            .unwrap()
+            .is_none(),
+        "unknown"
+    );
+}
+
+async fn last_superadmin_cannot_be_revoked(db: TestDb) {
+    let a = user(&db, "a@example.com").await;
+    let b = user(&db, "b@example.com").await;
+    assert!(
+        db.grant_role(&a, Role::Superadmin, None, now())
+            .await
+            .unwrap()
+    );
+    assert!(
+        !db.grant_role(&a, Role::Superadmin, None, now())
+            .await
+            .unwrap(),
+        "idempotent"
+    );
+    let err = db.revoke_role(&a, Role::Superadmin).await.unwrap_err();
+    assert!(err.is_constraint("last_superadmin"), "{err:?}");
+    assert_eq!(db.roles_of(&a).await.unwrap(), vec![Role::Superadmin]);
+
+    db.grant_role(&b, Role::Superadmin, Some(&a), now())
+        .await
+        .unwrap();
+    assert!(db.revoke_role(&a, Role::Superadmin).await.unwrap());
+    assert_eq!(db.superadmin_count().await.unwrap(), 1);
+    assert!(db.roles_of(&a).await.unwrap().is_empty());
+
+    db.grant_role(&b, Role::CommunityHost, Some(&b), now())
+        .await
+        .unwrap();
+    assert_eq!(
+        db.roles_of(&b).await.unwrap(),
+        vec![Role::CommunityHost, Role::Superadmin]
+    );
+    let err = db
+        .execute_unchecked(&format!(
+            "insert into user_roles (user_sub, role, granted_at) values ('{b}', 'root', '2026-01-01T00:00:00Z')"
+        ))
+        .await
+        .unwrap_err();
+    assert!(err.is_constraint("user_roles_role_known"), "{err:?}");
+}
+
+async fn sessions_expire_and_end(db: TestDb) {
+    let a = user(&db, "a@example.com").await;
+    let t = SecretToken::generate(TokenKind::Session);
+    let start = now();
+    db.create_session(&t.hash(), &a, start, start + Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        db.session_user(&t.hash(), start)
+            .await
+            .unwrap()
+            .unwrap()
+            .sub,
+        a
+    );
+    assert!(
+        db.session_user(&t.hash(), start + Duration::hours(2))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(
+        db.purge_expired_sessions(start + Duration::hours(2))
+            .await
+            .unwrap(),
+        1
+    );
+
+    let t2 = SecretToken::generate(TokenKind::Session);
+    db.create_session(&t2.hash(), &a, start, start + Duration::hours(1))
+        .await
+        .unwrap();
+    db.delete_session(&t2.hash()).await.unwrap();
+    assert!(db.session_user(&t2.hash(), start).await.unwrap().is_none());
+}
+
+async fn email_is_unique(db: TestDb) {
+    user(&db, "a@example.com").await;
+    let err = db
+        .create_user(
+            NewUser {
+                email: "a@example.com",
+                display_name: "",
+                password_hash: "x",
+            },
+            now(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DbError::Conflict(_)), "{err:?}");
+    assert_eq!(db.users_overview().await.unwrap().len(), 1);
+}
+
+async fn no_table_holds_a_plaintext_token(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let session = SecretToken::generate(TokenKind::Session);
+    db.create_session(&session.hash(), &owner, now(), now() + Duration::hours(1))
+        .await
+        .unwrap();
+    let enr = enrollment(&db, &owner, "spark-1", now() + Duration::hours(1)).await;
+    db.redeem_enrollment(&enr.hash(), now())
+        .await
+        .unwrap()
+        .unwrap();
+    db.audit(Some(&owner), "test.flow", None, json!({"ok": true}), now())
+        .await
+        .unwrap();
+
+    let dump = db.dump_text().await.unwrap();
+    assert!(
+        dump.iter().any(|v| v.value == session.hash().as_str()),
+        "the hash is stored"
+    );
+    for v in &dump {
+        for secret in [&session, &enr] {
+            assert!(
+                !v.value.contains(secret.expose()),
+                "{}.{} holds a plaintext token",
+                v.table,
+                v.column
+            );
+        }
+        assert!(
+            !v.value.contains("byo_"),
+            "{}.{} holds something token-shaped",
+            v.table,
+            v.column
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_migrated_schemas_are_the_same_on_both_backends() {
+    let lite = testing::sqlite().await;
+    let Some(pg) = testing::postgres().await else {
+        return;
+    };
+    let a = lite.schema().await.unwrap();
+    let b = pg.schema().await.unwrap();
+    let names = |s: &byo_db::inspect::Schema| s.tables.keys().cloned().collect::<Vec<_>>();
+    assert_eq!(names(&a), names(&b), "same tables");
+    for (name, t) in &a.tables {
+        assert_eq!(
+            Some(t),
+            b.tables.get(name),
+            "table {name} differs (left sqlite, right postgres)"
+        );
+    }
+    for table in [
+        "users",
+        "user_roles",
+        "sessions",
+        "audit_log",
+        "host_profiles",
+        "hosts",
+        "host_enrollments",
+        "host_nodes",
+        "host_status",
+        "vms",
+        "vm_queue",
+        "prebookings",
+        "ssh_keys",
+        "operator_keys",
+        "operator_key_lists",
+        "operator_key_changes",
+        "host_key_pushes",
+    ] {
+        assert!(a.tables.contains_key(table), "{table} is missing");
+    }
+    // Spot checks that the comparison sees what matters.
+    let hosts = &a.tables["hosts"];
+    assert!(hosts.checks.contains("hosts_retired_inactive"));
+    assert!(
+        a.tables["host_nodes"]
+            .uniques
+            .iter()
+            .any(|u| u.columns == ["hardware_id"] && u.partial)
+    );
+    assert_eq!(a.tables["host_nodes"].primary_key, ["host_id", "index"]);
+    assert!(a.tables["hosts"].triggers.contains("hosts_retire_nodes"));
+}
+
+#[tokio::test]
+async fn profiles_are_seeded_with_the_design_plan() {
+    for db in testing::each_backend().await {
+        let profiles = db.profiles().await.unwrap();
+        let ids: Vec<_> = profiles.iter().map(|p| p.id.as_str()).collect();
+        assert_eq!(
+            ids,
+            ["gb10-spark-1", "gb10-spark-2", "gb10-spark-4", "linux-test"]
+        );
+        let pair = db.profile("gb10-spark-2").await.unwrap().unwrap();
+        assert_eq!(pair.constants.0["node_count"], 2);
+        assert_eq!(pair.constants.0["rails"][1]["subnet"], "192.168.101.0/24");
+        assert!(db.profile("linux-test").await.unwrap().unwrap().staff_only);
+        assert!(!pair.staff_only);
+    }
+}

@@ -1,0 +1,99 @@
+//! Bodies of the control plane's HTTP API (`/api/...`).
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::Role;
+
+/// Every error the API returns has this body. `error` is a stable machine-readable code;
+/// `message` is for people. A 5xx never carries internals, only `request_id` to quote.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ErrorBody {
+    pub error: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Health {
+    pub status: String,
+    pub database: String,
+    pub version: String,
+}
+
+#[derive(Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LoginRequest {
+    pub email: String,
+    pub password: String,
+}
+
+// Hand-written so a password never reaches a log line through `{:?}`.
+impl std::fmt::Debug for LoginRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LoginRequest")
+            .field("email", &self.email)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SignupRequest {
+    pub email: String,
+    pub password: String,
+    #[serde(default)]
+    pub display_name: String,
+}
+
+impl std::fmt::Debug for SignupRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SignupRequest")
+            .field("email", &self.email)
+            .field("password", &"<redacted>")
+            .field("display_name", &self.display_name)
+            .finish()
+    }
+}
+
+#[derive(Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PasswordChange {
+    pub current_password: String,
+    pub new_password: String,
+}
+
+impl std::fmt::Debug for PasswordChange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PasswordChange { <redacted> }")
+    }
+}
+
+/// A user as the API shows them: to themselves (`/api/me`) and to operators.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UserView {
+    /// The user's subject id (`user_sub` in the tables).
+    pub sub: String,
+    pub email: String,
+    pub display_name: String,
+    pub roles: Vec<Role>,
+    /// Hosts this user owns (not retired).
+    pub hosts_owned: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AuditEntry {
+    pub id: String,
+    pub at: DateTime<Utc>,
+    pub actor_sub: Option<String>,
+    pub action: String,
+    pub target: Option<String>,
+    pub details: serde_json::Value,
+}

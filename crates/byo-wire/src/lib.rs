@@ -1,0 +1,10 @@
+//! Wire shapes shared by the server, the agent, the relay and the operator CLI.
+//!
+//! Only this crate derives serde for anything that crosses a process boundary, so a
+//! shape has one definition and one spelling. Names follow the design document.
+
+pub mod api;
+pub mod prepare;
+pub mod role;
+
+pub use role::Role;

@@ -1,0 +1,52 @@
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+/// One step's progress, the design's `prepare_state` shape
+/// (`{step, state, attempt, error, final, at}`), as written to `hosts.prepare_state`
+/// for node0 and `host_nodes.prepare_state` for each satellite.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PrepareState {
+    pub step: String,
+    pub state: StepState,
+    pub attempt: u32,
+    pub error: Option<String>,
+    #[serde(rename = "final")]
+    pub is_final: bool,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum StepState {
+    Checking,
+    Satisfied,
+    Applying,
+    Applied,
+    Skipped,
+    Failed,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prepare_state_keeps_the_designs_field_names() {
+        let s = PrepareState {
+            step: "base-image".into(),
+            state: StepState::Applied,
+            attempt: 1,
+            error: None,
+            is_final: false,
+            at: "2026-09-08T14:02:11Z".parse().unwrap(),
+        };
+        let v = serde_json::to_value(&s).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"step": "base-image", "state": "applied", "attempt": 1,
+                               "error": null, "final": false, "at": "2026-09-08T14:02:11Z"})
+        );
+    }
+}
