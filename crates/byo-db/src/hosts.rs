@@ -120,9 +120,8 @@ impl Store {
         by: &str,
         now: DateTime<Utc>,
     ) -> Result<()> {
-        let done =
-            on_pool!(self, |p| {
-                sqlx::query(
+        let done = on_pool!(self, |p| {
+            sqlx::query(
             "update hosts set active = true, placement = $2, activated_at = $3, activated_by = $4
              where id = $1"
         )
@@ -133,7 +132,7 @@ impl Store {
         .execute(p)
         .await
         .map(|r| r.rows_affected())
-            })?;
+        })?;
         if done == 0 {
             return Err(DbError::NotFound);
         }
@@ -156,32 +155,72 @@ impl Store {
         Ok(())
     }
 
-    /// Stamp a host retired and clear what it was issued. The caller has taken it out of
-    /// service first; the schema refuses a retired host that is active or dedicated, and
-    /// the `hosts_retire_nodes` trigger frees its machines' hardware ids.
+    /// Stamp a host retired and clear what it was issued (N). Refused while it still has a
+    /// live instance or a pre-booking whose window has not ended; the schema refuses a
+    /// retired host that is active or dedicated; the `hosts_retire_nodes` trigger frees its
+    /// machines' hardware ids. The enrolled enrolment is released with its secrets cleared.
     pub async fn retire_host(&self, id: &str, now: DateTime<Utc>) -> Result<()> {
-        let done = on_pool!(self, |p| sqlx::query(
-            "update hosts set retired_at = $2, token_hash = null, ssh_map_token_hash = null
-             where id = $1 and retired_at is null"
-        )
-        .bind(id)
-        .bind(now)
-        .execute(p)
-        .await
-        .map(|r| r.rows_affected()))?;
-        if done == 0 {
-            return Err(DbError::NotFound);
-        }
-        Ok(())
+        in_tx!(self, |tx, for_update| {
+            let found: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "select id from hosts where id = $1 and retired_at is null{for_update}"
+            )))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            if found.is_none() {
+                return Err(DbError::NotFound);
+            }
+            let live: i64 = sqlx::query_scalar(
+                "select count(*) from vms
+                 where host_id = $1 and deleted_at is null and creation_failed_at is null",
+            )
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if live > 0 {
+                return Err(DbError::Refused("host_has_live_instance".into()));
+            }
+            let booked: i64 = sqlx::query_scalar(
+                "select count(*) from prebookings
+                 where host_id = $1 and closed_at is null and end_date > $2",
+            )
+            .bind(id)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await?;
+            if booked > 0 {
+                return Err(DbError::Refused("host_has_prebooking".into()));
+            }
+            sqlx::query(
+                "update hosts set retired_at = $2, token_hash = null, ssh_map_token_hash = null
+                 where id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query(
+                "update host_enrollments
+                 set state = case when state = 'enrolled' then 'released' else state end,
+                     released_at = coalesce(released_at, $2), token_hash = null, wg_config = null
+                 where host_id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            Ok(())
+        })
     }
 
-    /// Write one machine of a host. A hardware_id already in a host that is not retired is
-    /// a [`DbError::Conflict`].
+    /// Write one machine of a host that is not retired. A hardware_id already in a host
+    /// that is not retired is a [`DbError::Conflict`].
     pub async fn insert_host_node(&self, new: NewHostNode<'_>, now: DateTime<Utc>) -> Result<()> {
-        on_pool!(self, |p| {
+        let done = on_pool!(self, |p| {
             sqlx::query(
             r#"insert into host_nodes (host_id, "index", machine_id, hardware_id, fingerprint, rails, created_at)
-               values ($1, $2, $3, $4, $5, $6, $7)"#
+               select $1, $2, $3, $4, $5, $6, $7
+               where exists (select 1 from hosts where id = $1 and retired_at is null)"#
         )
         .bind(new.host_id)
         .bind(new.index)
@@ -194,6 +233,9 @@ impl Store {
         .await
         .map(|r| r.rows_affected())
         })?;
+        if done == 0 {
+            return Err(DbError::Refused("host_retired".into()));
+        }
         Ok(())
     }
 

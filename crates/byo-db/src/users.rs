@@ -181,15 +181,16 @@ impl Store {
     /// Revoke a role. Returns false when the user did not hold it. Revoking the last
     /// superadmin is refused: it would leave nobody able to grant anything.
     pub async fn revoke_role(&self, sub: &str, role: Role) -> Result<bool> {
-        in_tx!(self, |tx, _for_update| {
+        in_tx!(self, |tx, for_update| {
             if role == Role::Superadmin {
-                let others: i64 = sqlx::query_scalar(
-                    "select count(*) from user_roles where role = 'superadmin' and user_sub <> $1",
-                )
-                .bind(sub)
-                .fetch_one(&mut *tx)
+                // Lock every superadmin grant, so two revokes at once cannot each see the
+                // other as the one left.
+                let holders: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "select user_sub from user_roles where role = 'superadmin'{for_update}"
+                )))
+                .fetch_all(&mut *tx)
                 .await?;
-                if others == 0 {
+                if holders.iter().all(|h| h == sub) {
                     return Err(DbError::Refused("last_superadmin".into()));
                 }
             }

@@ -66,9 +66,8 @@ impl Store {
 
     /// The backend accepted a delete. Stops nothing; billing continues.
     pub async fn request_vm_delete(&self, id: &str, now: DateTime<Utc>) -> Result<GuardedWrite> {
-        let done =
-            on_pool!(self, |p| {
-                sqlx::query(
+        let done = on_pool!(self, |p| {
+            sqlx::query(
             "update vms set delete_requested_at = $2 where id = $1 and delete_requested_at is null"
         )
         .bind(id)
@@ -76,7 +75,7 @@ impl Store {
         .execute(p)
         .await
         .map(|r| r.rows_affected())
-            })?;
+        })?;
         Ok(GuardedWrite::from_rows(done))
     }
 

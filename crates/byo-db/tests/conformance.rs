@@ -199,6 +199,12 @@ async fn n6_retired_host_is_held_inactive_and_undedicated(db: TestDb) {
     db.execute_unchecked(&format!("update hosts set active = false where id = '{h}'"))
         .await
         .unwrap();
+    // A live instance holds it in service (N.1); a failed create does not.
+    let v = vm(&db, &owner, &h).await;
+    let err = db.retire_host(&h, now()).await.unwrap_err();
+    assert!(err.is_constraint("host_has_live_instance"), "{err:?}");
+    assert!(db.host(&h).await.unwrap().unwrap().retired_at.is_none());
+    db.confirm_vm_deleted(&v, now()).await.unwrap();
     db.retire_host(&h, now()).await.unwrap();
 
     // Every writer is held: the Store API and raw UPDATEs alike.
@@ -285,6 +291,19 @@ async fn n7_hardware_id_unique_among_nodes_not_retired(db: TestDb) {
         "the trigger stamped the node retired"
     );
     assert_eq!(db.host_nodes(&b).await.unwrap()[0].hardware_id, "b41c");
+
+    // A retired host takes no new machines.
+    let err = db
+        .insert_host_node(
+            NewHostNode {
+                hardware_id: "other",
+                ..node(a_id)
+            },
+            now(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.is_constraint("host_retired"), "{err:?}");
 
     // A third live claim is refused again.
     let c = host(&db, &owner, "spark-3").await;

@@ -1,14 +1,73 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! The control plane: the API (the design's edge functions), the owner's, customer's and
+//! operator's pages, and the scheduled jobs. Stateless over one database, so many replicas
+//! can share one PostgreSQL.
+//!
+//! Layout by role: [`config`] and [`telemetry`] at start-up; [`auth`] for who is calling;
+//! [`routes`] is the one router listing every route; [`pages`] renders HTML; [`error`] is
+//! the one error type every handler returns.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+pub mod accounts;
+pub mod auth;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod pages;
+pub mod routes;
+pub mod state;
+pub mod telemetry;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+use std::future::Future;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+pub use config::Config;
+pub use routes::app;
+pub use state::AppState;
+
+/// Serve the API and pages on `listener` (and metrics on their own listener, when
+/// configured) until `shutdown` resolves; in-flight requests are allowed to finish.
+pub async fn serve(
+    state: AppState,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let metrics_task = match state.config.metrics_listen {
+        Some(addr) => {
+            let metrics_listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding the metrics listener on {addr}"))?;
+            tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
+            let router = metrics::router(state.metrics.clone());
+            let mut rx = stop_rx.clone();
+            Some(tokio::spawn(async move {
+                axum::serve(metrics_listener, router)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.wait_for(|stop| *stop).await;
+                    })
+                    .await
+            }))
+        }
+        None => None,
+    };
+    tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
+    let store = state.store.clone();
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down: finishing requests in flight");
+            let _ = stop_tx.send(true);
+        })
+        .await
+        .context("serving HTTP")?;
+    if let Some(task) = metrics_task {
+        task.await
+            .context("metrics task")?
+            .context("serving metrics")?;
     }
+    store.close().await;
+    tracing::info!("stopped");
+    Ok(())
 }

@@ -1,0 +1,117 @@
+//! Argon2id password hashes (PHC strings). Hashing is CPU-bound, so it runs on the
+//! blocking pool rather than stalling the async workers.
+
+use std::sync::{Arc, OnceLock};
+
+use anyhow::Context;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use argon2::{Algorithm, Argon2, Params, Version};
+use rand::rngs::OsRng;
+
+use crate::config::PasswordHashing;
+
+#[derive(Clone)]
+pub struct Passwords {
+    params: PasswordHashing,
+    /// A hash of nothing anyone knows, verified against when the email is unknown so an
+    /// unknown email costs the same time as a wrong password.
+    decoy: Arc<OnceLock<String>>,
+}
+
+impl Passwords {
+    pub fn new(params: PasswordHashing) -> Self {
+        Passwords {
+            params,
+            decoy: Arc::new(OnceLock::new()),
+        }
+    }
+
+    fn argon2(params: PasswordHashing) -> anyhow::Result<Argon2<'static>> {
+        let p = Params::new(
+            params.memory_kib,
+            params.iterations,
+            params.parallelism,
+            None,
+        )
+        .map_err(|e| anyhow::anyhow!("argon2 parameters: {e}"))?;
+        Ok(Argon2::new(Algorithm::Argon2id, Version::V0x13, p))
+    }
+
+    fn hash_blocking(params: PasswordHashing, password: &str) -> anyhow::Result<String> {
+        let salt = SaltString::generate(&mut OsRng);
+        Ok(Self::argon2(params)?
+            .hash_password(password.as_bytes(), &salt)
+            .map_err(|e| anyhow::anyhow!("hashing a password: {e}"))?
+            .to_string())
+    }
+
+    pub async fn hash(&self, password: String) -> anyhow::Result<String> {
+        let params = self.params;
+        tokio::task::spawn_blocking(move || Self::hash_blocking(params, &password))
+            .await
+            .context("password hashing task")?
+    }
+
+    /// Check `password` against a stored hash, or against the decoy when there is none.
+    /// Returns true only for a stored hash that matches.
+    pub async fn verify(&self, stored: Option<String>, password: String) -> anyhow::Result<bool> {
+        let params = self.params;
+        let decoy = self.decoy.clone();
+        tokio::task::spawn_blocking(move || {
+            let known = stored.is_some();
+            let phc = match stored {
+                Some(h) => h,
+                None => match decoy.get() {
+                    Some(h) => h.clone(),
+                    None => {
+                        let h = Self::hash_blocking(params, "decoy: no account has this")?;
+                        decoy.get_or_init(|| h).clone()
+                    }
+                },
+            };
+            let parsed =
+                PasswordHash::new(&phc).map_err(|e| anyhow::anyhow!("stored hash: {e}"))?;
+            // Verification uses the parameters recorded in the hash itself.
+            let ok = Argon2::default()
+                .verify_password(password.as_bytes(), &parsed)
+                .is_ok();
+            Ok(known && ok)
+        })
+        .await
+        .context("password verification task")?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHEAP: PasswordHashing = PasswordHashing {
+        memory_kib: 256,
+        iterations: 1,
+        parallelism: 1,
+    };
+
+    #[tokio::test]
+    async fn a_hash_verifies_its_password_only() {
+        let p = Passwords::new(CHEAP);
+        let h = p.hash("correct horse battery".into()).await.unwrap();
+        assert!(h.starts_with("$argon2id$"));
+        assert!(!h.contains("correct horse"));
+        assert!(
+            p.verify(Some(h.clone()), "correct horse battery".into())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !p.verify(Some(h), "correct horse battery!".into())
+                .await
+                .unwrap()
+        );
+        assert!(
+            !p.verify(None, "decoy: no account has this".into())
+                .await
+                .unwrap()
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! Configuration: defaults, then a TOML file, then `BYO_*` environment variables (nested
+//! keys with `__`, e.g. `BYO_PASSWORD_HASHING__MEMORY_KIB`). Secrets are `SecretString`,
+//! whose `Debug` is redacted, so printing the config never prints them.
+
+use std::net::SocketAddr;
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// The top-level keys, for filtering the environment.
+const KEYS: &[&str] = &[
+    "listen",
+    "metrics_listen",
+    "database_url",
+    "public_url",
+    "log_format",
+    "cookie_secure",
+    "session_hours",
+    "allow_signup",
+    "password_hashing",
+];
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where the API and pages listen.
+    #[serde(default = "defaults::listen")]
+    pub listen: SocketAddr,
+    /// Where `/metrics` (Prometheus) listens; kept off the public listener. `None` disables it.
+    #[serde(default = "defaults::metrics_listen")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// `sqlite://path/byo.db` or `postgres://user:password@host:port/db`.
+    #[serde(default = "defaults::database_url")]
+    pub database_url: SecretString,
+    /// The URL people reach the pages at; used for links and to check the Origin of
+    /// state-changing requests.
+    #[serde(default = "defaults::public_url")]
+    pub public_url: String,
+    #[serde(default)]
+    pub log_format: LogFormat,
+    /// Mark the session cookie `Secure`. Browsers accept Secure cookies from
+    /// http://localhost, so this stays on even for `byo up`.
+    #[serde(default = "defaults::yes")]
+    pub cookie_secure: bool,
+    #[serde(default = "defaults::session_hours")]
+    pub session_hours: i64,
+    /// Whether anyone may create an account at /signup.
+    #[serde(default = "defaults::yes")]
+    pub allow_signup: bool,
+    #[serde(default)]
+    pub password_hashing: PasswordHashing,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    #[default]
+    Pretty,
+    /// One JSON object per event, for log shippers.
+    Json,
+}
+
+/// Argon2id cost. The defaults are OWASP's minimum for argon2id (19 MiB, 2 passes).
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PasswordHashing {
+    pub memory_kib: u32,
+    pub iterations: u32,
+    pub parallelism: u32,
+}
+
+impl Default for PasswordHashing {
+    fn default() -> Self {
+        PasswordHashing {
+            memory_kib: 19 * 1024,
+            iterations: 2,
+            parallelism: 1,
+        }
+    }
+}
+
+mod defaults {
+    use std::net::SocketAddr;
+
+    use secrecy::SecretString;
+
+    pub fn listen() -> SocketAddr {
+        ([127, 0, 0, 1], 8080).into()
+    }
+    pub fn metrics_listen() -> Option<SocketAddr> {
+        Some(([127, 0, 0, 1], 9464).into())
+    }
+    pub fn database_url() -> SecretString {
+        SecretString::from("sqlite://byo.db")
+    }
+    pub fn public_url() -> String {
+        "http://localhost:8080".into()
+    }
+    pub fn yes() -> bool {
+        true
+    }
+    pub fn session_hours() -> i64 {
+        12
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: defaults::listen(),
+            metrics_listen: defaults::metrics_listen(),
+            database_url: defaults::database_url(),
+            public_url: defaults::public_url(),
+            log_format: LogFormat::default(),
+            cookie_secure: true,
+            session_hours: defaults::session_hours(),
+            allow_signup: true,
+            password_hashing: PasswordHashing::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Defaults, then `file` (if given; it must exist), then the environment.
+    pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
+        let mut fig = Figment::new();
+        if let Some(path) = file {
+            if !path.exists() {
+                return Err(ConfigError(format!(
+                    "configuration file {} does not exist",
+                    path.display()
+                )));
+            }
+            fig = fig.merge(Toml::file(path));
+        }
+        // Only our own keys: BYO_TEST_* and friends belong to other programs. A typo in the
+        // file is refused (deny_unknown_fields); one in the environment is ignored.
+        let env = Env::prefixed("BYO_").split("__").filter(|key| {
+            let top = key.as_str().split('.').next().unwrap_or_default();
+            KEYS.contains(&top)
+        });
+        fig.merge(env)
+            .extract::<Config>()
+            .map_err(|e| ConfigError(e.to_string()))
+            .and_then(|c| c.validate().map(|()| c).map_err(ConfigError))
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let url = self.database_url.expose_secret();
+        if !(url.starts_with("sqlite:")
+            || url.starts_with("postgres:")
+            || url.starts_with("postgresql:"))
+        {
+            return Err("database_url must start with sqlite:// or postgres://".to_owned());
+        }
+        if !(self.public_url.starts_with("http://") || self.public_url.starts_with("https://")) {
+            return Err("public_url must start with http:// or https://".to_owned());
+        }
+        if self.session_hours <= 0 {
+            return Err("session_hours must be positive".to_owned());
+        }
+        Ok(())
+    }
+
+    /// The origin (scheme://host[:port]) of `public_url`, for Origin checks.
+    pub fn public_origin(&self) -> &str {
+        let url = self.public_url.as_str();
+        let after_scheme = url.find("://").map_or(0, |i| i + 3);
+        match url[after_scheme..].find('/') {
+            Some(i) => &url[..after_scheme + i],
+            None => url,
+        }
+    }
+}
+
+/// Why the configuration could not be loaded, in words.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_then_the_environment_override_defaults() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "byo.toml",
+                r#"
+                listen = "0.0.0.0:9000"
+                database_url = "postgres://byo:pw@db:5432/byo"
+                public_url = "https://app.example.com/"
+                [password_hashing]
+                memory_kib = 1024
+                iterations = 1
+                parallelism = 1
+                "#,
+            )?;
+            jail.set_env("BYO_LISTEN", "127.0.0.1:9999");
+            jail.set_env("BYO_LOG_FORMAT", "json");
+            let c = Config::load(Some(Path::new("byo.toml"))).expect("loads");
+            assert_eq!(c.listen, "127.0.0.1:9999".parse().unwrap());
+            assert_eq!(c.log_format, LogFormat::Json);
+            assert_eq!(c.password_hashing.memory_kib, 1024);
+            assert_eq!(c.public_origin(), "https://app.example.com");
+            assert!(
+                !format!("{c:?}").contains("pw@db"),
+                "the database URL is redacted"
+            );
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn bad_values_are_refused_with_a_clear_message() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("BYO_DATABASE_URL", "mysql://x");
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("database_url must start with"), "{err}");
+            jail.set_env("BYO_DATABASE_URL", "sqlite://x.db");
+            jail.set_env("BYO_LISTEN", "not an address");
+            assert!(Config::load(None).is_err());
+            jail.set_env("BYO_LISTEN", "127.0.0.1:1");
+            jail.set_env("BYO_TEST_POSTGRES_URL", "postgres://elsewhere");
+            assert!(
+                Config::load(None).is_ok(),
+                "other programs' BYO_ variables are ignored"
+            );
+            jail.create_file("typo.toml", "listne = \"127.0.0.1:1\"")?;
+            let err = Config::load(Some(Path::new("typo.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("listne"), "{err}");
+            Ok(())
+        });
+        let err = Config::load(Some(Path::new("/nonexistent/byo.toml"))).unwrap_err();
+        assert!(err.to_string().contains("does not exist"));
+    }
+}

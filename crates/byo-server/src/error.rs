@@ -1,0 +1,119 @@
+//! The one error type every handler returns. Clients get a stable code and a message meant
+//! for them; a 5xx body carries only the request id, and the cause goes to the log.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use byo_db::DbError;
+use byo_wire::api::ErrorBody;
+
+tokio::task_local! {
+    /// The id of the request being served, set by [`crate::telemetry::request_id`].
+    pub static REQUEST_ID: String;
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{message}")]
+    BadRequest { code: &'static str, message: String },
+    #[error("sign in first")]
+    Unauthenticated,
+    #[error("that email and password do not match an account")]
+    InvalidCredentials,
+    #[error("{0}")]
+    Forbidden(&'static str),
+    #[error("not found")]
+    NotFound,
+    #[error("{message}")]
+    Conflict { code: &'static str, message: String },
+    #[error(transparent)]
+    Internal(#[from] anyhow::Error),
+}
+
+pub type AppResult<T> = Result<T, AppError>;
+
+impl AppError {
+    pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::BadRequest {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn conflict(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Conflict {
+            code,
+            message: message.into(),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AppError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            AppError::Unauthenticated | AppError::InvalidCredentials => StatusCode::UNAUTHORIZED,
+            AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+            AppError::NotFound => StatusCode::NOT_FOUND,
+            AppError::Conflict { .. } => StatusCode::CONFLICT,
+            AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            AppError::BadRequest { code, .. } | AppError::Conflict { code, .. } => code,
+            AppError::Unauthenticated => "unauthenticated",
+            AppError::InvalidCredentials => "invalid_credentials",
+            AppError::Forbidden(_) => "forbidden",
+            AppError::NotFound => "not_found",
+            AppError::Internal(_) => "internal",
+        }
+    }
+}
+
+impl From<DbError> for AppError {
+    fn from(e: DbError) -> Self {
+        match e {
+            DbError::NotFound => AppError::NotFound,
+            DbError::Conflict(what) => {
+                AppError::conflict("conflict", format!("already exists ({what})"))
+            }
+            DbError::Refused(rule) => {
+                AppError::conflict("refused", format!("refused by the rule {rule}"))
+            }
+            other => AppError::Internal(other.into()),
+        }
+    }
+}
+
+pub fn current_request_id() -> Option<String> {
+    REQUEST_ID.try_with(Clone::clone).ok()
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let request_id = current_request_id();
+        let message = match &self {
+            AppError::Internal(cause) => {
+                // The cause is for operators; the client gets an id to quote.
+                tracing::error!(
+                    request_id = request_id.as_deref().unwrap_or("-"),
+                    error = format!("{cause:#}"),
+                    "internal error"
+                );
+                "something went wrong on our side; quote the request id if you report it".to_owned()
+            }
+            other => other.to_string(),
+        };
+        let body = ErrorBody {
+            error: self.code().to_owned(),
+            message,
+            request_id: if status.is_server_error() {
+                request_id
+            } else {
+                None
+            },
+        };
+        (status, Json(body)).into_response()
+    }
+}

@@ -1,0 +1,107 @@
+//! `byo-server`: the control plane.
+
+use std::io::{BufRead, IsTerminal};
+use std::path::PathBuf;
+
+use anyhow::Context;
+use byo_db::Store;
+use byo_server::{AppState, Config, accounts, routes, telemetry};
+use clap::{Parser, Subcommand};
+use secrecy::ExposeSecret;
+
+/// The byo control plane: the API, the pages and the scheduled jobs.
+///
+/// Configuration comes from defaults, then the file given with --config, then BYO_*
+/// environment variables (BYO_DATABASE_URL, BYO_LISTEN, BYO_PUBLIC_URL, ...).
+#[derive(Parser)]
+#[command(version, about, long_about)]
+struct Cli {
+    /// A TOML configuration file.
+    #[arg(long, short, env = "BYO_CONFIG")]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Migrate the database and serve (the default).
+    Serve,
+    /// Bring the database schema up to date, then exit.
+    Migrate,
+    /// Create a user holding superadmin. The password is read from standard input (one
+    /// line); on a terminal you are asked for it.
+    CreateSuperadmin {
+        /// The new superadmin's email address.
+        #[arg(long)]
+        email: String,
+    },
+    /// Print the OpenAPI document.
+    Openapi,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let command = cli.command.unwrap_or(Command::Serve);
+    if let Command::Openapi = command {
+        println!("{}", routes::openapi().to_pretty_json()?);
+        return Ok(());
+    }
+    let config = Config::load(cli.config.as_deref()).context("loading configuration")?;
+    telemetry::init(config.log_format);
+    let store = Store::connect(config.database_url.expose_secret())
+        .await
+        .context("connecting to the database")?;
+    store.migrate().await.context("migrating the database")?;
+    match command {
+        Command::Serve => {
+            let listener = tokio::net::TcpListener::bind(config.listen)
+                .await
+                .with_context(|| format!("binding {}", config.listen))?;
+            let state = AppState::new(store, config);
+            byo_server::serve(state, listener, shutdown_signal()).await
+        }
+        Command::Migrate => {
+            tracing::info!(backend = %store.backend(), "schema is up to date");
+            Ok(())
+        }
+        Command::CreateSuperadmin { email } => {
+            if std::io::stdin().is_terminal() {
+                eprint!(
+                    "Password for {email} (at least {} characters): ",
+                    accounts::MIN_PASSWORD_CHARS
+                );
+            }
+            let mut password = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut password)
+                .context("reading the password")?;
+            let password = password.trim_end_matches(['\r', '\n']);
+            let state = AppState::new(store, config);
+            let user = accounts::create_superadmin(&state, &email, password)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            println!("created superadmin {} ({})", user.email, user.sub);
+            Ok(())
+        }
+        Command::Openapi => unreachable!("handled above"),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! { () = ctrl_c => {}, () = term => {} }
+}

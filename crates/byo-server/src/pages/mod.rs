@@ -1,0 +1,328 @@
+//! Server-rendered pages: sign-in and sign-up, the signed-in home, and the operator's users
+//! page. Plain HTML forms, so every page works without JavaScript; forms POST to page
+//! routes that call the same code as the API.
+
+use axum::Form;
+use axum::Router;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::routing::{get, post};
+use axum_extra::extract::CookieJar;
+use byo_wire::Role;
+use maud::{DOCTYPE, Markup, html};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::accounts;
+use crate::auth::session::{end_session, start_session};
+use crate::auth::{CurrentUser, Operator};
+use crate::error::{AppError, current_request_id};
+use crate::routes::accounts::password_sign_in;
+use crate::routes::admin::change_grant;
+use crate::state::AppState;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/", get(home))
+        .route("/login", get(login_page).post(login_submit))
+        .route("/signup", get(signup_page).post(signup_submit))
+        .route("/logout", post(logout_submit))
+        .route("/admin/users", get(users_page))
+        .route(
+            "/admin/users/{sub}/roles/{role}/{action}",
+            post(users_grant_submit),
+        )
+        .route("/assets/style.css", get(stylesheet))
+}
+
+const STYLE: &str = include_str!("style.css");
+
+async fn stylesheet() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/css; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        STYLE,
+    )
+        .into_response()
+}
+
+/// An error shown as a page rather than JSON.
+pub struct PageError(AppError);
+
+impl From<AppError> for PageError {
+    fn from(e: AppError) -> Self {
+        PageError(e)
+    }
+}
+
+impl From<byo_db::DbError> for PageError {
+    fn from(e: byo_db::DbError) -> Self {
+        PageError(e.into())
+    }
+}
+
+impl IntoResponse for PageError {
+    fn into_response(self) -> Response {
+        let status = self.0.status();
+        if status == StatusCode::UNAUTHORIZED {
+            return Redirect::to("/login").into_response();
+        }
+        let (title, detail) = if status.is_server_error() {
+            // Let the JSON path log the cause; show only the id.
+            let id = current_request_id().unwrap_or_default();
+            drop(self.0.into_response());
+            (
+                "Something went wrong".to_owned(),
+                format!("It was on our side. If you report it, quote request {id}."),
+            )
+        } else {
+            (
+                status.canonical_reason().unwrap_or("Error").to_owned(),
+                self.0.to_string(),
+            )
+        };
+        let body = layout(
+            &title,
+            None,
+            html! {
+                h1 { (title) }
+                p.error { (detail) }
+                p { a href="/" { "Back to the start" } }
+            },
+        );
+        (status, body).into_response()
+    }
+}
+
+type PageResult = Result<Response, PageError>;
+
+fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup {
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · byo" }
+                link rel="stylesheet" href="/assets/style.css";
+            }
+            body {
+                header {
+                    a.brand href="/" { "byo" }
+                    nav {
+                        @if let Some(v) = viewer {
+                            @if v.is_operator() { a href="/admin/users" { "Users" } }
+                            span.who { (v.user.email) }
+                            form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }
+                        } @else {
+                            a href="/login" { "Sign in" }
+                            a href="/signup" { "Create an account" }
+                        }
+                    }
+                }
+                main { (content) }
+            }
+        }
+    }
+}
+
+async fn home(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+    let Some(v) = viewer else {
+        return Ok(Redirect::to("/login").into_response());
+    };
+    let hosts = state.store.hosts_owned(&v.user.sub).await?;
+    let roles: Vec<&str> = v.roles.iter().map(|r| r.as_str()).collect();
+    Ok(layout("Home", Some(&v), html! {
+        h1 { "Welcome, " (if v.user.display_name.is_empty() { &v.user.email } else { &v.user.display_name }) }
+        dl {
+            dt { "Signed in as" } dd { (v.user.email) }
+            dt { "Grants" } dd { @if roles.is_empty() { "none (customer)" } @else { (roles.join(", ")) } }
+            dt { "Hosts you own" } dd { (hosts) }
+        }
+        @if v.is_operator() {
+            p { "Operators: " a href="/admin/users" { "manage users and grants" } "." }
+        }
+    }).into_response())
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    email: String,
+    password: String,
+}
+
+fn login_form(email: &str, error: Option<&str>) -> Markup {
+    layout(
+        "Sign in",
+        None,
+        html! {
+            h1 { "Sign in" }
+            @if let Some(e) = error { p.error role="alert" { (e) } }
+            form method="post" action="/login" {
+                label { "Email" input type="email" name="email" value=(email) required autofocus autocomplete="username"; }
+                label { "Password" input type="password" name="password" required autocomplete="current-password"; }
+                button type="submit" { "Sign in" }
+            }
+            p { "No account yet? " a href="/signup" { "Create one" } "." }
+        },
+    )
+}
+
+async fn login_page(viewer: Option<CurrentUser>) -> Response {
+    if viewer.is_some() {
+        return Redirect::to("/").into_response();
+    }
+    login_form("", None).into_response()
+}
+
+async fn login_submit(
+    State(state): State<AppState>,
+    jar: CookieJar,
+    Form(form): Form<LoginForm>,
+) -> PageResult {
+    match password_sign_in(&state, &form.email, &form.password).await {
+        Ok(user) => {
+            state
+                .store
+                .audit(
+                    Some(&user.sub),
+                    "user.login",
+                    Some(&user.sub),
+                    json!({}),
+                    state.clock.now(),
+                )
+                .await?;
+            let cookie = start_session(&state, &user.sub).await?;
+            Ok((jar.add(cookie), Redirect::to("/")).into_response())
+        }
+        Err(AppError::InvalidCredentials) => Ok((
+            StatusCode::UNAUTHORIZED,
+            login_form(&form.email, Some(&AppError::InvalidCredentials.to_string())),
+        )
+            .into_response()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Deserialize)]
+struct SignupForm {
+    email: String,
+    password: String,
+    #[serde(default)]
+    display_name: String,
+}
+
+fn signup_form(form: Option<&SignupForm>, error: Option<&str>) -> Markup {
+    layout(
+        "Create an account",
+        None,
+        html! {
+            h1 { "Create an account" }
+            @if let Some(e) = error { p.error role="alert" { (e) } }
+            form method="post" action="/signup" {
+                label { "Email" input type="email" name="email" value=(form.map_or("", |f| &f.email)) required autocomplete="username"; }
+                label { "Name (optional)" input type="text" name="display_name" value=(form.map_or("", |f| &f.display_name)) maxlength="100"; }
+                label { "Password (at least " (accounts::MIN_PASSWORD_CHARS) " characters)"
+                    input type="password" name="password" required minlength=(accounts::MIN_PASSWORD_CHARS) autocomplete="new-password"; }
+                button type="submit" { "Create account" }
+            }
+        },
+    )
+}
+
+async fn signup_page(State(state): State<AppState>) -> PageResult {
+    if !state.config.allow_signup {
+        return Err(AppError::Forbidden("sign-up is closed on this installation").into());
+    }
+    Ok(signup_form(None, None).into_response())
+}
+
+async fn signup_submit(
+    State(state): State<AppState>,
+    jar: CookieJar,
+    Form(form): Form<SignupForm>,
+) -> PageResult {
+    if !state.config.allow_signup {
+        return Err(AppError::Forbidden("sign-up is closed on this installation").into());
+    }
+    match accounts::create_account(&state, &form.email, &form.password, &form.display_name).await {
+        Ok(user) => {
+            state
+                .store
+                .audit(
+                    Some(&user.sub),
+                    "user.signup",
+                    Some(&user.sub),
+                    json!({}),
+                    state.clock.now(),
+                )
+                .await?;
+            let cookie = start_session(&state, &user.sub).await?;
+            Ok((jar.add(cookie), Redirect::to("/")).into_response())
+        }
+        Err(e @ (AppError::BadRequest { .. } | AppError::Conflict { .. })) => {
+            Ok((e.status(), signup_form(Some(&form), Some(&e.to_string()))).into_response())
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn logout_submit(State(state): State<AppState>, jar: CookieJar) -> PageResult {
+    let cleared = end_session(&state, &jar).await?;
+    Ok((jar.add(cleared), Redirect::to("/login")).into_response())
+}
+
+async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+    let Some(v) = viewer else {
+        return Ok(Redirect::to("/login").into_response());
+    };
+    if !v.is_operator() {
+        return Err(AppError::Forbidden("operators only").into());
+    }
+    let users = state.store.users_overview().await?;
+    Ok(layout("Users", Some(&v), html! {
+        h1 { "Users" }
+        p { "Grant " strong { "community_host" } " to let an owner add GPUs. Only a superadmin changes operator and superadmin grants." }
+        table {
+            thead { tr { th { "Email" } th { "Name" } th { "Grants" } th { "Hosts" } th { "Since" } th { "Change" } } }
+            tbody {
+                @for u in &users {
+                    tr {
+                        td { (u.user.email) }
+                        td { (u.user.display_name) }
+                        td { @for r in &u.roles { span.badge { (r.as_str()) } " " } }
+                        td { (u.hosts_owned) }
+                        td { (u.user.created_at.format("%Y-%m-%d")) }
+                        td {
+                            @for role in Role::ALL.iter().rev() {
+                                @if v.may_grant(*role) {
+                                    @let held = u.roles.contains(role);
+                                    form.inline method="post" action={ "/admin/users/" (u.user.sub) "/roles/" (role.as_str()) "/" (if held { "revoke" } else { "grant" }) } {
+                                        button type="submit" { (if held { "Revoke " } else { "Grant " }) (role.as_str()) }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }).into_response())
+}
+
+async fn users_grant_submit(
+    State(state): State<AppState>,
+    op: Operator,
+    Path((sub, role, action)): Path<(String, String, String)>,
+) -> PageResult {
+    let grant = match action.as_str() {
+        "grant" => true,
+        "revoke" => false,
+        _ => return Err(AppError::NotFound.into()),
+    };
+    change_grant(&state, &op, &sub, &role, grant).await?;
+    Ok(Redirect::to("/admin/users").into_response())
+}

@@ -1,0 +1,74 @@
+//! The one router: every route the server answers is listed here, API routes with their
+//! OpenAPI operations (so the document cannot miss one), pages after them.
+
+use std::sync::Arc;
+
+use axum::routing::get;
+use axum::{Json, Router, middleware};
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use crate::state::AppState;
+use crate::{auth, metrics, pages, telemetry};
+
+pub mod accounts;
+pub mod admin;
+pub mod health;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "byo control plane",
+        description = "The API behind app pages, hosts and operators. Sessions are cookies \
+                       (`byo_session`); errors are `ErrorBody`."
+    ),
+    tags(
+        (name = "health", description = "Liveness and readiness"),
+        (name = "accounts", description = "Signing up, in and out; your own account"),
+        (name = "admin", description = "Operators' pages: users, grants, the audit log"),
+    )
+)]
+struct ApiDoc;
+
+/// Every API route, with its OpenAPI operation.
+pub fn api() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(health::healthz))
+        .routes(routes!(accounts::signup))
+        .routes(routes!(accounts::login))
+        .routes(routes!(accounts::logout))
+        .routes(routes!(accounts::me))
+        .routes(routes!(accounts::change_password))
+        .routes(routes!(admin::list_users))
+        .routes(routes!(admin::grant_role, admin::revoke_role))
+        .routes(routes!(admin::audit_log))
+}
+
+/// The OpenAPI document, generated from the routes above.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api().into_openapi()
+}
+
+/// The whole application, as `main` serves it and tests drive it.
+pub fn app(state: AppState) -> Router {
+    let (api, doc) = api().split_for_parts();
+    let doc = Arc::new(doc);
+    Router::new()
+        .merge(api)
+        .route(
+            "/openapi.json",
+            get(move || async move { Json(doc.as_ref().clone()) }),
+        )
+        .merge(pages::router())
+        .route_layer(middleware::from_fn_with_state(
+            state.metrics.clone(),
+            metrics::track,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::csrf::refuse_cross_site,
+        ))
+        .layer(middleware::from_fn(telemetry::request_id))
+        .with_state(state)
+}
