@@ -140,7 +140,12 @@ impl Config {
         // Only our own keys: BYO_TEST_* and friends belong to other programs. A typo in the
         // file is refused (deny_unknown_fields); one in the environment is ignored.
         let env = Env::prefixed("BYO_").split("__").filter(|key| {
-            let top = key.as_str().split('.').next().unwrap_or_default();
+            let key = key.as_str().to_ascii_lowercase();
+            let top = key
+                .split("__")
+                .next()
+                .and_then(|k| k.split('.').next())
+                .unwrap_or_default();
             KEYS.contains(&top)
         });
         fig.merge(env)
@@ -204,10 +209,15 @@ mod tests {
             )?;
             jail.set_env("BYO_LISTEN", "127.0.0.1:9999");
             jail.set_env("BYO_LOG_FORMAT", "json");
+            jail.set_env("BYO_PASSWORD_HASHING__ITERATIONS", "3");
             let c = Config::load(Some(Path::new("byo.toml"))).expect("loads");
             assert_eq!(c.listen, "127.0.0.1:9999".parse().unwrap());
             assert_eq!(c.log_format, LogFormat::Json);
             assert_eq!(c.password_hashing.memory_kib, 1024);
+            assert_eq!(
+                c.password_hashing.iterations, 3,
+                "nested keys come through the environment"
+            );
             assert_eq!(c.public_origin(), "https://app.example.com");
             assert!(
                 !format!("{c:?}").contains("pw@db"),

@@ -313,11 +313,21 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
     }).into_response())
 }
 
+/// The operator gate for pages: anonymous callers are sent to sign in.
+fn require_operator(viewer: Option<CurrentUser>) -> Result<Operator, PageError> {
+    match viewer {
+        None => Err(AppError::Unauthenticated.into()),
+        Some(v) if v.is_operator() => Ok(Operator(v)),
+        Some(_) => Err(AppError::Forbidden("operators only").into()),
+    }
+}
+
 async fn users_grant_submit(
     State(state): State<AppState>,
-    op: Operator,
+    viewer: Option<CurrentUser>,
     Path((sub, role, action)): Path<(String, String, String)>,
 ) -> PageResult {
+    let op = require_operator(viewer)?;
     let grant = match action.as_str() {
         "grant" => true,
         "revoke" => false,

@@ -1,0 +1,304 @@
+//! Accounts, sessions and the error contract, through the HTTP API and pages.
+
+mod support;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use byo_wire::Role;
+use serde_json::json;
+use support::{PASSWORD, TestApp};
+
+async fn signup_signs_in_and_logout_ends_the_session(app: TestApp) {
+    let reply = app
+        .request(
+            Method::POST,
+            "/api/auth/signup",
+            None,
+            Some(
+                json!({"email": " Ana@Example.com ", "password": PASSWORD, "display_name": "Ana"}),
+            ),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text());
+    assert_eq!(reply.json()["email"], "ana@example.com");
+    assert_eq!(reply.json()["roles"], json!([]));
+    let cookie = reply
+        .headers
+        .get(header::SET_COOKIE)
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_owned();
+    for attr in ["HttpOnly", "Secure", "SameSite=Lax", "Path=/"] {
+        assert!(cookie.contains(attr), "cookie lacks {attr}: {cookie}");
+    }
+    let session = reply.session_cookie().unwrap();
+
+    let me = app.get("/api/me", Some(&session)).await;
+    assert_eq!(me.status, StatusCode::OK);
+    assert_eq!(me.json()["display_name"], "Ana");
+
+    let out = app
+        .request(Method::POST, "/api/auth/logout", Some(&session), None)
+        .await;
+    assert_eq!(out.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.get("/api/me", Some(&session)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+async fn bad_signups_are_refused_and_create_nothing(app: TestApp) {
+    app.user_with("taken@example.com", &[]).await;
+    for (body, code) in [
+        (
+            json!({"email": "not-an-email", "password": PASSWORD}),
+            "invalid_email",
+        ),
+        (
+            json!({"email": "short@example.com", "password": "short"}),
+            "weak_password",
+        ),
+        (
+            json!({"email": "TAKEN@example.com", "password": PASSWORD}),
+            "email_taken",
+        ),
+    ] {
+        let reply = app
+            .request(Method::POST, "/api/auth/signup", None, Some(body))
+            .await;
+        assert!(reply.status.is_client_error(), "{}", reply.text());
+        assert_eq!(reply.json()["error"], code);
+        assert!(reply.session_cookie().is_none());
+    }
+    let malformed = app
+        .send(
+            Request::post("/api/auth/signup")
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from("{\"email\": 5"))
+                .unwrap(),
+        )
+        .await;
+    assert!(malformed.status.is_client_error());
+    assert_eq!(
+        app.db.users_overview().await.unwrap().len(),
+        1,
+        "only the first user exists"
+    );
+}
+
+async fn wrong_password_and_unknown_email_get_the_same_answer(app: TestApp) {
+    app.user_with("ana@example.com", &[]).await;
+    let wrong = app
+        .request(
+            Method::POST,
+            "/api/auth/login",
+            None,
+            Some(json!({"email": "ana@example.com", "password": "wrong password!!"})),
+        )
+        .await;
+    let unknown = app
+        .request(
+            Method::POST,
+            "/api/auth/login",
+            None,
+            Some(json!({"email": "bob@example.com", "password": "wrong password!!"})),
+        )
+        .await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!((wrong.status, &wrong.body), (unknown.status, &unknown.body));
+    assert!(wrong.session_cookie().is_none());
+
+    let ok = app
+        .request(
+            Method::POST,
+            "/api/auth/login",
+            None,
+            Some(json!({"email": "ANA@example.com", "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(ok.status, StatusCode::OK);
+    assert!(ok.session_cookie().is_some());
+}
+
+async fn a_password_change_ends_every_other_session(app: TestApp) {
+    let (sub, first) = app.user_with("ana@example.com", &[]).await;
+    let second = app.session_for(&sub).await;
+    let refused = app
+        .request(
+            Method::PUT,
+            "/api/me/password",
+            Some(&first),
+            Some(
+                json!({"current_password": "not it at all", "new_password": "a new long password"}),
+            ),
+        )
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        app.get("/api/me", Some(&second)).await.status,
+        StatusCode::OK,
+        "nothing changed"
+    );
+
+    let reply = app
+        .request(
+            Method::PUT,
+            "/api/me/password",
+            Some(&first),
+            Some(json!({"current_password": PASSWORD, "new_password": "a new long password"})),
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::NO_CONTENT);
+    let renewed = reply.session_cookie().unwrap();
+    assert_eq!(
+        app.get("/api/me", Some(&second)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        app.get("/api/me", Some(&first)).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        app.get("/api/me", Some(&renewed)).await.status,
+        StatusCode::OK
+    );
+}
+
+async fn a_cross_site_post_is_refused_and_changes_nothing(app: TestApp) {
+    let (_, op) = app.user_with("op@example.com", &[Role::Operator]).await;
+    let (target, _) = app.user_with("target@example.com", &[]).await;
+    let forged = app
+        .send(
+            Request::post(format!("/admin/users/{target}/roles/community_host/grant"))
+                .header(header::COOKIE, format!("byo_session={op}"))
+                .header(header::ORIGIN, "https://evil.example")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(forged.status, StatusCode::FORBIDDEN);
+    assert!(app.db.roles_of(&target).await.unwrap().is_empty());
+
+    let same_site = app
+        .send(
+            Request::post(format!("/admin/users/{target}/roles/community_host/grant"))
+                .header(header::COOKIE, format!("byo_session={op}"))
+                .header(header::ORIGIN, "http://localhost:8080")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(same_site.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        app.db.roles_of(&target).await.unwrap(),
+        vec![Role::CommunityHost]
+    );
+    let audit = app.db.audit_log(10).await.unwrap();
+    assert!(
+        audit
+            .iter()
+            .any(|a| a.action == "role.grant" && a.target.as_deref() == Some(&target))
+    );
+}
+
+async fn the_last_superadmin_cannot_be_revoked_over_the_api(app: TestApp) {
+    let (sub, session) = app.user_with("root@example.com", &[Role::Superadmin]).await;
+    let reply = app
+        .request(
+            Method::DELETE,
+            &format!("/api/admin/users/{sub}/roles/superadmin"),
+            Some(&session),
+            None,
+        )
+        .await;
+    assert_eq!(reply.status, StatusCode::CONFLICT);
+    assert_eq!(reply.json()["error"], "last_superadmin");
+    assert_eq!(app.db.roles_of(&sub).await.unwrap(), vec![Role::Superadmin]);
+}
+
+async fn a_5xx_carries_a_request_id_and_no_internals(app: TestApp) {
+    let (_, session) = app.user_with("ana@example.com", &[]).await;
+    app.db.close().await;
+    let reply = app.get("/api/me", Some(&session)).await;
+    assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let body = reply.json();
+    assert_eq!(body["error"], "internal");
+    let id = body["request_id"].as_str().unwrap();
+    assert_eq!(reply.headers.get("x-request-id").unwrap(), id);
+    let text = reply.text().to_lowercase();
+    for internal in ["sqlx", "pool", "database", "closed", "sqlite", "postgres"] {
+        assert!(
+            !text.contains(internal),
+            "5xx body leaks {internal:?}: {text}"
+        );
+    }
+    let health = app.get("/healthz", None).await;
+    assert_eq!(health.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(health.json()["database"], "unreachable");
+}
+
+async fn healthz_metrics_and_openapi_answer(app: TestApp) {
+    let health = app.get("/healthz", None).await;
+    assert_eq!(health.status, StatusCode::OK);
+    assert_eq!(health.json()["status"], "ok");
+    assert_eq!(health.json()["database"], app.db.backend().to_string());
+
+    let doc = app.get("/openapi.json", None).await.json();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(doc["components"]["schemas"]["UserView"].is_object());
+
+    let text = app.state.metrics.encode();
+    assert!(
+        text.contains(r#"byo_http_requests_total{method="GET",route="/healthz",status="200"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("byo_http_request_duration_seconds_bucket"));
+}
+
+async fn pages_sign_in_show_the_home_and_list_users(app: TestApp) {
+    app.user_with("op@example.com", &[Role::Operator]).await;
+    let form = |body: &str| {
+        Request::post("/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let bad = app.send(form("email=op%40example.com&password=nope")).await;
+    assert_eq!(bad.status, StatusCode::UNAUTHORIZED);
+    assert!(bad.text().contains("do not match an account"));
+    assert!(
+        bad.text().contains("value=\"op@example.com\""),
+        "the email is kept"
+    );
+
+    let ok = app
+        .send(form(&format!(
+            "email=op%40example.com&password={}",
+            PASSWORD.replace(' ', "+")
+        )))
+        .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    let session = ok.session_cookie().unwrap();
+    let home = app.get("/", Some(&session)).await;
+    assert!(home.text().contains("op@example.com") && home.text().contains("operator"));
+    let users = app.get("/admin/users", Some(&session)).await;
+    assert_eq!(users.status, StatusCode::OK);
+    assert!(users.text().contains("Grant community_host"));
+    assert!(
+        !users.text().contains("Grant superadmin"),
+        "an operator is not offered superadmin"
+    );
+}
+
+on_each_backend!(
+    signup_signs_in_and_logout_ends_the_session,
+    bad_signups_are_refused_and_create_nothing,
+    wrong_password_and_unknown_email_get_the_same_answer,
+    a_password_change_ends_every_other_session,
+    a_cross_site_post_is_refused_and_changes_nothing,
+    the_last_superadmin_cannot_be_revoked_over_the_api,
+    a_5xx_carries_a_request_id_and_no_internals,
+    healthz_metrics_and_openapi_answer,
+    pages_sign_in_show_the_home_and_list_users,
+);

@@ -1,0 +1,195 @@
+//! A test app over a fresh database, driven in-process (crates.io's pattern).
+
+#![allow(dead_code)] // each test binary uses a different part
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_db::Backend;
+use byo_db::hosts::NewHost;
+use byo_db::testing::TestDb;
+use byo_db::users::NewUser;
+use byo_server::config::PasswordHashing;
+use byo_server::{AppState, Config};
+use byo_wire::Role;
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+/// Generates `<scenario>::sqlite` and `<scenario>::postgres` tests.
+#[macro_export]
+macro_rules! on_each_backend {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                if let Some(app) = $crate::support::TestApp::new(byo_db::Backend::Sqlite).await {
+                    super::$name(app).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(app) = $crate::support::TestApp::new(byo_db::Backend::Postgres).await {
+                    super::$name(app).await
+                }
+            }
+        }
+    )*};
+}
+
+pub const PASSWORD: &str = "correct horse battery staple";
+
+pub struct TestApp {
+    pub db: TestDb,
+    pub state: AppState,
+    pub router: Router,
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    /// The value of the session cookie this reply sets, if any.
+    pub fn session_cookie(&self) -> Option<String> {
+        self.headers
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .find_map(|v| {
+                let v = v.to_str().ok()?;
+                let rest = v.strip_prefix("byo_session=")?;
+                let value = rest.split(';').next()?;
+                (!value.is_empty()).then(|| value.to_owned())
+            })
+    }
+}
+
+pub fn test_config() -> Config {
+    Config {
+        metrics_listen: None,
+        public_url: "http://localhost:8080".into(),
+        password_hashing: PasswordHashing {
+            memory_kib: 256,
+            iterations: 1,
+            parallelism: 1,
+        },
+        ..Config::default()
+    }
+}
+
+impl TestApp {
+    pub async fn new(backend: Backend) -> Option<TestApp> {
+        Self::with_config(backend, test_config()).await
+    }
+
+    pub async fn with_config(backend: Backend, config: Config) -> Option<TestApp> {
+        let db = byo_db::testing::fresh(backend).await?;
+        let state = AppState::new(db.store.clone(), config);
+        let router = byo_server::app(state.clone());
+        Some(TestApp { db, state, router })
+    }
+
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        session: Option<&str>,
+        body: Option<serde_json::Value>,
+    ) -> Reply {
+        let mut req = Request::builder().method(method).uri(path);
+        if let Some(s) = session {
+            req = req.header(header::COOKIE, format!("byo_session={s}"));
+        }
+        let req = match body {
+            Some(b) => req
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(b.to_string())),
+            None => req.body(Body::empty()),
+        }
+        .unwrap();
+        self.send(req).await
+    }
+
+    pub async fn send(&self, req: Request<Body>) -> Reply {
+        let resp = self.router.clone().oneshot(req).await.unwrap();
+        let status = resp.status();
+        let headers = resp.headers().clone();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        Reply {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    pub async fn get(&self, path: &str, session: Option<&str>) -> Reply {
+        self.request(Method::GET, path, session, None).await
+    }
+
+    /// A user with `roles`, created directly in the store, and a session for them.
+    pub async fn user_with(&self, email: &str, roles: &[Role]) -> (String, String) {
+        let hash = self.state.passwords.hash(PASSWORD.into()).await.unwrap();
+        let now = self.state.clock.now();
+        let user = self
+            .db
+            .create_user(
+                NewUser {
+                    email,
+                    display_name: "",
+                    password_hash: &hash,
+                },
+                now,
+            )
+            .await
+            .unwrap();
+        for role in roles {
+            self.db
+                .grant_role(&user.sub, *role, None, now)
+                .await
+                .unwrap();
+        }
+        let session = self.session_for(&user.sub).await;
+        (user.sub, session)
+    }
+
+    pub async fn session_for(&self, sub: &str) -> String {
+        let token = SecretToken::generate(TokenKind::Session);
+        let now = self.state.clock.now();
+        self.db
+            .create_session(&token.hash(), sub, now, now + chrono::Duration::hours(1))
+            .await
+            .unwrap();
+        token.expose().to_owned()
+    }
+
+    /// Give `sub` a host, making them an owner.
+    pub async fn give_host(&self, sub: &str, slug: &str) {
+        self.db
+            .insert_host(
+                NewHost {
+                    slug,
+                    owner_sub: sub,
+                    profile_id: "gb10-spark-1",
+                    gpu_type: "spark-1",
+                },
+                self.state.clock.now(),
+            )
+            .await
+            .unwrap();
+    }
+}
