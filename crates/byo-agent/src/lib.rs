@@ -1,14 +1,9 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+//! The agent on the owner's Spark host (place 1): three systemd units from one binary —
+//! `enverge-agent-prepare` (root: enrol, the prepare state machine, peer steps),
+//! `enverge-agent` (serving, unprivileged: the VM API, heartbeat, relay map, operator
+//! keys) and `enverge-agent-rollback`.
+//!
+//! It must stay small: it may link `byo-wire` and `byo-core`, and never the server's
+//! dependencies (no database driver, no web framework); `tests/boundaries.rs` enforces it.
+//! Enrolment, preparation and serving arrive with their issues; until then the binary
+//! only describes itself.

@@ -1,14 +1,6 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+//! The relay (place 5): one per host. `ssh_mapd` (HTTP on 10.8.0.1:8754, the relay's own
+//! token) programs the `LOFISPARK_VMSSH` chain that forwards a customer's public :22 into
+//! their container through WireGuard.
+//!
+//! Like the agent it never links the server's dependencies (`tests/boundaries.rs`).
+//! ssh_mapd and the chain arrive with the relay issue.

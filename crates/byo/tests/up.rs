@@ -1,0 +1,115 @@
+//! `byo up` as a person runs it: it prints how to sign in, Ctrl-C stops it cleanly, and
+//! running it again finds the same state.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+struct Running {
+    child: Child,
+    url: String,
+    email: String,
+    password: String,
+}
+
+fn start(data_dir: &std::path::Path) -> Running {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_byo"))
+        .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(data_dir)
+        .env_remove("BYO_DATA_DIR")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("byo up starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut url, mut email, mut password) = (None, None, None);
+    while password.is_none() {
+        let line = lines.next().expect("byo up printed its banner").unwrap();
+        if let Some(u) = line.strip_prefix("byo is running at ") {
+            url = Some(u.trim().to_owned());
+        } else if let Some(e) = line.trim().strip_prefix("sign in as") {
+            email = Some(e.trim().to_owned());
+        } else if let Some(p) = line.trim().strip_prefix("password") {
+            password = Some(p.trim().to_owned());
+        }
+    }
+    // Keep reading, as a terminal would, so later lines never hit a closed pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Running {
+        child,
+        url: url.unwrap(),
+        email: email.unwrap(),
+        password: password.unwrap(),
+    }
+}
+
+fn interrupt(mut r: Running) {
+    let status = Command::new("kill")
+        .args(["-INT", &r.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(exit) = r.child.try_wait().unwrap() {
+            assert!(exit.success(), "byo up exits cleanly on Ctrl-C: {exit}");
+            return;
+        }
+        assert!(Instant::now() < deadline, "byo up did not stop on Ctrl-C");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+async fn login(url: &str, email: &str, password: &str) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(format!("{url}/api/auth/login"))
+        .json(&json!({"email": email, "password": password}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+}
+
+#[tokio::test]
+async fn byo_up_prints_credentials_stops_on_ctrl_c_and_resumes() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = start(dir.path());
+    assert!(first.url.starts_with("http://localhost:"), "{}", first.url);
+    let health: serde_json::Value = reqwest::get(format!("{}/healthz", first.url))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["database"], "sqlite");
+    assert_eq!(login(&first.url, &first.email, &first.password).await, 200);
+    let signup = reqwest::Client::new()
+        .post(format!("{}/api/auth/signup", first.url))
+        .json(&json!({"email": "ana@example.com", "password": "a long enough password"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(signup.status(), 201);
+    let (email, password) = (first.email.clone(), first.password.clone());
+    interrupt(first);
+
+    let second = start(dir.path());
+    assert_eq!(
+        (&second.email, &second.password),
+        (&email, &password),
+        "the same admin"
+    );
+    assert_eq!(
+        login(&second.url, "ana@example.com", "a long enough password").await,
+        200
+    );
+    assert_eq!(login(&second.url, &email, &password).await, 200);
+    let mode = std::fs::metadata(dir.path().join("admin-credentials")).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o077,
+        0
+    );
+    interrupt(second);
+}
