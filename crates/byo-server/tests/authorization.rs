@@ -222,14 +222,16 @@ async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
             let allowed = row.allowed.contains(actor);
             let ok = match (allowed, *actor, page) {
                 (true, _, _) => {
-                    !matches!(
+                    let gated = matches!(
                         reply.status,
                         StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
-                    ) && !(page
-                        && reply
-                            .headers
-                            .get(header::LOCATION)
-                            .is_some_and(|l| l == "/login"))
+                    );
+                    let sent_to_login = reply
+                        .headers
+                        .get(header::LOCATION)
+                        .is_some_and(|l| l == "/login");
+                    let denied_by_page = page && sent_to_login;
+                    !(gated || denied_by_page)
                 }
                 (false, Anonymous, false) => reply.status == StatusCode::UNAUTHORIZED,
                 (false, Anonymous, true) => {
