@@ -591,37 +591,3 @@ async fn profiles_are_seeded_with_the_design_plan() {
         assert!(!pair.staff_only);
     }
 }
-
-/// Only this crate writes SQL: no other workspace crate depends on sqlx directly.
-#[test]
-fn only_the_database_crate_links_sqlx() {
-    let out = std::process::Command::new(env!("CARGO"))
-        .args([
-            "tree",
-            "--offline",
-            "-e",
-            "normal",
-            "-i",
-            "sqlx",
-            "--depth",
-            "1",
-            "--prefix",
-            "none",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let dependents: Vec<String> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
-        .filter(|n| n.starts_with("byo"))
-        .collect();
-    assert_eq!(dependents, ["byo-db"], "crates writing SQL besides byo-db");
-}

@@ -2,5 +2,5 @@
 //! token) programs the `LOFISPARK_VMSSH` chain that forwards a customer's public :22 into
 //! their container through WireGuard.
 //!
-//! Like the agent it never links the server's dependencies (`tests/boundaries.rs`).
+//! Like the agent it never links the server's dependencies (`crates/byo/tests/architecture.rs`).
 //! ssh_mapd and the chain arrive with the relay issue.

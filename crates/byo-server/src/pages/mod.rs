@@ -12,13 +12,12 @@ use axum_extra::extract::CookieJar;
 use byo_wire::Role;
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::accounts;
-use crate::auth::session::{end_session, start_session};
+use crate::auth::session::end_session;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, current_request_id};
-use crate::routes::accounts::password_sign_in;
+use crate::routes::accounts::{open_session, password_sign_in};
 use crate::routes::admin::change_grant;
 use crate::state::AppState;
 
@@ -185,17 +184,7 @@ async fn login_submit(
 ) -> PageResult {
     match password_sign_in(&state, &form.email, &form.password).await {
         Ok(user) => {
-            state
-                .store
-                .audit(
-                    Some(&user.sub),
-                    "user.login",
-                    Some(&user.sub),
-                    json!({}),
-                    state.clock.now(),
-                )
-                .await?;
-            let cookie = start_session(&state, &user.sub).await?;
+            let cookie = open_session(&state, &user, "user.login").await?;
             Ok((jar.add(cookie), Redirect::to("/")).into_response())
         }
         Err(AppError::InvalidCredentials) => Ok((
@@ -250,17 +239,7 @@ async fn signup_submit(
     }
     match accounts::create_account(&state, &form.email, &form.password, &form.display_name).await {
         Ok(user) => {
-            state
-                .store
-                .audit(
-                    Some(&user.sub),
-                    "user.signup",
-                    Some(&user.sub),
-                    json!({}),
-                    state.clock.now(),
-                )
-                .await?;
-            let cookie = start_session(&state, &user.sub).await?;
+            let cookie = open_session(&state, &user, "user.signup").await?;
             Ok((jar.add(cookie), Redirect::to("/")).into_response())
         }
         Err(e @ (AppError::BadRequest { .. } | AppError::Conflict { .. })) => {

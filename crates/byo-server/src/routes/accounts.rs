@@ -4,6 +4,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum_extra::extract::CookieJar;
+use axum_extra::extract::cookie::Cookie;
+use byo_db::users::UserRow;
 use byo_wire::api::{ErrorBody, LoginRequest, PasswordChange, SignupRequest, UserView};
 use serde_json::json;
 
@@ -46,6 +48,25 @@ pub async fn signup(
         jar.add(cookie),
         Json(user_view(&state, user).await?),
     ))
+}
+
+/// Record how `user` signed in (`user.signup`, `user.login`) and open their session.
+pub async fn open_session(
+    state: &AppState,
+    user: &UserRow,
+    action: &str,
+) -> AppResult<Cookie<'static>> {
+    state
+        .store
+        .audit(
+            Some(&user.sub),
+            action,
+            Some(&user.sub),
+            json!({}),
+            state.clock.now(),
+        )
+        .await?;
+    start_session(state, &user.sub).await
 }
 
 /// Sign in with email and password. Unknown emails, wrong passwords and disabled
