@@ -1,4 +1,5 @@
 //! Pure decisions shared by the server, the agent and the relay: no tokio, no filesystem,
 //! no processes, and time is always passed in.
 
+pub mod keylist;
 pub mod tokens;

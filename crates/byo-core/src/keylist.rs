@@ -1,0 +1,398 @@
+//! The signed operator-key list (M): its canonical bytes, its signature envelope, and the
+//! one verifier both the agent and the backend use.
+//!
+//! A list is canonical JSON (fixed field order, keys sorted, no whitespace); it is signed
+//! as those exact bytes with SSHSIG — what `ssh-keygen -Y sign -n operator-keys@byo`
+//! produces — and travels inside an envelope carrying the bytes as a string and any number
+//! of signatures. The threshold is inside the signed bytes, so nobody holding only the
+//! envelope can lower it; a key that signed twice counts once.
+//!
+//! Beyond the design, a list carries `expires`: a list past it is refused, so withholding
+//! updates cannot freeze a removed operator in place, and each authorized_keys line
+//! carries `expiry-time` so sshd enforces the same date.
+
+use std::collections::BTreeSet;
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use ssh_key::{Algorithm, HashAlg, PublicKey, SshSig};
+
+/// The SSHSIG namespace every list is signed in.
+pub const NAMESPACE: &str = "operator-keys@byo";
+/// The `kind` of a list.
+pub const KIND: &str = "byo-operator-keys/v1";
+/// Largest envelope accepted, and largest list body.
+pub const MAX_ENVELOPE_BYTES: usize = 256 * 1024;
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+pub const MAX_KEYS: usize = 256;
+const MAX_FIELD_CHARS: usize = 128;
+/// Operator login keys: Ed25519, in software or on a security key. RSA, DSA and ECDSA are
+/// refused, so one policy holds on every host whatever its sshd allows.
+pub const ALLOWED_KEY_TYPES: &[&str] = &["ssh-ed25519", "sk-ssh-ed25519@openssh.com"];
+
+/// The list as signed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyList {
+    pub kind: String,
+    /// Which installation this list is for (a staging list must not open production).
+    pub environment: String,
+    pub version: u64,
+    pub issued_at: DateTime<Utc>,
+    pub expires: DateTime<Utc>,
+    /// Distinct trusted signatures needed (1 today).
+    pub threshold: u32,
+    /// Every operator's keys, one per machine, sorted.
+    pub keys: Vec<OperatorKey>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorKey {
+    /// The operator's user sub: who a login with this key is.
+    pub user_sub: String,
+    /// Which machine of theirs this key lives on.
+    pub label: String,
+    /// `<algorithm> <base64>`: no options, no comment.
+    pub public_key: String,
+}
+
+/// The envelope: the list's exact bytes and the signatures over them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedList {
+    pub body: String,
+    /// Armored SSHSIG signatures (`-----BEGIN SSH SIGNATURE-----`).
+    pub signatures: Vec<String>,
+}
+
+/// Why a list was refused. Every refusal leaves the holder's state as it was.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Oversized,
+    Malformed(String),
+    NotCanonical,
+    WrongKind,
+    WrongEnvironment {
+        expected: String,
+        found: String,
+    },
+    /// No signing key is trusted yet (a host enrolled before signed lists).
+    NoTrustedKey,
+    /// Fewer distinct trusted signatures than the threshold.
+    BadSignature {
+        valid: usize,
+        threshold: u32,
+    },
+    Expired {
+        expires: DateTime<Utc>,
+    },
+    Empty,
+    TooManyKeys,
+    OlderVersion {
+        held: u64,
+        offered: u64,
+    },
+    SameVersionDifferentKeys {
+        version: u64,
+    },
+    KeyOptions(String),
+    DisallowedKeyType(String),
+    DuplicateKey(String),
+    ControlCharacters(String),
+    BadKey(String),
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refusal::Oversized => write!(f, "the list is larger than {MAX_BODY_BYTES} bytes"),
+            Refusal::Malformed(why) => write!(f, "the list is malformed: {why}"),
+            Refusal::NotCanonical => f.write_str("the list is not in canonical form"),
+            Refusal::WrongKind => write!(f, "not an operator-key list (kind must be {KIND})"),
+            Refusal::WrongEnvironment { expected, found } => {
+                write!(
+                    f,
+                    "the list is for environment {found:?}, this is {expected:?}"
+                )
+            }
+            Refusal::NoTrustedKey => f.write_str(
+                "no signing key is trusted on this host; an operator must set one over the tunnel",
+            ),
+            Refusal::BadSignature { valid, threshold } => write!(
+                f,
+                "{valid} valid signature(s) from trusted keys, {threshold} needed"
+            ),
+            Refusal::Expired { expires } => write!(f, "the list expired at {expires}"),
+            Refusal::Empty => f.write_str("the list has no keys; it would lock every operator out"),
+            Refusal::TooManyKeys => write!(f, "the list has more than {MAX_KEYS} keys"),
+            Refusal::OlderVersion { held, offered } => {
+                write!(f, "version {offered} is older than the held version {held}")
+            }
+            Refusal::SameVersionDifferentKeys { version } => {
+                write!(f, "version {version} is already held with different keys")
+            }
+            Refusal::KeyOptions(k) => write!(f, "key {k} carries options or a comment"),
+            Refusal::DisallowedKeyType(t) => {
+                write!(
+                    f,
+                    "key type {t} is not allowed (ssh-ed25519 or sk-ssh-ed25519 only)"
+                )
+            }
+            Refusal::DuplicateKey(fp) => write!(f, "key {fp} appears more than once"),
+            Refusal::ControlCharacters(field) => {
+                write!(f, "{field} contains control characters")
+            }
+            Refusal::BadKey(why) => write!(f, "a key does not parse: {why}"),
+        }
+    }
+}
+
+impl std::error::Error for Refusal {}
+
+/// A key that passed every check, with its fingerprint.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckedKey {
+    pub key: OperatorKey,
+    pub public_key: PublicKey,
+    /// `SHA256:…`, as sshd logs it.
+    pub fingerprint: String,
+}
+
+/// Show `s` with control characters escaped, for a terminal that must not be driven by
+/// what it prints.
+pub fn escape_control(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
+fn check_text(field: &str, value: &str) -> Result<(), Refusal> {
+    if value.chars().any(char::is_control) {
+        return Err(Refusal::ControlCharacters(format!(
+            "{field} {:?}",
+            escape_control(value)
+        )));
+    }
+    if value.is_empty() || value.chars().count() > MAX_FIELD_CHARS {
+        return Err(Refusal::Malformed(format!(
+            "{field} must be 1 to {MAX_FIELD_CHARS} characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Check one operator key: bare `<algorithm> <base64>`, an allowed type, printable fields.
+pub fn check_key(key: &OperatorKey) -> Result<CheckedKey, Refusal> {
+    check_text("user_sub", &key.user_sub)?;
+    check_text("label", &key.label)?;
+    if key.public_key.chars().any(char::is_control) {
+        return Err(Refusal::ControlCharacters("public_key".into()));
+    }
+    let fields: Vec<&str> = key.public_key.split(' ').collect();
+    if fields.len() != 2 {
+        return Err(Refusal::KeyOptions(escape_control(&key.public_key)));
+    }
+    if !ALLOWED_KEY_TYPES.contains(&fields[0]) {
+        return Err(Refusal::DisallowedKeyType(fields[0].to_owned()));
+    }
+    let public_key =
+        PublicKey::from_openssh(&key.public_key).map_err(|e| Refusal::BadKey(e.to_string()))?;
+    match public_key.algorithm() {
+        Algorithm::Ed25519 | Algorithm::SkEd25519 => {}
+        other => return Err(Refusal::DisallowedKeyType(other.to_string())),
+    }
+    let fingerprint = public_key.fingerprint(HashAlg::Sha256).to_string();
+    Ok(CheckedKey {
+        key: key.clone(),
+        public_key,
+        fingerprint,
+    })
+}
+
+impl KeyList {
+    /// The canonical bytes: what is signed, stored and served.
+    pub fn to_canonical(&self) -> String {
+        let mut sorted = self.clone();
+        sorted.keys.sort();
+        serde_json::to_string(&sorted).expect("a KeyList always serialises")
+    }
+
+    /// Parse canonical bytes; anything else (extra fields, other spacing, unsorted keys) is
+    /// refused, so one list has exactly one byte form.
+    pub fn from_canonical(body: &str) -> Result<KeyList, Refusal> {
+        if body.len() > MAX_BODY_BYTES {
+            return Err(Refusal::Oversized);
+        }
+        let list: KeyList =
+            serde_json::from_str(body).map_err(|e| Refusal::Malformed(e.to_string()))?;
+        if list.to_canonical() != body {
+            return Err(Refusal::NotCanonical);
+        }
+        Ok(list)
+    }
+
+    /// Every check that needs no signature and no clock: kind, size, each key.
+    pub fn check(&self) -> Result<Vec<CheckedKey>, Refusal> {
+        if self.kind != KIND {
+            return Err(Refusal::WrongKind);
+        }
+        check_text("environment", &self.environment)?;
+        if self.keys.is_empty() {
+            return Err(Refusal::Empty);
+        }
+        if self.keys.len() > MAX_KEYS {
+            return Err(Refusal::TooManyKeys);
+        }
+        if self.threshold == 0 {
+            return Err(Refusal::Malformed("threshold must be at least 1".into()));
+        }
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::with_capacity(self.keys.len());
+        for key in &self.keys {
+            let checked = check_key(key)?;
+            if !seen.insert(checked.public_key.key_data().clone()) {
+                return Err(Refusal::DuplicateKey(checked.fingerprint));
+            }
+            out.push(checked);
+        }
+        Ok(out)
+    }
+
+    /// The authorized_keys file for the `spark` user: one line per key, each carrying
+    /// `expiry-time` and a comment naming the operator, so sshd both enforces the list's
+    /// expiry and logs a fingerprint that maps to a person.
+    pub fn authorized_keys(&self) -> String {
+        let expiry = self.expires.format("%Y%m%d%H%M%SZ");
+        let mut out = format!(
+            "# Managed by byo: operator-key list version {} ({}). Do not edit; changes are overwritten.\n",
+            self.version, self.environment
+        );
+        let mut keys = self.keys.clone();
+        keys.sort();
+        for k in &keys {
+            out.push_str(&format!(
+                "expiry-time=\"{expiry}\" {} byo-operator:{}:{}\n",
+                k.public_key,
+                k.user_sub,
+                k.label.replace(' ', "_")
+            ));
+        }
+        out
+    }
+}
+
+impl SignedList {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("a SignedList always serialises")
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<SignedList, Refusal> {
+        if bytes.len() > MAX_ENVELOPE_BYTES {
+            return Err(Refusal::Oversized);
+        }
+        serde_json::from_slice(bytes).map_err(|e| Refusal::Malformed(e.to_string()))
+    }
+}
+
+/// What the holder already has, for the replay rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Held {
+    pub version: u64,
+    pub keys: Vec<OperatorKey>,
+}
+
+impl From<&KeyList> for Held {
+    fn from(list: &KeyList) -> Self {
+        let mut keys = list.keys.clone();
+        keys.sort();
+        Held {
+            version: list.version,
+            keys,
+        }
+    }
+}
+
+/// A list that passed every rule.
+#[derive(Clone, Debug)]
+pub struct Verified {
+    pub list: KeyList,
+    pub keys: Vec<CheckedKey>,
+}
+
+/// Count the distinct trusted keys that signed `body` in [`NAMESPACE`].
+pub fn valid_signers(body: &str, signatures: &[String], trusted: &[PublicKey]) -> usize {
+    let mut signers = BTreeSet::new();
+    for armored in signatures {
+        let Ok(sig) = SshSig::from_pem(armored) else {
+            continue;
+        };
+        if sig.namespace() != NAMESPACE {
+            continue;
+        }
+        for key in trusted {
+            if key.key_data() == sig.public_key()
+                && key.verify(NAMESPACE, body.as_bytes(), &sig).is_ok()
+            {
+                signers.insert(key.key_data().clone());
+            }
+        }
+    }
+    signers.len()
+}
+
+/// The one verifier (M.7). `trusted` is the signing key pinned at enrolment; `held` what
+/// this holder applied last. Pure: the caller persists nothing unless this returns `Ok`.
+pub fn verify(
+    envelope: &[u8],
+    trusted: &[PublicKey],
+    environment: &str,
+    held: Option<&Held>,
+    now: DateTime<Utc>,
+) -> Result<Verified, Refusal> {
+    let signed = SignedList::from_bytes(envelope)?;
+    let list = KeyList::from_canonical(&signed.body)?;
+    if trusted.is_empty() {
+        return Err(Refusal::NoTrustedKey);
+    }
+    let valid = valid_signers(&signed.body, &signed.signatures, trusted);
+    if valid == 0 || valid < list.threshold as usize {
+        return Err(Refusal::BadSignature {
+            valid,
+            threshold: list.threshold.max(1),
+        });
+    }
+    let keys = list.check()?;
+    if list.environment != environment {
+        return Err(Refusal::WrongEnvironment {
+            expected: environment.to_owned(),
+            found: list.environment.clone(),
+        });
+    }
+    if now >= list.expires {
+        return Err(Refusal::Expired {
+            expires: list.expires,
+        });
+    }
+    if let Some(held) = held {
+        if list.version < held.version {
+            return Err(Refusal::OlderVersion {
+                held: held.version,
+                offered: list.version,
+            });
+        }
+        if list.version == held.version && Held::from(&list).keys != held.keys {
+            return Err(Refusal::SameVersionDifferentKeys {
+                version: list.version,
+            });
+        }
+    }
+    Ok(Verified { list, keys })
+}

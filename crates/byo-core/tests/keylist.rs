@@ -1,0 +1,362 @@
+//! The operator-key list verifier (M): every refusal, and interoperability both ways with
+//! `ssh-keygen -Y sign` / `-Y verify`.
+
+use std::process::Command;
+
+use byo_core::keylist::{self, Held, KeyList, NAMESPACE, OperatorKey, Refusal, SignedList, verify};
+use chrono::{DateTime, Duration, Utc};
+use ssh_key::rand_core::OsRng;
+use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, PublicKey, SshSig};
+
+fn now() -> DateTime<Utc> {
+    "2026-11-29T12:00:00Z".parse().unwrap()
+}
+
+fn signing_key() -> PrivateKey {
+    PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap()
+}
+
+fn login_key(label: &str) -> OperatorKey {
+    let k = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let mut public = k.public_key().clone();
+    public.set_comment("");
+    OperatorKey {
+        user_sub: "op-1".into(),
+        label: label.into(),
+        public_key: public.to_openssh().unwrap().trim().to_owned(),
+    }
+}
+
+fn list(version: u64, keys: Vec<OperatorKey>) -> KeyList {
+    KeyList {
+        kind: keylist::KIND.into(),
+        environment: "prod".into(),
+        version,
+        issued_at: now(),
+        expires: now() + Duration::days(90),
+        threshold: 1,
+        keys,
+    }
+}
+
+fn sign(body: &str, key: &PrivateKey) -> String {
+    SshSig::sign(key, NAMESPACE, HashAlg::Sha512, body.as_bytes())
+        .unwrap()
+        .to_pem(LineEnding::LF)
+        .unwrap()
+}
+
+fn envelope(list: &KeyList, signers: &[&PrivateKey]) -> Vec<u8> {
+    let body = list.to_canonical();
+    let signatures = signers.iter().map(|k| sign(&body, k)).collect();
+    SignedList { body, signatures }.to_bytes()
+}
+
+fn check(bytes: &[u8], trusted: &PrivateKey, held: Option<&Held>) -> Result<KeyList, Refusal> {
+    verify(bytes, &[trusted.public_key().clone()], "prod", held, now()).map(|v| v.list)
+}
+
+#[test]
+fn a_list_signed_by_the_pinned_key_is_accepted() {
+    let sk = signing_key();
+    let l = list(3, vec![login_key("laptop"), login_key("desktop")]);
+    let got = check(&envelope(&l, &[&sk]), &sk, None).unwrap();
+    let mut sorted = l.clone();
+    sorted.keys.sort();
+    assert_eq!(got, sorted);
+    // The same version with the same keys is taken again (sending again after a lost answer).
+    assert!(check(&envelope(&l, &[&sk]), &sk, Some(&Held::from(&l))).is_ok());
+}
+
+#[test]
+fn replays_are_refused() {
+    let sk = signing_key();
+    let a = login_key("a");
+    let held_list = list(5, vec![a.clone()]);
+    let held = Held::from(&held_list);
+    let older = list(4, vec![a.clone(), login_key("removed since")]);
+    assert_eq!(
+        check(&envelope(&older, &[&sk]), &sk, Some(&held)),
+        Err(Refusal::OlderVersion {
+            held: 5,
+            offered: 4
+        })
+    );
+    let same_version_other_keys = list(5, vec![login_key("b")]);
+    assert_eq!(
+        check(
+            &envelope(&same_version_other_keys, &[&sk]),
+            &sk,
+            Some(&held)
+        ),
+        Err(Refusal::SameVersionDifferentKeys { version: 5 })
+    );
+    assert!(check(&envelope(&list(6, vec![a]), &[&sk]), &sk, Some(&held)).is_ok());
+}
+
+#[test]
+fn signatures_must_come_from_the_pinned_key_in_our_namespace() {
+    let sk = signing_key();
+    let stranger = signing_key();
+    let l = list(1, vec![login_key("a")]);
+    assert_eq!(
+        check(&envelope(&l, &[&stranger]), &sk, None),
+        Err(Refusal::BadSignature {
+            valid: 0,
+            threshold: 1
+        })
+    );
+    assert_eq!(
+        check(&envelope(&l, &[]), &sk, None),
+        Err(Refusal::BadSignature {
+            valid: 0,
+            threshold: 1
+        })
+    );
+    let body = l.to_canonical();
+    let other_ns = SshSig::sign(&sk, "file", HashAlg::Sha512, body.as_bytes()).unwrap();
+    let bytes = SignedList {
+        body: body.clone(),
+        signatures: vec![other_ns.to_pem(LineEnding::LF).unwrap()],
+    }
+    .to_bytes();
+    assert!(matches!(
+        check(&bytes, &sk, None),
+        Err(Refusal::BadSignature { .. })
+    ));
+    // A signature over other bytes does not carry over.
+    let mut tampered = l.clone();
+    tampered.keys.push(login_key("smuggled"));
+    let bytes = SignedList {
+        body: tampered.to_canonical(),
+        signatures: vec![sign(&body, &sk)],
+    }
+    .to_bytes();
+    assert!(matches!(
+        check(&bytes, &sk, None),
+        Err(Refusal::BadSignature { .. })
+    ));
+    // A host that trusts no key refuses everything.
+    assert_eq!(
+        verify(&envelope(&l, &[&sk]), &[], "prod", None, now()).unwrap_err(),
+        Refusal::NoTrustedKey
+    );
+}
+
+#[test]
+fn a_duplicated_signature_counts_once() {
+    let sk = signing_key();
+    let second = signing_key();
+    let mut l = list(1, vec![login_key("a")]);
+    l.threshold = 2;
+    let trusted = [sk.public_key().clone(), second.public_key().clone()];
+    let twice = envelope(&l, &[&sk, &sk]);
+    assert_eq!(
+        verify(&twice, &trusted, "prod", None, now()).unwrap_err(),
+        Refusal::BadSignature {
+            valid: 1,
+            threshold: 2
+        }
+    );
+    assert!(
+        verify(
+            &envelope(&l, &[&sk, &second]),
+            &trusted,
+            "prod",
+            None,
+            now()
+        )
+        .is_ok()
+    );
+}
+
+#[test]
+fn bad_lists_are_refused_even_when_signed() {
+    let sk = signing_key();
+    let refuse = |l: KeyList| check(&envelope(&l, &[&sk]), &sk, None).unwrap_err();
+
+    assert_eq!(refuse(list(1, vec![])), Refusal::Empty);
+    let mut expired = list(1, vec![login_key("a")]);
+    expired.expires = now();
+    assert!(matches!(refuse(expired), Refusal::Expired { .. }));
+    let mut kind = list(1, vec![login_key("a")]);
+    kind.kind = "something-else".into();
+    assert_eq!(refuse(kind), Refusal::WrongKind);
+    let mut env = list(1, vec![login_key("a")]);
+    env.environment = "staging".into();
+    assert!(matches!(refuse(env), Refusal::WrongEnvironment { .. }));
+
+    let a = login_key("a");
+    let mut dup = a.clone();
+    dup.label = "same key, other label".into();
+    assert!(matches!(
+        refuse(list(1, vec![a.clone(), dup])),
+        Refusal::DuplicateKey(_)
+    ));
+
+    let mut options = login_key("a");
+    options.public_key = format!("command=\"/bin/sh\" {}", options.public_key);
+    assert!(matches!(
+        refuse(list(1, vec![options])),
+        Refusal::KeyOptions(_)
+    ));
+    let mut comment = login_key("a");
+    comment.public_key.push_str(" me@laptop");
+    assert!(matches!(
+        refuse(list(1, vec![comment])),
+        Refusal::KeyOptions(_)
+    ));
+    let mut rsa = login_key("a");
+    rsa.public_key = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7".into();
+    assert_eq!(
+        refuse(list(1, vec![rsa])),
+        Refusal::DisallowedKeyType("ssh-rsa".into())
+    );
+    let mut control = login_key("a");
+    control.label = "laptop\u{1b}[2J".into();
+    assert!(matches!(
+        refuse(list(1, vec![control])),
+        Refusal::ControlCharacters(_)
+    ));
+}
+
+#[test]
+fn oversized_and_non_canonical_bytes_are_refused() {
+    let sk = signing_key();
+    let huge = vec![b' '; keylist::MAX_ENVELOPE_BYTES + 1];
+    assert_eq!(check(&huge, &sk, None), Err(Refusal::Oversized));
+    let l = list(1, vec![login_key("a")]);
+    let spaced = l.to_canonical().replacen(",", ", ", 1);
+    let bytes = SignedList {
+        signatures: vec![sign(&spaced, &sk)],
+        body: spaced,
+    }
+    .to_bytes();
+    assert_eq!(check(&bytes, &sk, None), Err(Refusal::NotCanonical));
+    let mut many = list(1, vec![]);
+    many.keys = (0..600)
+        .map(|i| login_key(&format!("machine {i}")))
+        .collect();
+    assert!(matches!(
+        check(&envelope(&many, &[&sk]), &sk, None),
+        Err(Refusal::Oversized)
+    ));
+    assert!(matches!(
+        check(b"{not json", &sk, None),
+        Err(Refusal::Malformed(_))
+    ));
+}
+
+fn ssh_keygen_available() -> bool {
+    let ok = Command::new("ssh-keygen").arg("-?").output().is_ok();
+    if !ok {
+        assert!(
+            std::env::var("CI").is_err(),
+            "ssh-keygen is missing under CI"
+        );
+        eprintln!("SKIPPED (ssh-keygen): openssh-client is not installed");
+    }
+    ok
+}
+
+#[test]
+fn lists_signed_by_ssh_keygen_verify_and_ours_verify_with_ssh_keygen() {
+    if !ssh_keygen_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("signing");
+    let st = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "signing", "-f"])
+        .arg(&key_path)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let l = list(2, vec![login_key("laptop")]);
+    let body = l.to_canonical();
+    let body_path = dir.path().join("list.json");
+    std::fs::write(&body_path, &body).unwrap();
+
+    // ssh-keygen signs; our verifier accepts.
+    let st = Command::new("ssh-keygen")
+        .args(["-Y", "sign", "-n", NAMESPACE, "-f"])
+        .arg(&key_path)
+        .arg(&body_path)
+        .output()
+        .unwrap();
+    assert!(
+        st.status.success(),
+        "{}",
+        String::from_utf8_lossy(&st.stderr)
+    );
+    let theirs = std::fs::read_to_string(dir.path().join("list.json.sig")).unwrap();
+    let public = PublicKey::read_openssh_file(&key_path.with_extension("pub")).unwrap();
+    let bytes = SignedList {
+        body: body.clone(),
+        signatures: vec![theirs],
+    }
+    .to_bytes();
+    assert!(verify(&bytes, &[public.clone()], "prod", None, now()).is_ok());
+
+    // We sign; ssh-keygen verifies.
+    let private = PrivateKey::read_openssh_file(&key_path).unwrap();
+    let ours = sign(&body, &private);
+    let sig_path = dir.path().join("ours.sig");
+    std::fs::write(&sig_path, ours).unwrap();
+    let signers = dir.path().join("allowed_signers");
+    std::fs::write(
+        &signers,
+        format!("signer@byo {}\n", public.to_openssh().unwrap()),
+    )
+    .unwrap();
+    let out = Command::new("ssh-keygen")
+        .args(["-Y", "verify", "-n", NAMESPACE, "-I", "signer@byo", "-f"])
+        .arg(&signers)
+        .arg("-s")
+        .arg(&sig_path)
+        .stdin(std::fs::File::open(&body_path).unwrap())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn authorized_keys_carries_expiry_and_attribution_and_parses_with_ssh_keygen() {
+    let l = list(7, vec![login_key("work laptop"), login_key("desktop")]);
+    let text = l.authorized_keys();
+    let lines: Vec<&str> = text.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), 2);
+    for line in &lines {
+        assert!(
+            line.starts_with("expiry-time=\"20270227120000Z\" ssh-ed25519 "),
+            "{line}"
+        );
+        assert!(line.contains(" byo-operator:op-1:"), "{line}");
+    }
+    if !ssh_keygen_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("authorized_keys");
+    std::fs::write(&path, &text).unwrap();
+    let out = Command::new("ssh-keygen")
+        .arg("-l")
+        .arg("-f")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed = String::from_utf8(out.stdout).unwrap();
+    for k in &l.keys {
+        let fp = keylist::check_key(k).unwrap().fingerprint;
+        assert!(listed.contains(&fp), "ssh-keygen lists {fp}: {listed}");
+    }
+}
