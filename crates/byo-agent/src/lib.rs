@@ -4,6 +4,7 @@
 //! keys) and `enverge-agent-rollback`.
 //!
 //! It must stay small: it may link `byo-wire` and `byo-core`, and never the server's
-//! dependencies (no database driver, no web framework); `crates/byo/tests/architecture.rs` enforces it.
-//! Enrolment, preparation and serving arrive with their issues; until then the binary
-//! only describes itself.
+//! dependencies (no database driver, no web framework); `crates/byo/tests/architecture.rs`
+//! enforces it. Enrolment, preparation and the serving API arrive with their issues.
+
+pub mod operator_keys;

@@ -1,0 +1,204 @@
+//! Operator keys on the host (M): accept a signed list, keep it, and write `spark`'s
+//! authorized_keys from it.
+//!
+//! Serving does this without root: authorized_keys belongs to `spark`, the user serving
+//! runs as (M.4). The list is persisted before authorized_keys is written, both by atomic
+//! rename, so a process killed at any point leaves authorized_keys whole — the last list
+//! applied — and the next start ([`OperatorKeys::reconcile`]) brings it to the persisted
+//! one. Preparation reads the same persisted copy, so preparing again cannot put back an
+//! operator removed since (M.5).
+
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use byo_core::keylist::{self, Held, KeyList, Refusal, SignedList};
+use chrono::{DateTime, Utc};
+use ssh_key::PublicKey;
+
+#[derive(Clone, Debug)]
+pub struct Paths {
+    /// The signing key(s) pinned at enrolment, one OpenSSH public key per line. Root-owned;
+    /// serving only reads it.
+    pub trusted: PathBuf,
+    /// The signed list as received, exactly.
+    pub held: PathBuf,
+    /// `spark`'s authorized_keys.
+    pub authorized_keys: PathBuf,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    #[error("refused: {0}")]
+    Refused(#[from] Refusal),
+    #[error("{context}: {source}")]
+    Io { context: String, source: io::Error },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(io::Error) -> ReceiveError {
+    let context = context.into();
+    move |source| ReceiveError::Io { context, source }
+}
+
+/// What a successful receive did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Applied {
+    pub version: u64,
+    pub keys: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct OperatorKeys {
+    pub paths: Paths,
+    pub environment: String,
+}
+
+/// Write `bytes` to `path` so that a reader sees the old file or the new one, never a
+/// part: a temporary file beside it, fsynced, renamed over, and the directory fsynced.
+pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::other("path has no parent"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::other("path has no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    fs::rename(&tmp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
+impl OperatorKeys {
+    /// The pinned signing keys; none when the file is absent (a host enrolled before
+    /// signed lists, which refuses every list until an operator sets one).
+    pub fn trusted(&self) -> Result<Vec<PublicKey>, ReceiveError> {
+        let text = match fs::read_to_string(&self.paths.trusted) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io_err("reading the trusted signing keys")(e)),
+        };
+        text.lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| {
+                PublicKey::from_openssh(l).map_err(|e| ReceiveError::Io {
+                    context: format!(
+                        "{} holds a key that does not parse",
+                        self.paths.trusted.display()
+                    ),
+                    source: io::Error::other(e.to_string()),
+                })
+            })
+            .collect()
+    }
+
+    /// The list applied last, if any.
+    pub fn held(&self) -> Result<Option<(SignedList, KeyList)>, ReceiveError> {
+        let bytes = match fs::read(&self.paths.held) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("reading the held list")(e)),
+        };
+        let signed = SignedList::from_bytes(&bytes)?;
+        let list = KeyList::from_canonical(&signed.body)?;
+        Ok(Some((signed, list)))
+    }
+
+    /// Verify `envelope` and, only if every rule passes, persist it and write
+    /// authorized_keys. A refusal changes nothing.
+    pub fn receive(&self, envelope: &[u8], now: DateTime<Utc>) -> Result<Applied, ReceiveError> {
+        let list = self.accept(envelope, now)?;
+        self.persist(envelope)?;
+        self.apply(&list)?;
+        Ok(Applied {
+            version: list.version,
+            keys: list.keys.len(),
+        })
+    }
+
+    /// The verification half of [`Self::receive`]: pure with respect to the host.
+    pub fn accept(&self, envelope: &[u8], now: DateTime<Utc>) -> Result<KeyList, ReceiveError> {
+        let trusted = self.trusted()?;
+        let held = self.held()?.map(|(_, l)| Held::from(&l));
+        Ok(keylist::verify(envelope, &trusted, &self.environment, held.as_ref(), now)?.list)
+    }
+
+    /// Keep the exact signed bytes where preparation reads them.
+    pub fn persist(&self, envelope: &[u8]) -> Result<(), ReceiveError> {
+        write_atomic(&self.paths.held, envelope, 0o644).map_err(io_err("persisting the list"))
+    }
+
+    /// Write authorized_keys from a verified list: whole, never empty (a list with no keys
+    /// never verifies), mode 0600.
+    pub fn apply(&self, list: &KeyList) -> Result<(), ReceiveError> {
+        write_atomic(
+            &self.paths.authorized_keys,
+            list.authorized_keys().as_bytes(),
+            0o600,
+        )
+        .map_err(io_err("writing authorized_keys"))
+    }
+
+    /// At start: make authorized_keys match the persisted list (after a crash between
+    /// persisting and applying). Returns whether it had to write.
+    pub fn reconcile(&self) -> Result<bool, ReceiveError> {
+        let Some((_, list)) = self.held()? else {
+            return Ok(false);
+        };
+        let want = list.authorized_keys();
+        if fs::read_to_string(&self.paths.authorized_keys)
+            .ok()
+            .as_deref()
+            == Some(want.as_str())
+        {
+            return Ok(false);
+        }
+        self.apply(&list)?;
+        Ok(true)
+    }
+
+    /// Pin a signing key on a host that trusts none (M.11): the one way it is set after
+    /// enrolment, by an operator, as root, over the tunnel. Refused when one is already
+    /// pinned: changing it is a deliberate edit of the file, not a call.
+    pub fn trust(&self, key: &str) -> Result<(), ReceiveError> {
+        if !self.trusted()?.is_empty() {
+            return Err(ReceiveError::Io {
+                context: format!(
+                    "{} already pins a signing key",
+                    self.paths.trusted.display()
+                ),
+                source: io::Error::from(io::ErrorKind::AlreadyExists),
+            });
+        }
+        let mut parsed = PublicKey::from_openssh(key.trim()).map_err(|e| ReceiveError::Io {
+            context: "the signing key does not parse".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        parsed.set_comment("");
+        let line = parsed.to_openssh().map_err(|e| ReceiveError::Io {
+            context: "encoding the signing key".into(),
+            source: io::Error::other(e.to_string()),
+        })?;
+        write_atomic(
+            &self.paths.trusted,
+            format!("{}\n", line.trim()).as_bytes(),
+            0o644,
+        )
+        .map_err(io_err("writing the trusted signing key"))
+    }
+}

@@ -1,0 +1,279 @@
+//! The agent's side of M: a list is applied only when every rule passes, a refusal leaves
+//! the host exactly as it was, and a crash between keeping and applying heals at start.
+
+use std::path::Path;
+use std::process::Command;
+
+use byo_agent::operator_keys::{OperatorKeys, Paths, ReceiveError};
+use byo_core::keylist::{self, KeyList, NAMESPACE, OperatorKey, Refusal, SignedList};
+use chrono::{DateTime, Duration, Utc};
+use ssh_key::rand_core::OsRng;
+use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, SshSig};
+
+fn now() -> DateTime<Utc> {
+    "2026-11-29T12:00:00Z".parse().unwrap()
+}
+
+fn login_key(label: &str) -> OperatorKey {
+    let mut public = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
+        .unwrap()
+        .public_key()
+        .clone();
+    public.set_comment("");
+    OperatorKey {
+        user_sub: "op-1".into(),
+        label: label.into(),
+        public_key: public.to_openssh().unwrap(),
+    }
+}
+
+fn signed(version: u64, keys: Vec<OperatorKey>, sk: &PrivateKey) -> Vec<u8> {
+    let list = KeyList {
+        kind: keylist::KIND.into(),
+        environment: "prod".into(),
+        version,
+        issued_at: now(),
+        expires: now() + Duration::days(90),
+        threshold: 1,
+        keys,
+    };
+    let body = list.to_canonical();
+    let sig = SshSig::sign(sk, NAMESPACE, HashAlg::Sha512, body.as_bytes()).unwrap();
+    SignedList {
+        body,
+        signatures: vec![sig.to_pem(LineEnding::LF).unwrap()],
+    }
+    .to_bytes()
+}
+
+struct Host {
+    _dir: tempfile::TempDir,
+    keys: OperatorKeys,
+    sk: PrivateKey,
+}
+
+fn host() -> Host {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("home/spark/.ssh")).unwrap();
+    let keys = OperatorKeys {
+        paths: Paths {
+            trusted: dir.path().join("signing-keys"),
+            held: dir.path().join("operator-keys.signed"),
+            authorized_keys: dir.path().join("home/spark/.ssh/authorized_keys"),
+        },
+        environment: "prod".into(),
+    };
+    let sk = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    keys.trust(&sk.public_key().to_openssh().unwrap()).unwrap();
+    Host {
+        _dir: dir,
+        keys,
+        sk,
+    }
+}
+
+type Snapshot = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn snapshot(h: &Host) -> Snapshot {
+    let read = |p: &Path| std::fs::read(p).ok();
+    (
+        read(&h.keys.paths.trusted),
+        read(&h.keys.paths.held),
+        read(&h.keys.paths.authorized_keys),
+    )
+}
+
+fn refused<T: std::fmt::Debug>(result: Result<T, ReceiveError>) -> Refusal {
+    match result {
+        Err(ReceiveError::Refused(r)) => r,
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_verified_list_becomes_authorized_keys_and_is_kept_as_received() {
+    let h = host();
+    let (a, b) = (login_key("laptop"), login_key("desktop"));
+    let bytes = signed(1, vec![a.clone(), b.clone()], &h.sk);
+    let applied = h.keys.receive(&bytes, now()).unwrap();
+    assert_eq!((applied.version, applied.keys), (1, 2));
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&a.public_key) && text.contains(&b.public_key));
+    let meta = std::fs::metadata(&h.keys.paths.authorized_keys).unwrap();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o777,
+        0o600
+    );
+    assert_eq!(
+        std::fs::read(&h.keys.paths.held).unwrap(),
+        bytes,
+        "the exact bytes received"
+    );
+}
+
+#[test]
+fn every_refusal_leaves_the_host_unchanged() {
+    let h = host();
+    let a = login_key("a");
+    h.keys
+        .receive(&signed(5, vec![a.clone()], &h.sk), now())
+        .unwrap();
+    let before = snapshot(&h);
+    let stranger = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let mut options = login_key("b");
+    options.public_key = format!("no-pty {}", options.public_key);
+    let mut control = login_key("c");
+    control.label = "laptop\u{7}".into();
+
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("older version", signed(4, vec![a.clone()], &h.sk)),
+        (
+            "same version, other keys",
+            signed(5, vec![login_key("c")], &h.sk),
+        ),
+        ("empty", signed(6, vec![], &h.sk)),
+        ("untrusted signer", signed(6, vec![a.clone()], &stranger)),
+        ("key options", signed(6, vec![options], &h.sk)),
+        ("control characters", signed(6, vec![control], &h.sk)),
+        (
+            "duplicate",
+            signed(
+                6,
+                vec![
+                    a.clone(),
+                    OperatorKey {
+                        label: "again".into(),
+                        ..a.clone()
+                    },
+                ],
+                &h.sk,
+            ),
+        ),
+        ("oversized", vec![b'x'; keylist::MAX_ENVELOPE_BYTES + 1]),
+        ("garbage", b"{}".to_vec()),
+    ];
+    for (name, bytes) in cases {
+        let r = refused(h.keys.receive(&bytes, now()));
+        assert_eq!(snapshot(&h), before, "{name} ({r}) changed the host");
+    }
+    // Expired: a good list, read after its expiry.
+    let later = now() + Duration::days(91);
+    assert!(matches!(
+        refused(h.keys.receive(&signed(6, vec![a.clone()], &h.sk), later)),
+        Refusal::Expired { .. }
+    ));
+    assert_eq!(snapshot(&h), before);
+    // Another environment's host refuses this environment's list.
+    let other_env = OperatorKeys {
+        environment: "staging".into(),
+        ..h.keys.clone()
+    };
+    assert!(matches!(
+        refused(other_env.receive(&signed(6, vec![a], &h.sk), now())),
+        Refusal::WrongEnvironment { .. }
+    ));
+    assert_eq!(snapshot(&h), before);
+}
+
+#[test]
+fn a_host_that_trusts_no_key_refuses_every_list_until_one_is_pinned() {
+    let h = host();
+    std::fs::remove_file(&h.keys.paths.trusted).unwrap();
+    let bytes = signed(1, vec![login_key("a")], &h.sk);
+    assert_eq!(
+        refused(h.keys.receive(&bytes, now())),
+        Refusal::NoTrustedKey
+    );
+    assert!(!h.keys.paths.authorized_keys.exists());
+    h.keys
+        .trust(&h.sk.public_key().to_openssh().unwrap())
+        .unwrap();
+    h.keys.receive(&bytes, now()).unwrap();
+    // Once pinned, trusting another key is refused: no call changes it.
+    let other = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let before = std::fs::read(&h.keys.paths.trusted).unwrap();
+    assert!(
+        h.keys
+            .trust(&other.public_key().to_openssh().unwrap())
+            .is_err()
+    );
+    assert_eq!(std::fs::read(&h.keys.paths.trusted).unwrap(), before);
+}
+
+#[test]
+fn a_crash_between_keeping_and_applying_heals_at_start() {
+    let h = host();
+    let (a, b) = (login_key("a"), login_key("b"));
+    h.keys
+        .receive(&signed(1, vec![a.clone()], &h.sk), now())
+        .unwrap();
+    let applied_v1 = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+
+    // Version 2 removes a and adds b; the process dies after keeping it, before applying.
+    let v2 = signed(2, vec![b.clone()], &h.sk);
+    h.keys.accept(&v2, now()).unwrap();
+    h.keys.persist(&v2).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap(),
+        applied_v1,
+        "authorized_keys is still whole: the last list applied"
+    );
+    // The next start brings authorized_keys to the kept list; a is gone.
+    assert!(h.keys.reconcile().unwrap());
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&b.public_key) && !text.contains(&a.public_key));
+    assert!(
+        !h.keys.reconcile().unwrap(),
+        "a second start writes nothing"
+    );
+    // The kept version refuses a replay of version 1, which would bring a back.
+    assert!(matches!(
+        refused(h.keys.receive(&signed(1, vec![a], &h.sk), now())),
+        Refusal::OlderVersion {
+            held: 2,
+            offered: 1
+        }
+    ));
+}
+
+#[test]
+fn the_agent_command_applies_refuses_and_shows_a_list() {
+    let h = host();
+    let a = login_key("work laptop");
+    let file = h.keys.paths.held.with_file_name("incoming.json");
+    std::fs::write(&file, signed(3, vec![a], &h.sk)).unwrap();
+    let run = |args: &[&str], env: &str| {
+        Command::new(env!("CARGO_BIN_EXE_byo-agent"))
+            .arg("operator-keys")
+            .args(args)
+            .arg("--trusted")
+            .arg(&h.keys.paths.trusted)
+            .arg("--held")
+            .arg(&h.keys.paths.held)
+            .arg("--authorized-keys")
+            .arg(&h.keys.paths.authorized_keys)
+            .args(["--environment", env])
+            .output()
+            .unwrap()
+    };
+    let file = file.to_str().unwrap();
+    let refused = run(&["apply", file], "staging");
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("environment"));
+    assert!(!h.keys.paths.held.exists(), "a refused list is not kept");
+
+    let out = run(&["apply", file], "prod");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("version 3"));
+
+    let out = run(&["show"], "prod");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("version 3") && text.contains("SHA256:") && text.contains("work laptop"),
+        "{text}"
+    );
+}
