@@ -296,7 +296,7 @@ fn lists_signed_by_ssh_keygen_verify_and_ours_verify_with_ssh_keygen() {
         signatures: vec![theirs],
     }
     .to_bytes();
-    assert!(verify(&bytes, &[public.clone()], "prod", None, now()).is_ok());
+    assert!(verify(&bytes, std::slice::from_ref(&public), "prod", None, now()).is_ok());
 
     // We sign; ssh-keygen verifies.
     let private = PrivateKey::read_openssh_file(&key_path).unwrap();
