@@ -6,6 +6,7 @@ use std::sync::Arc;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::enrollments::NewEnrollment;
 use byo_db::hosts::{NewHost, NewHostNode};
+use byo_db::operator_keys::KeyChange;
 use byo_db::testing::{self, TestDb};
 use byo_db::users::NewUser;
 use byo_db::vms::NewVm;
@@ -44,6 +45,11 @@ conformance!(
     sessions_expire_and_end,
     email_is_unique,
     no_table_holds_a_plaintext_token,
+    m10_changes_before_a_signature_add_up_in_one_draft,
+    m10_concurrent_changes_are_applied_one_on_top_of_the_other,
+    m10_one_of_two_concurrent_publishes_wins_and_only_the_newest,
+    m12_withdrawing_deletes_the_draft_and_its_changes,
+    m6_a_failed_push_keeps_the_version_the_host_held,
 );
 
 /// Microsecond precision: what both backends store.
@@ -590,4 +596,246 @@ async fn profiles_are_seeded_with_the_design_plan() {
         assert!(db.profile("linux-test").await.unwrap().unwrap().staff_only);
         assert!(!pair.staff_only);
     }
+}
+
+fn change<'a>(user_sub: &'a str, fingerprint: &'a str) -> KeyChange<'a> {
+    KeyChange {
+        user_sub,
+        action: "add",
+        fingerprint,
+        label: "laptop",
+    }
+}
+
+/// A stand-in body: the tokens of every change so far, in order.
+fn appended(base: Option<&str>, token: &str) -> String {
+    match base {
+        Some(b) => format!("{b}|{token}"),
+        None => token.to_owned(),
+    }
+}
+
+async fn m10_changes_before_a_signature_add_up_in_one_draft(db: TestDb) {
+    let tudor = user(&db, "tudor@example.com").await;
+    let breno = user(&db, "breno@example.com").await;
+    let a = db
+        .apply_key_change(change(&tudor, "fp-a"), now(), |b, _| Ok(appended(b, "a")))
+        .await
+        .unwrap();
+    let b = db
+        .apply_key_change(change(&breno, "fp-b"), now(), |b, _| Ok(appended(b, "b")))
+        .await
+        .unwrap();
+    assert_eq!((a.version, b.version), (1, 1), "one draft");
+    assert_eq!(b.body, "a|b");
+    assert_eq!(b.state, "draft");
+    let changes = db.key_changes(1).await.unwrap();
+    assert_eq!(
+        changes
+            .iter()
+            .map(|c| c.user_sub.as_str())
+            .collect::<Vec<_>>(),
+        [&tudor, &breno]
+    );
+
+    // A refused change writes nothing.
+    let err = db
+        .apply_key_change(change(&tudor, "fp-c"), now(), |_, _| {
+            Err(DbError::Refused("no_operator_left".into()))
+        })
+        .await
+        .unwrap_err();
+    assert!(err.is_constraint("no_operator_left"));
+    assert_eq!(db.newest_key_list().await.unwrap().unwrap().body, "a|b");
+    assert_eq!(db.key_changes(1).await.unwrap().len(), 2);
+}
+
+async fn m10_concurrent_changes_are_applied_one_on_top_of_the_other(db: TestDb) {
+    let op = user(&db, "op@example.com").await;
+    // Start from a published version, so the first concurrent changes race to create v2.
+    db.apply_key_change(change(&op, "fp-0"), now(), |b, _| Ok(appended(b, "k0")))
+        .await
+        .unwrap();
+    assert_eq!(
+        db.publish_key_list(1, "{}", &[], &op, now()).await.unwrap(),
+        GuardedWrite::Written
+    );
+    let tasks: Vec<_> = (1..=8)
+        .map(|i| {
+            let store = db.store.clone();
+            let op = op.clone();
+            tokio::spawn(async move {
+                let token = format!("k{i}");
+                for _ in 0..20 {
+                    match store
+                        .apply_key_change(change(&op, &token), now(), |b, _| {
+                            Ok(appended(b, &token))
+                        })
+                        .await
+                    {
+                        Ok(row) => return row.version,
+                        Err(DbError::Conflict(_)) => continue,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                panic!("no progress after 20 retries");
+            })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(
+            t.await.unwrap(),
+            2,
+            "every change lands in the one new draft"
+        );
+    }
+    let draft = db.newest_key_list().await.unwrap().unwrap();
+    assert_eq!(draft.version, 2);
+    let tokens: Vec<&str> = draft.body.split('|').collect();
+    assert_eq!(
+        tokens.len(),
+        9,
+        "no change overwrote another: {}",
+        draft.body
+    );
+    for i in 0..=8 {
+        assert!(
+            tokens.contains(&format!("k{i}").as_str()),
+            "k{i} lost: {}",
+            draft.body
+        );
+    }
+    assert_eq!(db.key_changes(2).await.unwrap().len(), 8);
+}
+
+async fn m10_one_of_two_concurrent_publishes_wins_and_only_the_newest(db: TestDb) {
+    let op = user(&db, "op@example.com").await;
+    db.apply_key_change(change(&op, "fp-a"), now(), |b, _| Ok(appended(b, "a")))
+        .await
+        .unwrap();
+    let keys = vec![byo_db::operator_keys::PublishedKey {
+        user_sub: op.clone(),
+        label: "laptop".into(),
+        public_key: "ssh-ed25519 AAAA".into(),
+        fingerprint: "SHA256:a".into(),
+    }];
+    let tasks: Vec<_> = (0..2)
+        .map(|i| {
+            let store = db.store.clone();
+            let (op, keys) = (op.clone(), keys.clone());
+            tokio::spawn(async move {
+                store
+                    .publish_key_list(1, &format!("envelope-{i}"), &keys, &op, now())
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut written = 0;
+    for t in tasks {
+        if t.await.unwrap() == GuardedWrite::Written {
+            written += 1;
+        }
+    }
+    assert_eq!(written, 1, "exactly one publish wins");
+    let published = db.published_key_list().await.unwrap().unwrap();
+    assert!(
+        published
+            .envelope
+            .as_deref()
+            .unwrap()
+            .starts_with("envelope-")
+    );
+    assert_eq!(
+        db.operator_key_by_fingerprint("SHA256:a")
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // A later change builds on the published list, in the next version.
+    let next = db
+        .apply_key_change(change(&op, "fp-b"), now(), |b, v| {
+            assert_eq!((b, v), (Some("a"), 2));
+            Ok(appended(b, "b"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(next.version, 2);
+    // Version 1 is no longer the newest: it cannot be published (again), and publishing v2
+    // retires the key it no longer holds in the registry.
+    assert_eq!(
+        db.publish_key_list(1, "late", &keys, &op, now())
+            .await
+            .unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    assert_eq!(
+        db.publish_key_list(2, "v2", &[], &op, now()).await.unwrap(),
+        GuardedWrite::Written
+    );
+    let reg = db.operator_key_by_fingerprint("SHA256:a").await.unwrap();
+    assert!(
+        reg[0].removed_at.is_some(),
+        "a removed key stays attributable, marked removed"
+    );
+}
+
+async fn m12_withdrawing_deletes_the_draft_and_its_changes(db: TestDb) {
+    let op = user(&db, "op@example.com").await;
+    assert!(matches!(
+        db.withdraw_key_drafts().await,
+        Err(DbError::NotFound)
+    ));
+    db.apply_key_change(change(&op, "fp-a"), now(), |b, _| Ok(appended(b, "a")))
+        .await
+        .unwrap();
+    db.publish_key_list(1, "v1", &[], &op, now()).await.unwrap();
+    db.apply_key_change(change(&op, "fp-b"), now(), |b, _| Ok(appended(b, "b")))
+        .await
+        .unwrap();
+    assert_eq!(db.withdraw_key_drafts().await.unwrap(), 1);
+    let newest = db.newest_key_list().await.unwrap().unwrap();
+    assert_eq!((newest.version, newest.state.as_str()), (1, "published"));
+    assert!(db.key_changes(2).await.unwrap().is_empty());
+    // The next change starts again from the published list, as version 2.
+    let again = db
+        .apply_key_change(change(&op, "fp-c"), now(), |b, _| Ok(appended(b, "c")))
+        .await
+        .unwrap();
+    assert_eq!((again.version, again.body.as_str()), (2, "a|c"));
+}
+
+async fn m6_a_failed_push_keeps_the_version_the_host_held(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let h = host(&db, &owner, "spark-1").await;
+    host(&db, &owner, "spark-2").await;
+    db.record_key_push(&h, Ok(3), now()).await.unwrap();
+    db.record_key_push(&h, Err("connection refused"), now())
+        .await
+        .unwrap();
+    let status = db.key_push_status().await.unwrap();
+    assert_eq!(status.len(), 2, "every host is listed, pushed to or not");
+    let s1 = status.iter().find(|s| s.slug == "spark-1").unwrap();
+    assert_eq!(
+        (s1.version, s1.error.as_deref()),
+        (Some(3), Some("connection refused"))
+    );
+    db.record_key_push(&h, Ok(4), now()).await.unwrap();
+    let s1 = db
+        .key_push_status()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|s| s.slug == "spark-1")
+        .unwrap();
+    assert_eq!((s1.version, s1.error), (Some(4), None));
+    assert!(
+        db.key_push_status()
+            .await
+            .unwrap()
+            .iter()
+            .any(|s| s.slug == "spark-2" && s.version.is_none())
+    );
 }
