@@ -14,7 +14,7 @@
 use std::collections::BTreeSet;
 use std::fmt;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Serialize};
 use ssh_key::{Algorithm, HashAlg, PublicKey, SshSig};
 
@@ -286,6 +286,115 @@ impl KeyList {
             ));
         }
         out
+    }
+}
+
+/// One change to the newest list (M.10).
+#[derive(Clone, Debug)]
+pub enum Change {
+    /// Add a key for the operator making the change.
+    Add {
+        user_sub: String,
+        label: String,
+        public_key: String,
+    },
+    /// Remove one of the changing operator's own keys, by fingerprint.
+    Remove {
+        user_sub: String,
+        fingerprint: String,
+    },
+}
+
+/// Why a change was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChangeRefusal {
+    /// The key itself is not acceptable (type, options, control characters…).
+    Key(Refusal),
+    AlreadyListed(String),
+    NotFound(String),
+    /// Nobody grants or removes access in someone else's name.
+    NotYours(String),
+    /// A list with no keys would leave a box nobody can administer (M.2).
+    NoOperatorLeft,
+}
+
+impl fmt::Display for ChangeRefusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChangeRefusal::Key(r) => r.fmt(f),
+            ChangeRefusal::AlreadyListed(fp) => write!(f, "key {fp} is already on the list"),
+            ChangeRefusal::NotFound(fp) => write!(f, "key {fp} is not on the list"),
+            ChangeRefusal::NotYours(fp) => write!(f, "key {fp} belongs to another operator"),
+            ChangeRefusal::NoOperatorLeft => {
+                f.write_str("that would leave no operator key: every host would be unadministrable")
+            }
+        }
+    }
+}
+
+impl std::error::Error for ChangeRefusal {}
+
+impl KeyList {
+    /// The list `change` makes of `base` (the newest list, if any), as `version`, issued
+    /// `now` and valid for `validity`. Pure: the caller stores the result's canonical bytes.
+    pub fn with_change(
+        base: Option<&KeyList>,
+        change: &Change,
+        environment: &str,
+        version: u64,
+        now: DateTime<Utc>,
+        validity: chrono::Duration,
+    ) -> Result<KeyList, ChangeRefusal> {
+        let mut keys = base.map(|b| b.keys.clone()).unwrap_or_default();
+        let fingerprint_of = |k: &OperatorKey| check_key(k).map(|c| c.fingerprint).ok();
+        match change {
+            Change::Add {
+                user_sub,
+                label,
+                public_key,
+            } => {
+                let key = OperatorKey {
+                    user_sub: user_sub.clone(),
+                    label: label.trim().to_owned(),
+                    public_key: public_key.trim().to_owned(),
+                };
+                let checked = check_key(&key).map_err(ChangeRefusal::Key)?;
+                if keys
+                    .iter()
+                    .any(|k| fingerprint_of(k).as_deref() == Some(&checked.fingerprint))
+                {
+                    return Err(ChangeRefusal::AlreadyListed(checked.fingerprint));
+                }
+                keys.push(key);
+            }
+            Change::Remove {
+                user_sub,
+                fingerprint,
+            } => {
+                let i = keys
+                    .iter()
+                    .position(|k| fingerprint_of(k).as_deref() == Some(fingerprint))
+                    .ok_or_else(|| ChangeRefusal::NotFound(fingerprint.clone()))?;
+                if &keys[i].user_sub != user_sub {
+                    return Err(ChangeRefusal::NotYours(fingerprint.clone()));
+                }
+                keys.remove(i);
+            }
+        }
+        if keys.is_empty() {
+            return Err(ChangeRefusal::NoOperatorLeft);
+        }
+        keys.sort();
+        let issued_at = now.with_nanosecond(0).unwrap_or(now);
+        Ok(KeyList {
+            kind: KIND.to_owned(),
+            environment: environment.to_owned(),
+            version,
+            issued_at,
+            expires: issued_at + validity,
+            threshold: base.map_or(1, |b| b.threshold.max(1)),
+            keys,
+        })
     }
 }
 

@@ -251,3 +251,35 @@ impl Store {
         .map_err(Into::into)
     }
 }
+
+/// How the backend reaches a host's agent.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct AgentTargetRow {
+    pub id: String,
+    pub slug: String,
+    pub relay_ip: Option<String>,
+    /// Sealed with the server key.
+    pub agent_token: Option<String>,
+}
+
+impl Store {
+    /// Every host that is not retired, rented or not, with how to reach its agent.
+    pub async fn agent_targets(&self) -> Result<Vec<AgentTargetRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
+            "select id, slug, relay_ip, agent_token from hosts where retired_at is null order by slug"
+        )
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    pub async fn agent_target(&self, host_id: &str) -> Result<Option<AgentTargetRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
+            "select id, slug, relay_ip, agent_token from hosts where id = $1 and retired_at is null"
+        )
+        .bind(host_id)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+}

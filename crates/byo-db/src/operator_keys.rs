@@ -311,14 +311,4 @@ impl Store {
         .await)
         .map_err(Into::into)
     }
-
-    /// Hosts that are not retired, for pushing to (rented or not).
-    pub async fn live_host_ids(&self) -> Result<Vec<String>> {
-        on_pool!(self, |p| sqlx::query_scalar::<_, String>(
-            "select id from hosts where retired_at is null order by slug"
-        )
-        .fetch_all(p)
-        .await)
-        .map_err(Into::into)
-    }
 }

@@ -21,6 +21,9 @@ const KEYS: &[&str] = &[
     "session_hours",
     "allow_signup",
     "password_hashing",
+    "environment",
+    "secret_key",
+    "operator_keys",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -52,6 +55,39 @@ pub struct Config {
     pub allow_signup: bool,
     #[serde(default)]
     pub password_hashing: PasswordHashing,
+    /// This installation's id, inside every signed operator-key list so a list for one
+    /// installation never opens another's hosts.
+    #[serde(default = "defaults::environment")]
+    pub environment: String,
+    /// 32 bytes, hex: seals the agent tokens the backend must present to hosts, so the
+    /// database holds none in plaintext. Without it, nothing can be sent to a host.
+    #[serde(default)]
+    pub secret_key: Option<SecretString>,
+    #[serde(default)]
+    pub operator_keys: OperatorKeysConfig,
+}
+
+/// The signed operator-key lists (M).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct OperatorKeysConfig {
+    /// The public half of the signing key(s) hosts pin at enrolment
+    /// ("ssh-ed25519 AAAA…"). The private half lives in the operators' password manager
+    /// and never reaches a server.
+    #[serde(default)]
+    pub signing_keys: Vec<String>,
+    /// How long a list stays valid after it is issued.
+    #[serde(default = "defaults::validity_days")]
+    pub validity_days: i64,
+}
+
+impl Default for OperatorKeysConfig {
+    fn default() -> Self {
+        OperatorKeysConfig {
+            signing_keys: Vec::new(),
+            validity_days: defaults::validity_days(),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -106,6 +142,12 @@ mod defaults {
     pub fn session_hours() -> i64 {
         12
     }
+    pub fn environment() -> String {
+        "production".into()
+    }
+    pub fn validity_days() -> i64 {
+        90
+    }
 }
 
 impl Default for Config {
@@ -120,6 +162,9 @@ impl Default for Config {
             session_hours: defaults::session_hours(),
             allow_signup: true,
             password_hashing: PasswordHashing::default(),
+            environment: defaults::environment(),
+            secret_key: None,
+            operator_keys: OperatorKeysConfig::default(),
         }
     }
 }
@@ -167,6 +212,17 @@ impl Config {
         }
         if self.session_hours <= 0 {
             return Err("session_hours must be positive".to_owned());
+        }
+        if self.operator_keys.validity_days <= 0 {
+            return Err("operator_keys.validity_days must be positive".to_owned());
+        }
+        for key in &self.operator_keys.signing_keys {
+            ssh_key::PublicKey::from_openssh(key.trim()).map_err(|e| {
+                format!("operator_keys.signing_keys holds a key that does not parse ({e}): {key}")
+            })?;
+        }
+        if let Some(key) = &self.secret_key {
+            crate::seal::Sealer::from_hex(key.expose_secret()).map_err(|e| e.to_string())?;
         }
         Ok(())
     }

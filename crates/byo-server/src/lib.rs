@@ -7,6 +7,7 @@
 //! the one error type every handler returns.
 
 pub mod accounts;
+pub mod agents;
 pub mod auth;
 pub mod clock;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod error;
 pub mod metrics;
 pub mod pages;
 pub mod routes;
+pub mod seal;
 pub mod state;
 pub mod telemetry;
 

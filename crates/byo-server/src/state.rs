@@ -1,6 +1,10 @@
 use std::sync::Arc;
 
 use byo_db::Store;
+use secrecy::ExposeSecret;
+
+use crate::agents::{HostAgents, HttpAgents};
+use crate::seal::Sealer;
 
 use crate::auth::password::Passwords;
 use crate::clock::Clock;
@@ -15,18 +19,32 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub passwords: Passwords,
     pub clock: Clock,
+    pub agents: Arc<dyn HostAgents>,
+    pub sealer: Option<Sealer>,
 }
 
 impl AppState {
     pub fn new(store: Store, config: Config) -> Self {
         let passwords = Passwords::new(config.password_hashing);
+        // Config::load has validated the key; a bad one in a hand-built Config is a bug.
+        let sealer = config
+            .secret_key
+            .as_ref()
+            .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
         AppState {
+            agents: Arc::new(HttpAgents::new(sealer.clone())),
+            sealer,
             store,
             config: Arc::new(config),
             metrics: Arc::new(Metrics::new()),
             passwords,
             clock: Clock::System,
         }
+    }
+
+    pub fn with_agents(mut self, agents: Arc<dyn HostAgents>) -> Self {
+        self.agents = agents;
+        self
     }
 
     pub fn with_clock(mut self, clock: Clock) -> Self {

@@ -97,3 +97,96 @@ pub struct AuditEntry {
     pub target: Option<String>,
     pub details: serde_json::Value,
 }
+
+/// The operator-key list as the operators' page shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KeyListView {
+    pub version: i32,
+    /// `draft` or `published`.
+    pub state: String,
+    pub issued_at: DateTime<Utc>,
+    pub expires: DateTime<Utc>,
+    pub keys: Vec<OperatorKeyView>,
+    /// The exact bytes that are (or will be) signed.
+    pub body: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OperatorKeyView {
+    pub user_sub: String,
+    pub label: String,
+    pub fingerprint: String,
+    pub public_key: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KeyChangeView {
+    pub user_sub: String,
+    pub action: String,
+    pub fingerprint: String,
+    pub label: String,
+    pub at: DateTime<Utc>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HostKeyStatus {
+    pub host_id: String,
+    pub slug: String,
+    /// The list version the host holds, as far as the backend knows.
+    pub version: Option<i32>,
+    pub attempted_at: Option<DateTime<Utc>>,
+    /// Why the last push failed; none when it succeeded.
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OperatorKeysView {
+    pub environment: String,
+    /// Fingerprints of the signing keys hosts pin.
+    pub signing_keys: Vec<String>,
+    pub published: Option<KeyListView>,
+    /// The version waiting for a signature, with who changed what.
+    pub draft: Option<KeyListView>,
+    pub draft_changes: Vec<KeyChangeView>,
+    pub hosts: Vec<HostKeyStatus>,
+}
+
+/// One key added or removed, by the signed-in operator, for their own keys only.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum KeyChangeRequest {
+    Add { public_key: String, label: String },
+    Remove { fingerprint: String },
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SignatureUpload {
+    /// An armored SSHSIG (`ssh-keygen -Y sign -n operator-keys@byo`) over the draft's body.
+    pub signature: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PushOutcome {
+    pub version: i32,
+    pub delivered: usize,
+    pub failed: usize,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KeyOwner {
+    pub user_sub: String,
+    pub email: Option<String>,
+    pub label: String,
+    pub fingerprint: String,
+    pub listed_at: DateTime<Utc>,
+    pub removed_at: Option<DateTime<Utc>>,
+}

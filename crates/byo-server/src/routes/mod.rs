@@ -15,6 +15,7 @@ use crate::{auth, metrics, pages, telemetry};
 pub mod accounts;
 pub mod admin;
 pub mod health;
+pub mod operator_keys;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -27,6 +28,7 @@ pub mod health;
         (name = "health", description = "Liveness and readiness"),
         (name = "accounts", description = "Signing up, in and out; your own account"),
         (name = "admin", description = "Operators' pages: users, grants, the audit log"),
+        (name = "operator-keys", description = "admin-operator-keys: the signed operator-key lists (M)"),
     )
 )]
 struct ApiDoc;
@@ -43,6 +45,12 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::list_users))
         .routes(routes!(admin::grant_role, admin::revoke_role))
         .routes(routes!(admin::audit_log))
+        .routes(routes!(operator_keys::get_operator_keys))
+        .routes(routes!(operator_keys::post_change))
+        .routes(routes!(operator_keys::delete_draft))
+        .routes(routes!(operator_keys::post_signature))
+        .routes(routes!(operator_keys::post_send_again))
+        .routes(routes!(operator_keys::get_owner))
 }
 
 /// The OpenAPI document, generated from the routes above.
