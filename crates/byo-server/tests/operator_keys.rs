@@ -1,0 +1,598 @@
+//! admin-operator-keys (M) through the API: changes add up in one draft, refusals change
+//! nothing, a signature is checked with the agent's verifier before publishing, and the
+//! signed bytes reach every host — here, agents built on the real agent code.
+
+mod support;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use axum::http::{Method, StatusCode};
+use byo_agent::operator_keys::{OperatorKeys, Paths};
+use byo_core::keylist::{NAMESPACE, check_key};
+use byo_db::hosts::AgentTargetRow;
+use byo_server::agents::{HostAgents, HttpAgents};
+use byo_server::seal::Sealer;
+use byo_wire::Role;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use ssh_key::rand_core::OsRng;
+use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, SshSig};
+use support::{TestApp, test_config};
+
+/// Hosts whose agents run the real `OperatorKeys` code on temporary directories.
+#[derive(Default)]
+struct FakeAgents {
+    hosts: Mutex<HashMap<String, (tempfile::TempDir, OperatorKeys)>>,
+    unreachable: Mutex<Vec<String>>,
+}
+
+impl FakeAgents {
+    fn add(&self, host_id: &str, signing: &PrivateKey) {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = OperatorKeys {
+            paths: Paths {
+                trusted: dir.path().join("signing-keys"),
+                held: dir.path().join("operator-keys.signed"),
+                authorized_keys: dir.path().join("authorized_keys"),
+            },
+            environment: "production".into(),
+        };
+        keys.trust(&signing.public_key().to_openssh().unwrap())
+            .unwrap();
+        self.hosts
+            .lock()
+            .unwrap()
+            .insert(host_id.to_owned(), (dir, keys));
+    }
+
+    fn authorized_keys(&self, host_id: &str) -> Option<String> {
+        let hosts = self.hosts.lock().unwrap();
+        std::fs::read_to_string(&hosts[host_id].1.paths.authorized_keys).ok()
+    }
+}
+
+impl HostAgents for FakeAgents {
+    fn push_operator_keys<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        envelope: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            if self.unreachable.lock().unwrap().contains(&host.id) {
+                return Err("could not reach the agent: connection refused".into());
+            }
+            let hosts = self.hosts.lock().unwrap();
+            let (_, keys) = hosts.get(&host.id).ok_or("no such agent")?;
+            keys.receive(envelope, chrono::Utc::now())
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+struct World {
+    app: TestApp,
+    agents: Arc<FakeAgents>,
+    signing: PrivateKey,
+    root: String,
+    op: String,
+    op_sub: String,
+    root_sub: String,
+    hosts: Vec<String>,
+}
+
+async fn world(backend: byo_db::Backend) -> Option<World> {
+    let signing = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let mut config = test_config();
+    config.operator_keys.signing_keys = vec![signing.public_key().to_openssh().unwrap()];
+    let mut app = TestApp::with_config(backend, config).await?;
+    let agents = Arc::new(FakeAgents::default());
+    app.state = app.state.clone().with_agents(agents.clone());
+    app.router = byo_server::app(app.state.clone());
+    let (root_sub, root) = app.user_with("root@example.com", &[Role::Superadmin]).await;
+    let (op_sub, op) = app.user_with("op@example.com", &[Role::Operator]).await;
+    let mut hosts = Vec::new();
+    for slug in ["spark-1", "spark-2"] {
+        app.give_host(&root_sub, slug).await;
+    }
+    for h in app.db.agent_targets().await.unwrap() {
+        agents.add(&h.id, &signing);
+        hosts.push(h.id);
+    }
+    Some(World {
+        app,
+        agents,
+        signing,
+        root,
+        op,
+        op_sub,
+        root_sub,
+        hosts,
+    })
+}
+
+fn login_key() -> String {
+    let mut k = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
+        .unwrap()
+        .public_key()
+        .clone();
+    k.set_comment("");
+    k.to_openssh().unwrap()
+}
+
+impl World {
+    async fn change(&self, session: &str, body: Value) -> support::Reply {
+        self.app
+            .request(
+                Method::POST,
+                "/api/admin/operator-keys/changes",
+                Some(session),
+                Some(body),
+            )
+            .await
+    }
+    async fn add(&self, session: &str, label: &str) -> String {
+        let key = login_key();
+        let r = self
+            .change(
+                session,
+                json!({"action": "add", "public_key": key, "label": label}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        key
+    }
+    async fn overview(&self) -> Value {
+        self.app
+            .get("/api/admin/operator-keys", Some(&self.op))
+            .await
+            .json()
+    }
+    fn sign(&self, body: &str, key: &PrivateKey) -> String {
+        SshSig::sign(key, NAMESPACE, HashAlg::Sha512, body.as_bytes())
+            .unwrap()
+            .to_pem(LineEnding::LF)
+            .unwrap()
+    }
+    async fn upload(&self, version: i64, signature: &str) -> support::Reply {
+        self.app
+            .request(
+                Method::POST,
+                &format!("/api/admin/operator-keys/{version}/signatures"),
+                Some(&self.root),
+                Some(json!({"signature": signature})),
+            )
+            .await
+    }
+    async fn publish_draft(&self) -> Value {
+        let o = self.overview().await;
+        let version = o["draft"]["version"].as_i64().unwrap();
+        let sig = self.sign(o["draft"]["body"].as_str().unwrap(), &self.signing);
+        let r = self.upload(version, &sig).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        r.json()
+    }
+}
+
+fn fingerprint(public_key: &str) -> String {
+    check_key(&byo_core::keylist::OperatorKey {
+        user_sub: "x".into(),
+        label: "x".into(),
+        public_key: public_key.into(),
+    })
+    .unwrap()
+    .fingerprint
+}
+
+async fn m10_two_operators_changes_end_in_one_version_holding_both(w: World) {
+    let a = w.add(&w.root, "root laptop").await;
+    let b = w.add(&w.op, "op desktop").await;
+    let o = w.overview().await;
+    assert_eq!(o["draft"]["version"], 1);
+    assert!(o["published"].is_null());
+    let keys = o["draft"]["keys"].as_array().unwrap();
+    assert_eq!(keys.len(), 2);
+    let changes = o["draft_changes"].as_array().unwrap();
+    let who: Vec<&str> = changes
+        .iter()
+        .map(|c| c["user_sub"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        who,
+        [w.root_sub.as_str(), w.op_sub.as_str()],
+        "who changed what"
+    );
+    assert_eq!(changes[0]["fingerprint"], fingerprint(&a));
+    assert_eq!(changes[1]["fingerprint"], fingerprint(&b));
+}
+
+async fn m_refused_changes_change_nothing(w: World) {
+    let mine = w.add(&w.op, "laptop").await;
+    let theirs = w.add(&w.root, "root laptop").await;
+    let before = w.overview().await;
+    let cases = [
+        (
+            json!({"action": "remove", "fingerprint": fingerprint(&theirs)}),
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            json!({"action": "add", "public_key": mine.clone(), "label": "again"}),
+            StatusCode::CONFLICT,
+        ),
+        (
+            json!({"action": "add", "public_key": "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7", "label": "rsa"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"action": "add", "public_key": format!("no-pty {}", login_key()), "label": "opts"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"action": "add", "public_key": login_key(), "label": "bell\u{7}"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"action": "remove", "fingerprint": "SHA256:not-listed"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            json!({"action": "rename"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (body, status) in cases {
+        let r = w.change(&w.op, body.clone()).await;
+        assert_eq!(r.status, status, "{body}: {}", r.text());
+        assert_eq!(w.overview().await, before, "{body} changed something");
+    }
+    // Removing the last key is refused (M.2).
+    let r = w
+        .change(
+            &w.root,
+            json!({"action": "remove", "fingerprint": fingerprint(&theirs)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let after_one = w.overview().await;
+    let r = w
+        .change(
+            &w.op,
+            json!({"action": "remove", "fingerprint": fingerprint(&mine)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["error"], "no_operator_left");
+    assert_eq!(w.overview().await, after_one);
+}
+
+async fn m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host(w: World) {
+    let key = w.add(&w.op, "laptop").await;
+    let o = w.overview().await;
+    let body = o["draft"]["body"].as_str().unwrap().to_owned();
+
+    // A signature from any other key is refused and nothing is published.
+    let stranger = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let r = w.upload(1, &w.sign(&body, &stranger)).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"], "signature_refused");
+    assert!(w.overview().await["published"].is_null());
+    // Only a superadmin uploads: an operator's session is not enough.
+    let r = w
+        .app
+        .request(
+            Method::POST,
+            "/api/admin/operator-keys/1/signatures",
+            Some(&w.op),
+            Some(json!({"signature": w.sign(&body, &w.signing)})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+
+    let outcome = w.publish_draft().await;
+    assert_eq!(outcome, json!({"version": 1, "delivered": 2, "failed": 0}));
+    let o = w.overview().await;
+    assert_eq!(
+        o["published"]["body"],
+        body.as_str(),
+        "published exactly as signed"
+    );
+    assert!(o["draft"].is_null());
+    for h in &w.hosts {
+        let ak = w.agents.authorized_keys(h).unwrap();
+        assert!(ak.contains(&key) && ak.contains("expiry-time="), "{ak}");
+    }
+    for h in o["hosts"].as_array().unwrap() {
+        assert_eq!(
+            (h["version"].as_i64(), h["error"].as_str()),
+            (Some(1), None)
+        );
+    }
+    // The fingerprint sshd logs maps to the operator.
+    let owner = w
+        .app
+        .get(
+            &format!(
+                "/api/admin/operator-keys/owner?fingerprint={}",
+                fingerprint(&key).replace('/', "%2F").replace('+', "%2B")
+            ),
+            Some(&w.op),
+        )
+        .await
+        .json();
+    assert_eq!(owner[0]["email"], "op@example.com");
+    assert_eq!(owner[0]["label"], "laptop");
+    // Signing the published version again is refused.
+    let r = w.upload(1, &w.sign(&body, &w.signing)).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+}
+
+async fn m6_a_failed_push_is_shown_and_sending_again_needs_no_signature(w: World) {
+    let first = w.add(&w.op, "laptop").await;
+    w.agents
+        .unreachable
+        .lock()
+        .unwrap()
+        .push(w.hosts[1].clone());
+    let outcome = w.publish_draft().await;
+    assert_eq!(outcome, json!({"version": 1, "delivered": 1, "failed": 1}));
+    let o = w.overview().await;
+    let down = o["hosts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["host_id"] == w.hosts[1].as_str())
+        .unwrap()
+        .clone();
+    assert!(down["version"].is_null());
+    assert!(
+        down["error"]
+            .as_str()
+            .unwrap()
+            .contains("connection refused")
+    );
+    assert!(w.agents.authorized_keys(&w.hosts[1]).is_none());
+
+    // Nothing retries on its own; an operator sends again once the host is back.
+    w.agents.unreachable.lock().unwrap().clear();
+    let r = w
+        .app
+        .request(
+            Method::POST,
+            &format!("/api/admin/operator-keys/hosts/{}/send", w.hosts[1]),
+            Some(&w.op),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["delivered"], 1);
+    assert!(
+        w.agents
+            .authorized_keys(&w.hosts[1])
+            .unwrap()
+            .contains(&first)
+    );
+    let o = w.overview().await;
+    assert!(
+        o["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|h| h["version"] == 1 && h["error"].is_null())
+    );
+}
+
+async fn m10_concurrent_publishes_of_one_version_exactly_one_wins(w: World) {
+    w.add(&w.op, "laptop").await;
+    let o = w.overview().await;
+    let sig = w.sign(o["draft"]["body"].as_str().unwrap(), &w.signing);
+    let (a, b) = tokio::join!(w.upload(1, &sig), w.upload(1, &sig));
+    let mut statuses = [a.status, b.status];
+    statuses.sort();
+    assert_eq!(
+        statuses,
+        [StatusCode::OK, StatusCode::CONFLICT],
+        "{} / {}",
+        a.text(),
+        b.text()
+    );
+}
+
+async fn m10_only_the_newest_version_can_be_signed(w: World) {
+    w.add(&w.op, "laptop").await;
+    w.publish_draft().await;
+    w.add(&w.op, "desktop").await;
+    let o = w.overview().await;
+    let r = w
+        .upload(
+            1,
+            &w.sign(o["published"]["body"].as_str().unwrap(), &w.signing),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    let r = w
+        .upload(3, &w.sign(o["draft"]["body"].as_str().unwrap(), &w.signing))
+        .await;
+    assert_eq!(r.json()["error"], "not_the_newest_draft");
+    assert_eq!(w.overview().await, o, "nothing changed");
+}
+
+async fn m12_a_withdrawn_draft_is_gone_for_everyone(w: World) {
+    let kept = w.add(&w.op, "laptop").await;
+    w.publish_draft().await;
+    w.add(&w.op, "desktop").await;
+    let r = w
+        .app
+        .request(
+            Method::DELETE,
+            "/api/admin/operator-keys/draft",
+            Some(&w.root),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    let o = w.overview().await;
+    assert!(o["draft"].is_null() && o["draft_changes"].as_array().unwrap().is_empty());
+    let r = w
+        .app
+        .request(
+            Method::DELETE,
+            "/api/admin/operator-keys/draft",
+            Some(&w.root),
+            None,
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "nothing left to withdraw"
+    );
+    // The next change starts from the published list again.
+    w.add(&w.op, "tablet").await;
+    let o = w.overview().await;
+    assert_eq!(o["draft"]["version"], 2);
+    let labels: Vec<&str> = o["draft"]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["label"].as_str().unwrap())
+        .collect();
+    assert_eq!(labels.len(), 2);
+    assert!(labels.contains(&"laptop") && labels.contains(&"tablet"));
+    assert!(
+        w.agents
+            .authorized_keys(&w.hosts[0])
+            .unwrap()
+            .contains(&kept)
+    );
+}
+
+macro_rules! with_world {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                if let Some(w) = super::world(byo_db::Backend::Sqlite).await { super::$name(w).await }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(w) = super::world(byo_db::Backend::Postgres).await { super::$name(w).await }
+            }
+        }
+    )*};
+}
+
+with_world!(
+    m10_two_operators_changes_end_in_one_version_holding_both,
+    m_refused_changes_change_nothing,
+    m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host,
+    m6_a_failed_push_is_shown_and_sending_again_needs_no_signature,
+    m10_concurrent_publishes_of_one_version_exactly_one_wins,
+    m10_only_the_newest_version_can_be_signed,
+    m12_a_withdrawn_draft_is_gone_for_everyone,
+);
+
+/// The real HTTP client against an agent endpoint on loopback that checks the bearer token
+/// and applies with the real agent code.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_client_presents_the_unsealed_agent_token() {
+    use axum::routing::put;
+    let dir = tempfile::tempdir().unwrap();
+    let signing = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let keys = OperatorKeys {
+        paths: Paths {
+            trusted: dir.path().join("signing-keys"),
+            held: dir.path().join("held"),
+            authorized_keys: dir.path().join("authorized_keys"),
+        },
+        environment: "production".into(),
+    };
+    keys.trust(&signing.public_key().to_openssh().unwrap())
+        .unwrap();
+    let token = "byo_agt_the-token";
+    let agent = axum::Router::new().route(
+        "/v1/operator-keys",
+        put(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let keys = keys.clone();
+                async move {
+                    if headers.get("authorization").and_then(|v| v.to_str().ok())
+                        != Some(&format!("Bearer {token}"))
+                    {
+                        return (StatusCode::UNAUTHORIZED, "bad token".to_owned());
+                    }
+                    match keys.receive(&body, chrono::Utc::now()) {
+                        Ok(a) => (StatusCode::OK, format!("version {}", a.version)),
+                        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+                    }
+                }
+            },
+        ),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, agent).await });
+
+    let sealer = Sealer::from_hex(&Sealer::generate_hex()).unwrap();
+    let client = HttpAgents::new(Some(sealer.clone())).with_port(port);
+    let body = {
+        let l = byo_core::keylist::KeyList {
+            kind: byo_core::keylist::KIND.into(),
+            environment: "production".into(),
+            version: 1,
+            issued_at: chrono::Utc::now(),
+            expires: chrono::Utc::now() + chrono::Duration::days(1),
+            threshold: 1,
+            keys: vec![byo_core::keylist::OperatorKey {
+                user_sub: "op".into(),
+                label: "l".into(),
+                public_key: login_key(),
+            }],
+        };
+        l.to_canonical()
+    };
+    let sig = SshSig::sign(&signing, NAMESPACE, HashAlg::Sha512, body.as_bytes())
+        .unwrap()
+        .to_pem(LineEnding::LF)
+        .unwrap();
+    let envelope = byo_core::keylist::SignedList {
+        body,
+        signatures: vec![sig],
+    }
+    .to_bytes();
+    let target = |sealed: Option<String>, relay: Option<&str>| AgentTargetRow {
+        id: "h".into(),
+        slug: "spark-1".into(),
+        relay_ip: relay.map(str::to_owned),
+        agent_token: sealed,
+    };
+    assert!(
+        client
+            .push_operator_keys(
+                &target(Some(sealer.seal(token)), Some("127.0.0.1")),
+                &envelope
+            )
+            .await
+            .is_ok()
+    );
+    let wrong = client
+        .push_operator_keys(
+            &target(Some(sealer.seal("byo_agt_wrong")), Some("127.0.0.1")),
+            &envelope,
+        )
+        .await;
+    assert!(wrong.unwrap_err().contains("401"));
+    let unenrolled = client
+        .push_operator_keys(&target(None, Some("127.0.0.1")), &envelope)
+        .await;
+    assert!(unenrolled.unwrap_err().contains("no agent token"));
+    let no_relay = client
+        .push_operator_keys(&target(Some(sealer.seal(token)), None), &envelope)
+        .await;
+    assert!(no_relay.unwrap_err().contains("no relay"));
+    assert!(
+        std::fs::read_to_string(dir.path().join("authorized_keys"))
+            .unwrap()
+            .contains("byo-operator:op:l")
+    );
+}
