@@ -1,4 +1,5 @@
 //! The operator's CLI, `byo`: what operators do from their own machine. `byo up` runs the
 //! whole platform on this one.
 
+pub mod keys;
 pub mod up;

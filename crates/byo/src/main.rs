@@ -15,11 +15,25 @@ enum Command {
     /// Run the whole platform on this machine: SQLite in a data directory, the control
     /// plane on loopback, and a first superadmin. Prints the URL and how to sign in.
     Up(byo::up::UpArgs),
+    /// The signed operator-key lists.
+    #[command(subcommand)]
+    Keys(KeysCommand),
+}
+
+#[derive(Subcommand)]
+enum KeysCommand {
+    /// Sign the list waiting for a signature, on this machine: prints the operators and key
+    /// fingerprints decoded from the bytes it will sign, asks, loads the signing key from
+    /// standard input (or --from-clipboard) into a throwaway ssh-agent, signs and uploads.
+    ///
+    /// Example: byo keys sign --server https://app.enverge.ai --email me@enverge.ai < key
+    Sign(byo::keys::SignArgs),
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Up(args) => byo::up::run(args).await,
+        Command::Keys(KeysCommand::Sign(args)) => byo::keys::sign(args).await,
     }
 }
