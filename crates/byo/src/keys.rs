@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use byo_core::keylist::{self, KeyList, NAMESPACE, SignedList, check_key, escape_control};
+use byo_core::keylist::{self, KeyList, NAMESPACE, check_key, escape_control};
 use byo_wire::api::{OperatorKeysView, PushOutcome, SignatureUpload};
 use ssh_key::PublicKey;
 
