@@ -327,15 +327,14 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
     drop(agent);
 
     // What was signed must be what was shown, whatever happened to the file meanwhile.
-    let envelope = SignedList {
-        body: body.clone(),
-        signatures: vec![signature.clone()],
-    }
-    .to_bytes();
-    if keylist::valid_signers(&body, &[signature.clone()], std::slice::from_ref(&public)) == 0 {
+    if keylist::valid_signers(
+        &body,
+        std::slice::from_ref(&signature),
+        std::slice::from_ref(&public),
+    ) == 0
+    {
         bail!("the signature does not cover the list shown; nothing was uploaded");
     }
-    drop(envelope);
     let resp = client
         .post(format!(
             "{base}/api/admin/operator-keys/{}/signatures",
