@@ -204,6 +204,24 @@ fn page_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        Row {
+            method: Method::GET,
+            path: "/admin/operator-keys",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/operator-keys/withdraw",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/operator-keys/hosts/{host_id}/send",
+            allowed: OPERATORS,
+            body: none,
+        },
     ]
 }
 

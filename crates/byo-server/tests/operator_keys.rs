@@ -175,6 +175,18 @@ impl World {
     }
 }
 
+fn urlencode(s: &str) -> String {
+    s.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 fn fingerprint(public_key: &str) -> String {
     check_key(&byo_core::keylist::OperatorKey {
         user_sub: "x".into(),
@@ -596,3 +608,54 @@ async fn the_http_client_presents_the_unsealed_agent_token() {
             .contains("byo-operator:op:l")
     );
 }
+
+async fn the_operators_page_shows_the_draft_changes_hosts_and_refusals(w: World) {
+    use axum::body::Body;
+    use axum::http::{Request, header};
+    let form = |body: String| {
+        Request::post("/admin/operator-keys/changes")
+            .header(header::COOKIE, format!("byo_session={}", w.op))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let key = login_key();
+    let added = w
+        .app
+        .send(form(format!(
+            "action=add&label=work+laptop&public_key={}",
+            urlencode(&key)
+        )))
+        .await;
+    assert_eq!(added.status, StatusCode::SEE_OTHER, "{}", added.text());
+    let page = w.app.get("/admin/operator-keys", Some(&w.op)).await.text();
+    assert!(
+        page.contains("Waiting for a signature") && page.contains("work laptop"),
+        "{page}"
+    );
+    assert!(page.contains(&fingerprint(&key)));
+    assert!(
+        page.contains("op@example.com") && page.contains("added"),
+        "who changed what"
+    );
+    assert!(
+        page.contains("spark-1") && page.contains("spark-2"),
+        "every host is listed"
+    );
+    assert!(page.contains("byo keys sign --server"));
+
+    let refused = w
+        .app
+        .send(form(
+            "action=add&label=x&public_key=ssh-rsa+AAAAB3NzaC1yc2E".into(),
+        ))
+        .await;
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert!(refused.text().contains("not allowed"), "{}", refused.text());
+
+    w.publish_draft().await;
+    let page = w.app.get("/admin/operator-keys", Some(&w.op)).await.text();
+    assert!(page.contains("Send again") && page.contains("Nothing is waiting"));
+}
+
+with_world!(the_operators_page_shows_the_draft_changes_hosts_and_refusals);

@@ -32,6 +32,13 @@ pub fn router() -> Router<AppState> {
             "/admin/users/{sub}/roles/{role}/{action}",
             post(users_grant_submit),
         )
+        .route("/admin/operator-keys", get(keys_page))
+        .route("/admin/operator-keys/changes", post(keys_change_submit))
+        .route("/admin/operator-keys/withdraw", post(keys_withdraw_submit))
+        .route(
+            "/admin/operator-keys/hosts/{host_id}/send",
+            post(keys_send_submit),
+        )
         .route("/assets/style.css", get(stylesheet))
 }
 
@@ -113,7 +120,10 @@ fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup 
                     a.brand href="/" { "byo" }
                     nav {
                         @if let Some(v) = viewer {
-                            @if v.is_operator() { a href="/admin/users" { "Users" } }
+                            @if v.is_operator() {
+                                a href="/admin/users" { "Users" }
+                                a href="/admin/operator-keys" { "Operator keys" }
+                            }
                             span.who { (v.user.email) }
                             form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }
                         } @else {
@@ -314,4 +324,182 @@ async fn users_grant_submit(
     };
     change_grant(&state, &op, &sub, &role, grant).await?;
     Ok(Redirect::to("/admin/users").into_response())
+}
+
+fn list_table(
+    list: &byo_wire::api::KeyListView,
+    emails: &std::collections::HashMap<String, String>,
+    mine: Option<&str>,
+) -> Markup {
+    html! {
+        p { "Version " (list.version) ", issued " (list.issued_at.format("%Y-%m-%d %H:%M UTC")) ", expires " (list.expires.format("%Y-%m-%d")) "." }
+        table {
+            thead { tr { th { "Operator" } th { "Machine" } th { "Fingerprint" } @if mine.is_some() { th { "" } } } }
+            tbody {
+                @for k in &list.keys {
+                    tr {
+                        td { (emails.get(&k.user_sub).map_or(k.user_sub.as_str(), String::as_str)) }
+                        td { (k.label) }
+                        td { code { (k.fingerprint) } }
+                        @if let Some(me) = mine {
+                            td {
+                                @if k.user_sub == me {
+                                    form.inline method="post" action="/admin/operator-keys/changes" {
+                                        input type="hidden" name="action" value="remove";
+                                        input type="hidden" name="fingerprint" value=(k.fingerprint);
+                                        button type="submit" { "Remove my key" }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn render_keys_page(
+    state: &AppState,
+    op: &Operator,
+    error: Option<&str>,
+) -> Result<Markup, PageError> {
+    let view = crate::routes::operator_keys::overview(state).await?;
+    let emails: std::collections::HashMap<String, String> = state
+        .store
+        .users_overview()
+        .await?
+        .into_iter()
+        .map(|u| (u.user.sub, u.user.email))
+        .collect();
+    let me = op.0.user.sub.as_str();
+    Ok(layout(
+        "Operator keys",
+        Some(&op.0),
+        html! {
+            h1 { "Operator keys" }
+            p { "Every operator logs in to hosts as " code { "spark" } " with their own key. A change is collected in one draft; a superadmin signs it on their own machine with "
+                code { "byo keys sign --server " (state.config.public_url) " --email you@example.com" } ", which publishes it to every host." }
+            @if let Some(e) = error { p.error role="alert" { (e) } }
+            p { "Signing key hosts trust: "
+                @if view.signing_keys.is_empty() { strong.error { "none configured (operator_keys.signing_keys)" } }
+                @for fp in &view.signing_keys { code { (fp) } " " } }
+            h2 { "Waiting for a signature" }
+            @if let Some(draft) = &view.draft {
+                (list_table(draft, &emails, Some(me)))
+                h3 { "Who changed what" }
+                ul {
+                    @for c in &view.draft_changes {
+                        li { (c.at.format("%Y-%m-%d %H:%M")) " — " (emails.get(&c.user_sub).map_or(c.user_sub.as_str(), String::as_str)) " " (c.action) "ed " code { (c.fingerprint) } @if !c.label.is_empty() { " (" (c.label) ")" } }
+                    }
+                }
+                form.inline method="post" action="/admin/operator-keys/withdraw" { button type="submit" { "Withdraw this draft" } }
+            } @else {
+                p { "Nothing is waiting." }
+            }
+            h2 { "Add a key of yours" }
+            form method="post" action="/admin/operator-keys/changes" {
+                input type="hidden" name="action" value="add";
+                label { "Public key (ssh-ed25519 …)" input type="text" name="public_key" required; }
+                label { "Machine" input type="text" name="label" required maxlength="128" placeholder="work laptop"; }
+                button type="submit" { "Add to the draft" }
+            }
+            h2 { "Published" }
+            @if let Some(p) = &view.published { (list_table(p, &emails, Some(me))) } @else { p { "No list has been published yet." } }
+            h2 { "Hosts" }
+            table {
+                thead { tr { th { "Host" } th { "Holds version" } th { "Last attempt" } th { "Failure" } th { "" } } }
+                tbody {
+                    @for h in &view.hosts {
+                        tr {
+                            td { (h.slug) }
+                            td { @if let Some(v) = h.version { (v) } @else { "—" } }
+                            td { @if let Some(at) = h.attempted_at { (at.format("%Y-%m-%d %H:%M")) } @else { "never" } }
+                            td.error { @if let Some(e) = &h.error { (e) } }
+                            td { @if view.published.is_some() {
+                                form.inline method="post" action={ "/admin/operator-keys/hosts/" (h.host_id) "/send" } { button type="submit" { "Send again" } }
+                            } }
+                        }
+                    }
+                }
+            }
+        },
+    ))
+}
+
+async fn keys_page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+    let op = require_operator(viewer)?;
+    Ok(render_keys_page(&state, &op, None).await?.into_response())
+}
+
+#[derive(Deserialize)]
+struct KeyChangeForm {
+    action: String,
+    #[serde(default)]
+    public_key: String,
+    #[serde(default)]
+    label: String,
+    #[serde(default)]
+    fingerprint: String,
+}
+
+/// Show a refusal on the page itself, with the status it would have had.
+async fn keys_page_with(state: &AppState, op: &Operator, e: AppError) -> PageResult {
+    match e {
+        AppError::Internal(_) => Err(e.into()),
+        refused => Ok((
+            refused.status(),
+            render_keys_page(state, op, Some(&refused.to_string())).await?,
+        )
+            .into_response()),
+    }
+}
+
+async fn keys_change_submit(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Form(form): Form<KeyChangeForm>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    let req = match form.action.as_str() {
+        "add" => byo_wire::api::KeyChangeRequest::Add {
+            public_key: form.public_key,
+            label: form.label,
+        },
+        "remove" => byo_wire::api::KeyChangeRequest::Remove {
+            fingerprint: form.fingerprint,
+        },
+        _ => {
+            return Err(
+                AppError::bad_request("unknown_action", "action must be add or remove").into(),
+            );
+        }
+    };
+    match crate::routes::operator_keys::change_keys(&state, &op, req).await {
+        Ok(_) => Ok(Redirect::to("/admin/operator-keys").into_response()),
+        Err(e) => keys_page_with(&state, &op, e).await,
+    }
+}
+
+async fn keys_withdraw_submit(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    match crate::routes::operator_keys::withdraw(&state, &op).await {
+        Ok(()) => Ok(Redirect::to("/admin/operator-keys").into_response()),
+        Err(e) => keys_page_with(&state, &op, e).await,
+    }
+}
+
+async fn keys_send_submit(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    match crate::routes::operator_keys::send_again(&state, &op, &host_id).await {
+        Ok(_) => Ok(Redirect::to("/admin/operator-keys").into_response()),
+        Err(e) => keys_page_with(&state, &op, e).await,
+    }
 }
