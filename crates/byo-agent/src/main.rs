@@ -21,6 +21,18 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve the agent's API for the backend (the enverge-agent unit, as spark): at start
+    /// it brings authorized_keys to the kept operator-key list, then answers pushes.
+    Serve {
+        /// Where the relay's Caddy reaches the agent (wg0's host address).
+        #[arg(long, default_value = "10.8.0.2:8080")]
+        listen: std::net::SocketAddr,
+        /// The SHA-256 (hex) of the agent token the backend presents.
+        #[arg(long, default_value = "/etc/enverge/agent-token.sha256")]
+        agent_token_hash: PathBuf,
+        #[command(flatten)]
+        paths: KeyPaths,
+    },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
@@ -80,8 +92,60 @@ fn keys(paths: KeyPaths) -> OperatorKeys {
     }
 }
 
+fn serve(
+    listen: std::net::SocketAddr,
+    token_hash_file: PathBuf,
+    paths: KeyPaths,
+) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .compact()
+        .init();
+    let hash = std::fs::read_to_string(&token_hash_file)
+        .with_context(|| format!("reading {}", token_hash_file.display()))?;
+    let hash = hash.trim();
+    anyhow::ensure!(
+        hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{} must hold a SHA-256 in hex",
+        token_hash_file.display()
+    );
+    let operator_keys = keys(paths);
+    if operator_keys.reconcile()? {
+        tracing::info!("authorized_keys brought to the kept operator-key list");
+    }
+    let state = byo_agent::serve::Serving {
+        token_hash: std::sync::Arc::new(byo_core::tokens::TokenHash::from_stored(
+            hash.to_ascii_lowercase(),
+        )),
+        operator_keys,
+    };
+    // One thread: the agent's steady state is to answer the backend and otherwise sit still.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        tracing::info!(%listen, "serving");
+        axum::serve(listener, byo_agent::serve::router(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok(())
+    })
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
-    let Command::OperatorKeys(cmd) = cli.command;
+    let cmd = match cli.command {
+        Command::Serve {
+            listen,
+            agent_token_hash,
+            paths,
+        } => return serve(listen, agent_token_hash, paths),
+        Command::OperatorKeys(cmd) => cmd,
+    };
     match cmd {
         KeysCommand::Apply { file, paths } => {
             let mut bytes = Vec::new();

@@ -277,3 +277,90 @@ fn the_agent_command_applies_refuses_and_shows_a_list() {
         "{text}"
     );
 }
+
+/// `byo-agent serve` as the unit runs it: at start it heals authorized_keys from the kept
+/// list, then answers pushes only with the agent token.
+#[test]
+fn the_serving_process_heals_at_start_and_checks_the_token() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+
+    use byo_core::tokens::{SecretToken, TokenKind};
+
+    let h = host();
+    let a = login_key("a");
+    let v1 = signed(1, vec![a.clone()], &h.sk);
+    // A crash left version 1 kept but never applied.
+    h.keys.persist(&v1).unwrap();
+    let token = SecretToken::generate(TokenKind::Agent);
+    let hash_file = h.keys.paths.held.with_file_name("agent-token.sha256");
+    std::fs::write(&hash_file, format!("{}\n", token.hash().as_str())).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_byo-agent"))
+        .args([
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--agent-token-hash",
+        ])
+        .arg(&hash_file)
+        .arg("--trusted")
+        .arg(&h.keys.paths.trusted)
+        .arg("--held")
+        .arg(&h.keys.paths.held)
+        .arg("--authorized-keys")
+        .arg(&h.keys.paths.authorized_keys)
+        .args(["--environment", "prod"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let connect = || {
+        for _ in 0..200 {
+            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+                return s;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("byo-agent serve did not listen");
+    };
+    let put = |bearer: &str, body: &[u8]| {
+        let mut s = connect();
+        write!(
+            s,
+            "PUT /v1/operator-keys HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        )
+        .unwrap();
+        s.write_all(body).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        reply
+    };
+    let _ = connect();
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&a.public_key), "healed at start");
+
+    let b = login_key("b");
+    let v2 = signed(2, vec![b.clone()], &h.sk);
+    let wrong = SecretToken::generate(TokenKind::Agent);
+    assert!(put(wrong.expose(), &v2).starts_with("HTTP/1.1 401"));
+    assert!(
+        !std::fs::read_to_string(&h.keys.paths.authorized_keys)
+            .unwrap()
+            .contains(&b.public_key)
+    );
+    assert!(
+        put(token.expose(), &signed(1, vec![b.clone()], &h.sk)).starts_with("HTTP/1.1 422"),
+        "a replay is refused"
+    );
+    let ok = put(token.expose(), &v2);
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&b.public_key) && !text.contains(&a.public_key));
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -504,11 +504,11 @@ with_world!(
     m12_a_withdrawn_draft_is_gone_for_everyone,
 );
 
-/// The real HTTP client against an agent endpoint on loopback that checks the bearer token
-/// and applies with the real agent code.
+/// The real HTTP client against the agent's real serving API on loopback: the sealed token
+/// is opened and presented, and the agent applies the list; a wrong token is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_http_client_presents_the_unsealed_agent_token() {
-    use axum::routing::put;
+async fn the_http_client_delivers_to_the_agents_serving_api() {
+    use byo_core::tokens::{SecretToken, TokenKind};
     let dir = tempfile::tempdir().unwrap();
     let signing = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
     let keys = OperatorKeys {
@@ -521,48 +521,32 @@ async fn the_http_client_presents_the_unsealed_agent_token() {
     };
     keys.trust(&signing.public_key().to_openssh().unwrap())
         .unwrap();
-    let token = "byo_agt_the-token";
-    let agent = axum::Router::new().route(
-        "/v1/operator-keys",
-        put(
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
-                let keys = keys.clone();
-                async move {
-                    if headers.get("authorization").and_then(|v| v.to_str().ok())
-                        != Some(&format!("Bearer {token}"))
-                    {
-                        return (StatusCode::UNAUTHORIZED, "bad token".to_owned());
-                    }
-                    match keys.receive(&body, chrono::Utc::now()) {
-                        Ok(a) => (StatusCode::OK, format!("version {}", a.version)),
-                        Err(e) => (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
-                    }
-                }
-            },
-        ),
-    );
+    let token = SecretToken::generate(TokenKind::Agent);
+    let agent = byo_agent::serve::router(byo_agent::serve::Serving {
+        token_hash: Arc::new(token.hash()),
+        operator_keys: keys,
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move { axum::serve(listener, agent).await });
 
     let sealer = Sealer::from_hex(&Sealer::generate_hex()).unwrap();
     let client = HttpAgents::new(Some(sealer.clone())).with_port(port);
-    let body = {
-        let l = byo_core::keylist::KeyList {
-            kind: byo_core::keylist::KIND.into(),
-            environment: "production".into(),
-            version: 1,
-            issued_at: chrono::Utc::now(),
-            expires: chrono::Utc::now() + chrono::Duration::days(1),
-            threshold: 1,
-            keys: vec![byo_core::keylist::OperatorKey {
-                user_sub: "op".into(),
-                label: "l".into(),
-                public_key: login_key(),
-            }],
-        };
-        l.to_canonical()
-    };
+    let now = chrono::Utc::now();
+    let body = byo_core::keylist::KeyList {
+        kind: byo_core::keylist::KIND.into(),
+        environment: "production".into(),
+        version: 1,
+        issued_at: now,
+        expires: now + chrono::Duration::days(1),
+        threshold: 1,
+        keys: vec![byo_core::keylist::OperatorKey {
+            user_sub: "op".into(),
+            label: "l".into(),
+            public_key: login_key(),
+        }],
+    }
+    .to_canonical();
     let sig = SshSig::sign(&signing, NAMESPACE, HashAlg::Sha512, body.as_bytes())
         .unwrap()
         .to_pem(LineEnding::LF)
@@ -578,30 +562,44 @@ async fn the_http_client_presents_the_unsealed_agent_token() {
         relay_ip: relay.map(str::to_owned),
         agent_token: sealed,
     };
-    assert!(
-        client
-            .push_operator_keys(
-                &target(Some(sealer.seal(token)), Some("127.0.0.1")),
-                &envelope
-            )
-            .await
-            .is_ok()
-    );
-    let wrong = client
+    let wrong = SecretToken::generate(TokenKind::Agent);
+    let refused = client
         .push_operator_keys(
-            &target(Some(sealer.seal("byo_agt_wrong")), Some("127.0.0.1")),
+            &target(Some(sealer.seal(wrong.expose())), Some("127.0.0.1")),
             &envelope,
         )
         .await;
-    assert!(wrong.unwrap_err().contains("401"));
+    assert!(refused.unwrap_err().contains("401"));
+    assert!(
+        !dir.path().join("authorized_keys").exists(),
+        "a wrong token changes nothing"
+    );
     let unenrolled = client
         .push_operator_keys(&target(None, Some("127.0.0.1")), &envelope)
         .await;
     assert!(unenrolled.unwrap_err().contains("no agent token"));
     let no_relay = client
-        .push_operator_keys(&target(Some(sealer.seal(token)), None), &envelope)
+        .push_operator_keys(&target(Some(sealer.seal(token.expose())), None), &envelope)
         .await;
     assert!(no_relay.unwrap_err().contains("no relay"));
+    let garbage = client
+        .push_operator_keys(
+            &target(Some(sealer.seal(token.expose())), Some("127.0.0.1")),
+            b"{}",
+        )
+        .await;
+    assert!(
+        garbage.unwrap_err().contains("422"),
+        "the agent's refusal reaches the operator"
+    );
+
+    client
+        .push_operator_keys(
+            &target(Some(sealer.seal(token.expose())), Some("127.0.0.1")),
+            &envelope,
+        )
+        .await
+        .unwrap();
     assert!(
         std::fs::read_to_string(dir.path().join("authorized_keys"))
             .unwrap()

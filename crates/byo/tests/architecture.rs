@@ -24,7 +24,9 @@ fn tree(args: &[&str]) -> BTreeSet<String> {
         .collect()
 }
 
-/// The agent and the relay run on machines we do not own and must stay small.
+/// The agent and the relay run on machines we do not own and must stay small: an HTTP
+/// server (axum on tokio) for their APIs, and nothing of the server's database, password
+/// hashing, templates or OpenAPI.
 #[test]
 fn agent_and_relay_link_no_server_dependency() {
     const FORBIDDEN: &[&str] = &[
