@@ -1,6 +1,7 @@
 //! `byo up`: the platform on one machine — SQLite in a data directory, the control plane
 //! on loopback, and a first superadmin whose credentials are kept in the data directory
-//! (mode 0600) so every start can print them.
+//! (mode 0600) so every start can print them. The data directory also holds the sealing
+//! key and a local operator-key signing key (standing in for the password manager).
 
 use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
@@ -14,6 +15,50 @@ use rand::distributions::Alphanumeric;
 
 pub const ADMIN_EMAIL: &str = "admin@byo.localhost";
 const CREDENTIALS_FILE: &str = "admin-credentials";
+const SECRET_KEY_FILE: &str = "secret-key";
+const SIGNING_KEY_FILE: &str = "operator-signing-key";
+
+/// Read a file of the data directory, or create it (mode 0600) with `make()` first.
+fn read_or_create(
+    path: &Path,
+    make: impl FnOnce() -> anyhow::Result<String>,
+) -> anyhow::Result<String> {
+    use std::io::Write;
+    match std::fs::read_to_string(path) {
+        Ok(text) => return Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+    let text = make()?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    f.write_all(text.as_bytes())?;
+    Ok(text)
+}
+
+/// The installation's sealing key and, standing in for the operators' password manager on
+/// this one machine, an operator-key signing key whose public half the server trusts.
+fn local_keys(data_dir: &Path) -> anyhow::Result<(String, String)> {
+    let secret = read_or_create(&data_dir.join(SECRET_KEY_FILE), || {
+        Ok(byo_server::seal::Sealer::generate_hex())
+    })?;
+    let signing = read_or_create(&data_dir.join(SIGNING_KEY_FILE), || {
+        let key = ssh_key::PrivateKey::random(
+            &mut ssh_key::rand_core::OsRng,
+            ssh_key::Algorithm::Ed25519,
+        )?;
+        Ok(key.to_openssh(ssh_key::LineEnding::LF)?.to_string())
+    })?;
+    let public = ssh_key::PrivateKey::from_openssh(&signing)
+        .context("the operator signing key in the data directory does not parse")?
+        .public_key()
+        .to_openssh()?;
+    Ok((secret.trim().to_owned(), public))
+}
 
 #[derive(Debug, clap::Args)]
 pub struct UpArgs {
@@ -113,13 +158,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         addr.ip().to_string()
     };
     let public_url = format!("http://{host}:{}", addr.port());
-    let config = Config {
+    let (secret_key, signing_public) = local_keys(&data_dir)?;
+    let mut config = Config {
         listen: addr,
         metrics_listen: args.metrics_listen,
         database_url: format!("sqlite://{}", data_dir.join("byo.db").display()).into(),
         public_url: public_url.clone(),
+        environment: "local".into(),
+        secret_key: Some(secret_key.into()),
         ..Config::default()
     };
+    config.operator_keys.signing_keys = vec![signing_public];
     telemetry::init(config.log_format);
     let store = Store::connect(&format!("sqlite://{}", data_dir.join("byo.db").display()))
         .await
@@ -131,6 +180,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("  sign in as  {}", admin.email);
     println!("  password    {}", admin.password);
     println!("  data        {} (SQLite)", data_dir.display());
+    println!(
+        "  sign keys   byo keys sign --server {public_url} --email {} < {}",
+        admin.email,
+        data_dir.join(SIGNING_KEY_FILE).display()
+    );
     println!("Ctrl-C stops it; running byo up again resumes from the same data.");
     byo_server::serve(state, listener, async {
         let _ = tokio::signal::ctrl_c().await;

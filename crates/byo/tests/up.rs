@@ -93,6 +93,7 @@ async fn byo_up_prints_credentials_stops_on_ctrl_c_and_resumes() {
         .unwrap();
     assert_eq!(signup.status(), 201);
     let (email, password) = (first.email.clone(), first.password.clone());
+    let signing_key = std::fs::read(dir.path().join("operator-signing-key")).unwrap();
     interrupt(first);
 
     let second = start(dir.path());
@@ -106,6 +107,11 @@ async fn byo_up_prints_credentials_stops_on_ctrl_c_and_resumes() {
         200
     );
     assert_eq!(login(&second.url, &email, &password).await, 200);
+    assert_eq!(
+        std::fs::read(dir.path().join("operator-signing-key")).unwrap(),
+        signing_key,
+        "the same keys"
+    );
     let mode = std::fs::metadata(dir.path().join("admin-credentials")).unwrap();
     assert_eq!(
         std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o077,
