@@ -34,7 +34,7 @@ fn agent_and_relay_link_no_server_dependency() {
         "byo-db",
         "sqlx",
         "sqlx-core",
-        "axum",
+        "axum-extra",
         "argon2",
         "maud",
         "utoipa",
