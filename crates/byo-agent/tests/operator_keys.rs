@@ -5,45 +5,21 @@ use std::path::Path;
 use std::process::Command;
 
 use byo_agent::operator_keys::{OperatorKeys, Paths, ReceiveError};
-use byo_core::keylist::{self, KeyList, NAMESPACE, OperatorKey, Refusal, SignedList};
+use byo_core::keylist::{self, OperatorKey, Refusal};
+use byo_core::keylist_testing as testing;
 use chrono::{DateTime, Duration, Utc};
-use ssh_key::rand_core::OsRng;
-use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, SshSig};
+use ssh_key::PrivateKey;
 
 fn now() -> DateTime<Utc> {
     "2026-11-29T12:00:00Z".parse().unwrap()
 }
 
 fn login_key(label: &str) -> OperatorKey {
-    let mut public = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
-        .unwrap()
-        .public_key()
-        .clone();
-    public.set_comment("");
-    OperatorKey {
-        user_sub: "op-1".into(),
-        label: label.into(),
-        public_key: public.to_openssh().unwrap(),
-    }
+    testing::login_key("op-1", label)
 }
 
 fn signed(version: u64, keys: Vec<OperatorKey>, sk: &PrivateKey) -> Vec<u8> {
-    let list = KeyList {
-        kind: keylist::KIND.into(),
-        environment: "prod".into(),
-        version,
-        issued_at: now(),
-        expires: now() + Duration::days(90),
-        threshold: 1,
-        keys,
-    };
-    let body = list.to_canonical();
-    let sig = SshSig::sign(sk, NAMESPACE, HashAlg::Sha512, body.as_bytes()).unwrap();
-    SignedList {
-        body,
-        signatures: vec![sig.to_pem(LineEnding::LF).unwrap()],
-    }
-    .to_bytes()
+    testing::envelope(&testing::list("prod", version, keys, now()), &[sk])
 }
 
 struct Host {
@@ -63,7 +39,7 @@ fn host() -> Host {
         },
         environment: "prod".into(),
     };
-    let sk = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let sk = testing::private_key();
     keys.trust(&sk.public_key().to_openssh().unwrap()).unwrap();
     Host {
         _dir: dir,
@@ -119,7 +95,7 @@ fn every_refusal_leaves_the_host_unchanged() {
         .receive(&signed(5, vec![a.clone()], &h.sk), now())
         .unwrap();
     let before = snapshot(&h);
-    let stranger = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let stranger = testing::private_key();
     let mut options = login_key("b");
     options.public_key = format!("no-pty {}", options.public_key);
     let mut control = login_key("c");
@@ -190,7 +166,7 @@ fn a_host_that_trusts_no_key_refuses_every_list_until_one_is_pinned() {
         .unwrap();
     h.keys.receive(&bytes, now()).unwrap();
     // Once pinned, trusting another key is refused: no call changes it.
-    let other = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let other = testing::private_key();
     let before = std::fs::read(&h.keys.paths.trusted).unwrap();
     assert!(
         h.keys

@@ -2,4 +2,6 @@
 //! no processes, and time is always passed in.
 
 pub mod keylist;
+#[cfg(feature = "testing")]
+pub mod keylist_testing;
 pub mod tokens;

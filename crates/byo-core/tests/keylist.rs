@@ -4,53 +4,27 @@
 use std::process::Command;
 
 use byo_core::keylist::{self, Held, KeyList, NAMESPACE, OperatorKey, Refusal, SignedList, verify};
-use chrono::{DateTime, Duration, Utc};
-use ssh_key::rand_core::OsRng;
-use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, PublicKey, SshSig};
+use byo_core::keylist_testing as testing;
+use chrono::{DateTime, Utc};
+use ssh_key::{HashAlg, LineEnding, PrivateKey, PublicKey, SshSig};
 
 fn now() -> DateTime<Utc> {
     "2026-11-29T12:00:00Z".parse().unwrap()
 }
 
 fn signing_key() -> PrivateKey {
-    PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap()
+    testing::private_key()
 }
 
 fn login_key(label: &str) -> OperatorKey {
-    let k = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
-    let mut public = k.public_key().clone();
-    public.set_comment("");
-    OperatorKey {
-        user_sub: "op-1".into(),
-        label: label.into(),
-        public_key: public.to_openssh().unwrap().trim().to_owned(),
-    }
+    testing::login_key("op-1", label)
 }
 
 fn list(version: u64, keys: Vec<OperatorKey>) -> KeyList {
-    KeyList {
-        kind: keylist::KIND.into(),
-        environment: "prod".into(),
-        version,
-        issued_at: now(),
-        expires: now() + Duration::days(90),
-        threshold: 1,
-        keys,
-    }
+    testing::list("prod", version, keys, now())
 }
 
-fn sign(body: &str, key: &PrivateKey) -> String {
-    SshSig::sign(key, NAMESPACE, HashAlg::Sha512, body.as_bytes())
-        .unwrap()
-        .to_pem(LineEnding::LF)
-        .unwrap()
-}
-
-fn envelope(list: &KeyList, signers: &[&PrivateKey]) -> Vec<u8> {
-    let body = list.to_canonical();
-    let signatures = signers.iter().map(|k| sign(&body, k)).collect();
-    SignedList { body, signatures }.to_bytes()
-}
+use testing::{envelope, sign};
 
 fn check(bytes: &[u8], trusted: &PrivateKey, held: Option<&Held>) -> Result<KeyList, Refusal> {
     verify(bytes, &[trusted.public_key().clone()], "prod", held, now()).map(|v| v.list)

@@ -9,15 +9,15 @@ use std::sync::{Arc, Mutex};
 
 use axum::http::{Method, StatusCode};
 use byo_agent::operator_keys::{OperatorKeys, Paths};
-use byo_core::keylist::{NAMESPACE, check_key};
+use byo_core::keylist::check_key;
+use byo_core::keylist_testing as testing;
 use byo_db::hosts::AgentTargetRow;
 use byo_server::agents::{HostAgents, HttpAgents};
 use byo_server::seal::Sealer;
 use byo_wire::Role;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use ssh_key::rand_core::OsRng;
-use ssh_key::{Algorithm, HashAlg, LineEnding, PrivateKey, SshSig};
+use ssh_key::PrivateKey;
 use support::{TestApp, test_config};
 
 /// Hosts whose agents run the real `OperatorKeys` code on temporary directories.
@@ -83,7 +83,7 @@ struct World {
 }
 
 async fn world(backend: byo_db::Backend) -> Option<World> {
-    let signing = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let signing = testing::private_key();
     let mut config = test_config();
     config.operator_keys.signing_keys = vec![signing.public_key().to_openssh().unwrap()];
     let mut app = TestApp::with_config(backend, config).await?;
@@ -113,12 +113,7 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
 }
 
 fn login_key() -> String {
-    let mut k = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
-        .unwrap()
-        .public_key()
-        .clone();
-    k.set_comment("");
-    k.to_openssh().unwrap()
+    testing::public_key_line()
 }
 
 impl World {
@@ -150,10 +145,7 @@ impl World {
             .json()
     }
     fn sign(&self, body: &str, key: &PrivateKey) -> String {
-        SshSig::sign(key, NAMESPACE, HashAlg::Sha512, body.as_bytes())
-            .unwrap()
-            .to_pem(LineEnding::LF)
-            .unwrap()
+        testing::sign(body, key)
     }
     async fn upload(&self, version: i64, signature: &str) -> support::Reply {
         self.app
@@ -284,7 +276,7 @@ async fn m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host(w: World)
     let body = o["draft"]["body"].as_str().unwrap().to_owned();
 
     // A signature from any other key is refused and nothing is published.
-    let stranger = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let stranger = testing::private_key();
     let r = w.upload(1, &w.sign(&body, &stranger)).await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
     assert_eq!(r.json()["error"], "signature_refused");
@@ -510,7 +502,7 @@ with_world!(
 async fn the_http_client_delivers_to_the_agents_serving_api() {
     use byo_core::tokens::{SecretToken, TokenKind};
     let dir = tempfile::tempdir().unwrap();
-    let signing = PrivateKey::random(&mut OsRng, Algorithm::Ed25519).unwrap();
+    let signing = testing::private_key();
     let keys = OperatorKeys {
         paths: Paths {
             trusted: dir.path().join("signing-keys"),
@@ -532,30 +524,13 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
 
     let sealer = Sealer::from_hex(&Sealer::generate_hex()).unwrap();
     let client = HttpAgents::new(Some(sealer.clone())).with_port(port);
-    let now = chrono::Utc::now();
-    let body = byo_core::keylist::KeyList {
-        kind: byo_core::keylist::KIND.into(),
-        environment: "production".into(),
-        version: 1,
-        issued_at: now,
-        expires: now + chrono::Duration::days(1),
-        threshold: 1,
-        keys: vec![byo_core::keylist::OperatorKey {
-            user_sub: "op".into(),
-            label: "l".into(),
-            public_key: login_key(),
-        }],
-    }
-    .to_canonical();
-    let sig = SshSig::sign(&signing, NAMESPACE, HashAlg::Sha512, body.as_bytes())
-        .unwrap()
-        .to_pem(LineEnding::LF)
-        .unwrap();
-    let envelope = byo_core::keylist::SignedList {
-        body,
-        signatures: vec![sig],
-    }
-    .to_bytes();
+    let list = testing::list(
+        "production",
+        1,
+        vec![testing::login_key("op", "l")],
+        chrono::Utc::now(),
+    );
+    let envelope = testing::envelope(&list, &[&signing]);
     let target = |sealed: Option<String>, relay: Option<&str>| AgentTargetRow {
         id: "h".into(),
         slug: "spark-1".into(),

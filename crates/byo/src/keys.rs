@@ -362,20 +362,9 @@ mod tests {
     use super::*;
     use byo_core::keylist::OperatorKey;
     use chrono::{Duration, Utc};
-    use ssh_key::rand_core::OsRng;
-    use ssh_key::{Algorithm, PrivateKey};
 
     fn key(label: &str) -> OperatorKey {
-        let mut k = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
-            .unwrap()
-            .public_key()
-            .clone();
-        k.set_comment("");
-        OperatorKey {
-            user_sub: "op-1".into(),
-            label: label.into(),
-            public_key: k.to_openssh().unwrap(),
-        }
+        byo_core::keylist_testing::login_key("op-1", label)
     }
 
     #[test]
