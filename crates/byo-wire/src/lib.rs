@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod prepare;
+pub mod relay;
 pub mod role;
 
 pub use role::Role;

@@ -1,0 +1,203 @@
+//! ssh_mapd: the relay's HTTP API for its SSH map, on 10.8.0.1:8754 inside the tunnel.
+//!
+//! The caller is the host's agent (E1 step 49), authenticated by this relay's own token —
+//! one per relay, whose SHA-256 is all the relay keeps, compared in constant time and never
+//! logged. A per-host relay forwards only to its one host, so any other target is refused:
+//! the token grants nothing a compromised host does not already have. `GET /map` reads the
+//! kernel, never a copy the daemon remembers.
+
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use byo_core::tokens::{SecretToken, TokenHash, TokenKind};
+use byo_wire::relay::{MapEntry, MapTarget, SshMap};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use crate::nft::{self, Layout, Mapping, NftCli};
+
+/// Ports a mapping may never take: the relay's own services.
+pub const RESERVED_PORTS: &[u16] = &[80, 443, 8754, 51820];
+
+#[derive(Clone)]
+pub struct Mapd {
+    pub token_hash: Arc<TokenHash>,
+    pub layout: Layout,
+    pub nft: NftCli,
+    /// Serialises writers, so a read-then-write replace cannot interleave with another.
+    pub writes: Arc<Mutex<()>>,
+}
+
+#[derive(Debug)]
+enum MapdError {
+    Unauthorized,
+    Invalid(String),
+    Kernel(String),
+}
+
+impl IntoResponse for MapdError {
+    fn into_response(self) -> Response {
+        let (status, code, message) = match self {
+            MapdError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid relay token is required".to_owned(),
+            ),
+            MapdError::Invalid(m) => (StatusCode::BAD_REQUEST, "invalid", m),
+            MapdError::Kernel(m) => {
+                tracing::error!(error = %m, "nftables refused a change");
+                (StatusCode::INTERNAL_SERVER_ERROR, "kernel", m)
+            }
+        };
+        (status, Json(json!({"error": code, "message": message}))).into_response()
+    }
+}
+
+fn authorise(state: &Mapd, headers: &HeaderMap) -> Result<(), MapdError> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|t| SecretToken::parse(TokenKind::SshMap, t).ok())
+        .filter(|t| state.token_hash.matches(t))
+        .map(|_| ())
+        .ok_or(MapdError::Unauthorized)
+}
+
+/// Check one mapping against the rules; the error says which and why.
+pub fn validate(
+    layout: &Layout,
+    port: u16,
+    target: &str,
+    target_port: u16,
+) -> Result<Mapping, String> {
+    if port == 0 || target_port == 0 {
+        return Err("ports are 1 to 65535".into());
+    }
+    if RESERVED_PORTS.contains(&port) {
+        return Err(format!(
+            "port {port} is one of the relay's own services and cannot be mapped"
+        ));
+    }
+    let addr: Ipv4Addr = target
+        .parse()
+        .map_err(|_| format!("target {target:?} is not an IPv4 address"))?;
+    if addr != layout.host {
+        return Err(format!(
+            "this relay forwards only to its own host {}, not {addr}",
+            layout.host
+        ));
+    }
+    Ok(Mapping { port, target_port })
+}
+
+fn view(layout: &Layout, mappings: &[Mapping]) -> SshMap {
+    SshMap {
+        mappings: mappings
+            .iter()
+            .map(|m| MapEntry {
+                port: m.port,
+                target: layout.host.to_string(),
+                target_port: m.target_port,
+            })
+            .collect(),
+    }
+}
+
+async fn kernel<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, nft::NftError> + Send + 'static,
+) -> Result<T, MapdError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| MapdError::Kernel(e.to_string()))?
+        .map_err(|e| MapdError::Kernel(e.to_string()))
+}
+
+async fn read(state: &Mapd) -> Result<Vec<Mapping>, MapdError> {
+    let nft = state.nft.clone();
+    kernel(move || nft.mappings()).await
+}
+
+async fn get_map(State(state): State<Mapd>, headers: HeaderMap) -> Result<Json<SshMap>, MapdError> {
+    authorise(&state, &headers)?;
+    Ok(Json(view(&state.layout, &read(&state).await?)))
+}
+
+fn port_param(raw: &str) -> Result<u16, MapdError> {
+    raw.parse()
+        .map_err(|_| MapdError::Invalid(format!("{raw:?} is not a port")))
+}
+
+async fn put_port(
+    State(state): State<Mapd>,
+    headers: HeaderMap,
+    Path(port): Path<String>,
+    body: Result<Json<MapTarget>, JsonRejection>,
+) -> Result<Json<SshMap>, MapdError> {
+    authorise(&state, &headers)?;
+    let port = port_param(&port)?;
+    let Json(target) = body.map_err(|e| MapdError::Invalid(e.body_text()))?;
+    let m = validate(&state.layout, port, &target.target, target.target_port)
+        .map_err(MapdError::Invalid)?;
+    let _guard = state.writes.lock().await;
+    let current = read(&state).await?.into_iter().find(|c| c.port == port);
+    if current != Some(m) {
+        let nft = state.nft.clone();
+        kernel(move || nft.apply(&nft::set_batch(current, m))).await?;
+        tracing::info!(port, target_port = m.target_port, "mapped");
+    }
+    Ok(Json(view(&state.layout, &read(&state).await?)))
+}
+
+async fn delete_port(
+    State(state): State<Mapd>,
+    headers: HeaderMap,
+    Path(port): Path<String>,
+) -> Result<Json<SshMap>, MapdError> {
+    authorise(&state, &headers)?;
+    let port = port_param(&port)?;
+    let _guard = state.writes.lock().await;
+    if read(&state).await?.iter().any(|c| c.port == port) {
+        let nft = state.nft.clone();
+        kernel(move || nft.apply(&nft::clear_batch(port))).await?;
+        tracing::info!(port, "cleared");
+    }
+    Ok(Json(view(&state.layout, &read(&state).await?)))
+}
+
+async fn put_map(
+    State(state): State<Mapd>,
+    headers: HeaderMap,
+    body: Result<Json<SshMap>, JsonRejection>,
+) -> Result<Json<SshMap>, MapdError> {
+    authorise(&state, &headers)?;
+    let Json(want) = body.map_err(|e| MapdError::Invalid(e.body_text()))?;
+    let mut mappings = Vec::with_capacity(want.mappings.len());
+    for e in &want.mappings {
+        mappings.push(
+            validate(&state.layout, e.port, &e.target, e.target_port)
+                .map_err(MapdError::Invalid)?,
+        );
+    }
+    mappings.sort();
+    if mappings.windows(2).any(|w| w[0].port == w[1].port) {
+        return Err(MapdError::Invalid("a port is mapped twice".into()));
+    }
+    let _guard = state.writes.lock().await;
+    let nft = state.nft.clone();
+    kernel(move || nft.apply(&nft::reconcile_batch(&mappings))).await?;
+    Ok(Json(view(&state.layout, &read(&state).await?)))
+}
+
+pub fn router(state: Mapd) -> Router {
+    Router::new()
+        .route("/map", get(get_map).put(put_map))
+        .route("/map/{port}", put(put_port).delete(delete_port))
+        .with_state(state)
+}
