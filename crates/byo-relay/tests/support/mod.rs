@@ -58,6 +58,7 @@ static NEXT: AtomicU32 = AtomicU32::new(0);
 
 pub struct Netns {
     pub name: String,
+    children: std::sync::Mutex<Vec<std::process::Child>>,
 }
 
 impl Netns {
@@ -69,7 +70,10 @@ impl Netns {
             role
         );
         run(Command::new("ip").args(["netns", "add", &name]));
-        let ns = Netns { name };
+        let ns = Netns {
+            name,
+            children: Default::default(),
+        };
         ns.sh("ip link set lo up");
         ns
     }
@@ -89,15 +93,20 @@ impl Netns {
         self.cmd("sh").args(["-c", script]).output().unwrap()
     }
 
-    /// A long-running process in this namespace, killed with the namespace.
-    pub fn spawn(&self, script: &str) -> std::process::Child {
-        self.cmd("sh")
+    /// A long-running process in this namespace, killed and reaped with the namespace.
+    /// Returns its pid.
+    pub fn spawn(&self, script: &str) -> u32 {
+        let child = self
+            .cmd("sh")
             .args(["-c", script])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .unwrap()
+            .unwrap();
+        let pid = child.id();
+        self.children.lock().unwrap().push(child);
+        pid
     }
 
     /// Kill every process in the namespace (wireguard-go, sshd, daemons).
@@ -115,6 +124,10 @@ impl Netns {
 impl Drop for Netns {
     fn drop(&mut self) {
         self.kill_all();
+        for mut child in self.children.lock().unwrap().drain(..) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
         let _ = Command::new("ip")
             .args(["netns", "del", &self.name])
             .output();
