@@ -134,41 +134,55 @@ fn port_param(raw: &str) -> Result<u16, MapdError> {
         .map_err(|_| MapdError::Invalid(format!("{raw:?} is not a port")))
 }
 
+async fn lookup(state: &Mapd, port: u16) -> Result<Option<Mapping>, MapdError> {
+    let nft = state.nft.clone();
+    kernel(move || nft.get(port)).await
+}
+
+/// Set one mapping; the answer is the mapping as the kernel now holds it.
 async fn put_port(
     State(state): State<Mapd>,
     headers: HeaderMap,
     Path(port): Path<String>,
     body: Result<Json<MapTarget>, JsonRejection>,
-) -> Result<Json<SshMap>, MapdError> {
+) -> Result<Json<MapEntry>, MapdError> {
     authorise(&state, &headers)?;
     let port = port_param(&port)?;
     let Json(target) = body.map_err(|e| MapdError::Invalid(e.body_text()))?;
     let m = validate(&state.layout, port, &target.target, target.target_port)
         .map_err(MapdError::Invalid)?;
     let _guard = state.writes.lock().await;
-    let current = read(&state).await?.into_iter().find(|c| c.port == port);
+    let current = lookup(&state, port).await?;
     if current != Some(m) {
         let nft = state.nft.clone();
         kernel(move || nft.apply(&nft::set_batch(current, m))).await?;
         tracing::info!(port, target_port = m.target_port, "mapped");
     }
-    Ok(Json(view(&state.layout, &read(&state).await?)))
+    let held = lookup(&state, port)
+        .await?
+        .ok_or_else(|| MapdError::Kernel("the mapping did not take".into()))?;
+    Ok(Json(MapEntry {
+        port: held.port,
+        target: state.layout.host.to_string(),
+        target_port: held.target_port,
+    }))
 }
 
+/// Clear one mapping. Clearing what is not mapped is not an error: the caller wants it gone.
 async fn delete_port(
     State(state): State<Mapd>,
     headers: HeaderMap,
     Path(port): Path<String>,
-) -> Result<Json<SshMap>, MapdError> {
+) -> Result<StatusCode, MapdError> {
     authorise(&state, &headers)?;
     let port = port_param(&port)?;
     let _guard = state.writes.lock().await;
-    if read(&state).await?.iter().any(|c| c.port == port) {
+    if lookup(&state, port).await?.is_some() {
         let nft = state.nft.clone();
         kernel(move || nft.apply(&nft::clear_batch(port))).await?;
         tracing::info!(port, "cleared");
     }
-    Ok(Json(view(&state.layout, &read(&state).await?)))
+    Ok(StatusCode::NO_CONTENT)
 }
 
 async fn put_map(

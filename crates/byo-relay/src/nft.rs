@@ -162,6 +162,39 @@ pub fn parse_map(json: &str) -> Result<Vec<Mapping>, NftError> {
     Ok(out)
 }
 
+/// Read `elements = { 22 : 2201, … }` out of nft's text output (`get element` prints text
+/// even with `-j` in nft 1.0.6).
+pub fn parse_elements_text(text: &str) -> Result<Vec<Mapping>, NftError> {
+    let Some(start) = text.find("elements = {") else {
+        return Ok(Vec::new());
+    };
+    let rest = &text[start + "elements = {".len()..];
+    let end = rest
+        .find('}')
+        .ok_or_else(|| NftError::Parse("unterminated elements".into()))?;
+    let mut out = Vec::new();
+    for pair in rest[..end]
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        let (k, v) = pair
+            .split_once(':')
+            .ok_or_else(|| NftError::Parse(format!("element {pair:?}")))?;
+        let port = |x: &str| {
+            x.trim()
+                .parse::<u16>()
+                .map_err(|_| NftError::Parse(format!("port {x:?}")))
+        };
+        out.push(Mapping {
+            port: port(k)?,
+            target_port: port(v)?,
+        });
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// nftables through the `nft` command, in the caller's network namespace.
 #[derive(Clone, Debug, Default)]
 pub struct NftCli;
@@ -243,6 +276,24 @@ impl NftCli {
         parse_map(&String::from_utf8_lossy(&out.stdout))
     }
 
+    /// One port's mapping, as the kernel holds it: a lookup, not a listing, so a change
+    /// costs the same at 10 mappings as at 10,000.
+    pub fn get(&self, port: u16) -> Result<Option<Mapping>, NftError> {
+        let out = Command::new("nft")
+            .args(["get", "element", "ip", TABLE, MAP, &format!("{{ {port} }}")])
+            .output()?;
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if err.contains("No such file or directory") && self.table_exists()? {
+                return Ok(None);
+            }
+            return Err(NftError::Failed(err.trim().to_owned()));
+        }
+        Ok(parse_elements_text(&String::from_utf8_lossy(&out.stdout))?
+            .into_iter()
+            .find(|m| m.port == port))
+    }
+
     /// The whole table as `nft` prints it.
     pub fn listing(&self) -> Result<String, NftError> {
         let out = Command::new("nft")
@@ -308,6 +359,13 @@ mod tests {
                     target_port: 2202
                 }
             ]
+        );
+        let text = "table ip lofispark {\n\tmap vmssh_ports {\n\t\ttype inet_service : inet_service\n\t\telements = { 22 : 2201, 2222 : 2202 }\n\t}\n}\n";
+        assert_eq!(parse_elements_text(text).unwrap().len(), 2);
+        assert!(
+            parse_elements_text("table ip lofispark {}")
+                .unwrap()
+                .is_empty()
         );
         let empty = r#"{"nftables": [{"map": {"name": "vmssh_ports"}}]}"#;
         assert!(parse_map(empty).unwrap().is_empty());

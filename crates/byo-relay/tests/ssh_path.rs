@@ -9,7 +9,9 @@ use std::process::Command;
 
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_relay::nft::parse_map;
-use support::{Netns, eventually, kernel_parts, link, run, ssh, sshd, wg_keypair, wg_name, wireguard};
+use support::{
+    Netns, eventually, kernel_parts, link, run, ssh, sshd, wg_keypair, wg_name, wireguard,
+};
 
 struct World {
     dir: tempfile::TempDir,
@@ -37,25 +39,37 @@ impl World {
             wg = self.relay_wg
         ));
         self.mapd_pid = Some(pid);
-        eventually("ssh_mapd to answer through the tunnel", || self.call("GET", "/map", None, None).0 == 200);
+        eventually("ssh_mapd to answer through the tunnel", || {
+            self.call("GET", "/map", None, None).0 == 200
+        });
     }
 
     fn stop_mapd(&mut self) {
         if let Some(pid) = self.mapd_pid.take() {
             run(Command::new("kill").args(["-TERM", &pid.to_string()]));
-            eventually("ssh_mapd to stop", || self.call("GET", "/map", None, None).0 == 0);
+            eventually("ssh_mapd to stop", || {
+                self.call("GET", "/map", None, None).0 == 0
+            });
         }
     }
 
     /// The agent calling ssh_mapd from the host, through the tunnel. Returns (status, body);
     /// status 0 when nothing answered.
-    fn call(&self, method: &str, path: &str, body: Option<&str>, token: Option<&str>) -> (u16, String) {
+    fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+        token: Option<&str>,
+    ) -> (u16, String) {
         let token = token.unwrap_or(self.token.expose());
         let mut script = format!(
             "curl -s -m 3 -o /dev/stdout -w '\\n%{{http_code}}' -X {method} -H 'authorization: Bearer {token}' http://10.8.0.1:8754{path}"
         );
         if let Some(b) = body {
-            script.push_str(&format!(" -H 'content-type: application/json' --data '{b}'"));
+            script.push_str(&format!(
+                " -H 'content-type: application/json' --data '{b}'"
+            ));
         }
         let out = self.host.try_sh(&script);
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -65,11 +79,16 @@ impl World {
 
     /// The map as the kernel holds it, read directly.
     fn kernel_map(&self) -> String {
-        let out = self.relay.try_sh("nft -j list map ip lofispark vmssh_ports");
+        let out = self
+            .relay
+            .try_sh("nft -j list map ip lofispark vmssh_ports");
         if !out.status.success() {
             return "no table".into();
         }
-        format!("{:?}", parse_map(&String::from_utf8_lossy(&out.stdout)).unwrap())
+        format!(
+            "{:?}",
+            parse_map(&String::from_utf8_lossy(&out.stdout)).unwrap()
+        )
     }
 
     fn customer_ssh(&self) -> Option<String> {
@@ -78,12 +97,26 @@ impl World {
 }
 
 fn world() -> Option<World> {
-    if !kernel_parts(&["ip", "nft", "wg", "wireguard-go", "ssh", "ssh-keygen", "sshd", "curl"]) {
+    if !kernel_parts(&[
+        "ip",
+        "nft",
+        "wg",
+        "wireguard-go",
+        "ssh",
+        "ssh-keygen",
+        "sshd",
+        "curl",
+    ]) {
         return None;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (customer, iap, relay, host, container) =
-        (Netns::new("cust"), Netns::new("iap"), Netns::new("relay"), Netns::new("host"), Netns::new("ctr"));
+    let (customer, iap, relay, host, container) = (
+        Netns::new("cust"),
+        Netns::new("iap"),
+        Netns::new("relay"),
+        Netns::new("host"),
+        Netns::new("ctr"),
+    );
     link(&customer, "10.99.0.2/24", &relay, "10.99.0.1/24");
     link(&iap, "35.235.240.9/20", &relay, "35.235.240.1/20");
     link(&relay, "192.168.77.1/24", &host, "192.168.77.2/24");
@@ -102,29 +135,44 @@ fn world() -> Option<World> {
         &relay,
         dir.path(),
         &relay_wg,
-        &format!("[Interface]\nPrivateKey = {relay_private}\nListenPort = 51820\n\n[Peer]\nPublicKey = {host_public}\nAllowedIPs = 10.8.0.2/32\n"),
+        &format!(
+            "[Interface]\nPrivateKey = {relay_private}\nListenPort = 51820\n\n[Peer]\nPublicKey = {host_public}\nAllowedIPs = 10.8.0.2/32\n"
+        ),
         "10.8.0.1/24",
     );
     wireguard(
         &host,
         dir.path(),
         &host_wg,
-        &format!("[Interface]\nPrivateKey = {host_private}\n\n[Peer]\nPublicKey = {relay_public}\nEndpoint = 192.168.77.1:51820\nAllowedIPs = 10.8.0.1/32\nPersistentKeepalive = 1\n"),
+        &format!(
+            "[Interface]\nPrivateKey = {host_private}\n\n[Peer]\nPublicKey = {relay_public}\nEndpoint = 192.168.77.1:51820\nAllowedIPs = 10.8.0.1/32\nPersistentKeepalive = 1\n"
+        ),
         "10.8.0.2/24",
     );
     eventually("the tunnel's first handshake", || {
         let out = host.try_sh(&format!("wg show {host_wg} latest-handshakes"));
-        String::from_utf8_lossy(&out.stdout).split_whitespace().nth(1).is_some_and(|t| t != "0")
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .nth(1)
+            .is_some_and(|t| t != "0")
     });
 
     // What the agent sets up on the host for an instance: its port to the container's :22.
     host.sh("nft 'add table ip instance; add chain ip instance pre { type nat hook prerouting priority dstnat; }; add rule ip instance pre tcp dport 2201 dnat to 10.20.0.2:22'");
 
     let key = dir.path().join("customer");
-    run(Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-f"]).arg(&key));
+    run(Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f"])
+        .arg(&key));
     let authorized = dir.path().join("authorized_keys");
     std::fs::copy(key.with_extension("pub"), &authorized).unwrap();
-    sshd(&container, dir.path(), "0.0.0.0:22", "container", &authorized);
+    sshd(
+        &container,
+        dir.path(),
+        "0.0.0.0:22",
+        "container",
+        &authorized,
+    );
     sshd(&host, dir.path(), "10.8.0.2:22", "host", &authorized);
     sshd(&relay, dir.path(), "0.0.0.0:22", "relay", &authorized);
 
@@ -153,47 +201,124 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
     let Some(mut w) = world() else { return };
 
     // Until the map is written, :22 is a blackhole (F note 2).
-    assert_eq!(w.call("GET", "/map", None, None), (200, r#"{"mappings":[]}"#.into()));
-    assert_eq!(w.customer_ssh(), None, "nothing answers before a mapping exists");
+    assert_eq!(
+        w.call("GET", "/map", None, None),
+        (200, r#"{"mappings":[]}"#.into())
+    );
+    assert_eq!(
+        w.customer_ssh(),
+        None,
+        "nothing answers before a mapping exists"
+    );
     // The relay's own connection to the host is not caught by PREROUTING (I).
-    assert_eq!(ssh(&w.relay, &w.key, "10.8.0.2", 22).as_deref(), Some("host"));
+    assert_eq!(
+        ssh(&w.relay, &w.key, "10.8.0.2", 22).as_deref(),
+        Some("host")
+    );
     // IAP still reaches the relay's own sshd.
-    assert_eq!(ssh(&w.iap, &w.key, "35.235.240.1", 22).as_deref(), Some("relay"));
+    assert_eq!(
+        ssh(&w.iap, &w.key, "35.235.240.1", 22).as_deref(),
+        Some("relay")
+    );
 
     // Step 49: the agent writes the map.
     let (status, body) = w.call("PUT", "/map/22", Some(map_22()), None);
     assert_eq!(status, 200, "{body}");
-    assert_eq!(body, r#"{"mappings":[{"port":22,"target":"10.8.0.2","target_port":2201}]}"#);
-    assert_eq!(w.customer_ssh().as_deref(), Some("container"), "plain ssh lands in the container");
-    assert_eq!(ssh(&w.relay, &w.key, "10.8.0.2", 22).as_deref(), Some("host"), "still the host from the relay");
-    assert_eq!(ssh(&w.iap, &w.key, "35.235.240.1", 22).as_deref(), Some("relay"), "IAP is exempt");
+    assert_eq!(
+        body,
+        r#"{"port":22,"target":"10.8.0.2","target_port":2201}"#
+    );
+    assert_eq!(
+        w.customer_ssh().as_deref(),
+        Some("container"),
+        "plain ssh lands in the container"
+    );
+    assert_eq!(
+        ssh(&w.relay, &w.key, "10.8.0.2", 22).as_deref(),
+        Some("host"),
+        "still the host from the relay"
+    );
+    assert_eq!(
+        ssh(&w.iap, &w.key, "35.235.240.1", 22).as_deref(),
+        Some("relay"),
+        "IAP is exempt"
+    );
     let kernel = w.kernel_map();
     assert_eq!(kernel, "[Mapping { port: 22, target_port: 2201 }]");
 
     // Refusals change nothing.
     let wrong = SecretToken::generate(TokenKind::SshMap);
     for (method, path, body, token, want) in [
-        ("PUT", "/map/22", Some(r#"{"target":"10.8.0.2","target_port":2299}"#), Some(wrong.expose()), 401),
+        (
+            "PUT",
+            "/map/22",
+            Some(r#"{"target":"10.8.0.2","target_port":2299}"#),
+            Some(wrong.expose()),
+            401,
+        ),
         ("GET", "/map", None, Some("byo_map_not-a-token"), 401),
         ("PUT", "/map/22", Some(r#"{"target":"10.8.0.2""#), None, 400),
-        ("PUT", "/map/22", Some(r#"{"target":"10.8.0.9","target_port":2201}"#), None, 400),
-        ("PUT", "/map/22", Some(r#"{"target":"8.8.8.8","target_port":2201}"#), None, 400),
-        ("PUT", "/map/8754", Some(r#"{"target":"10.8.0.2","target_port":2201}"#), None, 400),
-        ("PUT", "/map/0", Some(r#"{"target":"10.8.0.2","target_port":2201}"#), None, 400),
+        (
+            "PUT",
+            "/map/22",
+            Some(r#"{"target":"10.8.0.9","target_port":2201}"#),
+            None,
+            400,
+        ),
+        (
+            "PUT",
+            "/map/22",
+            Some(r#"{"target":"8.8.8.8","target_port":2201}"#),
+            None,
+            400,
+        ),
+        (
+            "PUT",
+            "/map/8754",
+            Some(r#"{"target":"10.8.0.2","target_port":2201}"#),
+            None,
+            400,
+        ),
+        (
+            "PUT",
+            "/map/0",
+            Some(r#"{"target":"10.8.0.2","target_port":2201}"#),
+            None,
+            400,
+        ),
         ("PUT", "/map/ssh", Some(map_22()), None, 400),
-        ("PUT", "/map/22", Some(r#"{"target":"10.8.0.2","target_port":2201,"extra":1}"#), None, 400),
+        (
+            "PUT",
+            "/map/22",
+            Some(r#"{"target":"10.8.0.2","target_port":2201,"extra":1}"#),
+            None,
+            400,
+        ),
         ("DELETE", "/map/22", None, Some(wrong.expose()), 401),
     ] {
         let (status, reply) = w.call(method, path, body, token);
         assert_eq!(status, want, "{method} {path} {body:?}: {reply}");
         assert_eq!(w.kernel_map(), kernel, "{method} {path} changed the kernel");
     }
-    assert!(w.call("PUT", "/map/22", Some(r#"{"target":"10.8.0.9","target_port":2201}"#), None).1.contains("forwards only to its own host"));
+    assert!(
+        w.call(
+            "PUT",
+            "/map/22",
+            Some(r#"{"target":"10.8.0.9","target_port":2201}"#),
+            None
+        )
+        .1
+        .contains("forwards only to its own host")
+    );
 
     // GET /map is the kernel, across a daemon restart.
     w.stop_mapd();
     w.start_mapd();
-    assert_eq!(w.call("GET", "/map", None, None).1, body, "the kernel kept the mapping");
+    assert_eq!(
+        w.call("GET", "/map", None, None).1,
+        r#"{"mappings":[{"port":22,"target":"10.8.0.2","target_port":2201}]}"#,
+        "the kernel kept the mapping"
+    );
     assert_eq!(w.customer_ssh().as_deref(), Some("container"));
 
     // A relay restart comes back with an empty chain; the agent's next write restores it.
@@ -203,16 +328,28 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
     assert_eq!(w.call("GET", "/map", None, None).1, r#"{"mappings":[]}"#);
     assert_eq!(w.kernel_map(), "[]");
     assert_eq!(w.customer_ssh(), None, "blackholed again after the restart");
-    assert_eq!(w.call("PUT", "/map", Some(&format!(r#"{{"mappings":[{{"port":22,"target":"10.8.0.2","target_port":2201}}]}}"#)), None).0, 200);
-    assert_eq!(w.customer_ssh().as_deref(), Some("container"), "restored by the agent's write");
+    assert_eq!(
+        w.call(
+            "PUT",
+            "/map",
+            Some(r#"{"mappings":[{"port":22,"target":"10.8.0.2","target_port":2201}]}"#),
+            None
+        )
+        .0,
+        200
+    );
+    assert_eq!(
+        w.customer_ssh().as_deref(),
+        Some("container"),
+        "restored by the agent's write"
+    );
 
     // Delete clears the map (G): ssh gets nowhere again.
-    let (status, body) = w.call("DELETE", "/map/22", None, None);
-    assert_eq!((status, body.as_str()), (200, r#"{"mappings":[]}"#));
+    assert_eq!(w.call("DELETE", "/map/22", None, None).0, 204);
     assert_eq!(w.kernel_map(), "[]");
     assert_eq!(w.customer_ssh(), None);
     // Clearing what is not mapped is not an error: the caller wanted it gone.
-    assert_eq!(w.call("DELETE", "/map/22", None, None).0, 200);
+    assert_eq!(w.call("DELETE", "/map/22", None, None).0, 204);
 }
 
 #[test]
@@ -224,7 +361,10 @@ fn the_relay_after_bootstrap_holds_exactly_the_seeded_chain() {
     let out = relay.sh(&format!("{} seed", env!("CARGO_BIN_EXE_byo-relay")));
     assert!(String::from_utf8_lossy(&out.stdout).contains("seeded"));
     let again = relay.sh(&format!("{} seed", env!("CARGO_BIN_EXE_byo-relay")));
-    assert!(String::from_utf8_lossy(&again.stdout).contains("left as it is"), "seeding twice changes nothing");
+    assert!(
+        String::from_utf8_lossy(&again.stdout).contains("left as it is"),
+        "seeding twice changes nothing"
+    );
     let listing = String::from_utf8(relay.sh("nft list table ip lofispark").stdout).unwrap();
     for line in [
         "chain LOFISPARK_VMSSH {",
