@@ -134,12 +134,8 @@ fn port_param(raw: &str) -> Result<u16, MapdError> {
         .map_err(|_| MapdError::Invalid(format!("{raw:?} is not a port")))
 }
 
-async fn lookup(state: &Mapd, port: u16) -> Result<Option<Mapping>, MapdError> {
-    let nft = state.nft.clone();
-    kernel(move || nft.get(port)).await
-}
-
-/// Set one mapping; the answer is the mapping as the kernel now holds it.
+/// Set one mapping. The answer is the mapping the kernel committed: the transaction
+/// either took whole or failed.
 async fn put_port(
     State(state): State<Mapd>,
     headers: HeaderMap,
@@ -152,19 +148,13 @@ async fn put_port(
     let m = validate(&state.layout, port, &target.target, target.target_port)
         .map_err(MapdError::Invalid)?;
     let _guard = state.writes.lock().await;
-    let current = lookup(&state, port).await?;
-    if current != Some(m) {
-        let nft = state.nft.clone();
-        kernel(move || nft.apply(&nft::set_batch(current, m))).await?;
-        tracing::info!(port, target_port = m.target_port, "mapped");
-    }
-    let held = lookup(&state, port)
-        .await?
-        .ok_or_else(|| MapdError::Kernel("the mapping did not take".into()))?;
+    let nft = state.nft.clone();
+    kernel(move || nft.set(m)).await?;
+    tracing::info!(port, target_port = m.target_port, "mapped");
     Ok(Json(MapEntry {
-        port: held.port,
+        port: m.port,
         target: state.layout.host.to_string(),
-        target_port: held.target_port,
+        target_port: m.target_port,
     }))
 }
 
@@ -177,11 +167,9 @@ async fn delete_port(
     authorise(&state, &headers)?;
     let port = port_param(&port)?;
     let _guard = state.writes.lock().await;
-    if lookup(&state, port).await?.is_some() {
-        let nft = state.nft.clone();
-        kernel(move || nft.apply(&nft::clear_batch(port))).await?;
-        tracing::info!(port, "cleared");
-    }
+    let nft = state.nft.clone();
+    kernel(move || nft.clear(port)).await?;
+    tracing::info!(port, "cleared");
     Ok(StatusCode::NO_CONTENT)
 }
 
