@@ -4,4 +4,5 @@
 pub mod keylist;
 #[cfg(feature = "testing")]
 pub mod keylist_testing;
+pub mod redeem;
 pub mod tokens;

@@ -4,6 +4,7 @@
 //! shape has one definition and one spelling. Names follow the design document.
 
 pub mod api;
+pub mod enroll;
 pub mod prepare;
 pub mod relay;
 pub mod role;

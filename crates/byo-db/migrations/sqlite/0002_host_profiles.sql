@@ -13,5 +13,5 @@ insert into host_profiles (id, gpu_type, description, constants, staff_only, cre
  '{"gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64", "cuda_repo_arch": "sbsa", "node_count": 4, "rails": [{"index": 0, "subnet": "192.168.100.0/24", "mtu": 9000}, {"index": 1, "subnet": "192.168.101.0/24", "mtu": 9000}, {"index": 2, "subnet": "192.168.102.0/24", "mtu": 9000}, {"index": 3, "subnet": "192.168.103.0/24", "mtu": 9000}]}',
  false, strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
 ('linux-test', 'linux-test', 'Staff only: any Linux machine, for end-to-end tests and byo up.',
- '{"gpu_model": null, "gpu_count": 0, "gpu_mem_mib": null, "arch": null, "cuda_repo_arch": "x86_64", "node_count": 1, "rails": []}',
+ '{"gpu_model": null, "gpu_count": null, "gpu_mem_mib": null, "arch": null, "cuda_repo_arch": "x86_64", "node_count": 1, "rails": []}',
  true, strftime('%Y-%m-%dT%H:%M:%fZ', 'now'));

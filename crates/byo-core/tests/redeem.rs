@@ -1,0 +1,214 @@
+//! Step 127: what redeem accepts and refuses, against the profiles' plans, with the
+//! design's own example request as the fixture.
+
+use byo_core::redeem::{Plan, Rejection, judge};
+use byo_wire::enroll::EnrollRequest;
+use serde_json::json;
+
+fn plan(node_count: u32) -> Plan {
+    let rails: Vec<_> = (0..node_count.max(2).min(4))
+        .filter(|_| node_count > 1)
+        .map(|i| json!({"index": i, "subnet": format!("192.168.{}.0/24", 100 + i), "mtu": 9000}))
+        .collect();
+    serde_json::from_value(json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "cuda_repo_arch": "sbsa", "node_count": node_count, "rails": rails
+    }))
+    .unwrap()
+}
+
+fn test_plan() -> Plan {
+    serde_json::from_value(
+        json!({"gpu_model": null, "gpu_count": null, "gpu_mem_mib": null, "arch": null,
+        "cuda_repo_arch": "x86_64", "node_count": 1, "rails": []}),
+    )
+    .unwrap()
+}
+
+/// The design's example request at 126, a pair.
+fn pair_request() -> EnrollRequest {
+    serde_json::from_value(json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0,
+        "rails": [
+            { "device": "rocep1s0f0", "iface": "enp1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 0 },
+            { "device": "roceP2p1s0f0", "iface": "enP2p1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 1 },
+            { "device": "rocep1s0f1", "iface": "enp1s0f1np1", "mtu": 1500, "neighbours_discovered": 0 }
+        ],
+        "peers": [
+            { "gpu_model": "GB10", "gpu_count": 1, "arch": "aarch64", "machine_id": "9c17", "hardware_id": "7e08", "os_id": "ubuntu", "node_index": 1,
+              "rails": [ { "iface": "enp1s0f0np0", "index": 0, "neighbours_discovered": 1 }, { "iface": "enP2p1s0f1np1", "index": 1, "neighbours_discovered": 1 } ] }
+        ]
+    }))
+    .unwrap()
+}
+
+fn single_request() -> EnrollRequest {
+    let mut r = pair_request();
+    r.peers.clear();
+    r
+}
+
+#[test]
+fn a_single_spark_is_one_row_and_judges_nothing_about_rails() {
+    let rows = judge(&plan(1), &single_request()).unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].index, rows[0].hardware_id.as_str()), (0, "b41c"));
+    assert_eq!(rows[0].fingerprint["gpu_model"], "GB10");
+    assert!(rows[0].fingerprint.get("rails").is_none(), "identity only");
+    assert_eq!(rows[0].rails["enp1s0f1np1"]["neighbours_discovered"], 0);
+}
+
+#[test]
+fn hardware_that_is_not_the_profiles_is_rejected() {
+    for (field, value) in [
+        ("gpu_model", json!("RTX 4090")),
+        ("arch", json!("x86_64")),
+        ("gpu_count", json!(2)),
+        ("gpu_mem_mib", json!(24576)),
+    ] {
+        let mut v = serde_json::to_value(single_request()).unwrap();
+        v[field] = value;
+        let req: EnrollRequest = serde_json::from_value(v).unwrap();
+        match judge(&plan(1), &req) {
+            Err(Rejection::NotTheProfilesHardware {
+                node: 0, field: f, ..
+            }) => assert_eq!(f, field),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    // The staff-only test profile takes an ordinary Linux machine.
+    let mut v = serde_json::to_value(single_request()).unwrap();
+    v["gpu_model"] = json!(null);
+    v["arch"] = json!("x86_64");
+    let req: EnrollRequest = serde_json::from_value(v).unwrap();
+    assert!(judge(&test_plan(), &req).is_ok());
+}
+
+#[test]
+fn an_older_agent_without_hardware_id_is_keyed_by_machine_id() {
+    let mut req = single_request();
+    req.node.hardware_id = None;
+    assert_eq!(judge(&plan(1), &req).unwrap()[0].hardware_id, "3f2a");
+    req.node.machine_id = None;
+    assert_eq!(
+        judge(&plan(1), &req),
+        Err(Rejection::NoHardwareId { node: 0 })
+    );
+}
+
+#[test]
+fn the_designs_pair_is_accepted_with_the_plans_addresses_stamped() {
+    let rows = judge(&plan(2), &pair_request()).unwrap();
+    assert_eq!(rows.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1]);
+    assert_eq!(rows[0].rails["enp1s0f0np0"]["address"], "192.168.100.10/24");
+    assert_eq!(
+        rows[0].rails["enP2p1s0f0np0"]["address"],
+        "192.168.101.10/24"
+    );
+    assert!(
+        rows[0].rails["enp1s0f1np1"].get("address").is_none(),
+        "a port nobody is on has no index"
+    );
+    // node1's second cable landed on its other port: recorded, not a fault.
+    assert_eq!(
+        rows[1].rails["enP2p1s0f1np1"]["address"],
+        "192.168.101.11/24"
+    );
+    assert_eq!(rows[1].hardware_id, "7e08");
+}
+
+#[test]
+fn what_a_pair_must_show_is_refused_when_it_does_not() {
+    let p = plan(2);
+    let mut req = pair_request();
+    for port in &mut req.node.rails {
+        port.neighbours_discovered = 0;
+    }
+    assert_eq!(judge(&p, &req), Err(Rejection::NoCable));
+
+    let mut req = pair_request();
+    req.node.rails[0].neighbours_discovered = 3;
+    assert!(matches!(
+        judge(&p, &req),
+        Err(Rejection::SeveralMachinesOnACable { .. })
+    ));
+
+    let mut req = pair_request();
+    req.node.rails[2].neighbours_discovered = 1;
+    req.node.rails[2].index = Some(1);
+    assert_eq!(
+        judge(&p, &req),
+        Err(Rejection::MoreCablesThanRails {
+            cables: 3,
+            rails: 2
+        })
+    );
+
+    let mut req = pair_request();
+    req.node.rails[0].index = Some(7);
+    assert!(matches!(
+        judge(&p, &req),
+        Err(Rejection::UnplannedRail { index: 7, .. })
+    ));
+
+    assert_eq!(
+        judge(&p, &single_request()),
+        Err(Rejection::WrongPeerCount {
+            expected: 1,
+            found: 0
+        })
+    );
+
+    // A single Spark presented as a pair with its own login: the peer is node0 itself.
+    let mut req = pair_request();
+    req.peers[0].hardware_id = Some("b41c".into());
+    assert_eq!(judge(&p, &req), Err(Rejection::PeerIsNode0));
+
+    for bad in [0, 2] {
+        let mut req = pair_request();
+        req.peers[0].node_index = bad;
+        assert_eq!(judge(&p, &req), Err(Rejection::PeerIndex { index: bad }));
+    }
+
+    let mut req = pair_request();
+    req.peers[0].arch = Some("x86_64".into());
+    assert!(matches!(
+        judge(&p, &req),
+        Err(Rejection::NotTheProfilesHardware {
+            node: 1,
+            field: "arch",
+            ..
+        })
+    ));
+
+    let mut req = pair_request();
+    req.node.node_index = 1;
+    assert_eq!(judge(&p, &req), Err(Rejection::WrongNodeIndex { found: 1 }));
+}
+
+#[test]
+fn a_ring_takes_each_satellite_once_and_fewer_cables_than_rails() {
+    let p = plan(4);
+    let mut req = pair_request();
+    let peer = req.peers[0].clone();
+    req.peers = (1..=3)
+        .map(|i| {
+            let mut n = peer.clone();
+            n.node_index = i;
+            n.hardware_id = Some(format!("hw-{i}"));
+            n
+        })
+        .collect();
+    let rows = judge(&p, &req).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    req.peers[2].hardware_id = Some("hw-1".into());
+    assert_eq!(judge(&p, &req), Err(Rejection::SamePeerTwice));
+    req.peers[2].hardware_id = Some("hw-3".into());
+    req.peers[2].node_index = 1;
+    assert_eq!(judge(&p, &req), Err(Rejection::PeerIndex { index: 1 }));
+}
