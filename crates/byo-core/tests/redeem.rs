@@ -6,8 +6,13 @@ use byo_wire::enroll::EnrollRequest;
 use serde_json::json;
 
 fn plan(node_count: u32) -> Plan {
-    let rails: Vec<_> = (0..node_count.max(2).min(4))
-        .filter(|_| node_count > 1)
+    // A pair has two rails; a ring one per cable, four; a single Spark none.
+    let rail_count = if node_count > 1 {
+        node_count.clamp(2, 4)
+    } else {
+        0
+    };
+    let rails: Vec<_> = (0..rail_count)
         .map(|i| json!({"index": i, "subnet": format!("192.168.{}.0/24", 100 + i), "mtu": 9000}))
         .collect();
     serde_json::from_value(json!({
