@@ -60,6 +60,7 @@ pub mod hosts;
 pub mod inspect;
 pub mod operator_keys;
 pub mod profiles;
+pub mod provisioning;
 pub mod sessions;
 #[cfg(feature = "testing")]
 pub mod testing;

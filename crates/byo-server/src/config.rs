@@ -24,6 +24,7 @@ const KEYS: &[&str] = &[
     "environment",
     "secret_key",
     "operator_keys",
+    "relay_release",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -65,6 +66,17 @@ pub struct Config {
     pub secret_key: Option<SecretString>,
     #[serde(default)]
     pub operator_keys: OperatorKeysConfig,
+    /// The relay daemon a new relay fetches at first boot, and its SHA-256. Without it no
+    /// bootstrap can be written, and only the `local` relay provider works.
+    #[serde(default)]
+    pub relay_release: Option<RelayRelease>,
+}
+
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RelayRelease {
+    pub url: String,
+    pub sha256: String,
 }
 
 /// The signed operator-key lists (M).
@@ -165,6 +177,7 @@ impl Default for Config {
             environment: defaults::environment(),
             secret_key: None,
             operator_keys: OperatorKeysConfig::default(),
+            relay_release: None,
         }
     }
 }

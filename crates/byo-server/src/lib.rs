@@ -14,6 +14,8 @@ pub mod config;
 pub mod error;
 pub mod metrics;
 pub mod pages;
+pub mod providers;
+pub mod reap;
 pub mod routes;
 pub mod seal;
 pub mod state;
@@ -27,6 +29,9 @@ use tokio::net::TcpListener;
 pub use config::Config;
 pub use routes::app;
 pub use state::AppState;
+
+/// How often the reap sweep runs.
+pub const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Serve the API and pages on `listener` (and metrics on their own listener, when
 /// configured) until `shutdown` resolves; in-flight requests are allowed to finish.
@@ -54,6 +59,11 @@ pub async fn serve(
         }
         None => None,
     };
+    let reaper = tokio::spawn(reap::run_schedule(
+        state.clone(),
+        REAP_EVERY,
+        stop_rx.clone(),
+    ));
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
     let store = state.store.clone();
     axum::serve(listener, app(state))
@@ -64,6 +74,7 @@ pub async fn serve(
         })
         .await
         .context("serving HTTP")?;
+    let _ = reaper.await;
     if let Some(task) = metrics_task {
         task.await
             .context("metrics task")?

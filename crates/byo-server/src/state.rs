@@ -4,6 +4,8 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{HostAgents, HttpAgents};
+use crate::providers::local::{LocalRelays, LocalTunnels};
+use crate::providers::{RelayProvider, TunnelProvider};
 use crate::seal::Sealer;
 
 use crate::auth::password::Passwords;
@@ -21,6 +23,8 @@ pub struct AppState {
     pub clock: Clock,
     pub agents: Arc<dyn HostAgents>,
     pub sealer: Option<Sealer>,
+    pub relays: Arc<dyn RelayProvider>,
+    pub tunnels: Arc<dyn TunnelProvider>,
 }
 
 impl AppState {
@@ -32,6 +36,8 @@ impl AppState {
             .as_ref()
             .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
         AppState {
+            relays: Arc::new(LocalRelays::default()),
+            tunnels: Arc::new(LocalTunnels::default()),
             agents: Arc::new(HttpAgents::new(sealer.clone())),
             sealer,
             store,
@@ -44,6 +50,16 @@ impl AppState {
 
     pub fn with_agents(mut self, agents: Arc<dyn HostAgents>) -> Self {
         self.agents = agents;
+        self
+    }
+
+    pub fn with_providers(
+        mut self,
+        relays: Arc<dyn RelayProvider>,
+        tunnels: Arc<dyn TunnelProvider>,
+    ) -> Self {
+        self.relays = relays;
+        self.tunnels = tunnels;
         self
     }
 

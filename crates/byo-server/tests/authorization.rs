@@ -35,6 +35,19 @@ const EVERYONE: &[Actor] = &[
 const SIGNED_IN: &[Actor] = &[Customer, Owner, CommunityHost, Operator, Superadmin];
 const OPERATORS: &[Actor] = &[Operator, Superadmin];
 const SUPERADMIN: &[Actor] = &[Superadmin];
+/// Adding a GPU: an owner granted community_host, or a superadmin (A note 4).
+const HOSTERS: &[Actor] = &[CommunityHost, Superadmin];
+
+/// Routes authenticated by a token, not a session: a session grants nothing there, so every
+/// actor without the token gets the same answer.
+fn token_table() -> Vec<Row> {
+    vec![Row {
+        method: Method::POST,
+        path: "/api/enroll",
+        allowed: &[],
+        body: |_| Some(json!({"node_index": 0})),
+    }]
+}
 
 struct Row {
     method: Method,
@@ -111,6 +124,24 @@ fn api_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/api/admin/audit",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/hosts",
+            allowed: HOSTERS,
+            body: |_| Some(json!({"profile_id": "gb10-spark-1"})),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/activate",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"placement": "shared"})),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/enrollments/{enrollment_id}/revoke",
             allowed: OPERATORS,
             body: none,
         },
@@ -264,7 +295,10 @@ async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
         let path = row
             .path
             .replace("{sub}", &actors.target)
-            .replace("{role}", "community_host");
+            .replace("{role}", "community_host")
+            .replace("{version}", "1")
+            .replace("{host_id}", "no-such-host")
+            .replace("{enrollment_id}", "no-such-enrollment");
         for actor in EVERYONE {
             n += 1;
             let session = match actors.subs.iter().find(|(a, _)| a == actor) {
@@ -329,6 +363,7 @@ async fn every_api_route_has_an_authorisation_row(app: TestApp) {
     }
     let tabled: BTreeSet<_> = api_table()
         .iter()
+        .chain(token_table().iter())
         .map(|r| {
             (
                 r.method.to_string(),
@@ -350,6 +385,35 @@ async fn api_routes_admit_exactly_the_roles_in_the_table(app: TestApp) {
 async fn pages_admit_exactly_the_roles_in_the_table(app: TestApp) {
     let actors = actors(&app).await;
     check(&app, &actors, &page_table(), true).await;
+}
+
+async fn token_routes_give_every_session_the_same_answer(app: TestApp) {
+    let actors = actors(&app).await;
+    for row in token_table() {
+        let mut answers = BTreeSet::new();
+        for actor in EVERYONE {
+            let session = match actors.subs.iter().find(|(a, _)| a == actor) {
+                Some((_, sub)) => Some(app.session_for(sub).await),
+                None => None,
+            };
+            let reply = app
+                .request(
+                    row.method.clone(),
+                    row.path,
+                    session.as_deref(),
+                    (row.body)(0),
+                )
+                .await;
+            assert_eq!(
+                reply.status,
+                StatusCode::UNAUTHORIZED,
+                "{} as {actor:?}",
+                row.path
+            );
+            answers.insert(reply.body);
+        }
+        assert_eq!(answers.len(), 1, "{}: one answer whoever asks", row.path);
+    }
 }
 
 async fn operators_cannot_grant_operator_or_superadmin(app: TestApp) {
@@ -384,4 +448,5 @@ on_each_backend!(
     api_routes_admit_exactly_the_roles_in_the_table,
     pages_admit_exactly_the_roles_in_the_table,
     operators_cannot_grant_operator_or_superadmin,
+    token_routes_give_every_session_the_same_answer,
 );

@@ -47,3 +47,82 @@ pub struct EnrollRequest {
     #[serde(default)]
     pub peers: Vec<NodeReport>,
 }
+
+/// host-provision: add a GPU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ProvisionRequest {
+    /// gb10-spark-1, gb10-spark-2, gb10-spark-4 (or the staff-only linux-test).
+    pub profile_id: String,
+}
+
+/// What the owner gets back: the one-liner, shown once.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ProvisionResponse {
+    pub host_id: String,
+    pub slug: String,
+    pub enrollment_id: String,
+    /// The single-use enrolment token; only its hash is kept.
+    pub token: String,
+    pub expires_at: chrono::DateTime<chrono::Utc>,
+    /// The one-liner to run on the Spark.
+    pub command: String,
+}
+
+impl std::fmt::Debug for ProvisionResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProvisionResponse")
+            .field("slug", &self.slug)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The agent's end of the tunnel.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WireGuardConfig {
+    pub private_key: String,
+    /// 10.8.0.2/24
+    pub address: String,
+    pub peer_public_key: String,
+    /// The relay's public address and port.
+    pub endpoint: Option<String>,
+    /// 10.8.0.1/32
+    pub allowed_ips: String,
+}
+
+/// Step 29: everything the agent needs, in one answer.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EnrollResponse {
+    pub host_id: String,
+    pub slug: String,
+    pub environment: String,
+    /// What the host presents to the backend (host-report, heartbeats).
+    pub host_token: String,
+    /// What the backend presents to the agent; the agent keeps its hash.
+    pub agent_token: String,
+    pub wireguard: WireGuardConfig,
+    pub relay_name: String,
+    /// The relay's ssh_mapd, inside the tunnel.
+    pub ssh_map_endpoint: String,
+    pub ssh_map_token: String,
+    pub tunnel_hostname: Option<String>,
+    pub tunnel_connector_token: Option<String>,
+    /// The current signed operator-key list, exactly as published (none before the first).
+    pub operator_keys: Option<String>,
+    /// The public key(s) every list is checked against.
+    pub signing_keys: Vec<String>,
+    pub profile_id: String,
+    pub constants: serde_json::Value,
+}
+
+impl std::fmt::Debug for EnrollResponse {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EnrollResponse")
+            .field("slug", &self.slug)
+            .finish_non_exhaustive()
+    }
+}

@@ -14,7 +14,10 @@ use crate::{auth, metrics, pages, telemetry};
 
 pub mod accounts;
 pub mod admin;
+pub mod admin_host_action;
 pub mod health;
+pub mod host_enroll;
+pub mod host_provision;
 pub mod operator_keys;
 
 #[derive(OpenApi)]
@@ -29,6 +32,7 @@ pub mod operator_keys;
         (name = "accounts", description = "Signing up, in and out; your own account"),
         (name = "admin", description = "Operators' pages: users, grants, the audit log"),
         (name = "operator-keys", description = "admin-operator-keys: the signed operator-key lists (M)"),
+        (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B)"),
     )
 )]
 struct ApiDoc;
@@ -51,6 +55,10 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(operator_keys::post_signature))
         .routes(routes!(operator_keys::post_send_again))
         .routes(routes!(operator_keys::get_owner))
+        .routes(routes!(host_provision::post_host))
+        .routes(routes!(host_enroll::post_enroll))
+        .routes(routes!(admin_host_action::post_activate))
+        .routes(routes!(admin_host_action::post_revoke))
 }
 
 /// The OpenAPI document, generated from the routes above.

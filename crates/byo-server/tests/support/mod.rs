@@ -82,6 +82,7 @@ pub fn test_config() -> Config {
             iterations: 1,
             parallelism: 1,
         },
+        secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
         ..Config::default()
     }
 }

@@ -1,0 +1,47 @@
+//! The outside systems provisioning talks to, each behind a small trait: relays (GCP
+//! Compute Engine, or `local`) and tunnels with their DNS (Cloudflare, or `local`). Tests
+//! substitute fakes that reproduce the real APIs' shapes; `byo up` uses `local`.
+
+pub mod local;
+
+use futures::future::BoxFuture;
+
+/// Why a provider call failed, in words an operator can act on.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ProviderError(pub String);
+
+/// A relay as created: its instance name and the public address reserved for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RelayInfo {
+    pub name: String,
+    pub address: String,
+}
+
+/// relay-provision's other half: `<slug>-relay-ip` reserved, `<slug>-relay` created with
+/// its bootstrap as metadata. Both calls are idempotent: provisioning what exists returns
+/// it; releasing what is gone succeeds.
+pub trait RelayProvider: Send + Sync {
+    /// `bootstrap` is the relay's first-boot script, when the release it fetches is
+    /// configured; a provider that boots a real instance refuses to go without it.
+    fn provision<'a>(
+        &'a self,
+        slug: &'a str,
+        bootstrap: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<RelayInfo, ProviderError>>;
+    fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+}
+
+/// The operator tunnel with its DNS, and the customer SSH wildcard `*.<slug>.ssh`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TunnelInfo {
+    pub id: String,
+    pub hostname: String,
+    /// cloudflared's connector token; returned to the agent at redeem, sealed at rest.
+    pub connector_token: String,
+}
+
+pub trait TunnelProvider: Send + Sync {
+    fn create<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<TunnelInfo, ProviderError>>;
+    fn delete<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+}

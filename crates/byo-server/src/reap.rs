@@ -1,0 +1,76 @@
+//! reap: hand back everything a lapsed, rejected or revoked-before-redeem enrolment holds —
+//! relay, address, tunnel, DNS, hosts row. Every provider call is idempotent and the row
+//! goes last, so a sweep that fails half-way is finished by the next one. Beyond the
+//! design, the sweep runs on a schedule inside the server.
+
+use std::time::Duration;
+
+use crate::error::AppResult;
+use crate::state::AppState;
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReapReport {
+    pub released: usize,
+    pub failed: usize,
+}
+
+/// One sweep over every allocation that should be handed back.
+pub async fn reap_once(state: &AppState) -> AppResult<ReapReport> {
+    let now = state.clock.now();
+    let mut report = ReapReport::default();
+    for r in state.store.reapable(now).await? {
+        if let Some(slug) = &r.slug {
+            let outside = async {
+                state.relays.release(slug).await?;
+                state.tunnels.delete(slug).await
+            };
+            if let Err(e) = outside.await {
+                tracing::warn!(%slug, enrollment = %r.enrollment_id, error = %e, "reap: not finished; the next sweep carries on");
+                report.failed += 1;
+                continue;
+            }
+        }
+        state
+            .store
+            .release_allocation(&r.enrollment_id, now)
+            .await?;
+        state
+            .store
+            .audit(
+                None,
+                "host.reaped",
+                r.host_id.as_deref(),
+                serde_json::json!({"slug": r.slug, "state": r.state}),
+                now,
+            )
+            .await?;
+        report.released += 1;
+    }
+    Ok(report)
+}
+
+/// Sweep every `every` until `stop` says so.
+pub async fn run_schedule(
+    state: AppState,
+    every: Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                match reap_once(&state).await {
+                    Ok(r) if r.released + r.failed > 0 => tracing::info!(released = r.released, failed = r.failed, "reap sweep"),
+                    Ok(_) => {}
+                    Err(e) => tracing::error!(error = %e, "reap sweep failed"),
+                }
+            }
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
+}

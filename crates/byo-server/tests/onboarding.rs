@@ -1,0 +1,531 @@
+//! Provisioning (A), redeem (B, steps 28–29), approval (D) and reap, through the API on both
+//! backends. Every refusal proves nothing changed.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_server::clock::Clock;
+use byo_server::providers::local::{LocalRelays, LocalTunnels};
+use byo_server::providers::{ProviderError, TunnelInfo, TunnelProvider};
+use byo_wire::Role;
+use futures::future::BoxFuture;
+use serde_json::{Value, json};
+use support::TestApp;
+
+/// Tunnels whose delete fails while `fail` is set, to interrupt a reap half-way.
+#[derive(Default)]
+struct FlakyTunnels {
+    inner: LocalTunnels,
+    fail: AtomicBool,
+}
+
+impl TunnelProvider for FlakyTunnels {
+    fn create<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<TunnelInfo, ProviderError>> {
+        self.inner.create(slug)
+    }
+    fn delete<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            if self.fail.load(Ordering::SeqCst) {
+                return Err(ProviderError("cloudflare: 503 service unavailable".into()));
+            }
+            self.inner.delete(slug).await
+        })
+    }
+}
+
+struct World {
+    app: TestApp,
+    clock: Clock,
+    relays: Arc<LocalRelays>,
+    tunnels: Arc<FlakyTunnels>,
+    owner: String,
+    owner_sub: String,
+    op: String,
+    customer: String,
+}
+
+async fn world(backend: byo_db::Backend) -> Option<World> {
+    let mut app = TestApp::new(backend).await?;
+    let clock = Clock::manual("2026-11-29T12:00:00Z".parse().unwrap());
+    let relays = Arc::new(LocalRelays::default());
+    let tunnels = Arc::new(FlakyTunnels::default());
+    app.state = app
+        .state
+        .clone()
+        .with_clock(clock.clone())
+        .with_providers(relays.clone(), tunnels.clone());
+    app.router = byo_server::app(app.state.clone());
+    let (owner_sub, owner) = app
+        .user_with("owner@example.com", &[Role::CommunityHost])
+        .await;
+    let (_, op) = app.user_with("op@example.com", &[Role::Operator]).await;
+    let (_, customer) = app.user_with("customer@example.com", &[]).await;
+    Some(World {
+        app,
+        clock,
+        relays,
+        tunnels,
+        owner,
+        owner_sub,
+        op,
+        customer,
+    })
+}
+
+impl World {
+    async fn provision(&self, session: &str, profile: &str) -> support::Reply {
+        self.app
+            .request(
+                Method::POST,
+                "/api/hosts",
+                Some(session),
+                Some(json!({"profile_id": profile})),
+            )
+            .await
+    }
+
+    async fn enroll(&self, token: &str, body: Value) -> support::Reply {
+        self.app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    async fn relay_settled(&self, host_id: &str) {
+        for _ in 0..100 {
+            if let Some(h) = self.app.db.host(host_id).await.unwrap()
+                && h.relay_ip.is_some()
+            {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("relay-provision did not record the relay");
+    }
+}
+
+fn spark() -> Value {
+    json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0, "rails": []
+    })
+}
+
+async fn a1_provisioning_allocates_everything_before_the_box_is_touched(w: World) {
+    let r = w.provision(&w.owner, "gb10-spark-1").await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    let p = r.json();
+    assert_eq!(p["slug"], "spark-1");
+    let token = p["token"].as_str().unwrap();
+    assert!(
+        SecretToken::parse(TokenKind::Enrollment, token).is_ok(),
+        "a token leak scanners recognise"
+    );
+    assert!(
+        p["command"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("--token {token}")),
+        "{}",
+        p["command"]
+    );
+    let host_id = p["host_id"].as_str().unwrap();
+    let host = w.app.db.host(host_id).await.unwrap().unwrap();
+    assert!(!host.active, "step 11 writes active = false");
+    assert_eq!(
+        (host.owner_sub.as_str(), host.gpu_type.as_str()),
+        (w.owner_sub.as_str(), "spark-1")
+    );
+    let e = w
+        .app
+        .db
+        .enrollment(p["enrollment_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.state, "pending");
+    assert_eq!(
+        e.token_expires_at,
+        w.clock.now() + chrono::Duration::minutes(60),
+        "dies within the hour"
+    );
+    // The relay is recorded on the hosts row once relay-provision finishes; nobody waits.
+    w.relay_settled(host_id).await;
+    let host = w.app.db.host(host_id).await.unwrap().unwrap();
+    assert_eq!(host.relay_name.as_deref(), Some("spark-1-relay"));
+    assert!(w.relays.relays.lock().unwrap().contains_key("spark-1"));
+    assert!(
+        w.tunnels
+            .inner
+            .tunnels
+            .lock()
+            .unwrap()
+            .contains_key("spark-1")
+    );
+    // Only the token's hash is stored.
+    let dump = w.app.db.dump_text().await.unwrap();
+    assert!(dump.iter().all(|v| !v.value.contains(token)));
+    let stored = SecretToken::parse(TokenKind::Enrollment, token)
+        .unwrap()
+        .hash();
+    assert!(
+        dump.iter().any(|v| v.value == stored.as_str()),
+        "the hash is what is kept"
+    );
+
+    // A pair's command carries the peer marker and the node count.
+    let pair = w.provision(&w.owner, "gb10-spark-2").await.json();
+    assert_eq!(pair["slug"], "spark-2");
+    assert!(
+        pair["command"]
+            .as_str()
+            .unwrap()
+            .ends_with(" --peer --nodes=2"),
+        "{}",
+        pair["command"]
+    );
+}
+
+async fn a4_provisioning_refusals_change_nothing(w: World) {
+    let hosts_before = w.app.db.agent_targets().await.unwrap().len();
+    let r = w.provision(&w.customer, "gb10-spark-1").await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert!(r.text().contains("community_host"));
+    let r = w.provision(&w.owner, "gb10-spark-9").await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("unknown_profile"))
+    );
+    let r = w.provision(&w.owner, "linux-test").await;
+    assert_eq!(
+        r.status,
+        StatusCode::FORBIDDEN,
+        "the test profile is staff only"
+    );
+    assert_eq!(w.app.db.agent_targets().await.unwrap().len(), hosts_before);
+
+    for _ in 0..3 {
+        assert_eq!(
+            w.provision(&w.owner, "gb10-spark-1").await.status,
+            StatusCode::CREATED
+        );
+    }
+    let r = w.provision(&w.owner, "gb10-spark-1").await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("allocation_cap"))
+    );
+    assert_eq!(
+        w.app
+            .db
+            .outstanding_allocations(&w.owner_sub)
+            .await
+            .unwrap(),
+        3
+    );
+    assert_eq!(
+        w.app.db.agent_targets().await.unwrap().len(),
+        hosts_before + 3
+    );
+}
+
+async fn b28_redeem_returns_everything_once_and_then_never_again(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    let token = p["token"].as_str().unwrap();
+    let r = w.enroll(token, spark()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let e = r.json();
+    assert_eq!(e["slug"], "spark-1");
+    assert!(e["host_token"].as_str().unwrap().starts_with("byo_hst_"));
+    assert!(e["agent_token"].as_str().unwrap().starts_with("byo_agt_"));
+    assert!(e["ssh_map_token"].as_str().unwrap().starts_with("byo_map_"));
+    assert_eq!(e["wireguard"]["address"], "10.8.0.2/24");
+    assert_eq!(e["wireguard"]["endpoint"], "127.0.0.1:51820");
+    assert_eq!(e["ssh_map_endpoint"], "10.8.0.1:8754");
+    assert!(e["tunnel_connector_token"].is_string());
+    assert_eq!(e["constants"]["gpu_model"], "GB10");
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert!(host.pubkey.is_some() && !host.active);
+    let nodes = w.app.db.host_nodes(&host_id).await.unwrap();
+    assert_eq!((nodes.len(), nodes[0].hardware_id.as_str()), (1, "b41c"));
+    // Nothing the host was handed is in the database in plaintext.
+    let dump = w.app.db.dump_text().await.unwrap();
+    for secret in [
+        "host_token",
+        "agent_token",
+        "ssh_map_token",
+        "tunnel_connector_token",
+    ] {
+        let s = e[secret].as_str().unwrap();
+        assert!(
+            dump.iter().all(|v| !v.value.contains(s)),
+            "{secret} stored in plaintext"
+        );
+    }
+    assert!(dump.iter().all(|v| {
+        !v.value
+            .contains(e["wireguard"]["private_key"].as_str().unwrap())
+    }));
+
+    // Spent, unknown, malformed and expired all get one byte-identical answer.
+    let spent = w.enroll(token, spark()).await;
+    let unknown = w
+        .enroll(
+            SecretToken::generate(TokenKind::Enrollment).expose(),
+            spark(),
+        )
+        .await;
+    let malformed = w.enroll("byo_enr_not-a-token", spark()).await;
+    let other_kind = w
+        .enroll(SecretToken::generate(TokenKind::Host).expose(), spark())
+        .await;
+    let p2 = w.provision(&w.owner, "gb10-spark-1").await.json();
+    w.clock.advance(chrono::Duration::minutes(61));
+    let expired = w
+        .enroll(
+            p2["token"].as_str().unwrap(),
+            json!({"node_index": 0, "hardware_id": "zz"}),
+        )
+        .await;
+    for r in [&unknown, &malformed, &other_kind, &expired] {
+        assert_eq!((r.status, &r.body), (spent.status, &spent.body));
+    }
+    assert_eq!(spent.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        w.app.db.host_nodes(&host_id).await.unwrap().len(),
+        1,
+        "nothing changed"
+    );
+}
+
+async fn b28_hardware_that_is_not_the_profiles_is_rejected_and_released(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    let mut x86 = spark();
+    x86["arch"] = json!("x86_64");
+    let r = w.enroll(p["token"].as_str().unwrap(), x86).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains("arch is x86_64"),
+        "{}",
+        r.text()
+    );
+    let e = w
+        .app
+        .db
+        .enrollment(p["enrollment_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        e.state, "rejected",
+        "the row parks as rejected, with what turned up"
+    );
+    // The allocation it was holding is handed back: host row, relay, tunnel.
+    for _ in 0..100 {
+        if w.app.db.host(&host_id).await.unwrap().is_none() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(w.app.db.host(&host_id).await.unwrap().is_none());
+    assert!(w.relays.relays.lock().unwrap().is_empty());
+    assert!(w.tunnels.inner.tunnels.lock().unwrap().is_empty());
+    // The token is spent.
+    assert_eq!(
+        w.enroll(p["token"].as_str().unwrap(), spark()).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+async fn k127_one_box_cannot_become_two_hosts(w: World) {
+    let a = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let b = w.provision(&w.owner, "gb10-spark-1").await.json();
+    assert_eq!(
+        w.enroll(a["token"].as_str().unwrap(), spark()).await.status,
+        StatusCode::OK
+    );
+    let r = w.enroll(b["token"].as_str().unwrap(), spark()).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(r.text().contains("already enrolled"));
+    assert!(
+        w.app
+            .db
+            .host_nodes(b["host_id"].as_str().unwrap())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+async fn d3_activation_is_refused_until_preparation_finished(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        w.enroll(p["token"].as_str().unwrap(), spark()).await.status,
+        StatusCode::OK
+    );
+    let path = format!("/api/admin/hosts/{host_id}/activate");
+    let r = w
+        .app
+        .request(
+            Method::POST,
+            &path,
+            Some(&w.op),
+            Some(json!({"placement": "shared"})),
+        )
+        .await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("not_prepared"))
+    );
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert!(!host.active && host.placement.is_none());
+
+    w.app
+        .db
+        .mark_host_prepared(&host_id, w.clock.now())
+        .await
+        .unwrap();
+    let r = w
+        .app
+        .request(
+            Method::POST,
+            &path,
+            Some(&w.op),
+            Some(json!({"placement": "shared"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert!(host.active);
+    assert_eq!(
+        (host.placement.as_deref(), host.gpu_type.as_str()),
+        (Some("shared"), "spark-1")
+    );
+}
+
+async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    // Not yet lapsed: nothing to reap.
+    assert_eq!(
+        byo_server::reap::reap_once(&w.app.state)
+            .await
+            .unwrap()
+            .released,
+        0
+    );
+    w.clock.advance(chrono::Duration::minutes(61));
+
+    // Cloudflare fails half-way: the relay is released, the rest waits for the next sweep.
+    w.tunnels.fail.store(true, Ordering::SeqCst);
+    let r = byo_server::reap::reap_once(&w.app.state).await.unwrap();
+    assert_eq!((r.released, r.failed), (0, 1));
+    assert!(
+        w.app.db.host(&host_id).await.unwrap().is_some(),
+        "the row goes last"
+    );
+    assert!(w.relays.relays.lock().unwrap().is_empty());
+
+    w.tunnels.fail.store(false, Ordering::SeqCst);
+    let r = byo_server::reap::reap_once(&w.app.state).await.unwrap();
+    assert_eq!((r.released, r.failed), (1, 0));
+    assert!(w.app.db.host(&host_id).await.unwrap().is_none());
+    assert!(w.tunnels.inner.tunnels.lock().unwrap().is_empty());
+    let e = w
+        .app
+        .db
+        .enrollment(p["enrollment_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.state, "expired");
+    // Idempotent: another sweep finds nothing.
+    assert_eq!(
+        byo_server::reap::reap_once(&w.app.state).await.unwrap(),
+        Default::default()
+    );
+    // The owner's cap is free again.
+    assert_eq!(
+        w.app
+            .db
+            .outstanding_allocations(&w.owner_sub)
+            .await
+            .unwrap(),
+        0
+    );
+}
+
+async fn h_revoking_before_redeem_releases_the_allocation(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    let path = format!(
+        "/api/admin/enrollments/{}/revoke",
+        p["enrollment_id"].as_str().unwrap()
+    );
+    assert_eq!(
+        w.app
+            .request(Method::POST, &path, Some(&w.op), None)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert!(w.app.db.host(&host_id).await.unwrap().is_none());
+    assert_eq!(
+        w.enroll(p["token"].as_str().unwrap(), spark()).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        w.app
+            .request(Method::POST, &path, Some(&w.op), None)
+            .await
+            .status,
+        StatusCode::CONFLICT
+    );
+}
+
+macro_rules! with_world {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                if let Some(w) = super::world(byo_db::Backend::Sqlite).await { super::$name(w).await }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(w) = super::world(byo_db::Backend::Postgres).await { super::$name(w).await }
+            }
+        }
+    )*};
+}
+
+with_world!(
+    a1_provisioning_allocates_everything_before_the_box_is_touched,
+    a4_provisioning_refusals_change_nothing,
+    b28_redeem_returns_everything_once_and_then_never_again,
+    b28_hardware_that_is_not_the_profiles_is_rejected_and_released,
+    k127_one_box_cannot_become_two_hosts,
+    d3_activation_is_refused_until_preparation_finished,
+    a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure,
+    h_revoking_before_redeem_releases_the_allocation,
+);
