@@ -25,6 +25,7 @@ const KEYS: &[&str] = &[
     "secret_key",
     "operator_keys",
     "relay_release",
+    "relays",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -70,6 +71,25 @@ pub struct Config {
     /// bootstrap can be written, and only the `local` relay provider works.
     #[serde(default)]
     pub relay_release: Option<RelayRelease>,
+    /// Who builds relays: `local` (this machine; `byo up`, tests) or `gcp`.
+    #[serde(default)]
+    pub relays: RelaysConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RelaysConfig {
+    #[serde(default)]
+    pub provider: RelayProviderKind,
+    pub gcp: Option<crate::providers::gcp::GcpConfig>,
+}
+
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayProviderKind {
+    #[default]
+    Local,
+    Gcp,
 }
 
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
@@ -178,6 +198,7 @@ impl Default for Config {
             secret_key: None,
             operator_keys: OperatorKeysConfig::default(),
             relay_release: None,
+            relays: RelaysConfig::default(),
         }
     }
 }
@@ -233,6 +254,9 @@ impl Config {
             ssh_key::PublicKey::from_openssh(key.trim()).map_err(|e| {
                 format!("operator_keys.signing_keys holds a key that does not parse ({e}): {key}")
             })?;
+        }
+        if self.relays.provider == RelayProviderKind::Gcp && self.relays.gcp.is_none() {
+            return Err("relays.provider = \"gcp\" needs a [relays.gcp] section".to_owned());
         }
         if let Some(key) = &self.secret_key {
             crate::seal::Sealer::from_hex(key.expose_secret()).map_err(|e| e.to_string())?;

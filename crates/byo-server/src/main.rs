@@ -59,7 +59,10 @@ async fn main() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("binding {}", config.listen))?;
-            let state = AppState::new(store, config);
+            let providers =
+                byo_server::providers::from_config(&config).context("setting up the providers")?;
+            let state =
+                AppState::new(store, config).with_providers(providers.relays, providers.tunnels);
             byo_server::serve(state, listener, shutdown_signal()).await
         }
         Command::Migrate => {

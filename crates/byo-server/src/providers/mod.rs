@@ -2,7 +2,10 @@
 //! Compute Engine, or `local`) and tunnels with their DNS (Cloudflare, or `local`). Tests
 //! substitute fakes that reproduce the real APIs' shapes; `byo up` uses `local`.
 
+pub mod gcp;
 pub mod local;
+
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
@@ -44,4 +47,28 @@ pub struct TunnelInfo {
 pub trait TunnelProvider: Send + Sync {
     fn create<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<TunnelInfo, ProviderError>>;
     fn delete<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+}
+
+/// The relay and tunnel providers an installation uses.
+pub struct Providers {
+    pub relays: Arc<dyn RelayProvider>,
+    pub tunnels: Arc<dyn TunnelProvider>,
+}
+
+/// The providers the configuration names. Reads the GCP key file, so it can fail.
+pub fn from_config(config: &crate::config::Config) -> Result<Providers, ProviderError> {
+    use crate::config::RelayProviderKind;
+    let relays: Arc<dyn RelayProvider> = match (&config.relays.provider, &config.relays.gcp) {
+        (RelayProviderKind::Gcp, Some(gcp)) => Arc::new(gcp::GcpRelays::new(gcp.clone())?),
+        (RelayProviderKind::Gcp, None) => {
+            return Err(ProviderError(
+                "relays.provider is gcp but [relays.gcp] is missing".into(),
+            ));
+        }
+        (RelayProviderKind::Local, _) => Arc::new(local::LocalRelays::default()),
+    };
+    Ok(Providers {
+        relays,
+        tunnels: Arc::new(local::LocalTunnels::default()),
+    })
 }
