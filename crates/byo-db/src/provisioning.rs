@@ -422,3 +422,44 @@ impl Store {
         .map_err(Into::into)
     }
 }
+
+/// An enrolment as the owner's and operator's pages show it.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct EnrollmentView {
+    pub id: String,
+    pub host_id: Option<String>,
+    pub slug: Option<String>,
+    pub owner_sub: String,
+    pub owner_email: String,
+    pub profile_id: String,
+    pub state: String,
+    pub token_expires_at: DateTime<Utc>,
+    pub fingerprint: Option<Json<Value>>,
+    pub reject_reason: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub redeemed_at: Option<DateTime<Utc>>,
+    pub prepared_at: Option<DateTime<Utc>>,
+    pub active: Option<bool>,
+    pub relay_state: Option<String>,
+}
+
+impl Store {
+    /// Enrolments, newest first: one owner's (`Some`), or everyone's for operators.
+    pub async fn enrollment_views(&self, owner_sub: Option<&str>) -> Result<Vec<EnrollmentView>> {
+        on_pool!(self, |p| sqlx::query_as::<_, EnrollmentView>(
+            "select e.id, e.host_id, h.slug, e.owner_sub, u.email as owner_email, e.profile_id, e.state,
+                    e.token_expires_at, e.fingerprint, e.reject_reason, e.created_at, e.redeemed_at,
+                    h.prepared_at, h.active, h.relay_state
+             from host_enrollments e
+             join users u on u.sub = e.owner_sub
+             left join hosts h on h.id = e.host_id
+             where ($1 is null or e.owner_sub = $1)
+             order by e.created_at desc
+             limit 500"
+        )
+        .bind(owner_sub)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+}

@@ -237,6 +237,24 @@ fn page_table() -> Vec<Row> {
         },
         Row {
             method: Method::GET,
+            path: "/hosts",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/hosts",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/enrollments/{enrollment_id}/revoke",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
             path: "/admin/operator-keys",
             allowed: OPERATORS,
             body: none,

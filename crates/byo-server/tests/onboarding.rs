@@ -504,6 +504,103 @@ async fn h_revoking_before_redeem_releases_the_allocation(w: World) {
     );
 }
 
+async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
+    let form = |session: &str, path: &str, body: &str| {
+        Request::post(path)
+            .header(header::COOKIE, format!("byo_session={session}"))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let page = w.app.get("/hosts", Some(&w.owner)).await.text();
+    assert!(
+        page.contains("Add a GPU") && page.contains("gb10-spark-1") && !page.contains("linux-test"),
+        "{page}"
+    );
+    let added = w
+        .app
+        .send(form(&w.owner, "/hosts", "profile_id=gb10-spark-1"))
+        .await;
+    assert_eq!(added.status, StatusCode::CREATED);
+    let text = added.text();
+    assert!(
+        text.contains("curl -fsSL")
+            && text.contains("--token byo_enr_")
+            && text.contains("spark-1"),
+        "{text}"
+    );
+    assert!(text.contains("waiting for the command"));
+
+    let customer = w.app.get("/hosts", Some(&w.customer)).await.text();
+    assert!(customer.contains("ask an operator for the community_host grant"));
+    let refused = w
+        .app
+        .send(form(&w.customer, "/hosts", "profile_id=gb10-spark-1"))
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    assert!(refused.text().contains("community_host"));
+
+    // The operator sees it, with no Activate until preparation finished.
+    let token = text
+        .split("--token ")
+        .nth(1)
+        .unwrap()
+        .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+        .next()
+        .unwrap();
+    assert_eq!(w.enroll(token, spark()).await.status, StatusCode::OK);
+    let admin = w.app.get("/admin/hosts", Some(&w.op)).await.text();
+    assert!(
+        admin.contains("spark-1")
+            && admin.contains("owner@example.com")
+            && admin.contains("enrolled: preparing")
+    );
+    assert!(
+        !admin.contains(">Activate<"),
+        "not offered before preparation finished"
+    );
+    let host_id = w.app.db.enrollment_views(None).await.unwrap()[0]
+        .host_id
+        .clone()
+        .unwrap();
+    let forced = w
+        .app
+        .send(form(
+            &w.op,
+            &format!("/admin/hosts/{host_id}/activate"),
+            "placement=shared",
+        ))
+        .await;
+    assert_eq!(
+        forced.status,
+        StatusCode::CONFLICT,
+        "the backend refuses whatever sends it"
+    );
+    assert!(forced.text().contains("preparation has not finished"));
+    w.app
+        .db
+        .mark_host_prepared(&host_id, w.clock.now())
+        .await
+        .unwrap();
+    assert!(
+        w.app
+            .get("/admin/hosts", Some(&w.op))
+            .await
+            .text()
+            .contains(">Activate<")
+    );
+    let ok = w
+        .app
+        .send(form(
+            &w.op,
+            &format!("/admin/hosts/{host_id}/activate"),
+            "placement=shared",
+        ))
+        .await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER);
+    assert!(w.app.db.host(&host_id).await.unwrap().unwrap().active);
+}
+
 macro_rules! with_world {
     ($($name:ident),* $(,)?) => {$(
         mod $name {
@@ -528,4 +625,5 @@ with_world!(
     d3_activation_is_refused_until_preparation_finished,
     a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure,
     h_revoking_before_redeem_releases_the_allocation,
+    pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
 );

@@ -21,6 +21,8 @@ use crate::routes::accounts::{open_session, password_sign_in};
 use crate::routes::admin::change_grant;
 use crate::state::AppState;
 
+mod hosts;
+
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(home))
@@ -31,6 +33,13 @@ pub fn router() -> Router<AppState> {
         .route(
             "/admin/users/{sub}/roles/{role}/{action}",
             post(users_grant_submit),
+        )
+        .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
+        .route("/admin/hosts", get(hosts::admin_hosts))
+        .route("/admin/hosts/{host_id}/activate", post(hosts::activate))
+        .route(
+            "/admin/enrollments/{enrollment_id}/revoke",
+            post(hosts::revoke),
         )
         .route("/admin/operator-keys", get(keys_page))
         .route("/admin/operator-keys/changes", post(keys_change_submit))
@@ -103,9 +112,9 @@ impl IntoResponse for PageError {
     }
 }
 
-type PageResult = Result<Response, PageError>;
+pub(crate) type PageResult = Result<Response, PageError>;
 
-fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup {
+pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -120,7 +129,9 @@ fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup 
                     a.brand href="/" { "byo" }
                     nav {
                         @if let Some(v) = viewer {
+                            a href="/hosts" { "Your GPUs" }
                             @if v.is_operator() {
+                                a href="/admin/hosts" { "Hosts" }
                                 a href="/admin/users" { "Users" }
                                 a href="/admin/operator-keys" { "Operator keys" }
                             }
@@ -303,7 +314,7 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
 }
 
 /// The operator gate for pages: anonymous callers are sent to sign in.
-fn require_operator(viewer: Option<CurrentUser>) -> Result<Operator, PageError> {
+pub(crate) fn require_operator(viewer: Option<CurrentUser>) -> Result<Operator, PageError> {
     match viewer {
         None => Err(AppError::Unauthenticated.into()),
         Some(v) if v.is_operator() => Ok(Operator(v)),
