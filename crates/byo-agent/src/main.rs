@@ -33,6 +33,21 @@ enum Command {
         #[command(flatten)]
         paths: KeyPaths,
     },
+    /// Enrol this machine (step 126): detect it, redeem the token, keep the credentials
+    /// root-only under /etc/enverge. A machine that already enrolled reuses them. The token
+    /// comes from --token, --token-file, or standard input.
+    Enroll {
+        /// The control plane, e.g. https://app.enverge.ai.
+        #[arg(long, env = "BYO_SERVER")]
+        server: String,
+        #[arg(long, conflicts_with = "token_file")]
+        token: Option<String>,
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Where /etc/enverge and /var/lib/enverge-agent live (tests use a directory).
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
@@ -137,6 +152,36 @@ fn serve(
     })
 }
 
+fn enroll(
+    server: &str,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    root: PathBuf,
+) -> anyhow::Result<()> {
+    use byo_agent::enroll::{EnrolOutcome, EnrolPaths, Enroller, read_token};
+    let enroller = Enroller::new(server, EnrolPaths { root });
+    let token = if enroller.kept()?.is_some() {
+        String::new()
+    } else {
+        read_token(token.as_deref(), token_file.as_deref())
+            .context("reading the enrolment token")?
+    };
+    let report = byo_wire::enroll::EnrollRequest {
+        node: byo_agent::detect::detect(&byo_agent::detect::LocalProbe),
+        peers: Vec::new(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    match rt.block_on(enroller.enrol(&token, &report))? {
+        EnrolOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
+        EnrolOutcome::AlreadyEnrolled { slug } => {
+            println!("already enrolled as {slug}; reusing its credentials")
+        }
+    }
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     let cmd = match cli.command {
         Command::Serve {
@@ -145,6 +190,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             paths,
         } => return serve(listen, agent_token_hash, paths),
         Command::OperatorKeys(cmd) => cmd,
+        Command::Enroll {
+            server,
+            token,
+            token_file,
+            root,
+        } => return enroll(&server, token, token_file, root),
     };
     match cmd {
         KeysCommand::Apply { file, paths } => {

@@ -1,0 +1,254 @@
+//! The agent's side of enrolment (B): one call, and the agent has everything. Credentials
+//! are kept root-only under /etc/enverge; a machine that already enrolled and runs the
+//! one-liner again reuses them and calls nothing (scenario 5). While the backend cannot be
+//! reached, the agent retries in-process for as long as the token can live.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_wire::enroll::{EnrollRequest, EnrollResponse};
+
+use crate::operator_keys::{OperatorKeys, Paths, write_atomic};
+
+/// Where enrolment keeps what it was given, under `root` (`/` on a host; a temporary
+/// directory in tests).
+#[derive(Clone, Debug)]
+pub struct EnrolPaths {
+    pub root: PathBuf,
+}
+
+impl EnrolPaths {
+    pub fn system() -> Self {
+        EnrolPaths {
+            root: PathBuf::from("/"),
+        }
+    }
+    fn at(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+    /// Everything redeem returned, root-only (0600).
+    pub fn credentials(&self) -> PathBuf {
+        self.at("etc/enverge/credentials.json")
+    }
+    /// The SHA-256 of the agent token, which serving checks the backend's calls against.
+    pub fn agent_token_hash(&self) -> PathBuf {
+        self.at("etc/enverge/agent-token.sha256")
+    }
+    /// The signing key(s) operator-key lists are checked against (M.7), pinned here.
+    pub fn signing_keys(&self) -> PathBuf {
+        self.at("etc/enverge/signing-keys")
+    }
+    pub fn operator_keys(&self) -> PathBuf {
+        self.at("var/lib/enverge-agent/operator-keys.signed")
+    }
+    pub fn authorized_keys(&self) -> PathBuf {
+        self.at("home/spark/.ssh/authorized_keys")
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EnrolOutcome {
+    Enrolled {
+        slug: String,
+    },
+    /// Scenario 5: credentials were already here; nothing was called.
+    AlreadyEnrolled {
+        slug: String,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnrolError {
+    #[error("the enrolment token was refused: {0}")]
+    InvalidToken(String),
+    #[error("this machine was turned away: {0}")]
+    Rejected(String),
+    #[error("the backend could not be reached for {0:?}; the token has lapsed, add the GPU again")]
+    Unreachable(Duration),
+    #[error("the backend answered something unexpected: {0}")]
+    Protocol(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(context: &str) -> impl FnOnce(std::io::Error) -> EnrolError + '_ {
+    move |source| EnrolError::Io {
+        context: context.to_owned(),
+        source,
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct Enroller {
+    /// The control plane, e.g. https://app.enverge.ai.
+    pub server: String,
+    pub paths: EnrolPaths,
+    pub retry_every: Duration,
+    /// How long to keep trying an unreachable backend: the token's lifetime.
+    pub give_up_after: Duration,
+}
+
+/// What the backend said in an error body.
+fn message(body: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(body)
+        .ok()
+        .and_then(|v| v["message"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| body.chars().filter(|c| !c.is_control()).take(300).collect())
+}
+
+impl Enroller {
+    pub fn new(server: &str, paths: EnrolPaths) -> Self {
+        Enroller {
+            server: server.trim_end_matches('/').to_owned(),
+            paths,
+            retry_every: Duration::from_secs(60),
+            give_up_after: Duration::from_secs(3600),
+        }
+    }
+
+    /// The credentials kept by an earlier enrolment, if any.
+    pub fn kept(&self) -> Result<Option<EnrollResponse>, EnrolError> {
+        match std::fs::read(self.paths.credentials()) {
+            Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+                EnrolError::Protocol(format!("the kept credentials do not parse: {e}"))
+            }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io("reading the kept credentials")(e)),
+        }
+    }
+
+    pub async fn enrol(
+        &self,
+        token: &str,
+        request: &EnrollRequest,
+    ) -> Result<EnrolOutcome, EnrolError> {
+        if let Some(kept) = self.kept()? {
+            return Ok(EnrolOutcome::AlreadyEnrolled { slug: kept.slug });
+        }
+        let token = SecretToken::parse(TokenKind::Enrollment, token.trim()).map_err(|_| {
+            EnrolError::InvalidToken(
+                "it is not an enrolment token; copy the whole command again".into(),
+            )
+        })?;
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(60))
+            .build()
+            .map_err(|e| EnrolError::Protocol(e.to_string()))?;
+        let started = Instant::now();
+        loop {
+            let sent = client
+                .post(format!("{}/api/enroll", self.server))
+                .bearer_auth(token.expose())
+                .json(request)
+                .send()
+                .await;
+            let retry = match sent {
+                Err(e) => format!("could not reach the backend: {}", e.without_url()),
+                Ok(resp) => {
+                    let status = resp.status();
+                    let body = resp.text().await.unwrap_or_default();
+                    match status.as_u16() {
+                        200 => {
+                            let response: EnrollResponse =
+                                serde_json::from_str(&body).map_err(|e| {
+                                    EnrolError::Protocol(format!("the enrolment answer: {e}"))
+                                })?;
+                            self.keep(&response, &body)?;
+                            return Ok(EnrolOutcome::Enrolled {
+                                slug: response.slug,
+                            });
+                        }
+                        401 => return Err(EnrolError::InvalidToken(message(&body))),
+                        422 => return Err(EnrolError::Rejected(message(&body))),
+                        400..=499 => {
+                            return Err(EnrolError::Protocol(format!(
+                                "{status}: {}",
+                                message(&body)
+                            )));
+                        }
+                        _ => format!("the backend answered {status}"),
+                    }
+                }
+            };
+            if started.elapsed() >= self.give_up_after {
+                return Err(EnrolError::Unreachable(started.elapsed()));
+            }
+            eprintln!(
+                "byo-agent: {retry}; trying again in {}s",
+                self.retry_every.as_secs()
+            );
+            tokio::time::sleep(self.retry_every).await;
+        }
+    }
+
+    /// Keep what redeem returned: the whole answer root-only, the agent token's hash, the
+    /// pinned signing key, and the signed operator-key list — kept only if it verifies.
+    fn keep(&self, response: &EnrollResponse, raw: &str) -> Result<(), EnrolError> {
+        for dir in [self.paths.credentials(), self.paths.operator_keys()] {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(io("creating the credentials directory"))?;
+            }
+        }
+        write_atomic(&self.paths.credentials(), raw.as_bytes(), 0o600)
+            .map_err(io("keeping the credentials"))?;
+        let agent_token = SecretToken::parse(TokenKind::Agent, &response.agent_token)
+            .map_err(|_| EnrolError::Protocol("the agent token is malformed".into()))?;
+        write_atomic(
+            &self.paths.agent_token_hash(),
+            format!("{}\n", agent_token.hash().as_str()).as_bytes(),
+            0o644,
+        )
+        .map_err(io("keeping the agent token's hash"))?;
+        if !response.signing_keys.is_empty() && !self.paths.signing_keys().exists() {
+            let keys = response
+                .signing_keys
+                .iter()
+                .map(|k| format!("{}\n", k.trim()))
+                .collect::<String>();
+            write_atomic(&self.paths.signing_keys(), keys.as_bytes(), 0o644)
+                .map_err(io("pinning the signing key"))?;
+        }
+        if let Some(list) = &response.operator_keys {
+            let keys = self.operator_keys(&response.environment);
+            match keys.accept(list.as_bytes(), chrono::Utc::now()) {
+                Ok(_) => keys
+                    .persist(list.as_bytes())
+                    .map_err(|e| EnrolError::Protocol(e.to_string()))?,
+                Err(e) => {
+                    eprintln!("byo-agent: the operator-key list from enrolment was not kept: {e}")
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn operator_keys(&self, environment: &str) -> OperatorKeys {
+        OperatorKeys {
+            paths: Paths {
+                trusted: self.paths.signing_keys(),
+                held: self.paths.operator_keys(),
+                authorized_keys: self.paths.authorized_keys(),
+            },
+            environment: environment.to_owned(),
+        }
+    }
+}
+
+/// Read the token from an argument, a file, or standard input (in that order).
+pub fn read_token(arg: Option<&str>, file: Option<&Path>) -> std::io::Result<String> {
+    if let Some(t) = arg {
+        return Ok(t.trim().to_owned());
+    }
+    if let Some(f) = file {
+        return Ok(std::fs::read_to_string(f)?.trim().to_owned());
+    }
+    let mut s = String::new();
+    std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
+    Ok(s.trim().to_owned())
+}
