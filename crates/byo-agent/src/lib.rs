@@ -11,3 +11,4 @@ pub mod detect;
 pub mod enroll;
 pub mod operator_keys;
 pub mod serve;
+pub mod units;

@@ -48,6 +48,19 @@ enum Command {
         #[arg(long, default_value = "/")]
         root: PathBuf,
     },
+    /// What enverge-agent-prepare runs, as root: enrol with the token the installer left
+    /// (once), then prepare the host. A completed preparation is recorded, and later starts
+    /// find the record and exit at once (L, rule 1).
+    Prepare {
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
+    /// What enverge-agent-rollback runs when serving will not stay up: go back to
+    /// byo-agent.previous once, and never to the build already running (L1).
+    Rollback {
+        #[arg(long, default_value = "/usr/local/bin/byo-agent")]
+        bin: PathBuf,
+    },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
@@ -182,6 +195,70 @@ fn enroll(
     Ok(())
 }
 
+fn prepare(root: PathBuf) -> anyhow::Result<()> {
+    use byo_agent::enroll::{EnrolError, EnrolOutcome, EnrolPaths, Enroller};
+    let etc = root.join("etc/enverge");
+    if etc.join("prepared").exists() {
+        println!("preparation completed earlier; nothing to do");
+        return Ok(());
+    }
+    let server = std::fs::read_to_string(etc.join("server"))
+        .context("reading /etc/enverge/server (run install.sh)")?;
+    let enroller = Enroller::new(server.trim(), EnrolPaths { root: root.clone() });
+    let token_file = etc.join("enrol-token");
+    let token = if enroller.kept()?.is_some() {
+        String::new()
+    } else {
+        std::fs::read_to_string(&token_file).unwrap_or_default()
+    };
+    let report = byo_wire::enroll::EnrollRequest {
+        node: byo_agent::detect::detect(&byo_agent::detect::LocalProbe),
+        peers: Vec::new(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let outcome = rt.block_on(enroller.enrol(&token, &report));
+    // A token is good for one answer: spent on success, worthless after a refusal.
+    if matches!(
+        outcome,
+        Ok(EnrolOutcome::Enrolled { .. })
+            | Err(EnrolError::InvalidToken(_) | EnrolError::Rejected(_))
+    ) {
+        let _ = std::fs::remove_file(&token_file);
+    }
+    let slug = match outcome? {
+        EnrolOutcome::Enrolled { slug } | EnrolOutcome::AlreadyEnrolled { slug } => slug,
+    };
+    anyhow::bail!(
+        "enrolled as {slug}; the prepare state machine is not part of this build, so preparation stops here and serving stays down"
+    )
+}
+
+fn rollback(bin: &std::path::Path) -> anyhow::Result<()> {
+    use sha2::{Digest, Sha256};
+    let mut previous = bin.as_os_str().to_owned();
+    previous.push(".previous");
+    let previous = PathBuf::from(previous);
+    let digest = |p: &std::path::Path| std::fs::read(p).map(|b| Sha256::digest(&b));
+    let old = digest(&previous)
+        .with_context(|| format!("no previous build at {}", previous.display()))?;
+    let now = digest(bin).with_context(|| format!("reading {}", bin.display()))?;
+    if old == now {
+        std::fs::remove_file(&previous)?;
+        anyhow::bail!(
+            "the previous build is the one already running; not restoring it (the host stays down and is alerted)"
+        );
+    }
+    // Consumed: a second failure finds nothing to go back to.
+    std::fs::rename(&previous, bin).with_context(|| format!("restoring {}", previous.display()))?;
+    println!("restored the previous build at {}", bin.display());
+    let _ = std::process::Command::new("systemctl")
+        .args(["--no-block", "restart", byo_agent::units::SERVING])
+        .status();
+    Ok(())
+}
+
 fn run(cli: Cli) -> anyhow::Result<()> {
     let cmd = match cli.command {
         Command::Serve {
@@ -196,6 +273,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             token_file,
             root,
         } => return enroll(&server, token, token_file, root),
+        Command::Prepare { root } => return prepare(root),
+        Command::Rollback { bin } => return rollback(&bin),
     };
     match cmd {
         KeysCommand::Apply { file, paths } => {

@@ -26,6 +26,7 @@ const KEYS: &[&str] = &[
     "operator_keys",
     "relay_release",
     "relays",
+    "release_dir",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -74,6 +75,10 @@ pub struct Config {
     /// Who builds relays: `local` (this machine; `byo up`, tests) or `gcp`.
     #[serde(default)]
     pub relays: RelaysConfig,
+    /// Where the agent builds are, served at /agent/: `byo-agent-<arch>` and
+    /// `byo-agent-<arch>.sha256` (as `uname -m` names the arch).
+    #[serde(default)]
+    pub release_dir: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -199,6 +204,7 @@ impl Default for Config {
             operator_keys: OperatorKeysConfig::default(),
             relay_release: None,
             relays: RelaysConfig::default(),
+            release_dir: None,
         }
     }
 }

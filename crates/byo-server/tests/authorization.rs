@@ -243,6 +243,12 @@ fn page_table() -> Vec<Row> {
         },
         Row {
             method: Method::GET,
+            path: "/install.sh",
+            allowed: EVERYONE,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
             path: "/admin/hosts",
             allowed: OPERATORS,
             body: none,

@@ -627,3 +627,74 @@ with_world!(
     h_revoking_before_redeem_releases_the_allocation,
     pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
 );
+
+#[tokio::test]
+async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
+    let Some(mut app) = TestApp::new(byo_db::Backend::Sqlite).await else {
+        return;
+    };
+    let script = app.get("/install.sh", None).await;
+    assert_eq!(script.status, StatusCode::OK);
+    let text = script.text();
+    assert!(text.contains("server='http://localhost:8080'"), "{text}");
+    assert!(text.contains("\"$server/agent/byo-agent-$arch\"") && text.contains("sha256sum -c"));
+    for unit in [
+        "enverge-agent-prepare.service",
+        "enverge-agent.service",
+        "enverge-agent-rollback.service",
+    ] {
+        assert!(
+            text.contains(&format!("/etc/systemd/system/{unit}")),
+            "{unit}"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("install.sh");
+    std::fs::write(&path, &text).unwrap();
+    let ok = std::process::Command::new("sh")
+        .args(["-c", "command -v shellcheck"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        let out = std::process::Command::new("shellcheck")
+            .arg("--severity=style")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    } else {
+        assert!(
+            std::env::var("CI").is_err(),
+            "shellcheck is missing under CI"
+        );
+        eprintln!("SKIPPED (shellcheck): not installed");
+    }
+
+    // Agent builds come from the release directory, by name only.
+    std::fs::write(dir.path().join("byo-agent-aarch64"), b"binary").unwrap();
+    std::fs::write(dir.path().join("secret"), b"no").unwrap();
+    let mut config = support::test_config();
+    config.release_dir = Some(dir.path().to_owned());
+    app.state = byo_server::AppState::new(app.db.store.clone(), config);
+    app.router = byo_server::app(app.state.clone());
+    assert_eq!(
+        app.get("/agent/byo-agent-aarch64", None).await.body,
+        b"binary"
+    );
+    for bad in [
+        "/agent/secret",
+        "/agent/byo-agent-..%2Fsecret",
+        "/agent/install.sh",
+        "/agent/byo-agent-",
+    ] {
+        assert_eq!(
+            app.get(bad, None).await.status,
+            StatusCode::NOT_FOUND,
+            "{bad}"
+        );
+    }
+}

@@ -22,6 +22,7 @@ use crate::routes::admin::change_grant;
 use crate::state::AppState;
 
 mod hosts;
+pub mod install;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -34,6 +35,8 @@ pub fn router() -> Router<AppState> {
             "/admin/users/{sub}/roles/{role}/{action}",
             post(users_grant_submit),
         )
+        .route("/install.sh", get(install::install_sh))
+        .route("/agent/{file}", get(install::agent_file))
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
         .route("/admin/hosts", get(hosts::admin_hosts))
         .route("/admin/hosts/{host_id}/activate", post(hosts::activate))

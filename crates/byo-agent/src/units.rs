@@ -1,0 +1,33 @@
+//! The agent's three systemd units (place 1): preparation as root, serving unprivileged,
+//! and the rollback. Their ordering is J's notes 5–6: serving `Requires=`/`After=`
+//! preparation, so starting serving pulls preparation in; preparation `Wants=` serving, so
+//! a first install that starts only preparation starts serving once it succeeds; a failed
+//! serving start fires the rollback.
+
+pub const PREPARE: &str = "enverge-agent-prepare.service";
+pub const SERVING: &str = "enverge-agent.service";
+pub const ROLLBACK: &str = "enverge-agent-rollback.service";
+
+/// (file name, contents) of each unit, running `bin`.
+pub fn units(bin: &str) -> Vec<(&'static str, String)> {
+    vec![
+        (
+            PREPARE,
+            format!(
+                "[Unit]\nDescription=byo agent: enrol and prepare this host (root)\nWants=network-online.target {SERVING}\nAfter=network-online.target\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={bin} prepare\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            SERVING,
+            format!(
+                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            ROLLBACK,
+            format!(
+                "[Unit]\nDescription=byo agent: go back to the previous build once, when serving will not stay up\n\n[Service]\nType=oneshot\nExecStart={bin} rollback\n"
+            ),
+        ),
+    ]
+}
