@@ -141,6 +141,33 @@ async fn first_admin(state: &AppState, data_dir: &Path) -> anyhow::Result<Creden
     Ok(c)
 }
 
+/// Serve the `byo-agent` built beside this binary at /agent/, so the one-liner works
+/// against this machine: copy it into the data directory with its digest.
+fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+    use sha2::{Digest, Sha256};
+    let exe = std::env::current_exe()?;
+    let Some(agent) = exe
+        .parent()
+        .map(|d| d.join("byo-agent"))
+        .filter(|p| p.exists())
+    else {
+        return Ok(None);
+    };
+    let releases = data_dir.join("releases");
+    std::fs::create_dir_all(&releases)?;
+    let bytes = std::fs::read(&agent).with_context(|| format!("reading {}", agent.display()))?;
+    let arch = std::env::consts::ARCH;
+    std::fs::write(releases.join(format!("byo-agent-{arch}")), &bytes)?;
+    std::fs::write(
+        releases.join(format!("byo-agent-{arch}.sha256")),
+        format!(
+            "{}  byo-agent-{arch}\n",
+            hex::encode(Sha256::digest(&bytes))
+        ),
+    )?;
+    Ok(Some(releases))
+}
+
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
@@ -169,6 +196,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_public];
+    config.release_dir = publish_local_agent(&data_dir)?;
     telemetry::init(config.log_format);
     let store = Store::connect(&format!("sqlite://{}", data_dir.join("byo.db").display()))
         .await
