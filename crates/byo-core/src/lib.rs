@@ -4,5 +4,6 @@
 pub mod keylist;
 #[cfg(feature = "testing")]
 pub mod keylist_testing;
+pub mod prepare;
 pub mod redeem;
 pub mod tokens;
