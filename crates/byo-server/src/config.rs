@@ -27,6 +27,7 @@ const KEYS: &[&str] = &[
     "relay_release",
     "relays",
     "release_dir",
+    "tunnels",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -79,6 +80,15 @@ pub struct Config {
     /// `byo-agent-<arch>.sha256` (as `uname -m` names the arch).
     #[serde(default)]
     pub release_dir: Option<std::path::PathBuf>,
+    /// Operator tunnels and their DNS: Cloudflare when configured, `local` otherwise.
+    #[serde(default)]
+    pub tunnels: TunnelsConfig,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TunnelsConfig {
+    pub cloudflare: Option<crate::providers::cloudflare::CloudflareConfig>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -205,6 +215,7 @@ impl Default for Config {
             relay_release: None,
             relays: RelaysConfig::default(),
             release_dir: None,
+            tunnels: TunnelsConfig::default(),
         }
     }
 }

@@ -2,6 +2,7 @@
 //! Compute Engine, or `local`) and tunnels with their DNS (Cloudflare, or `local`). Tests
 //! substitute fakes that reproduce the real APIs' shapes; `byo up` uses `local`.
 
+pub mod cloudflare;
 pub mod gcp;
 pub mod local;
 
@@ -67,8 +68,9 @@ pub fn from_config(config: &crate::config::Config) -> Result<Providers, Provider
         }
         (RelayProviderKind::Local, _) => Arc::new(local::LocalRelays::default()),
     };
-    Ok(Providers {
-        relays,
-        tunnels: Arc::new(local::LocalTunnels::default()),
-    })
+    let tunnels: Arc<dyn TunnelProvider> = match &config.tunnels.cloudflare {
+        Some(cf) => Arc::new(cloudflare::CloudflareTunnels::new(cf.clone())),
+        None => Arc::new(local::LocalTunnels::default()),
+    };
+    Ok(Providers { relays, tunnels })
 }
