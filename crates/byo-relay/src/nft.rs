@@ -200,9 +200,10 @@ pub fn parse_elements_text(text: &str) -> Result<Vec<Mapping>, NftError> {
 pub struct NftCli;
 
 impl NftCli {
-    /// Apply a batch atomically (`nft -f -`: one transaction).
-    pub fn apply(&self, batch: &str) -> Result<(), NftError> {
+    /// Feed `batch` to `nft <flags> -f -`.
+    fn feed(&self, flags: &[&str], batch: &str) -> Result<(), NftError> {
         let mut child = Command::new("nft")
+            .args(flags)
             .args(["-f", "-"])
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
@@ -223,27 +224,14 @@ impl NftCli {
         }
     }
 
+    /// Apply a batch atomically (`nft -f -`: one transaction).
+    pub fn apply(&self, batch: &str) -> Result<(), NftError> {
+        self.feed(&[], batch)
+    }
+
     /// Check a batch without committing it (`nft -c`).
     pub fn check(&self, batch: &str) -> Result<(), NftError> {
-        let mut child = Command::new("nft")
-            .args(["-c", "-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()?;
-        child
-            .stdin
-            .take()
-            .expect("piped")
-            .write_all(batch.as_bytes())?;
-        let out = child.wait_with_output()?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(NftError::Failed(
-                String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            ))
-        }
+        self.feed(&["-c"], batch)
     }
 
     pub fn table_exists(&self) -> Result<bool, NftError> {
