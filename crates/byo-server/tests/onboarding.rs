@@ -601,21 +601,6 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
     assert!(w.app.db.host(&host_id).await.unwrap().unwrap().active);
 }
 
-macro_rules! with_world {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                if let Some(w) = super::world(byo_db::Backend::Sqlite).await { super::$name(w).await }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                if let Some(w) = super::world(byo_db::Backend::Postgres).await { super::$name(w).await }
-            }
-        }
-    )*};
-}
-
 with_world!(
     a1_provisioning_allocates_everything_before_the_box_is_touched,
     a4_provisioning_refusals_change_nothing,

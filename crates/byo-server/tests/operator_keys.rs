@@ -471,21 +471,6 @@ async fn m12_a_withdrawn_draft_is_gone_for_everyone(w: World) {
     );
 }
 
-macro_rules! with_world {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                if let Some(w) = super::world(byo_db::Backend::Sqlite).await { super::$name(w).await }
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                if let Some(w) = super::world(byo_db::Backend::Postgres).await { super::$name(w).await }
-            }
-        }
-    )*};
-}
-
 with_world!(
     m10_two_operators_changes_end_in_one_version_holding_both,
     m_refused_changes_change_nothing,

@@ -37,6 +37,28 @@ macro_rules! on_each_backend {
     )*};
 }
 
+/// Like `on_each_backend!`, for test files whose scenarios take a richer `World` built by
+/// their own `async fn world(backend) -> Option<World>`.
+#[macro_export]
+macro_rules! with_world {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                if let Some(w) = super::world(byo_db::Backend::Sqlite).await {
+                    super::$name(w).await
+                }
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                if let Some(w) = super::world(byo_db::Backend::Postgres).await {
+                    super::$name(w).await
+                }
+            }
+        }
+    )*};
+}
+
 pub const PASSWORD: &str = "correct horse battery staple";
 
 pub struct TestApp {
