@@ -623,6 +623,10 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
     let text = script.text();
     assert!(text.contains("server='http://localhost:8080'"), "{text}");
     assert!(text.contains("\"$server/agent/byo-agent-$arch\"") && text.contains("sha256sum -c"));
+    assert!(
+        text.contains("trap '' HUP INT"),
+        "the critical section survives a dropped session"
+    );
     for unit in [
         "enverge-agent-prepare.service",
         "enverge-agent.service",

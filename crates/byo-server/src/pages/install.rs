@@ -73,6 +73,9 @@ if [ "$peer" -eq 1 ]; then
   printf '%s\n' "$nodes" > /etc/enverge/peer-nodes
 fi
 
+# From here to the end nothing may be cut short: a dropped SSH session must not land
+# between writing the binary and writing the units (J note 4).
+trap '' HUP INT
 if [ -f {bin} ]; then
   cp -p {bin} {bin}.previous
 fi
