@@ -149,7 +149,7 @@ pub enum LogFormat {
 
 /// Argon2id cost. The defaults are OWASP's minimum for argon2id (19 MiB, 2 passes).
 #[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct PasswordHashing {
     pub memory_kib: u32,
     pub iterations: u32,

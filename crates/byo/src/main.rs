@@ -30,8 +30,25 @@ enum KeysCommand {
     Sign(byo::keys::SignArgs),
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+/// Errors print as one readable chain of causes, for the operator at the terminal.
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("byo: starting the runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("byo: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Up(args) => byo::up::run(args).await,
         Command::Keys(KeysCommand::Sign(args)) => byo::keys::sign(args).await,
