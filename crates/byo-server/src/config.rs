@@ -352,6 +352,15 @@ mod tests {
                 Config::load(None).is_ok(),
                 "other programs' BYO_ variables are ignored"
             );
+            jail.set_env("BYO_PASSWORD_HASHING__MEMORY_KIB", "512");
+            let partial = Config::load(None).expect("one nested key alone is enough");
+            assert_eq!(
+                (
+                    partial.password_hashing.memory_kib,
+                    partial.password_hashing.iterations
+                ),
+                (512, 2)
+            );
             jail.create_file("typo.toml", "listne = \"127.0.0.1:1\"")?;
             let err = Config::load(Some(Path::new("typo.toml")))
                 .unwrap_err()
