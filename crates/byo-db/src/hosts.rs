@@ -283,3 +283,59 @@ impl Store {
         .map_err(Into::into)
     }
 }
+
+impl Store {
+    /// The host a presented host token belongs to; retired hosts have none (N.6).
+    pub async fn host_id_by_token(
+        &self,
+        token_hash: &byo_core::tokens::TokenHash,
+    ) -> Result<Option<String>> {
+        on_pool!(self, |p| sqlx::query_scalar::<_, String>(
+            "select id from hosts where token_hash = $1 and retired_at is null"
+        )
+        .bind(token_hash.as_str())
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// Record one progress event: node 0 on the hosts row, a satellite on its node row.
+    /// `completed` stamps `prepared_at`, the record activation is gated on. Returns false
+    /// when the host has no such node.
+    pub async fn record_prepare_state(
+        &self,
+        host_id: &str,
+        node: i32,
+        state: &Value,
+        completed: bool,
+        now: DateTime<Utc>,
+    ) -> Result<bool> {
+        let rows = if node == 0 {
+            on_pool!(self, |p| {
+                sqlx::query(
+                "update hosts set prepare_state = $2,
+                        prepared_at = case when $3 then coalesce(prepared_at, $4) else prepared_at end
+                 where id = $1 and retired_at is null"
+            )
+            .bind(host_id)
+            .bind(Json(state))
+            .bind(completed)
+            .bind(now)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+            })?
+        } else {
+            on_pool!(self, |p| sqlx::query(
+                r#"update host_nodes set prepare_state = $3 where host_id = $1 and "index" = $2"#
+            )
+            .bind(host_id)
+            .bind(node)
+            .bind(Json(state))
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))?
+        };
+        Ok(rows == 1)
+    }
+}

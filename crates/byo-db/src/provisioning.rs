@@ -439,6 +439,7 @@ pub struct EnrollmentView {
     pub created_at: DateTime<Utc>,
     pub redeemed_at: Option<DateTime<Utc>>,
     pub prepared_at: Option<DateTime<Utc>>,
+    pub prepare_state: Option<Json<Value>>,
     pub active: Option<bool>,
     pub relay_state: Option<String>,
 }
@@ -449,7 +450,7 @@ impl Store {
         on_pool!(self, |p| sqlx::query_as::<_, EnrollmentView>(
             "select e.id, e.host_id, h.slug, e.owner_sub, u.email as owner_email, e.profile_id, e.state,
                     e.token_expires_at, e.fingerprint, e.reject_reason, e.created_at, e.redeemed_at,
-                    h.prepared_at, h.active, h.relay_state
+                    h.prepared_at, h.prepare_state, h.active, h.relay_state
              from host_enrollments e
              join users u on u.sub = e.owner_sub
              left join hosts h on h.id = e.host_id

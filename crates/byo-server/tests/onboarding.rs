@@ -601,6 +601,118 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
     assert!(w.app.db.host(&host_id).await.unwrap().unwrap().active);
 }
 
+async fn c_host_report_records_progress_and_completion_gates_activation(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let enrolled = w.enroll(p["token"].as_str().unwrap(), spark()).await.json();
+    let host_token = enrolled["host_token"].as_str().unwrap().to_owned();
+    let report = |token: String, body: Value| {
+        let app = &w.app;
+        async move {
+            app.send(
+                Request::post("/api/host/report")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    let step = |name: &str, state: &str, is_final: bool| json!({"step": name, "state": state, "attempt": 1, "error": null, "final": is_final, "at": "2026-11-29T12:05:00Z"});
+
+    let r = report(
+        host_token.clone(),
+        json!({"node": 0, "state": step("lxd-install", "applied", false)}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert_eq!(host.prepare_state.unwrap().0["step"], "lxd-install");
+    assert!(host.prepared_at.is_none());
+    let page = w.app.get("/hosts", Some(&w.owner)).await.text();
+    assert!(
+        page.contains("preparing: lxd-install applied"),
+        "the owner watches progress"
+    );
+
+    // Refusals change nothing: a wrong token, a node the host does not have, garbage.
+    let before = w
+        .app
+        .db
+        .host(&host_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .prepare_state;
+    let wrong = report(
+        SecretToken::generate(TokenKind::Host).expose().to_owned(),
+        json!({"node": 0, "state": step("x", "failed", true)}),
+    )
+    .await;
+    let enrol_token_as_host = report(
+        p["token"].as_str().unwrap().to_owned(),
+        json!({"node": 0, "state": step("x", "failed", true)}),
+    )
+    .await;
+    assert_eq!(
+        (wrong.status, &wrong.body),
+        (enrol_token_as_host.status, &enrol_token_as_host.body)
+    );
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    let r = report(
+        host_token.clone(),
+        json!({"node": 1, "state": step("x", "applied", false)}),
+    )
+    .await;
+    assert_eq!(
+        r.status,
+        StatusCode::BAD_REQUEST,
+        "a single Spark has no node 1"
+    );
+    let r = report(host_token.clone(), json!({"node": 0})).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        w.app
+            .db
+            .host(&host_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepare_state,
+        before
+    );
+
+    // Completion is the record activation waits for.
+    let path = format!("/api/admin/hosts/{host_id}/activate");
+    let act = || {
+        w.app.request(
+            Method::POST,
+            &path,
+            Some(&w.op),
+            Some(json!({"placement": "shared"})),
+        )
+    };
+    assert_eq!(act().await.status, StatusCode::CONFLICT);
+    let r = report(
+        host_token,
+        json!({"node": 0, "state": step("self-check", "satisfied", true), "completed": true}),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert!(
+        w.app
+            .db
+            .host(&host_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepared_at
+            .is_some()
+    );
+    assert_eq!(act().await.status, StatusCode::NO_CONTENT);
+}
+
 with_world!(
     a1_provisioning_allocates_everything_before_the_box_is_touched,
     a4_provisioning_refusals_change_nothing,
@@ -611,6 +723,7 @@ with_world!(
     a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure,
     h_revoking_before_redeem_releases_the_allocation,
     pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
+    c_host_report_records_progress_and_completion_gates_activation,
 );
 
 #[tokio::test]

@@ -50,3 +50,16 @@ mod tests {
         );
     }
 }
+
+/// host-report: the agent's progress after each prepare step (C), with the node it is
+/// about: node 0 lands on `hosts.prepare_state`, a satellite on its `host_nodes` row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HostReport {
+    pub node: u32,
+    pub state: PrepareState,
+    /// The last step of a whole run completed: the record activation is gated on.
+    #[serde(default)]
+    pub completed: bool,
+}

@@ -25,7 +25,18 @@ fn enrolment_state(e: &EnrollmentView) -> String {
     match (e.state.as_str(), e.prepared_at, e.active) {
         ("enrolled", _, Some(true)) => "active: renting to customers".into(),
         ("enrolled", Some(_), _) => "prepared: waiting for an operator's approval".into(),
-        ("enrolled", None, _) => "enrolled: preparing".into(),
+        ("enrolled", None, _) => match e.prepare_state.as_ref().map(|s| &s.0) {
+            Some(p) => format!(
+                "preparing: {} {}{}",
+                p["step"].as_str().unwrap_or("?"),
+                p["state"].as_str().unwrap_or("?"),
+                p["error"]
+                    .as_str()
+                    .map(|e| format!(" ({e})"))
+                    .unwrap_or_default()
+            ),
+            None => "enrolled: preparing".into(),
+        },
         ("pending" | "ready", ..) => format!(
             "waiting for the command (expires {} UTC)",
             e.token_expires_at.format("%H:%M")

@@ -18,6 +18,7 @@ pub mod admin_host_action;
 pub mod health;
 pub mod host_enroll;
 pub mod host_provision;
+pub mod host_report;
 pub mod operator_keys;
 
 #[derive(OpenApi)]
@@ -57,6 +58,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(operator_keys::get_owner))
         .routes(routes!(host_provision::post_host))
         .routes(routes!(host_enroll::post_enroll))
+        .routes(routes!(host_report::post_report))
         .routes(routes!(admin_host_action::post_activate))
         .routes(routes!(admin_host_action::post_revoke))
 }
