@@ -66,6 +66,9 @@ pub enum RedeemDecision {
     },
     /// The request as it arrived lands whole on the enrolment, state rejected.
     Reject { request: Value, reason: String },
+    /// Something on our side is wrong (secrets that do not open, a profile that does not
+    /// parse): roll back, leaving the enrolment and its token exactly as they were.
+    Abort(String),
 }
 
 #[derive(Clone, Debug)]
@@ -285,6 +288,10 @@ impl Store {
                 }
             }
             match decision {
+                // Returning an error drops the transaction: nothing was written.
+                RedeemDecision::Abort(why) => {
+                    Err(DbError::Refused(format!("redeem_aborted: {why}")))
+                }
                 RedeemDecision::Reject { request, reason } => {
                     sqlx::query(
                         "update host_enrollments set state = 'rejected', redeemed_at = $2, fingerprint = $3,

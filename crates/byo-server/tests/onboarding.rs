@@ -16,6 +16,7 @@ use byo_wire::Role;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use support::TestApp;
+use tower::ServiceExt;
 
 /// Tunnels whose delete fails while `fail` is set, to interrupt a reap half-way.
 #[derive(Default)]
@@ -713,6 +714,42 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
     assert_eq!(act().await.status, StatusCode::NO_CONTENT);
 }
 
+async fn b28_a_fault_on_our_side_leaves_the_token_good(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let token = p["token"].as_str().unwrap();
+    // The same database, served by a server that lost its secret_key: the sealed secrets
+    // do not open.
+    let stranger = byo_server::app(
+        byo_server::AppState::new(w.app.db.store.clone(), support::test_config())
+            .with_clock(w.clock.clone()),
+    );
+    let r = stranger
+        .oneshot(
+            Request::post("/api/enroll")
+                .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(spark().to_string()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let e = w
+        .app
+        .db
+        .enrollment(p["enrollment_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (e.state.as_str(), e.redeemed_at),
+        ("pending", None),
+        "nothing was written"
+    );
+    // With the right key, the same token still enrols.
+    assert_eq!(w.enroll(token, spark()).await.status, StatusCode::OK);
+}
+
 with_world!(
     a1_provisioning_allocates_everything_before_the_box_is_touched,
     a4_provisioning_refusals_change_nothing,
@@ -724,6 +761,7 @@ with_world!(
     h_revoking_before_redeem_releases_the_allocation,
     pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
     c_host_report_records_progress_and_completion_gates_activation,
+    b28_a_fault_on_our_side_leaves_the_token_good,
 );
 
 #[tokio::test]

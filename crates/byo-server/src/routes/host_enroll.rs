@@ -55,7 +55,6 @@ pub async fn post_enroll(
     let host_token = SecretToken::generate(TokenKind::Host);
     let agent_token = SecretToken::generate(TokenKind::Agent);
     let mut delivered: Option<EnrolmentSecrets> = None;
-    let mut internal: Option<String> = None;
 
     let outcome = state
         .store
@@ -67,14 +66,10 @@ pub async fn post_enroll(
                 .and_then(|s| serde_json::from_str::<EnrolmentSecrets>(&s).ok());
             let plan = serde_json::from_value::<Plan>(ctx.constants.clone());
             let (Some(secrets), Ok(plan)) = (secrets, plan) else {
-                internal = Some(format!(
+                return RedeemDecision::Abort(format!(
                     "enrolment {} has unreadable secrets or profile",
                     ctx.enrollment_id
                 ));
-                return RedeemDecision::Reject {
-                    request: json!({}),
-                    reason: "internal".into(),
-                };
             };
             match judge(&plan, &req) {
                 Err(rejection) => RedeemDecision::Reject {
@@ -103,10 +98,14 @@ pub async fn post_enroll(
                 }
             }
         })
-        .await?;
-    if let Some(why) = internal {
-        return Err(AppError::Internal(anyhow::anyhow!(why)));
-    }
+        .await
+        .map_err(|e| match e {
+            // Our own fault, not the caller's: a 500, and the token is still good.
+            byo_db::DbError::Refused(why) if why.starts_with("redeem_aborted") => {
+                AppError::Internal(anyhow::anyhow!(why))
+            }
+            other => other.into(),
+        })?;
     match outcome {
         Redeemed::NoSuchToken => Ok(invalid_token()),
         Redeemed::Rejected { context, reason } => {
