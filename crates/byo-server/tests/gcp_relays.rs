@@ -210,6 +210,26 @@ async fn instance(
     Json(body).into_response()
 }
 
+/// The real client, pointed at the fake on `base`, signing with the key in `key`.
+fn client(base: &str, key: &std::path::Path) -> GcpRelays {
+    let config = GcpConfig {
+        project: "byo-test".into(),
+        region: "europe-west4".into(),
+        zone: "europe-west4-a".into(),
+        service_account_key_file: key.to_owned(),
+        machine_type: "e2-micro".into(),
+        image: "projects/debian-cloud/global/images/family/debian-12".into(),
+        network: "global/networks/default".into(),
+        api_base: format!("{base}/compute/v1"),
+    };
+    let sa = ServiceAccountKey {
+        client_email: "relays@byo-test.iam.gserviceaccount.com".into(),
+        private_key: std::fs::read_to_string(key).unwrap(),
+        token_uri: format!("{base}/token"),
+    };
+    GcpRelays::with_key(config, sa).with_poll_interval(Duration::from_millis(5))
+}
+
 struct World {
     fake: Shared,
     relays: GcpRelays,
@@ -274,22 +294,7 @@ async fn world() -> World {
         )
         .with_state(fake.clone());
     tokio::spawn(async move { axum::serve(listener, app).await });
-    let config = GcpConfig {
-        project: "byo-test".into(),
-        region: "europe-west4".into(),
-        zone: "europe-west4-a".into(),
-        service_account_key_file: key.clone(),
-        machine_type: "e2-micro".into(),
-        image: "projects/debian-cloud/global/images/family/debian-12".into(),
-        network: "global/networks/default".into(),
-        api_base: format!("{base}/compute/v1"),
-    };
-    let sa = ServiceAccountKey {
-        client_email: "relays@byo-test.iam.gserviceaccount.com".into(),
-        private_key: std::fs::read_to_string(&key).unwrap(),
-        token_uri: format!("{base}/token"),
-    };
-    let relays = GcpRelays::with_key(config, sa).with_poll_interval(Duration::from_millis(5));
+    let relays = client(&base, &key);
     World {
         fake,
         relays,
@@ -405,24 +410,7 @@ async fn a_service_account_key_that_does_not_match_is_refused_cleanly() {
             .status
             .success()
     );
-    let config = GcpConfig {
-        project: "byo-test".into(),
-        region: "europe-west4".into(),
-        zone: "europe-west4-a".into(),
-        service_account_key_file: key.clone(),
-        machine_type: "e2-micro".into(),
-        image: "img".into(),
-        network: "global/networks/default".into(),
-        api_base: format!("{}/compute/v1", w.base),
-    };
-    let wrong = GcpRelays::with_key(
-        config,
-        ServiceAccountKey {
-            client_email: "relays@byo-test.iam.gserviceaccount.com".into(),
-            private_key: std::fs::read_to_string(&key).unwrap(),
-            token_uri: format!("{}/token", w.base),
-        },
-    );
+    let wrong = client(&w.base, &key);
     let err = wrong
         .provision("spark-10", Some("script"))
         .await
