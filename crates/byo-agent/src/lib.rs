@@ -9,6 +9,9 @@
 
 pub mod detect;
 pub mod enroll;
+pub mod host;
+pub mod lxd;
 pub mod operator_keys;
+pub mod prepare;
 pub mod serve;
 pub mod units;

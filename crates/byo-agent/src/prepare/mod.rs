@@ -1,0 +1,182 @@
+//! Preparation (C): new_spark.md §4 and §6 as the 19 named steps, run by the pure engine in
+//! `byo_core::prepare` over the host adapter. `docs/prepare.md` lists every step with its
+//! check, its apply and why it sits where it does.
+
+mod image;
+mod steps;
+
+use std::cell::RefCell;
+
+use byo_core::prepare::{DoneList, Mode, Outcome, Progress, Step};
+use byo_wire::enroll::WireGuardConfig;
+use byo_wire::prepare::StepState;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::host::{Fallible, Host, LxdBody, LxdReply, Output};
+
+pub use image::{BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, recipe_digest};
+pub use steps::{PROFILE_NAME, SPARK, STEP_NAMES, render_base_profile, render_wireguard};
+
+/// The last act of a completed preparation hands the credentials to the serving user, and
+/// that hand-over is the record (L, rule 1): a later start that finds it exits at once.
+pub const HANDED_OVER: &str = "/etc/enverge/serving.json";
+/// The done list, scoped to the build that wrote it.
+pub const DONE_LIST: &str = "/var/lib/enverge-agent/prepare-done.json";
+/// Who ran the installer: the login owner-lockout removes (when the host says so).
+pub const OWNER_FILE: &str = "/etc/enverge/owner";
+
+/// The profile's plan (host_profiles.constants) as far as preparation reads it.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Profile {
+    #[serde(default = "one")]
+    pub node_count: u32,
+    #[serde(default)]
+    pub gpu_model: Option<String>,
+    #[serde(default)]
+    pub gpu_count: Option<u32>,
+    /// The NVIDIA repository's architecture the image builder uses (sbsa on arm64).
+    #[serde(default)]
+    pub cuda_repo_arch: Option<String>,
+    #[serde(default)]
+    pub prepare: Constants,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// How this profile's machines are prepared. A GB10 Spark takes the defaults; the
+/// staff-only test profile names the alternatives a Debian container can do.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Constants {
+    /// `snap` (Ubuntu, DGX OS) or `apt` (Debian's package).
+    pub lxd: String,
+    /// `zfs`; `dir` only where zfs cannot exist (a container), and said so in the report.
+    pub storage_driver: String,
+    pub pool_size: String,
+    pub zfs_arc_max: u64,
+    /// `ubuntu` (pulled from the image server) or `minimal` (busybox, built on the host).
+    pub base_image: String,
+}
+
+impl Default for Constants {
+    fn default() -> Self {
+        Constants {
+            lxd: "snap".into(),
+            storage_driver: "zfs".into(),
+            pool_size: "200GiB".into(),
+            zfs_arc_max: 8 << 30,
+            base_image: "ubuntu".into(),
+        }
+    }
+}
+
+/// Everything the steps read besides the host itself: the profile, and what enrolment
+/// returned. Built by the caller from the kept credentials.
+#[derive(Clone)]
+pub struct Plan {
+    pub profile: Profile,
+    /// spark's authorized_keys, rendered from the kept signed list (already verified).
+    pub authorized_keys: Option<String>,
+    pub wireguard: Option<WireGuardConfig>,
+    pub tunnel_token: Option<String>,
+    /// hosts.lockout_owner: owner-lockout runs only when the host says so.
+    pub lockout_owner: bool,
+    /// The owner's login on node0, recorded by the installer.
+    pub owner: Option<String>,
+}
+
+impl std::fmt::Debug for Plan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The WireGuard key and the connector token stay out of every log.
+        f.debug_struct("Plan")
+            .field("profile", &self.profile)
+            .field("lockout_owner", &self.lockout_owner)
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The steps, in the order whose landmines `docs/prepare.md` explains.
+pub fn steps<'p, H: Host + 'p>(plan: &'p Plan) -> Vec<Box<dyn Step<H> + 'p>> {
+    steps::all(plan)
+}
+
+/// Run preparation on `host` as node `node`: the done list is kept on the host after every
+/// completed step (so a run killed part way resumes there, and only by this very build),
+/// and progress goes to `report`.
+pub fn run<H: Host>(
+    host: &mut H,
+    plan: &Plan,
+    node: u32,
+    build: &str,
+    mode: Mode,
+    now: impl FnMut() -> DateTime<Utc>,
+    mut report: impl FnMut(Progress),
+) -> Outcome {
+    let previous = crate::host::read_string(host, DONE_LIST)
+        .ok()
+        .flatten()
+        .and_then(|s| serde_json::from_str::<DoneList>(&s).ok());
+    let cell = RefCell::new(host);
+    let mut shared = Shared(&cell);
+    let steps = steps::<Shared<'_, '_, H>>(plan);
+    let refs: Vec<&dyn Step<Shared<'_, '_, H>>> = steps.iter().map(|s| s.as_ref()).collect();
+    let mut kept = DoneList {
+        build: build.to_owned(),
+        steps: Vec::new(),
+    };
+    byo_core::prepare::run(
+        &refs,
+        &mut shared,
+        node,
+        build,
+        previous.as_ref(),
+        mode,
+        now,
+        |p| {
+            let completed = matches!(
+                p.state.state,
+                StepState::Satisfied | StepState::Applied | StepState::Skipped
+            );
+            if mode == Mode::Run && completed {
+                kept.steps.push(p.state.step.clone());
+                let bytes = serde_json::to_vec(&kept).unwrap_or_default();
+                if let Err(e) = cell
+                    .borrow_mut()
+                    .write(DONE_LIST, &bytes, 0o600, "root:root")
+                {
+                    tracing::warn!(error = %e, "the done list could not be kept");
+                }
+            }
+            report(p);
+        },
+    )
+}
+
+/// The host shared between the engine (which drives the steps) and the progress callback
+/// (which keeps the done list between steps); the two never hold it at once.
+pub struct Shared<'c, 'h, H>(&'c RefCell<&'h mut H>);
+
+impl<H: Host> Host for Shared<'_, '_, H> {
+    fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
+        self.0.borrow_mut().run(argv, stdin)
+    }
+    fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
+        self.0.borrow_mut().read(path)
+    }
+    fn write(&mut self, path: &str, bytes: &[u8], mode: u32, owner: &str) -> Fallible<()> {
+        self.0.borrow_mut().write(path, bytes, mode, owner)
+    }
+    fn remove(&mut self, path: &str) -> Fallible<()> {
+        self.0.borrow_mut().remove(path)
+    }
+    fn lxd(&mut self, method: &str, path: &str, body: LxdBody<'_>) -> Fallible<LxdReply> {
+        self.0.borrow_mut().lxd(method, path, body)
+    }
+    fn describe(&self) -> String {
+        self.0.borrow().describe()
+    }
+}

@@ -1,0 +1,557 @@
+//! C, the prepare run, against the simulated Spark: the engine's paths (re-run, dry run,
+//! killed part way, the done list's scope) and every landmine under "The 19 steps" —
+//! the correct order completes; the wrong order or the missing step fails at the step
+//! where the design says the failure surfaces, with an error that names the cause.
+
+mod sim_spark;
+
+use byo_agent::prepare::{self, Plan, Profile, STEP_NAMES};
+use byo_core::prepare::{Mode, Outcome, Progress, Step};
+use byo_wire::enroll::WireGuardConfig;
+use byo_wire::prepare::StepState;
+use sim_spark::{SimSpark, State, dgx_os};
+
+const BUILD: &str = "byo-agent 1.0 (test)";
+const KEYS: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKeyForTestsOnly expiry-time=\"20270101\" byo-operator:op1:laptop\n";
+
+fn gb10_spark_1() -> Profile {
+    serde_json::from_value(serde_json::json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "cuda_repo_arch": "sbsa", "node_count": 1, "rails": []
+    }))
+    .unwrap()
+}
+
+fn plan() -> Plan {
+    Plan {
+        profile: gb10_spark_1(),
+        authorized_keys: Some(KEYS.into()),
+        wireguard: Some(WireGuardConfig {
+            private_key: "cHJpdmF0ZS1rZXktZm9yLXRlc3RzLW9ubHktMDAwMDA=".into(),
+            address: "10.8.0.2/24".into(),
+            peer_public_key: "cmVsYXktcHVibGljLWtleS1mb3ItdGVzdHMtMDAwMDA=".into(),
+            endpoint: Some("203.0.113.7:51820".into()),
+            allowed_ips: "10.8.0.1/32".into(),
+        }),
+        tunnel_token: None,
+        lockout_owner: true,
+        owner: None,
+    }
+}
+
+fn at() -> chrono::DateTime<chrono::Utc> {
+    "2026-11-29T12:00:00Z".parse().unwrap()
+}
+
+fn run(sim: &mut SimSpark, plan: &Plan, mode: Mode) -> (Outcome, Vec<Progress>) {
+    run_build(sim, plan, mode, BUILD)
+}
+
+fn run_build(sim: &mut SimSpark, plan: &Plan, mode: Mode, build: &str) -> (Outcome, Vec<Progress>) {
+    let mut events = Vec::new();
+    let out = prepare::run(sim, plan, 0, build, mode, at, |p| events.push(p));
+    (out, events)
+}
+
+/// Run a chosen list of the real steps (a wrong order, or one left out).
+fn run_steps(sim: &mut SimSpark, plan: &Plan, names: &[&str]) -> Outcome {
+    let all = prepare::steps::<SimSpark>(plan);
+    let chosen: Vec<&dyn Step<SimSpark>> = names
+        .iter()
+        .map(|n| all.iter().find(|s| s.name() == *n).unwrap().as_ref())
+        .collect();
+    byo_core::prepare::run(&chosen, sim, 0, BUILD, None, Mode::Run, at, |_| {})
+}
+
+fn without(step: &str) -> Vec<&'static str> {
+    STEP_NAMES.iter().copied().filter(|s| *s != step).collect()
+}
+
+fn moved_after(step: &str, after: &str) -> Vec<&'static str> {
+    let mut names = without(step);
+    let i = names.iter().position(|s| *s == after).unwrap();
+    let moved = STEP_NAMES.iter().copied().find(|s| *s == step).unwrap();
+    names.insert(i + 1, moved);
+    names
+}
+
+fn prepared() -> SimSpark {
+    let mut sim = SimSpark::new(dgx_os());
+    let (out, _) = run(&mut sim, &plan(), Mode::Run);
+    assert!(out.completed, "{:?}", out.failed);
+    sim
+}
+
+fn failed_at(out: &Outcome, step: &str, cause: &str) {
+    let (name, error) = out
+        .failed
+        .clone()
+        .unwrap_or_else(|| panic!("expected {step} to fail"));
+    assert_eq!(name, step, "failed at {name}: {error}");
+    assert!(
+        error.contains(cause),
+        "{step}'s error does not name {cause:?}: {error}"
+    );
+    assert!(!out.completed);
+}
+
+fn owner_untouched(sim: &SimSpark) {
+    let owner = &sim.state.users["owner"];
+    assert!(
+        !owner.locked && owner.groups.contains("sudo"),
+        "owner-lockout ran after a failure"
+    );
+    assert!(
+        !sim.state
+            .files
+            .contains_key("/etc/ssh/sshd_config.d/00-enverge-lockout.conf")
+    );
+}
+
+// --- the run --------------------------------------------------------------------------------
+
+#[test]
+fn c_the_correct_order_prepares_a_dgx_os_spark() {
+    let mut sim = SimSpark::new(dgx_os());
+    let (out, events) = run(&mut sim, &plan(), Mode::Run);
+    assert!(out.completed, "{:?}", out.failed);
+    let s = &sim.state;
+    // operator-access: spark, NOPASSWD sudo, the operator keys.
+    assert!(s.users["spark"].groups.contains("lxd"));
+    assert_eq!(
+        s.files["/etc/sudoers.d/enverge-spark"],
+        b"spark ALL=(ALL) NOPASSWD:ALL\n"
+    );
+    assert_eq!(s.files["/home/spark/.ssh/authorized_keys"], KEYS.as_bytes());
+    // docker-purge, swap-off, earlyoom, zfs-arc-cap (binding, since it ran before LXD).
+    assert!(!s.packages.contains("docker.io") && !s.links.contains("docker0"));
+    assert_eq!(s.forward_policy, "ACCEPT");
+    assert!(s.swap.is_empty());
+    assert!(String::from_utf8_lossy(&s.files["/etc/fstab"]).contains("# disabled by enverge"));
+    assert!(s.active.contains("earlyoom.service"));
+    assert_eq!(s.zfs_loaded, Some(8 << 30));
+    // LXD as the lifecycle needs it, with no lxd init.
+    let lxd = s.lxd.as_ref().unwrap();
+    assert_eq!(lxd.pools["default"], "zfs");
+    assert_eq!(lxd.networks["lxdbr0"]["config"]["ipv4.nat"], "true");
+    assert!(lxd.profiles.contains_key("lofispark-base"));
+    assert!(lxd.aliases.contains_key("lofispark-base"));
+    assert!(
+        lxd.instances.is_empty(),
+        "the build instance is left behind"
+    );
+    // firewall in the file, relay-peer up, the owner locked out last.
+    assert!(
+        String::from_utf8_lossy(&s.files["/etc/default/ufw"])
+            .contains("DEFAULT_FORWARD_POLICY=\"ACCEPT\"")
+    );
+    assert!(s.active.contains("wg-quick@wg0.service"));
+    assert_eq!(
+        s.wg_peer.as_deref(),
+        Some("cmVsYXktcHVibGljLWtleS1mb3ItdGVzdHMtMDAwMDA=")
+    );
+    assert!(s.users["owner"].locked && !s.users["owner"].groups.contains("sudo"));
+    assert!(!s.unreachable);
+    // Progress after every step, in prepare_state's shape, the last one final.
+    let finished: Vec<&str> = events
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.state.state,
+                StepState::Applied | StepState::Satisfied | StepState::Skipped
+            )
+        })
+        .map(|e| e.state.step.as_str())
+        .collect();
+    assert_eq!(finished, STEP_NAMES);
+    assert!(events.last().unwrap().state.is_final);
+    assert!(events.iter().all(|e| e.node == 0 && e.state.at == at()));
+    let skipped: Vec<&str> = events
+        .iter()
+        .filter(|e| e.state.state == StepState::Skipped)
+        .map(|e| e.state.step.as_str())
+        .collect();
+    assert_eq!(
+        skipped,
+        ["peer-access", "satellites", "rail-network", "rail-verify"]
+    );
+}
+
+#[test]
+fn c_a_rerun_on_a_prepared_host_applies_nothing() {
+    let mut sim = prepared();
+    let before = sim.state.clone();
+    let changes = sim.changes;
+    // A newer build trusts no done list, so every check runs again: and none applies.
+    let (out, events) = run_build(&mut sim, &plan(), Mode::Run, "byo-agent 1.1");
+    assert!(out.completed, "{:?}", out.failed);
+    assert!(
+        out.changes.is_empty(),
+        "a prepared host was changed: {:?}",
+        out.changes
+    );
+    assert!(events.iter().all(|e| e.state.state != StepState::Applying));
+    assert!(
+        sim.state.settled() == before.settled(),
+        "{}",
+        sim.state.diff(&before)
+    );
+    // The only write is the done list itself.
+    assert_eq!(
+        sim.changes - changes,
+        events
+            .iter()
+            .filter(|e| e.state.state != StepState::Applying)
+            .count()
+    );
+}
+
+#[test]
+fn c_a_dry_run_changes_nothing_and_says_what_it_would() {
+    let mut sim = SimSpark::new(dgx_os());
+    let before = sim.state.clone();
+    let (out, events) = run(&mut sim, &plan(), Mode::DryRun);
+    assert!(sim.state == before, "{}", sim.state.diff(&before));
+    assert_eq!(sim.changes, 0);
+    assert!(!out.completed);
+    let would: Vec<&str> = out.changes.iter().map(|(s, _)| s.as_str()).collect();
+    for step in [
+        "operator-access",
+        "docker-purge",
+        "swap-off",
+        "zfs-arc-cap",
+        "lxd-install",
+        "firewall",
+        "owner-lockout",
+    ] {
+        assert!(would.contains(&step), "{step} missing from {would:?}");
+    }
+    assert!(events.iter().any(|e| {
+        e.state
+            .error
+            .as_deref()
+            .is_some_and(|m| m.starts_with("would change: purge docker.io"))
+    }));
+}
+
+#[test]
+fn c_the_done_list_is_scoped_to_the_build_that_wrote_it() {
+    let mut sim = prepared();
+    let spawned = sim.spawned;
+    let (out, events) = run(&mut sim, &plan(), Mode::Run);
+    assert!(out.completed);
+    assert_eq!(
+        sim.spawned, spawned,
+        "the same build re-checked steps it had recorded"
+    );
+    assert!(events.iter().all(|e| e.state.attempt == 0));
+    let (_, events) = run_build(&mut sim, &plan(), Mode::Run, "byo-agent 2.0");
+    assert!(sim.spawned > spawned);
+    let checked: Vec<&str> = events
+        .iter()
+        .filter(|e| e.state.attempt == 1)
+        .map(|e| e.state.step.as_str())
+        .collect();
+    assert_eq!(
+        checked.len(),
+        STEP_NAMES.len() - 4,
+        "a newer binary re-checks every step: {checked:?}"
+    );
+}
+
+#[test]
+fn c_killed_after_any_change_then_run_again_converges_to_the_same_prepared_host() {
+    let reference = prepared();
+    let total = reference.changes;
+    assert!(total > 40, "{total}");
+    for k in 0..total {
+        let mut sim = SimSpark::new(dgx_os());
+        sim.kill_after = Some(k);
+        let (killed, events) = run(&mut sim, &plan(), Mode::Run);
+        assert!(!killed.completed, "kill at {k}");
+        let failed = events
+            .iter()
+            .position(|e| e.state.state == StepState::Failed)
+            .unwrap();
+        assert!(
+            events[failed..]
+                .iter()
+                .all(|e| e.state.step != "owner-lockout"
+                    || failed == events.len() - 1 && e.state.step == "owner-lockout"),
+            "owner-lockout was reached after a failure (kill at {k})"
+        );
+        sim.kill_after = None;
+        let (again, _) = run(&mut sim, &plan(), Mode::Run);
+        assert!(again.completed, "kill at {k}: {:?}", again.failed);
+        assert!(
+            sim.state.settled() == reference.state.settled(),
+            "kill at {k} converged elsewhere:\n{}",
+            sim.state.diff(&reference.state)
+        );
+    }
+}
+
+#[test]
+fn c_a_prepared_host_survives_a_reboot_and_stays_prepared() {
+    let mut sim = prepared();
+    sim.reboot();
+    let (out, _) = run_build(&mut sim, &plan(), Mode::DryRun, "byo-agent 2.0");
+    assert!(out.changes.is_empty(), "a reboot undid {:?}", out.changes);
+    assert!(sim.state.swap.is_empty());
+    assert_eq!(sim.state.forward_policy, "ACCEPT");
+}
+
+// --- skips -----------------------------------------------------------------------------------
+
+#[test]
+fn c_watchdog_is_skipped_with_its_reason_on_a_board_without_one() {
+    let mut state = dgx_os();
+    state.watchdog = false;
+    let mut sim = SimSpark::new(state);
+    let (out, events) = run(&mut sim, &plan(), Mode::Run);
+    assert!(out.completed);
+    let w = events.iter().find(|e| e.state.step == "watchdog").unwrap();
+    assert_eq!(w.state.state, StepState::Skipped);
+    assert!(
+        w.state
+            .error
+            .as_deref()
+            .unwrap()
+            .contains("/dev/watchdog is absent")
+    );
+    assert!(
+        !sim.state
+            .files
+            .contains_key("/etc/systemd/system.conf.d/enverge-watchdog.conf")
+    );
+}
+
+#[test]
+fn c_owner_lockout_is_skipped_while_lockout_owner_is_false() {
+    let mut sim = SimSpark::new(dgx_os());
+    let (out, events) = run(
+        &mut sim,
+        &Plan {
+            lockout_owner: false,
+            ..plan()
+        },
+        Mode::Run,
+    );
+    assert!(out.completed);
+    let e = events
+        .iter()
+        .find(|e| e.state.step == "owner-lockout")
+        .unwrap();
+    assert_eq!(e.state.state, StepState::Skipped);
+    owner_untouched(&sim);
+}
+
+// --- refusals --------------------------------------------------------------------------------
+
+#[test]
+fn c_operator_access_refuses_a_host_with_no_operator_keys_and_nothing_after_it_runs() {
+    let mut sim = SimSpark::new(dgx_os());
+    let before = sim.state.clone();
+    let (out, events) = run(
+        &mut sim,
+        &Plan {
+            authorized_keys: None,
+            ..plan()
+        },
+        Mode::Run,
+    );
+    failed_at(&out, "operator-access", "no operator-key list");
+    assert_eq!(events.len(), 1);
+    assert_eq!(sim.state, before);
+}
+
+#[test]
+fn c_owner_lockout_refuses_while_operator_access_is_not_verified() {
+    let mut sim = prepared();
+    // spark's sudo taken away after operator-access completed.
+    sim.state.files.remove("/etc/sudoers.d/enverge-spark");
+    sim.state.users.get_mut("owner").unwrap().locked = false;
+    sim.state
+        .users
+        .get_mut("owner")
+        .unwrap()
+        .groups
+        .insert("sudo".into());
+    sim.state
+        .files
+        .remove("/etc/ssh/sshd_config.d/00-enverge-lockout.conf");
+    let out = run_steps(&mut sim, &plan(), &["owner-lockout"]);
+    failed_at(&out, "owner-lockout", "operator access is not verified");
+    owner_untouched(&sim);
+}
+
+// --- the landmines ---------------------------------------------------------------------------
+
+#[test]
+fn landmine_docker_purge_before_base_image() {
+    // A host without ufw, so nothing else resets Docker's FORWARD DROP.
+    let no_ufw = || State {
+        ufw_active: false,
+        ..dgx_os()
+    };
+    let mut sim = SimSpark::new(no_ufw());
+    let out = run_steps(&mut sim, &plan(), &without("docker-purge"));
+    failed_at(
+        &out,
+        "base-image",
+        "docker-purge must run before base-image",
+    );
+    owner_untouched(&sim);
+    let mut sim = SimSpark::new(no_ufw());
+    let out = run_steps(
+        &mut sim,
+        &plan(),
+        &moved_after("docker-purge", "base-image"),
+    );
+    failed_at(&out, "base-image", "FORWARD policy is DROP");
+    let mut sim = SimSpark::new(no_ufw());
+    assert!(run_steps(&mut sim, &plan(), STEP_NAMES).completed);
+}
+
+#[test]
+fn landmine_zfs_arc_cap_before_lxd_install() {
+    let mut sim = SimSpark::new(dgx_os());
+    let out = run_steps(
+        &mut sim,
+        &plan(),
+        &moved_after("zfs-arc-cap", "lxd-install"),
+    );
+    failed_at(&out, "zfs-arc-cap", "modprobe.d binds at module load");
+    assert_eq!(sim.state.zfs_loaded, Some(sim_spark::ZFS_DEFAULT_ARC));
+    owner_untouched(&sim);
+}
+
+#[test]
+fn landmine_swap_off_arms_earlyoom() {
+    let mut sim = SimSpark::new(dgx_os());
+    let out = run_steps(&mut sim, &plan(), &without("swap-off"));
+    failed_at(&out, "earlyoom", "swap is on (/swap.img)");
+    assert!(!sim.state.packages.contains("earlyoom"));
+    owner_untouched(&sim);
+}
+
+#[test]
+fn landmine_lxd_network_before_profiles() {
+    for names in [
+        without("lxd-network"),
+        moved_after("lxd-network", "profiles"),
+    ] {
+        let mut sim = SimSpark::new(dgx_os());
+        let out = run_steps(&mut sim, &plan(), &names);
+        // LXD is up with a healthy pool; the omission surfaces at profiles.
+        failed_at(&out, "profiles", "lxd-network must run before profiles");
+        let lxd = sim.state.lxd.as_ref().unwrap();
+        assert_eq!(lxd.pools["default"], "zfs");
+        assert!(lxd.profiles.is_empty());
+        owner_untouched(&sim);
+    }
+}
+
+#[test]
+fn landmine_firewall_before_base_image() {
+    // DGX OS's default-deny ufw: the build dies resolving the archive, which names nothing.
+    let mut sim = SimSpark::new(dgx_os());
+    let out = run_steps(&mut sim, &plan(), &without("firewall"));
+    failed_at(&out, "base-image", "firewall must run before base-image");
+    let mut sim = SimSpark::new(dgx_os());
+    let out = run_steps(&mut sim, &plan(), &moved_after("firewall", "base-image"));
+    failed_at(
+        &out,
+        "base-image",
+        "ufw is active with a default-deny policy",
+    );
+    owner_untouched(&sim);
+}
+
+#[test]
+fn landmine_firewall_changes_the_file_because_iptables_p_lasts_until_the_next_reload() {
+    let mut sim = prepared();
+    // Any later reload (a package, an operator) reapplies the file: still ACCEPT.
+    let _ = byo_agent::host::must(&mut sim, &["ufw", "reload"]).unwrap();
+    assert_eq!(sim.state.forward_policy, "ACCEPT");
+    assert!(sim.egress().is_ok());
+    // Whereas docker-purge's iptables -P alone is undone by the next reload.
+    let mut sim = SimSpark::new(dgx_os());
+    run_steps(&mut sim, &plan(), &["docker-purge"]);
+    assert_eq!(sim.state.forward_policy, "ACCEPT");
+    let _ = byo_agent::host::must(&mut sim, &["ufw", "reload"]).unwrap();
+    assert_eq!(sim.state.forward_policy, "DROP");
+}
+
+#[test]
+fn landmine_storage_pool_is_created_explicitly_never_a_dir_pool() {
+    let mut state = dgx_os();
+    // Someone ran `lxd init` with the defaults before the agent arrived.
+    state.packages.insert("lxd".into());
+    let mut lxd = sim_spark::Lxd::default();
+    lxd.pools.insert("default".into(), "dir".into());
+    state.lxd = Some(lxd);
+    state.zfs_loaded = None;
+    let mut sim = SimSpark::new(state);
+    let (out, _) = run(&mut sim, &plan(), Mode::Run);
+    failed_at(&out, "storage-pool", "~69 s");
+    assert_eq!(sim.state.lxd.as_ref().unwrap().pools["default"], "dir");
+    owner_untouched(&sim);
+}
+
+#[test]
+fn landmine_base_image_ends_with_the_alias() {
+    let mut sim = prepared();
+    // An image without its alias fails every create...
+    sim.state.lxd.as_mut().unwrap().aliases.clear();
+    let reply = byo_agent::lxd::json_call(
+        &mut sim,
+        "POST",
+        "/1.0/instances",
+        &serde_json::json!({"name": "c1", "source": {"type": "image", "alias": "lofispark-base"}, "profiles": ["lofispark-base"]}),
+    );
+    assert!(
+        reply
+            .unwrap_err()
+            .contains("Image \"lofispark-base\" not found")
+    );
+    // ...the host's self-check names it, and base-image's check finds the image to alias.
+    let out = run_steps(&mut sim, &plan(), &["self-check"]);
+    failed_at(&out, "self-check", "image alias");
+    let out = run_steps(&mut sim, &plan(), &["base-image"]);
+    assert!(out.completed);
+    assert_eq!(out.changes[0].1.split(' ').next(), Some("give"));
+    assert!(
+        sim.state
+            .lxd
+            .as_ref()
+            .unwrap()
+            .aliases
+            .contains_key("lofispark-base")
+    );
+}
+
+#[test]
+fn landmine_relay_peer_checks_for_a_subnet_collision_first() {
+    let mut state = dgx_os();
+    state.addresses = vec![("enP7s7".into(), "10.8.0.57/24".into())];
+    let mut sim = SimSpark::new(state);
+    let (out, _) = run(&mut sim, &plan(), Mode::Run);
+    failed_at(
+        &out,
+        "relay-peer",
+        "10.8.0.0/24, the relay tunnel's range, is already in use on enP7s7",
+    );
+    assert!(!sim.state.unreachable, "wg0 came up over the LAN");
+    assert!(!sim.state.files.contains_key("/etc/wireguard/wg0.conf"));
+    owner_untouched(&sim);
+}
+
+#[test]
+fn landmine_operator_access_before_owner_lockout() {
+    // The reverse order: owner-lockout first refuses, and the owner keeps their login.
+    let mut sim = SimSpark::new(dgx_os());
+    let out = run_steps(&mut sim, &plan(), &["owner-lockout", "operator-access"]);
+    failed_at(&out, "owner-lockout", "operator access is not verified");
+    owner_untouched(&sim);
+}
