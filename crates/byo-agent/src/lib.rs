@@ -13,5 +13,6 @@ pub mod host;
 pub mod lxd;
 pub mod operator_keys;
 pub mod prepare;
+pub mod report;
 pub mod serve;
 pub mod units;

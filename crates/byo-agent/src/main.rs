@@ -54,6 +54,9 @@ enum Command {
     Prepare {
         #[arg(long, default_value = "/")]
         root: PathBuf,
+        /// Only check: report what each step would change, and change nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// What enverge-agent-rollback runs when serving will not stay up: go back to
     /// byo-agent.previous once, and never to the build already running (L1).
@@ -195,44 +198,127 @@ fn enroll(
     Ok(())
 }
 
-fn prepare(root: PathBuf) -> anyhow::Result<()> {
+fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
     use byo_agent::enroll::{EnrolError, EnrolOutcome, EnrolPaths, Enroller};
-    let etc = root.join("etc/enverge");
-    if etc.join("prepared").exists() {
+    use byo_agent::prepare::{self, Serving};
+    use byo_core::prepare::Mode;
+    let mut host = byo_agent::host::LocalHost {
+        root: root.clone(),
+        ..Default::default()
+    };
+    if prepare::handed_over(&mut host).map_err(anyhow::Error::msg)? && !dry_run {
         println!("preparation completed earlier; nothing to do");
         return Ok(());
     }
+    let etc = root.join("etc/enverge");
     let server = std::fs::read_to_string(etc.join("server"))
-        .context("reading /etc/enverge/server (run install.sh)")?;
-    let enroller = Enroller::new(server.trim(), EnrolPaths { root: root.clone() });
-    let token_file = etc.join("enrol-token");
-    let token = if enroller.kept()?.is_some() {
-        String::new()
-    } else {
-        std::fs::read_to_string(&token_file).unwrap_or_default()
-    };
-    let report = byo_wire::enroll::EnrollRequest {
-        node: byo_agent::detect::detect(&byo_agent::detect::LocalProbe),
-        peers: Vec::new(),
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    let outcome = rt.block_on(enroller.enrol(&token, &report));
-    // A token is good for one answer: spent on success, worthless after a refusal.
-    if matches!(
-        outcome,
-        Ok(EnrolOutcome::Enrolled { .. })
-            | Err(EnrolError::InvalidToken(_) | EnrolError::Rejected(_))
-    ) {
-        let _ = std::fs::remove_file(&token_file);
+        .ok()
+        .map(|s| s.trim().to_owned());
+    let enroller = Enroller::new(
+        server.as_deref().unwrap_or_default(),
+        EnrolPaths { root: root.clone() },
+    );
+    if enroller.kept()?.is_none() {
+        let server = server
+            .as_deref()
+            .context("reading /etc/enverge/server (run install.sh)")?;
+        let enroller = Enroller::new(server, EnrolPaths { root: root.clone() });
+        let token_file = etc.join("enrol-token");
+        let token = std::fs::read_to_string(&token_file).unwrap_or_default();
+        let report = byo_wire::enroll::EnrollRequest {
+            node: byo_agent::detect::detect(&byo_agent::detect::LocalProbe),
+            peers: Vec::new(),
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let outcome = rt.block_on(enroller.enrol(&token, &report));
+        // A token is good for one answer: spent on success, worthless after a refusal.
+        if matches!(
+            outcome,
+            Ok(EnrolOutcome::Enrolled { .. })
+                | Err(EnrolError::InvalidToken(_) | EnrolError::Rejected(_))
+        ) {
+            let _ = std::fs::remove_file(&token_file);
+        }
+        let (EnrolOutcome::Enrolled { slug } | EnrolOutcome::AlreadyEnrolled { slug }) = outcome?;
+        println!("enrolled as {slug}");
     }
-    let slug = match outcome? {
-        EnrolOutcome::Enrolled { slug } | EnrolOutcome::AlreadyEnrolled { slug } => slug,
+    let creds = enroller
+        .kept()?
+        .context("no credentials were kept by enrolment")?;
+    let keys = enroller.operator_keys(&creds.environment);
+    let authorized_keys = keys.held()?.map(|(_, list)| list.authorized_keys());
+    let plan = prepare::plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
+    let build = prepare::build_id();
+    let mut reporter = match &server {
+        Some(s) if !dry_run => Some(
+            byo_agent::report::Reporter::new(s, &creds.host_token).map_err(anyhow::Error::msg)?,
+        ),
+        _ => None,
     };
-    anyhow::bail!(
-        "enrolled as {slug}; the prepare state machine is not part of this build, so preparation stops here and serving stays down"
+    let mode = if dry_run { Mode::DryRun } else { Mode::Run };
+    println!(
+        "preparing {} as {build}{}",
+        creds.slug,
+        if dry_run {
+            " (dry run: checks only)"
+        } else {
+            ""
+        }
+    );
+    let mut last = None;
+    let outcome = prepare::run(&mut host, &plan, 0, &build, mode, chrono::Utc::now, |p| {
+        let s = &p.state;
+        match &s.error {
+            Some(e) => println!("  node{} {:<16} {:?}: {e}", p.node, s.step, s.state),
+            None => println!("  node{} {:<16} {:?}", p.node, s.step, s.state),
+        }
+        if let Some(r) = reporter.as_mut() {
+            r.send_or_log(&byo_wire::prepare::HostReport {
+                node: p.node,
+                state: p.state.clone(),
+                completed: false,
+            });
+        }
+        last = Some(p);
+    });
+    if dry_run {
+        if outcome.changes.is_empty() {
+            println!("nothing would change: this host is prepared");
+        } else {
+            println!("would change:");
+            for (step, what) in &outcome.changes {
+                println!("  {step}: {what}");
+            }
+        }
+        return Ok(());
+    }
+    if let Some((step, error)) = outcome.failed {
+        anyhow::bail!("preparation stopped at {step}: {error}");
+    }
+    prepare::hand_over(
+        &mut host,
+        &Serving {
+            host_id: creds.host_id.clone(),
+            slug: creds.slug.clone(),
+            server: server.clone().unwrap_or_default(),
+            host_token: creds.host_token.clone(),
+            ssh_map_endpoint: creds.ssh_map_endpoint.clone(),
+            ssh_map_token: creds.ssh_map_token.clone(),
+            build,
+        },
     )
+    .map_err(anyhow::Error::msg)?;
+    if let (Some(r), Some(p)) = (reporter.as_mut(), last) {
+        r.send_or_log(&byo_wire::prepare::HostReport {
+            node: p.node,
+            state: p.state,
+            completed: true,
+        });
+    }
+    println!("prepared: the credentials are handed to serving");
+    Ok(())
 }
 
 fn rollback(bin: &std::path::Path) -> anyhow::Result<()> {
@@ -273,7 +359,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             token_file,
             root,
         } => return enroll(&server, token, token_file, root),
-        Command::Prepare { root } => return prepare(root),
+        Command::Prepare { root, dry_run } => return prepare(root, dry_run),
         Command::Rollback { bin } => return rollback(&bin),
     };
     match cmd {

@@ -41,6 +41,8 @@ pub struct RedeemContext {
     pub profile_id: String,
     pub constants: Value,
     pub sealed_secrets: Option<String>,
+    /// hosts.lockout_owner: whether preparation removes the owner's login.
+    pub lockout_owner: bool,
 }
 
 /// A node row to write at redeem.
@@ -255,8 +257,8 @@ impl Store {
             let Some((enrollment_id, Some(host_id), profile_id, sealed_secrets)) = row else {
                 return Ok(Redeemed::NoSuchToken);
             };
-            let (slug, constants): (String, Json<Value>) = sqlx::query_as(
-                "select h.slug, p.constants from hosts h join host_profiles p on p.id = h.profile_id where h.id = $1",
+            let (slug, constants, lockout_owner): (String, Json<Value>, bool) = sqlx::query_as(
+                "select h.slug, p.constants, h.lockout_owner from hosts h join host_profiles p on p.id = h.profile_id where h.id = $1",
             )
             .bind(&host_id)
             .fetch_one(&mut *tx)
@@ -268,6 +270,7 @@ impl Store {
                 profile_id,
                 constants: constants.0,
                 sealed_secrets,
+                lockout_owner,
             };
             let mut decision = decide(&context);
             if let RedeemDecision::Accept { nodes, .. } = &decision {

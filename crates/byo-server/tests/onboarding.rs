@@ -762,7 +762,78 @@ with_world!(
     pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
     c_host_report_records_progress_and_completion_gates_activation,
     b28_a_fault_on_our_side_leaves_the_token_good,
+    c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan,
 );
+
+/// The agent's own reporter (blocking HTTP, as preparation runs it) against the real
+/// handler, served on loopback; and what redeem returns is a plan preparation can run.
+async fn c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan(w: World) {
+    use byo_wire::prepare::{HostReport, PrepareState, StepState};
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let enrolled: byo_wire::enroll::EnrollResponse =
+        serde_json::from_value(w.enroll(p["token"].as_str().unwrap(), spark()).await.json())
+            .unwrap();
+    let plan = byo_agent::prepare::plan_from(&enrolled, None).unwrap();
+    assert_eq!(plan.profile.prepare.storage_driver, "zfs");
+    assert_eq!(plan.profile.prepare.lxd, "snap");
+    assert_eq!(plan.profile.cuda_repo_arch.as_deref(), Some("sbsa"));
+    assert!(!plan.lockout_owner, "hosts.lockout_owner ships false");
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = format!("http://{}", listener.local_addr().unwrap());
+    let router = w.app.router.clone();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let state = |step: &str, state, is_final| PrepareState {
+        step: step.into(),
+        state,
+        attempt: 1,
+        error: None,
+        is_final,
+        at: "2026-11-29T12:05:00Z".parse().unwrap(),
+    };
+    let token = enrolled.host_token.clone();
+    let sent = tokio::task::spawn_blocking(move || {
+        let mut r = byo_agent::report::Reporter::new(&server, &token).unwrap();
+        let first = r.send(&HostReport {
+            node: 0,
+            state: state("firewall", StepState::Applied, false),
+            completed: false,
+        });
+        let wrong = byo_agent::report::Reporter::new(&server, "byo_host_wrong")
+            .unwrap()
+            .send(&HostReport {
+                node: 0,
+                state: state("x", StepState::Failed, true),
+                completed: false,
+            });
+        (first, wrong, r)
+    })
+    .await
+    .unwrap();
+    sent.0.unwrap();
+    assert!(sent.1.unwrap_err().contains("401"));
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert_eq!(host.prepare_state.unwrap().0["step"], "firewall");
+    assert!(host.prepared_at.is_none());
+    let mut r = sent.2;
+    tokio::task::spawn_blocking(move || {
+        r.send(&HostReport {
+            node: 0,
+            state: state("self-check", StepState::Satisfied, true),
+            completed: true,
+        })
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert_eq!(host.prepare_state.unwrap().0["final"], true);
+    assert!(
+        host.prepared_at.is_some(),
+        "completion is the record activation waits for"
+    );
+}
 
 #[tokio::test]
 async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {

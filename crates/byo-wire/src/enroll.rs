@@ -117,6 +117,10 @@ pub struct EnrollResponse {
     pub signing_keys: Vec<String>,
     pub profile_id: String,
     pub constants: serde_json::Value,
+    /// hosts.lockout_owner: owner-lockout runs only when true (it ships false, so the
+    /// owner's own login stays a recovery path).
+    #[serde(default)]
+    pub lockout_owner: bool,
 }
 
 impl std::fmt::Debug for EnrollResponse {

@@ -180,3 +180,68 @@ impl<H: Host> Host for Shared<'_, '_, H> {
         self.0.borrow().describe()
     }
 }
+
+/// The plan from what enrolment kept: the profile's constants, the WireGuard peer, the
+/// tunnel's connector token, lockout_owner, and spark's authorized_keys rendered from the
+/// kept signed list.
+pub fn plan_from(
+    creds: &byo_wire::enroll::EnrollResponse,
+    authorized_keys: Option<String>,
+) -> Result<Plan, String> {
+    let profile: Profile = serde_json::from_value(creds.constants.clone()).map_err(|e| {
+        format!(
+            "the profile's constants ({}) do not parse: {e}",
+            creds.profile_id
+        )
+    })?;
+    Ok(Plan {
+        profile,
+        authorized_keys,
+        wireguard: Some(creds.wireguard.clone()),
+        tunnel_token: creds.tunnel_connector_token.clone(),
+        lockout_owner: creds.lockout_owner,
+        owner: None,
+    })
+}
+
+/// Which build this is: the done list is trusted only by the binary that wrote it, and a
+/// version number says nothing about what a step now does, so the binary's own digest.
+pub fn build_id() -> String {
+    use sha2::{Digest, Sha256};
+    let digest = std::fs::read("/proc/self/exe")
+        .map(|b| hex::encode(&Sha256::digest(&b)[..6]))
+        .unwrap_or_else(|_| "unknown".into());
+    format!("byo-agent {} ({digest})", env!("CARGO_PKG_VERSION"))
+}
+
+/// What serving needs, handed to the serving user: the record of a completed preparation.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct Serving {
+    pub host_id: String,
+    pub slug: String,
+    pub server: String,
+    pub host_token: String,
+    pub ssh_map_endpoint: String,
+    pub ssh_map_token: String,
+    pub build: String,
+}
+
+impl std::fmt::Debug for Serving {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Serving")
+            .field("slug", &self.slug)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The last act of a completed preparation (L, rule 1): the credentials serving needs,
+/// owned by spark, written whole. Later starts find it and exit at once.
+pub fn hand_over<H: Host>(host: &mut H, serving: &Serving) -> Fallible<()> {
+    let bytes = serde_json::to_vec_pretty(serving).map_err(|e| e.to_string())?;
+    host.write(HANDED_OVER, &bytes, 0o600, "spark:spark")
+}
+
+/// Has preparation completed here before?
+pub fn handed_over<H: Host>(host: &mut H) -> Fallible<bool> {
+    Ok(host.read(HANDED_OVER)?.is_some())
+}

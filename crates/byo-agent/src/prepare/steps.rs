@@ -573,7 +573,10 @@ pub(super) fn lxd_answers<H: Host>(h: &mut H) -> bool {
 fn lxd_install_check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
     let mut needs = Vec::new();
     if !lxd_answers(h) {
-        needs.push(format!("install LXD ({})", plan.profile.prepare.lxd));
+        needs.push(match plan.profile.prepare.lxd.as_str() {
+            "snap" => "install LXD (snap)".to_owned(),
+            other => format!("install LXD ({other}: this profile's alternative to the snap)"),
+        });
     }
     if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
         needs.push("add spark to the lxd group (serving talks to LXD as spark)".to_owned());
@@ -615,7 +618,12 @@ fn storage_pool_check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
     let want = &plan.profile.prepare.storage_driver;
     match lxd::get(h, &format!("/1.0/storage-pools/{POOL}"))? {
         None => Ok(Check::Needs(format!(
-            "create the storage pool {POOL} ({want})"
+            "create the storage pool {POOL} ({want}{})",
+            if want == "zfs" {
+                ""
+            } else {
+                ": this profile's alternative, where zfs cannot exist"
+            }
         ))),
         Some(pool) => {
             let driver = pool["driver"].as_str().unwrap_or_default();

@@ -170,6 +170,7 @@ pub async fn post_enroll(
                 signing_keys: state.config.operator_keys.signing_keys.clone(),
                 profile_id: context.profile_id,
                 constants: context.constants,
+                lockout_owner: context.lockout_owner,
             };
             Ok((StatusCode::OK, Json(response)).into_response())
         }

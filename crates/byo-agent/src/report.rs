@@ -1,0 +1,69 @@
+//! host-report from the agent's side: progress after every prepare step, presented with
+//! the host token. A report that does not land is logged and preparation goes on — the
+//! host's state is the truth, the report is a view of it.
+
+use std::time::Duration;
+
+use byo_wire::prepare::HostReport;
+
+pub struct Reporter {
+    url: String,
+    host_token: String,
+    client: reqwest::blocking::Client,
+    failed: bool,
+}
+
+impl std::fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reporter")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Reporter {
+    pub fn new(server: &str, host_token: &str) -> Result<Self, String> {
+        let client = reqwest::blocking::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(Duration::from_secs(15))
+            .build()
+            .map_err(|e| e.to_string())?;
+        Ok(Reporter {
+            url: format!("{}/api/host/report", server.trim_end_matches('/')),
+            host_token: host_token.to_owned(),
+            client,
+            failed: false,
+        })
+    }
+
+    /// Send one report; `Err` says why it did not land.
+    pub fn send(&mut self, report: &HostReport) -> Result<(), String> {
+        let resp = self
+            .client
+            .post(&self.url)
+            .bearer_auth(&self.host_token)
+            .json(report)
+            .send()
+            .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
+        let status = resp.status();
+        if status.is_success() {
+            self.failed = false;
+            return Ok(());
+        }
+        let body = resp.text().unwrap_or_default();
+        Err(format!(
+            "the backend answered {status}: {}",
+            body.chars().take(200).collect::<String>()
+        ))
+    }
+
+    /// Send, and log (once per outage) when it does not land.
+    pub fn send_or_log(&mut self, report: &HostReport) {
+        if let Err(e) = self.send(report) {
+            if !self.failed {
+                eprintln!("byo-agent: progress not reported ({e}); preparation goes on");
+            }
+            self.failed = true;
+        }
+    }
+}
