@@ -72,6 +72,10 @@ fi
 if [ "$peer" -eq 1 ]; then
   printf '%s\n' "$nodes" > /etc/enverge/peer-nodes
 fi
+# The owner's login: the one owner-lockout removes, when the host says so.
+if [ -n "${{SUDO_USER:-}}" ] && [ "$SUDO_USER" != root ] && [ ! -f /etc/enverge/owner ]; then
+  printf '%s\n' "$SUDO_USER" > /etc/enverge/owner
+fi
 
 # From here to the end nothing may be cut short: a dropped SSH session must not land
 # between writing the binary and writing the units (J note 4).
