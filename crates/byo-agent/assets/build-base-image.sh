@@ -28,10 +28,34 @@ case "$flavour" in
     udhcpc -i eth0 -n -q -t 5 -T 2 -s /usr/share/udhcpc/default.script >/dev/null 2>&1 ||
       { say "no DHCP lease on eth0 from the bridge"; exit 3; }
     # Egress through lxdbr0's NAT: what Docker's FORWARD DROP and a default-deny ufw break.
-    if ! wget -q -T 10 -O /dev/null http://deb.debian.org/debian/dists/bookworm/Release; then
-      say "no egress: could not fetch from deb.debian.org (resolving or connecting failed)"
+    # busybox's own resolver (a static glibc getaddrinfo has no NSS modules here).
+    ns=$(sed -n 's/^nameserver //p' /etc/resolv.conf | head -n 1)
+    # Any HTTP answer proves the way out and back (busybox wget's --header crashes). A
+    # bridge that has just come up may drop the first packets: three tries.
+    addr="" status=""
+    for try in 1 2 3; do
+      [ -n "$addr" ] ||
+        addr=$(nslookup deb.debian.org "$ns" 2>/dev/null | sed -n 's/^Address: *\([0-9.]*\)$/\1/p' | head -n 1)
+      if [ -n "$addr" ]; then
+        status=$(printf 'HEAD /debian/dists/bookworm/Release HTTP/1.0\r\nHost: deb.debian.org\r\n\r\n' |
+          nc -w 10 "$addr" 80 2>/dev/null | head -n 1)
+      fi
+      case "$status" in
+        HTTP/*) break ;;
+      esac
+      [ "$try" -eq 3 ] || sleep 2
+    done
+    if [ -z "$addr" ]; then
+      say "no egress: could not resolve deb.debian.org through ${ns:-no nameserver}"
       exit 4
     fi
+    case "$status" in
+      HTTP/*) ;;
+      *)
+        say "no egress: deb.debian.org ($addr) did not answer over HTTP"
+        exit 4
+        ;;
+    esac
     install_banner
     echo "minimal $cuda_repo_arch" >/etc/enverge-image
     ;;

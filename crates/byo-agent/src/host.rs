@@ -236,6 +236,8 @@ pub struct LocalHost {
     pub root: PathBuf,
     /// LXD's socket: Debian's package or the snap, whichever answers first.
     pub lxd_sockets: Vec<PathBuf>,
+    /// Programs run so far (the check-only benchmark reports it).
+    pub spawned: usize,
 }
 
 impl Default for LocalHost {
@@ -246,6 +248,7 @@ impl Default for LocalHost {
                 PathBuf::from("/var/snap/lxd/common/lxd/unix.socket"),
                 PathBuf::from("/var/lib/lxd/unix.socket"),
             ],
+            spawned: 0,
         }
     }
 }
@@ -268,6 +271,7 @@ fn id_of(db: &str, name: &str) -> Option<u32> {
 impl Host for LocalHost {
     fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
         let (program, args) = argv.split_first().ok_or("empty command")?;
+        self.spawned += 1;
         let mut cmd = Command::new(program);
         cmd.args(args)
             .stdin(if stdin.is_some() {

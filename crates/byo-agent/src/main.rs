@@ -268,6 +268,7 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         }
     );
     let mut last = None;
+    let started = std::time::Instant::now();
     let outcome = prepare::run(&mut host, &plan, 0, &build, mode, chrono::Utc::now, |p| {
         let s = &p.state;
         match &s.error {
@@ -283,6 +284,11 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         }
         last = Some(p);
     });
+    println!(
+        "took {} ms, {} programs run",
+        started.elapsed().as_millis(),
+        host.spawned
+    );
     if dry_run {
         if outcome.changes.is_empty() {
             println!("nothing would change: this host is prepared");
@@ -293,6 +299,12 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
             }
         }
         return Ok(());
+    }
+    if !outcome.changes.is_empty() {
+        println!("changed:");
+        for (step, what) in &outcome.changes {
+            println!("  {step}: {what}");
+        }
     }
     if let Some((step, error)) = outcome.failed {
         anyhow::bail!("preparation stopped at {step}: {error}");

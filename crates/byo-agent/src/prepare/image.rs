@@ -248,7 +248,7 @@ fn minimal_rootfs(busybox: &[u8], arch: &str) -> std::io::Result<Vec<u8>> {
         tar.append_data(&mut hdr, path, bytes)
     };
     let metadata = format!(
-        "architecture: {arch}\ncreation_date: 0\nproperties:\n  description: {SCRATCH_DESCRIPTION}\n  os: busybox\n"
+        "architecture: {arch}\ncreation_date: 1767225600\nproperties:\n  description: {SCRATCH_DESCRIPTION}\n  os: busybox\n"
     );
     file(&mut tar, "metadata.yaml", metadata.as_bytes(), 0o644)?;
     for dir in [

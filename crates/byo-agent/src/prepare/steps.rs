@@ -588,7 +588,8 @@ fn lxd_install_apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
     if !lxd_answers(h) {
         match plan.profile.prepare.lxd.as_str() {
             "apt" => {
-                apt_install(h, &["lxd", "nftables"])?;
+                // Debian's package only recommends what its bridges need (dnsmasq).
+                apt_install(h, &["lxd", "nftables", "dnsmasq-base"])?;
                 let _ = h.run(
                     &["systemctl", "enable", "--now", "lxd.socket", "lxd.service"],
                     None,
