@@ -400,6 +400,19 @@ pub struct SshHost {
     pub known_hosts: PathBuf,
     pub port: u16,
     pub lxd_socket: String,
+    /// A login lent by the owner (peer-login: user, then password): ssh asks the agent
+    /// itself for it (SSH_ASKPASS), and sudo reads it first on standard input.
+    pub password_file: Option<PathBuf>,
+}
+
+/// Set in the environment of ssh when a lent login is used: the agent, started by ssh as
+/// its askpass program, prints the password from this file and exits (see `main`).
+pub const ASKPASS_ENV: &str = "BYO_ASKPASS_FILE";
+
+/// The password of a lent login: the second line of the peer-login file.
+pub fn lent_password(file: &Path) -> std::io::Result<String> {
+    let text = std::fs::read_to_string(file)?;
+    Ok(text.lines().nth(1).unwrap_or_default().to_owned())
 }
 
 impl SshHost {
@@ -427,7 +440,34 @@ impl SshHost {
             "--",
             remote,
         ];
-        let out = local.run(&argv, stdin)?;
+        let out = match &self.password_file {
+            None => local.run(&argv, stdin)?,
+            Some(file) => {
+                let password =
+                    lent_password(file).map_err(|e| format!("reading the lent login: {e}"))?;
+                let mut input = format!("{password}\n").into_bytes();
+                input.extend_from_slice(stdin.unwrap_or_default());
+                let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+                let mut cmd = Command::new("ssh");
+                cmd.args(&argv[1..])
+                    .env("SSH_ASKPASS", exe)
+                    .env("SSH_ASKPASS_REQUIRE", "force")
+                    .env(ASKPASS_ENV, file)
+                    .stdin(Stdio::piped())
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped());
+                let mut child = cmd.spawn().map_err(|e| format!("running ssh: {e}"))?;
+                if let Some(mut pipe) = child.stdin.take() {
+                    let _ = pipe.write_all(&input);
+                }
+                let o = child.wait_with_output().map_err(|e| e.to_string())?;
+                Output {
+                    code: o.status.code().unwrap_or(-1),
+                    stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+                }
+            }
+        };
         if out.code == 255 {
             return Err(format!(
                 "node{} ({}) could not be reached over SSH: {}",
@@ -438,21 +478,27 @@ impl SshHost {
         }
         Ok(out)
     }
-    fn sudo(argv: &[&str]) -> String {
+    fn sudo(&self, argv: &[&str]) -> String {
         let words: Vec<String> = argv.iter().map(|a| shell_quote(a)).collect();
-        format!("sudo -n LC_ALL=C {}", words.join(" "))
+        // With a lent login sudo asks for its password, which comes first on stdin.
+        let sudo = if self.password_file.is_some() {
+            "sudo -S -p ''"
+        } else {
+            "sudo -n"
+        };
+        format!("{sudo} LC_ALL=C {}", words.join(" "))
     }
 }
 
 impl Host for SshHost {
     fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
-        self.ssh(&Self::sudo(argv), stdin)
+        self.ssh(&self.sudo(argv), stdin)
     }
 
     fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
         let q = shell_quote(path);
-        let out = self.ssh(
-            &format!("sudo -n sh -c 'test -e {q} || exit 3; exec cat {q}'"),
+        let out = self.run(
+            &["sh", "-c", &format!("test -e {q} || exit 3; exec cat {q}")],
             None,
         )?;
         match out.code {

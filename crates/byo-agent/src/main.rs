@@ -249,14 +249,50 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         .context("no credentials were kept by enrolment")?;
     let keys = enroller.operator_keys(&creds.environment);
     let authorized_keys = keys.held()?.map(|(_, list)| list.authorized_keys());
-    let plan = prepare::plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
+    let mut plan = prepare::plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
     let build = prepare::build_id();
-    let mut reporter = match &server {
+    let reporter = match &server {
         Some(s) if !dry_run => Some(
             byo_agent::report::Reporter::new(s, &creds.host_token).map_err(anyhow::Error::msg)?,
         ),
         _ => None,
     };
+    // node0's steps and the satellites' (run inside the satellites step) report alike.
+    let reporter = std::rc::Rc::new(std::cell::RefCell::new(reporter));
+    let emit = {
+        let reporter = reporter.clone();
+        move |p: &byo_core::prepare::Progress| {
+            let s = &p.state;
+            match &s.error {
+                Some(e) => println!("  node{} {:<16} {:?}: {e}", p.node, s.step, s.state),
+                None => println!("  node{} {:<16} {:?}", p.node, s.step, s.state),
+            }
+            if let Some(r) = reporter.borrow_mut().as_mut() {
+                r.send_or_log(&byo_wire::prepare::HostReport {
+                    node: p.node,
+                    state: p.state.clone(),
+                    completed: false,
+                });
+            }
+        }
+    };
+    let emit = std::rc::Rc::new(emit);
+    if plan.profile.node_count > 1 {
+        let peers = std::fs::read_to_string(etc.join("peer.json"))
+            .context("reading /etc/enverge/peer.json (the satellites found at enrolment)")?;
+        plan.peers = prepare::peers::parse_peer_file(&peers).map_err(anyhow::Error::msg)?;
+        plan.peer_public_key = std::fs::read_to_string(etc.join("peer.key.pub")).ok();
+        let sink = emit.clone();
+        plan.satellites = Some(std::rc::Rc::new(prepare::peers::SshSatellites {
+            dir: etc.clone(),
+            lxd_socket: if plan.profile.prepare.lxd == "apt" {
+                "/var/lib/lxd/unix.socket".into()
+            } else {
+                "/var/snap/lxd/common/lxd/unix.socket".into()
+            },
+            report: Box::new(move |p| sink(&p)),
+        }));
+    }
     let mode = if dry_run { Mode::DryRun } else { Mode::Run };
     println!(
         "preparing {} as {build}{}",
@@ -270,18 +306,7 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
     let mut last = None;
     let started = std::time::Instant::now();
     let outcome = prepare::run(&mut host, &plan, 0, &build, mode, chrono::Utc::now, |p| {
-        let s = &p.state;
-        match &s.error {
-            Some(e) => println!("  node{} {:<16} {:?}: {e}", p.node, s.step, s.state),
-            None => println!("  node{} {:<16} {:?}", p.node, s.step, s.state),
-        }
-        if let Some(r) = reporter.as_mut() {
-            r.send_or_log(&byo_wire::prepare::HostReport {
-                node: p.node,
-                state: p.state.clone(),
-                completed: false,
-            });
-        }
+        emit(&p);
         last = Some(p);
     });
     println!(
@@ -322,7 +347,7 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         },
     )
     .map_err(anyhow::Error::msg)?;
-    if let (Some(r), Some(p)) = (reporter.as_mut(), last) {
+    if let (Some(r), Some(p)) = (reporter.borrow_mut().as_mut(), last) {
         r.send_or_log(&byo_wire::prepare::HostReport {
             node: p.node,
             state: p.state,
@@ -424,6 +449,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Started by ssh as its askpass program, for a login the owner lent for a satellite.
+    if let Some(file) = std::env::var_os(byo_agent::host::ASKPASS_ENV) {
+        return match byo_agent::host::lent_password(std::path::Path::new(&file)) {
+            Ok(p) => {
+                println!("{p}");
+                ExitCode::SUCCESS
+            }
+            Err(_) => ExitCode::FAILURE,
+        };
+    }
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

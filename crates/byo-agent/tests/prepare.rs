@@ -5,6 +5,11 @@
 
 mod sim_spark;
 
+use std::rc::Rc;
+use std::sync::{Arc, Mutex};
+
+use byo_agent::host::{Host, LxdBody};
+use byo_agent::prepare::peers::{Peer, Satellites};
 use byo_agent::prepare::{self, Plan, Profile, STEP_NAMES};
 use byo_core::prepare::{Mode, Outcome, Progress, Step};
 use byo_wire::enroll::WireGuardConfig;
@@ -36,6 +41,10 @@ fn plan() -> Plan {
         tunnel_token: None,
         lockout_owner: true,
         owner: None,
+        node: 0,
+        peers: Vec::new(),
+        satellites: None,
+        peer_public_key: None,
     }
 }
 
@@ -273,11 +282,11 @@ fn c_killed_after_any_change_then_run_again_converges_to_the_same_prepared_host(
             .iter()
             .position(|e| e.state.state == StepState::Failed)
             .unwrap();
+        // owner-lockout is reached only if nothing before it failed.
+        let order = |step: &str| STEP_NAMES.iter().position(|s| *s == step).unwrap();
+        let reached = events.iter().any(|e| e.state.step == "owner-lockout");
         assert!(
-            events[failed..]
-                .iter()
-                .all(|e| e.state.step != "owner-lockout"
-                    || failed == events.len() - 1 && e.state.step == "owner-lockout"),
+            !reached || order(&events[failed].state.step) >= order("owner-lockout"),
             "owner-lockout was reached after a failure (kill at {k})"
         );
         sim.kill_after = None;
@@ -554,4 +563,259 @@ fn landmine_operator_access_before_owner_lockout() {
     let out = run_steps(&mut sim, &plan(), &["owner-lockout", "operator-access"]);
     failed_at(&out, "owner-lockout", "operator access is not verified");
     owner_untouched(&sim);
+}
+
+// --- K: a pair, node1 prepared from node0 ------------------------------------------------
+
+const PEER_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAINode0PeerKeyForTestsOnly";
+
+/// node1 as node0 reaches it: as spark only once it admits node0's peer key, or through
+/// the login the owner lent while node0 still has it.
+struct SimSatellites {
+    node1: Arc<Mutex<SimSpark>>,
+    lent: Arc<Mutex<bool>>,
+    events: Mutex<Vec<Progress>>,
+}
+
+struct Handle {
+    sim: Arc<Mutex<SimSpark>>,
+    as_spark: bool,
+}
+
+impl Handle {
+    fn admitted(&self) -> Result<(), String> {
+        if !self.as_spark {
+            return Ok(());
+        }
+        let sim = self.sim.lock().unwrap();
+        let keys = sim.state.files.get("/home/spark/.ssh/authorized_keys");
+        if sim.state.users.contains_key("spark")
+            && keys.is_some_and(|k| String::from_utf8_lossy(k).contains(PEER_KEY))
+        {
+            Ok(())
+        } else {
+            Err("node1 (fe80::1%enp1s0f0np0) could not be reached over SSH: spark@node1: Permission denied (publickey)".into())
+        }
+    }
+}
+
+impl Host for Handle {
+    fn run(
+        &mut self,
+        argv: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> Result<byo_agent::host::Output, String> {
+        self.admitted()?;
+        self.sim.lock().unwrap().run(argv, stdin)
+    }
+    fn read(&mut self, path: &str) -> Result<Option<Vec<u8>>, String> {
+        self.admitted()?;
+        self.sim.lock().unwrap().read(path)
+    }
+    fn write(&mut self, path: &str, bytes: &[u8], mode: u32, owner: &str) -> Result<(), String> {
+        self.admitted()?;
+        self.sim.lock().unwrap().write(path, bytes, mode, owner)
+    }
+    fn remove(&mut self, path: &str) -> Result<(), String> {
+        self.admitted()?;
+        self.sim.lock().unwrap().remove(path)
+    }
+    fn lxd(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: LxdBody<'_>,
+    ) -> Result<byo_agent::host::LxdReply, String> {
+        self.admitted()?;
+        self.sim.lock().unwrap().lxd(method, path, body)
+    }
+    fn describe(&self) -> String {
+        "node1 (simulated)".into()
+    }
+}
+
+impl Satellites for SimSatellites {
+    fn spark(&self, _: &Peer) -> Result<Box<dyn Host + '_>, String> {
+        Ok(Box::new(Handle {
+            sim: self.node1.clone(),
+            as_spark: true,
+        }))
+    }
+    fn owner_login(&self, _: &Peer) -> Result<Option<Box<dyn Host + '_>>, String> {
+        Ok((*self.lent.lock().unwrap()).then(|| {
+            Box::new(Handle {
+                sim: self.node1.clone(),
+                as_spark: false,
+            }) as Box<dyn Host>
+        }))
+    }
+    fn report(&self, p: Progress) {
+        self.events.lock().unwrap().push(p);
+    }
+}
+
+struct Pair {
+    node0: SimSpark,
+    node1: Arc<Mutex<SimSpark>>,
+    sats: Rc<SimSatellites>,
+    plan: Plan,
+}
+
+fn pair(node1_state: State) -> Pair {
+    let mut node0 = SimSpark::new(dgx_os());
+    node0.state.files.insert(
+        "/etc/enverge/peer-login".into(),
+        b"owner\nhunter2\n".to_vec(),
+    );
+    let mut n1 = SimSpark::new(node1_state);
+    n1.wire = node0.wire.clone();
+    let node1 = Arc::new(Mutex::new(n1));
+    let sats = Rc::new(SimSatellites {
+        node1: node1.clone(),
+        lent: Arc::new(Mutex::new(true)),
+        events: Mutex::default(),
+    });
+    let peer: Peer = serde_json::from_value(serde_json::json!({
+        "addr": "fe80::1%enp1s0f0np0", "host_key": "ssh-ed25519 AAAAnode1hostkey", "peer_index": 1,
+        "links": [{"index": 0, "local": "enp1s0f0np0", "remote": "enp1s0f0np0", "neighbour_addr": "fe80::1%enp1s0f0np0"},
+                  {"index": 1, "local": "enP2p1s0f0np0", "remote": "enP2p1s0f1np1", "neighbour_addr": "fe80::2%enP2p1s0f0np0"}]
+    }))
+    .unwrap();
+    let profile: Profile = serde_json::from_value(serde_json::json!({
+        "gpu_model": "GB10", "gpu_count": 1, "cuda_repo_arch": "sbsa", "node_count": 2,
+        "rails": [{"index": 0, "subnet": "192.168.100.0/24", "mtu": 9000}, {"index": 1, "subnet": "192.168.101.0/24", "mtu": 9000}]
+    }))
+    .unwrap();
+    let plan = Plan {
+        profile,
+        peers: vec![peer],
+        satellites: Some(sats.clone()),
+        peer_public_key: Some(PEER_KEY.into()),
+        ..plan()
+    };
+    Pair {
+        node0,
+        node1,
+        sats,
+        plan,
+    }
+}
+
+#[test]
+fn k_a_pair_prepares_node1_from_node0_reported_with_index_1() {
+    let mut p = pair(dgx_os());
+    let (out, events) = run(&mut p.node0, &p.plan, Mode::Run);
+    assert!(out.completed, "{:?}", out.failed);
+    // peer-access: node1 admits spark with node0's peer key and the operators; the lent
+    // login is deleted from node0.
+    let n1 = p.node1.lock().unwrap();
+    let keys =
+        String::from_utf8_lossy(&n1.state.files["/home/spark/.ssh/authorized_keys"]).into_owned();
+    assert!(keys.contains(PEER_KEY) && keys.contains("byo-operator:op1:laptop"));
+    assert!(!p.node0.state.files.contains_key("/etc/enverge/peer-login"));
+    // node1's own subset, in order, with index 1: every landmine ordering holds there too.
+    let sat = p.sats.events.lock().unwrap();
+    let finished: Vec<&str> = sat
+        .iter()
+        .filter(|e| {
+            matches!(
+                e.state.state,
+                StepState::Applied | StepState::Satisfied | StepState::Skipped
+            )
+        })
+        .map(|e| e.state.step.as_str())
+        .collect();
+    assert_eq!(finished, byo_agent::prepare::peers::SATELLITE_STEPS);
+    assert!(sat.iter().all(|e| e.node == 1));
+    assert!(!n1.state.packages.contains("docker.io") && n1.state.swap.is_empty());
+    let lxd = n1.state.lxd.as_ref().unwrap();
+    assert!(lxd.aliases.contains_key("lofispark-base") && lxd.pools["default"] == "zfs");
+    assert!(
+        n1.state.users["owner"].locked,
+        "node1's lent login is locked out too"
+    );
+    assert!(n1.state.wg_peer.is_none(), "a satellite has no relay");
+    // rail-network: the plan's addresses, .10 on node0 and .11 on node1, per cable.
+    assert!(
+        p.node0
+            .state
+            .addresses
+            .contains(&("enp1s0f0np0".into(), "192.168.100.10/24".into()))
+    );
+    assert!(
+        n1.state
+            .addresses
+            .contains(&("enP2p1s0f1np1".into(), "192.168.101.11/24".into()))
+    );
+    // node0's own track keeps its shape: the pair steps completed, self-check last.
+    let node0_steps: Vec<&str> = events
+        .iter()
+        .filter(|e| e.state.state != StepState::Applying)
+        .map(|e| e.state.step.as_str())
+        .collect();
+    assert_eq!(node0_steps, STEP_NAMES);
+    assert!(events.iter().all(|e| e.node == 0));
+}
+
+#[test]
+fn k_a_prepared_pair_run_again_changes_nothing_on_either_machine() {
+    let mut p = pair(dgx_os());
+    assert!(run(&mut p.node0, &p.plan, Mode::Run).0.completed);
+    let before1 = p.node1.lock().unwrap().state.clone();
+    let (out, _) = run_build(&mut p.node0, &p.plan, Mode::Run, "byo-agent 9");
+    assert!(out.completed, "{:?}", out.failed);
+    assert!(out.changes.is_empty(), "{:?}", out.changes);
+    let after1 = p.node1.lock().unwrap().state.clone();
+    assert!(after1 == before1, "{}", after1.diff(&before1));
+}
+
+#[test]
+fn k_a_satellite_that_fails_a_step_stops_node0_before_owner_lockout() {
+    let mut state = dgx_os();
+    state.packages.insert("lxd".into());
+    let mut lxd = sim_spark::Lxd::default();
+    lxd.pools.insert("default".into(), "dir".into());
+    state.lxd = Some(lxd);
+    let mut p = pair(state);
+    let (out, _) = run(&mut p.node0, &p.plan, Mode::Run);
+    failed_at(&out, "satellites", "node1 stopped at storage-pool");
+    assert!(out.failed.unwrap().1.contains("~69 s"));
+    owner_untouched(&p.node0);
+    let sat = p.sats.events.lock().unwrap();
+    let last = sat.last().unwrap();
+    assert_eq!(
+        (last.node, last.state.step.as_str(), last.state.state),
+        (1, "storage-pool", StepState::Failed)
+    );
+}
+
+#[test]
+fn k_peer_access_without_the_lent_login_says_what_to_do() {
+    let mut p = pair(dgx_os());
+    *p.sats.lent.lock().unwrap() = false;
+    let (out, _) = run(&mut p.node0, &p.plan, Mode::Run);
+    failed_at(
+        &out,
+        "peer-access",
+        "run the one-liner again with node1's login",
+    );
+    assert!(!p.node1.lock().unwrap().state.users.contains_key("spark"));
+}
+
+#[test]
+fn k_rail_verify_sends_traffic_across_every_cable_from_both_ends() {
+    let mut p = pair(dgx_os());
+    p.node0
+        .wire
+        .lock()
+        .unwrap()
+        .dead
+        .insert("enP2p1s0f0np0".into());
+    let (out, _) = run(&mut p.node0, &p.plan, Mode::Run);
+    failed_at(
+        &out,
+        "rail-verify",
+        "rail 1: node0 enP2p1s0f0np0 → node1 192.168.101.11",
+    );
+    owner_untouched(&p.node0);
 }

@@ -3,6 +3,7 @@
 //! check, its apply and why it sits where it does.
 
 mod image;
+pub mod peers;
 mod steps;
 
 use std::cell::RefCell;
@@ -38,8 +39,18 @@ pub struct Profile {
     /// The NVIDIA repository's architecture the image builder uses (sbsa on arm64).
     #[serde(default)]
     pub cuda_repo_arch: Option<String>,
+    /// The rail plan: a subnet and an MTU per rail, named by index (K).
+    #[serde(default)]
+    pub rails: Vec<Rail>,
     #[serde(default)]
     pub prepare: Constants,
+}
+
+#[derive(Clone, Debug, Deserialize, Serialize)]
+pub struct Rail {
+    pub index: u32,
+    pub subnet: String,
+    pub mtu: u32,
 }
 
 fn one() -> u32 {
@@ -84,8 +95,16 @@ pub struct Plan {
     pub tunnel_token: Option<String>,
     /// hosts.lockout_owner: owner-lockout runs only when the host says so.
     pub lockout_owner: bool,
-    /// The owner's login on node0, recorded by the installer.
+    /// The owner's login on this node (node0: recorded by the installer).
     pub owner: Option<String>,
+    /// Which machine this plan prepares: 0 is node0; k a satellite in the node1 block.
+    pub node: u32,
+    /// The satellites as peer.json pins them (none on a single Spark).
+    pub peers: Vec<peers::Peer>,
+    /// How node0 reaches them.
+    pub satellites: Option<std::rc::Rc<dyn peers::Satellites>>,
+    /// node0's peer key (public half), which satellites admit besides the operators.
+    pub peer_public_key: Option<String>,
 }
 
 impl std::fmt::Debug for Plan {
@@ -95,6 +114,8 @@ impl std::fmt::Debug for Plan {
             .field("profile", &self.profile)
             .field("lockout_owner", &self.lockout_owner)
             .field("owner", &self.owner)
+            .field("node", &self.node)
+            .field("peers", &self.peers)
             .finish_non_exhaustive()
     }
 }
@@ -201,6 +222,10 @@ pub fn plan_from(
         tunnel_token: creds.tunnel_connector_token.clone(),
         lockout_owner: creds.lockout_owner,
         owner: None,
+        node: 0,
+        peers: Vec::new(),
+        satellites: None,
+        peer_public_key: None,
     })
 }
 

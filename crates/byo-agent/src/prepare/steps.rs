@@ -7,7 +7,7 @@ use byo_core::prepare::{Check, Step};
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::{OWNER_FILE, Plan, image};
+use super::{OWNER_FILE, Plan, image, peers};
 use crate::host::{
     self, Fallible, Host, apt_install, apt_purge, exists, must, package_installed, read_string,
     unit_active, unit_enabled, user_exists, user_groups,
@@ -125,10 +125,6 @@ fn single<H>(_: &mut H, plan: &Plan) -> Option<String> {
     (plan.profile.node_count <= 1).then(|| "a single Spark: no satellites, no rails".to_owned())
 }
 
-fn pairs_not_built<H>(_: &mut H, _: &Plan) -> Fallible<Check> {
-    Err("pairs and rings are not prepared by this build of the agent".into())
-}
-
 fn nothing_to_apply<H>(_: &mut H, _: &Plan) -> Fallible<()> {
     Err("this step has nothing to apply".into())
 }
@@ -173,10 +169,30 @@ pub(super) fn all<'p, H: Host + 'p>(plan: &'p Plan) -> Vec<Box<dyn Step<H> + 'p>
         d("profiles", profiles_check, profiles_apply, never),
         d("base-image", image::check, image::apply, never),
         d("relay-peer", relay_peer_check, relay_peer_apply, never),
-        d("peer-access", pairs_not_built, nothing_to_apply, single),
-        d("satellites", pairs_not_built, nothing_to_apply, single),
-        d("rail-network", pairs_not_built, nothing_to_apply, single),
-        d("rail-verify", pairs_not_built, nothing_to_apply, single),
+        d(
+            "peer-access",
+            peers::peer_access_check,
+            peers::peer_access_apply,
+            single,
+        ),
+        d(
+            "satellites",
+            peers::satellites_check,
+            peers::satellites_apply,
+            single,
+        ),
+        d(
+            "rail-network",
+            peers::rail_network_check,
+            peers::rail_network_apply,
+            single,
+        ),
+        d(
+            "rail-verify",
+            peers::rail_verify_check,
+            nothing_to_apply,
+            single,
+        ),
         d(
             "owner-lockout",
             owner_lockout_check,
@@ -189,7 +205,7 @@ pub(super) fn all<'p, H: Host + 'p>(plan: &'p Plan) -> Vec<Box<dyn Step<H> + 'p>
     list
 }
 
-fn verdict(needs: Vec<String>) -> Check {
+pub(super) fn verdict(needs: Vec<String>) -> Check {
     if needs.is_empty() {
         Check::Satisfied
     } else {
@@ -210,7 +226,7 @@ fn authorized_keys_path<H: Host>(h: &mut H) -> Fallible<String> {
 
 /// Proof that operators can administer this host: spark exists, sudo works for it without
 /// a password, sshd accepts its keys, and its authorized_keys holds the operator list.
-fn operator_access_problems<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Vec<String>> {
+pub(super) fn operator_access_problems<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Vec<String>> {
     let keys = plan.authorized_keys.as_deref().ok_or(
         "no operator-key list is kept on this host (enrolment delivers it): nobody could administer it",
     )?;
@@ -247,10 +263,10 @@ fn operator_access_problems<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Vec<Str
         if !conf.lines().any(|l| l.trim() == "pubkeyauthentication yes") {
             needs.push("sshd does not accept public keys".to_owned());
         }
-        if let Some(allowed) = conf.lines().find(|l| l.starts_with("allowusers ")) {
-            if !allowed.split_whitespace().skip(1).any(|u| u == SPARK) {
-                needs.push(format!("sshd admits only {allowed}"));
-            }
+        if let Some(allowed) = conf.lines().find(|l| l.starts_with("allowusers "))
+            && !allowed.split_whitespace().skip(1).any(|u| u == SPARK)
+        {
+            needs.push(format!("sshd admits only {allowed}"));
         }
         if !(unit_active(h, "ssh.service")? || unit_active(h, "sshd.service")?) {
             needs.push("start sshd".to_owned());
@@ -271,7 +287,7 @@ fn operator_access_check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
     operator_access_problems(h, plan).map(verdict)
 }
 
-fn operator_access_apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
+pub(super) fn operator_access_apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
     let keys = plan.authorized_keys.clone().unwrap_or_default();
     if !user_exists(h, SPARK)? {
         must(
@@ -1025,7 +1041,8 @@ fn self_check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
     if !swaps(h)?.is_empty() {
         wrong.push("swap is on".to_owned());
     }
-    if !unit_active(h, WG_UNIT)? {
+    // Satellites have no relay of their own.
+    if plan.wireguard.is_some() && !unit_active(h, WG_UNIT)? {
         wrong.push("wg0 is down".to_owned());
     }
     if !h

@@ -16,6 +16,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 
 use byo_agent::host::{Fallible, Host, LxdBody, LxdReply, Output};
 use serde_json::{Value, json};
@@ -28,6 +29,9 @@ pub struct User {
     pub locked: bool,
 }
 
+/// An instance: its status, the image it came from, the files pushed into it.
+pub type Instance = (String, String, BTreeMap<String, Vec<u8>>);
+
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Lxd {
     pub pools: BTreeMap<String, String>,
@@ -37,7 +41,7 @@ pub struct Lxd {
     pub images: BTreeMap<String, Value>,
     pub aliases: BTreeMap<String, String>,
     /// name -> (status, source fingerprint, pushed files)
-    pub instances: BTreeMap<String, (String, String, BTreeMap<String, Vec<u8>>)>,
+    pub instances: BTreeMap<String, Instance>,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -171,6 +175,15 @@ pub struct SimSpark {
     ops: BTreeMap<String, Value>,
     logs: BTreeMap<String, Vec<u8>>,
     next: u64,
+    /// The cables between the machines of a pair: every rail address any of them has
+    /// configured, and the interfaces whose cable is dead.
+    pub wire: Arc<Mutex<Wire>>,
+}
+
+#[derive(Debug, Default)]
+pub struct Wire {
+    pub addresses: BTreeSet<String>,
+    pub dead: BTreeSet<String>,
 }
 
 fn reply(status: u16, v: Value) -> LxdReply {
@@ -209,6 +222,7 @@ impl SimSpark {
             ops: BTreeMap::new(),
             logs: BTreeMap::new(),
             next: 0,
+            wire: Arc::default(),
         }
     }
 
@@ -487,6 +501,7 @@ impl SimSpark {
                 ok(&self.sshd_config(user))
             }
             ["sshd", "-t"] => ok(""),
+            ["true"] => ok(""),
             ["systemctl", rest @ ..] => return self.systemctl(rest),
             ["getent", "passwd", user] => match s.users.get(*user) {
                 Some(u) => ok(&format!("{user}:x:1000:1000::{}:/bin/bash\n", u.home)),
@@ -730,6 +745,49 @@ impl SimSpark {
                 None => fail(127, ""),
             },
             ["uname", "-m"] => ok("aarch64\n"),
+            ["netplan", "generate"] => {
+                let t = self.file_text("/etc/netplan/60-enverge-rails.yaml");
+                if t.contains("network:") {
+                    ok("")
+                } else {
+                    fail(1, "netplan: invalid YAML")
+                }
+            }
+            ["netplan", "apply"] => {
+                self.change()?;
+                let t = self.file_text("/etc/netplan/60-enverge-rails.yaml");
+                let mut iface = String::new();
+                for line in t.lines() {
+                    let l = line.trim();
+                    if line.starts_with("    ") && !line.starts_with("      ") {
+                        iface = l.trim_end_matches(':').to_owned();
+                    } else if let Some(a) = l
+                        .strip_prefix("addresses: [\"")
+                        .and_then(|a| a.strip_suffix("\"]"))
+                    {
+                        self.state.addresses.retain(|(i, _)| *i != iface);
+                        self.state.addresses.push((iface.clone(), a.to_owned()));
+                        self.wire
+                            .lock()
+                            .unwrap()
+                            .addresses
+                            .insert(a.split('/').next().unwrap().to_owned());
+                    }
+                }
+                ok("")
+            }
+            ["ping", "-c", _, "-W", _, "-I", iface, target] => {
+                let configured = s.addresses.iter().any(|(i, a)| {
+                    i == iface
+                        && a.rsplit_once('.').map(|x| x.0) == target.rsplit_once('.').map(|x| x.0)
+                });
+                let wire = self.wire.lock().unwrap();
+                if configured && !wire.dead.contains(*iface) && wire.addresses.contains(*target) {
+                    ok("3 packets transmitted, 3 received")
+                } else {
+                    fail(1, "3 packets transmitted, 0 received, 100% packet loss")
+                }
+            }
             other => fail(
                 127,
                 &format!("sim: no such command here: {}", other.join(" ")),
@@ -827,25 +885,25 @@ impl SimSpark {
             },
             ("POST", ["profiles"]) | ("PUT", ["profiles", _]) => {
                 for (dev, d) in json_body["devices"].as_object().into_iter().flatten() {
-                    if let Some(net) = d["network"].as_str() {
-                        if !lxd.networks.contains_key(net) {
-                            return Ok(lxd_error(
-                                400,
-                                &format!(
-                                    "Device validation failed for \"{dev}\": Failed loading network \"{net}\": Network not found"
-                                ),
-                            ));
-                        }
+                    if let Some(net) = d["network"].as_str()
+                        && !lxd.networks.contains_key(net)
+                    {
+                        return Ok(lxd_error(
+                            400,
+                            &format!(
+                                "Device validation failed for \"{dev}\": Failed loading network \"{net}\": Network not found"
+                            ),
+                        ));
                     }
-                    if let Some(pool) = d["pool"].as_str() {
-                        if !lxd.pools.contains_key(pool) {
-                            return Ok(lxd_error(
-                                400,
-                                &format!(
-                                    "Device validation failed for \"{dev}\": Failed loading storage pool \"{pool}\""
-                                ),
-                            ));
-                        }
+                    if let Some(pool) = d["pool"].as_str()
+                        && !lxd.pools.contains_key(pool)
+                    {
+                        return Ok(lxd_error(
+                            400,
+                            &format!(
+                                "Device validation failed for \"{dev}\": Failed loading storage pool \"{pool}\""
+                            ),
+                        ));
                     }
                 }
                 let name = seg
