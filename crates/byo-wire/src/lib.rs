@@ -8,5 +8,6 @@ pub mod enroll;
 pub mod prepare;
 pub mod relay;
 pub mod role;
+pub mod vm;
 
 pub use role::Role;
