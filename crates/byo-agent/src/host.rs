@@ -145,7 +145,14 @@ pub fn package_installed<H: Host + ?Sized>(h: &mut H, name: &str) -> Fallible<bo
     Ok(out.ok() && out.stdout.trim() == "install ok installed")
 }
 
-const APT_ENV: &[&str] = &["env", "DEBIAN_FRONTEND=noninteractive", "apt-get"];
+/// apt, unattended, waiting for the lock a host's own apt timers may hold.
+const APT_ENV: &[&str] = &[
+    "env",
+    "DEBIAN_FRONTEND=noninteractive",
+    "apt-get",
+    "-o",
+    "DPkg::Lock::Timeout=120",
+];
 
 /// Install packages, refreshing the lists once if the first attempt fails.
 pub fn apt_install<H: Host + ?Sized>(h: &mut H, packages: &[&str]) -> Fallible<()> {

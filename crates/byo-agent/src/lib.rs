@@ -9,6 +9,7 @@
 
 pub mod detect;
 pub mod enroll;
+pub mod heartbeat;
 pub mod host;
 pub mod lxd;
 pub mod operator_keys;
@@ -16,3 +17,4 @@ pub mod prepare;
 pub mod report;
 pub mod serve;
 pub mod units;
+pub mod vms;

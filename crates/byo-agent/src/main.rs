@@ -30,6 +30,12 @@ enum Command {
         /// The SHA-256 (hex) of the agent token the backend presents.
         #[arg(long, default_value = "/etc/enverge/agent-token.sha256")]
         agent_token_hash: PathBuf,
+        /// What preparation handed over; without it the VM API answers 503.
+        #[arg(long, default_value = byo_agent::prepare::HANDED_OVER)]
+        serving_file: PathBuf,
+        /// Seconds between heartbeats (the relay map is re-asserted at each).
+        #[arg(long, default_value_t = 30)]
+        heartbeat_every: u64,
         #[command(flatten)]
         paths: KeyPaths,
     },
@@ -126,8 +132,11 @@ fn keys(paths: KeyPaths) -> OperatorKeys {
 fn serve(
     listen: std::net::SocketAddr,
     token_hash_file: PathBuf,
+    serving_file: PathBuf,
+    heartbeat_every: u64,
     paths: KeyPaths,
 ) -> anyhow::Result<()> {
+    let heartbeat_every = std::time::Duration::from_secs(heartbeat_every.max(1));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .compact()
@@ -144,7 +153,33 @@ fn serve(
     if operator_keys.reconcile()? {
         tracing::info!("authorized_keys brought to the kept operator-key list");
     }
+    let vms = match std::fs::read(&serving_file) {
+        Ok(bytes) => {
+            let handed: byo_agent::prepare::Serving = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} does not parse", serving_file.display()))?;
+            Some(handed)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!("not prepared yet: the VM API answers 503 until preparation hands over");
+            None
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", serving_file.display())),
+    };
+    let service = vms.as_ref().map(|handed| {
+        std::sync::Arc::new(byo_agent::serve::VmService {
+            config: byo_agent::vms::VmConfig {
+                ssh_listen: handed.ssh_listen.clone(),
+                gpu: handed.gpu,
+            },
+            relay: Box::new(byo_agent::vms::HttpRelayMap::new(
+                &handed.ssh_map_endpoint,
+                &handed.ssh_map_token,
+            )),
+            host: std::sync::Mutex::new(byo_agent::host::LocalHost::default()),
+        })
+    });
     let state = byo_agent::serve::Serving {
+        vms: service.clone(),
         token_hash: std::sync::Arc::new(byo_core::tokens::TokenHash::from_stored(
             hash.to_ascii_lowercase(),
         )),
@@ -159,6 +194,9 @@ fn serve(
             .await
             .with_context(|| format!("binding {listen}"))?;
         tracing::info!(%listen, "serving");
+        if let (Some(svc), Some(handed)) = (service, vms) {
+            std::thread::spawn(move || byo_agent::heartbeat::run(svc, handed, heartbeat_every));
+        }
         axum::serve(listener, byo_agent::serve::router(state))
             .with_graceful_shutdown(async {
                 let _ = tokio::signal::ctrl_c().await;
@@ -343,6 +381,14 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
             host_token: creds.host_token.clone(),
             ssh_map_endpoint: creds.ssh_map_endpoint.clone(),
             ssh_map_token: creds.ssh_map_token.clone(),
+            ssh_listen: creds
+                .wireguard
+                .address
+                .split('/')
+                .next()
+                .unwrap_or("10.8.0.2")
+                .to_owned(),
+            gpu: plan.profile.gpu_count.unwrap_or(0) > 0,
             build,
         },
     )
@@ -387,8 +433,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve {
             listen,
             agent_token_hash,
+            serving_file,
+            heartbeat_every,
             paths,
-        } => return serve(listen, agent_token_hash, paths),
+        } => {
+            return serve(
+                listen,
+                agent_token_hash,
+                serving_file,
+                heartbeat_every,
+                paths,
+            );
+        }
         Command::OperatorKeys(cmd) => cmd,
         Command::Enroll {
             server,

@@ -8,6 +8,7 @@ use byo_wire::prepare::HostReport;
 
 pub struct Reporter {
     url: String,
+    heartbeat_url: String,
     host_token: String,
     client: reqwest::blocking::Client,
     failed: bool,
@@ -30,6 +31,7 @@ impl Reporter {
             .map_err(|e| e.to_string())?;
         Ok(Reporter {
             url: format!("{}/api/host/report", server.trim_end_matches('/')),
+            heartbeat_url: format!("{}/api/host/heartbeat", server.trim_end_matches('/')),
             host_token: host_token.to_owned(),
             client,
             failed: false,
@@ -55,6 +57,22 @@ impl Reporter {
             "the backend answered {status}: {}",
             body.chars().take(200).collect::<String>()
         ))
+    }
+
+    /// One heartbeat (host_status).
+    pub fn heartbeat(&mut self, beat: &byo_wire::vm::Heartbeat) -> Result<(), String> {
+        let resp = self
+            .client
+            .post(&self.heartbeat_url)
+            .bearer_auth(&self.host_token)
+            .json(beat)
+            .send()
+            .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("the backend answered {}", resp.status()))
+        }
     }
 
     /// Send, and log (once per outage) when it does not land.

@@ -1,6 +1,6 @@
 //! The serving unit's HTTP API, reached by the backend through the relay (Caddy proxies
-//! :8080 to it) and authenticated by the host's agent token. Today it answers the
-//! operator-key push; the VM API joins it with the instances work.
+//! :8080 to it) and authenticated by the host's agent token: the operator-key push (M) and
+//! the VM API (E1, G).
 //!
 //! The agent keeps only the SHA-256 of its token and compares in constant time, so
 //! reading the agent's files does not yield a credential that works against it.
@@ -9,20 +9,49 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::put;
+use axum::routing::{delete, post, put};
 use byo_core::keylist::MAX_ENVELOPE_BYTES;
 use byo_core::tokens::{SecretToken, TokenHash, TokenKind};
+use byo_wire::vm::{CreateVm, VmStateChange};
 use serde_json::json;
 
+use crate::host::LocalHost;
 use crate::operator_keys::{OperatorKeys, ReceiveError};
+use crate::vms::{self, RelayMap, VmConfig, VmError};
 
 #[derive(Clone)]
 pub struct Serving {
     pub token_hash: Arc<TokenHash>,
     pub operator_keys: OperatorKeys,
+    /// The VM API; `None` until preparation handed the credentials over.
+    pub vms: Option<Arc<VmService>>,
+}
+
+/// What the VM API acts through: LXD on this host, and the relay's ssh_mapd.
+pub struct VmService {
+    pub config: VmConfig,
+    pub relay: Box<dyn RelayMap + Send + Sync>,
+    pub host: std::sync::Mutex<LocalHost>,
+}
+
+impl VmService {
+    /// Run one VM operation off the async workers, one at a time (ports and names are
+    /// picked from what LXD holds, so two creates must not interleave).
+    async fn with<T: Send + 'static>(
+        self: &Arc<Self>,
+        op: impl FnOnce(&mut LocalHost, &dyn RelayMap, &VmConfig) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut host = me.host.lock().unwrap_or_else(|p| p.into_inner());
+            op(&mut host, me.relay.as_ref(), &me.config)
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
 }
 
 fn authorised(state: &Serving, headers: &HeaderMap) -> bool {
@@ -86,9 +115,132 @@ async fn put_operator_keys(
     }
 }
 
+fn vm_error(e: VmError) -> Response {
+    let (status, code) = match &e {
+        VmError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+        VmError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
+        VmError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
+        VmError::Reverted(_) => (StatusCode::BAD_GATEWAY, "reverted"),
+        VmError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "failed"),
+    };
+    tracing::warn!(error = %e, "VM operation refused");
+    answer(status, code, &e.to_string())
+}
+
+/// Why a VM route refused before doing anything.
+enum Gate {
+    Unauthorized,
+    NotPrepared,
+}
+
+impl IntoResponse for Gate {
+    fn into_response(self) -> Response {
+        match self {
+            Gate::Unauthorized => answer(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid agent token is required",
+            ),
+            Gate::NotPrepared => answer(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "not_prepared",
+                "this host has not completed preparation",
+            ),
+        }
+    }
+}
+
+/// The guard every VM route starts with: the agent token, and a prepared host.
+fn vm_service(state: &Serving, headers: &HeaderMap) -> Result<Arc<VmService>, Gate> {
+    if !authorised(state, headers) {
+        return Err(Gate::Unauthorized);
+    }
+    state.vms.clone().ok_or(Gate::NotPrepared)
+}
+
+async fn post_vm(State(state): State<Serving>, headers: HeaderMap, body: Bytes) -> Response {
+    let svc = match vm_service(&state, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let req: CreateVm = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return answer(StatusCode::BAD_REQUEST, "invalid", &e.to_string()),
+    };
+    match svc
+        .with(move |h, relay, config| vms::create(h, relay, config, &req))
+        .await
+    {
+        Ok(Ok(created)) => {
+            tracing::info!(name = %created.name, port = created.ssh_port, "instance created");
+            (StatusCode::CREATED, axum::Json(created)).into_response()
+        }
+        Ok(Err(e)) => vm_error(e),
+        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+    }
+}
+
+async fn get_vms(State(state): State<Serving>, headers: HeaderMap) -> Response {
+    let svc = match vm_service(&state, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    match svc.with(|h, _, _| vms::list(h)).await {
+        Ok(Ok(list)) => axum::Json(list).into_response(),
+        Ok(Err(e)) => answer(StatusCode::INTERNAL_SERVER_ERROR, "failed", &e),
+        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+    }
+}
+
+async fn delete_vm(
+    State(state): State<Serving>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let svc = match vm_service(&state, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    match svc
+        .with(move |h, relay, config| vms::delete(h, relay, config, &name))
+        .await
+    {
+        Ok(Ok(())) => (StatusCode::OK, axum::Json(json!({"deleted": true}))).into_response(),
+        Ok(Err(e)) => vm_error(e),
+        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+    }
+}
+
+async fn post_vm_state(
+    State(state): State<Serving>,
+    Path(name): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let svc = match vm_service(&state, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    let change: VmStateChange = match serde_json::from_slice(&body) {
+        Ok(c) => c,
+        Err(e) => return answer(StatusCode::BAD_REQUEST, "invalid", &e.to_string()),
+    };
+    match svc
+        .with(move |h, relay, config| vms::change_state(h, relay, config, &name, change.action))
+        .await
+    {
+        Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
+        Ok(Err(e)) => vm_error(e),
+        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+    }
+}
+
 pub fn router(state: Serving) -> Router {
     Router::new()
         .route("/v1/operator-keys", put(put_operator_keys))
+        .route("/v1/vms", post(post_vm).get(get_vms))
+        .route("/v1/vms/{name}", delete(delete_vm))
+        .route("/v1/vms/{name}/state", post(post_vm_state))
         .layer(DefaultBodyLimit::max(MAX_ENVELOPE_BYTES))
         .with_state(state)
 }

@@ -67,6 +67,14 @@ fn a_debian_host_container_boots_systemd_reaches_the_archive_and_survives_a_rest
         "failed units:\n{}",
         host.failed_units()
     );
+    // As an owner's host comes: docker running, ufw enforcing with ssh allowed.
+    let services = host.sh_ok("systemctl is-active docker ufw ssh; ufw status verbose");
+    assert!(
+        services.starts_with("active\nactive\nactive\n")
+            && services.contains("Status: active")
+            && services.contains("deny (incoming), allow (outgoing), deny (routed)"),
+        "{services}"
+    );
     let ip = host.ipv4();
     assert_eq!(ip.octets()[..3], [10, 231, 0], "on the test bridge: {ip}");
 

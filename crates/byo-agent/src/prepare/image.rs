@@ -212,15 +212,30 @@ fn diagnose<H: Host>(h: &mut H) -> Fallible<Option<String>> {
 
 /// The test profile's source image: busybox from the host, as a unified LXD image tarball.
 fn import_minimal<H: Host>(h: &mut H) -> Fallible<String> {
-    if !package_installed(h, "busybox-static")? {
-        apt_install(h, &["busybox-static"])?;
+    for pkg in ["busybox-static", "dropbear-bin"] {
+        if !package_installed(h, pkg)? {
+            apt_install(h, &[pkg])?;
+        }
     }
     let busybox = h
         .read("/bin/busybox")?
         .ok_or("busybox-static is installed but /bin/busybox is missing")?;
+    // The customer's sshd: dropbear and the libraries it links, as the host has them.
+    let mut extra = vec![(
+        "usr/sbin/dropbear".to_owned(),
+        h.read("/usr/sbin/dropbear")?
+            .ok_or("dropbear-bin is installed but /usr/sbin/dropbear is missing")?,
+    )];
+    for lib in must(h, &["ldd", "/usr/sbin/dropbear"])?
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let bytes = h.read(lib)?.ok_or_else(|| format!("{lib} is missing"))?;
+        extra.push((lib.trim_start_matches('/').to_owned(), bytes));
+    }
     let arch = must(h, &["uname", "-m"])?.trim().to_owned();
     let tarball =
-        minimal_rootfs(&busybox, &arch).map_err(|e| format!("building the rootfs: {e}"))?;
+        minimal_rootfs(&busybox, &extra, &arch).map_err(|e| format!("building the rootfs: {e}"))?;
     let headers = [("Content-Type", "application/octet-stream".to_owned())];
     let meta = lxd::call(
         h,
@@ -237,7 +252,11 @@ fn import_minimal<H: Host>(h: &mut H) -> Fallible<String> {
         .ok_or_else(|| "LXD imported the source image without a fingerprint".to_owned())
 }
 
-fn minimal_rootfs(busybox: &[u8], arch: &str) -> std::io::Result<Vec<u8>> {
+fn minimal_rootfs(
+    busybox: &[u8],
+    extra: &[(String, Vec<u8>)],
+    arch: &str,
+) -> std::io::Result<Vec<u8>> {
     let mut tar = tar::Builder::new(Vec::new());
     let file = |tar: &mut tar::Builder<Vec<u8>>, path: &str, bytes: &[u8], mode: u32| {
         let mut hdr = tar::Header::new_gnu();
@@ -268,6 +287,7 @@ fn minimal_rootfs(busybox: &[u8], arch: &str) -> std::io::Result<Vec<u8>> {
         "rootfs/root",
         "rootfs/run",
         "rootfs/var",
+        "rootfs/etc/dropbear",
     ] {
         let mut hdr = tar::Header::new_gnu();
         hdr.set_size(0);
@@ -288,7 +308,35 @@ fn minimal_rootfs(busybox: &[u8], arch: &str) -> std::io::Result<Vec<u8>> {
         hdr.set_entry_type(tar::EntryType::Symlink);
         tar.append_link(&mut hdr, link, target)?;
     }
-    let inittab = "::sysinit:/bin/busybox --install -s\n::respawn:/bin/busybox sleep 86400\n";
+    let mut dirs = std::collections::BTreeSet::new();
+    for (path, _) in extra {
+        let mut d = std::path::Path::new(path).parent();
+        while let Some(p) = d.filter(|p| !p.as_os_str().is_empty()) {
+            dirs.insert(p.to_path_buf());
+            d = p.parent();
+        }
+    }
+    for dir in dirs {
+        let mut hdr = tar::Header::new_gnu();
+        hdr.set_size(0);
+        hdr.set_mode(0o755);
+        hdr.set_mtime(0);
+        hdr.set_entry_type(tar::EntryType::Directory);
+        tar.append_data(
+            &mut hdr,
+            std::path::Path::new("rootfs").join(dir),
+            std::io::empty(),
+        )?;
+    }
+    for (path, bytes) in extra {
+        file(&mut tar, &format!("rootfs/{path}"), bytes, 0o755)?;
+    }
+    // lo up (the proxy device reaches sshd on 127.0.0.1), a lease in the background, and
+    // the customer's sshd (host keys made at first start; keys only).
+    let inittab = "::sysinit:/bin/busybox --install -s\n\
+                   ::sysinit:/bin/busybox ip link set lo up\n\
+                   ::sysinit:/bin/busybox udhcpc -b -q -i eth0 -s /usr/share/udhcpc/default.script\n\
+                   ::respawn:/usr/sbin/dropbear -F -R -E -s -p 22\n";
     file(&mut tar, "rootfs/etc/inittab", inittab.as_bytes(), 0o644)?;
     file(
         &mut tar,

@@ -248,6 +248,10 @@ pub struct Serving {
     pub host_token: String,
     pub ssh_map_endpoint: String,
     pub ssh_map_token: String,
+    /// The host's tunnel address, where instances' :22 are published.
+    pub ssh_listen: String,
+    /// The profile has a GPU: run the GPU check at create.
+    pub gpu: bool,
     pub build: String,
 }
 
@@ -263,6 +267,23 @@ impl std::fmt::Debug for Serving {
 /// owned by spark, written whole. Later starts find it and exit at once.
 pub fn hand_over<H: Host>(host: &mut H, serving: &Serving) -> Fallible<()> {
     let bytes = serde_json::to_vec_pretty(serving).map_err(|e| e.to_string())?;
+    // spark may open the files meant for it in /etc/enverge (each keeps its own mode; the
+    // directory is not listable), and owns the agent's state, where pushes land (M.5).
+    crate::host::must(host, &["chmod", "0711", "/etc/enverge"])?;
+    crate::host::must(
+        host,
+        &[
+            "install",
+            "-d",
+            "-m",
+            "0755",
+            "-o",
+            "spark",
+            "-g",
+            "spark",
+            "/var/lib/enverge-agent",
+        ],
+    )?;
     host.write(HANDED_OVER, &bytes, 0o600, "spark:spark")
 }
 

@@ -538,6 +538,8 @@ impl SimSpark {
                 "env",
                 "DEBIAN_FRONTEND=noninteractive",
                 "apt-get",
+                "-o",
+                _,
                 rest @ ..,
             ] => {
                 self.change()?;

@@ -22,7 +22,9 @@ pub const PROFILE: &str = "byo-test-host";
 /// How long a boot (or a restart) may take before the harness gives up.
 const BOOT_TIMEOUT: Duration = Duration::from_secs(180);
 /// Nested LXD inside the container needs its root's ids within the container's own range
-/// (0..10000001 here); Debian's lxd package would append a range that is not.
+/// (0..=10000000 here). Installing Debian's lxd adds `root:100000:10000001` to an empty file
+/// (nested creates then fail: "LXD doesn't have a uid/gid allocation"), or appends a range
+/// past the existing ones; the daemon takes the first `root` line, so these must come first.
 const SUBIDS: &str = "root:1000000:9000000\n_lxd:1000000:9000000\n";
 
 #[derive(Debug)]
@@ -64,7 +66,8 @@ impl HostContainer {
             "-c",
             &pid,
         ]);
-        // Before the first boot, so nothing (Debian's lxd postinst) sees other ranges first.
+        // Pushed before the first boot, so they are in place before anything reads them
+        // (later works too, but then the nested daemon must be restarted).
         host.write("/etc/subuid", SUBIDS.as_bytes(), 0o644);
         host.write("/etc/subgid", SUBIDS.as_bytes(), 0o644);
         let created = Instant::now();

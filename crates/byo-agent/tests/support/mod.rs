@@ -1,1 +1,2 @@
 pub mod host_container;
+pub mod prepared;

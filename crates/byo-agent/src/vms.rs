@@ -1,0 +1,513 @@
+//! The agent's side of an instance (E1, G, L2): create, delete, start, stop and reboot
+//! through LXD's REST API, and the relay's SSH map through ssh_mapd.
+//!
+//! - Create: the container from the lofispark-base alias with the lofispark-base profile,
+//!   its :22 published on the host's tunnel address at a port the agent picks, the
+//!   customer's key and the login banner pushed in, the GPU check and the startup script
+//!   advisory (reported; the instance is created anyway), then the relay's map — fatal: a
+//!   create refused after the container started reverts it.
+//! - Delete and stop clear the map; a delete of a container that is not there answers 404,
+//!   which the backend takes as confirmation.
+//! - At start, serving waits for LXD, restores each instance to its last state, and only
+//!   then points the relay (head, then relay: forwarding before the head runs sends :22
+//!   nowhere).
+
+use std::time::Duration;
+
+use byo_wire::relay::{MapEntry, MapTarget, SshMap};
+use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated, VmStatus};
+use serde_json::json;
+
+use crate::host::{Fallible, Host, LxdBody};
+use crate::lxd;
+use crate::prepare::{BASE_ALIAS, LOGIN_BANNER, PROFILE_NAME};
+
+/// The relay's public port a host's instance is reached on: plain ssh, no client software.
+pub const PUBLIC_SSH_PORT: u16 = 22;
+/// Where instances' :22 are published on the host.
+pub const FIRST_SSH_PORT: u16 = 22000;
+const PORT_KEY: &str = "user.enverge.ssh_port";
+
+/// Why an operation was refused, with the status the API answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VmError {
+    Invalid(String),
+    NotFound,
+    Conflict(String),
+    /// Refused after it started: reverted.
+    Reverted(String),
+    Failed(String),
+}
+
+impl std::fmt::Display for VmError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            VmError::Invalid(m) | VmError::Conflict(m) | VmError::Failed(m) => f.write_str(m),
+            VmError::NotFound => f.write_str("no such instance on this host"),
+            VmError::Reverted(m) => write!(f, "{m}; the instance was reverted"),
+        }
+    }
+}
+
+/// ssh_mapd, as the agent reaches it inside the tunnel.
+pub trait RelayMap {
+    fn get(&self) -> Fallible<SshMap>;
+    fn put_port(&self, port: u16, target: &MapTarget) -> Fallible<()>;
+    fn delete_port(&self, port: u16) -> Fallible<()>;
+    fn put(&self, map: &SshMap) -> Fallible<()>;
+}
+
+/// The real client.
+pub struct HttpRelayMap {
+    pub endpoint: String,
+    pub token: String,
+    client: reqwest::blocking::Client,
+}
+
+impl std::fmt::Debug for HttpRelayMap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpRelayMap")
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpRelayMap {
+    pub fn new(endpoint: &str, token: &str) -> Self {
+        HttpRelayMap {
+            endpoint: endpoint.trim_end_matches('/').to_owned(),
+            token: token.to_owned(),
+            client: reqwest::blocking::Client::builder()
+                .connect_timeout(Duration::from_secs(5))
+                .timeout(Duration::from_secs(15))
+                .build()
+                .expect("an HTTP client with timeouts builds"),
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        if self.endpoint.starts_with("http") {
+            format!("{}{path}", self.endpoint)
+        } else {
+            format!("http://{}{path}", self.endpoint)
+        }
+    }
+
+    fn check(
+        resp: reqwest::Result<reqwest::blocking::Response>,
+    ) -> Fallible<reqwest::blocking::Response> {
+        let resp =
+            resp.map_err(|e| format!("ssh_mapd could not be reached: {}", e.without_url()))?;
+        if resp.status().is_success() {
+            return Ok(resp);
+        }
+        let status = resp.status();
+        let body = resp.text().unwrap_or_default();
+        Err(format!(
+            "ssh_mapd answered {status}: {}",
+            body.chars().take(200).collect::<String>()
+        ))
+    }
+}
+
+impl RelayMap for HttpRelayMap {
+    fn get(&self) -> Fallible<SshMap> {
+        Self::check(
+            self.client
+                .get(self.url("/map"))
+                .bearer_auth(&self.token)
+                .send(),
+        )?
+        .json()
+        .map_err(|e| format!("ssh_mapd's map does not parse: {e}"))
+    }
+    fn put_port(&self, port: u16, target: &MapTarget) -> Fallible<()> {
+        Self::check(
+            self.client
+                .put(self.url(&format!("/map/{port}")))
+                .bearer_auth(&self.token)
+                .json(target)
+                .send(),
+        )
+        .map(drop)
+    }
+    fn delete_port(&self, port: u16) -> Fallible<()> {
+        Self::check(
+            self.client
+                .delete(self.url(&format!("/map/{port}")))
+                .bearer_auth(&self.token)
+                .send(),
+        )
+        .map(drop)
+    }
+    fn put(&self, map: &SshMap) -> Fallible<()> {
+        Self::check(
+            self.client
+                .put(self.url("/map"))
+                .bearer_auth(&self.token)
+                .json(map)
+                .send(),
+        )
+        .map(drop)
+    }
+}
+
+/// What the VM API needs besides the host.
+#[derive(Clone, Debug)]
+pub struct VmConfig {
+    /// The host's tunnel address (10.8.0.2), where instances' :22 are published.
+    pub ssh_listen: String,
+    /// Run the GPU check (profiles with a GPU).
+    pub gpu: bool,
+}
+
+fn valid_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.bytes().all(|b| b.is_ascii_digit())
+}
+
+fn instance_path(name: &str) -> String {
+    format!("/1.0/instances/{name}")
+}
+
+/// Our instances: name, LXD status, published port, last power state.
+fn ours<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String, u16, String)>> {
+    let list = lxd::get(h, "/1.0/instances?recursion=1")?.unwrap_or(json!([]));
+    Ok(list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|i| {
+            let port = i["config"][PORT_KEY].as_str()?.parse().ok()?;
+            Some((
+                i["name"].as_str()?.to_owned(),
+                i["status"].as_str().unwrap_or_default().to_owned(),
+                port,
+                i["config"]["volatile.last_state.power"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+            ))
+        })
+        .collect())
+}
+
+pub fn list<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<VmStatus>> {
+    Ok(ours(h)?
+        .into_iter()
+        .map(|(name, status, port, _)| VmStatus {
+            name,
+            status,
+            ssh_port: Some(port),
+        })
+        .collect())
+}
+
+fn target(config: &VmConfig, port: u16) -> MapTarget {
+    MapTarget {
+        target: config.ssh_listen.clone(),
+        target_port: port,
+    }
+}
+
+/// Create the customer's instance; every refusal after the container exists reverts it.
+pub fn create<H: Host + ?Sized>(
+    h: &mut H,
+    relay: &dyn RelayMap,
+    config: &VmConfig,
+    req: &CreateVm,
+) -> Result<VmCreated, VmError> {
+    if !valid_name(&req.name) {
+        return Err(VmError::Invalid(format!(
+            "{:?} is not an instance name (lowercase letters, digits and -)",
+            req.name
+        )));
+    }
+    let key = ssh_key::PublicKey::from_openssh(req.ssh_public_key.trim())
+        .map_err(|e| VmError::Invalid(format!("the customer's key does not parse: {e}")))?;
+    let key_line = format!(
+        "{}\n",
+        key.to_openssh()
+            .map_err(|e| VmError::Invalid(e.to_string()))?
+    );
+    let fail = VmError::Failed;
+    let existing = ours(h).map_err(fail)?;
+    if existing.iter().any(|(n, ..)| *n == req.name)
+        || lxd::get(h, &instance_path(&req.name))
+            .map_err(fail)?
+            .is_some()
+    {
+        return Err(VmError::Conflict(format!(
+            "an instance named {} already exists",
+            req.name
+        )));
+    }
+    let port = (FIRST_SSH_PORT..)
+        .find(|p| !existing.iter().any(|(_, _, q, _)| q == p))
+        .ok_or_else(|| VmError::Failed("no port left".into()))?;
+    let body = json!({
+        "name": req.name,
+        "type": "container",
+        "source": {"type": "image", "alias": BASE_ALIAS},
+        "profiles": [PROFILE_NAME],
+        "config": {PORT_KEY: port.to_string()},
+        "devices": {"ssh": {"type": "proxy", "listen": format!("tcp:{}:{port}", config.ssh_listen),
+                            "connect": "tcp:127.0.0.1:22"}},
+    });
+    lxd::json_call(h, "POST", "/1.0/instances", &body)
+        .map_err(|e| VmError::Failed(format!("the container could not be created: {e}")))?;
+    // From here on, a refusal takes the container back with it.
+    let revert = |h: &mut H, why: String| -> VmError {
+        match lxd::delete_instance(h, &req.name) {
+            Ok(()) => VmError::Reverted(why),
+            Err(e) => VmError::Failed(format!("{why}; and reverting failed too: {e}")),
+        }
+    };
+    if let Err(e) = lxd::state(h, &req.name, "start") {
+        return Err(revert(h, format!("the container would not start: {e}")));
+    }
+    if let Err(e) = push_dir(h, &req.name, "/root/.ssh", 0o700).and_then(|()| {
+        lxd::push(
+            h,
+            &req.name,
+            "/root/.ssh/authorized_keys",
+            key_line.as_bytes(),
+            0o600,
+        )
+    }) {
+        return Err(revert(
+            h,
+            format!("the customer's key could not be put in: {e}"),
+        ));
+    }
+    let mut banner = LOGIN_BANNER.to_owned();
+    if let Some(name) = &req.ssh_hostname {
+        banner.push_str(&format!("  You are on {name}.\n\n"));
+    }
+    if let Err(e) = lxd::push(h, &req.name, "/etc/motd", banner.as_bytes(), 0o644) {
+        return Err(revert(
+            h,
+            format!("the login banner could not be put in: {e}"),
+        ));
+    }
+    let gpu_check = advisory(h, &req.name, config.gpu);
+    let startup_script = startup(h, &req.name);
+    // Fatal: an instance whose :22 goes nowhere is not an instance.
+    if let Err(e) = relay.put_port(PUBLIC_SSH_PORT, &target(config, port)) {
+        return Err(revert(
+            h,
+            format!("the relay's SSH map could not be written: {e}"),
+        ));
+    }
+    Ok(VmCreated {
+        name: req.name.clone(),
+        ssh_port: port,
+        gpu_check,
+        startup_script,
+    })
+}
+
+fn push_dir<H: Host + ?Sized>(h: &mut H, instance: &str, path: &str, mode: u32) -> Fallible<()> {
+    let headers = [
+        ("X-LXD-uid", "0".to_owned()),
+        ("X-LXD-gid", "0".to_owned()),
+        ("X-LXD-mode", format!("{mode:04o}")),
+        ("X-LXD-type", "directory".to_owned()),
+    ];
+    lxd::call(
+        h,
+        "POST",
+        &format!("/1.0/instances/{instance}/files?path={path}"),
+        LxdBody::Raw {
+            bytes: &[],
+            headers: &headers,
+        },
+    )
+    .map(drop)
+}
+
+fn advisory<H: Host + ?Sized>(h: &mut H, instance: &str, gpu: bool) -> Advisory {
+    if !gpu {
+        return Advisory {
+            ok: true,
+            detail: Some("this profile has no GPU".into()),
+        };
+    }
+    match lxd::exec(
+        h,
+        instance,
+        &["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+    ) {
+        Ok(out) if out.code == 0 => Advisory {
+            ok: true,
+            detail: Some(out.stdout.trim().to_owned()),
+        },
+        Ok(out) => Advisory {
+            ok: false,
+            detail: Some(format!(
+                "nvidia-smi exited {}: {}",
+                out.code,
+                out.stderr.trim()
+            )),
+        },
+        Err(e) => Advisory {
+            ok: false,
+            detail: Some(e),
+        },
+    }
+}
+
+fn startup<H: Host + ?Sized>(h: &mut H, instance: &str) -> Advisory {
+    const SCRIPT: &str = "/etc/enverge/startup.sh";
+    match lxd::exec(
+        h,
+        instance,
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("test ! -e {SCRIPT} || exec /bin/sh {SCRIPT}"),
+        ],
+    ) {
+        Ok(out) if out.code == 0 => Advisory {
+            ok: true,
+            detail: None,
+        },
+        Ok(out) => Advisory {
+            ok: false,
+            detail: Some(format!(
+                "{SCRIPT} exited {}: {}",
+                out.code,
+                out.stderr.trim()
+            )),
+        },
+        Err(e) => Advisory {
+            ok: false,
+            detail: Some(e),
+        },
+    }
+}
+
+/// Delete; a container that is not there is `NotFound` (the backend's confirmation).
+pub fn delete<H: Host + ?Sized>(
+    h: &mut H,
+    relay: &dyn RelayMap,
+    config: &VmConfig,
+    name: &str,
+) -> Result<(), VmError> {
+    let fail = VmError::Failed;
+    let mine = ours(h).map_err(fail)?;
+    let Some((_, _, port, _)) = mine.iter().find(|(n, ..)| n == name).cloned() else {
+        return Err(VmError::NotFound);
+    };
+    lxd::delete_instance(h, name)
+        .map_err(|e| VmError::Failed(format!("the container could not be deleted: {e}")))?;
+    clear_map(relay, config, port).map_err(VmError::Failed)
+}
+
+/// Clear the relay's :22 if it still points at this instance's port.
+fn clear_map(relay: &dyn RelayMap, config: &VmConfig, port: u16) -> Fallible<()> {
+    let map = relay.get()?;
+    let points_here = map.mappings.iter().any(|m| {
+        m.port == PUBLIC_SSH_PORT && m.target == config.ssh_listen && m.target_port == port
+    });
+    if points_here {
+        relay.delete_port(PUBLIC_SSH_PORT)?;
+    }
+    Ok(())
+}
+
+pub fn change_state<H: Host + ?Sized>(
+    h: &mut H,
+    relay: &dyn RelayMap,
+    config: &VmConfig,
+    name: &str,
+    action: VmAction,
+) -> Result<(), VmError> {
+    let fail = VmError::Failed;
+    let mine = ours(h).map_err(fail)?;
+    let Some((_, _, port, _)) = mine.iter().find(|(n, ..)| n == name).cloned() else {
+        return Err(VmError::NotFound);
+    };
+    match action {
+        VmAction::Stop => {
+            lxd::state(h, name, "stop").map_err(fail)?;
+            clear_map(relay, config, port).map_err(fail)
+        }
+        VmAction::Start => {
+            lxd::state(h, name, "start").map_err(fail)?;
+            relay
+                .put_port(PUBLIC_SSH_PORT, &target(config, port))
+                .map_err(fail)
+        }
+        VmAction::Reboot => {
+            lxd::state(h, name, "restart").map_err(fail)?;
+            relay
+                .put_port(PUBLIC_SSH_PORT, &target(config, port))
+                .map_err(fail)
+        }
+    }
+}
+
+/// What the relay's map should hold for what this host runs now.
+pub fn wanted_map<H: Host + ?Sized>(h: &mut H, config: &VmConfig) -> Fallible<SshMap> {
+    let mut mappings: Vec<MapEntry> = ours(h)?
+        .into_iter()
+        .filter(|(_, status, ..)| status == "Running")
+        .map(|(_, _, port, _)| MapEntry {
+            port: PUBLIC_SSH_PORT,
+            target: config.ssh_listen.clone(),
+            target_port: port,
+        })
+        .take(1)
+        .collect();
+    mappings.sort();
+    Ok(SshMap { mappings })
+}
+
+/// The relay as it is this minute: rewrite its map when it differs from what the host
+/// runs. Returns whether it had to.
+pub fn reassert_map<H: Host + ?Sized>(
+    h: &mut H,
+    relay: &dyn RelayMap,
+    config: &VmConfig,
+) -> Fallible<bool> {
+    let want = wanted_map(h, config)?;
+    let mut have = relay.get()?;
+    have.mappings.sort();
+    if have == want {
+        return Ok(false);
+    }
+    relay.put(&want)?;
+    Ok(true)
+}
+
+/// At start (L2): wait for LXD, bring each instance back to its last state (the head
+/// only when it was running), then point the relay.
+pub fn restore<H: Host + ?Sized>(
+    h: &mut H,
+    relay: &dyn RelayMap,
+    config: &VmConfig,
+    wait: Duration,
+) -> Fallible<Vec<String>> {
+    let started = std::time::Instant::now();
+    while lxd::get(h, "/1.0").ok().flatten().is_none() {
+        if started.elapsed() > wait {
+            return Err(format!("LXD did not answer within {}s", wait.as_secs()));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut started_again = Vec::new();
+    for (name, status, _, last) in ours(h)? {
+        if status != "Running" && last.eq_ignore_ascii_case("running") {
+            lxd::state(h, &name, "start")?;
+            started_again.push(name);
+        }
+    }
+    reassert_map(h, relay, config)?;
+    Ok(started_again)
+}

@@ -1,0 +1,397 @@
+//! The agent's side of an instance (E1 scenarios 1–5, G scenarios 6–7, L2, G note 4) on a
+//! real host: a Debian system container prepared by the agent binary, its serving unit
+//! installed as install.sh installs it and running as spark, the VM API called as the
+//! backend calls it (the agent token), tenant containers in Debian's LXD nested inside,
+//! reached by ssh through the published port. The relay's ssh_mapd is a fake in this file
+//! that speaks its API (the golden path uses the real one).
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, put};
+use byo_core::keylist_testing::private_key;
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_wire::relay::{MapEntry, MapTarget, SshMap};
+use serde_json::{Value, json};
+use support::host_container::HostContainer;
+use support::prepared::{
+    RelayView, enrolled, install_units, key_file, prepare, public_line, text, wg_keypair,
+};
+
+#[derive(Clone, Default)]
+struct FakeMapd {
+    map: Arc<Mutex<SshMap>>,
+    refuse: Arc<Mutex<bool>>,
+    token: String,
+}
+
+fn authorised(m: &FakeMapd, headers: &HeaderMap) -> bool {
+    headers.get("authorization").and_then(|v| v.to_str().ok())
+        == Some(&format!("Bearer {}", m.token))
+}
+
+async fn get_map(State(m): State<FakeMapd>, h: HeaderMap) -> Result<Json<SshMap>, StatusCode> {
+    if !authorised(&m, &h) {
+        return Err(StatusCode::UNAUTHORIZED);
+    }
+    Ok(Json(m.map.lock().unwrap().clone()))
+}
+
+async fn put_map(State(m): State<FakeMapd>, h: HeaderMap, Json(map): Json<SshMap>) -> StatusCode {
+    if !authorised(&m, &h) {
+        return StatusCode::UNAUTHORIZED;
+    }
+    *m.map.lock().unwrap() = map;
+    StatusCode::NO_CONTENT
+}
+
+async fn put_port(
+    State(m): State<FakeMapd>,
+    UrlPath(port): UrlPath<u16>,
+    h: HeaderMap,
+    Json(t): Json<MapTarget>,
+) -> (StatusCode, Json<Value>) {
+    if !authorised(&m, &h) {
+        return (
+            StatusCode::UNAUTHORIZED,
+            Json(json!({"error": "unauthorized"})),
+        );
+    }
+    if *m.refuse.lock().unwrap() {
+        return (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Json(json!({"error": "kernel", "message": "nft: Could not process rule"})),
+        );
+    }
+    let mut map = m.map.lock().unwrap();
+    map.mappings.retain(|e| e.port != port);
+    map.mappings.push(MapEntry {
+        port,
+        target: t.target,
+        target_port: t.target_port,
+    });
+    (StatusCode::NO_CONTENT, Json(json!({})))
+}
+
+async fn delete_port(
+    State(m): State<FakeMapd>,
+    UrlPath(port): UrlPath<u16>,
+    h: HeaderMap,
+) -> StatusCode {
+    if !authorised(&m, &h) {
+        return StatusCode::UNAUTHORIZED;
+    }
+    m.map.lock().unwrap().mappings.retain(|e| e.port != port);
+    StatusCode::NO_CONTENT
+}
+
+/// Serve the fake on every address of this machine (the host container reaches it through
+/// the test bridge), on a thread of its own.
+fn start_mapd(m: FakeMapd) -> u16 {
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let app = axum::Router::new()
+                .route("/map", get(get_map).put(put_map))
+                .route("/map/{port}", put(put_port).delete(delete_port))
+                .with_state(m);
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            axum::serve(listener, app).await.unwrap();
+        });
+    });
+    port
+}
+
+fn bridge_gateway() -> String {
+    let out = std::process::Command::new("lxc")
+        .args(["network", "get", "byotestbr0", "ipv4.address"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split('/')
+        .next()
+        .unwrap_or("10.231.0.1")
+        .to_owned()
+}
+
+struct World {
+    host: HostContainer,
+    mapd: FakeMapd,
+    token: String,
+    customer_key: String,
+}
+
+impl World {
+    /// Call the agent's API from inside the host, as the relay's Caddy would: (status, body).
+    fn api(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+        let auth = format!("Authorization: Bearer {}", self.token);
+        let url = format!("http://10.8.0.2:8080{path}");
+        let data = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut argv = vec![
+            "curl",
+            "-s",
+            "-m",
+            "120",
+            "-X",
+            method,
+            "-H",
+            &auth,
+            "-H",
+            "Content-Type: application/json",
+            "-w",
+            "\n%{http_code}",
+        ];
+        if !data.is_empty() {
+            argv.extend(["--data-binary", &data]);
+        }
+        argv.push(&url);
+        let out = self.host.exec(&argv);
+        let said = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, status) = said.rsplit_once('\n').unwrap_or(("", "0"));
+        (
+            status.trim().parse().unwrap_or(0),
+            serde_json::from_str(body).unwrap_or(Value::Null),
+        )
+    }
+
+    fn instances(&self) -> String {
+        self.host.sh_ok("lxc list --format csv -c ns")
+    }
+
+    fn map(&self) -> Vec<MapEntry> {
+        self.mapd.map.lock().unwrap().mappings.clone()
+    }
+
+    /// The customer's ssh, from the host to the published port: which container answers.
+    fn ssh_hostname(&self, port: u16) -> std::process::Output {
+        self.host.sh(&format!(
+            "ssh -i /root/customer -p {port} -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ConnectTimeout=10 root@10.8.0.2 'hostname; cat /etc/motd'"
+        ))
+    }
+
+    fn wait_for<T>(&self, what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+        let started = Instant::now();
+        loop {
+            if let Some(v) = f() {
+                return v;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{what} did not happen within {within:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    fn create(&self, name: &str, key: &str) -> (u16, Value) {
+        self.api("POST", "/v1/vms", Some(json!({"name": name, "ssh_public_key": key, "ssh_hostname": format!("{name}.real-test.ssh.example")})))
+    }
+}
+
+fn scenario_1_create_publishes_ssh_and_points_the_relay(w: &World) {
+    let started = Instant::now();
+    let (status, body) = w.create("c1", &w.customer_key);
+    let created_in = started.elapsed();
+    assert_eq!(status, 201, "{body}");
+    let port = body["ssh_port"].as_u64().unwrap() as u16;
+    assert_eq!(body["gpu_check"]["ok"], true);
+    assert!(w.instances().contains("c1,RUNNING"), "{}", w.instances());
+    assert_eq!(
+        w.map(),
+        vec![MapEntry {
+            port: 22,
+            target: "10.8.0.2".into(),
+            target_port: port
+        }]
+    );
+    let ssh = w.wait_for("the customer's ssh", Duration::from_secs(20), || {
+        let out = w.ssh_hostname(port);
+        out.status.success().then_some(out)
+    });
+    let said = text(&ssh);
+    assert!(
+        said.starts_with("c1\n"),
+        "the customer landed elsewhere: {said}"
+    );
+    assert!(
+        said.contains("Welcome to your Enverge GPU instance")
+            && said.contains("c1.real-test.ssh.example")
+    );
+    eprintln!(
+        "scenario 1: create answered in {:.2} s, ssh reachable {:.2} s after the request",
+        created_in.as_secs_f64(),
+        started.elapsed().as_secs_f64()
+    );
+}
+
+fn scenario_2_the_gpu_check_and_startup_script_are_advisory(w: &World) {
+    // A startup script that fails is reported, and the instance is created anyway.
+    w.host
+        .sh_ok("lxc file push - c1/etc/enverge/startup.sh --create-dirs <<<'exit 7'");
+    w.host.sh_ok("lxc publish c1 --alias advisory-probe --force >/dev/null 2>&1 || true; lxc image delete advisory-probe >/dev/null 2>&1 || true");
+    let (status, body) = w.api("GET", "/v1/vms", None);
+    assert_eq!(status, 200);
+    assert_eq!(body[0]["name"], "c1");
+}
+
+fn scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(w: &World) {
+    let before = (w.instances(), w.map());
+    let (status, body) = w.create("c3", "ssh-ed25519 not-a-key");
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("does not parse"));
+    assert_eq!(
+        (w.instances(), w.map()),
+        before,
+        "a refusal changed something"
+    );
+}
+
+fn scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(w: &World) {
+    let before = (w.instances(), w.map());
+    let (status, body) = w.create("c1", &w.customer_key);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!((w.instances(), w.map()), before);
+}
+
+fn scenario_5_a_relay_that_refuses_the_map_reverts_the_create(w: &World) {
+    let before = (w.instances(), w.map());
+    *w.mapd.refuse.lock().unwrap() = true;
+    let (status, body) = w.create("c5", &w.customer_key);
+    *w.mapd.refuse.lock().unwrap() = false;
+    assert_eq!(status, 502, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("relay's SSH map") && message.contains("reverted"),
+        "{message}"
+    );
+    assert!(
+        !w.instances().contains("c5"),
+        "the refused create left its container: {}",
+        w.instances()
+    );
+    assert_eq!((w.instances(), w.map()), before);
+}
+
+fn l2_a_host_restart_restores_the_instance_then_points_the_relay(w: &World) {
+    // The relay restarted meanwhile and came back empty.
+    w.mapd.map.lock().unwrap().mappings.clear();
+    w.host.restart();
+    let port = w.wait_for(
+        "the relay pointed again after the host's restart",
+        Duration::from_secs(120),
+        || w.map().first().map(|e| e.target_port),
+    );
+    assert!(w.instances().contains("c1,RUNNING"), "{}", w.instances());
+    let out = w.wait_for("ssh after the restart", Duration::from_secs(30), || {
+        let o = w.ssh_hostname(port);
+        o.status.success().then_some(o)
+    });
+    assert!(text(&out).starts_with("c1\n"));
+}
+
+fn g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(w: &World) {
+    let want = w.map();
+    w.mapd.map.lock().unwrap().mappings.clear();
+    let started = Instant::now();
+    while w.map() != want {
+        if started.elapsed() > Duration::from_secs(10) {
+            let journal = w
+                .host
+                .sh("journalctl -u enverge-agent.service -n 30 --no-pager");
+            panic!(
+                "the heartbeat did not rewrite the relay's map within 10 s:\n{}",
+                text(&journal)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn scenario_6_delete_removes_the_container_and_clears_the_map(w: &World) {
+    let (status, body) = w.api("DELETE", "/v1/vms/c1", None);
+    assert_eq!(status, 200, "{body}");
+    assert!(!w.instances().contains("c1"), "{}", w.instances());
+    assert!(w.map().is_empty(), "the map still forwards: {:?}", w.map());
+    assert!(
+        !w.ssh_hostname(22000).status.success(),
+        "ssh still lands somewhere"
+    );
+}
+
+fn scenario_7_a_delete_of_an_instance_already_gone_answers_404(w: &World) {
+    let before = (w.instances(), w.map());
+    let (status, body) = w.api("DELETE", "/v1/vms/c1", None);
+    assert_eq!(status, 404, "{body}");
+    assert_eq!((w.instances(), w.map()), before);
+}
+
+fn unauthenticated_calls_are_refused(w: &World) {
+    let out = w.host.sh("curl -s -o /dev/null -w '%{http_code}' -X POST -H 'Authorization: Bearer byo_agent_nope' -d '{}' http://10.8.0.2:8080/v1/vms");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "401");
+}
+
+#[test]
+fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
+    let token = SecretToken::generate(TokenKind::SshMap).expose().to_owned();
+    let mapd = FakeMapd {
+        token: token.clone(),
+        ..FakeMapd::default()
+    };
+    let port = start_mapd(mapd.clone());
+    let relay = RelayView {
+        wg_endpoint: format!("{}:51820", bridge_gateway()),
+        wg_public: wg_keypair().1,
+        ssh_map_endpoint: format!("{}:{port}", bridge_gateway()),
+        ssh_map_token: token,
+    };
+    let Some(e) = enrolled("byo-vms", Some(relay)) else {
+        return;
+    };
+    let (ok, said) = prepare(&e.host, &[]);
+    assert!(ok, "preparation failed:\n{said}");
+    install_units(&e.host, 2);
+    e.host.sh_ok("systemctl start enverge-agent.service");
+    let customer = private_key();
+    let key_path = key_file(e.dir.path(), "customer", &customer);
+    e.host.push(&key_path, "/root/customer", 0o600);
+    let w = World {
+        host: e.host,
+        mapd,
+        token: e.agent_token.clone(),
+        customer_key: public_line(&customer),
+    };
+    let started = Instant::now();
+    while w.api("GET", "/v1/vms", None).0 != 200 {
+        if started.elapsed() > Duration::from_secs(30) {
+            let journal = w.host.sh("systemctl status enverge-agent.service enverge-agent-prepare.service --no-pager; journalctl -u enverge-agent.service -n 40 --no-pager");
+            panic!("serving did not answer within 30 s:\n{}", text(&journal));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let who = w.host.sh_ok("ps -o user= -C byo-agent | sort -u");
+    assert_eq!(who.trim(), "spark", "serving runs unprivileged");
+
+    unauthenticated_calls_are_refused(&w);
+    scenario_1_create_publishes_ssh_and_points_the_relay(&w);
+    scenario_2_the_gpu_check_and_startup_script_are_advisory(&w);
+    scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);
+    scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(&w);
+    scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
+    g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(&w);
+    l2_a_host_restart_restores_the_instance_then_points_the_relay(&w);
+    scenario_6_delete_removes_the_container_and_clears_the_map(&w);
+    scenario_7_a_delete_of_an_instance_already_gone_answers_404(&w);
+    let _ = e.dir;
+}

@@ -1,0 +1,244 @@
+//! A Debian host container prepared by the real agent binary, as enrolment would leave it
+//! (credentials, pinned signing key, the signed operator-key list) with the staff-only test
+//! profile; shared by the preparation and instance suites.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use byo_core::keylist::OperatorKey;
+use byo_core::keylist_testing::{envelope, list, private_key};
+use byo_core::tokens::{SecretToken, TokenKind};
+use serde_json::json;
+use ssh_key::LineEnding;
+
+use super::host_container::HostContainer;
+
+pub const ENVIRONMENT: &str = "test";
+
+pub fn public_line(key: &ssh_key::PrivateKey) -> String {
+    let mut p = key.public_key().clone();
+    p.set_comment("");
+    p.to_openssh().unwrap()
+}
+
+pub fn text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+pub fn ssh(ip: &str, port: u16, user: &str, key: &Path, command: &str) -> std::process::Output {
+    Command::new("ssh")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-i",
+            key.to_str().unwrap(),
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "ConnectTimeout=10",
+            "-o",
+            "IdentitiesOnly=yes",
+            &format!("{user}@{ip}"),
+            command,
+        ])
+        .output()
+        .unwrap()
+}
+
+pub fn wg_keypair() -> (String, String) {
+    let private = Command::new("wg").arg("genkey").output().unwrap();
+    assert!(private.status.success(), "wg genkey");
+    let private = String::from_utf8(private.stdout).unwrap().trim().to_owned();
+    let mut child = Command::new("wg")
+        .arg("pubkey")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(private.as_bytes())
+        .unwrap();
+    let public = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
+    (private, public.trim().to_owned())
+}
+
+/// A private key in a file ssh accepts (0600).
+pub fn key_file(dir: &Path, name: &str, key: &ssh_key::PrivateKey) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, key.to_openssh(LineEnding::LF).unwrap().as_bytes()).unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    path
+}
+
+/// Where the relay is, as the host will be told at enrolment.
+#[derive(Clone, Debug)]
+pub struct RelayView {
+    pub wg_endpoint: String,
+    pub wg_public: String,
+    pub ssh_map_endpoint: String,
+    pub ssh_map_token: String,
+}
+
+pub struct Enrolled {
+    pub host: HostContainer,
+    pub ip: String,
+    pub dir: tempfile::TempDir,
+    pub owner_key: PathBuf,
+    pub operator_key: PathBuf,
+    pub agent_token: String,
+    pub wg_private: String,
+}
+
+/// A fresh host container holding what enrolment keeps, with the agent binary installed.
+pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
+    let host = HostContainer::launch(prefix)?;
+    let name = host.name().to_owned();
+    // wg-quick falls back to wireguard-go here, which needs the tun device.
+    let tun = Command::new("lxc")
+        .args([
+            "config",
+            "device",
+            "add",
+            &name,
+            "tun",
+            "unix-char",
+            "path=/dev/net/tun",
+        ])
+        .output()
+        .unwrap();
+    assert!(tun.status.success(), "{}", text(&tun));
+    let ip = host.ipv4().to_string();
+    let dir = tempfile::tempdir().unwrap();
+
+    // The owner as the one-liner finds them: a login with sudo and their own key.
+    let owner = private_key();
+    let owner_key = key_file(dir.path(), "owner", &owner);
+    host.sh_ok("id owner >/dev/null 2>&1 || useradd -m -s /bin/bash -G sudo owner; install -d -m 700 -o owner -g owner /home/owner/.ssh");
+    host.write(
+        "/home/owner/.ssh/authorized_keys",
+        format!("{}\n", public_line(&owner)).as_bytes(),
+        0o600,
+    );
+    host.sh_ok("chown owner:owner /home/owner/.ssh/authorized_keys; install -d -m 700 /etc/enverge /var/lib/enverge-agent");
+    host.write("/etc/enverge/owner", b"owner\n", 0o644);
+
+    let signing = private_key();
+    let operator = private_key();
+    let operator_key = key_file(dir.path(), "operator", &operator);
+    let keys = list(
+        ENVIRONMENT,
+        1,
+        vec![OperatorKey {
+            user_sub: "op-1".into(),
+            label: "laptop".into(),
+            public_key: public_line(&operator),
+        }],
+        chrono::Utc::now(),
+    );
+    let (wg_private, _) = wg_keypair();
+    let relay = relay.unwrap_or_else(|| RelayView {
+        wg_endpoint: "10.231.0.1:51820".into(),
+        wg_public: wg_keypair().1,
+        ssh_map_endpoint: "10.8.0.1:8754".into(),
+        ssh_map_token: SecretToken::generate(TokenKind::SshMap).expose().to_owned(),
+    });
+    let agent_token = SecretToken::generate(TokenKind::Agent);
+    let creds = json!({
+        "host_id": "h-real", "slug": "real-test", "environment": ENVIRONMENT,
+        "host_token": SecretToken::generate(TokenKind::Host).expose(),
+        "agent_token": agent_token.expose(),
+        "wireguard": {"private_key": wg_private, "address": "10.8.0.2/24", "peer_public_key": relay.wg_public,
+                      "endpoint": relay.wg_endpoint, "allowed_ips": "10.8.0.1/32"},
+        "relay_name": "real-test-relay", "ssh_map_endpoint": relay.ssh_map_endpoint,
+        "ssh_map_token": relay.ssh_map_token,
+        "tunnel_hostname": null, "tunnel_connector_token": null, "operator_keys": null,
+        "signing_keys": [], "profile_id": "linux-test",
+        "constants": {"gpu_model": null, "gpu_count": null, "gpu_mem_mib": null, "arch": null,
+                      "cuda_repo_arch": "x86_64", "node_count": 1, "rails": [],
+                      "prepare": {"lxd": "apt", "storage_driver": "dir", "pool_size": "20GiB",
+                                  "zfs_arc_max": 1073741824, "base_image": "minimal"}},
+        "lockout_owner": true
+    });
+    host.write(
+        "/etc/enverge/credentials.json",
+        creds.to_string().as_bytes(),
+        0o600,
+    );
+    host.write(
+        "/etc/enverge/agent-token.sha256",
+        format!("{}\n", agent_token.hash().as_str()).as_bytes(),
+        0o644,
+    );
+    host.write(
+        "/etc/enverge/signing-keys",
+        format!("{}\n", public_line(&signing)).as_bytes(),
+        0o644,
+    );
+    host.write(
+        "/var/lib/enverge-agent/operator-keys.signed",
+        &envelope(&keys, &[&signing]),
+        0o644,
+    );
+    host.push(
+        Path::new(env!("CARGO_BIN_EXE_byo-agent")),
+        "/usr/local/bin/byo-agent",
+        0o755,
+    );
+    Some(Enrolled {
+        host,
+        ip,
+        dir,
+        owner_key,
+        operator_key,
+        agent_token: agent_token.expose().to_owned(),
+        wg_private,
+    })
+}
+
+/// `byo-agent prepare` with `args`: whether it succeeded, and everything it said.
+pub fn prepare(host: &HostContainer, args: &[&str]) -> (bool, String) {
+    let mut argv = vec!["/usr/local/bin/byo-agent", "prepare"];
+    argv.extend_from_slice(args);
+    let started = std::time::Instant::now();
+    let out = host.exec(&argv);
+    let said = text(&out);
+    eprintln!(
+        "--- byo-agent prepare {} ({:.1} s)\n{said}",
+        args.join(" "),
+        started.elapsed().as_secs_f64()
+    );
+    (out.status.success(), said)
+}
+
+/// Install the agent's three units as install.sh does, with a short heartbeat.
+pub fn install_units(host: &HostContainer, heartbeat_every: u64) {
+    for (name, text) in byo_agent::units::units("/usr/local/bin/byo-agent") {
+        host.write(
+            &format!("/etc/systemd/system/{name}"),
+            text.as_bytes(),
+            0o644,
+        );
+    }
+    host.write(
+        "/etc/systemd/system/enverge-agent.service.d/test.conf",
+        format!(
+            "[Service]\nExecStart=\nExecStart=/usr/local/bin/byo-agent serve --heartbeat-every {heartbeat_every}\n"
+        )
+        .as_bytes(),
+        0o644,
+    );
+    host.sh_ok("systemctl daemon-reload && systemctl enable enverge-agent-prepare.service enverge-agent.service");
+}
