@@ -339,3 +339,75 @@ impl Store {
         Ok(rows == 1)
     }
 }
+
+/// node0's host_status row, as the last heartbeat left it (133).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct HostStatusRow {
+    pub host_id: String,
+    pub seen_at: DateTime<Utc>,
+    pub agent_version: Option<String>,
+    pub lxd: Option<String>,
+    pub relay: Option<String>,
+    pub tunnel: Option<String>,
+    pub gpu: Option<String>,
+    pub storage: Option<String>,
+    pub instances: Option<i32>,
+    pub details: Json<Value>,
+}
+
+impl Store {
+    /// One heartbeat (133), authenticated and written in one statement: the host whose
+    /// token hashes to `token_hash` (not retired) gets its host_status row upserted with
+    /// `seen_at = now`. `None` when no host holds that token — nothing is written.
+    pub async fn record_heartbeat(
+        &self,
+        token_hash: &byo_core::tokens::TokenHash,
+        beat: &byo_wire::vm::Heartbeat,
+        now: DateTime<Utc>,
+    ) -> Result<Option<String>> {
+        let instances = i32::try_from(beat.instances).unwrap_or(i32::MAX);
+        let details = if beat.details.is_null() {
+            Value::Object(Default::default())
+        } else {
+            beat.details.clone()
+        };
+        let _turn = self.write_turn().await;
+        on_pool!(self, |p| sqlx::query_scalar::<_, String>(
+            "insert into host_status
+               (host_id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage, instances, details)
+             select id, $2, $3, $4, $5, $6, $7, $8, $9, $10
+             from hosts where token_hash = $1 and retired_at is null
+             on conflict (host_id) do update set
+               seen_at = excluded.seen_at, agent_version = excluded.agent_version,
+               lxd = excluded.lxd, relay = excluded.relay, tunnel = excluded.tunnel,
+               gpu = excluded.gpu, storage = excluded.storage, instances = excluded.instances,
+               details = excluded.details
+             returning host_id"
+        )
+        .bind(token_hash.as_str())
+        .bind(now)
+        .bind(&beat.agent_version)
+        .bind(beat.lxd.as_str())
+        .bind(beat.relay.as_str())
+        .bind(beat.tunnel.as_str())
+        .bind(beat.gpu.as_str())
+        .bind(beat.storage.as_str())
+        .bind(instances)
+        .bind(Json(&details))
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    pub async fn host_status(&self, host_id: &str) -> Result<Option<HostStatusRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, HostStatusRow>(
+            "select host_id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage, instances,
+                    details
+             from host_status where host_id = $1"
+        )
+        .bind(host_id)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+}

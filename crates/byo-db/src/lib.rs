@@ -62,6 +62,7 @@ pub mod operator_keys;
 pub mod profiles;
 pub mod provisioning;
 pub mod sessions;
+pub mod ssh_keys;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod users;
@@ -73,6 +74,11 @@ pub use error::{DbError, Result};
 #[derive(Clone, Debug)]
 pub struct Store {
     pool: Pool,
+    /// SQLite takes one writer at a time, and a writer that finds the lock taken sleeps in
+    /// SQLite's busy handler (1, 2, 5, 10… ms). Writes at fleet rate — the heartbeat — queue
+    /// here instead, in order, so they wait only as long as the writer ahead of them. Hold it
+    /// for one statement only, never around another store call. `None` on PostgreSQL.
+    write_gate: Option<std::sync::Arc<tokio::sync::Mutex<()>>>,
 }
 
 #[derive(Clone, Debug)]
@@ -145,7 +151,19 @@ impl Store {
                 "database URL must start with sqlite:// or postgres://".into(),
             ));
         };
-        Ok(Store { pool })
+        let write_gate = match pool {
+            Pool::Sqlite(_) => Some(Default::default()),
+            Pool::Postgres(_) => None,
+        };
+        Ok(Store { pool, write_gate })
+    }
+
+    /// Wait for our turn to write on SQLite (see `write_gate`); immediate on PostgreSQL.
+    pub(crate) async fn write_turn(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        match &self.write_gate {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        }
     }
 
     pub fn backend(&self) -> Backend {

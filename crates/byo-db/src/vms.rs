@@ -1,10 +1,19 @@
 //! Instances. Two facts end one (G): `delete_requested_at` when a delete is accepted and
 //! `deleted_at` when the container is confirmed gone. Both writes are guarded by
 //! `is null`, so whichever lands first wins and the other is a no-op.
+//!
+//! A row is *live* while `deleted_at` and `creation_failed_at` are both null; a host holding
+//! a live row is never picked (E2, G.2), and `vms_one_live_per_host` makes that a rule for
+//! every writer.
 
 use chrono::{DateTime, Utc};
 
-use crate::{GuardedWrite, Result, Store, new_id};
+use crate::hosts::AgentTargetRow;
+use crate::{DbError, GuardedWrite, Result, Store, new_id};
+
+/// The columns every [`VmRow`] is read with.
+const VM_COLUMNS: &str = "id, user_sub, host_id, name, gpu_type, ssh_hostname, ssh_port, status, \
+     created_at, creation_failed_at, delete_requested_at, deleted_at";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct VmRow {
@@ -14,6 +23,8 @@ pub struct VmRow {
     pub name: String,
     pub gpu_type: String,
     pub ssh_hostname: Option<String>,
+    /// The port on the host the relay's :22 forwards to, as the agent answered.
+    pub ssh_port: Option<i32>,
     pub status: String,
     pub created_at: DateTime<Utc>,
     pub creation_failed_at: Option<DateTime<Utc>>,
@@ -32,14 +43,16 @@ pub struct NewVm<'a> {
 
 impl Store {
     /// Write the row, host and name in one statement, with `created_at` as committed
-    /// before the host is contacted (step 44).
+    /// before the host is contacted (step 44). A host that already holds a live row is a
+    /// [`DbError::Conflict`] naming `vms_one_live_per_host` (the loser of a race for it).
     pub async fn create_vm(&self, new: NewVm<'_>, created_at: DateTime<Utc>) -> Result<VmRow> {
-        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(
-            "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!(
+                "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
              values ($1, $2, $3, $4, $5, $6, $7)
-             returning id, user_sub, host_id, name, gpu_type, ssh_hostname, status, created_at,
-                       creation_failed_at, delete_requested_at, deleted_at"
-        )
+             returning {VM_COLUMNS}"
+            )
+        ))
         .bind(new_id())
         .bind(new.user_sub)
         .bind(new.host_id)
@@ -49,15 +62,18 @@ impl Store {
         .bind(created_at)
         .fetch_one(p)
         .await)
-        .map_err(Into::into)
+        .map_err(|e| match DbError::from(e) {
+            // The id is fresh, so the only unique this insert can meet is the live-row
+            // rule; SQLite names columns rather than the index, so name it here.
+            DbError::Conflict(_) => DbError::Conflict("vms_one_live_per_host".into()),
+            other => other,
+        })
     }
 
     pub async fn vm(&self, id: &str) -> Result<Option<VmRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(
-            "select id, user_sub, host_id, name, gpu_type, ssh_hostname, status, created_at,
-                    creation_failed_at, delete_requested_at, deleted_at
-             from vms where id = $1"
-        )
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!("select {VM_COLUMNS} from vms where id = $1")
+        ))
         .bind(id)
         .fetch_optional(p)
         .await)
@@ -92,5 +108,123 @@ impl Store {
         .map(|r| r.rows_affected())
         })?;
         Ok(GuardedWrite::from_rows(done))
+    }
+}
+
+impl Store {
+    /// The host took the instance: it runs, and the relay forwards to `ssh_port`. Only a
+    /// row still being created moves (a create already marked failed stays failed).
+    pub async fn mark_vm_running(&self, id: &str, ssh_port: Option<i32>) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| {
+            sqlx::query(
+            "update vms set status = 'running', ssh_port = $2
+             where id = $1 and status = 'creating' and creation_failed_at is null and deleted_at is null"
+        )
+        .bind(id)
+        .bind(ssh_port)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// A create the host refused or never answered (step 44): the row stops being live,
+    /// which frees its host, and bills nothing. Guarded by `creation_failed_at is null`.
+    pub async fn mark_vm_creation_failed(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update vms set creation_failed_at = $2, status = 'failed'
+             where id = $1 and creation_failed_at is null and status = 'creating'"
+        )
+        .bind(id)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// A customer's instances: every live one, and those that ended after `since`, newest
+    /// first.
+    pub async fn vms_of(&self, user_sub: &str, since: DateTime<Utc>) -> Result<Vec<VmRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!(
+                "select {VM_COLUMNS} from vms
+             where user_sub = $1
+               and ((deleted_at is null and creation_failed_at is null)
+                    or deleted_at > $2 or creation_failed_at > $2)
+             order by created_at desc, id
+             limit 200"
+            )
+        ))
+        .bind(user_sub)
+        .bind(since)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// pick_hosts_for_gpu: the hosts a create of `gpu_type` for `user_sub` may land on —
+    /// active (so prepared, D.3), not retired, of that gpu_type, reachable (an agent token
+    /// and a relay address), in the shared placement or dedicated to this user, and holding
+    /// no live instance. The user's own dedicated boxes come first.
+    pub async fn pick_hosts_for_gpu(
+        &self,
+        gpu_type: &str,
+        user_sub: &str,
+    ) -> Result<Vec<AgentTargetRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
+            "select h.id, h.slug, h.relay_ip, h.agent_token from hosts h
+             where h.gpu_type = $1
+               and h.active = true and h.prepared_at is not null and h.retired_at is null
+               and h.agent_token is not null and h.relay_ip is not null
+               and ((h.dedicated = false and h.placement = 'shared')
+                    or (h.dedicated = true and h.dedicated_to = $2))
+               and not exists (select 1 from vms v where v.host_id = h.id
+                               and v.deleted_at is null and v.creation_failed_at is null)
+             order by h.dedicated desc, h.activated_at, h.slug"
+        )
+        .bind(gpu_type)
+        .bind(user_sub)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+}
+
+/// A delete that was accepted and is not confirmed (notify-stuck-deletes).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct StuckDeleteRow {
+    pub id: String,
+    pub name: String,
+    pub user_sub: String,
+    pub host_id: Option<String>,
+    pub host_slug: Option<String>,
+    pub delete_requested_at: DateTime<Utc>,
+}
+
+impl Store {
+    /// Rows whose delete was requested at or before `requested_before` and never
+    /// confirmed, oldest first (step 80 is what this scans for).
+    pub async fn stuck_deletes(
+        &self,
+        requested_before: DateTime<Utc>,
+    ) -> Result<Vec<StuckDeleteRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, StuckDeleteRow>(
+            "select v.id, v.name, v.user_sub, v.host_id, h.slug as host_slug, v.delete_requested_at
+             from vms v left join hosts h on h.id = v.host_id
+             where v.deleted_at is null and v.delete_requested_at is not null
+               and v.delete_requested_at <= $1
+             order by v.delete_requested_at, v.id
+             limit 1000"
+        )
+        .bind(requested_before)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
     }
 }

@@ -5,9 +5,46 @@
 use std::time::Duration;
 
 use byo_db::hosts::AgentTargetRow;
+use byo_wire::vm::{CreateVm, VmAction, VmCreated, VmStateChange};
 use futures::future::BoxFuture;
 
 use crate::seal::Sealer;
+
+/// How long the real client lets one VM call run. The callers (`crate::instances`) bound
+/// their own wait, which may be shorter; these only keep a request from outliving it.
+pub const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DELETE_TIMEOUT: Duration = Duration::from_secs(90);
+pub const ACTION_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// Why a VM call did not succeed. The two cases are handled differently: a host that
+/// never answered may still be doing the work, one that refused said so.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AgentError {
+    /// No answer: no address or token, no connection, or no answer in time.
+    Unreachable(String),
+    /// The agent answered and refused: its status and its reason, for the caller.
+    Refused { status: u16, reason: String },
+}
+
+impl std::fmt::Display for AgentError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentError::Unreachable(why) => write!(f, "the host did not answer: {why}"),
+            AgentError::Refused { status, reason } => {
+                write!(f, "the host refused ({status}): {reason}")
+            }
+        }
+    }
+}
+
+/// How a delete was confirmed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gone {
+    /// The agent deleted the container.
+    Deleted,
+    /// The agent has no such container (404): the orphan case, which confirms (G.5).
+    NotFound,
+}
 
 pub trait HostAgents: Send + Sync {
     /// Deliver a signed operator-key list, exactly as stored. `Err` carries the reason
@@ -17,6 +54,29 @@ pub trait HostAgents: Send + Sync {
         host: &'a AgentTargetRow,
         envelope: &'a [u8],
     ) -> BoxFuture<'a, Result<(), String>>;
+
+    /// `POST /v1/vms`. `Ok(None)` is a success whose body could not be read: a 2xx means
+    /// the container exists (E2: "accepted — including an answer that will not parse").
+    fn create_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        req: &'a CreateVm,
+    ) -> BoxFuture<'a, Result<Option<VmCreated>, AgentError>>;
+
+    /// `DELETE /v1/vms/{name}`. A 2xx, or the agent's own 404, confirms.
+    fn delete_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Gone, AgentError>>;
+
+    /// `POST /v1/vms/{name}/state`.
+    fn vm_action<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+        action: VmAction,
+    ) -> BoxFuture<'a, Result<(), AgentError>>;
 }
 
 /// The real client: HTTP through the relay.
@@ -89,6 +149,175 @@ impl HostAgents for HttpAgents {
             let body: String = body.chars().filter(|c| !c.is_control()).take(300).collect();
             Err(format!("the agent answered {status}: {body}"))
         })
+    }
+
+    fn create_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        req: &'a CreateVm,
+    ) -> BoxFuture<'a, Result<Option<VmCreated>, AgentError>> {
+        Box::pin(self.create(host, req))
+    }
+
+    fn delete_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
+        Box::pin(self.delete(host, name))
+    }
+
+    fn vm_action<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+        action: VmAction,
+    ) -> BoxFuture<'a, Result<(), AgentError>> {
+        Box::pin(self.action(host, name, action))
+    }
+}
+
+impl HttpAgents {
+    /// Send one VM call; a transport failure or a timeout is [`AgentError::Unreachable`],
+    /// any answer comes back as it is.
+    async fn vm_call(
+        &self,
+        host: &AgentTargetRow,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<reqwest::Response, AgentError> {
+        let (url, token) = self.endpoint(host, path).map_err(AgentError::Unreachable)?;
+        let mut req = self
+            .client
+            .request(method, url)
+            .bearer_auth(token)
+            .timeout(timeout);
+        if let Some(body) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
+        req.send().await.map_err(|e| {
+            AgentError::Unreachable(if e.is_timeout() {
+                "no answer in time".to_owned()
+            } else {
+                format!("could not reach the agent: {}", without_url(&e))
+            })
+        })
+    }
+}
+
+/// The agent's refusal as the caller is shown it: its `message` when it sent its own
+/// `{error, message}`, else the first printable part of the body.
+async fn refusal(resp: reqwest::Response) -> AgentError {
+    let status = resp.status().as_u16();
+    let body = resp.text().await.unwrap_or_default();
+    let reason = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+        .unwrap_or(body);
+    let reason: String = reason
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(300)
+        .collect();
+    AgentError::Refused { status, reason }
+}
+
+/// Whether a 404 is the agent's own "no such instance" — `{"error": "not_found"}` — rather
+/// than a route or a proxy that does not know the path, which must not close a row.
+fn agents_own_not_found(body: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body)
+        .is_ok_and(|v| v.get("error").and_then(|e| e.as_str()) == Some("not_found"))
+}
+
+/// A container name goes into a URL path; the backend mints them from `[a-z0-9-]`, and
+/// anything else is refused here rather than escaped.
+fn name_in_path(name: &str) -> Result<&str, AgentError> {
+    if !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    {
+        Ok(name)
+    } else {
+        Err(AgentError::Refused {
+            status: 400,
+            reason: format!("{name:?} is not an instance name"),
+        })
+    }
+}
+
+impl HttpAgents {
+    async fn create(
+        &self,
+        host: &AgentTargetRow,
+        req: &CreateVm,
+    ) -> Result<Option<VmCreated>, AgentError> {
+        let body = serde_json::to_vec(req).expect("CreateVm serialises");
+        let resp = self
+            .vm_call(
+                host,
+                reqwest::Method::POST,
+                "/v1/vms",
+                Some(body),
+                CREATE_TIMEOUT,
+            )
+            .await?;
+        if !resp.status().is_success() {
+            return Err(refusal(resp).await);
+        }
+        Ok(resp.json::<VmCreated>().await.ok())
+    }
+
+    async fn delete(&self, host: &AgentTargetRow, name: &str) -> Result<Gone, AgentError> {
+        let path = format!("/v1/vms/{}", name_in_path(name)?);
+        let resp = self
+            .vm_call(host, reqwest::Method::DELETE, &path, None, DELETE_TIMEOUT)
+            .await?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(Gone::Deleted);
+        }
+        if status == reqwest::StatusCode::NOT_FOUND {
+            let body = resp.text().await.unwrap_or_default();
+            if agents_own_not_found(&body) {
+                return Ok(Gone::NotFound);
+            }
+            return Err(AgentError::Refused {
+                status: 404,
+                reason: "a 404 that is not the agent's own answer; not taken as confirmation"
+                    .to_owned(),
+            });
+        }
+        Err(refusal(resp).await)
+    }
+
+    async fn action(
+        &self,
+        host: &AgentTargetRow,
+        name: &str,
+        action: VmAction,
+    ) -> Result<(), AgentError> {
+        let path = format!("/v1/vms/{}/state", name_in_path(name)?);
+        let body = serde_json::to_vec(&VmStateChange { action }).expect("serialises");
+        let resp = self
+            .vm_call(
+                host,
+                reqwest::Method::POST,
+                &path,
+                Some(body),
+                ACTION_TIMEOUT,
+            )
+            .await?;
+        if resp.status().is_success() {
+            Ok(())
+        } else {
+            Err(refusal(resp).await)
+        }
     }
 }
 

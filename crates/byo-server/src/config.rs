@@ -28,6 +28,7 @@ const KEYS: &[&str] = &[
     "relays",
     "release_dir",
     "tunnels",
+    "ssh_domain",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -83,6 +84,10 @@ pub struct Config {
     /// Operator tunnels and their DNS: Cloudflare when configured, `local` otherwise.
     #[serde(default)]
     pub tunnels: TunnelsConfig,
+    /// Customers reach an instance at `<instance>.<host slug>.ssh.<ssh_domain>`, which
+    /// resolves to that host's relay. Defaults to the host part of `public_url`.
+    #[serde(default)]
+    pub ssh_domain: Option<String>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -216,6 +221,7 @@ impl Default for Config {
             relays: RelaysConfig::default(),
             release_dir: None,
             tunnels: TunnelsConfig::default(),
+            ssh_domain: None,
         }
     }
 }
@@ -275,10 +281,45 @@ impl Config {
         if self.relays.provider == RelayProviderKind::Gcp && self.relays.gcp.is_none() {
             return Err("relays.provider = \"gcp\" needs a [relays.gcp] section".to_owned());
         }
+        if let Some(d) = &self.ssh_domain {
+            let ok = !d.is_empty()
+                && d.len() <= 200
+                && d.split('.').all(|label| {
+                    !label.is_empty()
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !ok {
+                return Err(format!(
+                    "ssh_domain must be a DNS name, like ssh.example.com: {d:?}"
+                ));
+            }
+        }
         if let Some(key) = &self.secret_key {
             crate::seal::Sealer::from_hex(key.expose_secret()).map_err(|e| e.to_string())?;
         }
         Ok(())
+    }
+
+    /// The domain under which instances' SSH names live: `ssh_domain`, or the host part of
+    /// `public_url`.
+    pub fn ssh_domain(&self) -> String {
+        if let Some(d) = self
+            .ssh_domain
+            .as_deref()
+            .map(str::trim)
+            .filter(|d| !d.is_empty())
+        {
+            return d.trim_matches('.').to_ascii_lowercase();
+        }
+        let url = self.public_url.as_str();
+        let after = url.split_once("://").map_or(url, |(_, rest)| rest);
+        after
+            .split(['/', ':'])
+            .next()
+            .unwrap_or(after)
+            .to_ascii_lowercase()
     }
 
     /// The origin (scheme://host[:port]) of `public_url`, for Origin checks.

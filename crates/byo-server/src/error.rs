@@ -26,6 +26,14 @@ pub enum AppError {
     NotFound,
     #[error("{message}")]
     Conflict { code: &'static str, message: String },
+    /// A host's agent refused (502) or never answered (504). The message is the
+    /// customer's to read: what happened and what it cost them.
+    #[error("{message}")]
+    Host {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -47,6 +55,24 @@ impl AppError {
         }
     }
 
+    /// The host answered with a refusal.
+    pub fn host_refused(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Host {
+            status: StatusCode::BAD_GATEWAY,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// The host never answered.
+    pub fn host_silent(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Host {
+            status: StatusCode::GATEWAY_TIMEOUT,
+            code,
+            message: message.into(),
+        }
+    }
+
     pub fn status(&self) -> StatusCode {
         match self {
             AppError::BadRequest { .. } => StatusCode::BAD_REQUEST,
@@ -54,13 +80,16 @@ impl AppError {
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::NotFound => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
+            AppError::Host { status, .. } => *status,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
     pub fn code(&self) -> &'static str {
         match self {
-            AppError::BadRequest { code, .. } | AppError::Conflict { code, .. } => code,
+            AppError::BadRequest { code, .. }
+            | AppError::Conflict { code, .. }
+            | AppError::Host { code, .. } => code,
             AppError::Unauthenticated => "unauthenticated",
             AppError::InvalidCredentials => "invalid_credentials",
             AppError::Forbidden(_) => "forbidden",

@@ -12,7 +12,9 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod instances;
 pub mod metrics;
+pub mod notify_stuck_deletes;
 pub mod pages;
 pub mod providers;
 pub mod reap;
@@ -64,6 +66,11 @@ pub async fn serve(
         REAP_EVERY,
         stop_rx.clone(),
     ));
+    let stuck_deletes = tokio::spawn(notify_stuck_deletes::run_schedule(
+        state.clone(),
+        notify_stuck_deletes::NOTIFY_EVERY,
+        stop_rx.clone(),
+    ));
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
     let store = state.store.clone();
     axum::serve(listener, app(state))
@@ -75,6 +82,7 @@ pub async fn serve(
         .await
         .context("serving HTTP")?;
     let _ = reaper.await;
+    let _ = stuck_deletes.await;
     if let Some(task) = metrics_task {
         task.await
             .context("metrics task")?

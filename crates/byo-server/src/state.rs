@@ -4,6 +4,7 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{HostAgents, HttpAgents};
+use crate::instances::{AgentWaits, NoQueue, QueueDrain};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::seal::Sealer;
@@ -25,6 +26,10 @@ pub struct AppState {
     pub sealer: Option<Sealer>,
     pub relays: Arc<dyn RelayProvider>,
     pub tunnels: Arc<dyn TunnelProvider>,
+    /// How long a create and a delete wait for the host (G.4: 90 s for a delete).
+    pub waits: AgentWaits,
+    /// Step 84, run after a delete's row closes.
+    pub drain: Arc<dyn QueueDrain>,
 }
 
 impl AppState {
@@ -45,6 +50,8 @@ impl AppState {
             metrics: Arc::new(Metrics::new()),
             passwords,
             clock: Clock::System,
+            waits: AgentWaits::default(),
+            drain: Arc::new(NoQueue),
         }
     }
 
@@ -60,6 +67,16 @@ impl AppState {
     ) -> Self {
         self.relays = relays;
         self.tunnels = tunnels;
+        self
+    }
+
+    pub fn with_waits(mut self, waits: AgentWaits) -> Self {
+        self.waits = waits;
+        self
+    }
+
+    pub fn with_drain(mut self, drain: Arc<dyn QueueDrain>) -> Self {
+        self.drain = drain;
         self
     }
 

@@ -1,16 +1,18 @@
 //! Who may call what: for every API route (read from the generated OpenAPI document, so a
 //! new route cannot be missed) and every page, which of anonymous / customer / owner /
 //! community host / operator / superadmin may call it. Allowed means the gate let the
-//! caller through (not 401/403); denied means 401 for anonymous and 403 for the rest.
+//! caller through (not 401/403); denied means 401 for anonymous and 403 for the rest. The page
+//! routes are read from the pages router's source, so a new page cannot be missed either.
 
 mod support;
 
 use std::collections::BTreeSet;
 
-use axum::http::{Method, StatusCode, header};
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
 use byo_wire::Role;
 use serde_json::{Value, json};
-use support::{PASSWORD, TestApp};
+use support::{PASSWORD, Reply, TestApp};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Actor {
@@ -54,6 +56,17 @@ fn token_table() -> Vec<Row> {
             allowed: &[],
             body: |_| Some(json!({"node": 0})),
         },
+        Row {
+            method: Method::POST,
+            path: "/api/host/heartbeat",
+            allowed: &[],
+            body: |_| {
+                Some(
+                    json!({"agent_version": "0.1.0", "lxd": "ok", "relay": "ok", "tunnel": "ok",
+                            "gpu": "ok", "storage": "ok", "instances": 0}),
+                )
+            },
+        },
     ]
 }
 
@@ -61,6 +74,7 @@ struct Row {
     method: Method,
     path: &'static str,
     allowed: &'static [Actor],
+    /// A JSON body; for a page, a JSON string is sent as the form it holds.
     body: fn(n: usize) -> Option<Value>,
 }
 
@@ -189,6 +203,60 @@ fn api_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        Row {
+            method: Method::POST,
+            path: "/api/ssh-keys",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!({"name": "laptop", "public_key": "ssh-ed25519 not-a-key"})),
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/ssh-keys",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::DELETE,
+            path: "/api/ssh-keys/{key_id}",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/vms",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!({"gpu_type": "spark-1", "ssh_key_id": "no-such-key"})),
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/vms",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/vms/{vm_id}",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::DELETE,
+            path: "/api/vms/{vm_id}",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/vms/{vm_id}/delete",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/admin/stuck-deletes",
+            allowed: OPERATORS,
+            body: none,
+        },
     ]
 }
 
@@ -216,6 +284,38 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/assets/style.css",
+            allowed: EVERYONE,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/assets/app.js",
+            allowed: EVERYONE,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/login",
+            allowed: EVERYONE,
+            body: |_| {
+                Some(json!(
+                    "email=login%40example.com&password=correct+horse+battery+staple"
+                ))
+            },
+        },
+        Row {
+            method: Method::POST,
+            path: "/signup",
+            allowed: EVERYONE,
+            body: |n| {
+                Some(json!(format!(
+                    "email=page{n}%40example.com&password=correct+horse+battery+staple"
+                )))
+            },
+        },
+        Row {
+            method: Method::GET,
+            path: "/agent/{file}",
             allowed: EVERYONE,
             body: none,
         },
@@ -250,6 +350,12 @@ fn page_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::POST,
+            path: "/hosts",
+            allowed: HOSTERS,
+            body: |_| Some(json!("profile_id=gb10-spark-1")),
+        },
+        Row {
             method: Method::GET,
             path: "/install.sh",
             allowed: EVERYONE,
@@ -263,9 +369,21 @@ fn page_table() -> Vec<Row> {
         },
         Row {
             method: Method::POST,
+            path: "/admin/hosts/{host_id}/activate",
+            allowed: OPERATORS,
+            body: |_| Some(json!("placement=shared")),
+        },
+        Row {
+            method: Method::POST,
             path: "/admin/enrollments/{enrollment_id}/revoke",
             allowed: OPERATORS,
             body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/operator-keys/changes",
+            allowed: OPERATORS,
+            body: |_| Some(json!("action=remove&fingerprint=SHA256%3Anone")),
         },
         Row {
             method: Method::GET,
@@ -288,9 +406,35 @@ fn page_table() -> Vec<Row> {
     ]
 }
 
+/// Pages whose answer does not depend on who asks (signing out ends whatever session there
+/// is and sends everyone to sign in).
+fn same_for_everyone_page_table() -> Vec<Row> {
+    vec![Row {
+        method: Method::POST,
+        path: "/logout",
+        allowed: EVERYONE,
+        body: none,
+    }]
+}
+
+/// Pages about one host: its owner and operators read them; anyone else signed in is told
+/// the host does not exist (404, the same answer as for a host that does not), so a host's
+/// existence is not revealed; anonymous callers are sent to sign in. `{host_id}` is the
+/// owner's host.
+fn host_page_table() -> Vec<Row> {
+    vec![Row {
+        method: Method::GET,
+        path: "/hosts/{host_id}/progress",
+        allowed: &[Owner, Operator, Superadmin],
+        body: none,
+    }]
+}
+
 struct Actors {
     subs: Vec<(Actor, String)>,
     target: String,
+    /// The host the owner owns.
+    owned_host: String,
 }
 
 async fn actors(app: &TestApp) -> Actors {
@@ -315,9 +459,60 @@ async fn actors(app: &TestApp) -> Actors {
     }
     let owner = &subs.iter().find(|(a, _)| *a == Owner).unwrap().1;
     app.give_host(owner, "spark-1").await;
+    let owned_host = app
+        .db
+        .agent_targets()
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|h| h.slug == "spark-1")
+        .unwrap()
+        .id;
     app.user_with("login@example.com", &[]).await;
     let (target, _) = app.user_with("target@example.com", &[]).await;
-    Actors { subs, target }
+    Actors {
+        subs,
+        target,
+        owned_host,
+    }
+}
+
+impl Actors {
+    async fn session(&self, app: &TestApp, actor: Actor) -> Option<String> {
+        match self.subs.iter().find(|(a, _)| *a == actor) {
+            Some((_, sub)) => Some(app.session_for(sub).await),
+            None => None,
+        }
+    }
+}
+
+/// Send one row's request: JSON for the API, a form for a page when its body is a string.
+async fn send(
+    app: &TestApp,
+    method: Method,
+    path: &str,
+    session: Option<&str>,
+    body: Option<Value>,
+) -> Reply {
+    let Some(Value::String(form)) = body else {
+        return app.request(method, path, session, body).await;
+    };
+    let mut req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    if let Some(s) = session {
+        req = req.header(header::COOKIE, format!("byo_session={s}"));
+    }
+    app.send(req.body(Body::from(form)).unwrap()).await
+}
+
+fn sent_to_login(reply: &Reply) -> bool {
+    reply.status.is_redirection()
+        && reply
+            .headers
+            .get(header::LOCATION)
+            .is_some_and(|l| l == "/login")
 }
 
 async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
@@ -330,16 +525,21 @@ async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
             .replace("{role}", "community_host")
             .replace("{version}", "1")
             .replace("{host_id}", "no-such-host")
-            .replace("{enrollment_id}", "no-such-enrollment");
+            .replace("{enrollment_id}", "no-such-enrollment")
+            .replace("{file}", "byo-agent-aarch64")
+            .replace("{vm_id}", "no-such-vm")
+            .replace("{key_id}", "no-such-key");
         for actor in EVERYONE {
             n += 1;
-            let session = match actors.subs.iter().find(|(a, _)| a == actor) {
-                Some((_, sub)) => Some(app.session_for(sub).await),
-                None => None,
-            };
-            let reply = app
-                .request(row.method.clone(), &path, session.as_deref(), (row.body)(n))
-                .await;
+            let session = actors.session(app, *actor).await;
+            let reply = send(
+                app,
+                row.method.clone(),
+                &path,
+                session.as_deref(),
+                (row.body)(n),
+            )
+            .await;
             let allowed = row.allowed.contains(actor);
             let ok = match (allowed, *actor, page) {
                 (true, _, _) => {
@@ -355,13 +555,7 @@ async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
                     !(gated || denied_by_page)
                 }
                 (false, Anonymous, false) => reply.status == StatusCode::UNAUTHORIZED,
-                (false, Anonymous, true) => {
-                    reply.status.is_redirection()
-                        && reply
-                            .headers
-                            .get(header::LOCATION)
-                            .is_some_and(|l| l == "/login")
-                }
+                (false, Anonymous, true) => sent_to_login(&reply),
                 (false, _, _) => reply.status == StatusCode::FORBIDDEN,
             };
             if !ok {
@@ -417,6 +611,142 @@ async fn api_routes_admit_exactly_the_roles_in_the_table(app: TestApp) {
 async fn pages_admit_exactly_the_roles_in_the_table(app: TestApp) {
     let actors = actors(&app).await;
     check(&app, &actors, &page_table(), true).await;
+}
+
+async fn sign_out_answers_everyone_alike(app: TestApp) {
+    let actors = actors(&app).await;
+    for row in same_for_everyone_page_table() {
+        for actor in EVERYONE {
+            let session = actors.session(&app, *actor).await;
+            let reply = send(
+                &app,
+                row.method.clone(),
+                row.path,
+                session.as_deref(),
+                (row.body)(0),
+            )
+            .await;
+            assert!(
+                sent_to_login(&reply),
+                "{} {} as {actor:?}: {}",
+                row.method,
+                row.path,
+                reply.status
+            );
+        }
+    }
+}
+
+/// The per-role check of the host pages: the owner and operators get the page; anyone else
+/// gets exactly what a host that does not exist gets; anonymous callers go to sign in.
+async fn host_pages_show_a_host_only_to_its_owner_and_operators(app: TestApp) {
+    let actors = actors(&app).await;
+    let mut failures = Vec::new();
+    for row in host_page_table() {
+        let real = row.path.replace("{host_id}", &actors.owned_host);
+        let none = row.path.replace("{host_id}", "no-such-host");
+        for actor in EVERYONE {
+            let session = actors.session(&app, *actor).await;
+            let get = |path: String| {
+                let session = session.clone();
+                let body = (row.body)(0);
+                let method = row.method.clone();
+                let app = &app;
+                async move { send(app, method, &path, session.as_deref(), body).await }
+            };
+            let (r, missing) = (get(real.clone()).await, get(none.clone()).await);
+            let ok = if row.allowed.contains(actor) {
+                r.status == StatusCode::OK && missing.status == StatusCode::NOT_FOUND
+            } else if *actor == Anonymous {
+                sent_to_login(&r) && sent_to_login(&missing)
+            } else {
+                r.status == StatusCode::NOT_FOUND
+                    && (r.status, &r.body) == (missing.status, &missing.body)
+            };
+            if !ok {
+                failures.push(format!(
+                    "{} {} as {actor:?}: {} {} (a host that does not exist: {})",
+                    row.method,
+                    row.path,
+                    r.status,
+                    r.text(),
+                    missing.status
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "host pages reveal or refuse wrongly:\n{}",
+        failures.join("\n")
+    );
+}
+
+/// The routes of the pages router, read from its source: (METHOD, pattern).
+fn page_routes() -> BTreeSet<(String, String)> {
+    let src = include_str!("../src/pages/mod.rs");
+    let start = src.find("pub fn router()").expect("pages::router");
+    let body = &src[start..start + src[start..].find("\n}\n").unwrap()];
+    let mut routes = BTreeSet::new();
+    for chunk in body.split(".route(").skip(1) {
+        let path = chunk.trim_start().strip_prefix('"').unwrap();
+        let path = &path[..path.find('"').unwrap()];
+        let bytes = chunk.as_bytes();
+        for method in ["get", "post", "put", "patch", "delete"] {
+            let call = format!("{method}(");
+            let called = chunk.match_indices(&call).any(|(i, _)| {
+                i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || b"_:".contains(&bytes[i - 1]))
+            });
+            if called {
+                routes.insert((method.to_uppercase(), path.to_owned()));
+            }
+        }
+    }
+    assert!(routes.len() > 10, "read the router: {routes:?}");
+    routes
+}
+
+/// Whether a table path (placeholders or literal segments) is one of `pattern`'s.
+fn matches(pattern: &str, path: &str) -> bool {
+    let path = path.split('?').next().unwrap();
+    let (p, q): (Vec<_>, Vec<_>) = (pattern.split('/').collect(), path.split('/').collect());
+    p.len() == q.len()
+        && p.iter()
+            .zip(&q)
+            .all(|(a, b)| a == b || (a.starts_with('{') && a.ends_with('}')))
+}
+
+#[test]
+fn every_page_route_has_an_authorisation_row() {
+    let rows: Vec<Row> = page_table()
+        .into_iter()
+        .chain(same_for_everyone_page_table())
+        .chain(host_page_table())
+        .collect();
+    let routes = page_routes();
+    let untabled: Vec<_> = routes
+        .iter()
+        .filter(|(m, pattern)| {
+            !rows
+                .iter()
+                .any(|r| r.method.as_str() == m && matches(pattern, r.path))
+        })
+        .collect();
+    assert!(
+        untabled.is_empty(),
+        "page routes without a row in the authorisation table: {untabled:?}"
+    );
+    let stale: Vec<_> = rows
+        .iter()
+        .filter(|r| r.path != "/openapi.json")
+        .filter(|r| {
+            !routes
+                .iter()
+                .any(|(m, pattern)| r.method.as_str() == m && matches(pattern, r.path))
+        })
+        .map(|r| format!("{} {}", r.method, r.path))
+        .collect();
+    assert!(stale.is_empty(), "rows for no page route: {stale:?}");
 }
 
 async fn token_routes_give_every_session_the_same_answer(app: TestApp) {
@@ -481,4 +811,6 @@ on_each_backend!(
     pages_admit_exactly_the_roles_in_the_table,
     operators_cannot_grant_operator_or_superadmin,
     token_routes_give_every_session_the_same_answer,
+    sign_out_answers_everyone_alike,
+    host_pages_show_a_host_only_to_its_owner_and_operators,
 );

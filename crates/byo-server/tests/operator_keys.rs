@@ -12,7 +12,7 @@ use byo_agent::operator_keys::{OperatorKeys, Paths};
 use byo_core::keylist::check_key;
 use byo_core::keylist_testing as testing;
 use byo_db::hosts::AgentTargetRow;
-use byo_server::agents::{HostAgents, HttpAgents};
+use byo_server::agents::{AgentError, Gone, HostAgents, HttpAgents};
 use byo_server::seal::Sealer;
 use byo_wire::Role;
 use futures::future::BoxFuture;
@@ -68,6 +68,30 @@ impl HostAgents for FakeAgents {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         })
+    }
+
+    // These hosts run no instances here.
+    fn create_vm<'a>(
+        &'a self,
+        _: &'a AgentTargetRow,
+        _: &'a byo_wire::vm::CreateVm,
+    ) -> BoxFuture<'a, Result<Option<byo_wire::vm::VmCreated>, AgentError>> {
+        Box::pin(async { Err(AgentError::Unreachable("no VM API in this test".into())) })
+    }
+    fn delete_vm<'a>(
+        &'a self,
+        _: &'a AgentTargetRow,
+        _: &'a str,
+    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
+        Box::pin(async { Err(AgentError::Unreachable("no VM API in this test".into())) })
+    }
+    fn vm_action<'a>(
+        &'a self,
+        _: &'a AgentTargetRow,
+        _: &'a str,
+        _: byo_wire::vm::VmAction,
+    ) -> BoxFuture<'a, Result<(), AgentError>> {
+        Box::pin(async { Err(AgentError::Unreachable("no VM API in this test".into())) })
     }
 }
 
@@ -502,6 +526,7 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
     let agent = byo_agent::serve::router(byo_agent::serve::Serving {
         token_hash: Arc::new(token.hash()),
         operator_keys: keys,
+        vms: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();

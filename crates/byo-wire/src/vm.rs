@@ -1,6 +1,7 @@
 //! Instances (E1, F, G): the agent's VM API as the backend calls it through the relay
 //! (authenticated by the host's agent token), the customer's API, and the heartbeat.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/vms` on the agent: create the customer's container from lofispark-base.
@@ -26,6 +27,7 @@ impl std::fmt::Debug for CreateVm {
 
 /// A check that is reported and does not fail a create (steps 47–48).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Advisory {
     pub ok: bool,
     #[serde(default)]
@@ -78,6 +80,18 @@ pub enum Health {
     Unknown,
 }
 
+impl Health {
+    /// The spelling on the wire, which is also what host_status stores.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Ok => "ok",
+            Health::Degraded => "degraded",
+            Health::Down => "down",
+            Health::Unknown => "unknown",
+        }
+    }
+}
+
 /// `POST /api/host/heartbeat` (host token): node0's host_status row (133).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -93,4 +107,99 @@ pub struct Heartbeat {
     pub instances: u32,
     #[serde(default)]
     pub details: serde_json::Value,
+}
+
+// The customer's API (`/api/ssh-keys`, `/api/vms`) and the operator's view of deletes.
+
+/// `POST /api/ssh-keys`: an OpenSSH public key line (`<type> <base64> [comment]`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NewSshKey {
+    pub name: String,
+    pub public_key: String,
+}
+
+/// One of the customer's keys; instances are created with one of them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SshKeyView {
+    pub id: String,
+    pub name: String,
+    pub public_key: String,
+    /// `SHA256:…`, as `ssh-keygen -l` prints it.
+    pub fingerprint: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// `POST /api/vms`: an instance of `gpu_type`, reachable with the key `ssh_key_id`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct InstanceRequest {
+    pub gpu_type: String,
+    pub ssh_key_id: String,
+}
+
+/// An instance as its customer sees it. Billing runs from `created_at` until `deleted_at`;
+/// a create that failed (`creation_failed_at`) bills nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InstanceView {
+    pub id: String,
+    pub name: String,
+    pub gpu_type: String,
+    /// `creating`, `running`, `failed` or `deleted`.
+    pub status: String,
+    /// `ssh <user>@<ssh_hostname>` on the standard port 22.
+    pub ssh_hostname: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub creation_failed_at: Option<DateTime<Utc>>,
+    /// When the delete was accepted: the instance was given up here (G.3).
+    pub delete_requested_at: Option<DateTime<Utc>>,
+    /// When the container was confirmed gone: billing stops here.
+    pub deleted_at: Option<DateTime<Utc>>,
+}
+
+/// The answer to a create that the host accepted. The two checks are reported, never fatal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InstanceCreated {
+    pub instance: InstanceView,
+    /// `None` when the host's answer was a success that could not be read.
+    pub gpu_check: Option<Advisory>,
+    pub startup_script: Option<Advisory>,
+}
+
+/// Where a delete stands when its caller stops waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum DeletionState {
+    /// The host confirmed the container is gone (or never had it): the row is closed.
+    Deleted,
+    /// Accepted, not confirmed: the row stays live and billing continues until it is.
+    Requested,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InstanceDeletion {
+    pub state: DeletionState,
+    pub message: String,
+    pub instance: InstanceView,
+}
+
+/// A delete that was accepted and never confirmed (notify-stuck-deletes).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StuckDelete {
+    pub vm_id: String,
+    pub name: String,
+    pub user_sub: String,
+    pub host_id: Option<String>,
+    pub host_slug: Option<String>,
+    /// Also what sizes the refund: the customer gave the instance up here.
+    pub delete_requested_at: DateTime<Utc>,
+    pub waiting_minutes: i64,
 }

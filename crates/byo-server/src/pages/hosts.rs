@@ -3,13 +3,16 @@
 
 use axum::Form;
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect};
+use byo_db::hosts::HostNodeRow;
 use byo_db::provisioning::EnrollmentView;
 use byo_wire::Role;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
+use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
+use serde_json::Value;
 
 use super::{PageError, PageResult, layout, require_operator};
 use crate::auth::CurrentUser;
@@ -21,28 +24,123 @@ fn may_provision(v: &CurrentUser) -> bool {
     v.has(Role::CommunityHost) || v.has(Role::Superadmin)
 }
 
+/// What the pages know about one host's onboarding: its enrolment (if it came through "add
+/// a GPU") and the host row's own record.
+struct Facts<'a> {
+    /// The enrolment's state; `None` for a host that has no enrolment.
+    enrolment: Option<&'a str>,
+    token_expires_at: Option<DateTime<Utc>>,
+    reject_reason: Option<&'a str>,
+    prepared_at: Option<DateTime<Utc>>,
+    prepare_state: Option<&'a Value>,
+    /// `None` once the hosts row is gone (released or rejected).
+    active: Option<bool>,
+}
+
+impl<'a> Facts<'a> {
+    fn of(e: &'a EnrollmentView) -> Self {
+        Facts {
+            enrolment: Some(&e.state),
+            token_expires_at: Some(e.token_expires_at),
+            reject_reason: e.reject_reason.as_deref(),
+            prepared_at: e.prepared_at,
+            prepare_state: e.prepare_state.as_ref().map(|s| &s.0),
+            active: e.active,
+        }
+    }
+
+    fn summary(&self) -> String {
+        if self.active == Some(true) {
+            return "active: renting to customers".into();
+        }
+        match (self.enrolment, self.prepared_at, self.prepare_state) {
+            (Some("pending" | "ready"), ..) => match self.token_expires_at {
+                Some(at) => format!(
+                    "waiting for the command (expires {} UTC)",
+                    at.format("%H:%M")
+                ),
+                None => "waiting for the command".into(),
+            },
+            (Some("rejected"), ..) => {
+                format!("rejected: {}", self.reject_reason.unwrap_or(""))
+            }
+            (_, Some(_), _) if self.active.is_some() => {
+                "prepared: waiting for an operator's approval".into()
+            }
+            (_, None, Some(p)) if self.active.is_some() => format!("preparing: {}", step_line(p)),
+            (Some("enrolled"), ..) => "enrolled: preparing".into(),
+            (None, ..) => "not enrolled".into(),
+            (Some(other), ..) => other.to_owned(),
+        }
+    }
+
+    /// Nothing more will change on this row: polling can stop. A prepared host still
+    /// waits for its activation, which the owner sees arrive.
+    fn settled(&self, now: DateTime<Utc>) -> bool {
+        self.active != Some(false)
+            || matches!(
+                self.enrolment,
+                Some("rejected" | "revoked" | "expired" | "released")
+            )
+            || (matches!(self.enrolment, Some("pending" | "ready"))
+                && self.token_expires_at.is_some_and(|at| at <= now))
+    }
+}
+
+/// One prepare_state (`{step, state, attempt, error, final, at}`) as a line.
+fn step_line(p: &Value) -> String {
+    format!(
+        "{} {}{}",
+        p["step"].as_str().unwrap_or("?"),
+        p["state"].as_str().unwrap_or("?"),
+        p["error"]
+            .as_str()
+            .map(|e| format!(" ({e})"))
+            .unwrap_or_default()
+    )
+}
+
 fn enrolment_state(e: &EnrollmentView) -> String {
-    match (e.state.as_str(), e.prepared_at, e.active) {
-        ("enrolled", _, Some(true)) => "active: renting to customers".into(),
-        ("enrolled", Some(_), _) => "prepared: waiting for an operator's approval".into(),
-        ("enrolled", None, _) => match e.prepare_state.as_ref().map(|s| &s.0) {
-            Some(p) => format!(
-                "preparing: {} {}{}",
-                p["step"].as_str().unwrap_or("?"),
-                p["state"].as_str().unwrap_or("?"),
-                p["error"]
-                    .as_str()
-                    .map(|e| format!(" ({e})"))
-                    .unwrap_or_default()
-            ),
-            None => "enrolled: preparing".into(),
-        },
-        ("pending" | "ready", ..) => format!(
-            "waiting for the command (expires {} UTC)",
-            e.token_expires_at.format("%H:%M")
-        ),
-        ("rejected", ..) => format!("rejected: {}", e.reject_reason.as_deref().unwrap_or("")),
-        (other, ..) => other.to_owned(),
+    Facts::of(e).summary()
+}
+
+/// The live part of a host's row: the state, the latest step of node 0 with its attempt and
+/// time, and each satellite's own latest step. `GET /hosts/{host_id}/progress` serves it
+/// alone; the page polls that and puts it in place.
+fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc>) -> Markup {
+    let failed = |p: &Value| p["state"].as_str() == Some("failed");
+    html! {
+        div.progress data-settled=(facts.settled(now)) {
+            span.state { (facts.summary()) }
+            @if facts.active == Some(false) {
+                @if let Some(p) = facts.prepare_state {
+                    br;
+                    small.step.error[failed(p)] {
+                        (if nodes.len() > 1 { "node 0: " } else { "last step: " }) (step_line(p))
+                        @if let Some(n) = p["attempt"].as_u64() { ", attempt " (n) }
+                        @if let Some(at) = p["at"].as_str() { ", at " (at) }
+                    }
+                }
+                @for n in nodes.iter().filter(|n| n.index > 0 && n.retired_at.is_none()) {
+                    br;
+                    small.step.error[n.prepare_state.as_ref().is_some_and(|p| failed(&p.0))] {
+                        "node " (n.index) ": "
+                        @match &n.prepare_state {
+                            Some(p) => {
+                                (step_line(&p.0))
+                                @if let Some(k) = p.0["attempt"].as_u64() { ", attempt " (k) }
+                                @if let Some(at) = p.0["at"].as_str() { ", at " (at) }
+                            }
+                            None => "not started",
+                        }
+                    }
+                }
+                @if let Some(at) = facts.prepared_at {
+                    br;
+                    small.step { "prepared at " (at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                }
+            }
+        }
     }
 }
 
@@ -54,6 +152,16 @@ async fn gpus_page(
 ) -> Result<Markup, PageError> {
     let enrolments = state.store.enrollment_views(Some(&v.user.sub)).await?;
     let profiles = state.store.profiles().await?;
+    let now = state.clock.now();
+    let mut rows = Vec::with_capacity(enrolments.len());
+    for e in &enrolments {
+        // Only a host that still exists has progress to show (and to poll).
+        let live = match (&e.host_id, e.active) {
+            (Some(id), Some(_)) => Some((id.as_str(), state.store.host_nodes(id).await?)),
+            _ => None,
+        };
+        rows.push((e, live));
+    }
     Ok(layout(
         "Your GPUs",
         Some(v),
@@ -61,12 +169,19 @@ async fn gpus_page(
             h1 { "Your GPUs" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
             @if let Some(p) = created {
-                section.created {
+                section.created data-expires-scope {
                     h2 { "Run this on your Spark" }
                     p { "Everything for " strong { (p.slug) } " is ready. Run this once, as a user who can sudo, on the machine itself. "
-                        "It works until " strong { (p.expires_at.format("%H:%M UTC")) } " (one hour) and only once." }
+                        "It works until "
+                        time #one-liner-expiry datetime=(p.expires_at.to_rfc3339_opts(SecondsFormat::Millis, true))
+                            data-now=(now.to_rfc3339_opts(SecondsFormat::Millis, true)) data-countdown="one-liner-countdown" {
+                            (p.expires_at.format("%Y-%m-%d %H:%M:%S UTC"))
+                        }
+                        " (one hour) and only once. "
+                        strong #one-liner-countdown.countdown aria-live="off" {}
+                    }
                     pre { code #one-liner { (p.command) } }
-                    button type="button" onclick="navigator.clipboard.writeText(document.getElementById('one-liner').textContent)" { "Copy" }
+                    button #copy-one-liner type="button" data-copy="one-liner" hidden { "Copy" }
                     p { "This page will not show the command again." }
                 }
             }
@@ -86,13 +201,22 @@ async fn gpus_page(
                 p { "To add a GPU, ask an operator for the community_host grant." }
             }
             h2 { "Enrolments" }
-            @if enrolments.is_empty() { p { "None yet." } } @else {
+            @if rows.is_empty() { p { "None yet." } } @else {
                 table {
                     thead { tr { th { "Host" } th { "Profile" } th { "State" } th { "Added" } } }
-                    tbody { @for e in &enrolments { tr {
+                    tbody { @for (e, live) in &rows { tr {
                         td { (e.slug.as_deref().unwrap_or("—")) }
                         td { (e.profile_id) }
-                        td { (enrolment_state(e)) }
+                        td {
+                            @match live {
+                                Some((host_id, nodes)) => {
+                                    div #{ "progress-" (host_id) } data-progress={ "/hosts/" (host_id) "/progress" } {
+                                        (progress_fragment(&Facts::of(e), nodes, now))
+                                    }
+                                }
+                                None => (enrolment_state(e)),
+                            }
+                        }
                         td { (e.created_at.format("%Y-%m-%d %H:%M")) }
                     } } }
                 }
@@ -131,6 +255,41 @@ pub async fn add_gpu(
             .into_response()),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `GET /hosts/{host_id}/progress`: the live part of one host's row, as an HTML fragment
+/// the owner's page polls. Only the host's owner and operators may read it; anyone else is
+/// told there is no such host, as they would be for one that does not exist.
+pub async fn progress(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let Some(v) = viewer else {
+        return Err(AppError::Unauthenticated.into());
+    };
+    let host = match state.store.host(&host_id).await? {
+        Some(h) if h.owner_sub == v.user.sub || v.is_operator() => h,
+        _ => return Err(AppError::NotFound.into()),
+    };
+    let enrolments = state.store.enrollment_views(Some(&host.owner_sub)).await?;
+    let enrolment = enrolments
+        .iter()
+        .find(|e| e.host_id.as_deref() == Some(host.id.as_str()));
+    let facts = Facts {
+        enrolment: enrolment.map(|e| e.state.as_str()),
+        token_expires_at: enrolment.map(|e| e.token_expires_at),
+        reject_reason: enrolment.and_then(|e| e.reject_reason.as_deref()),
+        prepared_at: host.prepared_at,
+        prepare_state: host.prepare_state.as_ref().map(|s| &s.0),
+        active: Some(host.active),
+    };
+    let nodes = state.store.host_nodes(&host.id).await?;
+    Ok((
+        [(header::CACHE_CONTROL, "no-store")],
+        progress_fragment(&facts, &nodes, state.clock.now()),
+    )
+        .into_response())
 }
 
 async fn admin_page(

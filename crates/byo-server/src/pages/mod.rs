@@ -38,6 +38,7 @@ pub fn router() -> Router<AppState> {
         .route("/install.sh", get(install::install_sh))
         .route("/agent/{file}", get(install::agent_file))
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
+        .route("/hosts/{host_id}/progress", get(hosts::progress))
         .route("/admin/hosts", get(hosts::admin_hosts))
         .route("/admin/hosts/{host_id}/activate", post(hosts::activate))
         .route(
@@ -52,9 +53,12 @@ pub fn router() -> Router<AppState> {
             post(keys_send_submit),
         )
         .route("/assets/style.css", get(stylesheet))
+        .route("/assets/app.js", get(script))
 }
 
 const STYLE: &str = include_str!("style.css");
+/// The pages' live parts (copy, countdown, progress); every page works without it.
+const SCRIPT: &str = include_str!("app.js");
 
 async fn stylesheet() -> Response {
     (
@@ -63,6 +67,17 @@ async fn stylesheet() -> Response {
             (header::CACHE_CONTROL, "public, max-age=3600"),
         ],
         STYLE,
+    )
+        .into_response()
+}
+
+async fn script() -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, "text/javascript; charset=utf-8"),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        SCRIPT,
     )
         .into_response()
 }
@@ -126,6 +141,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                 meta name="viewport" content="width=device-width, initial-scale=1";
                 title { (title) " · byo" }
                 link rel="stylesheet" href="/assets/style.css";
+                script src="/assets/app.js" defer {}
             }
             body {
                 header {

@@ -15,13 +15,23 @@ use serde_json::json;
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
-/// One answer for every host token that does not authenticate.
-fn invalid_host_token() -> Response {
+/// One answer for every host token that does not authenticate (host-report, heartbeats).
+pub(crate) fn invalid_host_token() -> Response {
     (
         StatusCode::UNAUTHORIZED,
         Json(json!({"error": "invalid_token", "message": "this host token is not valid"})),
     )
         .into_response()
+}
+
+/// The host token a request carries, if it is one in form; whether it is a live host's is
+/// the store's to say.
+pub(crate) fn presented_host_token(headers: &HeaderMap) -> Option<SecretToken> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(|t| SecretToken::parse(TokenKind::Host, t).ok())
 }
 
 /// Report one prepare step's progress (node 0, or a satellite by its index).
@@ -32,12 +42,7 @@ pub async fn post_report(
     headers: HeaderMap,
     body: Result<Json<HostReport>, JsonRejection>,
 ) -> AppResult<Response> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|t| SecretToken::parse(TokenKind::Host, t).ok());
-    let Some(token) = token else {
+    let Some(token) = presented_host_token(&headers) else {
         return Ok(invalid_host_token());
     };
     let Some(host_id) = state.store.host_id_by_token(&token.hash()).await? else {

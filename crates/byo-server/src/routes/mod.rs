@@ -15,11 +15,15 @@ use crate::{auth, metrics, pages, telemetry};
 pub mod accounts;
 pub mod admin;
 pub mod admin_host_action;
+pub mod admin_vm_action;
 pub mod health;
 pub mod host_enroll;
+pub mod host_heartbeat;
 pub mod host_provision;
 pub mod host_report;
 pub mod operator_keys;
+pub mod ssh_keys;
+pub mod vms;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -33,7 +37,8 @@ pub mod operator_keys;
         (name = "accounts", description = "Signing up, in and out; your own account"),
         (name = "admin", description = "Operators' pages: users, grants, the audit log"),
         (name = "operator-keys", description = "admin-operator-keys: the signed operator-key lists (M)"),
-        (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B)"),
+        (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B); host-report and the heartbeat"),
+        (name = "instances", description = "Your SSH keys and instances: create (E1) and delete (G)"),
     )
 )]
 struct ApiDoc;
@@ -61,6 +66,13 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_report::post_report))
         .routes(routes!(admin_host_action::post_activate))
         .routes(routes!(admin_host_action::post_revoke))
+        .routes(routes!(host_heartbeat::post_heartbeat))
+        .routes(routes!(ssh_keys::post_ssh_key, ssh_keys::get_ssh_keys))
+        .routes(routes!(ssh_keys::delete_ssh_key))
+        .routes(routes!(vms::post_vm, vms::get_vms))
+        .routes(routes!(vms::get_vm, vms::delete_vm))
+        .routes(routes!(admin_vm_action::post_delete))
+        .routes(routes!(admin_vm_action::get_stuck_deletes))
 }
 
 /// The OpenAPI document, generated from the routes above.

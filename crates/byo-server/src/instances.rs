@@ -1,0 +1,387 @@
+//! Instances: the customer's create from the dashboard (E1) and the one delete every
+//! caller uses (G). Pages and the API call these; nothing else writes the two edges.
+//!
+//! Create: the host is picked and the row written (host, name, SSH name) in one statement
+//! with `created_at` stamped *before* the host is contacted (step 44), so the row is a
+//! precondition for dispatch. A host that refuses or never answers gets
+//! `creation_failed_at`: the row stops being live, its host is free again, nothing bills.
+//!
+//! Delete: two facts (G.1). `delete_requested_at` when accepted; `deleted_at` only when
+//! the host confirms — a 2xx, or its own 404 (G.5). A delete that is not confirmed within
+//! [`DELETE_WAIT`] keeps billing and keeps its host occupied (G.2) and is what
+//! notify-stuck-deletes reports (G.3). Both writes are guarded (G.8). The queue drain
+//! (step 84) runs only after the row is closed (step 83).
+//!
+//! The agent is called from a spawned task the handler awaits: a caller who hangs up
+//! does not cut a create or a delete off between its two writes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use byo_db::DbError;
+use byo_db::GuardedWrite;
+use byo_db::hosts::AgentTargetRow;
+use byo_db::vms::{NewVm, VmRow};
+use byo_wire::vm::{
+    CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
+};
+use futures::future::BoxFuture;
+use rand::Rng;
+use serde_json::json;
+
+use crate::agents::{AgentError, Gone};
+use crate::auth::CurrentUser;
+use crate::error::{AppError, AppResult};
+use crate::state::AppState;
+
+/// How long a delete waits for the host (G.4): well past the ~30 s a pair takes.
+pub const DELETE_WAIT: Duration = Duration::from_secs(90);
+/// How long a create waits for the host. The design names none; a zfs pool creates in
+/// about a second and a pair in tens of seconds, so two minutes is "never answered".
+pub const CREATE_WAIT: Duration = Duration::from_secs(120);
+/// How far back a customer's listing shows instances that ended.
+pub const RECENT_DAYS: i64 = 7;
+
+/// The waits, injectable so tests do not sit through 90 s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentWaits {
+    pub create: Duration,
+    pub delete: Duration,
+}
+
+impl Default for AgentWaits {
+    fn default() -> Self {
+        AgentWaits {
+            create: CREATE_WAIT,
+            delete: DELETE_WAIT,
+        }
+    }
+}
+
+/// Step 84: what runs when a confirmed delete freed a host — the queue drain (E2). It is
+/// called only after `deleted_at` is written, so the host it is told about is pickable.
+pub trait QueueDrain: Send + Sync {
+    fn capacity_freed<'a>(&'a self, gpu_type: &'a str, host_id: &'a str) -> BoxFuture<'a, ()>;
+}
+
+/// No queue yet (E2 is not built): nothing to drain.
+pub struct NoQueue;
+
+impl QueueDrain for NoQueue {
+    fn capacity_freed<'a>(&'a self, gpu_type: &'a str, host_id: &'a str) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            tracing::debug!(%gpu_type, host = %host_id, "capacity freed; no queue to drain");
+        })
+    }
+}
+
+pub fn view(row: &VmRow) -> InstanceView {
+    InstanceView {
+        id: row.id.clone(),
+        name: row.name.clone(),
+        gpu_type: row.gpu_type.clone(),
+        status: row.status.clone(),
+        ssh_hostname: row.ssh_hostname.clone(),
+        created_at: row.created_at,
+        creation_failed_at: row.creation_failed_at,
+        delete_requested_at: row.delete_requested_at,
+        deleted_at: row.deleted_at,
+    }
+}
+
+/// A fresh instance name: `vm-` and eight of `[a-z0-9]` (what the agent and LXD accept,
+/// and a DNS label). Minted per attempt, under the zone of the host it is written with.
+pub fn mint_name() -> String {
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::thread_rng();
+    let label: String = (0..8)
+        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("vm-{label}")
+}
+
+/// `<name>.<slug>.ssh.<ssh_domain>`: it resolves to the host's own relay, whose :22 the
+/// agent maps to the instance (F).
+pub fn ssh_hostname(state: &AppState, name: &str, slug: &str) -> String {
+    format!("{name}.{slug}.ssh.{}", state.config.ssh_domain())
+}
+
+fn valid_gpu_type(gpu_type: &str) -> bool {
+    !gpu_type.is_empty()
+        && gpu_type.len() <= 64
+        && gpu_type
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+}
+
+/// E1, steps 41–52: a customer's create from the dashboard.
+pub async fn create(
+    state: &AppState,
+    by: &CurrentUser,
+    req: &InstanceRequest,
+) -> AppResult<InstanceCreated> {
+    let sub = by.user.sub.as_str();
+    let gpu_type = req.gpu_type.trim();
+    if !valid_gpu_type(gpu_type) {
+        return Err(AppError::bad_request(
+            "invalid_gpu_type",
+            "a gpu_type is 1 to 64 of lowercase letters, digits and -, like spark-1",
+        ));
+    }
+    let key = state
+        .store
+        .ssh_key_of(sub, &req.ssh_key_id)
+        .await?
+        .ok_or_else(|| {
+            AppError::bad_request("unknown_ssh_key", "you have no SSH key with that id")
+        })?;
+    let no_capacity = || {
+        AppError::conflict(
+            "no_capacity",
+            format!(
+                "no {gpu_type} host is free right now; nothing was created and nothing is billed"
+            ),
+        )
+    };
+    let candidates = state.store.pick_hosts_for_gpu(gpu_type, sub).await?;
+    // Step 44: capacity is committed here, before any host is contacted.
+    let created_at = state.clock.now();
+    let mut placed = None;
+    for host in candidates {
+        let name = mint_name();
+        let hostname = ssh_hostname(state, &name, &host.slug);
+        let new = NewVm {
+            user_sub: sub,
+            host_id: Some(&host.id),
+            name: &name,
+            gpu_type,
+            ssh_hostname: Some(&hostname),
+        };
+        match state.store.create_vm(new, created_at).await {
+            Ok(row) => {
+                placed = Some((host, row));
+                break;
+            }
+            // Another create took this host between the pick and the insert.
+            Err(DbError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let Some((host, row)) = placed else {
+        return Err(no_capacity());
+    };
+    state
+        .store
+        .audit(
+            Some(sub),
+            "vm.create",
+            Some(&row.id),
+            json!({"host_id": host.id, "name": row.name, "gpu_type": row.gpu_type}),
+            created_at,
+        )
+        .await?;
+    let request = CreateVm {
+        name: row.name.clone(),
+        ssh_public_key: key.public_key,
+        ssh_hostname: row.ssh_hostname.clone(),
+    };
+    let task_state = state.clone();
+    tokio::spawn(async move { dispatch_create(&task_state, host, row, request).await })
+        .await
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?
+}
+
+async fn dispatch_create(
+    state: &AppState,
+    host: AgentTargetRow,
+    row: VmRow,
+    request: CreateVm,
+) -> AppResult<InstanceCreated> {
+    let answer = tokio::time::timeout(state.waits.create, state.agents.create_vm(&host, &request))
+        .await
+        .unwrap_or_else(|_| Err(AgentError::Unreachable("no answer in time".to_owned())));
+    match answer {
+        Ok(created) => {
+            let port = created.as_ref().map(|c| i32::from(c.ssh_port));
+            state.store.mark_vm_running(&row.id, port).await?;
+            let row = state.store.vm(&row.id).await?.ok_or(AppError::NotFound)?;
+            tracing::info!(vm = %row.id, host = %host.slug, name = %row.name, "instance created");
+            Ok(InstanceCreated {
+                instance: view(&row),
+                gpu_check: created.as_ref().map(|c| c.gpu_check.clone()),
+                startup_script: created.map(|c| c.startup_script),
+            })
+        }
+        Err(e) => {
+            let now = state.clock.now();
+            state.store.mark_vm_creation_failed(&row.id, now).await?;
+            tracing::warn!(vm = %row.id, host = %host.slug, error = %e, "create failed; nothing billed");
+            state
+                .store
+                .audit(
+                    None,
+                    "vm.creation_failed",
+                    Some(&row.id),
+                    json!({"host_id": host.id, "reason": e.to_string()}),
+                    now,
+                )
+                .await?;
+            Err(match e {
+                AgentError::Unreachable(why) => AppError::host_silent(
+                    "host_unreachable",
+                    format!(
+                        "the host did not answer ({why}); the instance was not created and nothing is billed"
+                    ),
+                ),
+                AgentError::Refused { reason, .. } => AppError::host_refused(
+                    "host_refused",
+                    format!(
+                        "the host refused the instance: {reason}; nothing was created and nothing is billed"
+                    ),
+                ),
+            })
+        }
+    }
+}
+
+/// Who asked for a delete. They differ only in what decided the instance should go.
+#[derive(Clone, Copy, Debug)]
+pub enum Deleter<'a> {
+    /// The customer, for their own instance; anyone else's is as absent as none.
+    Owner(&'a CurrentUser),
+    /// admin-vm-action: an operator or superadmin, for any instance.
+    Operator(&'a CurrentUser),
+}
+
+impl Deleter<'_> {
+    fn sub(&self) -> &str {
+        match self {
+            Deleter::Owner(u) | Deleter::Operator(u) => &u.user.sub,
+        }
+    }
+    fn kind(&self) -> &'static str {
+        match self {
+            Deleter::Owner(_) => "owner",
+            Deleter::Operator(_) => "operator",
+        }
+    }
+}
+
+/// G: the delete every caller uses.
+pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult<InstanceDeletion> {
+    let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
+    if let Deleter::Owner(u) = by
+        && row.user_sub != u.user.sub
+    {
+        return Err(AppError::NotFound);
+    }
+    if row.deleted_at.is_some() {
+        return Ok(InstanceDeletion {
+            state: DeletionState::Deleted,
+            message: "this instance is already deleted".to_owned(),
+            instance: view(&row),
+        });
+    }
+    if row.creation_failed_at.is_some() {
+        return Err(AppError::conflict(
+            "never_created",
+            "this instance was never created, so there is nothing to delete; it was not billed",
+        ));
+    }
+    if row.status == "creating" {
+        return Err(AppError::conflict(
+            "still_creating",
+            "this instance is still being created; delete it once the create has finished",
+        ));
+    }
+    // Step 80: the first fact. A repeat keeps the first time, which sizes the refund.
+    let requested_at = state.clock.now();
+    if state.store.request_vm_delete(&row.id, requested_at).await? == GuardedWrite::Written {
+        state
+            .store
+            .audit(
+                Some(by.sub()),
+                "vm.delete_requested",
+                Some(&row.id),
+                json!({"by": by.kind(), "host_id": row.host_id}),
+                requested_at,
+            )
+            .await?;
+    }
+    let task_state = state.clone();
+    let (outcome, message) = tokio::spawn(async move { dispatch_delete(&task_state, row).await })
+        .await
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("the delete task failed: {e}")))??;
+    let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
+    Ok(InstanceDeletion {
+        state: outcome,
+        message,
+        instance: view(&row),
+    })
+}
+
+async fn dispatch_delete(state: &AppState, row: VmRow) -> AppResult<(DeletionState, String)> {
+    let Some(host_id) = row.host_id.as_deref() else {
+        // No host ever took it, so no container exists anywhere.
+        confirm_deleted(state, &row, "no_host").await?;
+        return Ok((
+            DeletionState::Deleted,
+            "deleted; no host had taken it".to_owned(),
+        ));
+    };
+    let Some(target) = state.store.agent_target(host_id).await? else {
+        tracing::warn!(vm = %row.id, host = %host_id, "delete requested for an instance whose host is retired");
+        return Ok((
+            DeletionState::Requested,
+            "the delete is recorded, but the instance's host cannot be reached; an operator will finish it"
+                .to_owned(),
+        ));
+    };
+    let wait = state.waits.delete;
+    let not_confirmed = |why: String| {
+        tracing::warn!(vm = %row.id, host = %target.slug, reason = %why, "delete not confirmed; the row stays live");
+        Ok((
+            DeletionState::Requested,
+            format!(
+                "the delete is recorded but the host has not confirmed it ({why}); the instance stays \
+                 billed and its host occupied until it does, and operators are told if it does not"
+            ),
+        ))
+    };
+    match tokio::time::timeout(wait, state.agents.delete_vm(&target, &row.name)).await {
+        Ok(Ok(gone)) => {
+            let how = match gone {
+                Gone::Deleted => "deleted",
+                Gone::NotFound => "not_found",
+            };
+            confirm_deleted(state, &row, how).await?;
+            Ok((DeletionState::Deleted, "deleted".to_owned()))
+        }
+        Ok(Err(e)) => not_confirmed(e.to_string()),
+        Err(_) => not_confirmed(format!("no answer within {} s", wait.as_secs())),
+    }
+}
+
+/// Step 83, then step 84: close the row (guarded), and only then drain.
+async fn confirm_deleted(state: &AppState, row: &VmRow, how: &str) -> AppResult<()> {
+    let now = state.clock.now();
+    if state.store.confirm_vm_deleted(&row.id, now).await? == GuardedWrite::AlreadySet {
+        return Ok(());
+    }
+    tracing::info!(vm = %row.id, host = %row.host_id.as_deref().unwrap_or("-"), how, "instance deleted");
+    state
+        .store
+        .audit(
+            None,
+            "vm.deleted",
+            Some(&row.id),
+            json!({"host_id": row.host_id, "confirmed_by": how}),
+            now,
+        )
+        .await?;
+    if let Some(host_id) = row.host_id.as_deref() {
+        let drain: Arc<dyn QueueDrain> = state.drain.clone();
+        drain.capacity_freed(&row.gpu_type, host_id).await;
+    }
+    Ok(())
+}

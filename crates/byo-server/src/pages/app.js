@@ -1,0 +1,169 @@
+// The pages' few live parts. Every page is complete without this file: it only adds a copy
+// button, a countdown to a one-liner's expiry and live preparation progress, each on the
+// elements that ask for it with a data- attribute. No inline handlers, nothing fetched from
+// elsewhere.
+"use strict";
+
+(function () {
+  // Copy: <button data-copy="ID" hidden> copies the text of #ID. Shown only when it can work.
+  function copyText(text) {
+    if (navigator.clipboard && window.isSecureContext) {
+      return navigator.clipboard.writeText(text).catch(function () {
+        return legacyCopy(text);
+      });
+    }
+    return legacyCopy(text);
+  }
+
+  function legacyCopy(text) {
+    return new Promise(function (resolve, reject) {
+      var area = document.createElement("textarea");
+      area.value = text;
+      area.setAttribute("readonly", "");
+      area.style.position = "fixed";
+      area.style.opacity = "0";
+      document.body.appendChild(area);
+      area.select();
+      var ok = false;
+      try {
+        ok = document.execCommand("copy");
+      } catch (e) {
+        ok = false;
+      }
+      document.body.removeChild(area);
+      if (ok) {
+        resolve();
+      } else {
+        reject(new Error("copy refused"));
+      }
+    });
+  }
+
+  function setUpCopy(button) {
+    var source = document.getElementById(button.getAttribute("data-copy"));
+    if (!source) {
+      return;
+    }
+    var label = button.textContent;
+    var timer = null;
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      copyText(source.textContent.trim()).then(
+        function () {
+          button.textContent = "Copied";
+        },
+        function () {
+          // Leave the command selected so the owner can copy it by hand.
+          var range = document.createRange();
+          range.selectNodeContents(source);
+          var selection = window.getSelection();
+          selection.removeAllRanges();
+          selection.addRange(range);
+          button.textContent = "Selected: press Ctrl+C";
+        }
+      );
+      clearTimeout(timer);
+      timer = setTimeout(function () {
+        button.textContent = label;
+      }, 2000);
+    });
+  }
+
+  // Countdown: <time datetime="EXPIRY" data-now="SERVER NOW" data-countdown="ID"> writes
+  // "expires in mm:ss" into #ID, measured on the server's clock (the difference between the
+  // two instants the server wrote), so a wrong clock in the browser does not matter.
+  function two(n) {
+    return (n < 10 ? "0" : "") + n;
+  }
+
+  function setUpCountdown(time) {
+    var out = document.getElementById(time.getAttribute("data-countdown"));
+    var expires = Date.parse(time.getAttribute("datetime"));
+    var serverNow = Date.parse(time.getAttribute("data-now"));
+    if (!out || isNaN(expires) || isNaN(serverNow)) {
+      return;
+    }
+    var left0 = expires - serverNow;
+    var started = Date.now();
+    var timer = null;
+    function tick() {
+      var left = Math.max(0, Math.ceil((left0 - (Date.now() - started)) / 1000));
+      if (left <= 0) {
+        out.textContent = "expired — add the GPU again";
+        out.classList.add("error");
+        var scope = time.closest("[data-expires-scope]");
+        if (scope) {
+          scope.classList.add("expired");
+          scope.querySelectorAll("button[data-copy]").forEach(function (b) {
+            b.disabled = true;
+          });
+        }
+        clearInterval(timer);
+        return;
+      }
+      out.textContent =
+        "expires in " + two(Math.floor(left / 60)) + ":" + two(left % 60);
+    }
+    tick();
+    timer = setInterval(tick, 250);
+  }
+
+  // Progress: <div data-progress="URL"> is replaced by the server's fragment at URL every
+  // two seconds, until the fragment says it is settled (data-settled="true").
+  var POLL_MS = 2000;
+
+  function settled(box) {
+    return box.querySelector('[data-settled="true"]') !== null;
+  }
+
+  function setUpProgress(box) {
+    var url = box.getAttribute("data-progress");
+    var busy = false;
+    var timer = null;
+    function poll() {
+      if (busy || document.hidden) {
+        return;
+      }
+      busy = true;
+      fetch(url, {
+        credentials: "same-origin",
+        headers: { Accept: "text/html" },
+        cache: "no-store",
+      })
+        .then(function (r) {
+          // A lapsed session answers with the sign-in page: keep what is shown.
+          if (!r.ok || r.redirected) {
+            return null;
+          }
+          return r.text();
+        })
+        .then(function (html) {
+          if (html !== null && html !== box.innerHTML) {
+            box.innerHTML = html;
+          }
+          if (settled(box)) {
+            clearInterval(timer);
+          }
+        })
+        .catch(function () {})
+        .then(function () {
+          busy = false;
+        });
+    }
+    if (!settled(box)) {
+      timer = setInterval(poll, POLL_MS);
+    }
+  }
+
+  function start() {
+    document.querySelectorAll("button[data-copy]").forEach(setUpCopy);
+    document.querySelectorAll("time[data-countdown]").forEach(setUpCountdown);
+    document.querySelectorAll("[data-progress]").forEach(setUpProgress);
+  }
+
+  if (document.readyState === "loading") {
+    document.addEventListener("DOMContentLoaded", start);
+  } else {
+    start();
+  }
+})();

@@ -1,0 +1,83 @@
+//! The customer's instances: create from the dashboard (E1), list, read, delete (G). The
+//! rules live in [`crate::instances`]; these handlers only carry them over HTTP.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use byo_wire::api::ErrorBody;
+use byo_wire::vm::{
+    DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
+};
+
+use crate::auth::CurrentUser;
+use crate::error::{AppError, AppResult};
+use crate::instances::{self, Deleter};
+use crate::state::AppState;
+
+/// Create an instance of `gpu_type` on a free host, reachable with one of your keys. 409
+/// when no host is free (nothing is written); 502 when the host refused and 504 when it
+/// never answered (the instance is marked failed and nothing is billed).
+#[utoipa::path(post, path = "/api/vms", tag = "instances", request_body = InstanceRequest,
+    responses((status = 201, body = InstanceCreated), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 502, body = ErrorBody), (status = 504, body = ErrorBody)))]
+pub async fn post_vm(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Json(req): Json<InstanceRequest>,
+) -> AppResult<(StatusCode, Json<InstanceCreated>)> {
+    let created = instances::create(&state, &user, &req).await?;
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Your instances: every live one, and those that ended in the last week.
+#[utoipa::path(get, path = "/api/vms", tag = "instances",
+    responses((status = 200, body = Vec<InstanceView>), (status = 401, body = ErrorBody)))]
+pub async fn get_vms(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> AppResult<Json<Vec<InstanceView>>> {
+    let since = state.clock.now() - chrono::Duration::days(instances::RECENT_DAYS);
+    let rows = state.store.vms_of(&user.user.sub, since).await?;
+    Ok(Json(rows.iter().map(instances::view).collect()))
+}
+
+/// One of your instances.
+#[utoipa::path(get, path = "/api/vms/{vm_id}", tag = "instances",
+    params(("vm_id" = String, Path, description = "the instance's id")),
+    responses((status = 200, body = InstanceView), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn get_vm(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(vm_id): Path<String>,
+) -> AppResult<Json<InstanceView>> {
+    match state.store.vm(&vm_id).await? {
+        Some(row) if row.user_sub == user.user.sub => Ok(Json(instances::view(&row))),
+        _ => Err(AppError::NotFound),
+    }
+}
+
+/// The status a delete answers with: 200 once confirmed, 202 while only requested.
+pub fn deletion_status(d: &InstanceDeletion) -> StatusCode {
+    match d.state {
+        DeletionState::Deleted => StatusCode::OK,
+        DeletionState::Requested => StatusCode::ACCEPTED,
+    }
+}
+
+/// Delete one of your instances. Waits up to 90 s for the host: 200 when it confirmed,
+/// 202 when the delete is recorded but not confirmed (billing continues until it is).
+#[utoipa::path(delete, path = "/api/vms/{vm_id}", tag = "instances",
+    params(("vm_id" = String, Path, description = "the instance's id")),
+    responses((status = 200, body = InstanceDeletion), (status = 202, body = InstanceDeletion),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn delete_vm(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(vm_id): Path<String>,
+) -> AppResult<(StatusCode, Json<InstanceDeletion>)> {
+    let d = instances::delete(&state, Deleter::Owner(&user), &vm_id).await?;
+    Ok((deletion_status(&d), Json(d)))
+}

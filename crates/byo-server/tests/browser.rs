@@ -1,0 +1,749 @@
+//! The onboarding pages in a real browser: Chromium, headless with the flags of DESIGN.md §3,
+//! driven through chromedriver, against the app served on loopback over SQLite. What the
+//! server-rendered tests cannot see is checked here: the script loads and does its work (the
+//! copy button, the one-liner's countdown, progress that changes while the page is open), and
+//! the operator's clicks land. Every check is on the page's text or on database rows.
+//!
+//! Chromium and chromedriver come from apt (`chromium chromium-driver`); `scripts/test`
+//! installs them. Without them these tests skip loudly, and under `CI=true` they fail.
+
+mod support;
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use axum::response::Html;
+use axum::routing::get;
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_wire::Role;
+use fantoccini::{Client, ClientBuilder, Locator};
+use hyper_util::client::legacy::connect::HttpConnector;
+use serde_json::{Value, json};
+use support::{PASSWORD, Reply, TestApp};
+
+/// DESIGN.md §3's flags, plus headless and a window size so the layout is a desktop one.
+const CHROMIUM_FLAGS: &[&str] = &[
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,1000",
+];
+
+/// How long a live part may take to show a change: one poll (2 s) plus slack for a busy
+/// two-core machine.
+const LIVE: Duration = Duration::from_secs(8);
+
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    names.iter().find_map(|name| {
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Chromium and chromedriver, or a loud skip (a failure under CI).
+fn components() -> Option<(PathBuf, PathBuf)> {
+    let chromium = on_path(&["chromium", "chromium-browser"]);
+    let driver = on_path(&["chromedriver"]);
+    match (chromium, driver) {
+        (Some(c), Some(d)) => Some((c, d)),
+        (c, d) => {
+            let missing: Vec<&str> = [(c.is_none(), "chromium"), (d.is_none(), "chromedriver")]
+                .into_iter()
+                .filter_map(|(gone, name)| gone.then_some(name))
+                .collect();
+            let message = format!(
+                "{} not installed (apt-get install -y chromium chromium-driver)",
+                missing.join(" and ")
+            );
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                panic!("browser tests under CI: {message}");
+            }
+            eprintln!(
+                "\n========================================================================\n\
+                 SKIPPED (browser): {message}; the page tests in a real browser did not run\n\
+                 ========================================================================\n"
+            );
+            None
+        }
+    }
+}
+
+/// chromedriver in its own process group, so dropping it also ends the Chromium it started,
+/// whatever state the test left the session in.
+struct Driver(Child);
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.0.id());
+        let _ = Command::new("kill")
+            .args(["-s", "KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Browser {
+    client: Client,
+    _driver: Driver,
+}
+
+impl Browser {
+    async fn start(chromium: PathBuf, chromedriver: PathBuf) -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = Driver(
+            Command::new(&chromedriver)
+                .arg(format!("--port={port}"))
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .process_group(0)
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {}: {e}", chromedriver.display())),
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen on {port}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let capabilities = json!({
+            "browserName": "chrome",
+            "goog:chromeOptions": {"binary": chromium, "args": CHROMIUM_FLAGS},
+        });
+        let serde_json::Value::Object(capabilities) = capabilities else {
+            unreachable!()
+        };
+        let client = ClientBuilder::new(HttpConnector::new())
+            .capabilities(capabilities)
+            .connect(&format!("http://127.0.0.1:{port}"))
+            .await
+            .unwrap_or_else(|e| panic!("chromedriver would not start Chromium: {e}"));
+        Browser {
+            client,
+            _driver: driver,
+        }
+    }
+}
+
+/// The app served on loopback (its public URL is that address, so the browser's Origin is
+/// the app's own) and a browser pointed at it.
+struct Site {
+    app: TestApp,
+    base: String,
+    browser: Browser,
+}
+
+/// The countdown's end, which a real one-liner reaches only after an hour: the production
+/// script on a page whose expiry is two seconds after the server's now.
+async fn countdown_fixture() -> Html<String> {
+    let now = chrono::Utc::now();
+    let expires = now + chrono::Duration::seconds(2);
+    let at =
+        |t: chrono::DateTime<chrono::Utc>| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    Html(format!(
+        r#"<!DOCTYPE html><html lang="en"><head><title>countdown</title>
+<script src="/assets/app.js" defer></script></head><body>
+<section data-expires-scope>
+<p>Until <time datetime="{}" data-now="{}" data-countdown="left">then</time> <strong id="left"></strong></p>
+<pre><code id="cmd">curl</code></pre><button type="button" data-copy="cmd" hidden>Copy</button>
+</section></body></html>"#,
+        at(expires),
+        at(now)
+    ))
+}
+
+async fn site() -> Option<Site> {
+    let (chromium, chromedriver) = components()?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = support::test_config();
+    config.public_url = base.clone();
+    let app = TestApp::with_config(byo_db::Backend::Sqlite, config).await?;
+    let router = app
+        .router
+        .clone()
+        .route("/test/countdown", get(countdown_fixture));
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let browser = Browser::start(chromium, chromedriver).await;
+    Some(Site { app, base, browser })
+}
+
+impl Site {
+    fn c(&self) -> &Client {
+        &self.browser.client
+    }
+
+    async fn goto(&self, path: &str) {
+        self.c()
+            .goto(&format!("{}{path}", self.base))
+            .await
+            .unwrap();
+    }
+
+    async fn sign_in(&self, email: &str) {
+        self.goto("/login").await;
+        let c = self.c();
+        c.find(Locator::Css("input[name=email]"))
+            .await
+            .unwrap()
+            .send_keys(email)
+            .await
+            .unwrap();
+        c.find(Locator::Css("input[name=password]"))
+            .await
+            .unwrap()
+            .send_keys(PASSWORD)
+            .await
+            .unwrap();
+        c.find(Locator::Css("form[action='/login'] button[type=submit]"))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap();
+        self.wait_text("span.who", |t| t == email, "signed in")
+            .await;
+    }
+
+    /// The text of the first element matching `css`, if there is one.
+    async fn text(&self, css: &str) -> Option<String> {
+        match self.c().find(Locator::Css(css)).await {
+            Ok(e) => e.text().await.ok(),
+            Err(_) => None,
+        }
+    }
+
+    /// Wait until the element's text satisfies `ok`; the page is never reloaded meanwhile.
+    async fn wait_text(&self, css: &str, ok: impl Fn(&str) -> bool, what: &str) -> String {
+        let deadline = Instant::now() + LIVE;
+        loop {
+            let text = self.text(css).await;
+            if let Some(t) = &text
+                && ok(t)
+            {
+                return t.clone();
+            }
+            if Instant::now() > deadline {
+                let url = self.c().current_url().await.map(|u| u.to_string());
+                let body = self.text("body").await;
+                panic!("{what}: {css} shows {text:?} at {url:?}; the page reads:\n{body:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn enroll(&self, token: &str, body: Value) -> Reply {
+        self.app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// The agent's report (host-report), with the host token enrolment handed out.
+    async fn report(&self, host_token: &str, body: Value) {
+        let r = self
+            .app
+            .send(
+                Request::post("/api/host/report")
+                    .header(header::AUTHORIZATION, format!("Bearer {host_token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    }
+
+    /// Mark the open document; `still_same_document` proves no reload replaced it.
+    async fn mark_document(&self) {
+        self.c()
+            .execute("window.byoSameDocument = true;", vec![])
+            .await
+            .unwrap();
+    }
+
+    async fn still_same_document(&self) -> bool {
+        self.c()
+            .execute("return window.byoSameDocument === true;", vec![])
+            .await
+            .unwrap()
+            == json!(true)
+    }
+
+    async fn close(self) {
+        self.browser.client.close().await.unwrap();
+    }
+}
+
+fn step(name: &str, state: &str, error: Option<&str>, is_final: bool) -> Value {
+    json!({"step": name, "state": state, "attempt": 1, "error": error, "final": is_final,
+           "at": "2026-11-29T12:05:00Z"})
+}
+
+/// A single Spark as it reports itself at step 126.
+fn spark(hardware_id: &str) -> Value {
+    json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": format!("m-{hardware_id}"), "hardware_id": hardware_id, "node_index": 0,
+        "rails": []
+    })
+}
+
+/// The design's example request at 126: a pair, node1 reported by node0.
+fn pair() -> Value {
+    json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0,
+        "rails": [
+            { "device": "rocep1s0f0", "iface": "enp1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 0 },
+            { "device": "roceP2p1s0f0", "iface": "enP2p1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 1 },
+            { "device": "rocep1s0f1", "iface": "enp1s0f1np1", "mtu": 1500, "neighbours_discovered": 0 }
+        ],
+        "peers": [
+            { "gpu_model": "GB10", "gpu_count": 1, "arch": "aarch64", "machine_id": "9c17", "hardware_id": "7e08", "os_id": "ubuntu", "node_index": 1,
+              "rails": [ { "iface": "enp1s0f0np0", "index": 0, "neighbours_discovered": 1 }, { "iface": "enP2p1s0f1np1", "index": 1, "neighbours_discovered": 1 } ] }
+        ]
+    })
+}
+
+/// "expires in mm:ss" as seconds.
+fn seconds_left(text: &str) -> u32 {
+    let rest = text
+        .strip_prefix("expires in ")
+        .unwrap_or_else(|| panic!("not a countdown: {text:?}"));
+    let (m, s) = rest.split_once(':').unwrap();
+    assert_eq!((m.len(), s.len()), (2, 2), "mm:ss: {text:?}");
+    m.parse::<u32>().unwrap() * 60 + s.parse::<u32>().unwrap()
+}
+
+/// A: an owner granted community_host adds a GPU and gets the one-liner, with a copy button
+/// that works and a countdown to the token's expiry that runs (and ends in "add it again").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() {
+    let Some(site) = site().await else { return };
+    let (owner_sub, _) = site
+        .app
+        .user_with("owner@example.com", &[Role::CommunityHost])
+        .await;
+    site.sign_in("owner@example.com").await;
+    site.goto("/hosts").await;
+    let c = site.c();
+    c.find(Locator::Css("select[name=profile_id]"))
+        .await
+        .unwrap()
+        .select_by_value("gb10-spark-1")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form[action='/hosts'] button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+
+    // The one-liner: the install command from this server, with a token only this
+    // enrolment's hash matches.
+    let command = site
+        .wait_text("#one-liner", |t| !t.is_empty(), "the one-liner")
+        .await;
+    let prefix = format!(
+        "curl -fsSL {}/install.sh | sudo bash -s -- --token ",
+        site.base
+    );
+    let token = command
+        .strip_prefix(&prefix)
+        .unwrap_or_else(|| panic!("{command:?} is not the install command"));
+    let parsed = SecretToken::parse(TokenKind::Enrollment, token).expect("an enrolment token");
+    let dump = site.app.db.dump_text().await.unwrap();
+    assert!(
+        dump.iter().any(|v| v.value == parsed.hash().as_str()),
+        "the token shown is the one whose hash was stored"
+    );
+    let enrolments = site
+        .app
+        .db
+        .enrollment_views(Some(&owner_sub))
+        .await
+        .unwrap();
+    assert_eq!(enrolments.len(), 1);
+    assert_eq!(enrolments[0].state, "pending");
+
+    // The absolute expiry, readable without the script, is the stored one.
+    let expiry = c.find(Locator::Css("time#one-liner-expiry")).await.unwrap();
+    let datetime = expiry.attr("datetime").await.unwrap().unwrap();
+    let shown = datetime.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    assert!(
+        (shown - enrolments[0].token_expires_at).abs() < chrono::Duration::milliseconds(1),
+        "{datetime} is the stored expiry {}",
+        enrolments[0].token_expires_at
+    );
+    assert!(expiry.text().await.unwrap().ends_with(" UTC"));
+
+    // The copy button is the script's (hidden without it) and hands the clipboard exactly
+    // the command; the clipboard API is watched, not replaced.
+    let copy = c.find(Locator::Css("#copy-one-liner")).await.unwrap();
+    assert!(copy.is_displayed().await.unwrap(), "the script showed it");
+    assert_eq!(copy.text().await.unwrap(), "Copy");
+    c.execute(
+        "const clip = navigator.clipboard, write = clip.writeText.bind(clip); \
+         window.byoCopied = null; \
+         clip.writeText = (text) => { window.byoCopied = text; return write(text); };",
+        vec![],
+    )
+    .await
+    .unwrap();
+    copy.click().await.unwrap();
+    site.wait_text("#copy-one-liner", |t| t == "Copied", "copy")
+        .await;
+    let copied = c.execute("return window.byoCopied;", vec![]).await.unwrap();
+    assert_eq!(copied, json!(command));
+
+    // The countdown runs: within the hour, and lower a second and a half later.
+    let first = site
+        .wait_text(
+            "#one-liner-countdown",
+            |t| t.starts_with("expires in "),
+            "countdown",
+        )
+        .await;
+    let first_left = seconds_left(&first);
+    assert!(
+        (3540..=3600).contains(&first_left),
+        "{first:?}: about an hour"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let later = site.text("#one-liner-countdown").await.unwrap();
+    let later_left = seconds_left(&later);
+    assert!(
+        later != first && (1..=3).contains(&(first_left - later_left)),
+        "{first:?} then {later:?}"
+    );
+
+    // At zero it says so, and the copy button stops offering a dead command.
+    site.goto("/test/countdown").await;
+    site.wait_text(
+        "#left",
+        |t| t.starts_with("expires in 00:0"),
+        "a short countdown",
+    )
+    .await;
+    site.wait_text(
+        "#left",
+        |t| t == "expired — add the GPU again",
+        "the countdown's end",
+    )
+    .await;
+    let copy = c.find(Locator::Css("button[data-copy]")).await.unwrap();
+    assert!(!copy.is_enabled().await.unwrap(), "nothing left to copy");
+    site.close().await;
+}
+
+/// D: an operator grants community_host on /admin/users, activates the host whose
+/// preparation completed (through the real host-report) and sees it active; activation of a
+/// host that did not finish is refused with the reason on the page, and it stays inactive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host() {
+    let Some(site) = site().await else { return };
+    site.app
+        .user_with("operator@example.com", &[Role::Operator])
+        .await;
+    let (owner_sub, owner) = site.app.user_with("newowner@example.com", &[]).await;
+    site.sign_in("operator@example.com").await;
+    let c = site.c();
+
+    // The grant, from the users page.
+    site.goto("/admin/users").await;
+    let row = "//tr[td[normalize-space()='newowner@example.com']]";
+    c.find(Locator::XPath(&format!(
+        "{row}//button[normalize-space()='Grant community_host']"
+    )))
+    .await
+    .unwrap()
+    .click()
+    .await
+    .unwrap();
+    let deadline = Instant::now() + LIVE;
+    loop {
+        let grants = match c.find(Locator::XPath(&format!("{row}/td[3]"))).await {
+            Ok(td) => td.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if grants.contains("community_host") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the grant shows: {grants:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        site.app.db.roles_of(&owner_sub).await.unwrap(),
+        vec![Role::CommunityHost]
+    );
+
+    // The newly granted owner adds two GPUs; both enrol; one finishes preparing.
+    let mut hosts = Vec::new();
+    for hw in ["hw-ready", "hw-half"] {
+        let p = site
+            .app
+            .request(
+                Method::POST,
+                "/api/hosts",
+                Some(&owner),
+                Some(json!({"profile_id": "gb10-spark-1"})),
+            )
+            .await;
+        assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+        let p = p.json();
+        let e = site.enroll(p["token"].as_str().unwrap(), spark(hw)).await;
+        assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+        hosts.push((
+            p["host_id"].as_str().unwrap().to_owned(),
+            p["slug"].as_str().unwrap().to_owned(),
+            e.json()["host_token"].as_str().unwrap().to_owned(),
+        ));
+    }
+    let (ready_id, ready_slug, ready_token) = &hosts[0];
+    let (half_id, half_slug, half_token) = &hosts[1];
+    site.report(
+        ready_token,
+        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
+    )
+    .await;
+    site.report(
+        half_token,
+        json!({"node": 0, "state": step("lxd-install", "failed", Some("snap: exit 1"), true)}),
+    )
+    .await;
+
+    // Activate is offered for the prepared host only.
+    site.goto("/admin/hosts").await;
+    let row_of = |slug: &str| format!("//tr[td[1][normalize-space()='{slug}']]");
+    let activate_in =
+        |slug: &str| format!("{}//button[normalize-space()='Activate']", row_of(slug));
+    assert!(
+        c.find_all(Locator::XPath(&activate_in(half_slug)))
+            .await
+            .unwrap()
+            .is_empty(),
+        "not offered before preparation finished"
+    );
+    c.find(Locator::XPath(&activate_in(ready_slug)))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let ready_state = format!("{}/td[4]", row_of(ready_slug));
+    let deadline = Instant::now() + LIVE;
+    loop {
+        let state = match c.find(Locator::XPath(&ready_state)).await {
+            Ok(td) => td.text().await.unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        if state == "active: renting to customers" {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the host shows as active: {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let host = site.app.db.host(ready_id).await.unwrap().unwrap();
+    assert!(host.active);
+    assert_eq!(host.placement.as_deref(), Some("shared"));
+
+    // The unprepared host's activation, sent as a stale or hand-made form would send it.
+    c.execute(
+        "const f = document.createElement('form'); f.method = 'post'; f.action = arguments[0]; \
+         const i = document.createElement('input'); i.type = 'hidden'; i.name = 'placement'; \
+         i.value = 'shared'; f.appendChild(i); document.body.appendChild(f); f.submit();",
+        vec![json!(format!("/admin/hosts/{half_id}/activate"))],
+    )
+    .await
+    .unwrap();
+    let refusal = site
+        .wait_text(
+            "p.error[role=alert]",
+            |t| !t.is_empty(),
+            "the refusal on the page",
+        )
+        .await;
+    assert_eq!(
+        refusal,
+        "this host's preparation has not finished; it cannot be activated"
+    );
+    assert_eq!(
+        site.text("h1").await.as_deref(),
+        Some("Hosts and enrolments"),
+        "the refusal is shown on the hosts page, not as a bare error"
+    );
+    let shown = c
+        .find(Locator::XPath(&format!("{}/td[4]", row_of(half_slug))))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert_eq!(shown, "preparing: lxd-install failed (snap: exit 1)");
+    let host = site.app.db.host(half_id).await.unwrap().unwrap();
+    assert!(!host.active && host.placement.is_none() && host.activated_at.is_none());
+    site.close().await;
+}
+
+/// C: the owner's page, left open, follows a pair's preparation as the host-reports land —
+/// enrolment, node 0's steps, node 1's own track, completion and the operator's approval —
+/// without a reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn c_the_owners_page_follows_preparation_live() {
+    let Some(site) = site().await else { return };
+    site.app
+        .user_with("owner@example.com", &[Role::CommunityHost])
+        .await;
+    let (_, op) = site
+        .app
+        .user_with("op@example.com", &[Role::Operator])
+        .await;
+    site.sign_in("owner@example.com").await;
+    site.goto("/hosts").await;
+    let c = site.c();
+    c.find(Locator::Css("select[name=profile_id]"))
+        .await
+        .unwrap()
+        .select_by_value("gb10-spark-2")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form[action='/hosts'] button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let command = site
+        .wait_text("#one-liner", |t| !t.is_empty(), "the one-liner")
+        .await;
+    let token = command
+        .split("--token ")
+        .nth(1)
+        .unwrap()
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_owned();
+    let state = "[data-progress] .state";
+    site.wait_text(
+        state,
+        |t| t.starts_with("waiting for the command"),
+        "before the command ran",
+    )
+    .await;
+    site.mark_document().await;
+
+    // The box runs the one-liner.
+    let enrolled = site.enroll(&token, pair()).await;
+    assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.text());
+    let enrolled = enrolled.json();
+    let host_token = enrolled["host_token"].as_str().unwrap();
+    let host_id = site.app.db.agent_targets().await.unwrap()[0].id.clone();
+    assert_eq!(site.app.db.host_nodes(&host_id).await.unwrap().len(), 2);
+    site.wait_text(state, |t| t == "enrolled: preparing", "enrolled")
+        .await;
+
+    // Node 0's steps, then node 1's own track.
+    site.report(
+        host_token,
+        json!({"node": 0, "state": step("lxd-install", "applied", None, false)}),
+    )
+    .await;
+    site.wait_text(
+        state,
+        |t| t == "preparing: lxd-install applied",
+        "node 0's step",
+    )
+    .await;
+    site.report(
+        host_token,
+        json!({"node": 1, "state": step("firewall", "failed", Some("nft: exit 1"), false)}),
+    )
+    .await;
+    let progress = site
+        .wait_text(
+            "[data-progress]",
+            |t| t.contains("node 1: firewall failed (nft: exit 1)"),
+            "node 1's step",
+        )
+        .await;
+    assert!(
+        progress.contains("node 0: lxd-install applied, attempt 1"),
+        "{progress}"
+    );
+    site.report(
+        host_token,
+        json!({"node": 1, "state": step("firewall", "applied", None, false)}),
+    )
+    .await;
+    site.wait_text(
+        "[data-progress]",
+        |t| t.contains("node 1: firewall applied"),
+        "node 1 recovers",
+    )
+    .await;
+
+    // Completion, then the operator's approval.
+    site.report(
+        host_token,
+        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
+    )
+    .await;
+    let progress = site
+        .wait_text(
+            "[data-progress]",
+            |t| t.starts_with("prepared: waiting for an operator's approval"),
+            "prepared",
+        )
+        .await;
+    assert!(progress.contains("prepared at "), "{progress}");
+    let r = site
+        .app
+        .request(
+            Method::POST,
+            &format!("/api/admin/hosts/{host_id}/activate"),
+            Some(&op),
+            Some(json!({"placement": "shared"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    site.wait_text(state, |t| t == "active: renting to customers", "active")
+        .await;
+    assert!(
+        site.still_same_document().await,
+        "every change arrived without a reload"
+    );
+    site.close().await;
+}
