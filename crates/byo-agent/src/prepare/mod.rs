@@ -70,6 +70,9 @@ pub struct Constants {
     pub zfs_arc_max: u64,
     /// `ubuntu` (pulled from the image server) or `minimal` (busybox, built on the host).
     pub base_image: String,
+    /// Run the operator tunnel (cloudflared). Off only for the staff-only test profile,
+    /// whose machines cannot reach Cloudflare's package repository.
+    pub tunnel: bool,
 }
 
 impl Default for Constants {
@@ -80,6 +83,7 @@ impl Default for Constants {
             pool_size: "200GiB".into(),
             zfs_arc_max: 8 << 30,
             base_image: "ubuntu".into(),
+            tunnel: true,
         }
     }
 }
@@ -215,11 +219,15 @@ pub fn plan_from(
             creds.profile_id
         )
     })?;
+    let tunnel_token = creds
+        .tunnel_connector_token
+        .clone()
+        .filter(|_| profile.prepare.tunnel);
     Ok(Plan {
         profile,
         authorized_keys,
         wireguard: Some(creds.wireguard.clone()),
-        tunnel_token: creds.tunnel_connector_token.clone(),
+        tunnel_token,
         lockout_owner: creds.lockout_owner,
         owner: None,
         node: 0,

@@ -1,0 +1,667 @@
+//! The golden path, on real parts: the server on PostgreSQL; a relay in a network namespace
+//! (wireguard-go, byo-relay's ssh_mapd driving nftables, Caddy in front of the agent's
+//! API); a host that is a Debian system container in LXD, onboarded by its owner running the
+//! printed one-liner; preparation; an operator's activation; a customer whose plain `ssh` to
+//! the relay's public address lands in their container; a relay restart healed by the
+//! heartbeat; a delete that closes the row, clears the map, and leaves `ssh` nowhere.
+
+#[path = "../../byo-agent/tests/support/host_container.rs"]
+mod host_container;
+#[path = "../../byo-relay/tests/support/mod.rs"]
+mod relay_support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_db::users::NewUser;
+use byo_server::providers::local::LocalTunnels;
+use byo_server::providers::{ProviderError, RelayInfo, RelayProvider};
+use byo_wire::Role;
+use futures::future::BoxFuture;
+use host_container::HostContainer;
+use relay_support::{Netns, kernel_parts, wg_name, wireguard};
+use serde_json::{Value, json};
+
+/// A sibling binary of this test, built by `cargo test --workspace`.
+fn sibling(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().and_then(Path::parent).unwrap().join(name);
+    assert!(
+        bin.exists(),
+        "{} is not built: run the workspace's tests (cargo test --workspace)",
+        bin.display()
+    );
+    bin
+}
+
+fn bridge_gateway() -> String {
+    let out = Command::new("lxc")
+        .args(["network", "get", "byotestbr0", "ipv4.address"])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split('/')
+        .next()
+        .unwrap_or("10.231.0.1")
+        .to_owned()
+}
+
+fn line_value<'a>(script: &'a str, prefix: &str) -> &'a str {
+    script
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(prefix))
+        .unwrap_or_else(|| panic!("the bootstrap has no {prefix:?}"))
+        .trim()
+}
+
+/// One relay, as GCP would build it from the bootstrap: here a network namespace behind a
+/// veth, configured from the very values the bootstrap script carries.
+struct Relay {
+    ns: Netns,
+    public: String,
+    wg: String,
+    token_hash: PathBuf,
+    dir: PathBuf,
+    mapd: Mutex<u32>,
+}
+
+impl Relay {
+    fn start_mapd(&self) {
+        *self.mapd.lock().unwrap() = self.ns.spawn(&format!(
+            "exec {bin} serve --listen 10.8.0.1:8754 --token-hash-file {hash} --host 10.8.0.2 --tunnel {wg}",
+            bin = sibling("byo-relay").display(),
+            hash = self.token_hash.display(),
+            wg = self.wg
+        ));
+    }
+
+    /// A relay that restarted: ssh_mapd gone and back, the kernel's table empty.
+    fn restart_mapd(&self) {
+        let pid = self.mapd.lock().unwrap().to_string();
+        relay_support::run(Command::new("kill").args(["-TERM", &pid]));
+        std::thread::sleep(Duration::from_millis(200));
+        self.ns.sh("nft delete table ip lofispark");
+        self.start_mapd();
+    }
+
+    fn kernel_map(&self) -> String {
+        String::from_utf8_lossy(
+            &self
+                .ns
+                .try_sh("nft list map ip lofispark vmssh_ports")
+                .stdout,
+        )
+        .into_owned()
+    }
+}
+
+#[derive(Default)]
+struct NetnsRelays {
+    relays: Mutex<BTreeMap<String, Arc<Relay>>>,
+    dir: PathBuf,
+}
+
+impl NetnsRelays {
+    fn build(&self, slug: &str, bootstrap: &str) -> Relay {
+        let n = self.relays.lock().unwrap().len() + 1;
+        let ns = Netns::new("relay");
+        let (outer, inner) = (
+            format!("vgp{}x{n}", std::process::id() % 10_000),
+            format!("vgr{}x{n}", std::process::id() % 10_000),
+        );
+        let public = format!("10.98.{n}.2");
+        relay_support::run(Command::new("ip").args([
+            "link", "add", &outer, "type", "veth", "peer", "name", &inner,
+        ]));
+        relay_support::run(Command::new("ip").args(["link", "set", &inner, "netns", &ns.name]));
+        relay_support::run(Command::new("ip").args([
+            "addr",
+            "add",
+            &format!("10.98.{n}.1/24"),
+            "dev",
+            &outer,
+        ]));
+        relay_support::run(Command::new("ip").args(["link", "set", &outer, "up"]));
+        ns.sh(&format!(
+            "ip addr add {public}/24 dev {inner} && ip link set {inner} up && ip route add default via 10.98.{n}.1 && sysctl -q -w net.ipv4.ip_forward=1"
+        ));
+        let dir = self.dir.join(slug);
+        std::fs::create_dir_all(&dir).unwrap();
+        let wg = wg_name();
+        wireguard(
+            &ns,
+            &dir,
+            &wg,
+            &format!(
+                "[Interface]\nPrivateKey = {}\nListenPort = 51820\n\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.8.0.2/32\n",
+                line_value(bootstrap, "PrivateKey = "),
+                line_value(bootstrap, "PublicKey = ")
+            ),
+            "10.8.0.1/24",
+        );
+        let hash = bootstrap
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("echo '")
+                    .and_then(|r| r.split_once("' > /etc/byo-relay/ssh-map-token.sha256"))
+                    .map(|(h, _)| h.to_owned())
+            })
+            .expect("the bootstrap writes the token's hash");
+        let token_hash = dir.join("ssh-map-token.sha256");
+        std::fs::write(&token_hash, format!("{hash}\n")).unwrap();
+        // Caddy in front of the agent's API, as the bootstrap's Caddyfile has it.
+        ns.spawn(&format!(
+            "HOME={d} XDG_DATA_HOME={d} XDG_CONFIG_HOME={d} exec caddy reverse-proxy --from http://:8080 --to 10.8.0.2:8080",
+            d = dir.display()
+        ));
+        let relay = Relay {
+            ns,
+            public,
+            wg,
+            token_hash,
+            dir,
+            mapd: Mutex::new(0),
+        };
+        relay.start_mapd();
+        relay
+    }
+}
+
+impl RelayProvider for NetnsRelays {
+    fn provision<'a>(
+        &'a self,
+        slug: &'a str,
+        bootstrap: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<RelayInfo, ProviderError>> {
+        Box::pin(async move {
+            if let Some(r) = self.relays.lock().unwrap().get(slug) {
+                return Ok(RelayInfo {
+                    name: format!("{slug}-relay"),
+                    address: r.public.clone(),
+                });
+            }
+            let bootstrap = bootstrap
+                .ok_or_else(|| ProviderError("no bootstrap".into()))?
+                .to_owned();
+            let relay = Arc::new(self.build(slug, &bootstrap));
+            let info = RelayInfo {
+                name: format!("{slug}-relay"),
+                address: relay.public.clone(),
+            };
+            self.relays.lock().unwrap().insert(slug.to_owned(), relay);
+            Ok(info)
+        })
+    }
+
+    fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.relays.lock().unwrap().remove(slug);
+            Ok(())
+        })
+    }
+}
+
+struct Api {
+    base: String,
+    client: reqwest::Client,
+}
+
+impl Api {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        session: &str,
+        body: Option<Value>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .header("cookie", format!("byo_session={session}"));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap_or_default();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+}
+
+async fn user(store: &byo_db::Store, email: &str, roles: &[Role]) -> String {
+    let now = chrono::Utc::now();
+    let user = store
+        .create_user(
+            NewUser {
+                email,
+                display_name: "",
+                password_hash: "$argon2id$unused",
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    for role in roles {
+        store.grant_role(&user.sub, *role, None, now).await.unwrap();
+    }
+    let token = SecretToken::generate(TokenKind::Session);
+    store
+        .create_session(
+            &token.hash(),
+            &user.sub,
+            now,
+            now + chrono::Duration::hours(2),
+        )
+        .await
+        .unwrap();
+    token.expose().to_owned()
+}
+
+fn customer_ssh(relay: &str, key: &Path) -> Option<String> {
+    let out = Command::new("ssh")
+        .args(["-F", "/dev/null", "-i"])
+        .arg(key)
+        .args([
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=3",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "IdentitiesOnly=yes",
+            &format!("root@{relay}"),
+            "hostname",
+        ])
+        .output()
+        .unwrap();
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
+async fn until<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
+    let started = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        assert!(
+            started.elapsed() < within,
+            "{what} did not happen within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_plain_ssh() {
+    if !kernel_parts(&[
+        "ip",
+        "nft",
+        "wg",
+        "wireguard-go",
+        "caddy",
+        "ssh",
+        "ssh-keygen",
+        "lxc",
+    ]) {
+        return;
+    }
+    let Some(db) = byo_db::testing::fresh(byo_db::Backend::Postgres).await else {
+        return;
+    };
+    let Some(host) = HostContainer::launch("byo-gold") else {
+        return;
+    };
+    let t0 = Instant::now();
+    let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let work = tempfile::tempdir().unwrap();
+    let store = db.store.clone();
+
+    // The release the installer fetches.
+    let releases = work.path().join("releases");
+    std::fs::create_dir_all(&releases).unwrap();
+    let agent = std::fs::read(sibling("byo-agent")).unwrap();
+    let arch = std::env::consts::ARCH;
+    std::fs::write(releases.join(format!("byo-agent-{arch}")), &agent).unwrap();
+    use sha2::Digest;
+    std::fs::write(
+        releases.join(format!("byo-agent-{arch}.sha256")),
+        format!(
+            "{}  byo-agent-{arch}\n",
+            hex::encode(sha2::Sha256::digest(&agent))
+        ),
+    )
+    .unwrap();
+
+    // The server, where the host container reaches it: the test bridge's gateway.
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let base = format!(
+        "http://{}:{}",
+        bridge_gateway(),
+        listener.local_addr().unwrap().port()
+    );
+    let signing = byo_core::keylist_testing::private_key();
+    let signing_public = {
+        let mut p = signing.public_key().clone();
+        p.set_comment("");
+        p.to_openssh().unwrap()
+    };
+    let config = byo_server::config::Config {
+        metrics_listen: None,
+        public_url: base.clone(),
+        cookie_secure: false,
+        password_hashing: byo_server::config::PasswordHashing {
+            memory_kib: 256,
+            iterations: 1,
+            parallelism: 1,
+        },
+        secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
+        release_dir: Some(releases.clone()),
+        operator_keys: byo_server::config::OperatorKeysConfig {
+            signing_keys: vec![signing_public],
+            ..Default::default()
+        },
+        relay_release: Some(byo_server::config::RelayRelease {
+            url: format!("{base}/relay/byo-relay-{arch}"),
+            sha256: "0".repeat(64),
+        }),
+        ..byo_server::config::Config::default()
+    };
+    let relays = Arc::new(NetnsRelays {
+        dir: work.path().join("relays"),
+        ..NetnsRelays::default()
+    });
+    let state = byo_server::state::AppState::new(store.clone(), config)
+        .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
+    tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
+    let api = Api {
+        base: base.clone(),
+        client: reqwest::Client::builder()
+            .timeout(Duration::from_secs(150))
+            .build()
+            .unwrap(),
+    };
+    let staff = user(&store, "staff@example.com", &[Role::Superadmin]).await;
+    let operator = user(&store, "op@example.com", &[Role::Operator]).await;
+    let customer = user(&store, "customer@example.com", &[]).await;
+    phase("server up");
+
+    // M: an operator's key, signed into the list every host receives at enrolment.
+    let op_key = byo_core::keylist_testing::private_key();
+    let op_file = work.path().join("operator");
+    std::fs::write(
+        &op_file,
+        op_key
+            .to_openssh(ssh_key::LineEnding::LF)
+            .unwrap()
+            .as_bytes(),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &op_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (status, draft) = api
+        .call(reqwest::Method::POST, "/api/admin/operator-keys/changes", &operator,
+              Some(json!({"action": "add", "public_key": op_key.public_key().to_openssh().unwrap(), "label": "laptop"})))
+        .await;
+    assert_eq!(status, 200, "{draft}");
+    let signature = byo_core::keylist_testing::sign(draft["body"].as_str().unwrap(), &signing);
+    let (status, published) = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/admin/operator-keys/{}/signatures", draft["version"]),
+            &staff,
+            Some(json!({"signature": signature})),
+        )
+        .await;
+    assert!(status < 300, "{status} {published}");
+
+    // A: the owner (staff: linux-test is a staff-only profile) adds a GPU.
+    let (status, provisioned) = api
+        .call(
+            reqwest::Method::POST,
+            "/api/hosts",
+            &staff,
+            Some(json!({"profile_id": "linux-test"})),
+        )
+        .await;
+    assert_eq!(status, 201, "{provisioned}");
+    let host_id = provisioned["host_id"].as_str().unwrap().to_owned();
+    let command = provisioned["command"].as_str().unwrap().to_owned();
+    let relay = until(
+        "the relay to be built",
+        Duration::from_secs(30),
+        async || {
+            let slug = provisioned["slug"].as_str().unwrap();
+            relays.relays.lock().unwrap().get(slug).cloned()
+        },
+    )
+    .await;
+    phase("provisioned; the relay is up");
+
+    // B + C: the owner runs the one-liner on the machine.
+    let tun = Command::new("lxc")
+        .args([
+            "config",
+            "device",
+            "add",
+            host.name(),
+            "tun",
+            "unix-char",
+            "path=/dev/net/tun",
+        ])
+        .output()
+        .unwrap();
+    assert!(tun.status.success());
+    host.sh_ok("useradd -m -s /bin/bash -G sudo owner && echo 'owner ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/owner && chmod 440 /etc/sudoers.d/owner");
+    let ran = host.exec(&["runuser", "-u", "owner", "--", "bash", "-c", &command]);
+    assert!(
+        ran.status.success(),
+        "the one-liner failed:\n{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    phase("the one-liner ran");
+    let prepared = Instant::now();
+    let started = Instant::now();
+    loop {
+        let h = store.host(&host_id).await.unwrap().unwrap();
+        if h.prepared_at.is_some() {
+            break;
+        }
+        let failed = h
+            .prepare_state
+            .as_ref()
+            .is_some_and(|s| s.0["state"] == "failed");
+        if failed || started.elapsed() > Duration::from_secs(300) {
+            let journal = host.sh("journalctl -u enverge-agent-prepare.service -u enverge-agent.service -n 60 --no-pager");
+            panic!(
+                "preparation did not complete ({:?}):\n{}",
+                h.prepare_state,
+                String::from_utf8_lossy(&journal.stdout)
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    phase(&format!(
+        "prepared ({:.0} s after the one-liner)",
+        prepared.elapsed().as_secs_f64()
+    ));
+    // I: the operator's key logs in as spark, with sudo; the owner's login stays (lockout_owner ships false).
+    let glass = Command::new("ssh")
+        .args(["-F", "/dev/null", "-i"])
+        .arg(&op_file)
+        .args([
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "IdentitiesOnly=yes",
+            &format!("spark@{}", host.ipv4()),
+            "sudo -n id -u",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&glass.stdout).trim(),
+        "0",
+        "{}",
+        String::from_utf8_lossy(&glass.stderr)
+    );
+    // Beats every 2 s from here, so the relay's restart below heals quickly.
+    host.write(
+        "/etc/systemd/system/enverge-agent.service.d/beat.conf",
+        b"[Service]\nExecStart=\nExecStart=/usr/local/bin/byo-agent serve --heartbeat-every 2\n",
+        0o644,
+    );
+    host.sh_ok("systemctl daemon-reload && systemctl restart enverge-agent.service");
+
+    // D: the operator approves.
+    let (status, body) = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/admin/hosts/{host_id}/activate"),
+            &operator,
+            Some(json!({"placement": "shared"})),
+        )
+        .await;
+    assert!(status == 204 || status == 200, "{status} {body}");
+    phase("activated");
+
+    // E1: the customer creates an instance with their key.
+    let key = byo_core::keylist_testing::private_key();
+    let key_file = work.path().join("customer");
+    std::fs::write(
+        &key_file,
+        key.to_openssh(ssh_key::LineEnding::LF).unwrap().as_bytes(),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let (status, k) = api
+        .call(
+            reqwest::Method::POST,
+            "/api/ssh-keys",
+            &customer,
+            Some(json!({"name": "laptop", "public_key": key.public_key().to_openssh().unwrap()})),
+        )
+        .await;
+    assert_eq!(status, 201, "{k}");
+    until(
+        "serving to answer through the relay",
+        Duration::from_secs(60),
+        async || {
+            let out = relay
+                .ns
+                .try_sh("curl -s -o /dev/null -w '%{http_code}' http://10.8.0.2:8080/v1/vms");
+            (String::from_utf8_lossy(&out.stdout) == "401").then_some(())
+        },
+    )
+    .await;
+    let asked = Instant::now();
+    let (status, created) = api
+        .call(
+            reqwest::Method::POST,
+            "/api/vms",
+            &customer,
+            Some(json!({"gpu_type": "linux-test", "ssh_key_id": k["id"]})),
+        )
+        .await;
+    assert_eq!(status, 201, "{created}");
+    let vm_id = created["instance"]["id"].as_str().unwrap().to_owned();
+    let name = created["instance"]["name"].as_str().unwrap().to_owned();
+    let landed = until("the customer's ssh", Duration::from_secs(30), async || {
+        customer_ssh(&relay.public, &key_file)
+    })
+    .await;
+    phase(&format!(
+        "create to ssh-reachable: {:.2} s",
+        asked.elapsed().as_secs_f64()
+    ));
+    assert_eq!(landed, name, "the customer's ssh landed in another machine");
+    let row = store.vm(&vm_id).await.unwrap().unwrap();
+    assert_eq!(row.host_id.as_deref(), Some(host_id.as_str()));
+    assert!(row.created_at <= chrono::Utc::now() && row.deleted_at.is_none());
+
+    // G note 4: a relay that restarted comes back empty; the next heartbeat puts it right.
+    relay.restart_mapd();
+    let healed = Instant::now();
+    assert_eq!(
+        customer_ssh(&relay.public, &key_file),
+        None,
+        "a restarted relay forwards nothing until told"
+    );
+    let again = until(
+        "the heartbeat to heal the relay",
+        Duration::from_secs(30),
+        async || customer_ssh(&relay.public, &key_file),
+    )
+    .await;
+    assert_eq!(again, name);
+    phase(&format!(
+        "relay restart healed in {:.1} s",
+        healed.elapsed().as_secs_f64()
+    ));
+    let Some(beat) = store.host_status(&host_id).await.unwrap() else {
+        let journal = host.sh("journalctl -u enverge-agent.service -n 30 --no-pager");
+        panic!(
+            "no heartbeat reached host_status:\n{}",
+            String::from_utf8_lossy(&journal.stdout)
+        );
+    };
+    assert_eq!(beat.lxd.as_deref(), Some("ok"));
+
+    // G: the customer deletes; the row closes only once the host confirms, the map is
+    // cleared, and ssh gets nowhere.
+    let asked = Instant::now();
+    let (status, deleted) = api
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/api/vms/{vm_id}"),
+            &customer,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    phase(&format!(
+        "delete to confirmed: {:.2} s",
+        asked.elapsed().as_secs_f64()
+    ));
+    let row = store.vm(&vm_id).await.unwrap().unwrap();
+    assert!(row.delete_requested_at.is_some() && row.deleted_at.is_some());
+    assert!(
+        !relay.kernel_map().contains("10.8.0.2"),
+        "the relay still forwards: {}",
+        relay.kernel_map()
+    );
+    assert_eq!(
+        customer_ssh(&relay.public, &key_file),
+        None,
+        "ssh still lands somewhere"
+    );
+    assert!(!host.sh_ok("lxc list --format csv -c n").contains(&name));
+    let _ = relay.dir.clone();
+    phase("golden path done");
+}
