@@ -2,4 +2,5 @@
 //! whole platform on this one.
 
 pub mod keys;
+pub mod local_relay;
 pub mod up;

@@ -72,6 +72,66 @@ pub struct UpArgs {
     /// Also serve Prometheus metrics here.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
+    /// Where hosts' relays run. `netns`: one network namespace per host on this machine,
+    /// with wireguard-go, ssh_mapd and Caddy, so customers' ssh really goes through it
+    /// (root, and ip/nft/wg/wireguard-go/caddy installed). `none`: relays are recorded
+    /// only; hosts enrol and prepare, nothing can be rented. `auto` picks netns when it can.
+    #[arg(long, value_enum, default_value_t = RelayMode::Auto)]
+    pub relays: RelayMode,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum RelayMode {
+    Auto,
+    Netns,
+    None,
+}
+
+/// The relays `byo up` runs with, and a line saying which.
+fn relays(
+    mode: RelayMode,
+    data_dir: &Path,
+) -> anyhow::Result<(
+    Option<std::sync::Arc<crate::local_relay::NetnsRelays>>,
+    String,
+)> {
+    let relay_bin = std::env::current_exe()?
+        .parent()
+        .map(|d| d.join("byo-relay"))
+        .filter(|p| p.exists());
+    let root = std::fs::read_to_string("/proc/self/status")
+        .map(|s| {
+            s.lines()
+                .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false);
+    let missing = crate::local_relay::missing_tools();
+    let why_not = if !root {
+        Some("not running as root".to_owned())
+    } else if !missing.is_empty() {
+        Some(format!("{} not installed", missing.join(", ")))
+    } else if relay_bin.is_none() {
+        Some("no byo-relay built beside byo".to_owned())
+    } else {
+        None
+    };
+    match (mode, why_not, relay_bin) {
+        (RelayMode::None, _, _) => Ok((None, "none (recorded only: nothing can be rented)".into())),
+        (RelayMode::Netns, Some(why), _) => bail!("--relays netns: {why}"),
+        (RelayMode::Auto, Some(why), _) => Ok((
+            None,
+            format!("none ({why}; hosts enrol and prepare, nothing can be rented)"),
+        )),
+        (_, None, Some(bin)) => Ok((
+            Some(std::sync::Arc::new(crate::local_relay::NetnsRelays::new(
+                data_dir.join("relays"),
+                bin,
+            ))),
+            "a network namespace per host (10.98.N.2), with wireguard-go, ssh_mapd and Caddy"
+                .into(),
+        )),
+        (_, None, None) => unreachable!("checked above"),
+    }
 }
 
 struct Credentials {
@@ -191,23 +251,43 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         metrics_listen: args.metrics_listen,
         database_url: format!("sqlite://{}", data_dir.join("byo.db").display()).into(),
         public_url: public_url.clone(),
+        // A Secure cookie is kept over plain HTTP only for localhost (a secure context).
+        cookie_secure: host == "localhost",
         environment: "local".into(),
         secret_key: Some(secret_key.into()),
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_public];
     config.release_dir = publish_local_agent(&data_dir)?;
+    let (netns_relays, relays_line) = relays(args.relays, &data_dir)?;
+    if netns_relays.is_some() {
+        // The bootstrap is what a local relay is configured from; its download line is
+        // never run here.
+        use sha2::{Digest, Sha256};
+        let bin = std::env::current_exe()?.with_file_name("byo-relay");
+        config.relay_release = Some(byo_server::config::RelayRelease {
+            url: format!("{public_url}/relay/byo-relay-{}", std::env::consts::ARCH),
+            sha256: hex::encode(Sha256::digest(std::fs::read(bin)?)),
+        });
+    }
     telemetry::init(config.log_format);
     let store = Store::connect(&format!("sqlite://{}", data_dir.join("byo.db").display()))
         .await
         .context("opening the database")?;
     store.migrate().await.context("migrating the database")?;
-    let state = AppState::new(store, config);
+    let mut state = AppState::new(store, config);
+    if let Some(r) = netns_relays {
+        state = state.with_providers(
+            r,
+            std::sync::Arc::new(byo_server::providers::local::LocalTunnels::default()),
+        );
+    }
     let admin = first_admin(&state, &data_dir).await?;
     println!("byo is running at {public_url}");
     println!("  sign in as  {}", admin.email);
     println!("  password    {}", admin.password);
     println!("  data        {} (SQLite)", data_dir.display());
+    println!("  relays      {relays_line}");
     println!(
         "  sign keys   byo keys sign --server {public_url} --email {} < {}",
         admin.email,

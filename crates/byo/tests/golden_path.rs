@@ -10,20 +10,18 @@ mod host_container;
 #[path = "../../byo-relay/tests/support/mod.rs"]
 mod relay_support;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use byo::local_relay::NetnsRelays;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::users::NewUser;
 use byo_server::providers::local::LocalTunnels;
-use byo_server::providers::{ProviderError, RelayInfo, RelayProvider};
 use byo_wire::Role;
-use futures::future::BoxFuture;
 use host_container::HostContainer;
-use relay_support::{Netns, kernel_parts, wg_name, wireguard};
+use relay_support::kernel_parts;
 use serde_json::{Value, json};
 
 /// A sibling binary of this test, built by `cargo test --workspace`.
@@ -49,161 +47,6 @@ fn bridge_gateway() -> String {
         .next()
         .unwrap_or("10.231.0.1")
         .to_owned()
-}
-
-fn line_value<'a>(script: &'a str, prefix: &str) -> &'a str {
-    script
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(prefix))
-        .unwrap_or_else(|| panic!("the bootstrap has no {prefix:?}"))
-        .trim()
-}
-
-/// One relay, as GCP would build it from the bootstrap: here a network namespace behind a
-/// veth, configured from the very values the bootstrap script carries.
-struct Relay {
-    ns: Netns,
-    public: String,
-    wg: String,
-    token_hash: PathBuf,
-    dir: PathBuf,
-    mapd: Mutex<u32>,
-}
-
-impl Relay {
-    fn start_mapd(&self) {
-        *self.mapd.lock().unwrap() = self.ns.spawn(&format!(
-            "exec {bin} serve --listen 10.8.0.1:8754 --token-hash-file {hash} --host 10.8.0.2 --tunnel {wg}",
-            bin = sibling("byo-relay").display(),
-            hash = self.token_hash.display(),
-            wg = self.wg
-        ));
-    }
-
-    /// A relay that restarted: ssh_mapd gone and back, the kernel's table empty.
-    fn restart_mapd(&self) {
-        let pid = self.mapd.lock().unwrap().to_string();
-        relay_support::run(Command::new("kill").args(["-TERM", &pid]));
-        std::thread::sleep(Duration::from_millis(200));
-        self.ns.sh("nft delete table ip lofispark");
-        self.start_mapd();
-    }
-
-    fn kernel_map(&self) -> String {
-        String::from_utf8_lossy(
-            &self
-                .ns
-                .try_sh("nft list map ip lofispark vmssh_ports")
-                .stdout,
-        )
-        .into_owned()
-    }
-}
-
-#[derive(Default)]
-struct NetnsRelays {
-    relays: Mutex<BTreeMap<String, Arc<Relay>>>,
-    dir: PathBuf,
-}
-
-impl NetnsRelays {
-    fn build(&self, slug: &str, bootstrap: &str) -> Relay {
-        let n = self.relays.lock().unwrap().len() + 1;
-        let ns = Netns::new("relay");
-        let (outer, inner) = (
-            format!("vgp{}x{n}", std::process::id() % 10_000),
-            format!("vgr{}x{n}", std::process::id() % 10_000),
-        );
-        let public = format!("10.98.{n}.2");
-        relay_support::run(Command::new("ip").args([
-            "link", "add", &outer, "type", "veth", "peer", "name", &inner,
-        ]));
-        relay_support::run(Command::new("ip").args(["link", "set", &inner, "netns", &ns.name]));
-        relay_support::run(Command::new("ip").args([
-            "addr",
-            "add",
-            &format!("10.98.{n}.1/24"),
-            "dev",
-            &outer,
-        ]));
-        relay_support::run(Command::new("ip").args(["link", "set", &outer, "up"]));
-        ns.sh(&format!(
-            "ip addr add {public}/24 dev {inner} && ip link set {inner} up && ip route add default via 10.98.{n}.1 && sysctl -q -w net.ipv4.ip_forward=1"
-        ));
-        let dir = self.dir.join(slug);
-        std::fs::create_dir_all(&dir).unwrap();
-        let wg = wg_name();
-        wireguard(
-            &ns,
-            &dir,
-            &wg,
-            &format!(
-                "[Interface]\nPrivateKey = {}\nListenPort = 51820\n\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.8.0.2/32\n",
-                line_value(bootstrap, "PrivateKey = "),
-                line_value(bootstrap, "PublicKey = ")
-            ),
-            "10.8.0.1/24",
-        );
-        let hash = bootstrap
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("echo '")
-                    .and_then(|r| r.split_once("' > /etc/byo-relay/ssh-map-token.sha256"))
-                    .map(|(h, _)| h.to_owned())
-            })
-            .expect("the bootstrap writes the token's hash");
-        let token_hash = dir.join("ssh-map-token.sha256");
-        std::fs::write(&token_hash, format!("{hash}\n")).unwrap();
-        // Caddy in front of the agent's API, as the bootstrap's Caddyfile has it.
-        ns.spawn(&format!(
-            "HOME={d} XDG_DATA_HOME={d} XDG_CONFIG_HOME={d} exec caddy reverse-proxy --from http://:8080 --to 10.8.0.2:8080",
-            d = dir.display()
-        ));
-        let relay = Relay {
-            ns,
-            public,
-            wg,
-            token_hash,
-            dir,
-            mapd: Mutex::new(0),
-        };
-        relay.start_mapd();
-        relay
-    }
-}
-
-impl RelayProvider for NetnsRelays {
-    fn provision<'a>(
-        &'a self,
-        slug: &'a str,
-        bootstrap: Option<&'a str>,
-    ) -> BoxFuture<'a, Result<RelayInfo, ProviderError>> {
-        Box::pin(async move {
-            if let Some(r) = self.relays.lock().unwrap().get(slug) {
-                return Ok(RelayInfo {
-                    name: format!("{slug}-relay"),
-                    address: r.public.clone(),
-                });
-            }
-            let bootstrap = bootstrap
-                .ok_or_else(|| ProviderError("no bootstrap".into()))?
-                .to_owned();
-            let relay = Arc::new(self.build(slug, &bootstrap));
-            let info = RelayInfo {
-                name: format!("{slug}-relay"),
-                address: relay.public.clone(),
-            };
-            self.relays.lock().unwrap().insert(slug.to_owned(), relay);
-            Ok(info)
-        })
-    }
-
-    fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
-        Box::pin(async move {
-            self.relays.lock().unwrap().remove(slug);
-            Ok(())
-        })
-    }
 }
 
 struct Api {
@@ -381,10 +224,10 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         }),
         ..byo_server::config::Config::default()
     };
-    let relays = Arc::new(NetnsRelays {
-        dir: work.path().join("relays"),
-        ..NetnsRelays::default()
-    });
+    let relays = Arc::new(NetnsRelays::new(
+        work.path().join("relays"),
+        sibling("byo-relay"),
+    ));
     let state = byo_server::state::AppState::new(store.clone(), config)
         .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
@@ -449,7 +292,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         Duration::from_secs(30),
         async || {
             let slug = provisioned["slug"].as_str().unwrap();
-            relays.relays.lock().unwrap().get(slug).cloned()
+            relays.relay(slug)
         },
     )
     .await;
@@ -573,9 +416,21 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "serving to answer through the relay",
         Duration::from_secs(60),
         async || {
-            let out = relay
-                .ns
-                .try_sh("curl -s -o /dev/null -w '%{http_code}' http://10.8.0.2:8080/v1/vms");
+            let out = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &relay.netns,
+                    "curl",
+                    "-s",
+                    "-o",
+                    "/dev/null",
+                    "-w",
+                    "%{http_code}",
+                    "http://10.8.0.2:8080/v1/vms",
+                ])
+                .output()
+                .unwrap();
             (String::from_utf8_lossy(&out.stdout) == "401").then_some(())
         },
     )
@@ -606,7 +461,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     assert!(row.created_at <= chrono::Utc::now() && row.deleted_at.is_none());
 
     // G note 4: a relay that restarted comes back empty; the next heartbeat puts it right.
-    relay.restart_mapd();
+    relay.restart_mapd().unwrap();
     let healed = Instant::now();
     assert_eq!(
         customer_ssh(&relay.public, &key_file),
@@ -662,6 +517,5 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "ssh still lands somewhere"
     );
     assert!(!host.sh_ok("lxc list --format csv -c n").contains(&name));
-    let _ = relay.dir.clone();
     phase("golden path done");
 }
