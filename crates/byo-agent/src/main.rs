@@ -220,6 +220,20 @@ fn enroll(
         read_token(token.as_deref(), token_file.as_deref())
             .context("reading the enrolment token")?
     };
+    match enrol_this_machine(&enroller, &token)?? {
+        EnrolOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
+        EnrolOutcome::AlreadyEnrolled { slug } => {
+            println!("already enrolled as {slug}; reusing its credentials")
+        }
+    }
+    Ok(())
+}
+
+/// Detect this machine (step 126) and redeem `token`, retrying while the backend is away.
+fn enrol_this_machine(
+    enroller: &byo_agent::enroll::Enroller,
+    token: &str,
+) -> anyhow::Result<Result<byo_agent::enroll::EnrolOutcome, byo_agent::enroll::EnrolError>> {
     let report = byo_wire::enroll::EnrollRequest {
         node: byo_agent::detect::detect(&byo_agent::detect::LocalProbe),
         peers: Vec::new(),
@@ -227,13 +241,7 @@ fn enroll(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    match rt.block_on(enroller.enrol(&token, &report))? {
-        EnrolOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
-        EnrolOutcome::AlreadyEnrolled { slug } => {
-            println!("already enrolled as {slug}; reusing its credentials")
-        }
-    }
-    Ok(())
+    Ok(rt.block_on(enroller.enrol(token, &report)))
 }
 
 fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
@@ -263,14 +271,7 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         let enroller = Enroller::new(server, EnrolPaths { root: root.clone() });
         let token_file = etc.join("enrol-token");
         let token = std::fs::read_to_string(&token_file).unwrap_or_default();
-        let report = byo_wire::enroll::EnrollRequest {
-            node: byo_agent::detect::detect(&byo_agent::detect::LocalProbe),
-            peers: Vec::new(),
-        };
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let outcome = rt.block_on(enroller.enrol(&token, &report));
+        let outcome = enrol_this_machine(&enroller, &token)?;
         // A token is good for one answer: spent on success, worthless after a refusal.
         if matches!(
             outcome,

@@ -18,7 +18,7 @@ use byo_core::keylist_testing::private_key;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_wire::relay::{MapEntry, MapTarget, SshMap};
 use serde_json::{Value, json};
-use support::host_container::HostContainer;
+use support::host_container::{HostContainer, bridge_gateway};
 use support::prepared::{
     RelayView, enrolled, install_units, key_file, prepare, public_line, text, wg_keypair,
 };
@@ -111,19 +111,6 @@ fn start_mapd(m: FakeMapd) -> u16 {
         });
     });
     port
-}
-
-fn bridge_gateway() -> String {
-    let out = std::process::Command::new("lxc")
-        .args(["network", "get", "byotestbr0", "ipv4.address"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split('/')
-        .next()
-        .unwrap_or("10.231.0.1")
-        .to_owned()
 }
 
 struct World {

@@ -20,7 +20,7 @@ use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::users::NewUser;
 use byo_server::providers::local::LocalTunnels;
 use byo_wire::Role;
-use host_container::HostContainer;
+use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use serde_json::{Value, json};
 
@@ -34,19 +34,6 @@ fn sibling(name: &str) -> PathBuf {
         bin.display()
     );
     bin
-}
-
-fn bridge_gateway() -> String {
-    let out = Command::new("lxc")
-        .args(["network", "get", "byotestbr0", "ipv4.address"])
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .split('/')
-        .next()
-        .unwrap_or("10.231.0.1")
-        .to_owned()
 }
 
 struct Api {

@@ -11,24 +11,23 @@ use serde::{Deserialize, Serialize};
 use super::Plan;
 use crate::host::{Fallible, Host, LxdBody, LxdReply, Output, read_string};
 
-/// The steps a satellite runs, in the same order as node0's (so every landmine ordering holds
-/// there too): node0's list without what only node0 has — the relay peer and the pair steps.
-pub const SATELLITE_STEPS: &[&str] = &[
-    "operator-access",
-    "docker-purge",
-    "swap-off",
-    "earlyoom",
-    "watchdog",
-    "zfs-arc-cap",
-    "lxd-install",
-    "storage-pool",
-    "lxd-network",
-    "firewall",
-    "profiles",
-    "base-image",
-    "owner-lockout",
-    "self-check",
+/// What only node0 has: the relay peer, and the pair steps that reach the satellites.
+const NODE0_ONLY: &[&str] = &[
+    "relay-peer",
+    "peer-access",
+    "satellites",
+    "rail-network",
+    "rail-verify",
 ];
+
+/// The steps a satellite runs, in the same order as node0's (so every landmine ordering holds
+/// there too): node0's list without what only node0 has.
+pub fn satellite_steps() -> impl Iterator<Item = &'static str> {
+    super::STEP_NAMES
+        .iter()
+        .copied()
+        .filter(|s| !NODE0_ONLY.contains(s))
+}
 
 pub const PEER_LOGIN: &str = "/etc/enverge/peer-login";
 pub const PEER_FILE: &str = "/etc/enverge/peer.json";
@@ -266,7 +265,7 @@ fn run_satellite(
     let all = super::steps::all::<Box<dyn Host + '_>>(sub);
     let chosen: Vec<&dyn Step<Box<dyn Host + '_>>> = all
         .iter()
-        .filter(|s| SATELLITE_STEPS.contains(&s.name()))
+        .filter(|s| satellite_steps().any(|n| n == s.name()))
         .map(|s| s.as_ref())
         .collect();
     // The satellite's track is re-checked whole each time: its done list would live on a

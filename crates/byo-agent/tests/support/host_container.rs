@@ -320,3 +320,19 @@ fn show(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// The test bridge's own address: where a host container reaches this machine (a server,
+/// a fake ssh_mapd) and the relays' veths route from.
+pub fn bridge_gateway() -> String {
+    let out = Command::new("lxc")
+        .args(["network", "get", "byotestbr0", "ipv4.address"])
+        .output()
+        .expect("run lxc network get");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .split('/')
+        .next()
+        .filter(|a| !a.is_empty())
+        .unwrap_or("10.231.0.1")
+        .to_owned()
+}
