@@ -403,6 +403,60 @@ fn page_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        Row {
+            method: Method::GET,
+            path: "/instances",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/instances",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!("gpu_type=spark-1&ssh_key_id=no-such-key")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/instances/ssh-keys",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!("name=laptop&public_key=ssh-ed25519+not-a-key")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/instances/ssh-keys/{key_id}/remove",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/instances/{vm_id}/delete",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/instances/{vm_id}/delete",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/instances",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/instances/{vm_id}/delete",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/instances/{vm_id}/delete",
+            allowed: OPERATORS,
+            body: none,
+        },
     ]
 }
 

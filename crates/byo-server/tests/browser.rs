@@ -12,15 +12,21 @@ mod support;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode, header};
 use axum::response::Html;
 use axum::routing::get;
+use byo_core::keylist_testing::public_key_line;
 use byo_core::tokens::{SecretToken, TokenKind};
+use byo_db::hosts::AgentTargetRow;
+use byo_server::agents::{AgentError, Gone, HostAgents};
 use byo_wire::Role;
+use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated};
 use fantoccini::{Client, ClientBuilder, Locator};
+use futures::future::BoxFuture;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
 use support::{PASSWORD, Reply, TestApp};
@@ -173,12 +179,21 @@ async fn countdown_fixture() -> Html<String> {
 }
 
 async fn site() -> Option<Site> {
+    site_with(None).await
+}
+
+/// The site, with the hosts' agents replaced when `agents` is given.
+async fn site_with(agents: Option<Arc<dyn HostAgents>>) -> Option<Site> {
     let (chromium, chromedriver) = components()?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let mut config = support::test_config();
     config.public_url = base.clone();
-    let app = TestApp::with_config(byo_db::Backend::Sqlite, config).await?;
+    let mut app = TestApp::with_config(byo_db::Backend::Sqlite, config).await?;
+    if let Some(agents) = agents {
+        app.state = app.state.clone().with_agents(agents);
+        app.router = byo_server::app(app.state.clone());
+    }
     let router = app
         .router
         .clone()
@@ -744,6 +759,337 @@ async fn c_the_owners_page_follows_preparation_live() {
     assert!(
         site.still_same_document().await,
         "every change arrived without a reload"
+    );
+    site.close().await;
+}
+
+/// Hosts' agents that answer every create and delete at once, and remember what they were
+/// asked: (operation, host id, instance name).
+#[derive(Default)]
+struct AnsweringAgents {
+    calls: Mutex<Vec<(&'static str, String, String)>>,
+}
+
+impl HostAgents for AnsweringAgents {
+    fn push_operator_keys<'a>(
+        &'a self,
+        _: &'a AgentTargetRow,
+        _: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn create_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        req: &'a CreateVm,
+    ) -> BoxFuture<'a, Result<Option<VmCreated>, AgentError>> {
+        Box::pin(async move {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(("create", host.id.clone(), req.name.clone()));
+            let ok = Advisory {
+                ok: true,
+                detail: None,
+            };
+            Ok(Some(VmCreated {
+                name: req.name.clone(),
+                ssh_port: 2201,
+                gpu_check: ok.clone(),
+                startup_script: ok,
+            }))
+        })
+    }
+
+    fn delete_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
+        Box::pin(async move {
+            self.calls
+                .lock()
+                .unwrap()
+                .push(("delete", host.id.clone(), name.to_owned()));
+            Ok(Gone::Deleted)
+        })
+    }
+
+    fn vm_action<'a>(
+        &'a self,
+        _: &'a AgentTargetRow,
+        _: &'a str,
+        _: VmAction,
+    ) -> BoxFuture<'a, Result<(), AgentError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// E1 and G from the customer's page: a customer reaches their instances from the home
+/// page, adds an SSH key, creates an instance on the one active prepared host (onboarded
+/// through the API), sees and copies the exact ssh command, and deletes it through the
+/// confirmation step. Every check is on the page's text and on the vms row: created_at as
+/// shown, and deleted_at written when the host confirmed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and_deletes_it() {
+    let agents = Arc::new(AnsweringAgents::default());
+    let Some(site) = site_with(Some(agents.clone())).await else {
+        return;
+    };
+    let (_, owner) = site
+        .app
+        .user_with("owner@example.com", &[Role::CommunityHost])
+        .await;
+    let (_, op) = site
+        .app
+        .user_with("operator@example.com", &[Role::Operator])
+        .await;
+    let (customer_sub, _) = site.app.user_with("customer@example.com", &[]).await;
+
+    // One host, onboarded as an owner's would be: added, enrolled, prepared, activated.
+    let p = site
+        .app
+        .request(
+            Method::POST,
+            "/api/hosts",
+            Some(&owner),
+            Some(json!({"profile_id": "gb10-spark-1"})),
+        )
+        .await;
+    assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+    let p = p.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let slug = p["slug"].as_str().unwrap().to_owned();
+    let e = site
+        .enroll(p["token"].as_str().unwrap(), spark("hw-e1"))
+        .await;
+    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+    site.report(
+        e.json()["host_token"].as_str().unwrap(),
+        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
+    )
+    .await;
+    let r = site
+        .app
+        .request(
+            Method::POST,
+            &format!("/api/admin/hosts/{host_id}/activate"),
+            Some(&op),
+            Some(json!({"placement": "shared"})),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    // Its relay is recorded by relay-provision, in the background.
+    let deadline = Instant::now() + LIVE;
+    while !site
+        .app
+        .db
+        .pick_hosts_for_gpu("spark-1", &customer_sub)
+        .await
+        .unwrap()
+        .iter()
+        .any(|h| h.id == host_id)
+    {
+        assert!(Instant::now() < deadline, "the host never became pickable");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // From the home page to the instances page.
+    site.sign_in("customer@example.com").await;
+    let c = site.c();
+    c.find(Locator::Css("a#home-instances"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    site.wait_text("h1", |t| t == "Your instances", "the instances page")
+        .await;
+    assert!(site.text("#no-instances").await.is_some());
+    assert!(site.text("#needs-key").await.is_some());
+
+    // A key: a name and the contents of a .pub file.
+    let line = format!("{} me@laptop", public_key_line());
+    c.find(Locator::Css("form#add-key input[name=name]"))
+        .await
+        .unwrap()
+        .send_keys("laptop")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form#add-key textarea[name=public_key]"))
+        .await
+        .unwrap()
+        .send_keys(&line)
+        .await
+        .unwrap();
+    c.find(Locator::Css("form#add-key button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    site.wait_text("#ssh-keys td.name", |t| t == "laptop", "the key listed")
+        .await;
+    let keys = site.app.db.ssh_keys_of(&customer_sub).await.unwrap();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(
+        site.text("#ssh-keys td.fingerprint").await.as_deref(),
+        Some(keys[0].fingerprint.as_str())
+    );
+
+    // Create: the GPU kind and the key.
+    c.find(Locator::Css("form#create select[name=gpu_type]"))
+        .await
+        .unwrap()
+        .select_by_value("spark-1")
+        .await
+        .unwrap();
+    c.find(Locator::Css("form#create select[name=ssh_key_id]"))
+        .await
+        .unwrap()
+        .select_by_value(&keys[0].id)
+        .await
+        .unwrap();
+    c.find(Locator::Css("form#create button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    site.wait_text("#instances td.status", |t| t == "running", "running")
+        .await;
+    let epoch = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
+    let rows = site.app.db.vms_of(&customer_sub, epoch).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    let vm = rows[0].clone();
+    assert_eq!(vm.host_id.as_deref(), Some(host_id.as_str()));
+    assert_eq!(
+        agents.calls.lock().unwrap().clone(),
+        vec![("create", host_id.clone(), vm.name.clone())]
+    );
+    let instance = format!("#instance-{}", vm.id);
+
+    // The exact command, and a copy button that hands over exactly it.
+    let hostname = vm.ssh_hostname.clone().unwrap();
+    assert!(
+        hostname.starts_with(&format!("{}.{slug}.ssh.", vm.name)),
+        "{hostname}"
+    );
+    let command = format!("ssh root@{hostname}");
+    assert_eq!(
+        site.text(&format!("#ssh-{}", vm.id)).await.as_deref(),
+        Some(command.as_str())
+    );
+    let copy = c
+        .find(Locator::Css(&format!("button[data-copy='ssh-{}']", vm.id)))
+        .await
+        .unwrap();
+    assert!(copy.is_displayed().await.unwrap(), "the script showed it");
+    c.execute(
+        "const clip = navigator.clipboard, write = clip.writeText.bind(clip); \
+         window.byoCopied = null; \
+         clip.writeText = (text) => { window.byoCopied = text; return write(text); };",
+        vec![],
+    )
+    .await
+    .unwrap();
+    copy.click().await.unwrap();
+    site.wait_text(
+        &format!("button[data-copy='ssh-{}']", vm.id),
+        |t| t == "Copied",
+        "copy",
+    )
+    .await;
+    let copied = c.execute("return window.byoCopied;", vec![]).await.unwrap();
+    assert_eq!(copied, json!(command));
+
+    // Created: the row's own created_at, readable and machine-readable.
+    let created = c
+        .find(Locator::Css(&format!("{instance} td.created time")))
+        .await
+        .unwrap();
+    let shown = created.attr("datetime").await.unwrap().unwrap();
+    let shown = shown.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    assert!(
+        (shown - vm.created_at).abs() < chrono::Duration::milliseconds(1),
+        "{shown} is the stored created_at {}",
+        vm.created_at
+    );
+    assert_eq!(
+        created.text().await.unwrap(),
+        vm.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+    );
+    assert_eq!(
+        site.text(&format!("{instance} td.deleted"))
+            .await
+            .as_deref(),
+        Some("—")
+    );
+
+    // Delete: the button asks first, and asking changes nothing.
+    c.find(Locator::Css(&format!("{instance} a.button")))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let question = format!("Delete {}?", vm.name);
+    site.wait_text("h1", |t| t == question, "the confirmation")
+        .await;
+    let row = site.app.db.vm(&vm.id).await.unwrap().unwrap();
+    assert_eq!((row.delete_requested_at, row.deleted_at), (None, None));
+    c.find(Locator::Css("form#confirm-delete button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    site.wait_text(
+        &format!("{instance} td.status"),
+        |t| t == "deleted",
+        "deleted",
+    )
+    .await;
+    let row = site.app.db.vm(&vm.id).await.unwrap().unwrap();
+    let requested = row.delete_requested_at.expect("delete_requested_at");
+    let deleted = row.deleted_at.expect("deleted_at: the host confirmed");
+    assert!(vm.created_at <= requested && requested <= deleted);
+    assert_eq!(
+        (row.status.as_str(), row.created_at),
+        ("deleted", vm.created_at)
+    );
+    let shown = c
+        .find(Locator::Css(&format!("{instance} td.deleted time")))
+        .await
+        .unwrap()
+        .attr("datetime")
+        .await
+        .unwrap()
+        .unwrap()
+        .parse::<chrono::DateTime<chrono::Utc>>()
+        .unwrap();
+    assert!((shown - deleted).abs() < chrono::Duration::milliseconds(1));
+    assert!(
+        c.find_all(Locator::Css(&format!("#ssh-{}", vm.id)))
+            .await
+            .unwrap()
+            .is_empty(),
+        "no command for an instance that is gone"
+    );
+    assert_eq!(
+        agents.calls.lock().unwrap().last().cloned(),
+        Some(("delete", host_id.clone(), vm.name.clone()))
+    );
+    assert!(
+        site.app
+            .db
+            .pick_hosts_for_gpu("spark-1", &customer_sub)
+            .await
+            .unwrap()
+            .iter()
+            .any(|h| h.id == host_id),
+        "the host is free again"
     );
     site.close().await;
 }

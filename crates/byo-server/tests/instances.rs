@@ -1355,6 +1355,580 @@ async fn heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically(w:
     assert_eq!((after.seen_at, after.lxd), (before.seen_at, before.lxd));
 }
 
+// ---------------------------------------------------------------- the pages
+
+/// A form as a browser sends it (`application/x-www-form-urlencoded`).
+fn form_encode(pairs: &[(&str, &str)]) -> String {
+    let encode = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                b' ' => "+".to_owned(),
+                other => format!("%{other:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+/// The text of the first `<p class="{class}" …>` on a page, unescaped.
+fn paragraph(page: &str, class: &str) -> Option<String> {
+    let start = page.find(&format!("<p class=\"{class}\""))?;
+    let rest = &page[start..];
+    let text = &rest[rest.find('>')? + 1..rest.find("</p>")?];
+    Some(
+        text.replace("&quot;", "\"")
+            .replace("&lt;", "<")
+            .replace("&gt;", ">")
+            .replace("&amp;", "&"),
+    )
+}
+
+fn alert(page: &str) -> Option<String> {
+    paragraph(page, "error")
+}
+
+fn notice(page: &str) -> Option<String> {
+    paragraph(page, "notice")
+}
+
+/// The table row with this id (`instance-…`, `stuck-…`), or None.
+fn row<'a>(page: &'a str, id: &str) -> Option<&'a str> {
+    let start = page.find(&format!("<tr id=\"{id}\""))?;
+    let rest = &page[start..];
+    Some(&rest[..rest.find("</tr>")?])
+}
+
+fn location(r: &Reply) -> String {
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    r.headers[header::LOCATION].to_str().unwrap().to_owned()
+}
+
+impl World {
+    async fn post_form(&self, session: &str, path: &str, pairs: &[(&str, &str)]) -> Reply {
+        self.app
+            .send(
+                Request::post(path)
+                    .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                    .header(header::COOKIE, format!("byo_session={session}"))
+                    .body(Body::from(form_encode(pairs)))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    async fn page(&self, session: &str, path: &str) -> String {
+        let r = self.app.get(path, Some(session)).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        r.text()
+    }
+
+    async fn create_on_page(&self, session: &str, gpu_type: &str, key: &str) -> Reply {
+        self.post_form(
+            session,
+            "/instances",
+            &[("gpu_type", gpu_type), ("ssh_key_id", key)],
+        )
+        .await
+    }
+
+    /// Nothing live, nothing contacted since `calls` create calls, no new audit entry.
+    async fn nothing_created(&self, calls: usize, audits: usize) {
+        assert!(
+            self.all_vms()
+                .await
+                .iter()
+                .all(|v| v.creation_failed_at.is_some() || v.deleted_at.is_some()),
+            "nothing live"
+        );
+        assert_eq!(self.agents.calls("create").len(), calls, "no host asked");
+        assert_eq!(self.audits("vm.create").await.len(), audits);
+    }
+}
+
+/// The customer's page: every refusal (a bad or duplicate key, no key, someone else's key,
+/// no free host, a host that never answers or refuses, someone else's instance) comes back
+/// as the API's own message on the page, with the API's status, and changes nothing; an
+/// accepted create shows the exact ssh command; the delete has a confirmation step that
+/// changes nothing, and a delete the host does not confirm shows as deleting, not gone.
+async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
+    let page = w.page(&w.customer, "/instances").await;
+    for kind in ["spark-1", "spark-2", "spark-4"] {
+        assert!(
+            page.contains(&format!("<option value=\"{kind}\"")),
+            "{kind}"
+        );
+    }
+    assert!(!page.contains("linux-test"), "staff only");
+    assert!(page.contains("Add an SSH key first"));
+    let staff = w.page(&w.op, "/instances").await;
+    assert!(staff.contains("<option value=\"linux-test\""));
+    let home = w.page(&w.customer, "/").await;
+    assert!(home.contains("href=\"/instances\""), "linked from home");
+
+    // No key yet: refused on the page; no row, no host asked.
+    let host = w.host("spark-1", Spec::default()).await;
+    let r = w.create_on_page(&w.customer, "spark-1", "").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert_eq!(
+        alert(&r.text()).as_deref(),
+        Some("you have no SSH key with that id")
+    );
+    assert!(r.text().contains("<h1>Your instances</h1>"), "on the page");
+    w.nothing_created(0, 0).await;
+
+    // Keys: a bad one is refused with the reason, and what was typed is kept.
+    let r = w
+        .post_form(
+            &w.customer,
+            "/instances/ssh-keys",
+            &[
+                ("name", "laptop"),
+                ("public_key", "ssh-ed25519 AAAAnotbase64"),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(
+        alert(&r.text())
+            .unwrap()
+            .starts_with("that is not an OpenSSH public key"),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains(">ssh-ed25519 AAAAnotbase64</textarea>"));
+    assert!(
+        w.db()
+            .ssh_keys_of(&w.customer_sub)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let line = format!("{} me@laptop", public_key_line());
+    let r = w
+        .post_form(
+            &w.customer,
+            "/instances/ssh-keys",
+            &[("name", "laptop"), ("public_key", &line)],
+        )
+        .await;
+    assert_eq!(location(&r), "/instances");
+    let keys = w.db().ssh_keys_of(&w.customer_sub).await.unwrap();
+    assert_eq!(keys.len(), 1);
+    let key = &keys[0];
+    let page = w.page(&w.customer, "/instances").await;
+    let listed = row(&page, &format!("key-{}", key.id)).expect("the key is listed");
+    assert!(listed.contains("laptop") && listed.contains(&key.fingerprint));
+    assert!(!page.contains("Add an SSH key first"));
+    // The same key again: refused, still one.
+    let r = w
+        .post_form(
+            &w.customer,
+            "/instances/ssh-keys",
+            &[("name", "again"), ("public_key", &line)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(
+        alert(&r.text())
+            .unwrap()
+            .starts_with("you already have this key")
+    );
+    // Someone else removing it: told there is no such key; it stays.
+    let r = w
+        .post_form(
+            &w.other,
+            &format!("/instances/ssh-keys/{}/remove", key.id),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        alert(&r.text()).as_deref(),
+        Some("you have no SSH key with that id")
+    );
+    assert_eq!(w.db().ssh_keys_of(&w.customer_sub).await.unwrap().len(), 1);
+
+    // Someone else's key answers like no key.
+    let theirs = w.add_key(&w.other).await;
+    let r = w.create_on_page(&w.customer, "spark-1", &theirs).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        alert(&r.text()).as_deref(),
+        Some("you have no SSH key with that id")
+    );
+    w.nothing_created(0, 0).await;
+
+    // No free host of that kind; the form keeps the choices.
+    let r = w.create_on_page(&w.customer, "spark-2", &key.id).await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(
+        alert(&r.text()).as_deref(),
+        Some("no spark-2 host is free right now; nothing was created and nothing is billed")
+    );
+    assert!(r.text().contains("<option value=\"spark-2\" selected>"));
+    w.nothing_created(0, 0).await;
+
+    // A host that never answers, or refuses: its reason, nothing live, the host free.
+    for (n, (answer, status, reason)) in [
+        (
+            Answer::Unreachable,
+            StatusCode::GATEWAY_TIMEOUT,
+            "the host did not answer (could not reach the agent: connection refused)",
+        ),
+        (
+            Answer::Hang,
+            StatusCode::GATEWAY_TIMEOUT,
+            "the host did not answer (no answer in time)",
+        ),
+        (
+            Answer::Refuse,
+            StatusCode::BAD_GATEWAY,
+            "the host refused the instance: the relay refused the SSH map: 403",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        w.agents.answer_creates(answer);
+        let r = w.create_on_page(&w.customer, "spark-1", &key.id).await;
+        assert_eq!(r.status, status, "{answer:?}: {}", r.text());
+        let shown = alert(&r.text()).unwrap();
+        assert!(
+            shown.starts_with(reason) && shown.ends_with("nothing is billed"),
+            "{answer:?}: {shown}"
+        );
+        w.nothing_created(n + 1, n + 1).await;
+        assert!(w.pickable(&host.id).await, "{answer:?}: the host is free");
+        let failed = w.agents.calls("create").pop().unwrap();
+        let failed = w
+            .all_vms()
+            .await
+            .into_iter()
+            .find(|v| v.name == failed.name);
+        let failed = failed.unwrap();
+        let listed = row(&r.text(), &format!("instance-{}", failed.id))
+            .unwrap()
+            .to_owned();
+        assert!(listed.contains("failed: never created, not billed"));
+        assert!(!listed.contains("ssh root@") && !listed.contains("/delete"));
+    }
+
+    // Accepted: back to the list, which shows the exact command.
+    w.agents.answer_creates(Answer::Ok);
+    let r = w.create_on_page(&w.customer, "spark-1", &key.id).await;
+    let to = location(&r);
+    let id = to.strip_prefix("/instances#instance-").unwrap().to_owned();
+    let vm = w.vm(&id).await;
+    assert_eq!(vm.status, "running");
+    let page = w.page(&w.customer, "/instances").await;
+    let listed = row(&page, &format!("instance-{id}")).unwrap();
+    let command = format!("ssh root@{}", vm.ssh_hostname.as_deref().unwrap());
+    assert!(
+        listed.contains(&format!("<code id=\"ssh-{id}\">{command}</code>")),
+        "{listed}"
+    );
+    assert!(listed.contains(&format!("data-copy=\"ssh-{id}\"")));
+    assert!(listed.contains("<td class=\"status\">running</td>"));
+    assert!(listed.contains(&format!("href=\"/instances/{id}/delete\"")));
+
+    // The confirmation step asks, and changes nothing.
+    let confirm = w
+        .page(&w.customer, &format!("/instances/{id}/delete"))
+        .await;
+    assert!(confirm.contains(&format!("action=\"/instances/{id}/delete\"")));
+    assert!(confirm.contains(&format!("Yes, delete {}", vm.name)));
+    assert_eq!(w.vm(&id).await.delete_requested_at, None);
+    // Someone else's instance: not found, on both steps; nothing changes.
+    let r = w
+        .app
+        .get(&format!("/instances/{id}/delete"), Some(&w.other))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let r = w
+        .post_form(&w.other, &format!("/instances/{id}/delete"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        alert(&r.text()).as_deref(),
+        Some("you have no instance with that id")
+    );
+    assert_eq!(w.vm(&id).await.delete_requested_at, None);
+    assert!(w.agents.calls("delete").is_empty());
+
+    // The host does not confirm in time: deleting, not gone, and the API's 202.
+    w.agents.answer_deletes(Answer::Hang);
+    w.clock.advance(TimeDelta::minutes(3));
+    let requested = w.clock.now();
+    let r = w
+        .post_form(&w.customer, &format!("/instances/{id}/delete"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert!(
+        notice(&r.text())
+            .unwrap()
+            .contains("the host has not confirmed it (no answer within 0 s)"),
+        "{}",
+        r.text()
+    );
+    let page = w.page(&w.customer, "/instances").await;
+    let listed = row(&page, &format!("instance-{id}")).unwrap();
+    assert!(
+        listed.contains("<td class=\"status\">deleting: waiting for the host to confirm</td>"),
+        "{listed}"
+    );
+    assert!(listed.contains("Delete again"));
+    let row_now = w.vm(&id).await;
+    assert_eq!(
+        (row_now.delete_requested_at, row_now.deleted_at),
+        (Some(requested), None)
+    );
+    assert!(!w.pickable(&host.id).await, "still held");
+
+    // Asked again, confirmed: gone, with its time, and the first request kept.
+    w.agents.answer_deletes(Answer::Ok);
+    w.clock.advance(TimeDelta::minutes(1));
+    let r = w
+        .post_form(&w.customer, &format!("/instances/{id}/delete"), &[])
+        .await;
+    assert_eq!(location(&r), format!("/instances#instance-{id}"));
+    let closed = w.vm(&id).await;
+    assert_eq!(
+        (closed.delete_requested_at, closed.deleted_at),
+        (Some(requested), Some(w.clock.now()))
+    );
+    let page = w.page(&w.customer, "/instances").await;
+    let listed = row(&page, &format!("instance-{id}")).unwrap();
+    assert!(listed.contains("<td class=\"status\">deleted</td>"));
+    let deleted_at = w
+        .clock
+        .now()
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    assert!(listed.contains(&format!("<time datetime=\"{deleted_at}\">")));
+    assert!(!listed.contains("ssh root@") && !listed.contains("/delete\""));
+
+    // The key goes; the page says there are none.
+    let r = w
+        .post_form(
+            &w.customer,
+            &format!("/instances/ssh-keys/{}/remove", key.id),
+            &[],
+        )
+        .await;
+    assert_eq!(location(&r), "/instances");
+    assert!(
+        w.db()
+            .ssh_keys_of(&w.customer_sub)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        w.page(&w.customer, "/instances")
+            .await
+            .contains("Add an SSH key first")
+    );
+}
+
+/// The operator's page: every live instance with its host and owner; the delete goes
+/// through admin-vm-action (audited as the operator's, the same two facts); a delete
+/// unconfirmed for ten minutes is listed with how long it has waited, and leaves the list
+/// once confirmed; refusals show in place and change nothing; nobody else gets in.
+async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_deletes(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    w.host("spark-2", Spec::default()).await;
+    let mine = w.running().await;
+    let key = w.add_key(&w.other).await;
+    let r = w.create(&w.other, "spark-1", &key).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    let theirs = w.vm(r.json()["instance"]["id"].as_str().unwrap()).await;
+    let mut slugs = Vec::new();
+    for vm in [&mine, &theirs] {
+        let host = w.db().host(vm.host_id.as_deref().unwrap()).await.unwrap();
+        slugs.push(host.unwrap().slug);
+    }
+    let (mine_slug, theirs_slug) = (slugs[0].clone(), slugs[1].clone());
+    assert_ne!(mine_slug, theirs_slug);
+
+    // Nobody else may see it or use it.
+    for session in [&w.customer, &w.other] {
+        for r in [
+            w.app.get("/admin/instances", Some(session)).await,
+            w.app
+                .get(
+                    &format!("/admin/instances/{}/delete", theirs.id),
+                    Some(session),
+                )
+                .await,
+            w.post_form(
+                session,
+                &format!("/admin/instances/{}/delete", theirs.id),
+                &[],
+            )
+            .await,
+        ] {
+            assert_eq!(r.status, StatusCode::FORBIDDEN);
+        }
+    }
+    assert!(w.agents.calls("delete").is_empty());
+    assert_eq!(w.vm(&theirs.id).await.delete_requested_at, None);
+
+    // Every live instance, with its host's slug and its owner's email.
+    let page = w.page(&w.op, "/admin/instances").await;
+    for (vm, slug, email) in [
+        (&mine, &mine_slug, "customer@example.com"),
+        (&theirs, &theirs_slug, "other@example.com"),
+    ] {
+        let listed = row(&page, &format!("instance-{}", vm.id)).unwrap();
+        assert!(
+            listed.contains(&format!("<td class=\"host\">{slug}</td>"))
+                && listed.contains(&format!("<td class=\"owner\">{email}</td>"))
+                && listed.contains(&vm.name),
+            "{listed}"
+        );
+    }
+    assert!(page.contains("id=\"no-stuck\""));
+
+    // The customer's delete is not confirmed: deleting at once, stuck after ten minutes.
+    w.agents.answer_deletes(Answer::Hang);
+    let requested = w.clock.now();
+    assert_eq!(
+        w.delete(&w.customer, &mine.id).await.status,
+        StatusCode::ACCEPTED
+    );
+    w.clock.advance(TimeDelta::minutes(9));
+    let page = w.page(&w.op, "/admin/instances").await;
+    assert!(page.contains("id=\"no-stuck\""), "not yet ten minutes");
+    assert!(
+        row(&page, &format!("instance-{}", mine.id))
+            .unwrap()
+            .contains("deleting: waiting for the host to confirm")
+    );
+    w.clock.advance(TimeDelta::minutes(3));
+    let page = w.page(&w.op, "/admin/instances").await;
+    let stuck = row(&page, &format!("stuck-{}", mine.id)).expect("listed as stuck");
+    assert!(
+        stuck.contains(&format!("<td class=\"host\">{mine_slug}</td>"))
+            && stuck.contains("<td class=\"owner\">customer@example.com</td>")
+            && stuck.contains("<td class=\"waiting\">12 min</td>")
+            && stuck.contains(&format!(
+                "<time datetime=\"{}\">",
+                requested.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+            )),
+        "{stuck}"
+    );
+    assert!(row(&page, &format!("stuck-{}", theirs.id)).is_none());
+
+    // The operator deletes someone else's instance: a confirmation first, which changes
+    // nothing, then admin-vm-action's delete.
+    w.agents.answer_deletes(Answer::Ok);
+    let confirm = w
+        .page(&w.op, &format!("/admin/instances/{}/delete", theirs.id))
+        .await;
+    assert!(confirm.contains("other@example.com"));
+    assert!(confirm.contains(&format!("action=\"/admin/instances/{}/delete\"", theirs.id)));
+    assert_eq!(w.vm(&theirs.id).await.delete_requested_at, None);
+    let r = w
+        .post_form(
+            &w.op,
+            &format!("/admin/instances/{}/delete", theirs.id),
+            &[],
+        )
+        .await;
+    assert_eq!(location(&r), "/admin/instances");
+    let closed = w.vm(&theirs.id).await;
+    assert_eq!(
+        (closed.delete_requested_at, closed.deleted_at),
+        (Some(w.clock.now()), Some(w.clock.now()))
+    );
+    let by: Vec<_> = w
+        .audits("vm.delete_requested")
+        .await
+        .into_iter()
+        .filter(|a| a.target.as_deref() == Some(theirs.id.as_str()))
+        .collect();
+    assert_eq!(by.len(), 1);
+    assert_eq!(by[0].actor_sub.as_deref(), Some(w.op_sub.as_str()));
+    assert_eq!(by[0].details.0["by"], "operator");
+    assert!(
+        w.agents
+            .calls("delete")
+            .iter()
+            .any(|c| c.name == theirs.name)
+    );
+    let page = w.page(&w.op, "/admin/instances").await;
+    assert!(
+        row(&page, &format!("instance-{}", theirs.id)).is_none(),
+        "not live"
+    );
+
+    // The stuck one, when its host still does not answer: the API's 202, still stuck,
+    // the first request kept.
+    w.agents.answer_deletes(Answer::Hang);
+    let r = w
+        .post_form(&w.op, &format!("/admin/instances/{}/delete", mine.id), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert!(notice(&r.text()).unwrap().contains("has not confirmed it"));
+    assert!(row(&r.text(), &format!("stuck-{}", mine.id)).is_some());
+    assert_eq!(w.vm(&mine.id).await.delete_requested_at, Some(requested));
+    // Confirmed: it leaves both lists.
+    w.agents.answer_deletes(Answer::Ok);
+    let r = w
+        .post_form(&w.op, &format!("/admin/instances/{}/delete", mine.id), &[])
+        .await;
+    assert_eq!(location(&r), "/admin/instances");
+    let closed = w.vm(&mine.id).await;
+    assert_eq!(
+        (closed.delete_requested_at, closed.deleted_at),
+        (Some(requested), Some(w.clock.now()))
+    );
+    let page = w.page(&w.op, "/admin/instances").await;
+    assert!(page.contains("id=\"no-stuck\"") && page.contains("id=\"no-instances\""));
+
+    // Refusals in place: no such instance; one that was never created.
+    let r = w
+        .post_form(&w.op, "/admin/instances/no-such-vm/delete", &[])
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        alert(&r.text()).as_deref(),
+        Some("there is no instance with that id")
+    );
+    w.agents.answer_creates(Answer::Refuse);
+    let mine_key = w.add_key_once(&w.customer).await;
+    let r = w.create(&w.customer, "spark-1", &mine_key).await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY);
+    let failed = w.agents.calls("create").pop().unwrap().name;
+    let failed = w
+        .all_vms()
+        .await
+        .into_iter()
+        .find(|v| v.name == failed)
+        .unwrap();
+    let r = w
+        .post_form(
+            &w.op,
+            &format!("/admin/instances/{}/delete", failed.id),
+            &[],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(
+        alert(&r.text())
+            .unwrap()
+            .starts_with("this instance was never created")
+    );
+    assert_eq!(w.vm(&failed.id).await.delete_requested_at, None);
+    assert_eq!(w.agents.calls("delete").len(), 4);
+}
+
 with_world!(
     ssh_keys_are_checked_kept_once_and_private_to_their_user,
     e1_create_stamps_created_at_before_the_host_is_contacted,
@@ -1367,6 +1941,8 @@ with_world!(
     g_both_writes_are_guarded,
     g_admin_vm_action_uses_the_same_path,
     heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically,
+    pages_show_each_refusal_in_place_and_change_nothing,
+    the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_deletes,
 );
 
 // ---------------------------------------------------------------- the real client

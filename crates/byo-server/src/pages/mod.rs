@@ -1,5 +1,5 @@
-//! Server-rendered pages: sign-in and sign-up, the signed-in home, and the operator's users
-//! page. Plain HTML forms, so every page works without JavaScript; forms POST to page
+//! Server-rendered pages: sign-in and sign-up, the signed-in home, the operator's users
+//! page, and (in submodules) GPUs and hosts, instances and SSH keys. Plain HTML forms, so every page works without JavaScript; forms POST to page
 //! routes that call the same code as the API.
 
 use axum::Form;
@@ -23,6 +23,7 @@ use crate::state::AppState;
 
 mod hosts;
 pub mod install;
+mod instances;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -44,6 +45,21 @@ pub fn router() -> Router<AppState> {
         .route(
             "/admin/enrollments/{enrollment_id}/revoke",
             post(hosts::revoke),
+        )
+        .route("/instances", get(instances::page).post(instances::create))
+        .route("/instances/ssh-keys", post(instances::add_key))
+        .route(
+            "/instances/ssh-keys/{key_id}/remove",
+            post(instances::remove_key),
+        )
+        .route(
+            "/instances/{vm_id}/delete",
+            get(instances::confirm_delete).post(instances::delete),
+        )
+        .route("/admin/instances", get(instances::admin_page))
+        .route(
+            "/admin/instances/{vm_id}/delete",
+            get(instances::admin_confirm_delete).post(instances::admin_delete),
         )
         .route("/admin/operator-keys", get(keys_page))
         .route("/admin/operator-keys/changes", post(keys_change_submit))
@@ -148,8 +164,10 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                     a.brand href="/" { "byo" }
                     nav {
                         @if let Some(v) = viewer {
+                            a href="/instances" { "Instances" }
                             a href="/hosts" { "Your GPUs" }
                             @if v.is_operator() {
+                                a href="/admin/instances" { "All instances" }
                                 a href="/admin/hosts" { "Hosts" }
                                 a href="/admin/users" { "Users" }
                                 a href="/admin/operator-keys" { "Operator keys" }
@@ -181,8 +199,10 @@ async fn home(State(state): State<AppState>, viewer: Option<CurrentUser>) -> Pag
             dt { "Grants" } dd { @if roles.is_empty() { "none (customer)" } @else { (roles.join(", ")) } }
             dt { "Hosts you own" } dd { (hosts) }
         }
+        p { a #home-instances href="/instances" { "Your instances and SSH keys" } ": create an instance and connect to it with ssh." }
         @if v.is_operator() {
-            p { "Operators: " a href="/admin/users" { "manage users and grants" } "." }
+            p { "Operators: " a href="/admin/users" { "manage users and grants" } ", "
+                a href="/admin/instances" { "every live instance and the stuck deletes" } "." }
         }
     }).into_response())
 }

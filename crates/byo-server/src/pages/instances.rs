@@ -1,0 +1,620 @@
+//! The customer's instances and SSH keys (E1, G) and the operator's view of every live
+//! instance and of the deletes no host confirmed. Plain forms that POST and redirect; every
+//! rule is the API's own: keys through the ssh-keys handlers, creates and deletes through
+//! [`crate::instances`], the operator's delete through admin-vm-action's handler, the stuck
+//! list through notify-stuck-deletes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Redirect};
+use axum::{Form, Json};
+use byo_wire::vm::{DeletionState, InstanceRequest, InstanceView, NewSshKey, SshKeyView};
+use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use maud::{Markup, html};
+use serde::Deserialize;
+
+use super::{PageError, PageResult, layout, require_operator};
+use crate::auth::{CurrentUser, Operator};
+use crate::error::AppError;
+use crate::instances::{self, Deleter};
+use crate::notify_stuck_deletes::{self, STUCK_AFTER_MINUTES};
+use crate::routes::{admin_vm_action, ssh_keys, vms};
+use crate::state::AppState;
+
+/// What a deleting instance shows until its host confirms (G: requested, not gone).
+pub const DELETING: &str = "deleting: waiting for the host to confirm";
+
+/// One instance's state in words, from its four facts.
+pub(crate) fn status_line(i: &InstanceView) -> &'static str {
+    if i.deleted_at.is_some() {
+        "deleted"
+    } else if i.creation_failed_at.is_some() {
+        "failed: never created, not billed"
+    } else if i.delete_requested_at.is_some() {
+        DELETING
+    } else {
+        match i.status.as_str() {
+            "creating" => "creating",
+            "running" => "running",
+            _ => "unknown",
+        }
+    }
+}
+
+/// Live (billed, holding its host): neither closed nor failed.
+fn live(i: &InstanceView) -> bool {
+    i.deleted_at.is_none() && i.creation_failed_at.is_none()
+}
+
+/// Whether a delete may be asked for: live and past its create.
+fn deletable(i: &InstanceView) -> bool {
+    live(i) && i.status != "creating"
+}
+
+fn at(t: DateTime<Utc>) -> Markup {
+    html! {
+        time datetime=(t.to_rfc3339_opts(SecondsFormat::Millis, true)) {
+            (t.format("%Y-%m-%d %H:%M:%S UTC"))
+        }
+    }
+}
+
+/// How long a stuck delete has waited, from notify-stuck-deletes' minutes.
+fn waited(minutes: i64) -> String {
+    match minutes {
+        m if m < 60 => format!("{m} min"),
+        m if m < 24 * 60 => format!("{} h {} min", m / 60, m % 60),
+        m => format!("{} d {} h", m / (24 * 60), (m % (24 * 60)) / 60),
+    }
+}
+
+/// The refusals a page shows in place; the rest (a fault, a lapsed session) go to
+/// [`PageError`].
+fn shown(e: AppError) -> Result<AppError, PageError> {
+    match e {
+        AppError::Internal(_) | AppError::Unauthenticated => Err(e.into()),
+        refused => Ok(refused),
+    }
+}
+
+fn signed_in(viewer: Option<CurrentUser>) -> Result<CurrentUser, PageError> {
+    viewer.ok_or_else(|| AppError::Unauthenticated.into())
+}
+
+// ---------------------------------------------------------------- the customer's page
+
+#[derive(Default, Deserialize)]
+pub struct KeyForm {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    public_key: String,
+}
+
+#[derive(Default, Deserialize)]
+pub struct CreateForm {
+    #[serde(default)]
+    gpu_type: String,
+    #[serde(default)]
+    ssh_key_id: String,
+}
+
+/// What a render of the customer's page carries beside the rows.
+#[derive(Default)]
+struct Shown<'a> {
+    error: Option<&'a str>,
+    notice: Option<&'a str>,
+    /// The key form as it was sent, when it was refused.
+    key: Option<&'a KeyForm>,
+    /// The create form as it was sent, when it was refused.
+    create: Option<&'a CreateForm>,
+}
+
+/// The GPU kinds a user may ask for: those of every profile that is not staff-only, and
+/// the staff-only ones (linux-test) for staff. (gpu_type, description), in profile order.
+async fn gpu_types(state: &AppState, v: &CurrentUser) -> Result<Vec<(String, String)>, PageError> {
+    let mut seen = BTreeMap::new();
+    let mut out = Vec::new();
+    for p in state.store.profiles().await? {
+        if (!p.staff_only || v.is_operator()) && seen.insert(p.gpu_type.clone(), ()).is_none() {
+            out.push((p.gpu_type, p.description));
+        }
+    }
+    Ok(out)
+}
+
+async fn customer_page(
+    state: &AppState,
+    v: &CurrentUser,
+    s: Shown<'_>,
+) -> Result<Markup, PageError> {
+    let Json(keys) = ssh_keys::get_ssh_keys(State(state.clone()), v.clone()).await?;
+    let Json(list) = vms::get_vms(State(state.clone()), v.clone()).await?;
+    let kinds = gpu_types(state, v).await?;
+    let picked_gpu = s.create.map(|c| c.gpu_type.as_str());
+    let picked_key = s.create.map(|c| c.ssh_key_id.as_str());
+    Ok(layout(
+        "Instances",
+        Some(v),
+        html! {
+            h1 { "Your instances" }
+            @if let Some(e) = s.error { p.error role="alert" { (e) } }
+            @if let Some(n) = s.notice { p.notice role="status" { (n) } }
+            @if list.is_empty() {
+                p #no-instances { "No instances yet." }
+            } @else {
+                table #instances {
+                    thead { tr { th { "Name" } th { "GPU" } th { "Status" } th { "Connect" } th { "Created" } th { "Deleted" } th { "" } } }
+                    tbody { @for i in &list { (instance_row(i)) } }
+                }
+                p { small { "Billing runs from an instance's creation until its host confirms the delete. An instance that was never created is not billed." } }
+            }
+            h2 { "Create an instance" }
+            @if keys.is_empty() {
+                p #needs-key { "Add an SSH key first: an instance is reached with one of your keys." }
+            }
+            form #create method="post" action="/instances" {
+                label { "GPU"
+                    select name="gpu_type" required {
+                        @for (kind, description) in &kinds {
+                            option value=(kind) selected[picked_gpu == Some(kind.as_str())] { (kind) " — " (description) }
+                        }
+                    }
+                }
+                label { "SSH key"
+                    select name="ssh_key_id" required {
+                        @for k in &keys {
+                            option value=(k.id) selected[picked_key == Some(k.id.as_str())] { (k.name) " (" (k.fingerprint) ")" }
+                        }
+                    }
+                }
+                button type="submit" { "Create an instance" }
+                small { "It goes on a free host of that kind. If none is free, or the host does not answer, nothing is created and nothing is billed." }
+            }
+            h2 { "Your SSH keys" }
+            @if keys.is_empty() {
+                p #no-keys { "None yet." }
+            } @else {
+                table #ssh-keys {
+                    thead { tr { th { "Name" } th { "Fingerprint" } th { "Added" } th { "" } } }
+                    tbody { @for k in &keys { (key_row(k)) } }
+                }
+                p { small { "Removing a key does not take it out of instances already created with it." } }
+            }
+            h3 { "Add a key" }
+            form #add-key method="post" action="/instances/ssh-keys" {
+                label { "Name"
+                    input type="text" name="name" required maxlength="64" placeholder="laptop"
+                        value=(s.key.map_or("", |k| k.name.as_str()));
+                }
+                label { "Public key (the contents of a .pub file)"
+                    textarea name="public_key" required rows="3" spellcheck="false"
+                        placeholder="ssh-ed25519 AAAA… you@laptop" {
+                        (s.key.map_or("", |k| k.public_key.as_str()))
+                    }
+                }
+                button type="submit" { "Add the key" }
+            }
+        },
+    ))
+}
+
+fn instance_row(i: &InstanceView) -> Markup {
+    let command = i
+        .ssh_hostname
+        .as_deref()
+        .filter(|_| live(i) && i.status == "running")
+        .map(|h| format!("ssh root@{h}"));
+    html! {
+        tr #{ "instance-" (i.id) } data-name=(i.name) {
+            td.name { code { (i.name) } }
+            td.gpu { (i.gpu_type) }
+            td.status { (status_line(i)) }
+            td.connect {
+                @if let Some(c) = &command {
+                    code #{ "ssh-" (i.id) } { (c) }
+                    " "
+                    button type="button" data-copy={ "ssh-" (i.id) } hidden { "Copy" }
+                } @else { "—" }
+            }
+            td.created { (at(i.created_at)) }
+            td.deleted { @if let Some(d) = i.deleted_at { (at(d)) } @else { "—" } }
+            td.actions {
+                @if deletable(i) {
+                    a.button href={ "/instances/" (i.id) "/delete" } {
+                        (if i.delete_requested_at.is_some() { "Delete again" } else { "Delete" })
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn key_row(k: &SshKeyView) -> Markup {
+    html! {
+        tr #{ "key-" (k.id) } {
+            td.name { (k.name) }
+            td.fingerprint { code { (k.fingerprint) } }
+            td { (at(k.created_at)) }
+            td {
+                form.inline method="post" action={ "/instances/ssh-keys/" (k.id) "/remove" } {
+                    button type="submit" { "Remove" }
+                }
+            }
+        }
+    }
+}
+
+/// Show a refusal on the customer's page, with the status the API would have answered.
+async fn customer_refusal(
+    state: &AppState,
+    v: &CurrentUser,
+    e: AppError,
+    not_found: &str,
+    s: Shown<'_>,
+) -> PageResult {
+    let e = shown(e)?;
+    let message = match e {
+        AppError::NotFound => not_found.to_owned(),
+        ref other => other.to_string(),
+    };
+    let page = customer_page(
+        state,
+        v,
+        Shown {
+            error: Some(&message),
+            ..s
+        },
+    )
+    .await?;
+    Ok((e.status(), page).into_response())
+}
+
+pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+    let v = signed_in(viewer)?;
+    Ok(customer_page(&state, &v, Shown::default())
+        .await?
+        .into_response())
+}
+
+/// `POST /instances`: E1, as `POST /api/vms`.
+pub async fn create(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Form(form): Form<CreateForm>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    let req = InstanceRequest {
+        gpu_type: form.gpu_type.clone(),
+        ssh_key_id: form.ssh_key_id.clone(),
+    };
+    match instances::create(&state, &v, &req).await {
+        Ok(created) => Ok(
+            Redirect::to(&format!("/instances#instance-{}", created.instance.id)).into_response(),
+        ),
+        Err(e) => {
+            let s = Shown {
+                create: Some(&form),
+                ..Shown::default()
+            };
+            customer_refusal(&state, &v, e, "not found", s).await
+        }
+    }
+}
+
+/// `POST /instances/ssh-keys`: as `POST /api/ssh-keys`.
+pub async fn add_key(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Form(form): Form<KeyForm>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    let req = NewSshKey {
+        name: form.name.clone(),
+        public_key: form.public_key.clone(),
+    };
+    match ssh_keys::post_ssh_key(State(state.clone()), v.clone(), Json(req)).await {
+        Ok(_) => Ok(Redirect::to("/instances").into_response()),
+        Err(e) => {
+            let s = Shown {
+                key: Some(&form),
+                ..Shown::default()
+            };
+            customer_refusal(&state, &v, e, "not found", s).await
+        }
+    }
+}
+
+/// `POST /instances/ssh-keys/{key_id}/remove`: as `DELETE /api/ssh-keys/{key_id}`.
+pub async fn remove_key(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(key_id): Path<String>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    match ssh_keys::delete_ssh_key(State(state.clone()), v.clone(), Path(key_id)).await {
+        Ok(_) => Ok(Redirect::to("/instances").into_response()),
+        Err(e) => {
+            customer_refusal(
+                &state,
+                &v,
+                e,
+                "you have no SSH key with that id",
+                Shown::default(),
+            )
+            .await
+        }
+    }
+}
+
+fn confirm_page(
+    v: &CurrentUser,
+    i: &InstanceView,
+    action: &str,
+    back: &str,
+    whose: Option<&str>,
+) -> Markup {
+    layout(
+        "Delete an instance",
+        Some(v),
+        html! {
+            h1 { "Delete " (i.name) "?" }
+            @if let Some(owner) = whose { p { "It belongs to " strong { (owner) } "." } }
+            p { "The container and its disk go for good. Billing stops when the host confirms it is gone; "
+                "until then it shows as “" (DELETING) "”." }
+            @if let Some(r) = i.delete_requested_at {
+                p { "A delete was asked for at " (at(r)) " and the host has not confirmed it yet; this asks it again." }
+            }
+            form #confirm-delete method="post" action=(action) {
+                button type="submit" { "Yes, delete " (i.name) }
+            }
+            p { a href=(back) { "No, keep it" } }
+        },
+    )
+}
+
+/// `GET /instances/{vm_id}/delete`: the confirmation step, readable without JavaScript.
+pub async fn confirm_delete(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(vm_id): Path<String>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    let Json(i) = vms::get_vm(State(state.clone()), v.clone(), Path(vm_id.clone())).await?;
+    let action = format!("/instances/{vm_id}/delete");
+    Ok(confirm_page(&v, &i, &action, "/instances", None).into_response())
+}
+
+/// `POST /instances/{vm_id}/delete`: G, as `DELETE /api/vms/{vm_id}`. Confirmed: back to
+/// the list. Not confirmed in time: the list, with the reason, answering 202 as the API does.
+pub async fn delete(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(vm_id): Path<String>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    match instances::delete(&state, Deleter::Owner(&v), &vm_id).await {
+        Ok(d) if d.state == DeletionState::Deleted => {
+            Ok(Redirect::to(&format!("/instances#instance-{vm_id}")).into_response())
+        }
+        Ok(d) => {
+            let notice = format!("{}: {}", d.instance.name, d.message);
+            let page = customer_page(
+                &state,
+                &v,
+                Shown {
+                    notice: Some(&notice),
+                    ..Shown::default()
+                },
+            )
+            .await?;
+            Ok((vms::deletion_status(&d), page).into_response())
+        }
+        Err(e) => {
+            customer_refusal(
+                &state,
+                &v,
+                e,
+                "you have no instance with that id",
+                Shown::default(),
+            )
+            .await
+        }
+    }
+}
+
+// ---------------------------------------------------------------- the operator's page
+
+/// One live instance as operators see it.
+struct Live {
+    instance: InstanceView,
+    host: String,
+    owner: String,
+}
+
+/// Every live instance, oldest first, with its host's slug and its owner's email.
+async fn every_live(
+    state: &AppState,
+    emails: &HashMap<String, String>,
+) -> Result<Vec<Live>, PageError> {
+    let now = state.clock.now();
+    let mut slugs: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::new();
+    for (sub, email) in emails {
+        // Live rows, and none that ended: nothing ends after now.
+        for row in state.store.vms_of(sub, now).await? {
+            let instance = instances::view(&row);
+            if !live(&instance) {
+                continue;
+            }
+            let host = match row.host_id.as_deref() {
+                None => "—".to_owned(),
+                Some(id) => match slugs.get(id) {
+                    Some(slug) => slug.clone(),
+                    None => {
+                        let slug = state
+                            .store
+                            .host(id)
+                            .await?
+                            .map_or_else(|| id.to_owned(), |h| h.slug);
+                        slugs.insert(id.to_owned(), slug.clone());
+                        slug
+                    }
+                },
+            };
+            out.push(Live {
+                instance,
+                host,
+                owner: email.clone(),
+            });
+        }
+    }
+    out.sort_by(|a, b| {
+        (a.instance.created_at, &a.instance.id).cmp(&(b.instance.created_at, &b.instance.id))
+    });
+    Ok(out)
+}
+
+async fn operator_page(
+    state: &AppState,
+    op: &Operator,
+    error: Option<&str>,
+    notice: Option<&str>,
+) -> Result<Markup, PageError> {
+    let emails: HashMap<String, String> = state
+        .store
+        .users_overview()
+        .await?
+        .into_iter()
+        .map(|u| (u.user.sub, u.user.email))
+        .collect();
+    let live = every_live(state, &emails).await?;
+    let stuck = notify_stuck_deletes::stuck(state, TimeDelta::minutes(STUCK_AFTER_MINUTES)).await?;
+    let email = |sub: &str| emails.get(sub).cloned().unwrap_or_else(|| sub.to_owned());
+    Ok(layout(
+        "Instances",
+        Some(&op.0),
+        html! {
+            h1 { "Instances" }
+            @if let Some(e) = error { p.error role="alert" { (e) } }
+            @if let Some(n) = notice { p.notice role="status" { (n) } }
+            h2 { "Stuck deletes" }
+            p { "Deletes requested more than " (STUCK_AFTER_MINUTES) " minutes ago that no host has confirmed: still billed, their hosts still held. Deleting again asks the host again." }
+            @if stuck.is_empty() {
+                p #no-stuck { "None." }
+            } @else {
+                table #stuck {
+                    thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "Requested" } th { "Waiting" } th { "" } } }
+                    tbody { @for s in &stuck {
+                        tr #{ "stuck-" (s.vm_id) } data-name=(s.name) {
+                            td.name { code { (s.name) } }
+                            td.host { (s.host_slug.as_deref().or(s.host_id.as_deref()).unwrap_or("—")) }
+                            td.owner { (email(&s.user_sub)) }
+                            td.requested { (at(s.delete_requested_at)) }
+                            td.waiting { (waited(s.waiting_minutes)) }
+                            td { a.button href={ "/admin/instances/" (s.vm_id) "/delete" } { "Delete again" } }
+                        }
+                    } }
+                }
+            }
+            h2 { "Live instances" }
+            @if live.is_empty() {
+                p #no-instances { "None." }
+            } @else {
+                table #instances {
+                    thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "GPU" } th { "Status" } th { "Created" } th { "" } } }
+                    tbody { @for l in &live {
+                        tr #{ "instance-" (l.instance.id) } data-name=(l.instance.name) {
+                            td.name { code { (l.instance.name) } }
+                            td.host { (l.host) }
+                            td.owner { (l.owner) }
+                            td.gpu { (l.instance.gpu_type) }
+                            td.status { (status_line(&l.instance)) }
+                            td.created { (at(l.instance.created_at)) }
+                            td.actions { @if deletable(&l.instance) {
+                                a.button href={ "/admin/instances/" (l.instance.id) "/delete" } {
+                                    (if l.instance.delete_requested_at.is_some() { "Delete again" } else { "Delete" })
+                                }
+                            } }
+                        }
+                    } }
+                }
+            }
+        },
+    ))
+}
+
+async fn operator_refusal(state: &AppState, op: &Operator, e: AppError) -> PageResult {
+    let e = shown(e)?;
+    let message = match e {
+        AppError::NotFound => "there is no instance with that id".to_owned(),
+        ref other => other.to_string(),
+    };
+    let page = operator_page(state, op, Some(&message), None).await?;
+    Ok((e.status(), page).into_response())
+}
+
+pub async fn admin_page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+    let op = require_operator(viewer)?;
+    Ok(operator_page(&state, &op, None, None)
+        .await?
+        .into_response())
+}
+
+/// `GET /admin/instances/{vm_id}/delete`: the operator's confirmation step.
+pub async fn admin_confirm_delete(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(vm_id): Path<String>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    let row = state.store.vm(&vm_id).await?.ok_or(AppError::NotFound)?;
+    let owner = state
+        .store
+        .user(&row.user_sub)
+        .await?
+        .map_or_else(|| row.user_sub.clone(), |u| u.email);
+    let action = format!("/admin/instances/{vm_id}/delete");
+    Ok(confirm_page(
+        &op.0,
+        &instances::view(&row),
+        &action,
+        "/admin/instances",
+        Some(&owner),
+    )
+    .into_response())
+}
+
+/// `POST /admin/instances/{vm_id}/delete`: admin-vm-action's delete
+/// (`POST /api/admin/vms/{vm_id}/delete`), the same path as the customer's.
+pub async fn admin_delete(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(vm_id): Path<String>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    match admin_vm_action::post_delete(State(state.clone()), op.clone(), Path(vm_id)).await {
+        Ok((_, Json(d))) if d.state == DeletionState::Deleted => {
+            Ok(Redirect::to("/admin/instances").into_response())
+        }
+        Ok((status, Json(d))) => {
+            let notice = format!("{}: {}", d.instance.name, d.message);
+            let page = operator_page(&state, &op, None, Some(&notice)).await?;
+            Ok((status, page).into_response())
+        }
+        Err(e) => operator_refusal(&state, &op, e).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::waited;
+
+    #[test]
+    fn waits_read_as_minutes_hours_and_days() {
+        assert_eq!(waited(12), "12 min");
+        assert_eq!(waited(61), "1 h 1 min");
+        assert_eq!(waited(24 * 60 + 125), "1 d 2 h");
+    }
+}
