@@ -106,6 +106,12 @@ pub fn ssh_hostname(state: &AppState, name: &str, slug: &str) -> String {
     format!("{name}.{slug}.ssh.{}", state.config.ssh_domain())
 }
 
+/// The DNS record every instance name of a host resolves through: `*.<slug>.ssh.<domain>`,
+/// pointed at the host's relay by relay-provision, removed when the allocation goes.
+pub fn ssh_wildcard(state: &AppState, slug: &str) -> String {
+    format!("*.{slug}.ssh.{}", state.config.ssh_domain())
+}
+
 fn valid_gpu_type(gpu_type: &str) -> bool {
     !gpu_type.is_empty()
         && gpu_type.len() <= 64

@@ -157,6 +157,25 @@ async fn delete_record(
     }
 }
 
+async fn update_record(
+    State(s): State<Shared>,
+    h: HeaderMap,
+    Path((_z, id)): Path<(String, String)>,
+    Json(body): Json<Value>,
+) -> Response {
+    guard!(h);
+    let mut f = s.lock().unwrap();
+    match f.records.get_mut(&id) {
+        Some(r) => {
+            let mut new = body.clone();
+            new["id"] = json!(id);
+            *r = new.clone();
+            ok(new)
+        }
+        None => fail(StatusCode::NOT_FOUND, 81044, "Record does not exist."),
+    }
+}
+
 async fn world(api_token: &str) -> (Shared, CloudflareTunnels) {
     let fake: Shared = Default::default();
     let app = Router::new()
@@ -179,7 +198,7 @@ async fn world(api_token: &str) -> (Shared, CloudflareTunnels) {
         )
         .route(
             "/client/v4/zones/{z}/dns_records/{id}",
-            delete(delete_record),
+            delete(delete_record).put(update_record),
         )
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -246,4 +265,41 @@ async fn a_bad_api_token_is_a_clear_error_and_creates_nothing() {
     let err = cf.create("spark-7").await.unwrap_err();
     assert!(err.0.contains("Authentication error"), "{err}");
     assert!(fake.lock().unwrap().tunnels.is_empty());
+}
+
+#[tokio::test]
+async fn the_customer_ssh_wildcard_is_a_dns_only_a_record_pointed_again_and_removed() {
+    let (fake, cf) = world("cf-token").await;
+    let name = "*.spark-7.ssh.example.com";
+    cf.point_ssh_wildcard(name, "203.0.113.7").await.unwrap();
+    cf.point_ssh_wildcard(name, "203.0.113.7").await.unwrap();
+    let records = |f: &Shared| -> Vec<Value> {
+        f.lock()
+            .unwrap()
+            .records
+            .values()
+            .filter(|r| r["name"] == name)
+            .cloned()
+            .collect()
+    };
+    let r = records(&fake);
+    assert_eq!(r.len(), 1, "idempotent: {r:?}");
+    assert_eq!(
+        (
+            r[0]["type"].as_str(),
+            r[0]["content"].as_str(),
+            r[0]["proxied"].as_bool()
+        ),
+        (Some("A"), Some("203.0.113.7"), Some(false))
+    );
+    // A replaced relay: the same record, pointed at the new address.
+    cf.point_ssh_wildcard(name, "198.51.100.9").await.unwrap();
+    let r = records(&fake);
+    assert_eq!(
+        (r.len(), r[0]["content"].as_str()),
+        (1, Some("198.51.100.9"))
+    );
+    cf.remove_ssh_wildcard(name).await.unwrap();
+    cf.remove_ssh_wildcard(name).await.unwrap();
+    assert!(records(&fake).is_empty());
 }

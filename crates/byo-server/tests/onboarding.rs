@@ -37,6 +37,19 @@ impl TunnelProvider for FlakyTunnels {
             self.inner.delete(slug).await
         })
     }
+    fn point_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.point_ssh_wildcard(name, address)
+    }
+    fn remove_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.inner.remove_ssh_wildcard(name)
+    }
 }
 
 struct World {
@@ -166,6 +179,16 @@ async fn a1_provisioning_allocates_everything_before_the_box_is_touched(w: World
     let host = w.app.db.host(host_id).await.unwrap().unwrap();
     assert_eq!(host.relay_name.as_deref(), Some("spark-1-relay"));
     assert!(w.relays.relays.lock().unwrap().contains_key("spark-1"));
+    // F: every instance name of this host resolves to its relay.
+    assert_eq!(
+        w.tunnels
+            .inner
+            .wildcards
+            .lock()
+            .unwrap()
+            .get("*.spark-1.ssh.localhost"),
+        host.relay_ip.as_ref()
+    );
     assert!(
         w.tunnels
             .inner
@@ -452,6 +475,10 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
     assert_eq!((r.released, r.failed), (1, 0));
     assert!(w.app.db.host(&host_id).await.unwrap().is_none());
     assert!(w.tunnels.inner.tunnels.lock().unwrap().is_empty());
+    assert!(
+        w.tunnels.inner.wildcards.lock().unwrap().is_empty(),
+        "the ssh wildcard goes too"
+    );
     let e = w
         .app
         .db

@@ -106,19 +106,22 @@ impl CloudflareTunnels {
     }
 
     async fn dns_records(&self, name: &str) -> Result<Vec<String>, ProviderError> {
+        Ok(self
+            .dns_record_values(name)
+            .await?
+            .iter()
+            .filter_map(|r| r["id"].as_str().map(str::to_owned))
+            .collect())
+    }
+
+    /// The records named `name`, whole.
+    async fn dns_record_values(&self, name: &str) -> Result<Vec<Value>, ProviderError> {
         let path = format!("zones/{}/dns_records?name={name}", self.config.zone_id);
         let found = self
             .call(reqwest::Method::GET, &path, None)
             .await?
             .unwrap_or(Value::Null);
-        Ok(found
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|r| r["id"].as_str().map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default())
+        Ok(found.as_array().cloned().unwrap_or_default())
     }
 }
 
@@ -194,6 +197,59 @@ impl TunnelProvider for CloudflareTunnels {
                 self.call(
                     reqwest::Method::DELETE,
                     &format!("accounts/{}/cfd_tunnel/{id}", self.config.account_id),
+                    None,
+                )
+                .await?;
+            }
+            Ok(())
+        })
+    }
+
+    fn point_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            let zone = &self.config.zone_id;
+            // DNS only: Cloudflare's proxy carries HTTP, never a customer's ssh.
+            let record =
+                json!({"type": "A", "name": name, "content": address, "ttl": 60, "proxied": false});
+            match self.dns_record_values(name).await?.first() {
+                Some(r) if r["content"] == address && r["proxied"] == false => Ok(()),
+                Some(r) => {
+                    let id = r["id"]
+                        .as_str()
+                        .ok_or_else(|| err("the wildcard record", "no id"))?;
+                    self.call(
+                        reqwest::Method::PUT,
+                        &format!("zones/{zone}/dns_records/{id}"),
+                        Some(record),
+                    )
+                    .await
+                    .map(drop)
+                }
+                None => self
+                    .call(
+                        reqwest::Method::POST,
+                        &format!("zones/{zone}/dns_records"),
+                        Some(record),
+                    )
+                    .await
+                    .map(drop),
+            }
+        })
+    }
+
+    fn remove_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            for record in self.dns_records(name).await? {
+                self.call(
+                    reqwest::Method::DELETE,
+                    &format!("zones/{}/dns_records/{record}", self.config.zone_id),
                     None,
                 )
                 .await?;

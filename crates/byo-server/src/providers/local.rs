@@ -42,10 +42,12 @@ impl RelayProvider for LocalRelays {
     }
 }
 
-/// Tunnels on this machine: `<slug>.tunnel.localhost`.
+/// Tunnels on this machine: `<slug>.tunnel.localhost`; the SSH wildcards are kept as the
+/// records they would be (name → address).
 #[derive(Debug, Default)]
 pub struct LocalTunnels {
     pub tunnels: Mutex<BTreeMap<String, TunnelInfo>>,
+    pub wildcards: Mutex<BTreeMap<String, String>>,
 }
 
 impl TunnelProvider for LocalTunnels {
@@ -66,6 +68,30 @@ impl TunnelProvider for LocalTunnels {
     fn delete<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
             self.tunnels.lock().expect("tunnels lock").remove(slug);
+            Ok(())
+        })
+    }
+
+    fn point_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.wildcards
+                .lock()
+                .expect("wildcards lock")
+                .insert(name.to_owned(), address.to_owned());
+            Ok(())
+        })
+    }
+
+    fn remove_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.wildcards.lock().expect("wildcards lock").remove(name);
             Ok(())
         })
     }

@@ -48,6 +48,17 @@ pub struct TunnelInfo {
 pub trait TunnelProvider: Send + Sync {
     fn create<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<TunnelInfo, ProviderError>>;
     fn delete<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// The customer SSH wildcard: `name` (`*.<slug>.ssh.<domain>`) resolves to the relay's
+    /// public address, DNS only (plain ssh cannot go through an HTTP proxy). Idempotent: an
+    /// existing record is pointed at `address`.
+    fn point_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Remove it; absent is fine.
+    fn remove_ssh_wildcard<'a>(&'a self, name: &'a str)
+    -> BoxFuture<'a, Result<(), ProviderError>>;
 }
 
 /// The relay and tunnel providers an installation uses.

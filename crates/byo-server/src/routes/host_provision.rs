@@ -206,9 +206,21 @@ pub async fn relay_provision(state: &AppState, host_id: &str, slug: &str, bootst
     let recorded = match &outcome {
         Ok(relay) => {
             tracing::info!(%slug, address = %relay.address, "relay ready");
+            // Customers' ssh names resolve to this relay (F).
+            let wildcard = crate::instances::ssh_wildcard(state, slug);
+            let dns = state
+                .tunnels
+                .point_ssh_wildcard(&wildcard, &relay.address)
+                .await;
+            if let Err(e) = &dns {
+                tracing::error!(%slug, %wildcard, error = %e, "the customer ssh wildcard was not written");
+            }
+            let note = dns
+                .err()
+                .map(|e| format!("the ssh wildcard {wildcard} was not written: {e}"));
             state
                 .store
-                .record_relay(host_id, Some(&relay.address), "ready", None)
+                .record_relay(host_id, Some(&relay.address), "ready", note.as_deref())
                 .await
         }
         Err(e) => {
