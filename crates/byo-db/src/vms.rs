@@ -112,6 +112,24 @@ impl Store {
 }
 
 impl Store {
+    /// A start, stop or reboot the host carried out: `running` or `stopped`. Only a live
+    /// instance moves (not one being created, failed, or given up by a delete).
+    pub async fn set_vm_power(&self, id: &str, status: &str) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| {
+            sqlx::query(
+                "update vms set status = $2
+                 where id = $1 and status in ('running', 'stopped') and creation_failed_at is null
+                   and delete_requested_at is null and deleted_at is null",
+            )
+            .bind(id)
+            .bind(status)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
     /// The host took the instance: it runs, and the relay forwards to `ssh_port`. Only a
     /// row still being created moves (a create already marked failed stays failed).
     pub async fn mark_vm_running(&self, id: &str, ssh_port: Option<i32>) -> Result<GuardedWrite> {

@@ -24,6 +24,7 @@ use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{NewVm, VmRow};
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
+    VmAction,
 };
 use futures::future::BoxFuture;
 use rand::Rng;
@@ -391,3 +392,81 @@ async fn confirm_deleted(state: &AppState, row: &VmRow, how: &str) -> AppResult<
     }
     Ok(())
 }
+
+/// Start, stop or reboot one of the customer's live instances on its host. The row moves
+/// only once the host carried it out; a refusal (502) or silence (504) changes nothing.
+pub async fn change_power(
+    state: &AppState,
+    by: &CurrentUser,
+    vm_id: &str,
+    action: VmAction,
+) -> AppResult<InstanceView> {
+    let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
+    if row.user_sub != by.user.sub {
+        return Err(AppError::NotFound);
+    }
+    let live = matches!(row.status.as_str(), "running" | "stopped")
+        && row.delete_requested_at.is_none()
+        && row.deleted_at.is_none();
+    if !live {
+        return Err(AppError::conflict(
+            "not_live",
+            format!(
+                "this instance is {}; only a running or stopped instance can be started, stopped or rebooted",
+                row.status
+            ),
+        ));
+    }
+    let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
+    let target = state.store.agent_target(host_id).await?.ok_or_else(|| {
+        AppError::conflict("host_gone", "this instance's host is no longer in service")
+    })?;
+    match tokio::time::timeout(
+        POWER_WAIT,
+        state.agents.vm_action(&target, &row.name, action),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(AgentError::Refused { reason, .. })) => {
+            return Err(AppError::host_refused(
+                "host_refused",
+                format!("the host refused: {reason}"),
+            ));
+        }
+        Ok(Err(AgentError::Unreachable(why))) => {
+            return Err(AppError::host_silent(
+                "host_silent",
+                format!("the host did not answer: {why}"),
+            ));
+        }
+        Err(_) => {
+            return Err(AppError::host_silent(
+                "host_silent",
+                format!("the host did not answer within {} s", POWER_WAIT.as_secs()),
+            ));
+        }
+    }
+    let status = if action == VmAction::Stop {
+        "stopped"
+    } else {
+        "running"
+    };
+    state.store.set_vm_power(&row.id, status).await?;
+    let now = state.clock.now();
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "vm.power",
+            Some(&row.id),
+            json!({"action": action, "host_id": host_id}),
+            now,
+        )
+        .await?;
+    let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
+    Ok(view(&row))
+}
+
+/// How long a start, stop or reboot may take the host.
+pub const POWER_WAIT: Duration = Duration::from_secs(60);

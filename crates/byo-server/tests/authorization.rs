@@ -247,6 +247,12 @@ fn api_table() -> Vec<Row> {
         },
         Row {
             method: Method::POST,
+            path: "/api/vms/{vm_id}/state",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!({"action": "stop"})),
+        },
+        Row {
+            method: Method::POST,
             path: "/api/admin/vms/{vm_id}/delete",
             allowed: OPERATORS,
             body: none,
@@ -438,6 +444,12 @@ fn page_table() -> Vec<Row> {
             path: "/instances/{vm_id}/delete",
             allowed: SIGNED_IN,
             body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/instances/{vm_id}/state",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!("action=stop")),
         },
         Row {
             method: Method::GET,

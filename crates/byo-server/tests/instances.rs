@@ -221,11 +221,21 @@ impl HostAgents for FakeAgents {
 
     fn vm_action<'a>(
         &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a str,
+        host: &'a AgentTargetRow,
+        name: &'a str,
         _: VmAction,
     ) -> BoxFuture<'a, Result<(), AgentError>> {
-        Box::pin(async { Ok(()) })
+        Box::pin(async move {
+            self.record("power", host, name).await;
+            // Power changes follow the delete answer (one knob for "how the host behaves").
+            let answer = *self.delete.lock().unwrap();
+            match answer {
+                Answer::Ok | Answer::NotFound => Ok(()),
+                Answer::Refuse => Err(refused("lxd: the instance is busy")),
+                Answer::Hang => futures::future::pending().await,
+                Answer::Unreachable => Err(AgentError::Unreachable("connection refused".into())),
+            }
+        })
     }
 }
 
@@ -988,6 +998,79 @@ async fn g_a_404_confirms(w: World) {
     let confirmed = w.audits("vm.deleted").await;
     assert_eq!(confirmed.len(), 1);
     assert_eq!(confirmed[0].details.0["confirmed_by"], "not_found");
+}
+
+/// Start, stop, reboot: the row moves only once the host carried it out; every refusal
+/// changes nothing.
+async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    let vm = w.running().await;
+    let power = |session: String, action: &'static str| {
+        let app = &w.app;
+        let path = format!("/api/vms/{}/state", vm.id);
+        async move {
+            app.request(
+                Method::POST,
+                &path,
+                Some(&session),
+                Some(json!({"action": action})),
+            )
+            .await
+        }
+    };
+    let r = power(w.customer.clone(), "stop").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["status"], "stopped");
+    assert_eq!(w.vm(&vm.id).await.status, "stopped");
+    assert_eq!(w.agents.calls("power").len(), 1);
+    let r = power(w.customer.clone(), "start").await;
+    assert_eq!(
+        (r.status, w.vm(&vm.id).await.status),
+        (StatusCode::OK, "running".to_owned())
+    );
+    // The page's buttons go the same way.
+    let page = w.page(&w.customer, "/instances").await;
+    assert!(page.contains(&format!("/instances/{}/state", vm.id)) && page.contains(">Stop<"));
+    let r = w
+        .post_form(
+            &w.customer,
+            &format!("/instances/{}/state", vm.id),
+            &[("action", "stop")],
+        )
+        .await;
+    assert!(location(&r).starts_with("/instances"));
+    assert_eq!(w.vm(&vm.id).await.status, "stopped");
+    assert!(w.page(&w.customer, "/instances").await.contains(">Start<"));
+    let r = power(w.customer.clone(), "start").await;
+    assert_eq!(r.status, StatusCode::OK);
+
+    // Refusals: someone else's (404, host not asked), a host that refuses (502) or is silent
+    // (504): the row keeps its status.
+    let asked = w.agents.calls("power").len();
+    let r = power(w.other.clone(), "stop").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        w.agents.calls("power").len(),
+        asked,
+        "the host was asked for someone else"
+    );
+    w.agents.answer_deletes(Answer::Refuse);
+    let r = power(w.customer.clone(), "stop").await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert!(r.json()["message"].as_str().unwrap().contains("busy"));
+    w.agents.answer_deletes(Answer::Unreachable);
+    let r = power(w.customer.clone(), "reboot").await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+    assert_eq!(w.vm(&vm.id).await.status, "running");
+    let r = power(w.customer.clone(), "hibernate").await;
+    assert!(r.status.is_client_error());
+
+    // A deleted instance cannot be started again.
+    w.agents.answer_deletes(Answer::Ok);
+    assert_eq!(w.delete(&w.customer, &vm.id).await.status, StatusCode::OK);
+    let r = power(w.customer.clone(), "start").await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert_eq!(w.vm(&vm.id).await.status, "deleted");
 }
 
 #[derive(Clone, Default)]
@@ -1937,6 +2020,7 @@ with_world!(
     e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing,
     g_delete_writes_two_facts_and_closes_only_when_confirmed,
     g_a_404_confirms,
+    e1_power_changes_reach_the_host_and_move_the_row_only_when_done,
     g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck,
     g_both_writes_are_guarded,
     g_admin_vm_action_uses_the_same_path,

@@ -47,6 +47,7 @@ pub struct VmCreated {
 
 /// `POST /v1/vms/{name}/state` on the agent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum VmAction {
     Start,
@@ -55,6 +56,8 @@ pub enum VmAction {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
 pub struct VmStateChange {
     pub action: VmAction,
 }

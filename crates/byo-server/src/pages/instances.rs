@@ -221,6 +221,18 @@ fn instance_row(i: &InstanceView) -> Markup {
             td.created { (at(i.created_at)) }
             td.deleted { @if let Some(d) = i.deleted_at { (at(d)) } @else { "—" } }
             td.actions {
+                @if live(i) && i.delete_requested_at.is_none() && matches!(i.status.as_str(), "running" | "stopped") {
+                    form method="post" action={ "/instances/" (i.id) "/state" } {
+                        @if i.status == "running" {
+                            button name="action" value="stop" { "Stop" }
+                            " "
+                            button name="action" value="reboot" { "Reboot" }
+                        } @else {
+                            button name="action" value="start" { "Start" }
+                        }
+                    }
+                    " "
+                }
                 @if deletable(i) {
                     a.button href={ "/instances/" (i.id) "/delete" } {
                         (if i.delete_requested_at.is_some() { "Delete again" } else { "Delete" })
@@ -411,6 +423,34 @@ pub async fn delete(
             .await?;
             Ok((vms::deletion_status(&d), page).into_response())
         }
+        Err(e) => {
+            customer_refusal(
+                &state,
+                &v,
+                e,
+                "you have no instance with that id",
+                Shown::default(),
+            )
+            .await
+        }
+    }
+}
+
+#[derive(serde::Deserialize)]
+pub struct PowerForm {
+    action: byo_wire::vm::VmAction,
+}
+
+/// `POST /instances/{vm_id}/state`: start, stop or reboot, as `POST /api/vms/{vm_id}/state`.
+pub async fn power(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(vm_id): Path<String>,
+    axum::Form(form): axum::Form<PowerForm>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    match instances::change_power(&state, &v, &vm_id, form.action).await {
+        Ok(_) => Ok(Redirect::to(&format!("/instances#instance-{vm_id}")).into_response()),
         Err(e) => {
             customer_refusal(
                 &state,

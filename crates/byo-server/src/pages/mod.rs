@@ -56,6 +56,7 @@ pub fn router() -> Router<AppState> {
             "/instances/{vm_id}/delete",
             get(instances::confirm_delete).post(instances::delete),
         )
+        .route("/instances/{vm_id}/state", post(instances::power))
         .route("/admin/instances", get(instances::admin_page))
         .route(
             "/admin/instances/{vm_id}/delete",

@@ -71,6 +71,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(ssh_keys::delete_ssh_key))
         .routes(routes!(vms::post_vm, vms::get_vms))
         .routes(routes!(vms::get_vm, vms::delete_vm))
+        .routes(routes!(vms::post_vm_state))
         .routes(routes!(admin_vm_action::post_delete))
         .routes(routes!(admin_vm_action::get_stuck_deletes))
 }

@@ -6,7 +6,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use byo_wire::api::ErrorBody;
 use byo_wire::vm::{
-    DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
+    DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView, VmStateChange,
 };
 
 use crate::auth::CurrentUser;
@@ -80,4 +80,23 @@ pub async fn delete_vm(
 ) -> AppResult<(StatusCode, Json<InstanceDeletion>)> {
     let d = instances::delete(&state, Deleter::Owner(&user), &vm_id).await?;
     Ok((deletion_status(&d), Json(d)))
+}
+
+/// Start, stop or reboot one of your instances. 409 unless it is running or stopped; 502
+/// when the host refused and 504 when it did not answer (nothing changes either way).
+#[utoipa::path(post, path = "/api/vms/{vm_id}/state", tag = "instances", request_body = VmStateChange,
+    params(("vm_id" = String, Path, description = "the instance's id")),
+    responses((status = 200, body = InstanceView), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 502, body = ErrorBody),
+              (status = 504, body = ErrorBody)))]
+pub async fn post_vm_state(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(vm_id): Path<String>,
+    Json(change): Json<VmStateChange>,
+) -> AppResult<Json<InstanceView>> {
+    Ok(Json(
+        instances::change_power(&state, &user, &vm_id, change.action).await?,
+    ))
 }
