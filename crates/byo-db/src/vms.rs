@@ -32,6 +32,15 @@ pub struct VmRow {
     pub deleted_at: Option<DateTime<Utc>>,
 }
 
+/// A live instance as the operator's list shows it.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct LiveVmRow {
+    #[sqlx(flatten)]
+    pub vm: VmRow,
+    pub host_slug: Option<String>,
+    pub owner_email: String,
+}
+
 #[derive(Clone, Debug)]
 pub struct NewVm<'a> {
     pub user_sub: &'a str,
@@ -168,6 +177,27 @@ impl Store {
 
     /// A customer's instances: every live one, and those that ended after `since`, newest
     /// first.
+    /// Every live instance (not deleted, not failed), oldest first, with its host's slug
+    /// and its owner's email: the operator's list, in one query.
+    pub async fn live_vms(&self) -> Result<Vec<LiveVmRow>> {
+        let columns: Vec<String> = VM_COLUMNS
+            .split(',')
+            .map(|c| format!("v.{}", c.trim()))
+            .collect();
+        on_pool!(self, |p| sqlx::query_as::<_, LiveVmRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {}, h.slug as host_slug, u.email as owner_email
+             from vms v join users u on u.sub = v.user_sub left join hosts h on h.id = v.host_id
+             where v.deleted_at is null and v.creation_failed_at is null
+             order by v.created_at, v.id",
+                columns.join(", ")
+            ))
+        )
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
     pub async fn vms_of(&self, user_sub: &str, since: DateTime<Utc>) -> Result<Vec<VmRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
             format!(

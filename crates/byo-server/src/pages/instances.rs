@@ -474,46 +474,18 @@ struct Live {
 }
 
 /// Every live instance, oldest first, with its host's slug and its owner's email.
-async fn every_live(
-    state: &AppState,
-    emails: &HashMap<String, String>,
-) -> Result<Vec<Live>, PageError> {
-    let now = state.clock.now();
-    let mut slugs: HashMap<String, String> = HashMap::new();
-    let mut out = Vec::new();
-    for (sub, email) in emails {
-        // Live rows, and none that ended: nothing ends after now.
-        for row in state.store.vms_of(sub, now).await? {
-            let instance = instances::view(&row);
-            if !live(&instance) {
-                continue;
-            }
-            let host = match row.host_id.as_deref() {
-                None => "—".to_owned(),
-                Some(id) => match slugs.get(id) {
-                    Some(slug) => slug.clone(),
-                    None => {
-                        let slug = state
-                            .store
-                            .host(id)
-                            .await?
-                            .map_or_else(|| id.to_owned(), |h| h.slug);
-                        slugs.insert(id.to_owned(), slug.clone());
-                        slug
-                    }
-                },
-            };
-            out.push(Live {
-                instance,
-                host,
-                owner: email.clone(),
-            });
-        }
-    }
-    out.sort_by(|a, b| {
-        (a.instance.created_at, &a.instance.id).cmp(&(b.instance.created_at, &b.instance.id))
-    });
-    Ok(out)
+async fn every_live(state: &AppState) -> Result<Vec<Live>, PageError> {
+    Ok(state
+        .store
+        .live_vms()
+        .await?
+        .into_iter()
+        .map(|r| Live {
+            instance: instances::view(&r.vm),
+            host: r.host_slug.unwrap_or_else(|| "—".to_owned()),
+            owner: r.owner_email,
+        })
+        .collect())
 }
 
 async fn operator_page(
@@ -529,7 +501,7 @@ async fn operator_page(
         .into_iter()
         .map(|u| (u.user.sub, u.user.email))
         .collect();
-    let live = every_live(state, &emails).await?;
+    let live = every_live(state).await?;
     let stuck = notify_stuck_deletes::stuck(state, TimeDelta::minutes(STUCK_AFTER_MINUTES)).await?;
     let email = |sub: &str| emails.get(sub).cloned().unwrap_or_else(|| sub.to_owned());
     Ok(layout(
