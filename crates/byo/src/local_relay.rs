@@ -161,7 +161,7 @@ impl Drop for LocalRelay {
     }
 }
 
-/// The provider: one namespace per slug, numbered from `subnet_base` (10.98.N.0/24).
+/// The provider: one namespace per slug, each on its own 10.98.N.0/24 (the relay at .2).
 #[derive(Debug)]
 pub struct NetnsRelays {
     pub dir: PathBuf,
@@ -184,7 +184,8 @@ impl NetnsRelays {
             dir,
             relay_bin,
             relays: Mutex::default(),
-            next: Mutex::new(1),
+            // Two processes on one machine (byo up and a test) take different /24s.
+            next: Mutex::new(1 + (std::process::id() % 50) * 5),
         }
     }
 
