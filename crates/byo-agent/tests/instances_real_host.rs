@@ -379,7 +379,9 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(&w);
     l2_a_host_restart_restores_the_instance_then_points_the_relay(&w);
     // DESIGN §7's figure for serving at rest: its resident memory, with an instance up.
-    let rss = w.host.sh_ok("grep VmRSS /proc/$(pgrep -f 'byo-agent serve' | head -n 1)/status");
+    let rss = w
+        .host
+        .sh_ok("grep VmRSS /proc/$(pgrep -f 'byo-agent serve' | head -n 1)/status");
     eprintln!("serving, idle with one instance: {}", rss.trim());
     scenario_6_delete_removes_the_container_and_clears_the_map(&w);
     scenario_7_a_delete_of_an_instance_already_gone_answers_404(&w);

@@ -14,7 +14,7 @@ pub const BASE_ALIAS: &str = "lofispark-base";
 pub const BUILD_INSTANCE: &str = "enverge-image-build";
 pub const BUILDER_SCRIPT: &str = include_str!("../../assets/build-base-image.sh");
 pub const LOGIN_BANNER: &str = include_str!("../../assets/login-banner.txt");
-const UDHCPC_SCRIPT: &str = include_str!("../../assets/udhcpc.script");
+pub const UDHCPC_SCRIPT: &str = include_str!("../../assets/udhcpc.script");
 const RECIPE_PROPERTY: &str = "enverge.recipe";
 const SCRATCH_DESCRIPTION: &str = "enverge minimal source (busybox)";
 

@@ -16,7 +16,9 @@ use serde::{Deserialize, Serialize};
 
 use crate::host::{Fallible, Host, LxdBody, LxdReply, Output};
 
-pub use image::{BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, recipe_digest};
+pub use image::{
+    BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, UDHCPC_SCRIPT, recipe_digest,
+};
 pub use steps::{PROFILE_NAME, SPARK, STEP_NAMES, render_base_profile, render_wireguard};
 
 /// The last act of a completed preparation hands the credentials to the serving user, and
