@@ -399,9 +399,11 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         )
         .await;
     assert_eq!(status, 201, "{k}");
+    // Through the tunnel only once the host has dialled the relay (its beats do): each try
+    // is bounded, or one SYN into a tunnel with no peer endpoint would wait minutes.
     until(
         "serving to answer through the relay",
-        Duration::from_secs(60),
+        Duration::from_secs(120),
         async || {
             let out = Command::new("ip")
                 .args([
@@ -410,6 +412,8 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
                     &relay.netns,
                     "curl",
                     "-s",
+                    "-m",
+                    "3",
                     "-o",
                     "/dev/null",
                     "-w",
@@ -422,6 +426,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         },
     )
     .await;
+    phase("serving answers through the relay");
     let asked = Instant::now();
     let (status, created) = api
         .call(
