@@ -224,13 +224,42 @@ fn scenario_1_create_publishes_ssh_and_points_the_relay(w: &World) {
 }
 
 fn scenario_2_the_gpu_check_and_startup_script_are_advisory(w: &World) {
-    // A startup script that fails is reported, and the instance is created anyway.
-    w.host
-        .sh_ok("lxc file push - c1/etc/enverge/startup.sh --create-dirs <<<'exit 7'");
-    w.host.sh_ok("lxc publish c1 --alias advisory-probe --force >/dev/null 2>&1 || true; lxc image delete advisory-probe >/dev/null 2>&1 || true");
-    let (status, body) = w.api("GET", "/v1/vms", None);
-    assert_eq!(status, 200);
-    assert_eq!(body[0]["name"], "c1");
+    // An image whose startup script fails, put behind the alias every create launches by.
+    let original = w.host.sh_ok("lxc query /1.0/images/aliases/lofispark-base | sed -n 's/.*\"target\": \"\\([0-9a-f]*\\)\".*/\\1/p'");
+    let original = original.trim().to_owned();
+    assert_eq!(original.len(), 64, "the alias's target: {original:?}");
+    w.host.sh_ok(
+        "lxc init lofispark-base advisory-src -p lofispark-base >/dev/null
+         printf 'echo the startup script failed >&2\nexit 7\n' | lxc file push - advisory-src/etc/enverge/startup.sh --create-dirs
+         lxc publish advisory-src --alias advisory-base >/dev/null && lxc delete advisory-src",
+    );
+    let probe = w
+        .host
+        .sh_ok("lxc image info advisory-base | sed -n 's/^Fingerprint: //p'");
+    let point = |fp: &str| {
+        w.host.sh_ok(&format!(
+            "lxc query -X PUT --data '{{\"target\": \"{fp}\", \"description\": \"\"}}' /1.0/images/aliases/lofispark-base"
+        ))
+    };
+    point(probe.trim());
+    let (status, body) = w.create("c2", &w.customer_key);
+    point(&original);
+    w.host.sh_ok("lxc image delete advisory-base");
+    // Reported, and the instance created anyway.
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["startup_script"]["ok"], false, "{body}");
+    let detail = body["startup_script"]["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("exited 7") && detail.contains("the startup script failed"),
+        "{detail}"
+    );
+    assert_eq!(
+        body["gpu_check"],
+        json!({"ok": true, "detail": "this profile has no GPU"})
+    );
+    assert!(w.instances().contains("c2,RUNNING"), "{}", w.instances());
+    assert_eq!(w.api("DELETE", "/v1/vms/c2", None).0, 200);
+    assert!(w.map().is_empty() && !w.instances().contains("c2"));
 }
 
 fn scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(w: &World) {
@@ -371,8 +400,8 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     assert_eq!(who.trim(), "spark", "serving runs unprivileged");
 
     unauthenticated_calls_are_refused(&w);
-    scenario_1_create_publishes_ssh_and_points_the_relay(&w);
     scenario_2_the_gpu_check_and_startup_script_are_advisory(&w);
+    scenario_1_create_publishes_ssh_and_points_the_relay(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);
     scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(&w);
     scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
