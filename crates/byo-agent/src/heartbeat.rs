@@ -10,26 +10,31 @@ use byo_wire::vm::{Health, Heartbeat};
 use crate::prepare::Serving;
 use crate::serve::VmService;
 
-/// What one beat found, for the heartbeat body.
+/// What one beat found, for the heartbeat body. LXD is read under the host's lock; the
+/// relay is asked after it is released, so a relay that does not answer never holds up the
+/// VM API.
 fn beat(svc: &VmService) -> Heartbeat {
-    let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
-    let lxd_up = crate::lxd::get(&mut *host, "/1.0").ok().flatten().is_some();
-    let instances = if lxd_up {
-        crate::vms::list(&mut *host)
-            .map(|l| l.len() as u32)
-            .unwrap_or(0)
-    } else {
-        0
+    let (lxd_up, instances, storage, want) = {
+        let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
+        let lxd_up = crate::lxd::get(&mut *host, "/1.0").ok().flatten().is_some();
+        let instances = if lxd_up {
+            crate::vms::list(&mut *host)
+                .map(|l| l.len() as u32)
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let storage = match crate::lxd::get(&mut *host, "/1.0/storage-pools/default") {
+            Ok(Some(_)) => Health::Ok,
+            Ok(None) => Health::Down,
+            Err(_) => Health::Unknown,
+        };
+        let want = lxd_up.then(|| crate::vms::wanted_map(&mut *host, &svc.config));
+        (lxd_up, instances, storage, want)
     };
-    let storage = match crate::lxd::get(&mut *host, "/1.0/storage-pools/default") {
-        Ok(Some(_)) => Health::Ok,
-        Ok(None) => Health::Down,
-        Err(_) => Health::Unknown,
-    };
-    let (relay, relay_detail) = if !lxd_up {
-        (Health::Unknown, None)
-    } else {
-        match crate::vms::reassert_map(&mut *host, svc.relay.as_ref(), &svc.config) {
+    let (relay, relay_detail) = match want {
+        None => (Health::Unknown, None),
+        Some(want) => match want.and_then(|w| crate::vms::sync_map(svc.relay.as_ref(), &w)) {
             Ok(false) => (Health::Ok, None),
             Ok(true) => {
                 tracing::warn!("the relay's SSH map differed from what this host runs; rewritten");
@@ -39,7 +44,7 @@ fn beat(svc: &VmService) -> Heartbeat {
                 tracing::warn!(error = %e, "the relay's SSH map could not be checked");
                 (Health::Down, None)
             }
-        }
+        },
     };
     Heartbeat {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),

@@ -265,10 +265,9 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         EnrolPaths { root: root.clone() },
     );
     if enroller.kept()?.is_none() {
-        let server = server
+        server
             .as_deref()
             .context("reading /etc/enverge/server (run install.sh)")?;
-        let enroller = Enroller::new(server, EnrolPaths { root: root.clone() });
         let token_file = etc.join("enrol-token");
         let token = std::fs::read_to_string(&token_file).unwrap_or_default();
         let outcome = enrol_this_machine(&enroller, &token)?;

@@ -38,18 +38,17 @@ impl Reporter {
         })
     }
 
-    /// Send one report; `Err` says why it did not land.
-    pub fn send(&mut self, report: &HostReport) -> Result<(), String> {
+    /// POST `body` with the host token; `Err` says why it did not land.
+    fn post(&self, url: &str, body: &impl serde::Serialize) -> Result<(), String> {
         let resp = self
             .client
-            .post(&self.url)
+            .post(url)
             .bearer_auth(&self.host_token)
-            .json(report)
+            .json(body)
             .send()
             .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
         let status = resp.status();
         if status.is_success() {
-            self.failed = false;
             return Ok(());
         }
         let body = resp.text().unwrap_or_default();
@@ -59,20 +58,16 @@ impl Reporter {
         ))
     }
 
+    /// Send one report; `Err` says why it did not land.
+    pub fn send(&mut self, report: &HostReport) -> Result<(), String> {
+        self.post(&self.url, report)?;
+        self.failed = false;
+        Ok(())
+    }
+
     /// One heartbeat (host_status).
     pub fn heartbeat(&mut self, beat: &byo_wire::vm::Heartbeat) -> Result<(), String> {
-        let resp = self
-            .client
-            .post(&self.heartbeat_url)
-            .bearer_auth(&self.host_token)
-            .json(beat)
-            .send()
-            .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
-        if resp.status().is_success() {
-            Ok(())
-        } else {
-            Err(format!("the backend answered {}", resp.status()))
-        }
+        self.post(&self.heartbeat_url, beat)
     }
 
     /// Send, and log (once per outage) when it does not land.

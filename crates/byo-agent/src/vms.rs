@@ -476,13 +476,17 @@ pub fn reassert_map<H: Host + ?Sized>(
     relay: &dyn RelayMap,
     config: &VmConfig,
 ) -> Fallible<bool> {
-    let want = wanted_map(h, config)?;
+    sync_map(relay, &wanted_map(h, config)?)
+}
+
+/// Make the relay's map `want`, whole, when it is anything else.
+pub fn sync_map(relay: &dyn RelayMap, want: &SshMap) -> Fallible<bool> {
     let mut have = relay.get()?;
     have.mappings.sort();
-    if have == want {
+    if have == *want {
         return Ok(false);
     }
-    relay.put(&want)?;
+    relay.put(want)?;
     Ok(true)
 }
 

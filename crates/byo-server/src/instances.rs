@@ -274,6 +274,13 @@ impl Deleter<'_> {
     }
 }
 
+/// `user`'s instances: every live one, and those that ended in the last week.
+pub async fn recent(state: &AppState, user: &CurrentUser) -> AppResult<Vec<InstanceView>> {
+    let since = state.clock.now() - chrono::Duration::days(RECENT_DAYS);
+    let rows = state.store.vms_of(&user.user.sub, since).await?;
+    Ok(rows.iter().map(view).collect())
+}
+
 /// G: the delete every caller uses.
 pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult<InstanceDeletion> {
     let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;

@@ -19,7 +19,7 @@ use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
 use crate::instances::{self, Deleter};
 use crate::notify_stuck_deletes::{self, STUCK_AFTER_MINUTES};
-use crate::routes::{admin_vm_action, ssh_keys, vms};
+use crate::routes::{ssh_keys, vms};
 use crate::state::AppState;
 
 /// What a deleting instance shows until its host confirms (G: requested, not gone).
@@ -129,8 +129,8 @@ async fn customer_page(
     v: &CurrentUser,
     s: Shown<'_>,
 ) -> Result<Markup, PageError> {
-    let Json(keys) = ssh_keys::get_ssh_keys(State(state.clone()), v.clone()).await?;
-    let Json(list) = vms::get_vms(State(state.clone()), v.clone()).await?;
+    let keys = ssh_keys::list(state, v).await?;
+    let list = instances::recent(state, v).await?;
     let kinds = gpu_types(state, v).await?;
     let picked_gpu = s.create.map(|c| c.gpu_type.as_str());
     let picked_key = s.create.map(|c| c.ssh_key_id.as_str());
@@ -326,7 +326,7 @@ pub async fn add_key(
         name: form.name.clone(),
         public_key: form.public_key.clone(),
     };
-    match ssh_keys::post_ssh_key(State(state.clone()), v.clone(), Json(req)).await {
+    match ssh_keys::add(&state, &v, &req).await {
         Ok(_) => Ok(Redirect::to("/instances").into_response()),
         Err(e) => {
             let s = Shown {
@@ -345,7 +345,7 @@ pub async fn remove_key(
     Path(key_id): Path<String>,
 ) -> PageResult {
     let v = signed_in(viewer)?;
-    match ssh_keys::delete_ssh_key(State(state.clone()), v.clone(), Path(key_id)).await {
+    match ssh_keys::remove(&state, &v, &key_id).await {
         Ok(_) => Ok(Redirect::to("/instances").into_response()),
         Err(e) => {
             customer_refusal(
@@ -606,14 +606,14 @@ pub async fn admin_delete(
     Path(vm_id): Path<String>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    match admin_vm_action::post_delete(State(state.clone()), op.clone(), Path(vm_id)).await {
-        Ok((_, Json(d))) if d.state == DeletionState::Deleted => {
+    match instances::delete(&state, Deleter::Operator(&op.0), &vm_id).await {
+        Ok(d) if d.state == DeletionState::Deleted => {
             Ok(Redirect::to("/admin/instances").into_response())
         }
-        Ok((status, Json(d))) => {
+        Ok(d) => {
             let notice = format!("{}: {}", d.instance.name, d.message);
             let page = operator_page(&state, &op, None, Some(&notice)).await?;
-            Ok((status, page).into_response())
+            Ok((vms::deletion_status(&d), page).into_response())
         }
         Err(e) => operator_refusal(&state, &op, e).await,
     }

@@ -95,6 +95,11 @@ pub async fn post_ssh_key(
     user: CurrentUser,
     Json(req): Json<NewSshKey>,
 ) -> AppResult<(StatusCode, Json<SshKeyView>)> {
+    Ok((StatusCode::CREATED, Json(add(&state, &user, &req).await?)))
+}
+
+/// Add a key to `user`'s account: checked, kept once, audited. The API and the pages call it.
+pub async fn add(state: &AppState, user: &CurrentUser, req: &NewSshKey) -> AppResult<SshKeyView> {
     let name = check_name(&req.name)?;
     let (public_key, fingerprint) = check_public_key(&req.public_key)?;
     let now = state.clock.now();
@@ -127,7 +132,31 @@ pub async fn post_ssh_key(
             now,
         )
         .await?;
-    Ok((StatusCode::CREATED, Json(view(row))))
+    Ok(view(row))
+}
+
+/// `user`'s keys.
+pub async fn list(state: &AppState, user: &CurrentUser) -> AppResult<Vec<SshKeyView>> {
+    let rows = state.store.ssh_keys_of(&user.user.sub).await?;
+    Ok(rows.into_iter().map(view).collect())
+}
+
+/// Remove one of `user`'s keys; someone else's is as absent as one that does not exist.
+pub async fn remove(state: &AppState, user: &CurrentUser, key_id: &str) -> AppResult<()> {
+    if !state.store.delete_ssh_key(&user.user.sub, key_id).await? {
+        return Err(AppError::NotFound);
+    }
+    state
+        .store
+        .audit(
+            Some(&user.user.sub),
+            "ssh_key.remove",
+            Some(key_id),
+            json!({}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Your SSH keys.
@@ -137,8 +166,7 @@ pub async fn get_ssh_keys(
     State(state): State<AppState>,
     user: CurrentUser,
 ) -> AppResult<Json<Vec<SshKeyView>>> {
-    let rows = state.store.ssh_keys_of(&user.user.sub).await?;
-    Ok(Json(rows.into_iter().map(view).collect()))
+    Ok(Json(list(&state, &user).await?))
 }
 
 /// Remove one of your SSH keys. Instances already created keep the key they were made with.
@@ -150,18 +178,6 @@ pub async fn delete_ssh_key(
     user: CurrentUser,
     Path(key_id): Path<String>,
 ) -> AppResult<StatusCode> {
-    if !state.store.delete_ssh_key(&user.user.sub, &key_id).await? {
-        return Err(AppError::NotFound);
-    }
-    state
-        .store
-        .audit(
-            Some(&user.user.sub),
-            "ssh_key.remove",
-            Some(&key_id),
-            json!({}),
-            state.clock.now(),
-        )
-        .await?;
+    remove(&state, &user, &key_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

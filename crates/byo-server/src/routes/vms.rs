@@ -37,9 +37,7 @@ pub async fn get_vms(
     State(state): State<AppState>,
     user: CurrentUser,
 ) -> AppResult<Json<Vec<InstanceView>>> {
-    let since = state.clock.now() - chrono::Duration::days(instances::RECENT_DAYS);
-    let rows = state.store.vms_of(&user.user.sub, since).await?;
-    Ok(Json(rows.iter().map(instances::view).collect()))
+    Ok(Json(instances::recent(&state, &user).await?))
 }
 
 /// One of your instances.
