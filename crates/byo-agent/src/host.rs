@@ -82,26 +82,33 @@ pub trait Host {
     fn describe(&self) -> String;
 }
 
-impl<H: Host + ?Sized> Host for &mut H {
-    fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
-        (**self).run(argv, stdin)
-    }
-    fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
-        (**self).read(path)
-    }
-    fn write(&mut self, path: &str, bytes: &[u8], mode: u32, owner: &str) -> Fallible<()> {
-        (**self).write(path, bytes, mode, owner)
-    }
-    fn remove(&mut self, path: &str) -> Fallible<()> {
-        (**self).remove(path)
-    }
-    fn lxd(&mut self, method: &str, path: &str, body: LxdBody<'_>) -> Fallible<LxdReply> {
-        (**self).lxd(method, path, body)
-    }
-    fn describe(&self) -> String {
-        (**self).describe()
-    }
+/// A host behind a pointer (`&mut H`, `Box<H>`, `Box<dyn Host>`) is a host.
+macro_rules! forward_host {
+    ($($ptr:ty),*) => {$(
+        impl<H: Host + ?Sized> Host for $ptr {
+            fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
+                (**self).run(argv, stdin)
+            }
+            fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
+                (**self).read(path)
+            }
+            fn write(&mut self, path: &str, bytes: &[u8], mode: u32, owner: &str) -> Fallible<()> {
+                (**self).write(path, bytes, mode, owner)
+            }
+            fn remove(&mut self, path: &str) -> Fallible<()> {
+                (**self).remove(path)
+            }
+            fn lxd(&mut self, method: &str, path: &str, body: LxdBody<'_>) -> Fallible<LxdReply> {
+                (**self).lxd(method, path, body)
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+        }
+    )*};
 }
+
+forward_host!(&mut H, Box<H>);
 
 // --- typed operations over the primitives --------------------------------------------------
 

@@ -9,7 +9,7 @@ use byo_core::prepare::{Check, Mode, Progress, Step};
 use serde::{Deserialize, Serialize};
 
 use super::Plan;
-use crate::host::{Fallible, Host, LxdBody, LxdReply, Output, read_string};
+use crate::host::{Fallible, Host, read_string};
 
 /// What only node0 has: the relay peer, and the pair steps that reach the satellites.
 const NODE0_ONLY: &[&str] = &[
@@ -82,28 +82,6 @@ pub trait Satellites {
     fn owner_login(&self, peer: &Peer) -> Fallible<Option<Box<dyn Host + '_>>>;
     /// A satellite step's progress, tagged with its index.
     fn report(&self, progress: Progress);
-}
-
-/// A boxed host is a host.
-impl Host for Box<dyn Host + '_> {
-    fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
-        (**self).run(argv, stdin)
-    }
-    fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
-        (**self).read(path)
-    }
-    fn write(&mut self, path: &str, bytes: &[u8], mode: u32, owner: &str) -> Fallible<()> {
-        (**self).write(path, bytes, mode, owner)
-    }
-    fn remove(&mut self, path: &str) -> Fallible<()> {
-        (**self).remove(path)
-    }
-    fn lxd(&mut self, method: &str, path: &str, body: LxdBody<'_>) -> Fallible<LxdReply> {
-        (**self).lxd(method, path, body)
-    }
-    fn describe(&self) -> String {
-        (**self).describe()
-    }
 }
 
 fn satellites(plan: &Plan) -> Fallible<&Rc<dyn Satellites>> {

@@ -54,26 +54,7 @@ pub fn ssh(ip: &str, port: u16, user: &str, key: &Path, command: &str) -> std::p
         .unwrap()
 }
 
-pub fn wg_keypair() -> (String, String) {
-    let private = Command::new("wg").arg("genkey").output().unwrap();
-    assert!(private.status.success(), "wg genkey");
-    let private = String::from_utf8(private.stdout).unwrap().trim().to_owned();
-    let mut child = Command::new("wg")
-        .arg("pubkey")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    use std::io::Write;
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(private.as_bytes())
-        .unwrap();
-    let public = String::from_utf8(child.wait_with_output().unwrap().stdout).unwrap();
-    (private, public.trim().to_owned())
-}
+pub use super::kernel::wg_keypair;
 
 /// A private key in a file ssh accepts (0600).
 pub fn key_file(dir: &Path, name: &str, key: &ssh_key::PrivateKey) -> PathBuf {
