@@ -16,5 +16,4 @@ pub mod operator_keys;
 pub mod prepare;
 pub mod report;
 pub mod serve;
-pub mod units;
 pub mod vms;

@@ -423,7 +423,7 @@ fn rollback(bin: &std::path::Path) -> anyhow::Result<()> {
     std::fs::rename(&previous, bin).with_context(|| format!("restoring {}", previous.display()))?;
     println!("restored the previous build at {}", bin.display());
     let _ = std::process::Command::new("systemctl")
-        .args(["--no-block", "restart", byo_agent::units::SERVING])
+        .args(["--no-block", "restart", byo_core::render::units::SERVING])
         .status();
     Ok(())
 }

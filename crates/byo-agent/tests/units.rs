@@ -1,6 +1,6 @@
 //! The units pass `systemd-analyze verify`, and carry J's ordering.
 
-use byo_agent::units::{PREPARE, ROLLBACK, SERVING, units};
+use byo_core::render::units::{PREPARE, ROLLBACK, SERVING, units};
 
 #[test]
 fn the_units_verify_and_are_ordered_as_the_design_says() {

@@ -6,4 +6,5 @@ pub mod keylist;
 pub mod keylist_testing;
 pub mod prepare;
 pub mod redeem;
+pub mod render;
 pub mod tokens;

@@ -7,7 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use byo_relay::nft::{self, Layout, Mapping, NftCli};
+use byo_core::render::nft::{self, Layout, Mapping};
+use byo_relay::nft::NftCli;
 
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();

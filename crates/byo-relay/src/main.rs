@@ -6,9 +6,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
+use byo_core::render::nft::{self, Layout};
 use byo_core::tokens::TokenHash;
 use byo_relay::mapd::Mapd;
-use byo_relay::nft::{self, Layout, NftCli};
+use byo_relay::nft::NftCli;
 use clap::{Args, Parser, Subcommand};
 
 /// The byo relay daemon. ssh_mapd maps the relay's public :22 (or another port) to one

@@ -20,7 +20,9 @@ use byo_wire::relay::{MapEntry, MapTarget, SshMap};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::nft::{self, Layout, Mapping, NftCli};
+use byo_core::render::nft::{self as rules, Layout, Mapping};
+
+use crate::nft::{self, NftCli};
 
 /// Ports a mapping may never take: the relay's own services.
 pub const RESERVED_PORTS: &[u16] = &[80, 443, 8754, 51820];
@@ -193,7 +195,7 @@ async fn put_map(
     }
     let _guard = state.writes.lock().await;
     let nft = state.nft.clone();
-    kernel(move || nft.apply(&nft::reconcile_batch(&mappings))).await?;
+    kernel(move || nft.apply(&rules::reconcile_batch(&mappings))).await?;
     Ok(Json(view(&state.layout, &read(&state).await?)))
 }
 

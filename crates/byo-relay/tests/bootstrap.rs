@@ -5,8 +5,8 @@ mod support;
 
 use std::process::Command;
 
-use byo_relay::bootstrap::Bootstrap;
-use byo_relay::nft::{Layout, skeleton};
+use byo_core::render::nft::{Layout, skeleton};
+use byo_core::render::relay_bootstrap::Bootstrap;
 use support::{Netns, kernel_parts, run, wg_keypair};
 
 fn bootstrap() -> Bootstrap {

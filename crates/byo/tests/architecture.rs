@@ -63,3 +63,19 @@ fn only_the_database_crate_links_sqlx() {
         .collect();
     assert_eq!(direct, ["byo-db"], "crates depending on sqlx directly");
 }
+
+/// The server links neither the agent nor the relay: what both sides need (the agent's
+/// units, the relay's nftables layout and first-boot script) is rendered in
+/// `byo_core::render`, and the wire shapes are in `byo-wire`. Tests may still drive the
+/// real agent and relay libraries (dev-dependencies).
+#[test]
+fn the_server_links_neither_the_agent_nor_the_relay() {
+    let deps = tree(&["-p", "byo-server"]);
+    assert!(
+        deps.contains("byo-core"),
+        "the tree lists real dependencies"
+    );
+    for binary in ["byo-agent", "byo-relay"] {
+        assert!(!deps.contains(binary), "byo-server links {binary}");
+    }
+}

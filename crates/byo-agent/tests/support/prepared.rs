@@ -206,7 +206,7 @@ pub fn prepare(host: &HostContainer, args: &[&str]) -> (bool, String) {
 
 /// Install the agent's three units as install.sh does, with a short heartbeat.
 pub fn install_units(host: &HostContainer, heartbeat_every: u64) {
-    for (name, text) in byo_agent::units::units("/usr/local/bin/byo-agent") {
+    for (name, text) in byo_core::render::units::units("/usr/local/bin/byo-agent") {
         host.write(
             &format!("/etc/systemd/system/{name}"),
             text.as_bytes(),

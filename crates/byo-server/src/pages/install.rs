@@ -14,7 +14,7 @@ pub const AGENT_BIN: &str = "/usr/local/bin/byo-agent";
 pub fn install_script(server: &str) -> String {
     let server = server.trim_end_matches('/');
     let mut units = String::new();
-    for (name, body) in byo_agent::units::units(AGENT_BIN) {
+    for (name, body) in byo_core::render::units::units(AGENT_BIN) {
         units.push_str(&format!(
             "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
         ));

@@ -5,7 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::nft::Layout;
+use crate::render::nft::Layout;
 
 /// Everything that differs from one relay to the next.
 #[derive(Clone, Debug)]
