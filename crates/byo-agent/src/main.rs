@@ -323,7 +323,7 @@ fn prepare(root: PathBuf, dry_run: bool) -> anyhow::Result<()> {
         let sink = emit.clone();
         plan.satellites = Some(std::rc::Rc::new(prepare::peers::SshSatellites {
             dir: etc.clone(),
-            lxd_socket: if plan.profile.prepare.lxd == "apt" {
+            lxd_socket: if plan.profile.prepare.lxd == byo_wire::profile::LxdSource::Apt {
                 "/var/lib/lxd/unix.socket".into()
             } else {
                 "/var/snap/lxd/common/lxd/unix.socket".into()
