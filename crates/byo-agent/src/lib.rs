@@ -15,6 +15,7 @@ pub mod lxd;
 pub mod operator_keys;
 pub mod prepare;
 pub mod report;
+pub mod rollback;
 pub mod serve;
 pub mod units;
 pub mod vms;

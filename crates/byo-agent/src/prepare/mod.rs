@@ -4,6 +4,7 @@
 
 pub mod peers;
 pub mod steps;
+pub mod unit;
 
 use std::cell::RefCell;
 
