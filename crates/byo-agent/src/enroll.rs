@@ -252,3 +252,44 @@ pub fn read_token(arg: Option<&str>, file: Option<&Path>) -> std::io::Result<Str
     std::io::Read::read_to_string(&mut std::io::stdin(), &mut s)?;
     Ok(s.trim().to_owned())
 }
+
+/// `byo-agent enroll`: enrol this machine once; a machine that already enrolled reuses its
+/// credentials (and needs no token). The token comes from `token`, `token_file`, or
+/// standard input.
+pub fn run(
+    server: &str,
+    token: Option<String>,
+    token_file: Option<PathBuf>,
+    root: PathBuf,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let enroller = Enroller::new(server, EnrolPaths { root });
+    let token = if enroller.kept()?.is_some() {
+        String::new()
+    } else {
+        read_token(token.as_deref(), token_file.as_deref())
+            .context("reading the enrolment token")?
+    };
+    match enrol_this_machine(&enroller, &token)?? {
+        EnrolOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
+        EnrolOutcome::AlreadyEnrolled { slug } => {
+            println!("already enrolled as {slug}; reusing its credentials")
+        }
+    }
+    Ok(())
+}
+
+/// Detect this machine (step 126) and redeem `token`, retrying while the backend is away.
+pub fn enrol_this_machine(
+    enroller: &Enroller,
+    token: &str,
+) -> anyhow::Result<Result<EnrolOutcome, EnrolError>> {
+    let report = EnrollRequest {
+        node: crate::detect::detect(&crate::detect::LocalProbe),
+        peers: Vec::new(),
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(rt.block_on(enroller.enrol(token, &report)))
+}

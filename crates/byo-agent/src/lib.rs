@@ -15,5 +15,6 @@ pub mod lxd;
 pub mod operator_keys;
 pub mod prepare;
 pub mod report;
+pub mod rollback;
 pub mod serve;
 pub mod vms;

@@ -202,3 +202,65 @@ impl OperatorKeys {
         .map_err(io_err("writing the trusted signing key"))
     }
 }
+
+/// `byo-agent operator-keys apply`: verify the signed list in `file` (`-` for standard input)
+/// and apply it.
+pub fn apply_command(keys: &OperatorKeys, file: &Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    if file.as_os_str() == "-" {
+        io::stdin().read_to_end(&mut bytes)?;
+    } else {
+        bytes = fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    }
+    let applied = keys.receive(&bytes, Utc::now())?;
+    println!(
+        "applied operator-key list version {} ({} keys)",
+        applied.version, applied.keys
+    );
+    Ok(())
+}
+
+/// `byo-agent operator-keys reconcile`.
+pub fn reconcile_command(keys: &OperatorKeys) -> anyhow::Result<()> {
+    if keys.reconcile()? {
+        println!("authorized_keys rewritten from the kept list");
+    }
+    Ok(())
+}
+
+/// `byo-agent operator-keys trust`.
+pub fn trust_command(keys: &OperatorKeys, key: &str) -> anyhow::Result<()> {
+    keys.trust(key)?;
+    println!("signing key pinned; send the list again from /admin");
+    Ok(())
+}
+
+/// `byo-agent operator-keys show`: the kept list's version, expiry and every key with its
+/// fingerprint, control characters escaped.
+pub fn show_command(keys: &OperatorKeys) -> anyhow::Result<()> {
+    use byo_core::keylist::{check_key, escape_control};
+    match keys.held()? {
+        None => println!("no list is kept on this host"),
+        Some((_, list)) => {
+            println!(
+                "version {} for {}, expires {}",
+                list.version,
+                escape_control(&list.environment),
+                list.expires
+            );
+            for k in &list.keys {
+                let fp = check_key(k)
+                    .map(|c| c.fingerprint)
+                    .unwrap_or_else(|e| format!("invalid: {e}"));
+                println!(
+                    "  {fp}  {} ({})",
+                    escape_control(&k.user_sub),
+                    escape_control(&k.label)
+                );
+            }
+        }
+    }
+    Ok(())
+}

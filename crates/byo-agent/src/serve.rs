@@ -244,3 +244,94 @@ pub fn router(state: Serving) -> Router {
         .layer(DefaultBodyLimit::max(MAX_ENVELOPE_BYTES))
         .with_state(state)
 }
+
+/// What `byo-agent serve` is started with.
+pub struct ServeOptions {
+    /// Where the relay's Caddy reaches the agent (wg0's host address).
+    pub listen: std::net::SocketAddr,
+    /// The file holding the SHA-256 (hex) of the agent token the backend presents.
+    pub agent_token_hash: std::path::PathBuf,
+    /// What preparation handed over; without it the VM API answers 503.
+    pub serving_file: std::path::PathBuf,
+    /// Seconds between heartbeats (at least one).
+    pub heartbeat_every: u64,
+    pub operator_keys: OperatorKeys,
+}
+
+/// The serving unit (enverge-agent, as spark): bring authorized_keys to the kept operator-key
+/// list, then answer the backend on one thread, with the heartbeat on its own once prepared.
+pub fn run(options: ServeOptions) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let ServeOptions {
+        listen,
+        agent_token_hash: token_hash_file,
+        serving_file,
+        heartbeat_every,
+        operator_keys,
+    } = options;
+    let heartbeat_every = std::time::Duration::from_secs(heartbeat_every.max(1));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .compact()
+        .init();
+    let hash = std::fs::read_to_string(&token_hash_file)
+        .with_context(|| format!("reading {}", token_hash_file.display()))?;
+    let hash = hash.trim();
+    anyhow::ensure!(
+        hash.len() == 64 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{} must hold a SHA-256 in hex",
+        token_hash_file.display()
+    );
+    if operator_keys.reconcile()? {
+        tracing::info!("authorized_keys brought to the kept operator-key list");
+    }
+    let vms = match std::fs::read(&serving_file) {
+        Ok(bytes) => {
+            let handed: crate::prepare::Serving = serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} does not parse", serving_file.display()))?;
+            Some(handed)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::warn!("not prepared yet: the VM API answers 503 until preparation hands over");
+            None
+        }
+        Err(e) => return Err(e).with_context(|| format!("reading {}", serving_file.display())),
+    };
+    let service = vms.as_ref().map(|handed| {
+        Arc::new(VmService {
+            config: VmConfig {
+                ssh_listen: handed.ssh_listen.clone(),
+                gpu: handed.gpu,
+            },
+            relay: Box::new(vms::HttpRelayMap::new(
+                &handed.ssh_map_endpoint,
+                &handed.ssh_map_token,
+            )),
+            host: std::sync::Mutex::new(LocalHost::default()),
+        })
+    });
+    let state = Serving {
+        vms: service.clone(),
+        token_hash: Arc::new(TokenHash::from_stored(hash.to_ascii_lowercase())),
+        operator_keys,
+    };
+    // One thread: the agent's steady state is to answer the backend and otherwise sit still.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        tracing::info!(%listen, "serving");
+        if let (Some(svc), Some(handed)) = (service, vms) {
+            std::thread::spawn(move || crate::heartbeat::run(svc, handed, heartbeat_every));
+        }
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        Ok(())
+    })
+}

@@ -10,16 +10,17 @@ use std::sync::{Arc, Mutex};
 
 use byo_agent::host::{Host, LxdBody};
 use byo_agent::prepare::peers::{Peer, Satellites};
-use byo_agent::prepare::{self, Plan, Profile, STEP_NAMES};
+use byo_agent::prepare::{self, Plan, STEP_NAMES};
 use byo_core::prepare::{Mode, Outcome, Progress, Step};
 use byo_wire::enroll::WireGuardConfig;
 use byo_wire::prepare::StepState;
+use byo_wire::profile::ProfilePlan;
 use sim_spark::{SimSpark, State, dgx_os};
 
 const BUILD: &str = "byo-agent 1.0 (test)";
 const KEYS: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOperatorKeyForTestsOnly expiry-time=\"20270101\" byo-operator:op1:laptop\n";
 
-fn gb10_spark_1() -> Profile {
+fn gb10_spark_1() -> ProfilePlan {
     serde_json::from_value(serde_json::json!({
         "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
         "cuda_repo_arch": "sbsa", "node_count": 1, "rails": []
@@ -681,7 +682,7 @@ fn pair(node1_state: State) -> Pair {
                   {"index": 1, "local": "enP2p1s0f0np0", "remote": "enP2p1s0f1np1", "neighbour_addr": "fe80::2%enP2p1s0f0np0"}]
     }))
     .unwrap();
-    let profile: Profile = serde_json::from_value(serde_json::json!({
+    let profile: ProfilePlan = serde_json::from_value(serde_json::json!({
         "gpu_model": "GB10", "gpu_count": 1, "cuda_repo_arch": "sbsa", "node_count": 2,
         "rails": [{"index": 0, "subnet": "192.168.100.0/24", "mtu": 9000}, {"index": 1, "subnet": "192.168.101.0/24", "mtu": 9000}]
     }))
@@ -820,4 +821,42 @@ fn k_rail_verify_sends_traffic_across_every_cable_from_both_ends() {
         "rail 1: node0 enP2p1s0f0np0 → node1 192.168.101.11",
     );
     owner_untouched(&p.node0);
+}
+
+#[test]
+fn the_docs_list_exactly_the_registrys_steps_in_order() {
+    let doc = include_str!("../../../docs/prepare.md");
+    let listed: Vec<&str> = doc
+        .lines()
+        .skip_while(|l| *l != "## The list")
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .filter_map(|l| {
+            let cells: Vec<&str> = l.split('|').map(str::trim).collect();
+            cells.get(1)?.parse::<u32>().ok()?;
+            cells.get(2)?.split('`').nth(1)
+        })
+        .collect();
+    assert_eq!(
+        listed, STEP_NAMES,
+        "docs/prepare.md's table against the registry"
+    );
+}
+
+#[test]
+fn a_satellite_runs_every_step_but_node0s_own_in_the_same_order() {
+    let subset: Vec<&str> = byo_agent::prepare::peers::satellite_steps().collect();
+    let node0_only = [
+        "relay-peer",
+        "peer-access",
+        "satellites",
+        "rail-network",
+        "rail-verify",
+    ];
+    let expected: Vec<&str> = STEP_NAMES
+        .iter()
+        .copied()
+        .filter(|s| !node0_only.contains(s))
+        .collect();
+    assert_eq!(subset, expected);
 }

@@ -8,28 +8,11 @@ use std::fmt;
 use std::net::Ipv4Addr;
 
 use byo_wire::enroll::{EnrollRequest, NodeReport, RailPort};
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-/// host_profiles.constants: the plan, written once.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Plan {
-    /// None accepts any (the staff-only test profile).
-    pub gpu_model: Option<String>,
-    pub gpu_count: Option<u32>,
-    pub gpu_mem_mib: Option<u64>,
-    pub arch: Option<String>,
-    pub node_count: u32,
-    #[serde(default)]
-    pub rails: Vec<RailPlan>,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RailPlan {
-    pub index: u32,
-    pub subnet: String,
-    pub mtu: u32,
-}
+/// The plan is the profile's, defined once on the wire. `Plan` is the name host-enroll
+/// reads it by.
+pub use byo_wire::profile::{ProfilePlan, ProfilePlan as Plan, RailPlan};
 
 /// A host_nodes row to write.
 #[derive(Clone, Debug, PartialEq)]
@@ -152,7 +135,7 @@ fn matches<T: PartialEq + fmt::Display>(
     }
 }
 
-fn check_hardware(plan: &Plan, n: &NodeReport, index: u32) -> Result<String, Rejection> {
+fn check_hardware(plan: &ProfilePlan, n: &NodeReport, index: u32) -> Result<String, Rejection> {
     matches(index, "gpu_model", &plan.gpu_model, &n.gpu_model)?;
     matches(index, "gpu_count", &plan.gpu_count, &n.gpu_count)?;
     matches(index, "arch", &plan.arch, &n.arch)?;
@@ -174,7 +157,7 @@ pub fn rail_address(rail: &RailPlan, node: u32) -> Option<String> {
     Some(format!("{addr}/{prefix}"))
 }
 
-fn rails_value(plan: &Plan, ports: &[RailPort], node: u32) -> Value {
+fn rails_value(plan: &ProfilePlan, ports: &[RailPort], node: u32) -> Value {
     let mut out = Map::new();
     for p in ports {
         let mut v = Map::new();
@@ -219,7 +202,7 @@ pub fn identity(n: &NodeReport) -> Value {
 
 /// Judge an enrolment request against the plan. `Ok` carries the rows to write, node0
 /// first; rows are at the index each machine carries, never its place in the list.
-pub fn judge(plan: &Plan, req: &EnrollRequest) -> Result<Vec<NodeRow>, Rejection> {
+pub fn judge(plan: &ProfilePlan, req: &EnrollRequest) -> Result<Vec<NodeRow>, Rejection> {
     let node0 = &req.node;
     if node0.node_index != 0 {
         return Err(Rejection::WrongNodeIndex {

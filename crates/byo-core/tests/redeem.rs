@@ -1,11 +1,12 @@
 //! Step 127: what redeem accepts and refuses, against the profiles' plans, with the
 //! design's own example request as the fixture.
 
-use byo_core::redeem::{Plan, Rejection, judge};
+use byo_core::redeem::{Rejection, judge};
 use byo_wire::enroll::EnrollRequest;
+use byo_wire::profile::ProfilePlan;
 use serde_json::json;
 
-fn plan(node_count: u32) -> Plan {
+fn plan(node_count: u32) -> ProfilePlan {
     // A pair has two rails; a ring one per cable, four; a single Spark none.
     let rail_count = if node_count > 1 {
         node_count.clamp(2, 4)
@@ -22,7 +23,7 @@ fn plan(node_count: u32) -> Plan {
     .unwrap()
 }
 
-fn test_plan() -> Plan {
+fn test_plan() -> ProfilePlan {
     serde_json::from_value(
         json!({"gpu_model": null, "gpu_count": null, "gpu_mem_mib": null, "arch": null,
         "cuda_repo_arch": "x86_64", "node_count": 1, "rails": []}),

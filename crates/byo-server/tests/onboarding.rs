@@ -802,8 +802,11 @@ async fn c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan(w: 
         serde_json::from_value(w.enroll(p["token"].as_str().unwrap(), spark()).await.json())
             .unwrap();
     let plan = byo_agent::prepare::plan_from(&enrolled, None).unwrap();
-    assert_eq!(plan.profile.prepare.storage_driver, "zfs");
-    assert_eq!(plan.profile.prepare.lxd, "snap");
+    assert_eq!(
+        plan.profile.prepare.storage_driver,
+        byo_wire::profile::StorageDriver::Zfs
+    );
+    assert_eq!(plan.profile.prepare.lxd, byo_wire::profile::LxdSource::Snap);
     assert_eq!(plan.profile.cuda_repo_arch.as_deref(), Some("sbsa"));
     assert!(!plan.lockout_owner, "hosts.lockout_owner ships false");
 

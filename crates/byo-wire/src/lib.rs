@@ -6,6 +6,7 @@
 pub mod api;
 pub mod enroll;
 pub mod prepare;
+pub mod profile;
 pub mod relay;
 pub mod role;
 pub mod vm;

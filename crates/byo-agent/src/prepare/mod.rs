@@ -2,24 +2,25 @@
 //! `byo_core::prepare` over the host adapter. `docs/prepare.md` lists every step with its
 //! check, its apply and why it sits where it does.
 
-mod image;
 pub mod peers;
-mod steps;
+pub mod steps;
+pub mod unit;
 
 use std::cell::RefCell;
 
 use byo_core::prepare::{DoneList, Mode, Outcome, Progress, Step};
 use byo_wire::enroll::WireGuardConfig;
 use byo_wire::prepare::StepState;
+use byo_wire::profile::ProfilePlan;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::host::{Fallible, Host, LxdBody, LxdReply, Output};
 
-pub use image::{
-    BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, UDHCPC_SCRIPT, recipe_digest,
+pub use steps::{
+    BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, PROFILE_NAME, SPARK, STEP_NAMES,
+    UDHCPC_SCRIPT, recipe_digest, render_base_profile, render_wireguard,
 };
-pub use steps::{PROFILE_NAME, SPARK, STEP_NAMES, render_base_profile, render_wireguard};
 
 /// The last act of a completed preparation hands the credentials to the serving user, and
 /// that hand-over is the record (L, rule 1): a later start that finds it exits at once.
@@ -29,72 +30,11 @@ pub const DONE_LIST: &str = "/var/lib/enverge-agent/prepare-done.json";
 /// Who ran the installer: the login owner-lockout removes (when the host says so).
 pub const OWNER_FILE: &str = "/etc/enverge/owner";
 
-/// The profile's plan (host_profiles.constants) as far as preparation reads it.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct Profile {
-    #[serde(default = "one")]
-    pub node_count: u32,
-    #[serde(default)]
-    pub gpu_model: Option<String>,
-    #[serde(default)]
-    pub gpu_count: Option<u32>,
-    /// The NVIDIA repository's architecture the image builder uses (sbsa on arm64).
-    #[serde(default)]
-    pub cuda_repo_arch: Option<String>,
-    /// The rail plan: a subnet and an MTU per rail, named by index (K).
-    #[serde(default)]
-    pub rails: Vec<Rail>,
-    #[serde(default)]
-    pub prepare: Constants,
-}
-
-#[derive(Clone, Debug, Deserialize, Serialize)]
-pub struct Rail {
-    pub index: u32,
-    pub subnet: String,
-    pub mtu: u32,
-}
-
-fn one() -> u32 {
-    1
-}
-
-/// How this profile's machines are prepared. A GB10 Spark takes the defaults; the
-/// staff-only test profile names the alternatives a Debian container can do.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(default)]
-pub struct Constants {
-    /// `snap` (Ubuntu, DGX OS) or `apt` (Debian's package).
-    pub lxd: String,
-    /// `zfs`; `dir` only where zfs cannot exist (a container), and said so in the report.
-    pub storage_driver: String,
-    pub pool_size: String,
-    pub zfs_arc_max: u64,
-    /// `ubuntu` (pulled from the image server) or `minimal` (busybox, built on the host).
-    pub base_image: String,
-    /// Run the operator tunnel (cloudflared). Off only for the staff-only test profile,
-    /// whose machines cannot reach Cloudflare's package repository.
-    pub tunnel: bool,
-}
-
-impl Default for Constants {
-    fn default() -> Self {
-        Constants {
-            lxd: "snap".into(),
-            storage_driver: "zfs".into(),
-            pool_size: "200GiB".into(),
-            zfs_arc_max: 8 << 30,
-            base_image: "ubuntu".into(),
-            tunnel: true,
-        }
-    }
-}
-
 /// Everything the steps read besides the host itself: the profile, and what enrolment
 /// returned. Built by the caller from the kept credentials.
 #[derive(Clone)]
 pub struct Plan {
-    pub profile: Profile,
+    pub profile: ProfilePlan,
     /// spark's authorized_keys, rendered from the kept signed list (already verified).
     pub authorized_keys: Option<String>,
     pub wireguard: Option<WireGuardConfig>,
@@ -215,7 +155,7 @@ pub fn plan_from(
     creds: &byo_wire::enroll::EnrollResponse,
     authorized_keys: Option<String>,
 ) -> Result<Plan, String> {
-    let profile: Profile = serde_json::from_value(creds.constants.clone()).map_err(|e| {
+    let profile: ProfilePlan = serde_json::from_value(creds.constants.clone()).map_err(|e| {
         format!(
             "the profile's constants ({}) do not parse: {e}",
             creds.profile_id

@@ -1,22 +1,100 @@
-//! base-image: lofispark-base, built from a script the agent carries, with the profile's
-//! cuda_repo_arch, ending with the alias every create launches by.
+//! `base-image`: step 12 of the list in `docs/prepare.md`.
+//!
+//! **Check:** alias `lofispark-base` points at an image whose `enverge.recipe` is this build's
+//! recipe digest.
+//! **Apply:** build in `enverge-image-build` from the embedded script and banner with the profile's
+//! `cuda_repo_arch`, publish, **then the alias, last**; on a failed build, name the cause (FORWARD
+//! DROP → docker-purge; default-deny ufw → firewall).
+//! **Why here:** The lifecycle launches by alias; an image without one fails every create.
+//!
+//! The image is lofispark-base, built from a script the agent carries (`assets/`), with the
+//! profile's cuda_repo_arch.
 
 use byo_core::prepare::Check;
+use byo_wire::profile::BaseImage as Flavour;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use super::Plan;
-use super::steps::{NEEDS_LXD, PROFILE_NAME, forward_policy_in_file, lxd_answers, ufw_active};
+use super::StepDef;
+use super::shared::{NEEDS_LXD, PROFILE_NAME, forward_policy_in_file, lxd_answers, ufw_active};
+use crate::prepare::Plan;
 use crate::host::{Fallible, Host, LxdBody, apt_install, must, package_installed};
 use crate::lxd;
 
 pub const BASE_ALIAS: &str = "lofispark-base";
 pub const BUILD_INSTANCE: &str = "enverge-image-build";
-pub const BUILDER_SCRIPT: &str = include_str!("../../assets/build-base-image.sh");
-pub const LOGIN_BANNER: &str = include_str!("../../assets/login-banner.txt");
-pub const UDHCPC_SCRIPT: &str = include_str!("../../assets/udhcpc.script");
+pub const BUILDER_SCRIPT: &str = include_str!("../../../assets/build-base-image.sh");
+pub const LOGIN_BANNER: &str = include_str!("../../../assets/login-banner.txt");
+pub const UDHCPC_SCRIPT: &str = include_str!("../../../assets/udhcpc.script");
 const RECIPE_PROPERTY: &str = "enverge.recipe";
 const SCRATCH_DESCRIPTION: &str = "enverge minimal source (busybox)";
+
+pub(crate) struct BaseImage;
+
+impl StepDef for BaseImage {
+    const NAME: &str = "base-image";
+
+    fn check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
+        if !lxd_answers(h) {
+            return Ok(Check::Needs(NEEDS_LXD.into()));
+        }
+        let digest = recipe_digest(plan);
+        if let Some(alias) = lxd::get(h, &format!("/1.0/images/aliases/{BASE_ALIAS}"))? {
+            let target = alias["target"].as_str().unwrap_or_default();
+            let image = lxd::get(h, &format!("/1.0/images/{target}"))?;
+            let recipe = image
+                .as_ref()
+                .and_then(|i| i["properties"][RECIPE_PROPERTY].as_str());
+            return Ok(if recipe == Some(digest.as_str()) {
+                Check::Satisfied
+            } else {
+                Check::Needs(format!(
+                    "rebuild {BASE_ALIAS}: its recipe changed (now {digest})"
+                ))
+            });
+        }
+        Ok(Check::Needs(match built(h, &digest)? {
+            Some(fp) => format!(
+                "give image {} the alias {BASE_ALIAS} (without it every create fails)",
+                &fp[..12.min(fp.len())]
+            ),
+            None => format!(
+                "build {BASE_ALIAS} ({}, {})",
+                plan.profile.prepare.base_image,
+                cuda_arch(plan)
+            ),
+        }))
+    }
+
+    fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
+        let digest = recipe_digest(plan);
+        // A run killed part way may have left its build instance behind.
+        lxd::delete_instance(h, BUILD_INSTANCE)?;
+        let fingerprint = match built(h, &digest)? {
+            Some(fp) => fp,
+            None => build(h, plan, &digest)?,
+        };
+        // The last act: the lifecycle launches by alias, so an image without one is useless.
+        let alias = format!("/1.0/images/aliases/{BASE_ALIAS}");
+        if lxd::get(h, &alias)?.is_some() {
+            lxd::json_call(
+                h,
+                "PUT",
+                &alias,
+                &json!({"target": fingerprint, "description": ""}),
+            )
+            .map(drop)
+        } else {
+            lxd::json_call(
+                h,
+                "POST",
+                "/1.0/images/aliases",
+                &json!({"name": BASE_ALIAS, "target": fingerprint}),
+            )
+            .map(drop)
+        }
+    }
+}
 
 /// What the image is built from: a new builder, banner or architecture is a new recipe,
 /// and a new recipe is a rebuild.
@@ -26,7 +104,7 @@ pub fn recipe_digest(plan: &Plan) -> String {
         BUILDER_SCRIPT,
         LOGIN_BANNER,
         UDHCPC_SCRIPT,
-        &plan.profile.prepare.base_image,
+        plan.profile.prepare.base_image.as_str(),
         cuda_arch(plan),
     ] {
         h.update(part.as_bytes());
@@ -49,66 +127,7 @@ fn built<H: Host>(h: &mut H, digest: &str) -> Fallible<Option<String>> {
     }))
 }
 
-pub(super) fn check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
-    if !lxd_answers(h) {
-        return Ok(Check::Needs(NEEDS_LXD.into()));
-    }
-    let digest = recipe_digest(plan);
-    if let Some(alias) = lxd::get(h, &format!("/1.0/images/aliases/{BASE_ALIAS}"))? {
-        let target = alias["target"].as_str().unwrap_or_default();
-        let image = lxd::get(h, &format!("/1.0/images/{target}"))?;
-        let recipe = image
-            .as_ref()
-            .and_then(|i| i["properties"][RECIPE_PROPERTY].as_str());
-        return Ok(if recipe == Some(digest.as_str()) {
-            Check::Satisfied
-        } else {
-            Check::Needs(format!(
-                "rebuild {BASE_ALIAS}: its recipe changed (now {digest})"
-            ))
-        });
-    }
-    Ok(Check::Needs(match built(h, &digest)? {
-        Some(fp) => format!(
-            "give image {} the alias {BASE_ALIAS} (without it every create fails)",
-            &fp[..12.min(fp.len())]
-        ),
-        None => format!(
-            "build {BASE_ALIAS} ({}, {})",
-            plan.profile.prepare.base_image,
-            cuda_arch(plan)
-        ),
-    }))
-}
 
-pub(super) fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
-    let digest = recipe_digest(plan);
-    // A run killed part way may have left its build instance behind.
-    lxd::delete_instance(h, BUILD_INSTANCE)?;
-    let fingerprint = match built(h, &digest)? {
-        Some(fp) => fp,
-        None => build(h, plan, &digest)?,
-    };
-    // The last act: the lifecycle launches by alias, so an image without one is useless.
-    let alias = format!("/1.0/images/aliases/{BASE_ALIAS}");
-    if lxd::get(h, &alias)?.is_some() {
-        lxd::json_call(
-            h,
-            "PUT",
-            &alias,
-            &json!({"target": fingerprint, "description": ""}),
-        )
-        .map(drop)
-    } else {
-        lxd::json_call(
-            h,
-            "POST",
-            "/1.0/images/aliases",
-            &json!({"name": BASE_ALIAS, "target": fingerprint}),
-        )
-        .map(drop)
-    }
-}
 
 fn build<H: Host>(h: &mut H, plan: &Plan, digest: &str) -> Fallible<String> {
     // A scratch source a run killed part way left behind.
@@ -119,13 +138,13 @@ fn build<H: Host>(h: &mut H, plan: &Plan, digest: &str) -> Fallible<String> {
             lxd::call(h, "DELETE", &format!("/1.0/images/{fp}"), LxdBody::None)?;
         }
     }
-    let flavour = plan.profile.prepare.base_image.clone();
-    let (source, scratch) = match flavour.as_str() {
-        "minimal" => {
+    let flavour = plan.profile.prepare.base_image;
+    let (source, scratch) = match flavour {
+        Flavour::Minimal => {
             let fp = import_minimal(h)?;
             (json!({"type": "image", "fingerprint": fp}), Some(fp))
         }
-        _ => (
+        Flavour::Ubuntu => (
             json!({"type": "image", "mode": "pull", "protocol": "simplestreams",
                    "server": "https://cloud-images.ubuntu.com/releases", "alias": "24.04"}),
             None,
@@ -138,7 +157,7 @@ fn build<H: Host>(h: &mut H, plan: &Plan, digest: &str) -> Fallible<String> {
         &json!({"name": BUILD_INSTANCE, "type": "container", "source": source,
                 "profiles": [PROFILE_NAME]}),
     )?;
-    let result = run_builder(h, &flavour, cuda_arch(plan));
+    let result = run_builder(h, flavour.as_str(), cuda_arch(plan));
     let published = result.and_then(|()| {
         lxd::state(h, BUILD_INSTANCE, "stop")?;
         let meta = lxd::json_call(

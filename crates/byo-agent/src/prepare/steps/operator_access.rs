@@ -1,0 +1,169 @@
+//! `operator-access`: step 1 of the list in `docs/prepare.md`.
+//!
+//! **Check:** `spark` exists; `/etc/sudoers.d/enverge-spark` is `NOPASSWD:ALL` and `runuser -u
+//! spark -- sudo -n true` works; spark's authorized_keys is the kept signed list; `sshd -T` for
+//! spark accepts public keys and admits spark; sshd runs; with a connector token, cloudflared runs
+//! it.
+//! **Apply:** `useradd`, the sudoers drop-in validated with `visudo -cf` before it lands,
+//! authorized_keys 0600, sshd enabled; cloudflared unit with `--token-file`.
+//! **Why here:** Proves Enverge's access — it is re-verified by `owner-lockout` before the owner's
+//! is removed.
+
+use byo_core::prepare::Check;
+
+use super::StepDef;
+use super::shared::{SPARK, verdict, file_is};
+use crate::host::{self, Fallible, Host, apt_install, must, read_string, unit_active, user_exists};
+use crate::prepare::Plan;
+
+const SUDOERS: &str = "/etc/sudoers.d/enverge-spark";
+
+const SUDOERS_LINE: &str = "spark ALL=(ALL) NOPASSWD:ALL\n";
+
+const TUNNEL_TOKEN: &str = "/etc/enverge/tunnel-token";
+
+const TUNNEL_UNIT: &str = "enverge-tunnel.service";
+
+pub(crate) struct OperatorAccess;
+
+impl StepDef for OperatorAccess {
+    const NAME: &str = "operator-access";
+
+    fn check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
+        problems(h, plan).map(verdict)
+    }
+
+    fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
+        let keys = plan.authorized_keys.clone().unwrap_or_default();
+        if !user_exists(h, SPARK)? {
+            must(
+                h,
+                &[
+                    "useradd",
+                    "--create-home",
+                    "--user-group",
+                    "--shell",
+                    "/bin/bash",
+                    SPARK,
+                ],
+            )?;
+        }
+        // A sudoers file that does not parse breaks sudo for everyone: validate before it lands.
+        let staging = format!("/etc/enverge/{}.check", "sudoers-spark");
+        h.write(&staging, SUDOERS_LINE.as_bytes(), 0o440, "root:root")?;
+        let valid = must(h, &["visudo", "-cf", &staging]);
+        h.remove(&staging)?;
+        valid?;
+        h.write(SUDOERS, SUDOERS_LINE.as_bytes(), 0o440, "root:root")?;
+        if !h
+            .run(
+                &[
+                    "sshd",
+                    "-T",
+                    "-C",
+                    "user=spark,host=localhost,addr=127.0.0.1",
+                ],
+                None,
+            )?
+            .ok()
+        {
+            apt_install(h, &["openssh-server"])?;
+        }
+        let ak = authorized_keys_path(h)?;
+        let dir = ak.trim_end_matches("/authorized_keys").to_owned();
+        must(
+            h,
+            &[
+                "install", "-d", "-m", "0700", "-o", SPARK, "-g", SPARK, &dir,
+            ],
+        )?;
+        h.write(&ak, keys.as_bytes(), 0o600, "spark:spark")?;
+        for unit in ["ssh.service", "sshd.service"] {
+            if h.run(&["systemctl", "enable", "--now", unit], None)?.ok() {
+                break;
+            }
+        }
+        if let Some(token) = &plan.tunnel_token {
+            h.write(TUNNEL_TOKEN, token.as_bytes(), 0o600, "root:root")?;
+            if !h.run(&["cloudflared", "--version"], None)?.ok() {
+                apt_install(h, &["cloudflared"]).map_err(|e| {
+                    format!("cloudflared (the operator tunnel) could not be installed: {e}")
+                })?;
+            }
+            let unit = "[Unit]\nDescription=Enverge operator tunnel (cloudflared)\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nExecStart=/usr/bin/cloudflared tunnel --no-autoupdate run --token-file /etc/enverge/tunnel-token\nRestart=always\nRestartSec=5\n\n[Install]\nWantedBy=multi-user.target\n";
+            h.write(
+                &format!("/etc/systemd/system/{TUNNEL_UNIT}"),
+                unit.as_bytes(),
+                0o644,
+                "root:root",
+            )?;
+            must(h, &["systemctl", "daemon-reload"])?;
+            must(h, &["systemctl", "enable", "--now", TUNNEL_UNIT])?;
+        }
+        Ok(())
+    }
+}
+
+fn authorized_keys_path<H: Host>(h: &mut H) -> Fallible<String> {
+    let home = host::home_of(h, SPARK)?.unwrap_or_else(|| format!("/home/{SPARK}"));
+    Ok(format!("{home}/.ssh/authorized_keys"))
+}
+
+/// Proof that operators can administer this host: spark exists, sudo works for it without
+/// a password, sshd accepts its keys, and its authorized_keys holds the operator list.
+pub(super) fn problems<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Vec<String>> {
+    let keys = plan.authorized_keys.as_deref().ok_or(
+        "no operator-key list is kept on this host (enrolment delivers it): nobody could administer it",
+    )?;
+    let mut needs = Vec::new();
+    if !user_exists(h, SPARK)? {
+        needs.push("create the spark user".to_owned());
+        return Ok(needs);
+    }
+    if !file_is(h, SUDOERS, SUDOERS_LINE)? {
+        needs.push(format!("write {SUDOERS}"));
+    } else if !h
+        .run(&["runuser", "-u", SPARK, "--", "sudo", "-n", "true"], None)?
+        .ok()
+    {
+        needs.push("spark cannot sudo without a password".to_owned());
+    }
+    let ak = authorized_keys_path(h)?;
+    if read_string(h, &ak)?.as_deref() != Some(keys) {
+        needs.push(format!("write the operator keys to {ak}"));
+    }
+    let sshd = h.run(
+        &[
+            "sshd",
+            "-T",
+            "-C",
+            "user=spark,host=localhost,addr=127.0.0.1",
+        ],
+        None,
+    )?;
+    if !sshd.ok() {
+        needs.push("install and configure openssh-server".to_owned());
+    } else {
+        let conf = sshd.stdout.to_ascii_lowercase();
+        if !conf.lines().any(|l| l.trim() == "pubkeyauthentication yes") {
+            needs.push("sshd does not accept public keys".to_owned());
+        }
+        if let Some(allowed) = conf.lines().find(|l| l.starts_with("allowusers "))
+            && !allowed.split_whitespace().skip(1).any(|u| u == SPARK)
+        {
+            needs.push(format!("sshd admits only {allowed}"));
+        }
+        if !(unit_active(h, "ssh.service")? || unit_active(h, "sshd.service")?) {
+            needs.push("start sshd".to_owned());
+        }
+    }
+    if let Some(token) = &plan.tunnel_token {
+        if read_string(h, TUNNEL_TOKEN)?.as_deref() != Some(token.as_str()) {
+            needs.push("keep the tunnel connector token".to_owned());
+        }
+        if !unit_active(h, TUNNEL_UNIT)? {
+            needs.push("run cloudflared (the operator tunnel)".to_owned());
+        }
+    }
+    Ok(needs)
+}

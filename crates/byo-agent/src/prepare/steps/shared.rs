@@ -1,0 +1,79 @@
+//! What more than one step reads: the names every step agrees on (spark, the pool, the bridge,
+//! the profile), the verdict a check returns, and the small readers several checks share.
+
+use byo_core::prepare::Check;
+
+use crate::host::{Fallible, Host, read_string};
+use crate::lxd;
+use crate::prepare::Plan;
+
+/// The one administrator of a BYO host: every operator logs in as spark (I).
+pub const SPARK: &str = "spark";
+pub const PROFILE_NAME: &str = "lofispark-base";
+pub(super) const POOL: &str = "default";
+pub(super) const BRIDGE: &str = "lxdbr0";
+pub(super) const UFW_DEFAULTS: &str = "/etc/default/ufw";
+pub(super) const WG_UNIT: &str = "wg-quick@wg0.service";
+/// The tunnel's range (10.8.0.1 the relay, 10.8.0.2 the host).
+pub(super) const TUNNEL_NET: (u32, u32) = (0x0A08_0000, 24);
+
+pub(super) fn verdict(needs: Vec<String>) -> Check {
+    if needs.is_empty() {
+        Check::Satisfied
+    } else {
+        Check::Needs(needs.join("; "))
+    }
+}
+
+pub(super) fn file_is<H: Host>(h: &mut H, path: &str, want: &str) -> Fallible<bool> {
+    Ok(read_string(h, path)?.as_deref() == Some(want))
+}
+
+/// What an LXD step would do on a host where LXD is not installed yet (a dry run).
+pub(super) const NEEDS_LXD: &str = "everything: LXD is not installed yet";
+
+pub(super) fn lxd_answers<H: Host>(h: &mut H) -> bool {
+    matches!(lxd::get(h, "/1.0"), Ok(Some(_)))
+}
+
+/// Active swap devices, from /proc/swaps.
+pub(super) fn swaps<H: Host>(h: &mut H) -> Fallible<Vec<String>> {
+    Ok(read_string(h, "/proc/swaps")?
+        .unwrap_or_default()
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect())
+}
+
+pub(super) fn single<H>(_: &mut H, plan: &Plan) -> Option<String> {
+    (plan.profile.node_count <= 1).then(|| "a single Spark: no satellites, no rails".to_owned())
+}
+
+pub(super) fn parse_net(s: &str) -> Option<(u32, u32)> {
+    let (addr, len) = s.split_once('/')?;
+    let ip: std::net::Ipv4Addr = addr.parse().ok()?;
+    let len: u32 = len.parse().ok()?;
+    (len <= 32).then_some((u32::from(ip), len))
+}
+
+pub(super) fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
+    let len = a.1.min(b.1);
+    let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
+    a.0 & mask == b.0 & mask
+}
+
+pub(super) fn ufw_active<H: Host>(h: &mut H) -> Fallible<bool> {
+    let out = h.run(&["ufw", "status"], None)?;
+    Ok(out.ok() && out.stdout.contains("Status: active"))
+}
+
+pub(super) fn forward_policy_in_file<H: Host>(h: &mut H) -> Fallible<Option<String>> {
+    Ok(read_string(h, UFW_DEFAULTS)?.and_then(|t| {
+        t.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix("DEFAULT_FORWARD_POLICY=")
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+    }))
+}

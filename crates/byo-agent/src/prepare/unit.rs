@@ -1,0 +1,180 @@
+//! What enverge-agent-prepare runs, as root (`byo-agent prepare`): enrol with the token the
+//! installer left (once), build the plan from the kept credentials, run the steps on node0
+//! (and through it the satellites), print and report progress, and hand over to serving.
+//! A completed preparation is recorded, and later starts find the record and exit at once
+//! (L, rule 1).
+
+use std::cell::RefCell;
+use std::path::Path;
+use std::rc::Rc;
+
+use anyhow::Context;
+use byo_core::prepare::{Mode, Progress};
+use byo_wire::prepare::HostReport;
+use byo_wire::profile::LxdSource;
+
+use super::{Serving, build_id, hand_over, handed_over, peers, plan_from};
+use crate::enroll::{EnrolError, EnrolOutcome, EnrolPaths, Enroller, enrol_this_machine};
+use crate::host::LocalHost;
+use crate::report::Reporter;
+
+/// Prepare the host whose filesystem is at `root` (`/` on a host). `dry_run` only checks,
+/// and prints what each step would change.
+pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
+    let mut host = LocalHost {
+        root: root.to_path_buf(),
+        ..Default::default()
+    };
+    if handed_over(&mut host).map_err(anyhow::Error::msg)? && !dry_run {
+        println!("preparation completed earlier; nothing to do");
+        return Ok(());
+    }
+    let etc = root.join("etc/enverge");
+    let server = std::fs::read_to_string(etc.join("server"))
+        .ok()
+        .map(|s| s.trim().to_owned());
+    let enroller = Enroller::new(
+        server.as_deref().unwrap_or_default(),
+        EnrolPaths {
+            root: root.to_path_buf(),
+        },
+    );
+    if enroller.kept()?.is_none() {
+        server
+            .as_deref()
+            .context("reading /etc/enverge/server (run install.sh)")?;
+        let token_file = etc.join("enrol-token");
+        let token = std::fs::read_to_string(&token_file).unwrap_or_default();
+        let outcome = enrol_this_machine(&enroller, &token)?;
+        // A token is good for one answer: spent on success, worthless after a refusal.
+        if matches!(
+            outcome,
+            Ok(EnrolOutcome::Enrolled { .. })
+                | Err(EnrolError::InvalidToken(_) | EnrolError::Rejected(_))
+        ) {
+            let _ = std::fs::remove_file(&token_file);
+        }
+        let (EnrolOutcome::Enrolled { slug } | EnrolOutcome::AlreadyEnrolled { slug }) = outcome?;
+        println!("enrolled as {slug}");
+    }
+    let creds = enroller
+        .kept()?
+        .context("no credentials were kept by enrolment")?;
+    let keys = enroller.operator_keys(&creds.environment);
+    let authorized_keys = keys.held()?.map(|(_, list)| list.authorized_keys());
+    let mut plan = plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
+    let build = build_id();
+    let reporter = match &server {
+        Some(s) if !dry_run => {
+            Some(Reporter::new(s, &creds.host_token).map_err(anyhow::Error::msg)?)
+        }
+        _ => None,
+    };
+    // node0's steps and the satellites' (run inside the satellites step) report alike.
+    let reporter = Rc::new(RefCell::new(reporter));
+    let emit = {
+        let reporter = reporter.clone();
+        move |p: &Progress| {
+            let s = &p.state;
+            match &s.error {
+                Some(e) => println!("  node{} {:<16} {:?}: {e}", p.node, s.step, s.state),
+                None => println!("  node{} {:<16} {:?}", p.node, s.step, s.state),
+            }
+            if let Some(r) = reporter.borrow_mut().as_mut() {
+                r.send_or_log(&HostReport {
+                    node: p.node,
+                    state: p.state.clone(),
+                    completed: false,
+                });
+            }
+        }
+    };
+    let emit = Rc::new(emit);
+    if plan.profile.node_count > 1 {
+        let peers = std::fs::read_to_string(etc.join("peer.json"))
+            .context("reading /etc/enverge/peer.json (the satellites found at enrolment)")?;
+        plan.peers = peers::parse_peer_file(&peers).map_err(anyhow::Error::msg)?;
+        plan.peer_public_key = std::fs::read_to_string(etc.join("peer.key.pub")).ok();
+        let sink = emit.clone();
+        plan.satellites = Some(Rc::new(peers::SshSatellites {
+            dir: etc.clone(),
+            lxd_socket: if plan.profile.prepare.lxd == LxdSource::Apt {
+                "/var/lib/lxd/unix.socket".into()
+            } else {
+                "/var/snap/lxd/common/lxd/unix.socket".into()
+            },
+            report: Box::new(move |p| sink(&p)),
+        }));
+    }
+    let mode = if dry_run { Mode::DryRun } else { Mode::Run };
+    println!(
+        "preparing {} as {build}{}",
+        creds.slug,
+        if dry_run {
+            " (dry run: checks only)"
+        } else {
+            ""
+        }
+    );
+    let mut last = None;
+    let started = std::time::Instant::now();
+    let outcome = super::run(&mut host, &plan, 0, &build, mode, chrono::Utc::now, |p| {
+        emit(&p);
+        last = Some(p);
+    });
+    println!(
+        "took {} ms, {} programs run",
+        started.elapsed().as_millis(),
+        host.spawned
+    );
+    if dry_run {
+        if outcome.changes.is_empty() {
+            println!("nothing would change: this host is prepared");
+        } else {
+            println!("would change:");
+            for (step, what) in &outcome.changes {
+                println!("  {step}: {what}");
+            }
+        }
+        return Ok(());
+    }
+    if !outcome.changes.is_empty() {
+        println!("changed:");
+        for (step, what) in &outcome.changes {
+            println!("  {step}: {what}");
+        }
+    }
+    if let Some((step, error)) = outcome.failed {
+        anyhow::bail!("preparation stopped at {step}: {error}");
+    }
+    hand_over(
+        &mut host,
+        &Serving {
+            host_id: creds.host_id.clone(),
+            slug: creds.slug.clone(),
+            server: server.clone().unwrap_or_default(),
+            host_token: creds.host_token.clone(),
+            ssh_map_endpoint: creds.ssh_map_endpoint.clone(),
+            ssh_map_token: creds.ssh_map_token.clone(),
+            ssh_listen: creds
+                .wireguard
+                .address
+                .split('/')
+                .next()
+                .unwrap_or("10.8.0.2")
+                .to_owned(),
+            gpu: plan.profile.gpu_count.unwrap_or(0) > 0,
+            build,
+        },
+    )
+    .map_err(anyhow::Error::msg)?;
+    if let (Some(r), Some(p)) = (reporter.borrow_mut().as_mut(), last) {
+        r.send_or_log(&HostReport {
+            node: p.node,
+            state: p.state,
+            completed: true,
+        });
+    }
+    println!("prepared: the credentials are handed to serving");
+    Ok(())
+}
