@@ -8,15 +8,7 @@ use byo_agent::prepare::{BUILDER_SCRIPT, UDHCPC_SCRIPT, render_wireguard};
 use byo_wire::enroll::WireGuardConfig;
 
 fn have(tool: &str) -> bool {
-    let ok = Command::new("sh")
-        .args(["-c", &format!("command -v {tool}")])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(std::env::var("CI").is_err(), "{tool} is missing under CI");
-        eprintln!("SKIPPED ({tool}): not installed");
-    }
-    ok
+    byo_core::testing::have_tools(&[tool])
 }
 
 #[test]

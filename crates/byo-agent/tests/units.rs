@@ -20,16 +20,7 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
             && text(SERVING).contains("ReadWritePaths=/home/spark/.ssh")
     );
 
-    let ok = std::process::Command::new("sh")
-        .args(["-c", "command -v systemd-analyze"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !ok {
-        assert!(
-            std::env::var("CI").is_err(),
-            "systemd-analyze is missing under CI"
-        );
-        eprintln!("SKIPPED (systemd-analyze): not installed");
+    if !byo_core::testing::have_tools(&["systemd-analyze"]) {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

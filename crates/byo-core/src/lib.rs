@@ -7,4 +7,6 @@ pub mod keylist_testing;
 pub mod prepare;
 pub mod redeem;
 pub mod render;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod tokens;

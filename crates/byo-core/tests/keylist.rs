@@ -222,15 +222,7 @@ fn oversized_and_non_canonical_bytes_are_refused() {
 }
 
 fn ssh_keygen_available() -> bool {
-    let ok = Command::new("ssh-keygen").arg("-?").output().is_ok();
-    if !ok {
-        assert!(
-            std::env::var("CI").is_err(),
-            "ssh-keygen is missing under CI"
-        );
-        eprintln!("SKIPPED (ssh-keygen): openssh-client is not installed");
-    }
-    ok
+    byo_core::testing::have_tools(&["ssh-keygen"])
 }
 
 #[test]

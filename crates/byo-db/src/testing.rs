@@ -39,13 +39,9 @@ pub async fn postgres() -> Option<TestDb> {
     let admin_url = match std::env::var(POSTGRES_URL_VAR) {
         Ok(url) if !url.is_empty() => url,
         _ => {
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!(
-                    "{POSTGRES_URL_VAR} is not set under CI: PostgreSQL tests must run, not skip"
-                );
-            }
-            eprintln!(
-                "SKIPPED (PostgreSQL): {POSTGRES_URL_VAR} is not set; run ./scripts/test to start a server"
+            byo_core::testing::skip(
+                "PostgreSQL",
+                &format!("{POSTGRES_URL_VAR} is not set; run ./scripts/test to start a server"),
             );
             return None;
         }

@@ -71,13 +71,9 @@ fn components() -> Option<(PathBuf, PathBuf)> {
                 "{} not installed (apt-get install -y chromium chromium-driver)",
                 missing.join(" and ")
             );
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("browser tests under CI: {message}");
-            }
-            eprintln!(
-                "\n========================================================================\n\
-                 SKIPPED (browser): {message}; the page tests in a real browser did not run\n\
-                 ========================================================================\n"
+            byo_core::testing::skip(
+                "browser",
+                &format!("{message}; the page tests in a real browser did not run"),
             );
             None
         }

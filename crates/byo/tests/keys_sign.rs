@@ -13,20 +13,7 @@ const EMAIL: &str = "root@example.com";
 const PASSWORD: &str = "a long enough password";
 
 fn tools_present() -> bool {
-    let ok = ["ssh-agent", "ssh-add", "ssh-keygen"].iter().all(|t| {
-        Command::new("sh")
-            .args(["-c", &format!("command -v {t}")])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
-    if !ok {
-        assert!(
-            std::env::var("CI").is_err(),
-            "openssh-client is missing under CI"
-        );
-        eprintln!("SKIPPED (openssh-client): ssh-agent, ssh-add or ssh-keygen is not installed");
-    }
-    ok
+    byo_core::testing::have_tools(&["ssh-agent", "ssh-add", "ssh-keygen"])
 }
 
 fn keygen(dir: &std::path::Path, name: &str) -> (String, String) {

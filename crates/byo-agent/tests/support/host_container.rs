@@ -40,10 +40,7 @@ impl HostContainer {
             let msg = format!(
                 "no LXD test host: {why}. Run `sudo ./scripts/lxd` (scripts/test does it as root)"
             );
-            if std::env::var("CI").is_ok_and(|v| v == "true") {
-                panic!("{msg}; under CI a missing component is a failure");
-            }
-            eprintln!("\n!!!!!!!! SKIPPED: {msg} !!!!!!!!\n");
+            byo_core::testing::skip("LXD test host", &msg);
             return None;
         }
         let began = Instant::now();
