@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, post, put};
 use byo_core::keylist::MAX_ENVELOPE_BYTES;
 use byo_core::tokens::{SecretToken, TokenHash, TokenKind};
-use byo_wire::vm::{CreateVm, VmStateChange};
+use byo_wire::vm::{AgentErrorCode, AgentRefusal, CreateVm, VmStateChange};
 use serde_json::json;
 
 use crate::host::LocalHost;
@@ -63,10 +63,14 @@ fn authorised(state: &Serving, headers: &HeaderMap) -> bool {
         .is_some_and(|t| state.token_hash.matches(&t))
 }
 
-fn answer(status: StatusCode, error: &str, message: &str) -> Response {
+/// Every refusal the agent sends, in the one shape the backend reads (`AgentRefusal`).
+fn answer(status: StatusCode, error: AgentErrorCode, message: &str) -> Response {
     (
         status,
-        axum::Json(json!({"error": error, "message": message})),
+        axum::Json(AgentRefusal {
+            error,
+            message: message.to_owned(),
+        }),
     )
         .into_response()
 }
@@ -79,7 +83,7 @@ async fn put_operator_keys(
     if !authorised(&state, &headers) {
         return answer(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            AgentErrorCode::Unauthorized,
             "a valid agent token is required",
         );
     }
@@ -101,15 +105,23 @@ async fn put_operator_keys(
         }
         Ok(Err(ReceiveError::Refused(r))) => {
             tracing::warn!(reason = %r, "operator-key list refused");
-            answer(StatusCode::UNPROCESSABLE_ENTITY, "refused", &r.to_string())
+            answer(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                AgentErrorCode::Refused,
+                &r.to_string(),
+            )
         }
         Ok(Err(e)) => {
             tracing::error!(error = %e, "operator-key list not applied");
-            answer(StatusCode::INTERNAL_SERVER_ERROR, "io", &e.to_string())
+            answer(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                AgentErrorCode::Failed,
+                &e.to_string(),
+            )
         }
         Err(e) => answer(
             StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
+            AgentErrorCode::Failed,
             &e.to_string(),
         ),
     }
@@ -117,11 +129,11 @@ async fn put_operator_keys(
 
 fn vm_error(e: VmError) -> Response {
     let (status, code) = match &e {
-        VmError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
-        VmError::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        VmError::Conflict(_) => (StatusCode::CONFLICT, "conflict"),
-        VmError::Reverted(_) => (StatusCode::BAD_GATEWAY, "reverted"),
-        VmError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, "failed"),
+        VmError::Invalid(_) => (StatusCode::BAD_REQUEST, AgentErrorCode::Invalid),
+        VmError::NotFound => (StatusCode::NOT_FOUND, AgentErrorCode::NotFound),
+        VmError::Conflict(_) => (StatusCode::CONFLICT, AgentErrorCode::Conflict),
+        VmError::Reverted(_) => (StatusCode::BAD_GATEWAY, AgentErrorCode::Reverted),
+        VmError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, AgentErrorCode::Failed),
     };
     tracing::warn!(error = %e, "VM operation refused");
     answer(status, code, &e.to_string())
@@ -138,12 +150,12 @@ impl IntoResponse for Gate {
         match self {
             Gate::Unauthorized => answer(
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                AgentErrorCode::Unauthorized,
                 "a valid agent token is required",
             ),
             Gate::NotPrepared => answer(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "not_prepared",
+                AgentErrorCode::NotPrepared,
                 "this host has not completed preparation",
             ),
         }
@@ -165,7 +177,13 @@ async fn post_vm(State(state): State<Serving>, headers: HeaderMap, body: Bytes) 
     };
     let req: CreateVm = match serde_json::from_slice(&body) {
         Ok(r) => r,
-        Err(e) => return answer(StatusCode::BAD_REQUEST, "invalid", &e.to_string()),
+        Err(e) => {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                AgentErrorCode::Invalid,
+                &e.to_string(),
+            );
+        }
     };
     match svc
         .with(move |h, relay, config| vms::create(h, relay, config, &req))
@@ -176,7 +194,11 @@ async fn post_vm(State(state): State<Serving>, headers: HeaderMap, body: Bytes) 
             (StatusCode::CREATED, axum::Json(created)).into_response()
         }
         Ok(Err(e)) => vm_error(e),
-        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            AgentErrorCode::Failed,
+            &e,
+        ),
     }
 }
 
@@ -187,8 +209,16 @@ async fn get_vms(State(state): State<Serving>, headers: HeaderMap) -> Response {
     };
     match svc.with(|h, _, _| vms::list(h)).await {
         Ok(Ok(list)) => axum::Json(list).into_response(),
-        Ok(Err(e)) => answer(StatusCode::INTERNAL_SERVER_ERROR, "failed", &e),
-        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+        Ok(Err(e)) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            AgentErrorCode::Failed,
+            &e,
+        ),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            AgentErrorCode::Failed,
+            &e,
+        ),
     }
 }
 
@@ -207,7 +237,11 @@ async fn delete_vm(
     {
         Ok(Ok(())) => (StatusCode::OK, axum::Json(json!({"deleted": true}))).into_response(),
         Ok(Err(e)) => vm_error(e),
-        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            AgentErrorCode::Failed,
+            &e,
+        ),
     }
 }
 
@@ -223,7 +257,13 @@ async fn post_vm_state(
     };
     let change: VmStateChange = match serde_json::from_slice(&body) {
         Ok(c) => c,
-        Err(e) => return answer(StatusCode::BAD_REQUEST, "invalid", &e.to_string()),
+        Err(e) => {
+            return answer(
+                StatusCode::BAD_REQUEST,
+                AgentErrorCode::Invalid,
+                &e.to_string(),
+            );
+        }
     };
     match svc
         .with(move |h, relay, config| vms::change_state(h, relay, config, &name, change.action))
@@ -231,7 +271,11 @@ async fn post_vm_state(
     {
         Ok(Ok(())) => StatusCode::NO_CONTENT.into_response(),
         Ok(Err(e)) => vm_error(e),
-        Err(e) => answer(StatusCode::INTERNAL_SERVER_ERROR, "internal", &e),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            AgentErrorCode::Failed,
+            &e,
+        ),
     }
 }
 

@@ -161,16 +161,6 @@ pub struct VmConfig {
     pub gpu: bool,
 }
 
-fn valid_name(name: &str) -> bool {
-    (1..=63).contains(&name.len())
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        && !name.starts_with('-')
-        && !name.ends_with('-')
-        && !name.bytes().all(|b| b.is_ascii_digit())
-}
-
 fn instance_path(name: &str) -> String {
     format!("/1.0/instances/{name}")
 }
@@ -222,7 +212,7 @@ pub fn create<H: Host + ?Sized>(
     config: &VmConfig,
     req: &CreateVm,
 ) -> Result<VmCreated, VmError> {
-    if !valid_name(&req.name) {
+    if !byo_wire::vm::is_instance_name(&req.name) {
         return Err(VmError::Invalid(format!(
             "{:?} is not an instance name (lowercase letters, digits and -)",
             req.name

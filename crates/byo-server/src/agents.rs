@@ -5,7 +5,9 @@
 use std::time::Duration;
 
 use byo_db::hosts::AgentTargetRow;
-use byo_wire::vm::{CreateVm, VmAction, VmCreated, VmStateChange};
+use byo_wire::vm::{
+    AgentErrorCode, AgentRefusal, CreateVm, VmAction, VmCreated, VmStateChange, is_instance_name,
+};
 use futures::future::BoxFuture;
 
 use crate::seal::Sealer;
@@ -210,13 +212,12 @@ impl HttpAgents {
 }
 
 /// The agent's refusal as the caller is shown it: its `message` when it sent its own
-/// `{error, message}`, else the first printable part of the body.
+/// [`AgentRefusal`], else the first printable part of the body.
 async fn refusal(resp: reqwest::Response) -> AgentError {
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap_or_default();
-    let reason = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v.get("message").and_then(|m| m.as_str()).map(str::to_owned))
+    let reason = serde_json::from_str::<AgentRefusal>(&body)
+        .map(|r| r.message)
         .unwrap_or(body);
     let reason: String = reason
         .chars()
@@ -226,22 +227,16 @@ async fn refusal(resp: reqwest::Response) -> AgentError {
     AgentError::Refused { status, reason }
 }
 
-/// Whether a 404 is the agent's own "no such instance" — `{"error": "not_found"}` — rather
-/// than a route or a proxy that does not know the path, which must not close a row.
+/// Whether a 404 is the agent's own "no such instance" (`not_found`) rather than a route or
+/// a proxy that does not know the path, which must not close a row.
 fn agents_own_not_found(body: &str) -> bool {
-    serde_json::from_str::<serde_json::Value>(body)
-        .is_ok_and(|v| v.get("error").and_then(|e| e.as_str()) == Some("not_found"))
+    serde_json::from_str::<AgentRefusal>(body).is_ok_and(|r| r.error == AgentErrorCode::NotFound)
 }
 
-/// A container name goes into a URL path; the backend mints them from `[a-z0-9-]`, and
-/// anything else is refused here rather than escaped.
+/// A container name goes into a URL path: anything that is not an instance name is refused
+/// here rather than escaped.
 fn name_in_path(name: &str) -> Result<&str, AgentError> {
-    if !name.is_empty()
-        && name.len() <= 63
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-    {
+    if is_instance_name(name) {
         Ok(name)
     } else {
         Err(AgentError::Refused {

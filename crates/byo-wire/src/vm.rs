@@ -206,3 +206,83 @@ pub struct StuckDelete {
     pub delete_requested_at: DateTime<Utc>,
     pub waiting_minutes: i64,
 }
+
+/// Whether `name` is an instance name: what LXD takes as a container name and DNS as a
+/// label (1–63 of `[a-z0-9-]`, no `-` at either end, not all digits). The backend mints
+/// names that pass it; the agent refuses a create with any other; a name goes into the
+/// agent's URL paths only when it passes.
+pub fn is_instance_name(name: &str) -> bool {
+    (1..=63).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+        && !name.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// What the agent's API answers when it refuses (every non-2xx it sends itself): a code
+/// the backend acts on and a message it shows.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentRefusal {
+    pub error: AgentErrorCode,
+    pub message: String,
+}
+
+/// The agent's refusal codes. The backend acts on `not_found` (a delete's confirmation,
+/// G.5); the rest it reports with the message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AgentErrorCode {
+    /// No valid agent token.
+    Unauthorized,
+    /// Preparation has not handed over yet: the VM API is closed.
+    NotPrepared,
+    /// The request does not parse or breaks a rule (a bad name, a bad key).
+    Invalid,
+    /// No such instance on this host.
+    NotFound,
+    /// The instance exists already, or is not in a state the action needs.
+    Conflict,
+    /// A create failed at a fatal step and was taken back.
+    Reverted,
+    /// A signed operator-key list refused (M).
+    Refused,
+    /// The host failed to carry the request out.
+    Failed,
+    /// A code from a newer agent this build does not know.
+    #[serde(other)]
+    Other,
+}
+
+#[cfg(test)]
+mod name_tests {
+    use super::*;
+
+    #[test]
+    fn instance_names_are_lxd_names_and_dns_labels() {
+        for good in ["vm-2vg7asc4", "a", "x1-y2"] {
+            assert!(is_instance_name(good), "{good}");
+        }
+        let long = "a".repeat(64);
+        for bad in [
+            "", "-vm", "vm-", "VM-1", "vm_1", "vm.1", "123", "vm 1", &long,
+        ] {
+            assert!(!is_instance_name(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_reads_back_and_an_unknown_code_is_other() {
+        let r: AgentRefusal =
+            serde_json::from_str(r#"{"error":"not_found","message":"no such instance"}"#).unwrap();
+        assert_eq!(r.error, AgentErrorCode::NotFound);
+        let r: AgentRefusal =
+            serde_json::from_str(r#"{"error":"brand_new","message":"m"}"#).unwrap();
+        assert_eq!(r.error, AgentErrorCode::Other);
+        assert_eq!(
+            serde_json::to_value(AgentErrorCode::NotPrepared).unwrap(),
+            "not_prepared"
+        );
+    }
+}
