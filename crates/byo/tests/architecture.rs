@@ -231,9 +231,10 @@ fn server_modules_keep_their_layers_and_form_no_cycle() {
     let mut broken = Vec::new();
     for (from, to) in &edges {
         let (lf, lt) = (layer(from), layer(to));
-        let refused = (lf == "routes" && lt == "routes")
-            || (lf == "pages" && lt == "routes")
-            || (lf == "app" && (lt == "routes" || lt == "pages"));
+        let refused = matches!(
+            (lf.as_str(), lt.as_str()),
+            ("routes" | "pages", "routes") | ("app", "routes" | "pages")
+        );
         if refused {
             broken.push(format!("{from} imports {to}"));
         }
