@@ -12,11 +12,33 @@ use futures::future::BoxFuture;
 
 use crate::seal::Sealer;
 
-/// How long the real client lets one VM call run. The callers (`crate::instances`) bound
+/// How long the real client lets one VM call run. The callers (`crate::app::instances`) bound
 /// their own wait, which may be shorter; these only keep a request from outliving it.
 pub const CREATE_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DELETE_TIMEOUT: Duration = Duration::from_secs(90);
 pub const ACTION_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How long a delete waits for the host (G.4): well past the ~30 s a pair takes.
+pub const DELETE_WAIT: Duration = Duration::from_secs(90);
+/// How long a create waits for the host. The design names none; a zfs pool creates in
+/// about a second and a pair in tens of seconds, so two minutes is "never answered".
+pub const CREATE_WAIT: Duration = Duration::from_secs(120);
+
+/// The waits, injectable so tests do not sit through 90 s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentWaits {
+    pub create: Duration,
+    pub delete: Duration,
+}
+
+impl Default for AgentWaits {
+    fn default() -> Self {
+        AgentWaits {
+            create: CREATE_WAIT,
+            delete: DELETE_WAIT,
+        }
+    }
+}
 
 /// Why a VM call did not succeed. The two cases are handled differently: a host that
 /// never answered may still be doing the work, one that refused said so.

@@ -4,11 +4,16 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::Arc;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
+
+use crate::providers::{
+    ProviderError, Providers, RelayProvider, TunnelProvider, cloudflare, gcp, local,
+};
 
 /// The top-level keys, for filtering the environment.
 const KEYS: &[&str] = &[
@@ -93,7 +98,7 @@ pub struct Config {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TunnelsConfig {
-    pub cloudflare: Option<crate::providers::cloudflare::CloudflareConfig>,
+    pub cloudflare: Option<cloudflare::CloudflareConfig>,
 }
 
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -101,7 +106,7 @@ pub struct TunnelsConfig {
 pub struct RelaysConfig {
     #[serde(default)]
     pub provider: RelayProviderKind,
-    pub gcp: Option<crate::providers::gcp::GcpConfig>,
+    pub gcp: Option<gcp::GcpConfig>,
 }
 
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
@@ -227,6 +232,24 @@ impl Default for Config {
 }
 
 impl Config {
+    /// The providers this configuration names. Reads the GCP key file, so it can fail.
+    pub fn providers(&self) -> Result<Providers, ProviderError> {
+        let relays: Arc<dyn RelayProvider> = match (&self.relays.provider, &self.relays.gcp) {
+            (RelayProviderKind::Gcp, Some(gcp)) => Arc::new(gcp::GcpRelays::new(gcp.clone())?),
+            (RelayProviderKind::Gcp, None) => {
+                return Err(ProviderError(
+                    "relays.provider is gcp but [relays.gcp] is missing".into(),
+                ));
+            }
+            (RelayProviderKind::Local, _) => Arc::new(local::LocalRelays::default()),
+        };
+        let tunnels: Arc<dyn TunnelProvider> = match &self.tunnels.cloudflare {
+            Some(cf) => Arc::new(cloudflare::CloudflareTunnels::new(cf.clone())),
+            None => Arc::new(local::LocalTunnels::default()),
+        };
+        Ok(Providers { relays, tunnels })
+    }
+
     /// Defaults, then `file` (if given; it must exist), then the environment.
     pub fn load(file: Option<&Path>) -> Result<Config, ConfigError> {
         let mut fig = Figment::new();

@@ -3,21 +3,21 @@
 //! can share one PostgreSQL.
 //!
 //! Layout by role: [`config`] and [`telemetry`] at start-up; [`auth`] for who is calling;
-//! [`routes`] is the one router listing every route; [`pages`] renders HTML; [`error`] is
-//! the one error type every handler returns.
+//! [`mod@app`] holds the rules; [`routes`] is the one router listing every route, each
+//! handler unpacking a request for one `app` function; [`pages`] renders HTML over the same
+//! functions; [`error`] is the one error type every handler returns.
 
-pub mod accounts;
 pub mod agents;
+pub mod app;
 pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod error;
-pub mod instances;
 pub mod metrics;
-pub mod notify_stuck_deletes;
 pub mod pages;
+pub mod password;
 pub mod providers;
-pub mod reap;
+pub mod queue;
 pub mod routes;
 pub mod seal;
 pub mod state;
@@ -61,14 +61,14 @@ pub async fn serve(
         }
         None => None,
     };
-    let reaper = tokio::spawn(reap::run_schedule(
+    let reaper = tokio::spawn(app::reap::run_schedule(
         state.clone(),
         REAP_EVERY,
         stop_rx.clone(),
     ));
-    let stuck_deletes = tokio::spawn(notify_stuck_deletes::run_schedule(
+    let stuck_deletes = tokio::spawn(app::notify_stuck_deletes::run_schedule(
         state.clone(),
-        notify_stuck_deletes::NOTIFY_EVERY,
+        app::notify_stuck_deletes::NOTIFY_EVERY,
         stop_rx.clone(),
     ));
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");

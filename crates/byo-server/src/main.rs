@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::Context;
 use byo_db::Store;
-use byo_server::{AppState, Config, accounts, routes, telemetry};
+use byo_server::app::accounts;
+use byo_server::{AppState, Config, routes, telemetry};
 use clap::{Parser, Subcommand};
 use secrecy::ExposeSecret;
 
@@ -76,8 +77,7 @@ async fn run() -> anyhow::Result<()> {
             let listener = tokio::net::TcpListener::bind(config.listen)
                 .await
                 .with_context(|| format!("binding {}", config.listen))?;
-            let providers =
-                byo_server::providers::from_config(&config).context("setting up the providers")?;
+            let providers = config.providers().context("setting up the providers")?;
             let state =
                 AppState::new(store, config).with_providers(providers.relays, providers.tunnels);
             byo_server::serve(state, listener, shutdown_signal()).await

@@ -3,16 +3,16 @@ use std::sync::Arc;
 use byo_db::Store;
 use secrecy::ExposeSecret;
 
-use crate::agents::{HostAgents, HttpAgents};
-use crate::instances::{AgentWaits, NoQueue, QueueDrain};
+use crate::agents::{AgentWaits, HostAgents, HttpAgents};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
+use crate::queue::{NoQueue, QueueDrain};
 use crate::seal::Sealer;
 
-use crate::auth::password::Passwords;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::password::Passwords;
 
 /// What every handler can reach. Cheap to clone.
 #[derive(Clone)]

@@ -17,9 +17,10 @@ use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::Store;
 use byo_db::hosts::{AgentTargetRow, NewHost};
 use byo_db::vms::VmRow;
+use byo_server::agents::AgentWaits;
 use byo_server::agents::{AgentError, Gone, HostAgents, HttpAgents};
 use byo_server::clock::Clock;
-use byo_server::instances::{AgentWaits, QueueDrain};
+use byo_server::queue::QueueDrain;
 use byo_wire::Role;
 use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated};
 use chrono::{DateTime, TimeDelta, Utc};
@@ -1156,7 +1157,7 @@ async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: Wor
         .finish();
     let found = {
         let _guard = tracing::subscriber::set_default(subscriber);
-        byo_server::notify_stuck_deletes::notify_once(&w.app.state)
+        byo_server::app::notify_stuck_deletes::notify_once(&w.app.state)
             .await
             .unwrap()
     };
@@ -1175,7 +1176,7 @@ async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: Wor
     assert_eq!(w.vm(&vm.id).await.delete_requested_at, Some(requested));
     assert!(w.stuck_list().await.json().as_array().unwrap().is_empty());
     assert!(
-        byo_server::notify_stuck_deletes::notify_once(&w.app.state)
+        byo_server::app::notify_stuck_deletes::notify_once(&w.app.state)
             .await
             .unwrap()
             .is_empty()

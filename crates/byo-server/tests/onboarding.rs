@@ -452,7 +452,7 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
     w.relay_settled(&host_id).await;
     // Not yet lapsed: nothing to reap.
     assert_eq!(
-        byo_server::reap::reap_once(&w.app.state)
+        byo_server::app::reap::reap_once(&w.app.state)
             .await
             .unwrap()
             .released,
@@ -462,7 +462,9 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
 
     // Cloudflare fails half-way: the relay is released, the rest waits for the next sweep.
     w.tunnels.fail.store(true, Ordering::SeqCst);
-    let r = byo_server::reap::reap_once(&w.app.state).await.unwrap();
+    let r = byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
     assert_eq!((r.released, r.failed), (0, 1));
     assert!(
         w.app.db.host(&host_id).await.unwrap().is_some(),
@@ -471,7 +473,9 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
     assert!(w.relays.relays.lock().unwrap().is_empty());
 
     w.tunnels.fail.store(false, Ordering::SeqCst);
-    let r = byo_server::reap::reap_once(&w.app.state).await.unwrap();
+    let r = byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
     assert_eq!((r.released, r.failed), (1, 0));
     assert!(w.app.db.host(&host_id).await.unwrap().is_none());
     assert!(w.tunnels.inner.tunnels.lock().unwrap().is_empty());
@@ -489,7 +493,9 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
     assert_eq!(e.state, "expired");
     // Idempotent: another sweep finds nothing.
     assert_eq!(
-        byo_server::reap::reap_once(&w.app.state).await.unwrap(),
+        byo_server::app::reap::reap_once(&w.app.state)
+            .await
+            .unwrap(),
         Default::default()
     );
     // The owner's cap is free again.

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use byo_db::Store;
-use byo_server::{AppState, Config, accounts, telemetry};
+use byo_server::app::accounts;
+use byo_server::{AppState, Config, telemetry};
 use rand::Rng;
 use rand::distributions::Alphanumeric;
 

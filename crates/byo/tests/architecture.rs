@@ -79,3 +79,214 @@ fn the_server_links_neither_the_agent_nor_the_relay() {
         assert!(!deps.contains(binary), "byo-server links {binary}");
     }
 }
+
+/// The server's layers, read from its source: every `crate::…` (and `super::…`) path in
+/// `crates/byo-server/src`, outside `#[cfg(test)]` modules, as an edge between modules —
+/// top-level modules, and `routes::X`, `pages::X` and `app::X` on their own. Routes never
+/// import routes (`routes::X` reaches neither `routes::Y` nor the router); pages never
+/// import routes; app never imports routes or pages; and no two top-level modules import
+/// each other, directly or round a longer cycle.
+#[test]
+fn server_modules_keep_their_layers_and_form_no_cycle() {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::path::{Path, PathBuf};
+
+    const LAYERED: &[&str] = &["routes", "pages", "app"];
+
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("the server's source is readable") {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                rust_files(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+
+    /// `a::{b::{self, C}, d}` → [a, b, self], [a, b, C], [a, d].
+    fn expand(tree: &str) -> Vec<Vec<String>> {
+        let tree = tree.trim();
+        if let Some(inner) = tree.strip_prefix('{') {
+            let inner = inner.strip_suffix('}').unwrap_or(inner);
+            let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
+            for (i, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        items.push(&inner[start..i]);
+                        start = i + 1;
+                    }
+                    _ => {}
+                }
+            }
+            items.push(&inner[start..]);
+            return items
+                .into_iter()
+                .filter(|i| !i.trim().is_empty())
+                .flat_map(expand)
+                .collect();
+        }
+        let end = tree
+            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .unwrap_or(tree.len());
+        let (head, rest) = tree.split_at(end);
+        match rest.trim_start().strip_prefix("::") {
+            Some(rest) => expand(rest)
+                .into_iter()
+                .map(|mut p| {
+                    p.insert(0, head.to_owned());
+                    p
+                })
+                .collect(),
+            None => vec![vec![head.to_owned()]],
+        }
+    }
+
+    /// Every path written after `crate::` in `code`.
+    fn crate_paths(code: &str) -> Vec<Vec<String>> {
+        let mut out = Vec::new();
+        for (at, _) in code.match_indices("crate::") {
+            let before = code[..at].chars().next_back();
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+                continue;
+            }
+            let rest = &code[at + "crate::".len()..];
+            let mut depth = 0;
+            let mut end = rest.len();
+            for (i, c) in rest.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth > 0 => depth -= 1,
+                    c if depth > 0 && (c == ',' || c.is_whitespace()) => {}
+                    c if c.is_alphanumeric() || c == '_' || c == ':' => {}
+                    _ => {
+                        end = i;
+                        break;
+                    }
+                }
+                if depth == 0 && c == '}' {
+                    end = i + 1;
+                    break;
+                }
+            }
+            out.extend(expand(&rest[..end]));
+        }
+        out
+    }
+
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../byo-server/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    // Each file's module path: `routes/vms.rs` is [routes, vms], `pages/mod.rs` is [pages].
+    let mut modules: Vec<(Vec<String>, String)> = Vec::new();
+    for file in &files {
+        let rel = file.strip_prefix(&src).unwrap().with_extension("");
+        let mut path: Vec<String> = rel
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if path.last().is_some_and(|l| l == "mod") {
+            path.pop();
+        }
+        // The crate root and the binary name modules without `crate::`; nothing imports them.
+        if path == ["lib"] || path == ["main"] {
+            continue;
+        }
+        let text = std::fs::read_to_string(file).unwrap();
+        // Test modules sit at the end of a file; they are not part of the layering.
+        let text = text.split("#[cfg(test)]").next().unwrap();
+        let code: String = text
+            .lines()
+            .map(|l| l.split("//").next().unwrap())
+            .collect::<Vec<_>>()
+            .join("\n");
+        let parent = if path.len() > 1 {
+            format!("crate::{}::", path[..path.len() - 1].join("::"))
+        } else {
+            "crate::".to_owned()
+        };
+        modules.push((path, code.replace("super::", &parent)));
+    }
+    let tops: BTreeSet<String> = modules.iter().map(|(p, _)| p[0].clone()).collect();
+    let subs: BTreeSet<(String, String)> = modules
+        .iter()
+        .filter(|(p, _)| p.len() > 1)
+        .map(|(p, _)| (p[0].clone(), p[1].clone()))
+        .collect();
+    let node = |p: &[String]| -> String {
+        if LAYERED.contains(&p[0].as_str())
+            && p.len() > 1
+            && subs.contains(&(p[0].clone(), p[1].clone()))
+        {
+            format!("{}::{}", p[0], p[1])
+        } else {
+            p[0].clone()
+        }
+    };
+    let mut edges: BTreeSet<(String, String)> = BTreeSet::new();
+    for (path, code) in &modules {
+        let from = node(path);
+        for to in crate_paths(code) {
+            if !tops.contains(&to[0]) {
+                continue; // an item of the crate root, such as `crate::REAP_EVERY`
+            }
+            let to = node(&to);
+            if to != from {
+                edges.insert((from.clone(), to));
+            }
+        }
+    }
+    assert!(
+        edges.contains(&("pages::instances".into(), "app::instances".into())),
+        "the scan reads the source: {edges:?}"
+    );
+
+    let layer = |n: &str| n.split("::").next().unwrap().to_owned();
+    let mut broken = Vec::new();
+    for (from, to) in &edges {
+        let (lf, lt) = (layer(from), layer(to));
+        let refused = matches!(
+            (lf.as_str(), lt.as_str()),
+            ("routes" | "pages", "routes") | ("app", "routes" | "pages")
+        );
+        if refused {
+            broken.push(format!("{from} imports {to}"));
+        }
+    }
+    assert!(
+        broken.is_empty(),
+        "routes never import routes, pages never import routes, app never imports routes or pages: {broken:#?}"
+    );
+
+    // Cycles between top-level modules: any module that reaches itself again.
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in &edges {
+        let (from, to) = (layer(from), layer(to));
+        if from != to {
+            graph.entry(from).or_default().insert(to);
+        }
+    }
+    let mut cycles = Vec::new();
+    for start in graph.keys() {
+        // Depth-first from `start`, remembering the way, to show the cycle if there is one.
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((at, way)) = stack.pop() {
+            for next in graph.get(&at).into_iter().flatten() {
+                if next == start {
+                    cycles.push(format!("{} → {start}", way.join(" → ")));
+                } else if seen.insert(next.clone()) {
+                    let mut way = way.clone();
+                    way.push(next.clone());
+                    stack.push((next.clone(), way));
+                }
+            }
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "top-level modules of byo-server import each other in a cycle: {cycles:#?}"
+    );
+}

@@ -5,8 +5,9 @@
 use std::io::Write;
 use std::process::{Command, Output, Stdio};
 
+use byo_server::app::accounts;
 use byo_server::config::PasswordHashing;
-use byo_server::{AppState, Config, accounts};
+use byo_server::{AppState, Config};
 use serde_json::{Value, json};
 
 const EMAIL: &str = "root@example.com";

@@ -1,7 +1,9 @@
-//! Who is calling: passwords, sessions, role gates and the cross-site check.
+//! Who is calling: sessions, role gates, the host token and the cross-site check. Password
+//! hashing is [`crate::password`]'s: the state holds the hasher, and the state is what
+//! these extractors read.
 
 pub mod csrf;
-pub mod password;
+pub mod host_token;
 pub mod session;
 
 pub use session::{CurrentUser, Operator, Superadmin};

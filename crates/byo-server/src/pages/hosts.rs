@@ -15,9 +15,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{PageError, PageResult, layout, require_operator};
+use crate::app::{admin_host_action, host_provision};
 use crate::auth::CurrentUser;
 use crate::error::AppError;
-use crate::routes::{admin_host_action, host_provision};
 use crate::state::AppState;
 
 fn may_provision(v: &CurrentUser) -> bool {
@@ -380,6 +380,6 @@ pub async fn revoke(
         )
             .into_response());
     }
-    crate::reap::reap_once(&state).await?;
+    crate::app::reap::reap_once(&state).await?;
     Ok(Redirect::to("/admin/hosts").into_response())
 }

@@ -1,25 +1,25 @@
 //! The customer's instances and SSH keys (E1, G) and the operator's view of every live
 //! instance and of the deletes no host confirmed. Plain forms that POST and redirect; every
-//! rule is the API's own: keys through the ssh-keys handlers, creates and deletes through
-//! [`crate::instances`], the operator's delete through admin-vm-action's handler, the stuck
-//! list through notify-stuck-deletes.
+//! rule is the API's own: keys through [`crate::app::ssh_keys`], creates and deletes through
+//! [`crate::app::instances`], the operator's delete and the stuck list through
+//! [`crate::app::admin_vm_action`].
 
 use std::collections::{BTreeMap, HashMap};
 
+use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect};
-use axum::{Form, Json};
 use byo_wire::vm::{DeletionState, InstanceRequest, InstanceView, NewSshKey, SshKeyView};
-use chrono::{DateTime, SecondsFormat, TimeDelta, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{PageError, PageResult, layout, require_operator};
+use crate::app::instances::{self, Deleter, deletion_status};
+use crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES;
+use crate::app::{admin_vm_action, ssh_keys};
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
-use crate::instances::{self, Deleter};
-use crate::notify_stuck_deletes::{self, STUCK_AFTER_MINUTES};
-use crate::routes::{ssh_keys, vms};
 use crate::state::AppState;
 
 /// What a deleting instance shows until its host confirms (G: requested, not gone).
@@ -393,7 +393,7 @@ pub async fn confirm_delete(
     Path(vm_id): Path<String>,
 ) -> PageResult {
     let v = signed_in(viewer)?;
-    let Json(i) = vms::get_vm(State(state.clone()), v.clone(), Path(vm_id.clone())).await?;
+    let i = instances::get(&state, &v, &vm_id).await?;
     let action = format!("/instances/{vm_id}/delete");
     Ok(confirm_page(&v, &i, &action, "/instances", None).into_response())
 }
@@ -421,7 +421,7 @@ pub async fn delete(
                 },
             )
             .await?;
-            Ok((vms::deletion_status(&d), page).into_response())
+            Ok((deletion_status(&d), page).into_response())
         }
         Err(e) => {
             customer_refusal(
@@ -502,7 +502,7 @@ async fn operator_page(
         .map(|u| (u.user.sub, u.user.email))
         .collect();
     let live = every_live(state).await?;
-    let stuck = notify_stuck_deletes::stuck(state, TimeDelta::minutes(STUCK_AFTER_MINUTES)).await?;
+    let stuck = admin_vm_action::stuck_deletes(state, None).await?;
     let email = |sub: &str| emails.get(sub).cloned().unwrap_or_else(|| sub.to_owned());
     Ok(layout(
         "Instances",
@@ -606,14 +606,14 @@ pub async fn admin_delete(
     Path(vm_id): Path<String>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    match instances::delete(&state, Deleter::Operator(&op.0), &vm_id).await {
+    match admin_vm_action::delete(&state, &op, &vm_id).await {
         Ok(d) if d.state == DeletionState::Deleted => {
             Ok(Redirect::to("/admin/instances").into_response())
         }
         Ok(d) => {
             let notice = format!("{}: {}", d.instance.name, d.message);
             let page = operator_page(&state, &op, None, Some(&notice)).await?;
-            Ok((vms::deletion_status(&d), page).into_response())
+            Ok((deletion_status(&d), page).into_response())
         }
         Err(e) => operator_refusal(&state, &op, e).await,
     }

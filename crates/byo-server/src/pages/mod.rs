@@ -13,12 +13,12 @@ use byo_wire::Role;
 use maud::{DOCTYPE, Markup, html};
 use serde::Deserialize;
 
-use crate::accounts;
+use crate::app::accounts::{self, open_session, password_sign_in};
+use crate::app::operator_keys;
+use crate::app::users::change_grant;
 use crate::auth::session::end_session;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, current_request_id};
-use crate::routes::accounts::{open_session, password_sign_in};
-use crate::routes::admin::change_grant;
 use crate::state::AppState;
 
 mod hosts;
@@ -295,10 +295,7 @@ async fn signup_submit(
     jar: CookieJar,
     Form(form): Form<SignupForm>,
 ) -> PageResult {
-    if !state.config.allow_signup {
-        return Err(AppError::Forbidden("sign-up is closed on this installation").into());
-    }
-    match accounts::create_account(&state, &form.email, &form.password, &form.display_name).await {
+    match accounts::sign_up(&state, &form.email, &form.password, &form.display_name).await {
         Ok(user) => {
             let cookie = open_session(&state, &user, "user.signup").await?;
             Ok((jar.add(cookie), Redirect::to("/")).into_response())
@@ -415,7 +412,7 @@ async fn render_keys_page(
     op: &Operator,
     error: Option<&str>,
 ) -> Result<Markup, PageError> {
-    let view = crate::routes::operator_keys::overview(state).await?;
+    let view = operator_keys::overview(state).await?;
     let emails: std::collections::HashMap<String, String> = state
         .store
         .users_overview()
@@ -526,7 +523,7 @@ async fn keys_change_submit(
             );
         }
     };
-    match crate::routes::operator_keys::change_keys(&state, &op, req).await {
+    match operator_keys::change_keys(&state, &op, req).await {
         Ok(_) => Ok(Redirect::to("/admin/operator-keys").into_response()),
         Err(e) => keys_page_with(&state, &op, e).await,
     }
@@ -537,7 +534,7 @@ async fn keys_withdraw_submit(
     viewer: Option<CurrentUser>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    match crate::routes::operator_keys::withdraw(&state, &op).await {
+    match operator_keys::withdraw(&state, &op).await {
         Ok(()) => Ok(Redirect::to("/admin/operator-keys").into_response()),
         Err(e) => keys_page_with(&state, &op, e).await,
     }
@@ -549,7 +546,7 @@ async fn keys_send_submit(
     Path(host_id): Path<String>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    match crate::routes::operator_keys::send_again(&state, &op, &host_id).await {
+    match operator_keys::send_again(&state, &op, &host_id).await {
         Ok(_) => Ok(Redirect::to("/admin/operator-keys").into_response()),
         Err(e) => keys_page_with(&state, &op, e).await,
     }

@@ -66,22 +66,3 @@ pub struct Providers {
     pub relays: Arc<dyn RelayProvider>,
     pub tunnels: Arc<dyn TunnelProvider>,
 }
-
-/// The providers the configuration names. Reads the GCP key file, so it can fail.
-pub fn from_config(config: &crate::config::Config) -> Result<Providers, ProviderError> {
-    use crate::config::RelayProviderKind;
-    let relays: Arc<dyn RelayProvider> = match (&config.relays.provider, &config.relays.gcp) {
-        (RelayProviderKind::Gcp, Some(gcp)) => Arc::new(gcp::GcpRelays::new(gcp.clone())?),
-        (RelayProviderKind::Gcp, None) => {
-            return Err(ProviderError(
-                "relays.provider is gcp but [relays.gcp] is missing".into(),
-            ));
-        }
-        (RelayProviderKind::Local, _) => Arc::new(local::LocalRelays::default()),
-    };
-    let tunnels: Arc<dyn TunnelProvider> = match &config.tunnels.cloudflare {
-        Some(cf) => Arc::new(cloudflare::CloudflareTunnels::new(cf.clone())),
-        None => Arc::new(local::LocalTunnels::default()),
-    };
-    Ok(Providers { relays, tunnels })
-}

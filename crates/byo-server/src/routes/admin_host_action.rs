@@ -1,16 +1,14 @@
-//! admin-host-action: the operator's decisions about a host. Activation is the only thing
-//! between an enrolled machine and a paying customer (D), and its gate lives here and in
-//! the schema — one gate for every path.
+//! admin-host-action over HTTP: activation and revocation. The rules are
+//! [`crate::app::admin_host_action`]'s.
 
 use axum::Json;
 use axum::extract::{Path, State};
-use byo_db::DbError;
 use byo_wire::api::ErrorBody;
 use serde::Deserialize;
-use serde_json::json;
 
+use crate::app::admin_host_action;
 use crate::auth::Operator;
-use crate::error::{AppError, AppResult};
+use crate::error::AppResult;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
@@ -18,48 +16,6 @@ use crate::state::AppState;
 pub struct ActivateRequest {
     /// The placement chosen with activation (`shared`, or a dedicated owner's pool).
     pub placement: String,
-}
-
-pub async fn activate(
-    state: &AppState,
-    by: &Operator,
-    host_id: &str,
-    placement: &str,
-) -> AppResult<()> {
-    let placement = placement.trim();
-    if placement.is_empty() || placement.len() > 64 || placement.chars().any(char::is_control) {
-        return Err(AppError::bad_request(
-            "invalid_placement",
-            "a placement is 1 to 64 printable characters",
-        ));
-    }
-    let now = state.clock.now();
-    state
-        .store
-        .activate_host(host_id, placement, &by.0.user.sub, now)
-        .await
-        .map_err(|e| match e {
-            e if e.is_constraint("hosts_active_prepared") => AppError::conflict(
-                "not_prepared",
-                "this host's preparation has not finished; it cannot be activated",
-            ),
-            e if e.is_constraint("hosts_retired_inactive") => {
-                AppError::conflict("retired", "a retired host cannot be activated")
-            }
-            DbError::NotFound => AppError::NotFound,
-            other => other.into(),
-        })?;
-    state
-        .store
-        .audit(
-            Some(&by.0.user.sub),
-            "host.activate",
-            Some(host_id),
-            json!({"placement": placement}),
-            now,
-        )
-        .await?;
-    Ok(())
 }
 
 /// Activate a host whose preparation finished: the single flag, plus the placement.
@@ -73,7 +29,7 @@ pub async fn post_activate(
     Path(host_id): Path<String>,
     Json(req): Json<ActivateRequest>,
 ) -> AppResult<axum::http::StatusCode> {
-    activate(&state, &op, &host_id, &req.placement).await?;
+    admin_host_action::activate(&state, &op, &host_id, &req.placement).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 
@@ -86,22 +42,6 @@ pub async fn post_revoke(
     op: Operator,
     Path(enrollment_id): Path<String>,
 ) -> AppResult<axum::http::StatusCode> {
-    if !state.store.revoke_enrollment(&enrollment_id).await? {
-        return Err(AppError::conflict(
-            "not_revocable",
-            "only an enrolment that has not redeemed can be revoked",
-        ));
-    }
-    state
-        .store
-        .audit(
-            Some(&op.0.user.sub),
-            "enrollment.revoke",
-            Some(&enrollment_id),
-            json!({}),
-            state.clock.now(),
-        )
-        .await?;
-    crate::reap::reap_once(&state).await?;
+    admin_host_action::revoke(&state, &op, &enrollment_id).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }

@@ -1,19 +1,17 @@
-//! admin-vm-action: an operator's delete, through the same path as the customer's (G.7:
-//! every caller owns both edges), and notify-stuck-deletes' list.
+//! admin-vm-action over HTTP: an operator's delete and the stuck-delete list. The rules are
+//! [`crate::app::admin_vm_action`]'s.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use byo_wire::api::ErrorBody;
 use byo_wire::vm::{InstanceDeletion, StuckDelete};
-use chrono::TimeDelta;
 use serde::Deserialize;
 
+use crate::app::admin_vm_action;
+use crate::app::instances::deletion_status;
 use crate::auth::Operator;
-use crate::error::{AppError, AppResult};
-use crate::instances::{self, Deleter};
-use crate::notify_stuck_deletes::{self, STUCK_AFTER_MINUTES};
-use crate::routes::vms::deletion_status;
+use crate::error::AppResult;
 use crate::state::AppState;
 
 /// Delete any instance, as its customer would: 200 when the host confirmed, 202 when the
@@ -28,7 +26,7 @@ pub async fn post_delete(
     op: Operator,
     Path(vm_id): Path<String>,
 ) -> AppResult<(StatusCode, Json<InstanceDeletion>)> {
-    let d = instances::delete(&state, Deleter::Operator(&op.0), &vm_id).await?;
+    let d = admin_vm_action::delete(&state, &op, &vm_id).await?;
     Ok((deletion_status(&d), Json(d)))
 }
 
@@ -49,13 +47,7 @@ pub async fn get_stuck_deletes(
     _op: Operator,
     Query(q): Query<StuckQuery>,
 ) -> AppResult<Json<Vec<StuckDelete>>> {
-    let minutes = q.older_than_minutes.unwrap_or(STUCK_AFTER_MINUTES);
-    if !(0..=60 * 24 * 365).contains(&minutes) {
-        return Err(AppError::bad_request(
-            "invalid_minutes",
-            "older_than_minutes is between 0 and a year",
-        ));
-    }
-    let found = notify_stuck_deletes::stuck(&state, TimeDelta::minutes(minutes)).await?;
-    Ok(Json(found))
+    Ok(Json(
+        admin_vm_action::stuck_deletes(&state, q.older_than_minutes).await?,
+    ))
 }

@@ -1,22 +1,19 @@
-//! host-enroll: redeem (steps 28–29). The row is locked, so two machines running the same
-//! one-liner cannot both become this host; unknown, spent, expired and malformed tokens get
-//! one byte-identical answer; hardware that is not the profile's is rejected and its
-//! allocation released; one answer carries everything the agent needs.
+//! host-enroll over HTTP: the bearer token and the step-126 request unpacked, the redeem
+//! (the rules are [`crate::app::host_enroll`]'s) answered as 200, 401 or 422. Every token
+//! that does not redeem gets one byte-identical answer.
 
 use axum::Json;
 use axum::extract::State;
 use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use byo_core::redeem::{Plan, judge};
 use byo_core::tokens::{SecretToken, TokenKind};
-use byo_db::provisioning::{RedeemDecision, RedeemNode, Redeemed};
 use byo_wire::api::ErrorBody;
-use byo_wire::enroll::{EnrollRequest, EnrollResponse, WireGuardConfig};
+use byo_wire::enroll::{EnrollRequest, EnrollResponse};
 use serde_json::json;
 
+use crate::app::host_enroll::{Redemption, redeem};
 use crate::error::{AppError, AppResult};
-use crate::routes::host_provision::{EnrolmentSecrets, WIREGUARD_PORT, sealer};
 use crate::state::AppState;
 
 /// The one answer for every token that does not redeem. Which of unknown, spent, expired
@@ -50,129 +47,13 @@ pub async fn post_enroll(
         return Ok(invalid_token());
     };
     let Json(req) = body.map_err(|e| AppError::bad_request("invalid_request", e.body_text()))?;
-    let sealer = sealer(&state)?.clone();
-    let now = state.clock.now();
-    let host_token = SecretToken::generate(TokenKind::Host);
-    let agent_token = SecretToken::generate(TokenKind::Agent);
-    let mut delivered: Option<EnrolmentSecrets> = None;
-
-    let outcome = state
-        .store
-        .redeem(&token.hash(), now, |ctx| {
-            let secrets = ctx
-                .sealed_secrets
-                .as_deref()
-                .and_then(|s| sealer.open(s).ok())
-                .and_then(|s| serde_json::from_str::<EnrolmentSecrets>(&s).ok());
-            let plan = serde_json::from_value::<Plan>(ctx.constants.clone());
-            let (Some(secrets), Ok(plan)) = (secrets, plan) else {
-                return RedeemDecision::Abort(format!(
-                    "enrolment {} has unreadable secrets or profile",
-                    ctx.enrollment_id
-                ));
-            };
-            match judge(&plan, &req) {
-                Err(rejection) => RedeemDecision::Reject {
-                    request: serde_json::to_value(&req).unwrap_or_default(),
-                    reason: rejection.to_string(),
-                },
-                Ok(rows) => {
-                    let decision = RedeemDecision::Accept {
-                        nodes: rows
-                            .into_iter()
-                            .map(|r| RedeemNode {
-                                index: r.index as i32,
-                                machine_id: r.machine_id,
-                                hardware_id: r.hardware_id,
-                                fingerprint: r.fingerprint,
-                                rails: r.rails,
-                            })
-                            .collect(),
-                        fingerprint: byo_core::redeem::identity(&req.node),
-                        host_pubkey: secrets.host_wg_public.clone(),
-                        host_token_hash: host_token.hash(),
-                        sealed_agent_token: sealer.seal(agent_token.expose()),
-                    };
-                    delivered = Some(secrets);
-                    decision
-                }
-            }
-        })
-        .await
-        .map_err(|e| match e {
-            // Our own fault, not the caller's: a 500, and the token is still good.
-            byo_db::DbError::Refused(why) if why.starts_with("redeem_aborted") => {
-                AppError::Internal(anyhow::anyhow!(why))
-            }
-            other => other.into(),
-        })?;
-    match outcome {
-        Redeemed::NoSuchToken => Ok(invalid_token()),
-        Redeemed::Rejected { context, reason } => {
-            tracing::info!(slug = %context.slug, %reason, "enrolment rejected");
-            state
-                .store
-                .audit(
-                    None,
-                    "host.enroll_rejected",
-                    Some(&context.host_id),
-                    json!({"reason": reason}),
-                    now,
-                )
-                .await?;
-            // The allocation it was holding is released now, not at the next sweep.
-            let reaper = state.clone();
-            tokio::spawn(async move {
-                if let Err(e) = crate::reap::reap_once(&reaper).await {
-                    tracing::error!(error = %e, "reaping a rejected enrolment");
-                }
-            });
-            Ok((
-                StatusCode::UNPROCESSABLE_ENTITY,
-                Json(json!({"error": "rejected", "message": reason})),
-            )
-                .into_response())
-        }
-        Redeemed::Enrolled(context) => {
-            let secrets = delivered.expect("an accepted enrolment carries its secrets");
-            let (relay_name, relay_ip, tunnel_hostname, tunnel_token) =
-                state.store.host_delivery(&context.host_id).await?;
-            let published = state.store.published_key_list().await?;
-            state
-                .store
-                .audit(
-                    None,
-                    "host.enrolled",
-                    Some(&context.host_id),
-                    json!({"slug": context.slug}),
-                    now,
-                )
-                .await?;
-            let response = EnrollResponse {
-                host_id: context.host_id,
-                slug: context.slug.clone(),
-                environment: state.config.environment.clone(),
-                host_token: host_token.expose().to_owned(),
-                agent_token: agent_token.expose().to_owned(),
-                wireguard: WireGuardConfig {
-                    private_key: secrets.host_wg_private,
-                    address: "10.8.0.2/24".into(),
-                    peer_public_key: secrets.relay_wg_public,
-                    endpoint: relay_ip.map(|ip| format!("{ip}:{WIREGUARD_PORT}")),
-                    allowed_ips: "10.8.0.1/32".into(),
-                },
-                relay_name: relay_name.unwrap_or_else(|| format!("{}-relay", context.slug)),
-                ssh_map_endpoint: "10.8.0.1:8754".into(),
-                ssh_map_token: secrets.ssh_map_token,
-                tunnel_hostname,
-                tunnel_connector_token: tunnel_token.and_then(|t| sealer.open(&t).ok()),
-                operator_keys: published.and_then(|p| p.envelope),
-                signing_keys: state.config.operator_keys.signing_keys.clone(),
-                profile_id: context.profile_id,
-                constants: context.constants,
-                lockout_owner: context.lockout_owner,
-            };
-            Ok((StatusCode::OK, Json(response)).into_response())
-        }
-    }
+    Ok(match redeem(&state, &token, req).await? {
+        Redemption::InvalidToken => invalid_token(),
+        Redemption::Rejected(reason) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"error": "rejected", "message": reason})),
+        )
+            .into_response(),
+        Redemption::Enrolled(response) => (StatusCode::OK, Json(*response)).into_response(),
+    })
 }

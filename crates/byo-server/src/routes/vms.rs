@@ -1,17 +1,17 @@
 //! The customer's instances: create from the dashboard (E1), list, read, delete (G). The
-//! rules live in [`crate::instances`]; these handlers only carry them over HTTP.
+//! rules live in [`crate::app::instances`]; these handlers only carry them over HTTP.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use byo_wire::api::ErrorBody;
 use byo_wire::vm::{
-    DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView, VmStateChange,
+    InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView, VmStateChange,
 };
 
+use crate::app::instances::{self, Deleter, deletion_status};
 use crate::auth::CurrentUser;
-use crate::error::{AppError, AppResult};
-use crate::instances::{self, Deleter};
+use crate::error::AppResult;
 use crate::state::AppState;
 
 /// Create an instance of `gpu_type` on a free host, reachable with one of your keys. 409
@@ -50,18 +50,7 @@ pub async fn get_vm(
     user: CurrentUser,
     Path(vm_id): Path<String>,
 ) -> AppResult<Json<InstanceView>> {
-    match state.store.vm(&vm_id).await? {
-        Some(row) if row.user_sub == user.user.sub => Ok(Json(instances::view(&row))),
-        _ => Err(AppError::NotFound),
-    }
-}
-
-/// The status a delete answers with: 200 once confirmed, 202 while only requested.
-pub fn deletion_status(d: &InstanceDeletion) -> StatusCode {
-    match d.state {
-        DeletionState::Deleted => StatusCode::OK,
-        DeletionState::Requested => StatusCode::ACCEPTED,
-    }
+    Ok(Json(instances::get(&state, &user, &vm_id).await?))
 }
 
 /// Delete one of your instances. Waits up to 90 s for the host: 200 when it confirmed,

@@ -22,7 +22,7 @@ pub async fn reap_once(state: &AppState) -> AppResult<ReapReport> {
         if let Some(slug) = &r.slug {
             let outside = async {
                 state.relays.release(slug).await?;
-                let wildcard = crate::instances::ssh_wildcard(state, slug);
+                let wildcard = crate::app::instances::ssh_wildcard(state, slug);
                 state.tunnels.remove_ssh_wildcard(&wildcard).await?;
                 state.tunnels.delete(slug).await
             };

@@ -1,12 +1,16 @@
-//! Local accounts: the rules for emails and passwords, creating users, and the first
-//! superadmin.
+//! Local accounts: the rules for emails and passwords, signing up and in, changing a
+//! password, and the first superadmin.
 
+use axum_extra::extract::cookie::Cookie;
 use byo_db::DbError;
 use byo_db::users::{NewUser, UserRow};
 use byo_wire::Role;
 use byo_wire::api::UserView;
+use serde_json::json;
 
+use crate::auth::session::start_session;
 use crate::error::{AppError, AppResult};
+use crate::metrics::OutcomeLabels;
 use crate::state::AppState;
 
 pub const MIN_PASSWORD_CHARS: usize = 12;
@@ -105,6 +109,106 @@ pub async fn create_superadmin(
         )
         .await?;
     Ok(user)
+}
+
+/// Sign-up, when it is open: the account, checked as [`create_account`] checks it.
+pub async fn sign_up(
+    state: &AppState,
+    email: &str,
+    password: &str,
+    display_name: &str,
+) -> AppResult<UserRow> {
+    if !state.config.allow_signup {
+        return Err(AppError::Forbidden(
+            "sign-up is closed on this installation",
+        ));
+    }
+    create_account(state, email, password, display_name).await
+}
+
+/// Record how `user` signed in (`user.signup`, `user.login`) and open their session.
+pub async fn open_session(
+    state: &AppState,
+    user: &UserRow,
+    action: &str,
+) -> AppResult<Cookie<'static>> {
+    state
+        .store
+        .audit(
+            Some(&user.sub),
+            action,
+            Some(&user.sub),
+            json!({}),
+            state.clock.now(),
+        )
+        .await?;
+    start_session(state, &user.sub).await
+}
+
+/// Sign in with email and password. Unknown emails, wrong passwords and disabled
+/// accounts get the same answer, in the same time.
+pub async fn password_sign_in(state: &AppState, email: &str, password: &str) -> AppResult<UserRow> {
+    let Ok(email) = normalize_email(email) else {
+        return Err(AppError::InvalidCredentials);
+    };
+    let user = state.store.user_by_email(&email).await?;
+    let ok = state
+        .passwords
+        .verify(
+            user.as_ref().map(|u| u.password_hash.clone()),
+            password.to_owned(),
+        )
+        .await?;
+    let outcome = match &user {
+        Some(u) if ok && u.disabled_at.is_none() => "success",
+        _ => "refused",
+    };
+    state
+        .metrics
+        .logins
+        .get_or_create(&OutcomeLabels { outcome })
+        .inc();
+    match user {
+        Some(u) if outcome == "success" => Ok(u),
+        _ => {
+            tracing::info!(outcome, "sign-in refused");
+            Err(AppError::InvalidCredentials)
+        }
+    }
+}
+
+/// Change `user`'s password: every session of theirs ends, and the new one is returned.
+pub async fn change_password(
+    state: &AppState,
+    user: &UserRow,
+    current_password: String,
+    new_password: String,
+) -> AppResult<Cookie<'static>> {
+    let ok = state
+        .passwords
+        .verify(Some(user.password_hash.clone()), current_password)
+        .await?;
+    if !ok {
+        return Err(AppError::bad_request(
+            "wrong_password",
+            "the current password is wrong",
+        ));
+    }
+    check_password(&new_password)?;
+    let hash = state.passwords.hash(new_password).await?;
+    state.store.set_password_hash(&user.sub, &hash).await?;
+    state.store.delete_sessions_of(&user.sub).await?;
+    state
+        .store
+        .audit(
+            Some(&user.sub),
+            "user.password_changed",
+            Some(&user.sub),
+            json!({}),
+            state.clock.now(),
+        )
+        .await?;
+    start_session(state, &user.sub).await
 }
 
 /// A user as the API shows them.

@@ -8,9 +8,9 @@
 //!
 //! Delete: two facts (G.1). `delete_requested_at` when accepted; `deleted_at` only when
 //! the host confirms — a 2xx, or its own 404 (G.5). A delete that is not confirmed within
-//! [`DELETE_WAIT`] keeps billing and keeps its host occupied (G.2) and is what
-//! notify-stuck-deletes reports (G.3). Both writes are guarded (G.8). The queue drain
-//! (step 84) runs only after the row is closed (step 83).
+//! [`DELETE_WAIT`](crate::agents::DELETE_WAIT) keeps billing and keeps its host occupied
+//! (G.2) and is what notify-stuck-deletes reports (G.3). Both writes are guarded (G.8). The
+//! queue drain (step 84) runs only after the row is closed (step 83).
 //!
 //! The agent is called from a spawned task the handler awaits: a caller who hangs up
 //! does not cut a create or a delete off between its two writes.
@@ -18,6 +18,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::StatusCode;
 use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
@@ -26,55 +27,17 @@ use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
     VmAction,
 };
-use futures::future::BoxFuture;
 use rand::Rng;
 use serde_json::json;
 
 use crate::agents::{AgentError, Gone};
 use crate::auth::CurrentUser;
 use crate::error::{AppError, AppResult};
+use crate::queue::QueueDrain;
 use crate::state::AppState;
 
-/// How long a delete waits for the host (G.4): well past the ~30 s a pair takes.
-pub const DELETE_WAIT: Duration = Duration::from_secs(90);
-/// How long a create waits for the host. The design names none; a zfs pool creates in
-/// about a second and a pair in tens of seconds, so two minutes is "never answered".
-pub const CREATE_WAIT: Duration = Duration::from_secs(120);
 /// How far back a customer's listing shows instances that ended.
 pub const RECENT_DAYS: i64 = 7;
-
-/// The waits, injectable so tests do not sit through 90 s.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AgentWaits {
-    pub create: Duration,
-    pub delete: Duration,
-}
-
-impl Default for AgentWaits {
-    fn default() -> Self {
-        AgentWaits {
-            create: CREATE_WAIT,
-            delete: DELETE_WAIT,
-        }
-    }
-}
-
-/// Step 84: what runs when a confirmed delete freed a host — the queue drain (E2). It is
-/// called only after `deleted_at` is written, so the host it is told about is pickable.
-pub trait QueueDrain: Send + Sync {
-    fn capacity_freed<'a>(&'a self, gpu_type: &'a str, host_id: &'a str) -> BoxFuture<'a, ()>;
-}
-
-/// No queue yet (E2 is not built): nothing to drain.
-pub struct NoQueue;
-
-impl QueueDrain for NoQueue {
-    fn capacity_freed<'a>(&'a self, gpu_type: &'a str, host_id: &'a str) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            tracing::debug!(%gpu_type, host = %host_id, "capacity freed; no queue to drain");
-        })
-    }
-}
 
 pub fn view(row: &VmRow) -> InstanceView {
     InstanceView {
@@ -279,6 +242,23 @@ pub async fn recent(state: &AppState, user: &CurrentUser) -> AppResult<Vec<Insta
     let since = state.clock.now() - chrono::Duration::days(RECENT_DAYS);
     let rows = state.store.vms_of(&user.user.sub, since).await?;
     Ok(rows.iter().map(view).collect())
+}
+
+/// One of `user`'s instances; anyone else's is as absent as none.
+pub async fn get(state: &AppState, user: &CurrentUser, vm_id: &str) -> AppResult<InstanceView> {
+    match state.store.vm(vm_id).await? {
+        Some(row) if row.user_sub == user.user.sub => Ok(view(&row)),
+        _ => Err(AppError::NotFound),
+    }
+}
+
+/// The status a delete answers with, on the API and the pages alike: 200 once the host
+/// confirmed, 202 while the delete is only requested (G).
+pub fn deletion_status(d: &InstanceDeletion) -> StatusCode {
+    match d.state {
+        DeletionState::Deleted => StatusCode::OK,
+        DeletionState::Requested => StatusCode::ACCEPTED,
+    }
 }
 
 /// G: the delete every caller uses.

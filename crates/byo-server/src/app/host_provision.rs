@@ -1,0 +1,233 @@
+//! host-provision (A) and relay-provision: everything is provisioned before the box is
+//! ever touched. One call allocates the slug, writes the hosts row inactive, the enrolment
+//! with a token that dies within the hour (only its hash kept; the plaintext shown once,
+//! in a form leak scanners recognise), the operator tunnel and its DNS, and starts the
+//! relay — which the owner is never kept waiting for.
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD;
+use byo_core::render::nft::Layout;
+use byo_core::render::relay_bootstrap::Bootstrap;
+use byo_core::tokens::{SecretToken, TokenKind};
+use byo_db::DbError;
+use byo_db::provisioning::{MAX_OUTSTANDING, NewProvision};
+use byo_wire::Role;
+use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::auth::CurrentUser;
+use crate::error::{AppError, AppResult};
+use crate::seal::Sealer;
+use crate::state::AppState;
+
+/// How long an enrolment token lives (A note 4: "expires within the hour").
+pub const TOKEN_MINUTES: i64 = 60;
+pub const WIREGUARD_PORT: u16 = 51820;
+
+/// What redeem hands over once, sealed on the enrolment until then.
+#[derive(Serialize, Deserialize)]
+pub struct EnrolmentSecrets {
+    pub host_wg_private: String,
+    pub host_wg_public: String,
+    pub relay_wg_public: String,
+    pub ssh_map_token: String,
+}
+
+/// A WireGuard keypair, base64 as `wg` prints it.
+pub fn wireguard_keypair() -> (String, String) {
+    let secret = x25519_dalek::StaticSecret::random_from_rng(rand::rngs::OsRng);
+    let public = x25519_dalek::PublicKey::from(&secret);
+    (
+        STANDARD.encode(secret.to_bytes()),
+        STANDARD.encode(public.as_bytes()),
+    )
+}
+
+pub fn sealer(state: &AppState) -> AppResult<&Sealer> {
+    state.sealer.as_ref().ok_or_else(|| {
+        AppError::conflict(
+            "no_secret_key",
+            "this installation has no secret_key configured; hosts cannot be provisioned",
+        )
+    })
+}
+
+/// host-provision, as the API and the owner's page call it.
+pub async fn provision(
+    state: &AppState,
+    by: &CurrentUser,
+    req: &ProvisionRequest,
+) -> AppResult<ProvisionResponse> {
+    if !(by.has(Role::CommunityHost) || by.has(Role::Superadmin)) {
+        return Err(AppError::Forbidden(
+            "adding a GPU needs the community_host grant from an operator",
+        ));
+    }
+    let profile = state.store.profile(&req.profile_id).await?.ok_or_else(|| {
+        AppError::bad_request(
+            "unknown_profile",
+            format!("there is no profile {:?}", req.profile_id),
+        )
+    })?;
+    if profile.staff_only && !by.is_operator() {
+        return Err(AppError::Forbidden("that profile is for staff only"));
+    }
+    let sealer = sealer(state)?;
+    let outstanding = state.store.outstanding_allocations(&by.user.sub).await?;
+    if outstanding >= MAX_OUTSTANDING {
+        return Err(AppError::conflict(
+            "allocation_cap",
+            format!(
+                "you already hold {outstanding} GPUs waiting to be enrolled; run one of their commands or wait for one to lapse"
+            ),
+        ));
+    }
+    let token = SecretToken::generate(TokenKind::Enrollment);
+    let ssh_map_token = SecretToken::generate(TokenKind::SshMap);
+    let (host_wg_private, host_wg_public) = wireguard_keypair();
+    let (relay_wg_private, relay_wg_public) = wireguard_keypair();
+    let secrets = EnrolmentSecrets {
+        host_wg_private,
+        host_wg_public,
+        relay_wg_public,
+        ssh_map_token: ssh_map_token.expose().to_owned(),
+    };
+    let sealed = sealer.seal(&serde_json::to_string(&secrets).expect("secrets serialise"));
+    let now = state.clock.now();
+    let expires_at = now + chrono::Duration::minutes(TOKEN_MINUTES);
+    let mut attempt = 0;
+    let provisioned = loop {
+        let new = NewProvision {
+            owner_sub: &by.user.sub,
+            profile_id: &profile.id,
+            gpu_type: &profile.gpu_type,
+            token_hash: &token.hash(),
+            token_expires_at: expires_at,
+            ssh_map_token_hash: &ssh_map_token.hash(),
+            sealed_secrets: &sealed,
+        };
+        match state.store.provision_host(new, now).await {
+            Err(DbError::Conflict(_)) if attempt < 5 => attempt += 1,
+            other => break other?,
+        }
+    };
+    let slug = provisioned.slug.clone();
+
+    // The operator tunnel and its DNS are part of the call; a failure hands the allocation
+    // straight back rather than leaving half of it.
+    match state.tunnels.create(&slug).await {
+        Ok(t) => {
+            let sealed_token = sealer.seal(&t.connector_token);
+            state
+                .store
+                .record_tunnel(&provisioned.host_id, &t.id, &t.hostname, &sealed_token)
+                .await?;
+        }
+        Err(e) => {
+            state
+                .store
+                .revoke_enrollment(&provisioned.enrollment_id)
+                .await?;
+            crate::app::reap::reap_once(state).await?;
+            return Err(AppError::Internal(anyhow::anyhow!(
+                "creating the tunnel for {slug}: {e}"
+            )));
+        }
+    }
+
+    // relay-provision: its own function, and nobody waits on it.
+    let bootstrap = state.config.relay_release.as_ref().and_then(|release| {
+        Bootstrap {
+            slug: slug.clone(),
+            relay_private_key: relay_wg_private,
+            host_public_key: secrets.host_wg_public.clone(),
+            wireguard_port: WIREGUARD_PORT,
+            ssh_map_token_hash: ssh_map_token.hash().as_str().to_owned(),
+            public_name: format!("{slug}.relay.{}", public_host(&state.config.public_url)),
+            relay_binary_url: release.url.clone(),
+            relay_binary_sha256: release.sha256.clone(),
+            layout: Layout::default(),
+        }
+        .script()
+        .map_err(|e| tracing::error!(%slug, error = %e, "cannot render the relay bootstrap"))
+        .ok()
+    });
+    let relay_state = state.clone();
+    let (host_id, relay_slug) = (provisioned.host_id.clone(), slug.clone());
+    tokio::spawn(async move {
+        relay_provision(&relay_state, &host_id, &relay_slug, bootstrap.as_deref()).await
+    });
+
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "host.provision",
+            Some(&provisioned.host_id),
+            json!({"slug": slug, "profile": profile.id}),
+            now,
+        )
+        .await?;
+    let node_count = profile.constants.0["node_count"].as_u64().unwrap_or(1);
+    let peer = if node_count > 1 {
+        format!(" --peer --nodes={node_count}")
+    } else {
+        String::new()
+    };
+    let command = format!(
+        "curl -fsSL {}/install.sh | sudo bash -s -- --token {}{peer}",
+        state.config.public_url.trim_end_matches('/'),
+        token.expose()
+    );
+    Ok(ProvisionResponse {
+        host_id: provisioned.host_id,
+        slug,
+        enrollment_id: provisioned.enrollment_id,
+        token: token.expose().to_owned(),
+        expires_at,
+        command,
+    })
+}
+
+fn public_host(url: &str) -> String {
+    let after = url.split_once("://").map_or(url, |(_, rest)| rest);
+    after.split(['/', ':']).next().unwrap_or(after).to_owned()
+}
+
+/// relay-provision: reserve `<slug>-relay-ip`, create `<slug>-relay` with its bootstrap,
+/// and record the outcome on the hosts row.
+pub async fn relay_provision(state: &AppState, host_id: &str, slug: &str, bootstrap: Option<&str>) {
+    let outcome = state.relays.provision(slug, bootstrap).await;
+    let recorded = match &outcome {
+        Ok(relay) => {
+            tracing::info!(%slug, address = %relay.address, "relay ready");
+            // Customers' ssh names resolve to this relay (F).
+            let wildcard = crate::app::instances::ssh_wildcard(state, slug);
+            let dns = state
+                .tunnels
+                .point_ssh_wildcard(&wildcard, &relay.address)
+                .await;
+            if let Err(e) = &dns {
+                tracing::error!(%slug, %wildcard, error = %e, "the customer ssh wildcard was not written");
+            }
+            let note = dns
+                .err()
+                .map(|e| format!("the ssh wildcard {wildcard} was not written: {e}"));
+            state
+                .store
+                .record_relay(host_id, Some(&relay.address), "ready", note.as_deref())
+                .await
+        }
+        Err(e) => {
+            tracing::error!(%slug, error = %e, "relay-provision failed");
+            state
+                .store
+                .record_relay(host_id, None, "failed", Some(&e.to_string()))
+                .await
+        }
+    };
+    if let Err(e) = recorded {
+        tracing::error!(%slug, error = %e, "recording the relay");
+    }
+}

@@ -1,0 +1,22 @@
+//! The rules: every decision the API and the pages make, one module per area, named as the
+//! design names its edge function where it has one. A route unpacks a request, calls one
+//! function here and shapes its answer; a page does the same with HTML. Nothing here
+//! imports `routes` or `pages`, so both reach the same rules and neither reaches the other.
+//!
+//! The two scheduled jobs (`reap`, `notify_stuck_deletes`) live here too: reap's sweep is
+//! a rule host-provision, host-enroll and admin-host-action call, and the stuck list is
+//! what admin-vm-action answers; their schedules are a loop around that one function.
+
+pub mod accounts;
+pub mod admin_host_action;
+pub mod admin_vm_action;
+pub mod host_enroll;
+pub mod host_heartbeat;
+pub mod host_provision;
+pub mod host_report;
+pub mod instances;
+pub mod notify_stuck_deletes;
+pub mod operator_keys;
+pub mod reap;
+pub mod ssh_keys;
+pub mod users;

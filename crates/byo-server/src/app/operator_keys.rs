@@ -1,0 +1,397 @@
+//! admin-operator-keys (M): changes collected in one draft, signatures checked with the
+//! agent's own verifier before anything is published, and every host sent the exact
+//! signed bytes, rented or not.
+
+use byo_core::keylist::{self, Change, ChangeRefusal, KeyList, SignedList, check_key};
+use byo_db::operator_keys::{KeyChange, KeyListRow, PublishedKey};
+use byo_db::{DbError, GuardedWrite};
+use byo_wire::api::{
+    HostKeyStatus, KeyChangeRequest, KeyChangeView, KeyListView, KeyOwner, OperatorKeyView,
+    OperatorKeysView, PushOutcome, SignatureUpload,
+};
+use futures::StreamExt;
+use serde_json::json;
+use ssh_key::PublicKey;
+
+use crate::auth::{CurrentUser, Operator};
+use crate::error::{AppError, AppResult};
+use crate::state::AppState;
+
+/// The signing keys hosts pin, from the configuration (validated at load).
+pub fn signing_keys(state: &AppState) -> Vec<PublicKey> {
+    state
+        .config
+        .operator_keys
+        .signing_keys
+        .iter()
+        .filter_map(|k| PublicKey::from_openssh(k.trim()).ok())
+        .collect()
+}
+
+fn parse_stored(body: &str) -> AppResult<KeyList> {
+    // Stored bodies were built by with_change; one that no longer parses is corruption.
+    KeyList::from_canonical(body)
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("stored list: {e}")))
+}
+
+fn list_view(row: &KeyListRow) -> AppResult<KeyListView> {
+    let list = parse_stored(&row.body)?;
+    Ok(KeyListView {
+        version: row.version,
+        state: row.state.clone(),
+        issued_at: list.issued_at,
+        expires: list.expires,
+        keys: list
+            .keys
+            .iter()
+            .map(|k| OperatorKeyView {
+                user_sub: k.user_sub.clone(),
+                label: k.label.clone(),
+                fingerprint: check_key(k).map(|c| c.fingerprint).unwrap_or_default(),
+                public_key: k.public_key.clone(),
+            })
+            .collect(),
+        body: row.body.clone(),
+    })
+}
+
+pub async fn overview(state: &AppState) -> AppResult<OperatorKeysView> {
+    let published = state.store.published_key_list().await?;
+    let newest = state.store.newest_key_list().await?;
+    let draft = newest.filter(|r| r.state == "draft");
+    let draft_changes = match &draft {
+        Some(d) => state
+            .store
+            .key_changes(d.version)
+            .await?
+            .into_iter()
+            .map(|c| KeyChangeView {
+                user_sub: c.user_sub,
+                action: c.action,
+                fingerprint: c.fingerprint,
+                label: c.label,
+                at: c.at,
+            })
+            .collect(),
+        None => Vec::new(),
+    };
+    let hosts = state
+        .store
+        .key_push_status()
+        .await?
+        .into_iter()
+        .map(|h| HostKeyStatus {
+            host_id: h.host_id,
+            slug: h.slug,
+            version: h.version,
+            attempted_at: h.attempted_at,
+            error: h.error,
+        })
+        .collect();
+    Ok(OperatorKeysView {
+        environment: state.config.environment.clone(),
+        signing_keys: signing_keys(state)
+            .iter()
+            .map(|k| k.fingerprint(ssh_key::HashAlg::Sha256).to_string())
+            .collect(),
+        published: published.as_ref().map(list_view).transpose()?,
+        draft: draft.as_ref().map(list_view).transpose()?,
+        draft_changes,
+        hosts,
+    })
+}
+
+fn change_refused(r: ChangeRefusal) -> AppError {
+    match r {
+        ChangeRefusal::Key(k) => AppError::bad_request("key_refused", k.to_string()),
+        ChangeRefusal::AlreadyListed(_) => AppError::conflict("already_listed", r.to_string()),
+        ChangeRefusal::NotFound(_) => AppError::bad_request("not_listed", r.to_string()),
+        ChangeRefusal::NotYours(_) => AppError::Forbidden("that key belongs to another operator"),
+        ChangeRefusal::NoOperatorLeft => AppError::conflict("no_operator_left", r.to_string()),
+    }
+}
+
+/// Apply one change — the caller's own key added or removed — to the newest list.
+pub async fn change_keys(
+    state: &AppState,
+    by: &Operator,
+    req: KeyChangeRequest,
+) -> AppResult<KeyListView> {
+    let sub = by.0.user.sub.clone();
+    let (change, fingerprint, label) = match req {
+        KeyChangeRequest::Add { public_key, label } => {
+            let candidate = keylist::OperatorKey {
+                user_sub: sub.clone(),
+                label: label.trim().to_owned(),
+                public_key: public_key.trim().to_owned(),
+            };
+            let checked =
+                check_key(&candidate).map_err(|e| change_refused(ChangeRefusal::Key(e)))?;
+            let change = Change::Add {
+                user_sub: sub.clone(),
+                label: candidate.label.clone(),
+                public_key: candidate.public_key,
+            };
+            (change, checked.fingerprint, candidate.label)
+        }
+        KeyChangeRequest::Remove { fingerprint } => (
+            Change::Remove {
+                user_sub: sub.clone(),
+                fingerprint: fingerprint.clone(),
+            },
+            fingerprint,
+            String::new(),
+        ),
+    };
+    let action = if matches!(change, Change::Add { .. }) {
+        "add"
+    } else {
+        "remove"
+    };
+    let validity = chrono::Duration::days(state.config.operator_keys.validity_days);
+    // Two changes racing to open the next version collide on its key; the loser is applied
+    // again on top of the winner.
+    for _ in 0..8 {
+        let now = state.clock.now();
+        let mut refusal = None;
+        let result = state
+            .store
+            .apply_key_change(
+                KeyChange {
+                    user_sub: &sub,
+                    action,
+                    fingerprint: &fingerprint,
+                    label: &label,
+                },
+                now,
+                |base, version| {
+                    let base = base.map(KeyList::from_canonical).transpose().map_err(|e| {
+                        DbError::Refused(format!("stored list does not parse: {e}"))
+                    })?;
+                    KeyList::with_change(
+                        base.as_ref(),
+                        &change,
+                        &state.config.environment,
+                        version as u64,
+                        now,
+                        validity,
+                    )
+                    .map(|l| l.to_canonical())
+                    .map_err(|r| {
+                        refusal = Some(r);
+                        DbError::Refused("operator_key_change".into())
+                    })
+                },
+            )
+            .await;
+        match result {
+            Ok(row) => {
+                state
+                    .store
+                    .audit(Some(&sub), "operator_keys.change", None, json!({"action": action, "fingerprint": fingerprint, "version": row.version}), now)
+                    .await?;
+                return list_view(&row);
+            }
+            Err(DbError::Conflict(_)) => continue,
+            Err(e) => return Err(refusal.map_or_else(|| e.into(), change_refused)),
+        }
+    }
+    Err(AppError::conflict(
+        "busy",
+        "too many changes at once; try again",
+    ))
+}
+
+pub async fn withdraw(state: &AppState, by: &Operator) -> AppResult<()> {
+    let n = state
+        .store
+        .withdraw_key_drafts()
+        .await
+        .map_err(|e| match e {
+            DbError::NotFound => AppError::bad_request("no_draft", "there is no draft to withdraw"),
+            other => other.into(),
+        })?;
+    state
+        .store
+        .audit(
+            Some(&by.0.user.sub),
+            "operator_keys.withdraw",
+            None,
+            json!({"drafts": n}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Send the stored signed bytes to `targets` and record each outcome.
+async fn deliver(
+    state: &AppState,
+    version: i32,
+    envelope: &[u8],
+    targets: Vec<byo_db::hosts::AgentTargetRow>,
+) -> AppResult<(usize, usize)> {
+    let outcomes: Vec<_> = futures::stream::iter(targets)
+        .map(|t| async move {
+            let r = state.agents.push_operator_keys(&t, envelope).await;
+            (t, r)
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    let (mut delivered, mut failed) = (0, 0);
+    for (t, r) in outcomes {
+        let now = state.clock.now();
+        match &r {
+            Ok(()) => delivered += 1,
+            Err(e) => {
+                failed += 1;
+                tracing::warn!(host = %t.slug, version, error = %e, "operator-key push failed");
+            }
+        }
+        state
+            .store
+            .record_key_push(
+                &t.id,
+                r.as_ref().map(|()| version).map_err(String::as_str),
+                now,
+            )
+            .await?;
+    }
+    Ok((delivered, failed))
+}
+
+/// Publish the newest draft with a signature made on an operator's own machine, after
+/// checking it with the agent's verifier; then push it to every host.
+pub async fn publish(
+    state: &AppState,
+    by: &CurrentUser,
+    version: i32,
+    upload: SignatureUpload,
+) -> AppResult<PushOutcome> {
+    let trusted = signing_keys(state);
+    if trusted.is_empty() {
+        return Err(AppError::conflict(
+            "no_signing_key",
+            "no signing key is configured (operator_keys.signing_keys)",
+        ));
+    }
+    let newest = state.store.newest_key_list().await?;
+    let draft = match newest {
+        Some(row) if row.state == "draft" && row.version == version => row,
+        Some(row) if row.version == version => {
+            return Err(AppError::conflict(
+                "already_published",
+                format!("version {version} is already published"),
+            ));
+        }
+        _ => {
+            return Err(AppError::conflict(
+                "not_the_newest_draft",
+                "only the newest draft can be signed",
+            ));
+        }
+    };
+    let envelope = SignedList {
+        body: draft.body.clone(),
+        signatures: vec![upload.signature],
+    }
+    .to_bytes();
+    let now = state.clock.now();
+    let verified = keylist::verify(&envelope, &trusted, &state.config.environment, None, now)
+        .map_err(|r| AppError::bad_request("signature_refused", r.to_string()))?;
+    let keys: Vec<PublishedKey> = verified
+        .keys
+        .iter()
+        .map(|k| PublishedKey {
+            user_sub: k.key.user_sub.clone(),
+            label: k.key.label.clone(),
+            public_key: k.key.public_key.clone(),
+            fingerprint: k.fingerprint.clone(),
+        })
+        .collect();
+    let envelope_text = String::from_utf8(envelope.clone()).expect("the envelope is JSON text");
+    match state
+        .store
+        .publish_key_list(version, &envelope_text, &keys, &by.user.sub, now)
+        .await?
+    {
+        GuardedWrite::Written => {}
+        GuardedWrite::AlreadySet => {
+            return Err(AppError::conflict(
+                "already_published",
+                format!("version {version} was published meanwhile"),
+            ));
+        }
+    }
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "operator_keys.publish",
+            None,
+            json!({"version": version}),
+            now,
+        )
+        .await?;
+    let targets = state.store.agent_targets().await?;
+    let (delivered, failed) = deliver(state, version, &envelope, targets).await?;
+    Ok(PushOutcome {
+        version,
+        delivered,
+        failed,
+    })
+}
+
+pub async fn send_again(state: &AppState, by: &Operator, host_id: &str) -> AppResult<PushOutcome> {
+    let target = state
+        .store
+        .agent_target(host_id)
+        .await?
+        .ok_or(AppError::NotFound)?;
+    let published =
+        state.store.published_key_list().await?.ok_or_else(|| {
+            AppError::conflict("nothing_published", "no list has been published yet")
+        })?;
+    let envelope = published
+        .envelope
+        .expect("a published list has its envelope (operator_key_lists_signed)");
+    state
+        .store
+        .audit(
+            Some(&by.0.user.sub),
+            "operator_keys.send_again",
+            Some(host_id),
+            json!({"version": published.version}),
+            state.clock.now(),
+        )
+        .await?;
+    let (delivered, failed) =
+        deliver(state, published.version, envelope.as_bytes(), vec![target]).await?;
+    Ok(PushOutcome {
+        version: published.version,
+        delivered,
+        failed,
+    })
+}
+
+/// Whose key this is: every listing of `fingerprint`, with its operator (I.1).
+pub async fn owners(state: &AppState, fingerprint: &str) -> AppResult<Vec<KeyOwner>> {
+    let rows = state
+        .store
+        .operator_key_by_fingerprint(fingerprint.trim())
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        let email = state.store.user(&r.user_sub).await?.map(|u| u.email);
+        out.push(KeyOwner {
+            user_sub: r.user_sub,
+            email,
+            label: r.label,
+            fingerprint: r.fingerprint,
+            listed_at: r.created_at,
+            removed_at: r.removed_at,
+        });
+    }
+    Ok(out)
+}
