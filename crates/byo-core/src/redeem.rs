@@ -10,9 +10,7 @@ use std::net::Ipv4Addr;
 use byo_wire::enroll::{EnrollRequest, NodeReport, RailPort};
 use serde_json::{Map, Value, json};
 
-/// The plan is the profile's, defined once on the wire. `Plan` is the name host-enroll
-/// reads it by.
-pub use byo_wire::profile::{ProfilePlan, ProfilePlan as Plan, RailPlan};
+use byo_wire::profile::{ProfilePlan, RailPlan};
 
 /// A host_nodes row to write.
 #[derive(Clone, Debug, PartialEq)]

@@ -1,6 +1,7 @@
 //! Enrolments: the allocation made at provisioning and the single-use token that redeems it.
 
 use byo_core::tokens::TokenHash;
+use byo_wire::states::EnrollmentState;
 use chrono::{DateTime, Utc};
 
 use crate::{Result, Store, new_id};
@@ -11,7 +12,8 @@ pub struct EnrollmentRow {
     pub host_id: Option<String>,
     pub owner_sub: String,
     pub profile_id: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: EnrollmentState,
     pub token_expires_at: DateTime<Utc>,
     pub created_at: DateTime<Utc>,
     pub redeemed_at: Option<DateTime<Utc>>,

@@ -200,3 +200,16 @@ impl Store {
 pub(crate) fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
+
+/// A state column that may be null (a left join, or a column not written yet), read as an
+/// `Option` of the state its text names. As for the non-null state columns
+/// (`#[sqlx(try_from = "String")]`), a spelling this build does not know is an error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MaybeState<S>(pub Option<S>);
+
+impl<S: FromStr<Err = String>> TryFrom<Option<String>> for MaybeState<S> {
+    type Error = String;
+    fn try_from(text: Option<String>) -> std::result::Result<Self, String> {
+        text.map(|t| t.parse()).transpose().map(MaybeState)
+    }
+}

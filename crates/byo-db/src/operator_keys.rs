@@ -2,6 +2,7 @@
 //! published versions as their exact signed bytes, the fingerprint registry that makes
 //! logins attributable (I), and per-host delivery.
 
+use byo_wire::states::KeyListState;
 use chrono::{DateTime, Utc};
 
 use crate::{DbError, GuardedWrite, Result, Store, new_id};
@@ -9,8 +10,8 @@ use crate::{DbError, GuardedWrite, Result, Store, new_id};
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct KeyListRow {
     pub version: i32,
-    /// `draft` (waiting for a signature) or `published`.
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: KeyListState,
     /// The canonical bytes that are, or will be, signed.
     pub body: String,
     /// The signed envelope, exactly as verified, once published.
@@ -134,7 +135,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
             let (version, draft_exists) = match &newest {
-                Some(row) if row.state == "draft" => (row.version, true),
+                Some(row) if row.state == KeyListState::Draft => (row.version, true),
                 Some(row) => (row.version + 1, false),
                 None => (1, false),
             };

@@ -2,12 +2,13 @@
 //! is touched, the single-use point, and handing an unused allocation back.
 
 use byo_core::tokens::TokenHash;
+use byo_wire::states::{EnrollmentState, RelayState};
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 use sqlx::types::Json;
 
 use crate::hosts::HostRow;
-use crate::{DbError, Result, Store, new_id};
+use crate::{DbError, MaybeState, Result, Store, new_id};
 
 /// At most this many allocations an owner may hold before any is redeemed (A note 4).
 pub const MAX_OUTSTANDING: i64 = 3;
@@ -90,7 +91,8 @@ pub struct Reapable {
     pub enrollment_id: String,
     pub host_id: Option<String>,
     pub slug: Option<String>,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: EnrollmentState,
 }
 
 fn slug_number(slug: &str) -> Option<u64> {
@@ -175,7 +177,7 @@ impl Store {
         &self,
         host_id: &str,
         relay_ip: Option<&str>,
-        state: &str,
+        state: RelayState,
         error: Option<&str>,
     ) -> Result<()> {
         on_pool!(self, |p| {
@@ -184,7 +186,7 @@ impl Store {
         )
         .bind(host_id)
         .bind(relay_ip)
-        .bind(state)
+        .bind(state.as_str())
         .bind(error)
         .execute(p)
         .await
@@ -442,7 +444,8 @@ pub struct EnrollmentView {
     pub owner_sub: String,
     pub owner_email: String,
     pub profile_id: String,
-    pub state: String,
+    #[sqlx(try_from = "String")]
+    pub state: EnrollmentState,
     pub token_expires_at: DateTime<Utc>,
     pub fingerprint: Option<Json<Value>>,
     pub reject_reason: Option<String>,
@@ -451,7 +454,8 @@ pub struct EnrollmentView {
     pub prepared_at: Option<DateTime<Utc>>,
     pub prepare_state: Option<Json<Value>>,
     pub active: Option<bool>,
-    pub relay_state: Option<String>,
+    #[sqlx(try_from = "Option<String>")]
+    pub relay_state: MaybeState<RelayState>,
 }
 
 impl Store {

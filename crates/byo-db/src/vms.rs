@@ -6,6 +6,7 @@
 //! a live row is never picked (E2, G.2), and `vms_one_live_per_host` makes that a rule for
 //! every writer.
 
+use byo_wire::states::VmStatus;
 use chrono::{DateTime, Utc};
 
 use crate::hosts::AgentTargetRow;
@@ -25,7 +26,8 @@ pub struct VmRow {
     pub ssh_hostname: Option<String>,
     /// The port on the host the relay's :22 forwards to, as the agent answered.
     pub ssh_port: Option<i32>,
-    pub status: String,
+    #[sqlx(try_from = "String")]
+    pub status: VmStatus,
     pub created_at: DateTime<Utc>,
     pub creation_failed_at: Option<DateTime<Utc>>,
     pub delete_requested_at: Option<DateTime<Utc>>,
@@ -123,7 +125,7 @@ impl Store {
 impl Store {
     /// A start, stop or reboot the host carried out: `running` or `stopped`. Only a live
     /// instance moves (not one being created, failed, or given up by a delete).
-    pub async fn set_vm_power(&self, id: &str, status: &str) -> Result<GuardedWrite> {
+    pub async fn set_vm_power(&self, id: &str, status: VmStatus) -> Result<GuardedWrite> {
         let done = on_pool!(self, |p| {
             sqlx::query(
                 "update vms set status = $2
@@ -131,7 +133,7 @@ impl Store {
                    and delete_requested_at is null and deleted_at is null",
             )
             .bind(id)
-            .bind(status)
+            .bind(status.as_str())
             .execute(p)
             .await
             .map(|r| r.rows_affected())

@@ -1,6 +1,7 @@
 //! The Store conformance suite: every scenario runs on SQLite, and on PostgreSQL whenever
 //! the test command started one (always under CI). Scenario names point into the design.
 
+use byo_wire::states::{EnrollmentState, KeyListState};
 use std::sync::Arc;
 
 use byo_core::tokens::{SecretToken, TokenKind};
@@ -357,9 +358,9 @@ async fn step28_single_use_token_redeemed_once_by_32_callers(db: TestDb) {
         }
     }
     assert_eq!(redeemed.len(), 1, "exactly one of 32 callers redeems");
-    assert_eq!(redeemed[0].state, "enrolled");
+    assert_eq!(redeemed[0].state, EnrollmentState::Enrolled);
     let stored = db.enrollment(&redeemed[0].id).await.unwrap().unwrap();
-    assert_eq!(stored.state, "enrolled");
+    assert_eq!(stored.state, EnrollmentState::Enrolled);
     assert_eq!(stored.redeemed_at, redeemed[0].redeemed_at);
 }
 
@@ -628,7 +629,7 @@ async fn m10_changes_before_a_signature_add_up_in_one_draft(db: TestDb) {
         .unwrap();
     assert_eq!((a.version, b.version), (1, 1), "one draft");
     assert_eq!(b.body, "a|b");
-    assert_eq!(b.state, "draft");
+    assert_eq!(b.state, KeyListState::Draft);
     let changes = db.key_changes(1).await.unwrap();
     assert_eq!(
         changes

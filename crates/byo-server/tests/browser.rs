@@ -404,7 +404,10 @@ async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() 
         .await
         .unwrap();
     assert_eq!(enrolments.len(), 1);
-    assert_eq!(enrolments[0].state, "pending");
+    assert_eq!(
+        enrolments[0].state,
+        byo_wire::states::EnrollmentState::Pending
+    );
 
     // The absolute expiry, readable without the script, is the stored one.
     let expiry = c.find(Locator::Css("time#one-liner-expiry")).await.unwrap();

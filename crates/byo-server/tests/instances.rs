@@ -5,6 +5,7 @@
 
 mod support;
 
+use byo_wire::states::{RelayState, VmStatus};
 use std::collections::HashSet;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
@@ -388,7 +389,7 @@ impl World {
                 .await
                 .unwrap();
             self.db()
-                .record_relay(&id, Some("10.8.0.1"), "ready", None)
+                .record_relay(&id, Some("10.8.0.1"), RelayState::Ready, None)
                 .await
                 .unwrap();
         }
@@ -451,7 +452,7 @@ impl World {
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
         let id = r.json()["instance"]["id"].as_str().unwrap().to_owned();
         let row = self.vm(&id).await;
-        assert_eq!(row.status, "running");
+        assert_eq!(row.status, VmStatus::Running);
         row
     }
 
@@ -639,7 +640,7 @@ async fn e1_create_stamps_created_at_before_the_host_is_contacted(w: World) {
     assert_eq!(at_contact.id, id);
     assert_eq!(at_contact.host_id.as_deref(), Some(host.id.as_str()));
     assert_eq!(at_contact.created_at, committed);
-    assert_eq!(at_contact.status, "creating");
+    assert_eq!(at_contact.status, VmStatus::Creating);
     assert_eq!(
         at_contact.ssh_hostname.as_deref(),
         Some(format!("{}.spark-1.ssh.localhost", call.name).as_str())
@@ -866,7 +867,7 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
                 .all_vms()
                 .await
                 .into_iter()
-                .find(|v| v.status == "creating");
+                .find(|v| v.status == VmStatus::Creating);
             let creating = creating.expect("the row is written while the host works");
             let r = w.delete(&w.customer, &creating.id).await;
             assert_eq!(
@@ -977,7 +978,7 @@ async fn g_delete_writes_two_facts_and_closes_only_when_confirmed(w: World) {
         "the refund is sized from here"
     );
     assert_eq!(row.deleted_at, Some(w.clock.now()), "billing stops here");
-    assert_eq!(row.status, "deleted");
+    assert_eq!(row.status, VmStatus::Deleted);
     assert!(w.pickable(&host.id).await);
     assert!(w.agents.containers.lock().unwrap().is_empty());
 
@@ -1022,12 +1023,12 @@ async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: Worl
     let r = power(w.customer.clone(), "stop").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.json()["status"], "stopped");
-    assert_eq!(w.vm(&vm.id).await.status, "stopped");
+    assert_eq!(w.vm(&vm.id).await.status, VmStatus::Stopped);
     assert_eq!(w.agents.calls("power").len(), 1);
     let r = power(w.customer.clone(), "start").await;
     assert_eq!(
         (r.status, w.vm(&vm.id).await.status),
-        (StatusCode::OK, "running".to_owned())
+        (StatusCode::OK, VmStatus::Running)
     );
     // The page's buttons go the same way.
     let page = w.page(&w.customer, "/instances").await;
@@ -1040,7 +1041,7 @@ async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: Worl
         )
         .await;
     assert!(location(&r).starts_with("/instances"));
-    assert_eq!(w.vm(&vm.id).await.status, "stopped");
+    assert_eq!(w.vm(&vm.id).await.status, VmStatus::Stopped);
     assert!(w.page(&w.customer, "/instances").await.contains(">Start<"));
     let r = power(w.customer.clone(), "start").await;
     assert_eq!(r.status, StatusCode::OK);
@@ -1062,7 +1063,7 @@ async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: Worl
     w.agents.answer_deletes(Answer::Unreachable);
     let r = power(w.customer.clone(), "reboot").await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
-    assert_eq!(w.vm(&vm.id).await.status, "running");
+    assert_eq!(w.vm(&vm.id).await.status, VmStatus::Running);
     let r = power(w.customer.clone(), "hibernate").await;
     assert!(r.status.is_client_error());
 
@@ -1071,7 +1072,7 @@ async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: Worl
     assert_eq!(w.delete(&w.customer, &vm.id).await.status, StatusCode::OK);
     let r = power(w.customer.clone(), "start").await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
-    assert_eq!(w.vm(&vm.id).await.status, "deleted");
+    assert_eq!(w.vm(&vm.id).await.status, VmStatus::Deleted);
 }
 
 #[derive(Clone, Default)]
@@ -1710,7 +1711,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     let to = location(&r);
     let id = to.strip_prefix("/instances#instance-").unwrap().to_owned();
     let vm = w.vm(&id).await;
-    assert_eq!(vm.status, "running");
+    assert_eq!(vm.status, VmStatus::Running);
     let page = w.page(&w.customer, "/instances").await;
     let listed = row(&page, &format!("instance-{id}")).unwrap();
     let command = format!("ssh root@{}", vm.ssh_hostname.as_deref().unwrap());

@@ -3,6 +3,7 @@
 
 mod support;
 
+use byo_wire::states::EnrollmentState;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -168,7 +169,7 @@ async fn a1_provisioning_allocates_everything_before_the_box_is_touched(w: World
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(e.state, "pending");
+    assert_eq!(e.state, EnrollmentState::Pending);
     assert_eq!(
         e.token_expires_at,
         w.clock.now() + chrono::Duration::minutes(60),
@@ -359,7 +360,8 @@ async fn b28_hardware_that_is_not_the_profiles_is_rejected_and_released(w: World
         .unwrap()
         .unwrap();
     assert_eq!(
-        e.state, "rejected",
+        e.state,
+        EnrollmentState::Rejected,
         "the row parks as rejected, with what turned up"
     );
     // The allocation it was holding is handed back: host row, relay, tunnel.
@@ -490,7 +492,7 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(e.state, "expired");
+    assert_eq!(e.state, EnrollmentState::Expired);
     // Idempotent: another sweep finds nothing.
     assert_eq!(
         byo_server::app::reap::reap_once(&w.app.state)
@@ -535,6 +537,42 @@ async fn h_revoking_before_redeem_releases_the_allocation(w: World) {
             .await
             .status,
         StatusCode::CONFLICT
+    );
+}
+
+/// The page's Revoke goes through the API's rule: the same refusal for a redeemed
+/// enrolment, and the same audit entry and release for one that was not.
+async fn h_revoking_from_the_page_is_the_apis_revoke(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let enrollment_id = p["enrollment_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    let revoke = || {
+        Request::post(format!("/admin/enrollments/{enrollment_id}/revoke"))
+            .header(header::COOKIE, format!("byo_session={}", w.op))
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(w.app.send(revoke()).await.status, StatusCode::SEE_OTHER);
+    assert!(w.app.db.host(&host_id).await.unwrap().is_none());
+    let audited: Vec<_> = w
+        .app
+        .db
+        .audit_log(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "enrollment.revoke")
+        .map(|a| a.target)
+        .collect();
+    assert_eq!(audited, [Some(enrollment_id.clone())]);
+    let again = w.app.send(revoke()).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert!(
+        again
+            .text()
+            .contains("only an enrolment that has not redeemed")
     );
 }
 
@@ -792,6 +830,7 @@ with_world!(
     d3_activation_is_refused_until_preparation_finished,
     a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure,
     h_revoking_before_redeem_releases_the_allocation,
+    h_revoking_from_the_page_is_the_apis_revoke,
     pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
     c_host_report_records_progress_and_completion_gates_activation,
     b28_a_fault_on_our_side_leaves_the_token_good,

@@ -103,8 +103,7 @@ pub struct AuditEntry {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct KeyListView {
     pub version: i32,
-    /// `draft` or `published`.
-    pub state: String,
+    pub state: crate::states::KeyListState,
     pub issued_at: DateTime<Utc>,
     pub expires: DateTime<Utc>,
     pub keys: Vec<OperatorKeyView>,

@@ -9,6 +9,7 @@ pub mod prepare;
 pub mod profile;
 pub mod relay;
 pub mod role;
+pub mod states;
 pub mod vm;
 
 pub use role::Role;

@@ -152,8 +152,7 @@ pub struct InstanceView {
     pub id: String,
     pub name: String,
     pub gpu_type: String,
-    /// `creating`, `running`, `failed` or `deleted`.
-    pub status: String,
+    pub status: crate::states::VmStatus,
     /// `ssh <user>@<ssh_hostname>` on the standard port 22.
     pub ssh_hostname: Option<String>,
     pub created_at: DateTime<Utc>,

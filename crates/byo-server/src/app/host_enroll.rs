@@ -3,10 +3,11 @@
 //! one byte-identical answer; hardware that is not the profile's is rejected and its
 //! allocation released; one answer carries everything the agent needs.
 
-use byo_core::redeem::{Plan, judge};
+use byo_core::redeem::judge;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::provisioning::{RedeemDecision, RedeemNode, Redeemed};
 use byo_wire::enroll::{EnrollRequest, EnrollResponse, WireGuardConfig};
+use byo_wire::profile::ProfilePlan;
 use serde_json::json;
 
 use crate::app::host_provision::{EnrolmentSecrets, WIREGUARD_PORT, sealer};
@@ -43,7 +44,7 @@ pub async fn redeem(
                 .as_deref()
                 .and_then(|s| sealer.open(s).ok())
                 .and_then(|s| serde_json::from_str::<EnrolmentSecrets>(&s).ok());
-            let plan = serde_json::from_value::<Plan>(ctx.constants.clone());
+            let plan = serde_json::from_value::<ProfilePlan>(ctx.constants.clone());
             let (Some(secrets), Ok(plan)) = (secrets, plan) else {
                 return RedeemDecision::Abort(format!(
                     "enrolment {} has unreadable secrets or profile",

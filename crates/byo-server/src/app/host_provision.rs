@@ -13,6 +13,8 @@ use byo_db::DbError;
 use byo_db::provisioning::{MAX_OUTSTANDING, NewProvision};
 use byo_wire::Role;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
+use byo_wire::profile::ProfilePlan;
+use byo_wire::states::RelayState;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -73,6 +75,13 @@ pub async fn provision(
     if profile.staff_only && !by.is_operator() {
         return Err(AppError::Forbidden("that profile is for staff only"));
     }
+    // Read before anything is allocated: a profile that does not parse provisions nothing.
+    let plan: ProfilePlan = serde_json::from_value(profile.constants.0.clone()).map_err(|e| {
+        AppError::Internal(anyhow::anyhow!(
+            "profile {}'s constants do not parse: {e}",
+            profile.id
+        ))
+    })?;
     let sealer = sealer(state)?;
     let outstanding = state.store.outstanding_allocations(&by.user.sub).await?;
     if outstanding >= MAX_OUTSTANDING {
@@ -169,9 +178,8 @@ pub async fn provision(
             now,
         )
         .await?;
-    let node_count = profile.constants.0["node_count"].as_u64().unwrap_or(1);
-    let peer = if node_count > 1 {
-        format!(" --peer --nodes={node_count}")
+    let peer = if plan.node_count > 1 {
+        format!(" --peer --nodes={}", plan.node_count)
     } else {
         String::new()
     };
@@ -216,14 +224,19 @@ pub async fn relay_provision(state: &AppState, host_id: &str, slug: &str, bootst
                 .map(|e| format!("the ssh wildcard {wildcard} was not written: {e}"));
             state
                 .store
-                .record_relay(host_id, Some(&relay.address), "ready", note.as_deref())
+                .record_relay(
+                    host_id,
+                    Some(&relay.address),
+                    RelayState::Ready,
+                    note.as_deref(),
+                )
                 .await
         }
         Err(e) => {
             tracing::error!(%slug, error = %e, "relay-provision failed");
             state
                 .store
-                .record_relay(host_id, None, "failed", Some(&e.to_string()))
+                .record_relay(host_id, None, RelayState::Failed, Some(&e.to_string()))
                 .await
         }
     };

@@ -23,6 +23,7 @@ use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{NewVm, VmRow};
+use byo_wire::states::VmStatus;
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
     VmAction,
@@ -282,7 +283,7 @@ pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult
             "this instance was never created, so there is nothing to delete; it was not billed",
         ));
     }
-    if row.status == "creating" {
+    if row.status == VmStatus::Creating {
         return Err(AppError::conflict(
             "still_creating",
             "this instance is still being created; delete it once the create has finished",
@@ -392,7 +393,7 @@ pub async fn change_power(
     if row.user_sub != by.user.sub {
         return Err(AppError::NotFound);
     }
-    let live = matches!(row.status.as_str(), "running" | "stopped")
+    let live = row.status.is_powered_state()
         && row.delete_requested_at.is_none()
         && row.deleted_at.is_none();
     if !live {
@@ -435,9 +436,9 @@ pub async fn change_power(
         }
     }
     let status = if action == VmAction::Stop {
-        "stopped"
+        VmStatus::Stopped
     } else {
-        "running"
+        VmStatus::Running
     };
     state.store.set_vm_power(&row.id, status).await?;
     let now = state.clock.now();

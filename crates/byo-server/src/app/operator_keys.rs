@@ -9,6 +9,7 @@ use byo_wire::api::{
     HostKeyStatus, KeyChangeRequest, KeyChangeView, KeyListView, KeyOwner, OperatorKeyView,
     OperatorKeysView, PushOutcome, SignatureUpload,
 };
+use byo_wire::states::KeyListState;
 use futures::StreamExt;
 use serde_json::json;
 use ssh_key::PublicKey;
@@ -58,7 +59,7 @@ fn list_view(row: &KeyListRow) -> AppResult<KeyListView> {
 pub async fn overview(state: &AppState) -> AppResult<OperatorKeysView> {
     let published = state.store.published_key_list().await?;
     let newest = state.store.newest_key_list().await?;
-    let draft = newest.filter(|r| r.state == "draft");
+    let draft = newest.filter(|r| r.state == KeyListState::Draft);
     let draft_changes = match &draft {
         Some(d) => state
             .store
@@ -278,7 +279,7 @@ pub async fn publish(
     }
     let newest = state.store.newest_key_list().await?;
     let draft = match newest {
-        Some(row) if row.state == "draft" && row.version == version => row,
+        Some(row) if row.state == KeyListState::Draft && row.version == version => row,
         Some(row) if row.version == version => {
             return Err(AppError::conflict(
                 "already_published",

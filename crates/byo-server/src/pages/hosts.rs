@@ -9,6 +9,7 @@ use byo_db::hosts::HostNodeRow;
 use byo_db::provisioning::EnrollmentView;
 use byo_wire::Role;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
+use byo_wire::states::{EnrollmentState, RelayState};
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -28,7 +29,7 @@ fn may_provision(v: &CurrentUser) -> bool {
 /// a GPU") and the host row's own record.
 struct Facts<'a> {
     /// The enrolment's state; `None` for a host that has no enrolment.
-    enrolment: Option<&'a str>,
+    enrolment: Option<EnrollmentState>,
     token_expires_at: Option<DateTime<Utc>>,
     reject_reason: Option<&'a str>,
     prepared_at: Option<DateTime<Utc>>,
@@ -40,7 +41,7 @@ struct Facts<'a> {
 impl<'a> Facts<'a> {
     fn of(e: &'a EnrollmentView) -> Self {
         Facts {
-            enrolment: Some(&e.state),
+            enrolment: Some(e.state),
             token_expires_at: Some(e.token_expires_at),
             reject_reason: e.reject_reason.as_deref(),
             prepared_at: e.prepared_at,
@@ -54,23 +55,23 @@ impl<'a> Facts<'a> {
             return "active: renting to customers".into();
         }
         match (self.enrolment, self.prepared_at, self.prepare_state) {
-            (Some("pending" | "ready"), ..) => match self.token_expires_at {
+            (Some(s), ..) if s.is_open() => match self.token_expires_at {
                 Some(at) => format!(
                     "waiting for the command (expires {} UTC)",
                     at.format("%H:%M")
                 ),
                 None => "waiting for the command".into(),
             },
-            (Some("rejected"), ..) => {
+            (Some(EnrollmentState::Rejected), ..) => {
                 format!("rejected: {}", self.reject_reason.unwrap_or(""))
             }
             (_, Some(_), _) if self.active.is_some() => {
                 "prepared: waiting for an operator's approval".into()
             }
             (_, None, Some(p)) if self.active.is_some() => format!("preparing: {}", step_line(p)),
-            (Some("enrolled"), ..) => "enrolled: preparing".into(),
+            (Some(EnrollmentState::Enrolled), ..) => "enrolled: preparing".into(),
             (None, ..) => "not enrolled".into(),
-            (Some(other), ..) => other.to_owned(),
+            (Some(other), ..) => other.to_string(),
         }
     }
 
@@ -78,11 +79,8 @@ impl<'a> Facts<'a> {
     /// waits for its activation, which the owner sees arrive.
     fn settled(&self, now: DateTime<Utc>) -> bool {
         self.active != Some(false)
-            || matches!(
-                self.enrolment,
-                Some("rejected" | "revoked" | "expired" | "released")
-            )
-            || (matches!(self.enrolment, Some("pending" | "ready"))
+            || self.enrolment.is_some_and(EnrollmentState::is_ended)
+            || (self.enrolment.is_some_and(EnrollmentState::is_open)
                 && self.token_expires_at.is_some_and(|at| at <= now))
     }
 }
@@ -277,7 +275,7 @@ pub async fn progress(
         .iter()
         .find(|e| e.host_id.as_deref() == Some(host.id.as_str()));
     let facts = Facts {
-        enrolment: enrolment.map(|e| e.state.as_str()),
+        enrolment: enrolment.map(|e| e.state),
         token_expires_at: enrolment.map(|e| e.token_expires_at),
         reject_reason: enrolment.and_then(|e| e.reject_reason.as_deref()),
         prepared_at: host.prepared_at,
@@ -312,7 +310,7 @@ async fn admin_page(
                     td { (e.owner_email) }
                     td { (e.profile_id) }
                     td { (enrolment_state(e)) }
-                    td { (e.relay_state.as_deref().unwrap_or("—")) }
+                    td { (e.relay_state.0.map_or("—", RelayState::as_str)) }
                     td { @if let Some(f) = &e.fingerprint { code { (f.0.to_string()) } } }
                     td {
                         @if let (Some(host_id), Some(_), Some(false)) = (&e.host_id, e.prepared_at, e.active) {
@@ -321,7 +319,7 @@ async fn admin_page(
                                 button type="submit" { "Activate" }
                             }
                         }
-                        @if matches!(e.state.as_str(), "pending" | "ready") {
+                        @if e.state.is_open() {
                             form.inline method="post" action={ "/admin/enrollments/" (e.id) "/revoke" } {
                                 button type="submit" { "Revoke" }
                             }
@@ -369,17 +367,14 @@ pub async fn revoke(
     Path(enrollment_id): Path<String>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    if !state.store.revoke_enrollment(&enrollment_id).await? {
-        let e = AppError::conflict(
-            "not_revocable",
-            "only an enrolment that has not redeemed can be revoked",
-        );
-        return Ok((
+    // The API's path, so the page's revoke is audited and reaped the same way.
+    match admin_host_action::revoke(&state, &op, &enrollment_id).await {
+        Ok(()) => Ok(Redirect::to("/admin/hosts").into_response()),
+        Err(e @ AppError::Conflict { .. }) => Ok((
             e.status(),
             admin_page(&state, &op, Some(&e.to_string())).await?,
         )
-            .into_response());
+            .into_response()),
+        Err(e) => Err(e.into()),
     }
-    crate::app::reap::reap_once(&state).await?;
-    Ok(Redirect::to("/admin/hosts").into_response())
 }

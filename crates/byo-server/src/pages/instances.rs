@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect};
+use byo_wire::states::VmStatus;
 use byo_wire::vm::{DeletionState, InstanceRequest, InstanceView, NewSshKey, SshKeyView};
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
@@ -34,10 +35,13 @@ pub(crate) fn status_line(i: &InstanceView) -> &'static str {
     } else if i.delete_requested_at.is_some() {
         DELETING
     } else {
-        match i.status.as_str() {
-            "creating" => "creating",
-            "running" => "running",
-            _ => "unknown",
+        match i.status {
+            VmStatus::Creating => "creating",
+            VmStatus::Running => "running",
+            VmStatus::Stopped => "stopped",
+            // Closed rows carry their fact too (above); the status agrees with it.
+            VmStatus::Failed => "failed: never created, not billed",
+            VmStatus::Deleted => "deleted",
         }
     }
 }
@@ -49,7 +53,7 @@ fn live(i: &InstanceView) -> bool {
 
 /// Whether a delete may be asked for: live and past its create.
 fn deletable(i: &InstanceView) -> bool {
-    live(i) && i.status != "creating"
+    live(i) && i.status != VmStatus::Creating
 }
 
 fn at(t: DateTime<Utc>) -> Markup {
@@ -204,7 +208,7 @@ fn instance_row(i: &InstanceView) -> Markup {
     let command = i
         .ssh_hostname
         .as_deref()
-        .filter(|_| live(i) && i.status == "running")
+        .filter(|_| live(i) && i.status == VmStatus::Running)
         .map(|h| format!("ssh root@{h}"));
     html! {
         tr #{ "instance-" (i.id) } data-name=(i.name) {
@@ -221,9 +225,9 @@ fn instance_row(i: &InstanceView) -> Markup {
             td.created { (at(i.created_at)) }
             td.deleted { @if let Some(d) = i.deleted_at { (at(d)) } @else { "—" } }
             td.actions {
-                @if live(i) && i.delete_requested_at.is_none() && matches!(i.status.as_str(), "running" | "stopped") {
+                @if live(i) && i.delete_requested_at.is_none() && i.status.is_powered_state() {
                     form method="post" action={ "/instances/" (i.id) "/state" } {
-                        @if i.status == "running" {
+                        @if i.status == VmStatus::Running {
                             button name="action" value="stop" { "Stop" }
                             " "
                             button name="action" value="reboot" { "Reboot" }
@@ -621,12 +625,35 @@ pub async fn admin_delete(
 
 #[cfg(test)]
 mod tests {
-    use super::waited;
+    use super::*;
 
     #[test]
     fn waits_read_as_minutes_hours_and_days() {
         assert_eq!(waited(12), "12 min");
         assert_eq!(waited(61), "1 h 1 min");
         assert_eq!(waited(24 * 60 + 125), "1 d 2 h");
+    }
+
+    /// A stopped instance once showed "unknown" on /instances and /admin/instances while
+    /// the API said "stopped": every status now has its own words.
+    #[test]
+    fn every_instance_status_is_shown_in_words() {
+        let view = |status| InstanceView {
+            id: "vm1".into(),
+            name: "vm-abc".into(),
+            gpu_type: "gb10".into(),
+            status,
+            ssh_hostname: None,
+            created_at: Utc::now(),
+            creation_failed_at: None,
+            delete_requested_at: None,
+            deleted_at: None,
+        };
+        assert_eq!(status_line(&view(VmStatus::Stopped)), "stopped");
+        assert_eq!(status_line(&view(VmStatus::Running)), "running");
+        assert_eq!(status_line(&view(VmStatus::Creating)), "creating");
+        for s in VmStatus::ALL {
+            assert_ne!(status_line(&view(*s)), "unknown", "{s}");
+        }
     }
 }

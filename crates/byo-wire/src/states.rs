@@ -1,0 +1,156 @@
+//! The states the design names, as enums. Their text form (the spelling the design uses) is
+//! what crosses the wire and what the database stores; code compares variants, never text.
+//! `byo-db` reads them with `#[sqlx(try_from = "String")]`, so a row holding a spelling
+//! this build does not know is an error rather than a silent fallback.
+
+/// An enum whose variants each have one spelling, with serde, `as_str`, `Display`,
+/// `FromStr` and `TryFrom<String>` derived from that one list.
+macro_rules! text_enum {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+ }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+        #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
+        }
+
+        impl $name {
+            /// Every state, in the order the design lists them.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+
+            /// The spelling on the wire and in the database.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl std::str::FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!(concat!("{:?} is not a ", stringify!($name)), other)),
+                }
+            }
+        }
+
+        impl TryFrom<String> for $name {
+            type Error = String;
+            fn try_from(s: String) -> Result<Self, String> {
+                s.parse()
+            }
+        }
+    };
+}
+
+text_enum! {
+    /// `vms.status`: where an instance is in its life. Live rows are `creating`, `running`
+    /// and `stopped`; `failed` is a create that never completed, `deleted` a confirmed delete.
+    pub enum VmStatus {
+        Creating = "creating",
+        Running = "running",
+        Stopped = "stopped",
+        Failed = "failed",
+        Deleted = "deleted",
+    }
+}
+
+impl VmStatus {
+    /// Running or stopped: what start, stop and reboot act on.
+    pub fn is_powered_state(self) -> bool {
+        matches!(self, VmStatus::Running | VmStatus::Stopped)
+    }
+}
+
+text_enum! {
+    /// `host_enrollments.state` (A, B, H): pending until the relay is up, ready to redeem,
+    /// then one of the endings.
+    pub enum EnrollmentState {
+        Pending = "pending",
+        Ready = "ready",
+        Enrolled = "enrolled",
+        Rejected = "rejected",
+        Revoked = "revoked",
+        Expired = "expired",
+        Released = "released",
+    }
+}
+
+impl EnrollmentState {
+    /// Pending or ready: the token can still be redeemed, and the enrolment revoked.
+    pub fn is_open(self) -> bool {
+        matches!(self, EnrollmentState::Pending | EnrollmentState::Ready)
+    }
+
+    /// Rejected, revoked, expired or released: the allocation is (being) handed back.
+    pub fn is_ended(self) -> bool {
+        matches!(
+            self,
+            EnrollmentState::Rejected
+                | EnrollmentState::Revoked
+                | EnrollmentState::Expired
+                | EnrollmentState::Released
+        )
+    }
+}
+
+text_enum! {
+    /// `hosts.relay_state`: relay-provision's progress (A.3).
+    pub enum RelayState {
+        Provisioning = "provisioning",
+        Ready = "ready",
+        Failed = "failed",
+    }
+}
+
+text_enum! {
+    /// `operator_key_lists.state` (M): a draft waits for a signature; published is signed.
+    pub enum KeyListState {
+        Draft = "draft",
+        Published = "published",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_state_reads_back_from_its_spelling_on_the_wire_and_in_the_database() {
+        fn round_trip<T>(all: &[T])
+        where
+            T: Copy
+                + std::fmt::Debug
+                + PartialEq
+                + std::fmt::Display
+                + std::str::FromStr
+                + serde::Serialize
+                + serde::de::DeserializeOwned,
+            <T as std::str::FromStr>::Err: std::fmt::Debug,
+        {
+            for s in all {
+                let text = s.to_string();
+                assert_eq!(text.parse::<T>().unwrap(), *s);
+                assert_eq!(serde_json::to_value(s).unwrap(), text.as_str());
+                assert_eq!(
+                    serde_json::from_value::<T>(text.clone().into()).unwrap(),
+                    *s
+                );
+            }
+        }
+        round_trip(VmStatus::ALL);
+        round_trip(EnrollmentState::ALL);
+        round_trip(RelayState::ALL);
+        round_trip(KeyListState::ALL);
+        assert!("Running".parse::<VmStatus>().is_err());
+        assert!(VmStatus::try_from("unknown".to_owned()).is_err());
+    }
+}
