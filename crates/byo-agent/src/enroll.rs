@@ -14,13 +14,13 @@ use crate::operator_keys::{OperatorKeys, Paths, write_atomic};
 /// Where enrolment keeps what it was given, under `root` (`/` on a host; a temporary
 /// directory in tests).
 #[derive(Clone, Debug)]
-pub struct EnrolPaths {
+pub struct EnrollPaths {
     pub root: PathBuf,
 }
 
-impl EnrolPaths {
+impl EnrollPaths {
     pub fn system() -> Self {
-        EnrolPaths {
+        EnrollPaths {
             root: PathBuf::from("/"),
         }
     }
@@ -48,7 +48,7 @@ impl EnrolPaths {
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum EnrolOutcome {
+pub enum EnrollOutcome {
     Enrolled {
         slug: String,
     },
@@ -59,7 +59,7 @@ pub enum EnrolOutcome {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum EnrolError {
+pub enum EnrollError {
     #[error("the enrolment token was refused: {0}")]
     InvalidToken(String),
     #[error("this machine was turned away: {0}")]
@@ -75,8 +75,8 @@ pub enum EnrolError {
     },
 }
 
-fn io(context: &str) -> impl FnOnce(std::io::Error) -> EnrolError + '_ {
-    move |source| EnrolError::Io {
+fn io(context: &str) -> impl FnOnce(std::io::Error) -> EnrollError + '_ {
+    move |source| EnrollError::Io {
         context: context.to_owned(),
         source,
     }
@@ -86,7 +86,7 @@ fn io(context: &str) -> impl FnOnce(std::io::Error) -> EnrolError + '_ {
 pub struct Enroller {
     /// The control plane, e.g. https://app.enverge.ai.
     pub server: String,
-    pub paths: EnrolPaths,
+    pub paths: EnrollPaths,
     pub retry_every: Duration,
     /// How long to keep trying an unreachable backend: the token's lifetime.
     pub give_up_after: Duration,
@@ -101,7 +101,7 @@ fn message(body: &str) -> String {
 }
 
 impl Enroller {
-    pub fn new(server: &str, paths: EnrolPaths) -> Self {
+    pub fn new(server: &str, paths: EnrollPaths) -> Self {
         Enroller {
             server: server.trim_end_matches('/').to_owned(),
             paths,
@@ -111,26 +111,26 @@ impl Enroller {
     }
 
     /// The credentials kept by an earlier enrolment, if any.
-    pub fn kept(&self) -> Result<Option<EnrollResponse>, EnrolError> {
+    pub fn kept(&self) -> Result<Option<EnrollResponse>, EnrollError> {
         match std::fs::read(self.paths.credentials()) {
             Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-                EnrolError::Protocol(format!("the kept credentials do not parse: {e}"))
+                EnrollError::Protocol(format!("the kept credentials do not parse: {e}"))
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(io("reading the kept credentials")(e)),
         }
     }
 
-    pub async fn enrol(
+    pub async fn enroll(
         &self,
         token: &str,
         request: &EnrollRequest,
-    ) -> Result<EnrolOutcome, EnrolError> {
+    ) -> Result<EnrollOutcome, EnrollError> {
         if let Some(kept) = self.kept()? {
-            return Ok(EnrolOutcome::AlreadyEnrolled { slug: kept.slug });
+            return Ok(EnrollOutcome::AlreadyEnrolled { slug: kept.slug });
         }
         let token = SecretToken::parse(TokenKind::Enrollment, token.trim()).map_err(|_| {
-            EnrolError::InvalidToken(
+            EnrollError::InvalidToken(
                 "it is not an enrolment token; copy the whole command again".into(),
             )
         })?;
@@ -138,7 +138,7 @@ impl Enroller {
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60))
             .build()
-            .map_err(|e| EnrolError::Protocol(e.to_string()))?;
+            .map_err(|e| EnrollError::Protocol(e.to_string()))?;
         let started = Instant::now();
         loop {
             let sent = client
@@ -156,17 +156,17 @@ impl Enroller {
                         200 => {
                             let response: EnrollResponse =
                                 serde_json::from_str(&body).map_err(|e| {
-                                    EnrolError::Protocol(format!("the enrolment answer: {e}"))
+                                    EnrollError::Protocol(format!("the enrolment answer: {e}"))
                                 })?;
                             self.keep(&response, &body)?;
-                            return Ok(EnrolOutcome::Enrolled {
+                            return Ok(EnrollOutcome::Enrolled {
                                 slug: response.slug,
                             });
                         }
-                        401 => return Err(EnrolError::InvalidToken(message(&body))),
-                        422 => return Err(EnrolError::Rejected(message(&body))),
+                        401 => return Err(EnrollError::InvalidToken(message(&body))),
+                        422 => return Err(EnrollError::Rejected(message(&body))),
                         400..=499 => {
-                            return Err(EnrolError::Protocol(format!(
+                            return Err(EnrollError::Protocol(format!(
                                 "{status}: {}",
                                 message(&body)
                             )));
@@ -176,7 +176,7 @@ impl Enroller {
                 }
             };
             if started.elapsed() >= self.give_up_after {
-                return Err(EnrolError::Unreachable(started.elapsed()));
+                return Err(EnrollError::Unreachable(started.elapsed()));
             }
             eprintln!(
                 "byo-agent: {retry}; trying again in {}s",
@@ -188,7 +188,7 @@ impl Enroller {
 
     /// Keep what redeem returned: the whole answer root-only, the agent token's hash, the
     /// pinned signing key, and the signed operator-key list — kept only if it verifies.
-    fn keep(&self, response: &EnrollResponse, raw: &str) -> Result<(), EnrolError> {
+    fn keep(&self, response: &EnrollResponse, raw: &str) -> Result<(), EnrollError> {
         for dir in [self.paths.credentials(), self.paths.operator_keys()] {
             if let Some(parent) = dir.parent() {
                 std::fs::create_dir_all(parent)
@@ -198,7 +198,7 @@ impl Enroller {
         write_atomic(&self.paths.credentials(), raw.as_bytes(), 0o600)
             .map_err(io("keeping the credentials"))?;
         let agent_token = SecretToken::parse(TokenKind::Agent, &response.agent_token)
-            .map_err(|_| EnrolError::Protocol("the agent token is malformed".into()))?;
+            .map_err(|_| EnrollError::Protocol("the agent token is malformed".into()))?;
         write_atomic(
             &self.paths.agent_token_hash(),
             format!("{}\n", agent_token.hash().as_str()).as_bytes(),
@@ -219,7 +219,7 @@ impl Enroller {
             match keys.accept(list.as_bytes(), chrono::Utc::now()) {
                 Ok(_) => keys
                     .persist(list.as_bytes())
-                    .map_err(|e| EnrolError::Protocol(e.to_string()))?,
+                    .map_err(|e| EnrollError::Protocol(e.to_string()))?,
                 Err(e) => {
                     eprintln!("byo-agent: the operator-key list from enrolment was not kept: {e}")
                 }
@@ -263,16 +263,16 @@ pub fn run(
     root: PathBuf,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    let enroller = Enroller::new(server, EnrolPaths { root });
+    let enroller = Enroller::new(server, EnrollPaths { root });
     let token = if enroller.kept()?.is_some() {
         String::new()
     } else {
         read_token(token.as_deref(), token_file.as_deref())
             .context("reading the enrolment token")?
     };
-    match enrol_this_machine(&enroller, &token)?? {
-        EnrolOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
-        EnrolOutcome::AlreadyEnrolled { slug } => {
+    match enroll_this_machine(&enroller, &token)?? {
+        EnrollOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
+        EnrollOutcome::AlreadyEnrolled { slug } => {
             println!("already enrolled as {slug}; reusing its credentials")
         }
     }
@@ -280,10 +280,10 @@ pub fn run(
 }
 
 /// Detect this machine (step 126) and redeem `token`, retrying while the backend is away.
-pub fn enrol_this_machine(
+pub fn enroll_this_machine(
     enroller: &Enroller,
     token: &str,
-) -> anyhow::Result<Result<EnrolOutcome, EnrolError>> {
+) -> anyhow::Result<Result<EnrollOutcome, EnrollError>> {
     let report = EnrollRequest {
         node: crate::detect::detect(&crate::detect::LocalProbe),
         peers: Vec::new(),
@@ -291,5 +291,5 @@ pub fn enrol_this_machine(
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    Ok(rt.block_on(enroller.enrol(token, &report)))
+    Ok(rt.block_on(enroller.enroll(token, &report)))
 }

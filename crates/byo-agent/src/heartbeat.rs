@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byo_wire::vm::{Health, Heartbeat};
 
-use crate::prepare::Serving;
+use crate::prepare::HandOver;
 use crate::serve::VmService;
 
 /// What one beat found, for the heartbeat body. LXD is read under the host's lock; the
@@ -64,7 +64,7 @@ fn beat(svc: &VmService) -> Heartbeat {
 
 /// The schedule, on a thread of its own (every call it makes blocks: LXD, the relay, the
 /// backend); the async workers only answer the API.
-pub fn run(svc: Arc<VmService>, handed: Serving, every: Duration) {
+pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
     let restored = {
         let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
         crate::vms::restore(

@@ -722,14 +722,14 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
         json!({"node": 0, "state": step("x", "failed", true)}),
     )
     .await;
-    let enrol_token_as_host = report(
+    let enroll_token_as_host = report(
         p["token"].as_str().unwrap().to_owned(),
         json!({"node": 0, "state": step("x", "failed", true)}),
     )
     .await;
     assert_eq!(
         (wrong.status, &wrong.body),
-        (enrol_token_as_host.status, &enrol_token_as_host.body)
+        (enroll_token_as_host.status, &enroll_token_as_host.body)
     );
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     let r = report(

@@ -82,7 +82,7 @@ async fn full_flow_leaves_no_secret_in_logs_or_tables(backend: Backend, logs: &C
     // An enrolment token, minted and redeemed as provisioning will.
     let host = app.db.host_nodes("none").await.unwrap();
     assert!(host.is_empty());
-    let enrol = SecretToken::generate(TokenKind::Enrollment);
+    let enroll = SecretToken::generate(TokenKind::Enrollment);
     let h = app
         .db
         .insert_host(
@@ -102,7 +102,7 @@ async fn full_flow_leaves_no_secret_in_logs_or_tables(backend: Backend, logs: &C
                 host_id: &h.id,
                 owner_sub: ana,
                 profile_id: "gb10-spark-1",
-                token_hash: &enrol.hash(),
+                token_hash: &enroll.hash(),
                 token_expires_at: app.state.clock.now() + chrono::Duration::hours(1),
             },
             app.state.clock.now(),
@@ -110,7 +110,7 @@ async fn full_flow_leaves_no_secret_in_logs_or_tables(backend: Backend, logs: &C
         .await
         .unwrap();
     app.db
-        .redeem_enrollment(&enrol.hash(), app.state.clock.now())
+        .redeem_enrollment(&enroll.hash(), app.state.clock.now())
         .await
         .unwrap()
         .unwrap();
@@ -125,7 +125,7 @@ async fn full_flow_leaves_no_secret_in_logs_or_tables(backend: Backend, logs: &C
         &s2,
         &s3,
         &op,
-        enrol.expose(),
+        enroll.expose(),
     ];
     let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
     assert!(

@@ -18,7 +18,7 @@ pub struct ErrorBody {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct Health {
+pub struct Healthz {
     pub status: String,
     pub database: String,
     pub version: String,

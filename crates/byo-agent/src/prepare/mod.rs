@@ -191,7 +191,7 @@ pub fn build_id() -> String {
 
 /// What serving needs, handed to the serving user: the record of a completed preparation.
 #[derive(Clone, Serialize, Deserialize)]
-pub struct Serving {
+pub struct HandOver {
     pub host_id: String,
     pub slug: String,
     pub server: String,
@@ -205,9 +205,9 @@ pub struct Serving {
     pub build: String,
 }
 
-impl std::fmt::Debug for Serving {
+impl std::fmt::Debug for HandOver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Serving")
+        f.debug_struct("HandOver")
             .field("slug", &self.slug)
             .finish_non_exhaustive()
     }
@@ -215,7 +215,7 @@ impl std::fmt::Debug for Serving {
 
 /// The last act of a completed preparation (L, rule 1): the credentials serving needs,
 /// owned by spark, written whole. Later starts find it and exit at once.
-pub fn hand_over<H: Host>(host: &mut H, serving: &Serving) -> Fallible<()> {
+pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
     let bytes = serde_json::to_vec_pretty(serving).map_err(|e| e.to_string())?;
     // spark may open the files meant for it in /etc/enverge (each keeps its own mode; the
     // directory is not listable), and owns the agent's state, where pushes land (M.5).

@@ -13,8 +13,8 @@ use byo_core::prepare::{Mode, Progress};
 use byo_wire::prepare::HostReport;
 use byo_wire::profile::LxdSource;
 
-use super::{Serving, build_id, hand_over, handed_over, peers, plan_from};
-use crate::enroll::{EnrolError, EnrolOutcome, EnrolPaths, Enroller, enrol_this_machine};
+use super::{HandOver, build_id, hand_over, handed_over, peers, plan_from};
+use crate::enroll::{EnrollError, EnrollOutcome, EnrollPaths, Enroller, enroll_this_machine};
 use crate::host::LocalHost;
 use crate::report::Reporter;
 
@@ -35,7 +35,7 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
         .map(|s| s.trim().to_owned());
     let enroller = Enroller::new(
         server.as_deref().unwrap_or_default(),
-        EnrolPaths {
+        EnrollPaths {
             root: root.to_path_buf(),
         },
     );
@@ -45,16 +45,16 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
             .context("reading /etc/enverge/server (run install.sh)")?;
         let token_file = etc.join("enrol-token");
         let token = std::fs::read_to_string(&token_file).unwrap_or_default();
-        let outcome = enrol_this_machine(&enroller, &token)?;
+        let outcome = enroll_this_machine(&enroller, &token)?;
         // A token is good for one answer: spent on success, worthless after a refusal.
         if matches!(
             outcome,
-            Ok(EnrolOutcome::Enrolled { .. })
-                | Err(EnrolError::InvalidToken(_) | EnrolError::Rejected(_))
+            Ok(EnrollOutcome::Enrolled { .. })
+                | Err(EnrollError::InvalidToken(_) | EnrollError::Rejected(_))
         ) {
             let _ = std::fs::remove_file(&token_file);
         }
-        let (EnrolOutcome::Enrolled { slug } | EnrolOutcome::AlreadyEnrolled { slug }) = outcome?;
+        let (EnrollOutcome::Enrolled { slug } | EnrollOutcome::AlreadyEnrolled { slug }) = outcome?;
         println!("enrolled as {slug}");
     }
     let creds = enroller
@@ -149,7 +149,7 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
     }
     hand_over(
         &mut host,
-        &Serving {
+        &HandOver {
             host_id: creds.host_id.clone(),
             slug: creds.slug.clone(),
             server: server.clone().unwrap_or_default(),

@@ -10,7 +10,7 @@ use byo_wire::enroll::{EnrollRequest, EnrollResponse, WireGuardConfig};
 use byo_wire::profile::ProfilePlan;
 use serde_json::json;
 
-use crate::app::host_provision::{EnrolmentSecrets, WIREGUARD_PORT, sealer};
+use crate::app::host_provision::{EnrollmentSecrets, WIREGUARD_PORT, sealer};
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
@@ -34,7 +34,7 @@ pub async fn redeem(
     let now = state.clock.now();
     let host_token = SecretToken::generate(TokenKind::Host);
     let agent_token = SecretToken::generate(TokenKind::Agent);
-    let mut delivered: Option<EnrolmentSecrets> = None;
+    let mut delivered: Option<EnrollmentSecrets> = None;
 
     let outcome = state
         .store
@@ -43,7 +43,7 @@ pub async fn redeem(
                 .sealed_secrets
                 .as_deref()
                 .and_then(|s| sealer.open(s).ok())
-                .and_then(|s| serde_json::from_str::<EnrolmentSecrets>(&s).ok());
+                .and_then(|s| serde_json::from_str::<EnrollmentSecrets>(&s).ok());
             let plan = serde_json::from_value::<ProfilePlan>(ctx.constants.clone());
             let (Some(secrets), Ok(plan)) = (secrets, plan) else {
                 return RedeemDecision::Abort(format!(

@@ -29,7 +29,7 @@ pub const WIREGUARD_PORT: u16 = 51820;
 
 /// What redeem hands over once, sealed on the enrolment until then.
 #[derive(Serialize, Deserialize)]
-pub struct EnrolmentSecrets {
+pub struct EnrollmentSecrets {
     pub host_wg_private: String,
     pub host_wg_public: String,
     pub relay_wg_public: String,
@@ -96,7 +96,7 @@ pub async fn provision(
     let ssh_map_token = SecretToken::generate(TokenKind::SshMap);
     let (host_wg_private, host_wg_public) = wireguard_keypair();
     let (relay_wg_private, relay_wg_public) = wireguard_keypair();
-    let secrets = EnrolmentSecrets {
+    let secrets = EnrollmentSecrets {
         host_wg_private,
         host_wg_public,
         relay_wg_public,

@@ -29,7 +29,7 @@ fn may_provision(v: &CurrentUser) -> bool {
 /// a GPU") and the host row's own record.
 struct Facts<'a> {
     /// The enrolment's state; `None` for a host that has no enrolment.
-    enrolment: Option<EnrollmentState>,
+    enrollment: Option<EnrollmentState>,
     token_expires_at: Option<DateTime<Utc>>,
     reject_reason: Option<&'a str>,
     prepared_at: Option<DateTime<Utc>>,
@@ -41,7 +41,7 @@ struct Facts<'a> {
 impl<'a> Facts<'a> {
     fn of(e: &'a EnrollmentView) -> Self {
         Facts {
-            enrolment: Some(e.state),
+            enrollment: Some(e.state),
             token_expires_at: Some(e.token_expires_at),
             reject_reason: e.reject_reason.as_deref(),
             prepared_at: e.prepared_at,
@@ -54,7 +54,7 @@ impl<'a> Facts<'a> {
         if self.active == Some(true) {
             return "active: renting to customers".into();
         }
-        match (self.enrolment, self.prepared_at, self.prepare_state) {
+        match (self.enrollment, self.prepared_at, self.prepare_state) {
             (Some(s), ..) if s.is_open() => match self.token_expires_at {
                 Some(at) => format!(
                     "waiting for the command (expires {} UTC)",
@@ -79,8 +79,8 @@ impl<'a> Facts<'a> {
     /// waits for its activation, which the owner sees arrive.
     fn settled(&self, now: DateTime<Utc>) -> bool {
         self.active != Some(false)
-            || self.enrolment.is_some_and(EnrollmentState::is_ended)
-            || (self.enrolment.is_some_and(EnrollmentState::is_open)
+            || self.enrollment.is_some_and(EnrollmentState::is_ended)
+            || (self.enrollment.is_some_and(EnrollmentState::is_open)
                 && self.token_expires_at.is_some_and(|at| at <= now))
     }
 }
@@ -98,7 +98,7 @@ fn step_line(p: &Value) -> String {
     )
 }
 
-fn enrolment_state(e: &EnrollmentView) -> String {
+fn enrollment_state(e: &EnrollmentView) -> String {
     Facts::of(e).summary()
 }
 
@@ -148,11 +148,11 @@ async fn gpus_page(
     created: Option<&ProvisionResponse>,
     error: Option<&str>,
 ) -> Result<Markup, PageError> {
-    let enrolments = state.store.enrollment_views(Some(&v.user.sub)).await?;
+    let enrollments = state.store.enrollment_views(Some(&v.user.sub)).await?;
     let profiles = state.store.profiles().await?;
     let now = state.clock.now();
-    let mut rows = Vec::with_capacity(enrolments.len());
-    for e in &enrolments {
+    let mut rows = Vec::with_capacity(enrollments.len());
+    for e in &enrollments {
         // Only a host that still exists has progress to show (and to poll).
         let live = match (&e.host_id, e.active) {
             (Some(id), Some(_)) => Some((id.as_str(), state.store.host_nodes(id).await?)),
@@ -212,7 +212,7 @@ async fn gpus_page(
                                         (progress_fragment(&Facts::of(e), nodes, now))
                                     }
                                 }
-                                None => (enrolment_state(e)),
+                                None => (enrollment_state(e)),
                             }
                         }
                         td { (e.created_at.format("%Y-%m-%d %H:%M")) }
@@ -270,14 +270,14 @@ pub async fn progress(
         Some(h) if h.owner_sub == v.user.sub || v.is_operator() => h,
         _ => return Err(AppError::NotFound.into()),
     };
-    let enrolments = state.store.enrollment_views(Some(&host.owner_sub)).await?;
-    let enrolment = enrolments
+    let enrollments = state.store.enrollment_views(Some(&host.owner_sub)).await?;
+    let enrollment = enrollments
         .iter()
         .find(|e| e.host_id.as_deref() == Some(host.id.as_str()));
     let facts = Facts {
-        enrolment: enrolment.map(|e| e.state),
-        token_expires_at: enrolment.map(|e| e.token_expires_at),
-        reject_reason: enrolment.and_then(|e| e.reject_reason.as_deref()),
+        enrollment: enrollment.map(|e| e.state),
+        token_expires_at: enrollment.map(|e| e.token_expires_at),
+        reject_reason: enrollment.and_then(|e| e.reject_reason.as_deref()),
         prepared_at: host.prepared_at,
         prepare_state: host.prepare_state.as_ref().map(|s| &s.0),
         active: Some(host.active),
@@ -295,7 +295,7 @@ async fn admin_page(
     op: &crate::auth::Operator,
     error: Option<&str>,
 ) -> Result<Markup, PageError> {
-    let enrolments = state.store.enrollment_views(None).await?;
+    let enrollments = state.store.enrollment_views(None).await?;
     Ok(layout(
         "Hosts",
         Some(&op.0),
@@ -305,11 +305,11 @@ async fn admin_page(
             p { "Activation is the only thing between an enrolled machine and a paying customer. It is offered once preparation has finished; the backend refuses it otherwise, whatever sends it." }
             table {
                 thead { tr { th { "Host" } th { "Owner" } th { "Profile" } th { "State" } th { "Relay" } th { "What turned up" } th { "" } } }
-                tbody { @for e in &enrolments { tr {
+                tbody { @for e in &enrollments { tr {
                     td { (e.slug.as_deref().unwrap_or("—")) }
                     td { (e.owner_email) }
                     td { (e.profile_id) }
-                    td { (enrolment_state(e)) }
+                    td { (enrollment_state(e)) }
                     td { (e.relay_state.0.map_or("—", RelayState::as_str)) }
                     td { @if let Some(f) = &e.fingerprint { code { (f.0.to_string()) } } }
                     td {

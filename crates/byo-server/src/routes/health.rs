@@ -1,14 +1,14 @@
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use byo_wire::api::Health;
+use byo_wire::api::Healthz;
 
 use crate::state::AppState;
 
 /// Liveness and readiness: 200 when the database answers, 503 when it does not.
 #[utoipa::path(get, path = "/healthz", tag = "health",
-    responses((status = 200, body = Health), (status = 503, body = Health)))]
-pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    responses((status = 200, body = Healthz), (status = 503, body = Healthz)))]
+pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Healthz>) {
     let (status, database) = match state.store.ping().await {
         Ok(()) => (StatusCode::OK, state.store.backend().to_string()),
         Err(e) => {
@@ -16,7 +16,7 @@ pub async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>
             (StatusCode::SERVICE_UNAVAILABLE, "unreachable".to_owned())
         }
     };
-    let body = Health {
+    let body = Healthz {
         status: if status.is_success() {
             "ok"
         } else {

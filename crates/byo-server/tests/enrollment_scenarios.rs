@@ -5,7 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::time::Duration;
 
-use byo_agent::enroll::{EnrolError, EnrolOutcome, EnrolPaths, Enroller};
+use byo_agent::enroll::{EnrollError, EnrollOutcome, EnrollPaths, Enroller};
 use byo_core::keylist::check_key;
 use byo_core::keylist_testing as testing;
 use byo_core::tokens::{SecretToken, TokenKind};
@@ -159,7 +159,7 @@ impl World {
             give_up_after: Duration::from_secs(10),
             ..Enroller::new(
                 &self.server,
-                EnrolPaths {
+                EnrollPaths {
                     root: root.to_owned(),
                 },
             )
@@ -185,14 +185,14 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn scenario_1_a_spark_enrols_and_keeps_everything_root_only() {
+async fn scenario_1_a_spark_enrolls_and_keeps_everything_root_only() {
     let w = served().await;
     let token = w.one_liner_token().await;
     let host = tempfile::tempdir().unwrap();
     let e = w.enroller(host.path());
     assert_eq!(
-        e.enrol(&token, &spark()).await.unwrap(),
-        EnrolOutcome::Enrolled {
+        e.enroll(&token, &spark()).await.unwrap(),
+        EnrollOutcome::Enrolled {
             slug: "spark-1".into()
         }
     );
@@ -230,7 +230,7 @@ async fn scenario_2_a_spent_token_is_refused() {
     let token = w.one_liner_token().await;
     let first = tempfile::tempdir().unwrap();
     w.enroller(first.path())
-        .enrol(&token, &spark())
+        .enroll(&token, &spark())
         .await
         .unwrap();
     let second = tempfile::tempdir().unwrap();
@@ -238,10 +238,10 @@ async fn scenario_2_a_spent_token_is_refused() {
     other.node.hardware_id = Some("another-box".into());
     let err = w
         .enroller(second.path())
-        .enrol(&token, &other)
+        .enroll(&token, &other)
         .await
         .unwrap_err();
-    assert!(matches!(err, EnrolError::InvalidToken(_)), "{err}");
+    assert!(matches!(err, EnrollError::InvalidToken(_)), "{err}");
     assert!(nothing_kept(second.path()));
 }
 
@@ -253,16 +253,16 @@ async fn scenario_3_an_expired_or_mistyped_token_is_refused() {
     let host = tempfile::tempdir().unwrap();
     let err = w
         .enroller(host.path())
-        .enrol(&token, &spark())
+        .enroll(&token, &spark())
         .await
         .unwrap_err();
-    assert!(matches!(err, EnrolError::InvalidToken(_)), "{err}");
+    assert!(matches!(err, EnrollError::InvalidToken(_)), "{err}");
     let err = w
         .enroller(host.path())
-        .enrol("byo_enr_typo", &spark())
+        .enroll("byo_enr_typo", &spark())
         .await
         .unwrap_err();
-    assert!(matches!(err, EnrolError::InvalidToken(_)), "{err}");
+    assert!(matches!(err, EnrollError::InvalidToken(_)), "{err}");
     assert!(nothing_kept(host.path()));
 }
 
@@ -276,11 +276,11 @@ async fn scenario_4_hardware_that_is_not_a_gb10_spark_is_turned_away() {
     pc.node.arch = Some("x86_64".into());
     let err = w
         .enroller(host.path())
-        .enrol(&token, &pc)
+        .enroll(&token, &pc)
         .await
         .unwrap_err();
     match err {
-        EnrolError::Rejected(why) => assert!(why.contains("gpu_model"), "{why}"),
+        EnrollError::Rejected(why) => assert!(why.contains("gpu_model"), "{why}"),
         other => panic!("{other}"),
     }
     assert!(nothing_kept(host.path()));
@@ -292,7 +292,7 @@ async fn scenario_5_a_machine_that_already_enrolled_reuses_its_credentials() {
     let token = w.one_liner_token().await;
     let host = tempfile::tempdir().unwrap();
     w.enroller(host.path())
-        .enrol(&token, &spark())
+        .enroll(&token, &spark())
         .await
         .unwrap();
     let before = std::fs::read(host.path().join("etc/enverge/credentials.json")).unwrap();
@@ -302,14 +302,14 @@ async fn scenario_5_a_machine_that_already_enrolled_reuses_its_credentials() {
         give_up_after: Duration::ZERO,
         ..Enroller::new(
             "http://127.0.0.1:9",
-            EnrolPaths {
+            EnrollPaths {
                 root: host.path().to_owned(),
             },
         )
     };
     assert_eq!(
-        again.enrol(&token, &spark()).await.unwrap(),
-        EnrolOutcome::AlreadyEnrolled {
+        again.enroll(&token, &spark()).await.unwrap(),
+        EnrollOutcome::AlreadyEnrolled {
             slug: "spark-1".into()
         }
     );
@@ -334,7 +334,7 @@ async fn an_unreachable_backend_is_retried_while_the_token_lives() {
         give_up_after: Duration::from_secs(10),
         ..Enroller::new(
             &format!("http://127.0.0.1:{port}"),
-            EnrolPaths {
+            EnrollPaths {
                 root: host.path().to_owned(),
             },
         )
@@ -342,7 +342,7 @@ async fn an_unreachable_backend_is_retried_while_the_token_lives() {
     // The backend comes up only after the agent has started trying.
     let attempt = tokio::spawn({
         let (token, enroller) = (token.clone(), enroller.clone());
-        async move { enroller.enrol(&token, &spark()).await }
+        async move { enroller.enroll(&token, &spark()).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -356,7 +356,7 @@ async fn an_unreachable_backend_is_retried_while_the_token_lives() {
     );
     assert_eq!(
         attempt.await.unwrap().unwrap(),
-        EnrolOutcome::Enrolled {
+        EnrollOutcome::Enrolled {
             slug: "spark-1".into()
         }
     );
@@ -368,14 +368,14 @@ async fn an_unreachable_backend_is_retried_while_the_token_lives() {
         give_up_after: Duration::from_millis(100),
         ..Enroller::new(
             "http://127.0.0.1:9",
-            EnrolPaths {
+            EnrollPaths {
                 root: elsewhere.path().to_owned(),
             },
         )
     };
     assert!(matches!(
-        gone.enrol(&token, &spark()).await,
-        Err(EnrolError::Unreachable(_))
+        gone.enroll(&token, &spark()).await,
+        Err(EnrollError::Unreachable(_))
     ));
     let _ = w.stop.send(());
 }
