@@ -1,10 +1,9 @@
-//! The customer's instances and SSH keys (E1, G) and the operator's view of every live
-//! instance and of the deletes no host confirmed. Plain forms that POST and redirect; every
+//! The customer's instances and SSH keys (E1, G): plain forms that POST and redirect; every
 //! rule is the API's own: keys through [`crate::app::ssh_keys`], creates and deletes through
-//! [`crate::app::instances`], the operator's delete and the stuck list through
-//! [`crate::app::admin_vm_action`].
+//! [`crate::app::instances`]. The operator's view is [`super::admin_instances`], which
+//! shares the words and the confirmation page defined here.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use axum::Form;
 use axum::extract::{Path, State};
@@ -15,11 +14,10 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, layout};
 use crate::app::instances::{self, Deleter, deletion_status};
-use crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES;
-use crate::app::{admin_vm_action, ssh_keys};
-use crate::auth::{CurrentUser, Operator};
+use crate::app::ssh_keys;
+use crate::auth::CurrentUser;
 use crate::error::AppError;
 use crate::state::AppState;
 
@@ -27,7 +25,7 @@ use crate::state::AppState;
 pub const DELETING: &str = "deleting: waiting for the host to confirm";
 
 /// One instance's state in words, from its four facts.
-pub(crate) fn status_line(i: &InstanceView) -> &'static str {
+pub(super) fn status_line(i: &InstanceView) -> &'static str {
     if i.deleted_at.is_some() {
         "deleted"
     } else if i.creation_failed_at.is_some() {
@@ -52,11 +50,11 @@ fn live(i: &InstanceView) -> bool {
 }
 
 /// Whether a delete may be asked for: live and past its create.
-fn deletable(i: &InstanceView) -> bool {
+pub(super) fn deletable(i: &InstanceView) -> bool {
     live(i) && i.status != VmStatus::Creating
 }
 
-fn at(t: DateTime<Utc>) -> Markup {
+pub(super) fn at(t: DateTime<Utc>) -> Markup {
     html! {
         time datetime=(t.to_rfc3339_opts(SecondsFormat::Millis, true)) {
             (t.format("%Y-%m-%d %H:%M:%S UTC"))
@@ -65,7 +63,7 @@ fn at(t: DateTime<Utc>) -> Markup {
 }
 
 /// How long a stuck delete has waited, from notify-stuck-deletes' minutes.
-fn waited(minutes: i64) -> String {
+pub(super) fn waited(minutes: i64) -> String {
     match minutes {
         m if m < 60 => format!("{m} min"),
         m if m < 24 * 60 => format!("{} h {} min", m / 60, m % 60),
@@ -75,7 +73,7 @@ fn waited(minutes: i64) -> String {
 
 /// The refusals a page shows in place; the rest (a fault, a lapsed session) go to
 /// [`PageError`].
-fn shown(e: AppError) -> Result<AppError, PageError> {
+pub(super) fn shown(e: AppError) -> Result<AppError, PageError> {
     match e {
         AppError::Internal(_) | AppError::Unauthenticated => Err(e.into()),
         refused => Ok(refused),
@@ -364,7 +362,7 @@ pub async fn remove_key(
     }
 }
 
-fn confirm_page(
+pub(super) fn confirm_page(
     v: &CurrentUser,
     i: &InstanceView,
     action: &str,
@@ -471,157 +469,6 @@ pub async fn power(
 // ---------------------------------------------------------------- the operator's page
 
 /// One live instance as operators see it.
-struct Live {
-    instance: InstanceView,
-    host: String,
-    owner: String,
-}
-
-/// Every live instance, oldest first, with its host's slug and its owner's email.
-async fn every_live(state: &AppState) -> Result<Vec<Live>, PageError> {
-    Ok(state
-        .store
-        .live_vms()
-        .await?
-        .into_iter()
-        .map(|r| Live {
-            instance: instances::view(&r.vm),
-            host: r.host_slug.unwrap_or_else(|| "—".to_owned()),
-            owner: r.owner_email,
-        })
-        .collect())
-}
-
-async fn operator_page(
-    state: &AppState,
-    op: &Operator,
-    error: Option<&str>,
-    notice: Option<&str>,
-) -> Result<Markup, PageError> {
-    let emails: HashMap<String, String> = state
-        .store
-        .users_overview()
-        .await?
-        .into_iter()
-        .map(|u| (u.user.sub, u.user.email))
-        .collect();
-    let live = every_live(state).await?;
-    let stuck = admin_vm_action::stuck_deletes(state, None).await?;
-    let email = |sub: &str| emails.get(sub).cloned().unwrap_or_else(|| sub.to_owned());
-    Ok(layout(
-        "Instances",
-        Some(&op.0),
-        html! {
-            h1 { "Instances" }
-            @if let Some(e) = error { p.error role="alert" { (e) } }
-            @if let Some(n) = notice { p.notice role="status" { (n) } }
-            h2 { "Stuck deletes" }
-            p { "Deletes requested more than " (STUCK_AFTER_MINUTES) " minutes ago that no host has confirmed: still billed, their hosts still held. Deleting again asks the host again." }
-            @if stuck.is_empty() {
-                p #no-stuck { "None." }
-            } @else {
-                table #stuck {
-                    thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "Requested" } th { "Waiting" } th { "" } } }
-                    tbody { @for s in &stuck {
-                        tr #{ "stuck-" (s.vm_id) } data-name=(s.name) {
-                            td.name { code { (s.name) } }
-                            td.host { (s.host_slug.as_deref().or(s.host_id.as_deref()).unwrap_or("—")) }
-                            td.owner { (email(&s.user_sub)) }
-                            td.requested { (at(s.delete_requested_at)) }
-                            td.waiting { (waited(s.waiting_minutes)) }
-                            td { a.button href={ "/admin/instances/" (s.vm_id) "/delete" } { "Delete again" } }
-                        }
-                    } }
-                }
-            }
-            h2 { "Live instances" }
-            @if live.is_empty() {
-                p #no-instances { "None." }
-            } @else {
-                table #instances {
-                    thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "GPU" } th { "Status" } th { "Created" } th { "" } } }
-                    tbody { @for l in &live {
-                        tr #{ "instance-" (l.instance.id) } data-name=(l.instance.name) {
-                            td.name { code { (l.instance.name) } }
-                            td.host { (l.host) }
-                            td.owner { (l.owner) }
-                            td.gpu { (l.instance.gpu_type) }
-                            td.status { (status_line(&l.instance)) }
-                            td.created { (at(l.instance.created_at)) }
-                            td.actions { @if deletable(&l.instance) {
-                                a.button href={ "/admin/instances/" (l.instance.id) "/delete" } {
-                                    (if l.instance.delete_requested_at.is_some() { "Delete again" } else { "Delete" })
-                                }
-                            } }
-                        }
-                    } }
-                }
-            }
-        },
-    ))
-}
-
-async fn operator_refusal(state: &AppState, op: &Operator, e: AppError) -> PageResult {
-    let e = shown(e)?;
-    let message = match e {
-        AppError::NotFound => "there is no instance with that id".to_owned(),
-        ref other => other.to_string(),
-    };
-    let page = operator_page(state, op, Some(&message), None).await?;
-    Ok((e.status(), page).into_response())
-}
-
-pub async fn admin_page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
-    let op = require_operator(viewer)?;
-    Ok(operator_page(&state, &op, None, None)
-        .await?
-        .into_response())
-}
-
-/// `GET /admin/instances/{vm_id}/delete`: the operator's confirmation step.
-pub async fn admin_confirm_delete(
-    State(state): State<AppState>,
-    viewer: Option<CurrentUser>,
-    Path(vm_id): Path<String>,
-) -> PageResult {
-    let op = require_operator(viewer)?;
-    let row = state.store.vm(&vm_id).await?.ok_or(AppError::NotFound)?;
-    let owner = state
-        .store
-        .user(&row.user_sub)
-        .await?
-        .map_or_else(|| row.user_sub.clone(), |u| u.email);
-    let action = format!("/admin/instances/{vm_id}/delete");
-    Ok(confirm_page(
-        &op.0,
-        &instances::view(&row),
-        &action,
-        "/admin/instances",
-        Some(&owner),
-    )
-    .into_response())
-}
-
-/// `POST /admin/instances/{vm_id}/delete`: admin-vm-action's delete
-/// (`POST /api/admin/vms/{vm_id}/delete`), the same path as the customer's.
-pub async fn admin_delete(
-    State(state): State<AppState>,
-    viewer: Option<CurrentUser>,
-    Path(vm_id): Path<String>,
-) -> PageResult {
-    let op = require_operator(viewer)?;
-    match admin_vm_action::delete(&state, &op, &vm_id).await {
-        Ok(d) if d.state == DeletionState::Deleted => {
-            Ok(Redirect::to("/admin/instances").into_response())
-        }
-        Ok(d) => {
-            let notice = format!("{}: {}", d.instance.name, d.message);
-            let page = operator_page(&state, &op, None, Some(&notice)).await?;
-            Ok((deletion_status(&d), page).into_response())
-        }
-        Err(e) => operator_refusal(&state, &op, e).await,
-    }
-}
 
 #[cfg(test)]
 mod tests {

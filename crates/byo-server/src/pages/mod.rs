@@ -21,6 +21,7 @@ use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, current_request_id};
 use crate::state::AppState;
 
+mod admin_instances;
 mod hosts;
 pub mod install;
 mod instances;
@@ -57,10 +58,10 @@ pub fn router() -> Router<AppState> {
             get(instances::confirm_delete).post(instances::delete),
         )
         .route("/instances/{vm_id}/state", post(instances::power))
-        .route("/admin/instances", get(instances::admin_page))
+        .route("/admin/instances", get(admin_instances::page))
         .route(
             "/admin/instances/{vm_id}/delete",
-            get(instances::admin_confirm_delete).post(instances::admin_delete),
+            get(admin_instances::confirm_delete).post(admin_instances::delete),
         )
         .route("/admin/operator-keys", get(keys_page))
         .route("/admin/operator-keys/changes", post(keys_change_submit))
