@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use byo_core::keylist_testing::public_key_line;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::Store;
@@ -21,14 +21,15 @@ use byo_server::agents::AgentWaits;
 use byo_server::agents::{AgentError, Gone, HostAgents, HttpAgents};
 use byo_server::clock::Clock;
 use byo_server::queue::QueueDrain;
-use byo_wire::Role;
-use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated};
+use byo_wire::vm::{Advisory, CreateVm, VmAction};
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use support::{Reply, TestApp};
+use support::agents::{self, FakeAgents, Op};
+use support::{Reply, TestApp, User};
 
-/// What the fake agent does with the next call.
+/// How the fake hosts behave, in these tests' words; `World::answer_creates` and
+/// `answer_deletes` turn it into the fake agent's script.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Answer {
     Ok,
@@ -40,204 +41,6 @@ enum Answer {
     NotFound,
     /// No connection at all.
     Unreachable,
-}
-
-#[derive(Clone, Debug)]
-struct Call {
-    op: &'static str,
-    host_id: String,
-    name: String,
-    /// The clock when the host was contacted.
-    at: DateTime<Utc>,
-    /// The instance's row as the database held it at that moment.
-    row: Option<VmRow>,
-}
-
-struct FakeAgents {
-    store: Store,
-    clock: Clock,
-    create: Mutex<Answer>,
-    delete: Mutex<Answer>,
-    /// How long (on the test clock) a create takes the host.
-    create_takes: Mutex<TimeDelta>,
-    /// How long (really) a delete takes the host, so concurrent deletes overlap.
-    delete_delay: Mutex<Duration>,
-    calls: Mutex<Vec<Call>>,
-    /// (host, name) of the containers the hosts run.
-    containers: Mutex<HashSet<(String, String)>>,
-}
-
-impl FakeAgents {
-    fn new(store: Store, clock: Clock) -> Self {
-        FakeAgents {
-            store,
-            clock,
-            create: Mutex::new(Answer::Ok),
-            delete: Mutex::new(Answer::Ok),
-            create_takes: Mutex::new(TimeDelta::zero()),
-            delete_delay: Mutex::new(Duration::ZERO),
-            calls: Mutex::new(Vec::new()),
-            containers: Mutex::new(HashSet::new()),
-        }
-    }
-    fn answer_creates(&self, a: Answer) {
-        *self.create.lock().unwrap() = a;
-    }
-    fn answer_deletes(&self, a: Answer) {
-        *self.delete.lock().unwrap() = a;
-    }
-    fn calls(&self, op: &str) -> Vec<Call> {
-        self.calls
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|c| c.op == op)
-            .cloned()
-            .collect()
-    }
-    async fn row_named(&self, name: &str) -> Option<VmRow> {
-        // Rows are read by id; the fake knows only the name, so it looks through every
-        // user's rows the way an operator would.
-        for sub in self
-            .store
-            .users_overview()
-            .await
-            .unwrap()
-            .iter()
-            .map(|u| &u.user.sub)
-        {
-            let epoch = DateTime::<Utc>::UNIX_EPOCH;
-            if let Some(r) = self
-                .store
-                .vms_of(sub, epoch)
-                .await
-                .unwrap()
-                .into_iter()
-                .find(|r| r.name == name)
-            {
-                return Some(r);
-            }
-        }
-        None
-    }
-    async fn record(&self, op: &'static str, host: &AgentTargetRow, name: &str) {
-        let row = self.row_named(name).await;
-        self.calls.lock().unwrap().push(Call {
-            op,
-            host_id: host.id.clone(),
-            name: name.to_owned(),
-            at: self.clock.now(),
-            row,
-        });
-    }
-}
-
-fn refused(reason: &str) -> AgentError {
-    AgentError::Refused {
-        status: 409,
-        reason: reason.to_owned(),
-    }
-}
-
-impl HostAgents for FakeAgents {
-    fn push_operator_keys<'a>(
-        &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn create_vm<'a>(
-        &'a self,
-        host: &'a AgentTargetRow,
-        req: &'a CreateVm,
-    ) -> BoxFuture<'a, Result<Option<VmCreated>, AgentError>> {
-        Box::pin(async move {
-            self.record("create", host, &req.name).await;
-            let takes = *self.create_takes.lock().unwrap();
-            self.clock.advance(takes);
-            let answer = *self.create.lock().unwrap();
-            match answer {
-                Answer::Ok => {
-                    self.containers
-                        .lock()
-                        .unwrap()
-                        .insert((host.id.clone(), req.name.clone()));
-                    Ok(Some(VmCreated {
-                        name: req.name.clone(),
-                        ssh_port: 2201,
-                        gpu_check: Advisory {
-                            ok: false,
-                            detail: Some("nvidia-smi: no devices".into()),
-                        },
-                        startup_script: Advisory {
-                            ok: true,
-                            detail: None,
-                        },
-                    }))
-                }
-                Answer::Refuse => Err(refused("the relay refused the SSH map: 403")),
-                Answer::Hang => futures::future::pending().await,
-                Answer::NotFound => Err(AgentError::Refused {
-                    status: 404,
-                    reason: "not found".into(),
-                }),
-                Answer::Unreachable => Err(AgentError::Unreachable(
-                    "could not reach the agent: connection refused".into(),
-                )),
-            }
-        })
-    }
-
-    fn delete_vm<'a>(
-        &'a self,
-        host: &'a AgentTargetRow,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
-        Box::pin(async move {
-            self.record("delete", host, name).await;
-            let delay = *self.delete_delay.lock().unwrap();
-            tokio::time::sleep(delay).await;
-            let answer = *self.delete.lock().unwrap();
-            match answer {
-                Answer::Ok => {
-                    let key = (host.id.clone(), name.to_owned());
-                    if self.containers.lock().unwrap().remove(&key) {
-                        Ok(Gone::Deleted)
-                    } else {
-                        Ok(Gone::NotFound)
-                    }
-                }
-                Answer::NotFound => Ok(Gone::NotFound),
-                Answer::Refuse => Err(AgentError::Refused {
-                    status: 500,
-                    reason: "lxd: the instance is busy".into(),
-                }),
-                Answer::Hang => futures::future::pending().await,
-                Answer::Unreachable => Err(AgentError::Unreachable("connection refused".into())),
-            }
-        })
-    }
-
-    fn vm_action<'a>(
-        &'a self,
-        host: &'a AgentTargetRow,
-        name: &'a str,
-        _: VmAction,
-    ) -> BoxFuture<'a, Result<(), AgentError>> {
-        Box::pin(async move {
-            self.record("power", host, name).await;
-            // Power changes follow the delete answer (one knob for "how the host behaves").
-            let answer = *self.delete.lock().unwrap();
-            match answer {
-                Answer::Ok | Answer::NotFound => Ok(()),
-                Answer::Refuse => Err(refused("lxd: the instance is busy")),
-                Answer::Hang => futures::future::pending().await,
-                Answer::Unreachable => Err(AgentError::Unreachable("connection refused".into())),
-            }
-        })
-    }
 }
 
 /// Step 84 as a recorder: what the drain would see when it runs.
@@ -274,12 +77,9 @@ struct World {
     agents: Arc<FakeAgents>,
     drain: Arc<RecordingDrain>,
     owner_sub: String,
-    customer_sub: String,
-    customer: String,
-    other_sub: String,
-    other: String,
-    op_sub: String,
-    op: String,
+    customer: User,
+    other: User,
+    op: User,
 }
 
 /// What a test host is like; the default is one every create may land on.
@@ -316,7 +116,16 @@ struct TestHost {
 async fn world(backend: byo_db::Backend) -> Option<World> {
     let mut app = TestApp::new(backend).await?;
     let clock = Clock::manual("2026-11-29T12:00:00Z".parse().unwrap());
-    let agents = Arc::new(FakeAgents::new(app.db.store.clone(), clock.clone()));
+    let agents = Arc::new(
+        FakeAgents::new()
+            .with_clock(clock.clone())
+            .observing(app.db.store.clone()),
+    );
+    // A create's GPU check fails, to show it is reported and not fatal (47–48).
+    agents.gpu_check(Advisory {
+        ok: false,
+        detail: Some("nvidia-smi: no devices".into()),
+    });
     let drain = Arc::new(RecordingDrain {
         store: app.db.store.clone(),
         calls: Mutex::new(Vec::new()),
@@ -332,23 +141,18 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
             delete: WAIT,
         });
     app.router = byo_server::app(app.state.clone());
-    let (owner_sub, _) = app
-        .user_with("owner@example.com", &[Role::CommunityHost])
-        .await;
-    let (customer_sub, customer) = app.user_with("customer@example.com", &[]).await;
-    let (other_sub, other) = app.user_with("other@example.com", &[]).await;
-    let (op_sub, op) = app.user_with("op@example.com", &[Role::Operator]).await;
+    let owner_sub = app.community_host("owner@example.com").await.sub;
+    let customer = app.customer("customer@example.com").await;
+    let other = app.customer("other@example.com").await;
+    let op = app.operator("op@example.com").await;
     Some(World {
         app,
         clock,
         agents,
         drain,
         owner_sub,
-        customer_sub,
         customer,
-        other_sub,
         other,
-        op_sub,
         op,
     })
 }
@@ -356,6 +160,40 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
 impl World {
     fn db(&self) -> &Store {
         &self.app.db.store
+    }
+
+    /// How the hosts answer creates from now on.
+    fn answer_creates(&self, a: Answer) {
+        let answer = match a {
+            Answer::Ok => agents::Answer::Ok,
+            Answer::Refuse => agents::Answer::refused(409, "the relay refused the SSH map: 403"),
+            Answer::Hang => agents::Answer::Hang,
+            Answer::NotFound => agents::Answer::refused(404, "not found"),
+            Answer::Unreachable => {
+                agents::Answer::unreachable("could not reach the agent: connection refused")
+            }
+        };
+        self.agents.answer(Op::Create, answer);
+    }
+
+    /// How the hosts answer deletes, and power changes (one knob for "how the host
+    /// behaves"), from now on.
+    fn answer_deletes(&self, a: Answer) {
+        let (delete, power) = match a {
+            Answer::Ok => (agents::Answer::Ok, agents::Answer::Ok),
+            Answer::NotFound => (agents::Answer::NotFound, agents::Answer::Ok),
+            Answer::Refuse => (
+                agents::Answer::refused(500, "lxd: the instance is busy"),
+                agents::Answer::refused(409, "lxd: the instance is busy"),
+            ),
+            Answer::Hang => (agents::Answer::Hang, agents::Answer::Hang),
+            Answer::Unreachable => (
+                agents::Answer::unreachable("connection refused"),
+                agents::Answer::unreachable("connection refused"),
+            ),
+        };
+        self.agents.answer(Op::Delete, delete);
+        self.agents.answer(Op::Power, power);
     }
 
     /// A host as `spec` says, built the way onboarding leaves one: tokens from redeem, the
@@ -397,7 +235,7 @@ impl World {
         }
         if spec.active {
             self.db()
-                .activate_host(&id, spec.placement, &self.op_sub, now)
+                .activate_host(&id, spec.placement, &self.op.sub, now)
                 .await
                 .unwrap();
         }
@@ -419,28 +257,19 @@ impl World {
         }
     }
 
-    async fn add_key(&self, session: &str) -> String {
-        let r = self
-            .app
-            .request(
-                Method::POST,
+    async fn add_key(&self, user: &User) -> String {
+        let r = user
+            .post(
                 "/api/ssh-keys",
-                Some(session),
-                Some(json!({"name": "laptop", "public_key": public_key_line()})),
+                json!({"name": "laptop", "public_key": public_key_line()}),
             )
             .await;
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
         r.json()["id"].as_str().unwrap().to_owned()
     }
 
-    async fn create(&self, session: &str, gpu_type: &str, key: &str) -> Reply {
-        self.app
-            .request(
-                Method::POST,
-                "/api/vms",
-                Some(session),
-                Some(json!({"gpu_type": gpu_type, "ssh_key_id": key})),
-            )
+    async fn create(&self, user: &User, gpu_type: &str, key: &str) -> Reply {
+        user.post("/api/vms", json!({"gpu_type": gpu_type, "ssh_key_id": key}))
             .await
     }
 
@@ -455,11 +284,11 @@ impl World {
         row
     }
 
-    async fn add_key_once(&self, session: &str) -> String {
-        let list = self.app.get("/api/ssh-keys", Some(session)).await.json();
+    async fn add_key_once(&self, user: &User) -> String {
+        let list = user.get("/api/ssh-keys").await.json();
         match list.as_array().unwrap().first() {
             Some(k) => k["id"].as_str().unwrap().to_owned(),
-            None => self.add_key(session).await,
+            None => self.add_key(user).await,
         }
     }
 
@@ -467,25 +296,12 @@ impl World {
         self.db().vm(id).await.unwrap().unwrap()
     }
 
-    async fn delete(&self, session: &str, vm_id: &str) -> Reply {
-        self.app
-            .request(
-                Method::DELETE,
-                &format!("/api/vms/{vm_id}"),
-                Some(session),
-                None,
-            )
-            .await
+    async fn delete(&self, user: &User, vm_id: &str) -> Reply {
+        user.delete(&format!("/api/vms/{vm_id}")).await
     }
 
-    async fn admin_delete(&self, session: &str, vm_id: &str) -> Reply {
-        self.app
-            .request(
-                Method::POST,
-                &format!("/api/admin/vms/{vm_id}/delete"),
-                Some(session),
-                None,
-            )
+    async fn admin_delete(&self, user: &User, vm_id: &str) -> Reply {
+        user.post_empty(&format!("/api/admin/vms/{vm_id}/delete"))
             .await
     }
 
@@ -513,14 +329,12 @@ impl World {
     }
 
     async fn stuck_list(&self) -> Reply {
-        self.app
-            .get("/api/admin/stuck-deletes", Some(&self.op))
-            .await
+        self.op.get("/api/admin/stuck-deletes").await
     }
 
     async fn pickable(&self, host_id: &str) -> bool {
         self.db()
-            .pick_hosts_for_gpu("spark-1", &self.other_sub)
+            .pick_hosts_for_gpu("spark-1", &self.other.sub)
             .await
             .unwrap()
             .iter()
@@ -532,14 +346,9 @@ impl World {
 
 async fn ssh_keys_are_checked_kept_once_and_private_to_their_user(w: World) {
     let key = public_key_line();
-    let add = |session: &str, body: Value| {
-        let session = session.to_owned();
-        let app = &w.app;
-        async move {
-            app.request(Method::POST, "/api/ssh-keys", Some(&session), Some(body))
-                .await
-        }
-    };
+    async fn add(user: &User, body: Value) -> Reply {
+        user.post("/api/ssh-keys", body).await
+    }
     let r = add(
         &w.customer,
         json!({"name": "laptop", "public_key": format!("{key} me@laptop")}),
@@ -570,7 +379,7 @@ async fn ssh_keys_are_checked_kept_once_and_private_to_their_user(w: World) {
         let r = add(&w.customer, body.clone()).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {}", r.text());
     }
-    let mine = w.db().ssh_keys_of(&w.customer_sub).await.unwrap();
+    let mine = w.db().ssh_keys_of(&w.customer.sub).await.unwrap();
     assert_eq!(mine.len(), 1, "refusals kept nothing");
 
     // Another user may hold the same key; each sees only their own.
@@ -580,39 +389,23 @@ async fn ssh_keys_are_checked_kept_once_and_private_to_their_user(w: World) {
             .status,
         StatusCode::CREATED
     );
-    let theirs = w.app.get("/api/ssh-keys", Some(&w.other)).await.json();
+    let theirs = w.other.get("/api/ssh-keys").await.json();
     assert_eq!(theirs.as_array().unwrap().len(), 1);
     assert_ne!(theirs[0]["id"], id);
     // Deleting someone else's key is a 404, and it stays.
-    let r = w
-        .app
-        .request(
-            Method::DELETE,
-            &format!("/api/ssh-keys/{id}"),
-            Some(&w.other),
-            None,
-        )
-        .await;
+    let r = w.other.delete(&format!("/api/ssh-keys/{id}")).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
-    assert_eq!(w.db().ssh_keys_of(&w.customer_sub).await.unwrap().len(), 1);
-    let r = w
-        .app
-        .request(
-            Method::DELETE,
-            &format!("/api/ssh-keys/{id}"),
-            Some(&w.customer),
-            None,
-        )
-        .await;
+    assert_eq!(w.db().ssh_keys_of(&w.customer.sub).await.unwrap().len(), 1);
+    let r = w.customer.delete(&format!("/api/ssh-keys/{id}")).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT);
     assert!(
         w.db()
-            .ssh_keys_of(&w.customer_sub)
+            .ssh_keys_of(&w.customer.sub)
             .await
             .unwrap()
             .is_empty()
     );
-    assert_eq!(w.db().ssh_keys_of(&w.other_sub).await.unwrap().len(), 1);
+    assert_eq!(w.db().ssh_keys_of(&w.other.sub).await.unwrap().len(), 1);
 }
 
 // ---------------------------------------------------------------- E1
@@ -622,13 +415,13 @@ async fn e1_create_stamps_created_at_before_the_host_is_contacted(w: World) {
     let key = w.add_key(&w.customer).await;
     let committed = w.clock.now();
     // The host takes a while: the clock moves on while it works.
-    *w.agents.create_takes.lock().unwrap() = TimeDelta::seconds(40);
+    w.agents.takes(Op::Create, TimeDelta::seconds(40));
     let r = w.create(&w.customer, "spark-1", &key).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     let body = r.json();
     let id = body["instance"]["id"].as_str().unwrap();
 
-    let calls = w.agents.calls("create");
+    let calls = w.agents.calls(Op::Create);
     assert_eq!(calls.len(), 1);
     let call = &calls[0];
     assert_eq!(call.host_id, host.id);
@@ -663,25 +456,19 @@ async fn e1_create_stamps_created_at_before_the_host_is_contacted(w: World) {
         row.ssh_hostname.as_deref()
     );
     // The customer sees it; nobody else does.
-    let mine = w.app.get("/api/vms", Some(&w.customer)).await.json();
+    let mine = w.customer.get("/api/vms").await.json();
     assert_eq!(mine.as_array().unwrap().len(), 1);
     assert_eq!(
-        w.app
-            .get(&format!("/api/vms/{id}"), Some(&w.customer))
-            .await
-            .status,
+        w.customer.get(&format!("/api/vms/{id}")).await.status,
         StatusCode::OK
     );
     assert_eq!(
-        w.app
-            .get(&format!("/api/vms/{id}"), Some(&w.other))
-            .await
-            .status,
+        w.other.get(&format!("/api/vms/{id}")).await.status,
         StatusCode::NOT_FOUND
     );
     assert!(
-        w.app
-            .get("/api/vms", Some(&w.other))
+        w.other
+            .get("/api/vms")
             .await
             .json()
             .as_array()
@@ -739,7 +526,7 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
         (
             "spark-7",
             Spec {
-                dedicated_to: Some(w.other_sub.clone()),
+                dedicated_to: Some(w.other.sub.clone()),
                 ..Spec::default()
             },
         ),
@@ -759,7 +546,10 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
     assert!(r.text().contains("nothing was created"));
     assert!(w.all_vms().await.is_empty(), "nothing was written");
     assert_eq!(w.db().audit_log(1000).await.unwrap().len(), audits_before);
-    assert!(w.agents.calls("create").is_empty(), "no host was contacted");
+    assert!(
+        w.agents.calls(Op::Create).is_empty(),
+        "no host was contacted"
+    );
 
     // A dedicated host serves its own user, first.
     let other_key = w.add_key(&w.other).await;
@@ -767,7 +557,7 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     let dedicated = w
         .db()
-        .host(&w.agents.calls("create")[0].host_id)
+        .host(&w.agents.calls(Op::Create)[0].host_id)
         .await
         .unwrap()
         .unwrap();
@@ -791,14 +581,14 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
         (StatusCode::CONFLICT, Some("no_capacity"))
     );
     assert_eq!(w.all_vms().await.len(), live_before, "nothing was written");
-    assert_eq!(w.agents.calls("create").len(), 2);
+    assert_eq!(w.agents.calls(Op::Create).len(), 2);
 
     // The rule binds every writer: a second live row on that host is refused by the schema.
     let err = w
         .db()
         .create_vm(
             byo_db::vms::NewVm {
-                user_sub: &w.customer_sub,
+                user_sub: &w.customer.sub,
                 host_id: Some(&free.id),
                 name: "vm-intruder",
                 gpu_type: "spark-1",
@@ -833,7 +623,7 @@ async fn e1_refusals_before_any_host_write_nothing(w: World) {
         );
     }
     assert!(w.all_vms().await.is_empty());
-    assert!(w.agents.calls("create").is_empty());
+    assert!(w.agents.calls(Op::Create).is_empty());
     assert!(w.audits("vm.create").await.is_empty());
 }
 
@@ -853,7 +643,7 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
         ),
         (Answer::Refuse, StatusCode::BAD_GATEWAY, "host_refused"),
     ] {
-        w.agents.answer_creates(answer);
+        w.answer_creates(answer);
         w.clock.advance(TimeDelta::minutes(1));
         let started = w.clock.now();
         // While the host is still working on it, the instance cannot be deleted.
@@ -890,7 +680,7 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
                 r.text()
             );
         }
-        let call = w.agents.calls("create").pop().unwrap();
+        let call = w.agents.calls(Op::Create).pop().unwrap();
         let row = w
             .all_vms()
             .await
@@ -902,7 +692,7 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
         assert_eq!((row.status.as_str(), row.deleted_at), ("failed", None));
         // Not live: the host is free again, and the failure is the customer's to see.
         assert!(w.pickable(&host.id).await, "{answer:?}");
-        let listed = w.app.get("/api/vms", Some(&w.customer)).await.json();
+        let listed = w.customer.get("/api/vms").await.json();
         assert!(
             listed
                 .as_array()
@@ -918,14 +708,14 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
         );
         assert_eq!(w.vm(&row.id).await.delete_requested_at, None);
     }
-    assert!(w.agents.calls("delete").is_empty());
+    assert!(w.agents.calls(Op::Delete).is_empty());
     assert_eq!(w.audits("vm.creation_failed").await.len(), 3);
 
     // The host that failed is picked for the next create, which works.
-    w.agents.answer_creates(Answer::Ok);
+    w.answer_creates(Answer::Ok);
     let r = w.create(&w.customer, "spark-1", &key).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
-    assert_eq!(w.agents.calls("create").pop().unwrap().host_id, host.id);
+    assert_eq!(w.agents.calls(Op::Create).pop().unwrap().host_id, host.id);
 }
 
 // ---------------------------------------------------------------- G
@@ -935,7 +725,7 @@ async fn g_delete_writes_two_facts_and_closes_only_when_confirmed(w: World) {
     let vm = w.running().await;
 
     // The host refuses: the delete is recorded, the row stays live.
-    w.agents.answer_deletes(Answer::Refuse);
+    w.answer_deletes(Answer::Refuse);
     w.clock.advance(TimeDelta::minutes(5));
     let requested = w.clock.now();
     let r = w.delete(&w.customer, &vm.id).await;
@@ -957,7 +747,7 @@ async fn g_delete_writes_two_facts_and_closes_only_when_confirmed(w: World) {
     );
     assert!(w.drain.calls.lock().unwrap().is_empty(), "nothing drains");
     // When the host was asked, the first fact was already written and the second was not.
-    let call = w.agents.calls("delete").pop().unwrap();
+    let call = w.agents.calls(Op::Delete).pop().unwrap();
     let at_call = call.row.unwrap();
     assert_eq!(
         (at_call.delete_requested_at, at_call.deleted_at),
@@ -965,7 +755,7 @@ async fn g_delete_writes_two_facts_and_closes_only_when_confirmed(w: World) {
     );
 
     // Asked again, the host confirms: the row closes, the first fact is kept.
-    w.agents.answer_deletes(Answer::Ok);
+    w.answer_deletes(Answer::Ok);
     w.clock.advance(TimeDelta::minutes(2));
     let r = w.delete(&w.customer, &vm.id).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
@@ -979,7 +769,7 @@ async fn g_delete_writes_two_facts_and_closes_only_when_confirmed(w: World) {
     assert_eq!(row.deleted_at, Some(w.clock.now()), "billing stops here");
     assert_eq!(row.status, "deleted");
     assert!(w.pickable(&host.id).await);
-    assert!(w.agents.containers.lock().unwrap().is_empty());
+    assert!(w.agents.containers().is_empty());
 
     // Step 83 before step 84: when the drain ran, the freed host was already pickable.
     let drained = w.drain.calls.lock().unwrap().clone();
@@ -990,7 +780,7 @@ async fn g_a_404_confirms(w: World) {
     let host = w.host("spark-1", Spec::default()).await;
     let vm = w.running().await;
     // The container went away and the agent's own write never landed: the orphan case.
-    w.agents.answer_deletes(Answer::NotFound);
+    w.answer_deletes(Answer::NotFound);
     let r = w.delete(&w.customer, &vm.id).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let row = w.vm(&vm.id).await;
@@ -1006,60 +796,51 @@ async fn g_a_404_confirms(w: World) {
 async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: World) {
     w.host("spark-1", Spec::default()).await;
     let vm = w.running().await;
-    let power = |session: String, action: &'static str| {
-        let app = &w.app;
+    let power = |user: User, action: &'static str| {
         let path = format!("/api/vms/{}/state", vm.id);
-        async move {
-            app.request(
-                Method::POST,
-                &path,
-                Some(&session),
-                Some(json!({"action": action})),
-            )
-            .await
-        }
+        async move { user.post(&path, json!({"action": action})).await }
     };
     let r = power(w.customer.clone(), "stop").await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.json()["status"], "stopped");
     assert_eq!(w.vm(&vm.id).await.status, "stopped");
-    assert_eq!(w.agents.calls("power").len(), 1);
+    assert_eq!(w.agents.calls(Op::Power).len(), 1);
     let r = power(w.customer.clone(), "start").await;
     assert_eq!(
         (r.status, w.vm(&vm.id).await.status),
         (StatusCode::OK, "running".to_owned())
     );
     // The page's buttons go the same way.
-    let page = w.page(&w.customer, "/instances").await;
+    let page = w.customer.page("/instances").await;
     assert!(page.contains(&format!("/instances/{}/state", vm.id)) && page.contains(">Stop<"));
     let r = w
+        .customer
         .post_form(
-            &w.customer,
             &format!("/instances/{}/state", vm.id),
             &[("action", "stop")],
         )
         .await;
     assert!(location(&r).starts_with("/instances"));
     assert_eq!(w.vm(&vm.id).await.status, "stopped");
-    assert!(w.page(&w.customer, "/instances").await.contains(">Start<"));
+    assert!(w.customer.page("/instances").await.contains(">Start<"));
     let r = power(w.customer.clone(), "start").await;
     assert_eq!(r.status, StatusCode::OK);
 
     // Refusals: someone else's (404, host not asked), a host that refuses (502) or is silent
     // (504): the row keeps its status.
-    let asked = w.agents.calls("power").len();
+    let asked = w.agents.calls(Op::Power).len();
     let r = power(w.other.clone(), "stop").await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(
-        w.agents.calls("power").len(),
+        w.agents.calls(Op::Power).len(),
         asked,
         "the host was asked for someone else"
     );
-    w.agents.answer_deletes(Answer::Refuse);
+    w.answer_deletes(Answer::Refuse);
     let r = power(w.customer.clone(), "stop").await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert!(r.json()["message"].as_str().unwrap().contains("busy"));
-    w.agents.answer_deletes(Answer::Unreachable);
+    w.answer_deletes(Answer::Unreachable);
     let r = power(w.customer.clone(), "reboot").await;
     assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
     assert_eq!(w.vm(&vm.id).await.status, "running");
@@ -1067,7 +848,7 @@ async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: Worl
     assert!(r.status.is_client_error());
 
     // A deleted instance cannot be started again.
-    w.agents.answer_deletes(Answer::Ok);
+    w.answer_deletes(Answer::Ok);
     assert_eq!(w.delete(&w.customer, &vm.id).await.status, StatusCode::OK);
     let r = power(w.customer.clone(), "start").await;
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
@@ -1090,7 +871,7 @@ impl Write for Captured {
 async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: World) {
     let host = w.host("spark-1", Spec::default()).await;
     let vm = w.running().await;
-    w.agents.answer_deletes(Answer::Hang);
+    w.answer_deletes(Answer::Hang);
     let requested = w.clock.now();
     let r = w.delete(&w.customer, &vm.id).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
@@ -1116,11 +897,10 @@ async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: Wor
 
     // Not yet stuck; after ten minutes it is, to the operator's list and the sweep.
     assert!(w.stuck_list().await.json().as_array().unwrap().is_empty());
-    let all = w
-        .app
-        .get("/api/admin/stuck-deletes?older_than_minutes=0", Some(&w.op))
-        .await
-        .json();
+    let all =
+        w.op.get("/api/admin/stuck-deletes?older_than_minutes=0")
+            .await
+            .json();
     assert_eq!(
         all.as_array().unwrap().len(),
         1,
@@ -1141,10 +921,7 @@ async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: Wor
         Some(requested)
     );
     assert_eq!(
-        w.app
-            .get("/api/admin/stuck-deletes", Some(&w.customer))
-            .await
-            .status,
+        w.customer.get("/api/admin/stuck-deletes").await.status,
         StatusCode::FORBIDDEN
     );
 
@@ -1170,7 +947,7 @@ async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: Wor
     assert!(logged.contains("waiting_minutes=11"), "{logged}");
 
     // Asked again, the host answers: the row closes and it leaves the list.
-    w.agents.answer_deletes(Answer::Ok);
+    w.answer_deletes(Answer::Ok);
     let r = w.delete(&w.customer, &vm.id).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(w.vm(&vm.id).await.delete_requested_at, Some(requested));
@@ -1204,11 +981,11 @@ async fn g_both_writes_are_guarded(w: World) {
         (again.delete_requested_at, again.deleted_at),
         (closed.delete_requested_at, closed.deleted_at)
     );
-    assert_eq!(w.agents.calls("delete").len(), 1);
+    assert_eq!(w.agents.calls(Op::Delete).len(), 1);
 
     // Concurrent deletes from both callers: each fact is written once.
     let vm = w.running().await;
-    *w.agents.delete_delay.lock().unwrap() = Duration::from_millis(100);
+    w.agents.delay(Op::Delete, Duration::from_millis(100));
     let (a, b, c, d) = tokio::join!(
         w.delete(&w.customer, &vm.id),
         w.delete(&w.customer, &vm.id),
@@ -1262,11 +1039,11 @@ async fn g_admin_vm_action_uses_the_same_path(w: World) {
     let vm = w.running().await;
 
     // Only an operator may use it; the customer's own route is theirs alone.
-    for (session, status) in [
+    for (user, status) in [
         (&w.customer, StatusCode::FORBIDDEN),
         (&w.other, StatusCode::FORBIDDEN),
     ] {
-        assert_eq!(w.admin_delete(session, &vm.id).await.status, status);
+        assert_eq!(w.admin_delete(user, &vm.id).await.status, status);
     }
     assert_eq!(
         w.delete(&w.other, &vm.id).await.status,
@@ -1275,10 +1052,10 @@ async fn g_admin_vm_action_uses_the_same_path(w: World) {
     assert_eq!(w.delete(&w.op, &vm.id).await.status, StatusCode::NOT_FOUND);
     let row = w.vm(&vm.id).await;
     assert_eq!((row.delete_requested_at, row.deleted_at), (None, None));
-    assert!(w.agents.calls("delete").is_empty());
+    assert!(w.agents.calls(Op::Delete).is_empty());
 
     // Not confirmed in time: the same 202, the same first fact, the same live row.
-    w.agents.answer_deletes(Answer::Hang);
+    w.answer_deletes(Answer::Hang);
     let requested = w.clock.now();
     let r = w.admin_delete(&w.op, &vm.id).await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
@@ -1288,18 +1065,18 @@ async fn g_admin_vm_action_uses_the_same_path(w: World) {
         (Some(requested), None)
     );
     let audit = w.audits("vm.delete_requested").await;
-    assert_eq!(audit[0].actor_sub.as_deref(), Some(w.op_sub.as_str()));
+    assert_eq!(audit[0].actor_sub.as_deref(), Some(w.op.sub.as_str()));
     assert_eq!(audit[0].details.0["by"], "operator");
 
     // Confirmed: the operator's caller owns the second edge too (G.7).
-    w.agents.answer_deletes(Answer::Ok);
+    w.answer_deletes(Answer::Ok);
     w.clock.advance(TimeDelta::seconds(30));
     let r = w.admin_delete(&w.op, &vm.id).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let row = w.vm(&vm.id).await;
     assert_eq!(row.delete_requested_at, Some(requested));
     assert_eq!(row.deleted_at, Some(w.clock.now()));
-    let calls = w.agents.calls("delete");
+    let calls = w.agents.calls(Op::Delete);
     assert_eq!(calls.len(), 2);
     assert!(
         calls
@@ -1441,26 +1218,6 @@ async fn heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically(w:
 
 // ---------------------------------------------------------------- the pages
 
-/// A form as a browser sends it (`application/x-www-form-urlencoded`).
-fn form_encode(pairs: &[(&str, &str)]) -> String {
-    let encode = |s: &str| {
-        s.bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                b' ' => "+".to_owned(),
-                other => format!("%{other:02X}"),
-            })
-            .collect::<String>()
-    };
-    pairs
-        .iter()
-        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
 /// The text of the first `<p class="{class}" …>` on a page, unescaped.
 fn paragraph(page: &str, class: &str) -> Option<String> {
     let start = page.find(&format!("<p class=\"{class}\""))?;
@@ -1495,31 +1252,9 @@ fn location(r: &Reply) -> String {
 }
 
 impl World {
-    async fn post_form(&self, session: &str, path: &str, pairs: &[(&str, &str)]) -> Reply {
-        self.app
-            .send(
-                Request::post(path)
-                    .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-                    .header(header::COOKIE, format!("byo_session={session}"))
-                    .body(Body::from(form_encode(pairs)))
-                    .unwrap(),
-            )
+    async fn create_on_page(&self, user: &User, gpu_type: &str, key: &str) -> Reply {
+        user.post_form("/instances", &[("gpu_type", gpu_type), ("ssh_key_id", key)])
             .await
-    }
-
-    async fn page(&self, session: &str, path: &str) -> String {
-        let r = self.app.get(path, Some(session)).await;
-        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
-        r.text()
-    }
-
-    async fn create_on_page(&self, session: &str, gpu_type: &str, key: &str) -> Reply {
-        self.post_form(
-            session,
-            "/instances",
-            &[("gpu_type", gpu_type), ("ssh_key_id", key)],
-        )
-        .await
     }
 
     /// Nothing live, nothing contacted since `calls` create calls, no new audit entry.
@@ -1531,7 +1266,7 @@ impl World {
                 .all(|v| v.creation_failed_at.is_some() || v.deleted_at.is_some()),
             "nothing live"
         );
-        assert_eq!(self.agents.calls("create").len(), calls, "no host asked");
+        assert_eq!(self.agents.calls(Op::Create).len(), calls, "no host asked");
         assert_eq!(self.audits("vm.create").await.len(), audits);
     }
 }
@@ -1542,7 +1277,7 @@ impl World {
 /// accepted create shows the exact ssh command; the delete has a confirmation step that
 /// changes nothing, and a delete the host does not confirm shows as deleting, not gone.
 async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
-    let page = w.page(&w.customer, "/instances").await;
+    let page = w.customer.page("/instances").await;
     for kind in ["spark-1", "spark-2", "spark-4"] {
         assert!(
             page.contains(&format!("<option value=\"{kind}\"")),
@@ -1551,9 +1286,9 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     }
     assert!(!page.contains("linux-test"), "staff only");
     assert!(page.contains("Add an SSH key first"));
-    let staff = w.page(&w.op, "/instances").await;
+    let staff = w.op.page("/instances").await;
     assert!(staff.contains("<option value=\"linux-test\""));
-    let home = w.page(&w.customer, "/").await;
+    let home = w.customer.page("/").await;
     assert!(home.contains("href=\"/instances\""), "linked from home");
 
     // No key yet: refused on the page; no row, no host asked.
@@ -1569,8 +1304,8 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
 
     // Keys: a bad one is refused with the reason, and what was typed is kept.
     let r = w
+        .customer
         .post_form(
-            &w.customer,
             "/instances/ssh-keys",
             &[
                 ("name", "laptop"),
@@ -1589,31 +1324,31 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     assert!(r.text().contains(">ssh-ed25519 AAAAnotbase64</textarea>"));
     assert!(
         w.db()
-            .ssh_keys_of(&w.customer_sub)
+            .ssh_keys_of(&w.customer.sub)
             .await
             .unwrap()
             .is_empty()
     );
     let line = format!("{} me@laptop", public_key_line());
     let r = w
+        .customer
         .post_form(
-            &w.customer,
             "/instances/ssh-keys",
             &[("name", "laptop"), ("public_key", &line)],
         )
         .await;
     assert_eq!(location(&r), "/instances");
-    let keys = w.db().ssh_keys_of(&w.customer_sub).await.unwrap();
+    let keys = w.db().ssh_keys_of(&w.customer.sub).await.unwrap();
     assert_eq!(keys.len(), 1);
     let key = &keys[0];
-    let page = w.page(&w.customer, "/instances").await;
+    let page = w.customer.page("/instances").await;
     let listed = row(&page, &format!("key-{}", key.id)).expect("the key is listed");
     assert!(listed.contains("laptop") && listed.contains(&key.fingerprint));
     assert!(!page.contains("Add an SSH key first"));
     // The same key again: refused, still one.
     let r = w
+        .customer
         .post_form(
-            &w.customer,
             "/instances/ssh-keys",
             &[("name", "again"), ("public_key", &line)],
         )
@@ -1626,18 +1361,15 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     );
     // Someone else removing it: told there is no such key; it stays.
     let r = w
-        .post_form(
-            &w.other,
-            &format!("/instances/ssh-keys/{}/remove", key.id),
-            &[],
-        )
+        .other
+        .post_form(&format!("/instances/ssh-keys/{}/remove", key.id), &[])
         .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(
         alert(&r.text()).as_deref(),
         Some("you have no SSH key with that id")
     );
-    assert_eq!(w.db().ssh_keys_of(&w.customer_sub).await.unwrap().len(), 1);
+    assert_eq!(w.db().ssh_keys_of(&w.customer.sub).await.unwrap().len(), 1);
 
     // Someone else's key answers like no key.
     let theirs = w.add_key(&w.other).await;
@@ -1680,7 +1412,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     .into_iter()
     .enumerate()
     {
-        w.agents.answer_creates(answer);
+        w.answer_creates(answer);
         let r = w.create_on_page(&w.customer, "spark-1", &key.id).await;
         assert_eq!(r.status, status, "{answer:?}: {}", r.text());
         let shown = alert(&r.text()).unwrap();
@@ -1690,7 +1422,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         );
         w.nothing_created(n + 1, n + 1).await;
         assert!(w.pickable(&host.id).await, "{answer:?}: the host is free");
-        let failed = w.agents.calls("create").pop().unwrap();
+        let failed = w.agents.calls(Op::Create).pop().unwrap();
         let failed = w
             .all_vms()
             .await
@@ -1705,13 +1437,13 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     }
 
     // Accepted: back to the list, which shows the exact command.
-    w.agents.answer_creates(Answer::Ok);
+    w.answer_creates(Answer::Ok);
     let r = w.create_on_page(&w.customer, "spark-1", &key.id).await;
     let to = location(&r);
     let id = to.strip_prefix("/instances#instance-").unwrap().to_owned();
     let vm = w.vm(&id).await;
     assert_eq!(vm.status, "running");
-    let page = w.page(&w.customer, "/instances").await;
+    let page = w.customer.page("/instances").await;
     let listed = row(&page, &format!("instance-{id}")).unwrap();
     let command = format!("ssh root@{}", vm.ssh_hostname.as_deref().unwrap());
     assert!(
@@ -1723,20 +1455,16 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     assert!(listed.contains(&format!("href=\"/instances/{id}/delete\"")));
 
     // The confirmation step asks, and changes nothing.
-    let confirm = w
-        .page(&w.customer, &format!("/instances/{id}/delete"))
-        .await;
+    let confirm = w.customer.page(&format!("/instances/{id}/delete")).await;
     assert!(confirm.contains(&format!("action=\"/instances/{id}/delete\"")));
     assert!(confirm.contains(&format!("Yes, delete {}", vm.name)));
     assert_eq!(w.vm(&id).await.delete_requested_at, None);
     // Someone else's instance: not found, on both steps; nothing changes.
-    let r = w
-        .app
-        .get(&format!("/instances/{id}/delete"), Some(&w.other))
-        .await;
+    let r = w.other.get(&format!("/instances/{id}/delete")).await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     let r = w
-        .post_form(&w.other, &format!("/instances/{id}/delete"), &[])
+        .other
+        .post_form(&format!("/instances/{id}/delete"), &[])
         .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(
@@ -1744,14 +1472,15 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         Some("you have no instance with that id")
     );
     assert_eq!(w.vm(&id).await.delete_requested_at, None);
-    assert!(w.agents.calls("delete").is_empty());
+    assert!(w.agents.calls(Op::Delete).is_empty());
 
     // The host does not confirm in time: deleting, not gone, and the API's 202.
-    w.agents.answer_deletes(Answer::Hang);
+    w.answer_deletes(Answer::Hang);
     w.clock.advance(TimeDelta::minutes(3));
     let requested = w.clock.now();
     let r = w
-        .post_form(&w.customer, &format!("/instances/{id}/delete"), &[])
+        .customer
+        .post_form(&format!("/instances/{id}/delete"), &[])
         .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
     assert!(
@@ -1761,7 +1490,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         "{}",
         r.text()
     );
-    let page = w.page(&w.customer, "/instances").await;
+    let page = w.customer.page("/instances").await;
     let listed = row(&page, &format!("instance-{id}")).unwrap();
     assert!(
         listed.contains("<td class=\"status\">deleting: waiting for the host to confirm</td>"),
@@ -1776,10 +1505,11 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     assert!(!w.pickable(&host.id).await, "still held");
 
     // Asked again, confirmed: gone, with its time, and the first request kept.
-    w.agents.answer_deletes(Answer::Ok);
+    w.answer_deletes(Answer::Ok);
     w.clock.advance(TimeDelta::minutes(1));
     let r = w
-        .post_form(&w.customer, &format!("/instances/{id}/delete"), &[])
+        .customer
+        .post_form(&format!("/instances/{id}/delete"), &[])
         .await;
     assert_eq!(location(&r), format!("/instances#instance-{id}"));
     let closed = w.vm(&id).await;
@@ -1787,7 +1517,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         (closed.delete_requested_at, closed.deleted_at),
         (Some(requested), Some(w.clock.now()))
     );
-    let page = w.page(&w.customer, "/instances").await;
+    let page = w.customer.page("/instances").await;
     let listed = row(&page, &format!("instance-{id}")).unwrap();
     assert!(listed.contains("<td class=\"status\">deleted</td>"));
     let deleted_at = w
@@ -1799,22 +1529,20 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
 
     // The key goes; the page says there are none.
     let r = w
-        .post_form(
-            &w.customer,
-            &format!("/instances/ssh-keys/{}/remove", key.id),
-            &[],
-        )
+        .customer
+        .post_form(&format!("/instances/ssh-keys/{}/remove", key.id), &[])
         .await;
     assert_eq!(location(&r), "/instances");
     assert!(
         w.db()
-            .ssh_keys_of(&w.customer_sub)
+            .ssh_keys_of(&w.customer.sub)
             .await
             .unwrap()
             .is_empty()
     );
     assert!(
-        w.page(&w.customer, "/instances")
+        w.customer
+            .page("/instances")
             .await
             .contains("Add an SSH key first")
     );
@@ -1841,30 +1569,22 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
     assert_ne!(mine_slug, theirs_slug);
 
     // Nobody else may see it or use it.
-    for session in [&w.customer, &w.other] {
+    for user in [&w.customer, &w.other] {
         for r in [
-            w.app.get("/admin/instances", Some(session)).await,
-            w.app
-                .get(
-                    &format!("/admin/instances/{}/delete", theirs.id),
-                    Some(session),
-                )
+            user.get("/admin/instances").await,
+            user.get(&format!("/admin/instances/{}/delete", theirs.id))
                 .await,
-            w.post_form(
-                session,
-                &format!("/admin/instances/{}/delete", theirs.id),
-                &[],
-            )
-            .await,
+            user.post_form(&format!("/admin/instances/{}/delete", theirs.id), &[])
+                .await,
         ] {
             assert_eq!(r.status, StatusCode::FORBIDDEN);
         }
     }
-    assert!(w.agents.calls("delete").is_empty());
+    assert!(w.agents.calls(Op::Delete).is_empty());
     assert_eq!(w.vm(&theirs.id).await.delete_requested_at, None);
 
     // Every live instance, with its host's slug and its owner's email.
-    let page = w.page(&w.op, "/admin/instances").await;
+    let page = w.op.page("/admin/instances").await;
     for (vm, slug, email) in [
         (&mine, &mine_slug, "customer@example.com"),
         (&theirs, &theirs_slug, "other@example.com"),
@@ -1880,14 +1600,14 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
     assert!(page.contains("id=\"no-stuck\""));
 
     // The customer's delete is not confirmed: deleting at once, stuck after ten minutes.
-    w.agents.answer_deletes(Answer::Hang);
+    w.answer_deletes(Answer::Hang);
     let requested = w.clock.now();
     assert_eq!(
         w.delete(&w.customer, &mine.id).await.status,
         StatusCode::ACCEPTED
     );
     w.clock.advance(TimeDelta::minutes(9));
-    let page = w.page(&w.op, "/admin/instances").await;
+    let page = w.op.page("/admin/instances").await;
     assert!(page.contains("id=\"no-stuck\""), "not yet ten minutes");
     assert!(
         row(&page, &format!("instance-{}", mine.id))
@@ -1895,7 +1615,7 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
             .contains("deleting: waiting for the host to confirm")
     );
     w.clock.advance(TimeDelta::minutes(3));
-    let page = w.page(&w.op, "/admin/instances").await;
+    let page = w.op.page("/admin/instances").await;
     let stuck = row(&page, &format!("stuck-{}", mine.id)).expect("listed as stuck");
     assert!(
         stuck.contains(&format!("<td class=\"host\">{mine_slug}</td>"))
@@ -1911,20 +1631,16 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
 
     // The operator deletes someone else's instance: a confirmation first, which changes
     // nothing, then admin-vm-action's delete.
-    w.agents.answer_deletes(Answer::Ok);
-    let confirm = w
-        .page(&w.op, &format!("/admin/instances/{}/delete", theirs.id))
-        .await;
+    w.answer_deletes(Answer::Ok);
+    let confirm =
+        w.op.page(&format!("/admin/instances/{}/delete", theirs.id))
+            .await;
     assert!(confirm.contains("other@example.com"));
     assert!(confirm.contains(&format!("action=\"/admin/instances/{}/delete\"", theirs.id)));
     assert_eq!(w.vm(&theirs.id).await.delete_requested_at, None);
-    let r = w
-        .post_form(
-            &w.op,
-            &format!("/admin/instances/{}/delete", theirs.id),
-            &[],
-        )
-        .await;
+    let r =
+        w.op.post_form(&format!("/admin/instances/{}/delete", theirs.id), &[])
+            .await;
     assert_eq!(location(&r), "/admin/instances");
     let closed = w.vm(&theirs.id).await;
     assert_eq!(
@@ -1938,15 +1654,15 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
         .filter(|a| a.target.as_deref() == Some(theirs.id.as_str()))
         .collect();
     assert_eq!(by.len(), 1);
-    assert_eq!(by[0].actor_sub.as_deref(), Some(w.op_sub.as_str()));
+    assert_eq!(by[0].actor_sub.as_deref(), Some(w.op.sub.as_str()));
     assert_eq!(by[0].details.0["by"], "operator");
     assert!(
         w.agents
-            .calls("delete")
+            .calls(Op::Delete)
             .iter()
             .any(|c| c.name == theirs.name)
     );
-    let page = w.page(&w.op, "/admin/instances").await;
+    let page = w.op.page("/admin/instances").await;
     assert!(
         row(&page, &format!("instance-{}", theirs.id)).is_none(),
         "not live"
@@ -1954,55 +1670,51 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
 
     // The stuck one, when its host still does not answer: the API's 202, still stuck,
     // the first request kept.
-    w.agents.answer_deletes(Answer::Hang);
-    let r = w
-        .post_form(&w.op, &format!("/admin/instances/{}/delete", mine.id), &[])
-        .await;
+    w.answer_deletes(Answer::Hang);
+    let r =
+        w.op.post_form(&format!("/admin/instances/{}/delete", mine.id), &[])
+            .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
     assert!(notice(&r.text()).unwrap().contains("has not confirmed it"));
     assert!(row(&r.text(), &format!("stuck-{}", mine.id)).is_some());
     assert_eq!(w.vm(&mine.id).await.delete_requested_at, Some(requested));
     // Confirmed: it leaves both lists.
-    w.agents.answer_deletes(Answer::Ok);
-    let r = w
-        .post_form(&w.op, &format!("/admin/instances/{}/delete", mine.id), &[])
-        .await;
+    w.answer_deletes(Answer::Ok);
+    let r =
+        w.op.post_form(&format!("/admin/instances/{}/delete", mine.id), &[])
+            .await;
     assert_eq!(location(&r), "/admin/instances");
     let closed = w.vm(&mine.id).await;
     assert_eq!(
         (closed.delete_requested_at, closed.deleted_at),
         (Some(requested), Some(w.clock.now()))
     );
-    let page = w.page(&w.op, "/admin/instances").await;
+    let page = w.op.page("/admin/instances").await;
     assert!(page.contains("id=\"no-stuck\"") && page.contains("id=\"no-instances\""));
 
     // Refusals in place: no such instance; one that was never created.
-    let r = w
-        .post_form(&w.op, "/admin/instances/no-such-vm/delete", &[])
-        .await;
+    let r =
+        w.op.post_form("/admin/instances/no-such-vm/delete", &[])
+            .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     assert_eq!(
         alert(&r.text()).as_deref(),
         Some("there is no instance with that id")
     );
-    w.agents.answer_creates(Answer::Refuse);
+    w.answer_creates(Answer::Refuse);
     let mine_key = w.add_key_once(&w.customer).await;
     let r = w.create(&w.customer, "spark-1", &mine_key).await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY);
-    let failed = w.agents.calls("create").pop().unwrap().name;
+    let failed = w.agents.calls(Op::Create).pop().unwrap().name;
     let failed = w
         .all_vms()
         .await
         .into_iter()
         .find(|v| v.name == failed)
         .unwrap();
-    let r = w
-        .post_form(
-            &w.op,
-            &format!("/admin/instances/{}/delete", failed.id),
-            &[],
-        )
-        .await;
+    let r =
+        w.op.post_form(&format!("/admin/instances/{}/delete", failed.id), &[])
+            .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(
         alert(&r.text())
@@ -2010,7 +1722,7 @@ async fn the_operators_page_deletes_through_admin_vm_action_and_lists_stuck_dele
             .starts_with("this instance was never created")
     );
     assert_eq!(w.vm(&failed.id).await.delete_requested_at, None);
-    assert_eq!(w.agents.calls("delete").len(), 4);
+    assert_eq!(w.agents.calls(Op::Delete).len(), 4);
 }
 
 with_world!(
