@@ -126,7 +126,7 @@ async fn run(backend: Backend, a: &Args) {
         },
         ..Config::default()
     };
-    let router = byo_server::app(AppState::new(db.store.clone(), config));
+    let router = byo_server::router(AppState::new(db.store.clone(), config));
     let send = |router: axum::Router, auth: String, body: String| async move {
         let req = Request::post("/api/host/heartbeat")
             .header(header::AUTHORIZATION, auth)

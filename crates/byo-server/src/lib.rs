@@ -29,7 +29,7 @@ use anyhow::Context;
 use tokio::net::TcpListener;
 
 pub use config::Config;
-pub use routes::app;
+pub use routes::router;
 pub use state::AppState;
 
 /// How often the reap sweep runs.
@@ -73,7 +73,7 @@ pub async fn serve(
     ));
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
     let store = state.store.clone();
-    axum::serve(listener, app(state))
+    axum::serve(listener, router(state))
         .with_graceful_shutdown(async move {
             shutdown.await;
             tracing::info!("shutting down: finishing requests in flight");

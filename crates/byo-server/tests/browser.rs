@@ -12,23 +12,21 @@ mod support;
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use axum::response::Html;
 use axum::routing::get;
 use byo_core::keylist_testing::public_key_line;
 use byo_core::tokens::{SecretToken, TokenKind};
-use byo_db::hosts::AgentTargetRow;
-use byo_server::agents::{AgentError, Gone, HostAgents};
+use byo_server::agents::HostAgents;
 use byo_wire::Role;
-use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated};
 use fantoccini::{Client, ClientBuilder, Locator};
-use futures::future::BoxFuture;
 use hyper_util::client::legacy::connect::HttpConnector;
 use serde_json::{Value, json};
+use support::agents::FakeAgents;
 use support::{PASSWORD, Reply, TestApp};
 
 /// DESIGN.md §3's flags, plus headless and a window size so the layout is a desktop one.
@@ -188,7 +186,7 @@ async fn site_with(agents: Option<Arc<dyn HostAgents>>) -> Option<Site> {
     let mut app = TestApp::with_config(byo_db::Backend::Sqlite, config).await?;
     if let Some(agents) = agents {
         app.state = app.state.clone().with_agents(agents);
-        app.router = byo_server::app(app.state.clone());
+        app.router = byo_server::router(app.state.clone());
     }
     let router = app
         .router
@@ -397,15 +395,15 @@ async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() 
         dump.iter().any(|v| v.value == parsed.hash().as_str()),
         "the token shown is the one whose hash was stored"
     );
-    let enrolments = site
+    let enrollments = site
         .app
         .db
         .enrollment_views(Some(&owner_sub))
         .await
         .unwrap();
-    assert_eq!(enrolments.len(), 1);
+    assert_eq!(enrollments.len(), 1);
     assert_eq!(
-        enrolments[0].state,
+        enrollments[0].state,
         byo_wire::states::EnrollmentState::Pending
     );
 
@@ -414,9 +412,9 @@ async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() 
     let datetime = expiry.attr("datetime").await.unwrap().unwrap();
     let shown = datetime.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
     assert!(
-        (shown - enrolments[0].token_expires_at).abs() < chrono::Duration::milliseconds(1),
+        (shown - enrollments[0].token_expires_at).abs() < chrono::Duration::milliseconds(1),
         "{datetime} is the stored expiry {}",
-        enrolments[0].token_expires_at
+        enrollments[0].token_expires_at
     );
     assert!(expiry.text().await.unwrap().ends_with(" UTC"));
 
@@ -488,7 +486,7 @@ async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host(
     site.app
         .user_with("operator@example.com", &[Role::Operator])
         .await;
-    let (owner_sub, owner) = site.app.user_with("newowner@example.com", &[]).await;
+    let owner = site.app.customer("newowner@example.com").await;
     site.sign_in("operator@example.com").await;
     let c = site.c();
 
@@ -516,21 +514,15 @@ async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(
-        site.app.db.roles_of(&owner_sub).await.unwrap(),
+        site.app.db.roles_of(&owner.sub).await.unwrap(),
         vec![Role::CommunityHost]
     );
 
     // The newly granted owner adds two GPUs; both enrol; one finishes preparing.
     let mut hosts = Vec::new();
     for hw in ["hw-ready", "hw-half"] {
-        let p = site
-            .app
-            .request(
-                Method::POST,
-                "/api/hosts",
-                Some(&owner),
-                Some(json!({"profile_id": "gb10-spark-1"})),
-            )
+        let p = owner
+            .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
             .await;
         assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
         let p = p.json();
@@ -640,10 +632,7 @@ async fn c_the_owners_page_follows_preparation_live() {
     site.app
         .user_with("owner@example.com", &[Role::CommunityHost])
         .await;
-    let (_, op) = site
-        .app
-        .user_with("op@example.com", &[Role::Operator])
-        .await;
+    let op = site.app.operator("op@example.com").await;
     site.sign_in("owner@example.com").await;
     site.goto("/hosts").await;
     let c = site.c();
@@ -743,13 +732,10 @@ async fn c_the_owners_page_follows_preparation_live() {
         )
         .await;
     assert!(progress.contains("prepared at "), "{progress}");
-    let r = site
-        .app
-        .request(
-            Method::POST,
+    let r = op
+        .post(
             &format!("/api/admin/hosts/{host_id}/activate"),
-            Some(&op),
-            Some(json!({"placement": "shared"})),
+            json!({"placement": "shared"}),
         )
         .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
@@ -762,69 +748,6 @@ async fn c_the_owners_page_follows_preparation_live() {
     site.close().await;
 }
 
-/// Hosts' agents that answer every create and delete at once, and remember what they were
-/// asked: (operation, host id, instance name).
-#[derive(Default)]
-struct AnsweringAgents {
-    calls: Mutex<Vec<(&'static str, String, String)>>,
-}
-
-impl HostAgents for AnsweringAgents {
-    fn push_operator_keys<'a>(
-        &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async { Ok(()) })
-    }
-
-    fn create_vm<'a>(
-        &'a self,
-        host: &'a AgentTargetRow,
-        req: &'a CreateVm,
-    ) -> BoxFuture<'a, Result<Option<VmCreated>, AgentError>> {
-        Box::pin(async move {
-            self.calls
-                .lock()
-                .unwrap()
-                .push(("create", host.id.clone(), req.name.clone()));
-            let ok = Advisory {
-                ok: true,
-                detail: None,
-            };
-            Ok(Some(VmCreated {
-                name: req.name.clone(),
-                ssh_port: 2201,
-                gpu_check: ok.clone(),
-                startup_script: ok,
-            }))
-        })
-    }
-
-    fn delete_vm<'a>(
-        &'a self,
-        host: &'a AgentTargetRow,
-        name: &'a str,
-    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
-        Box::pin(async move {
-            self.calls
-                .lock()
-                .unwrap()
-                .push(("delete", host.id.clone(), name.to_owned()));
-            Ok(Gone::Deleted)
-        })
-    }
-
-    fn vm_action<'a>(
-        &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a str,
-        _: VmAction,
-    ) -> BoxFuture<'a, Result<(), AgentError>> {
-        Box::pin(async { Ok(()) })
-    }
-}
-
 /// E1 and G from the customer's page: a customer reaches their instances from the home
 /// page, adds an SSH key, creates an instance on the one active prepared host (onboarded
 /// through the API), sees and copies the exact ssh command, and deletes it through the
@@ -832,29 +755,18 @@ impl HostAgents for AnsweringAgents {
 /// shown, and deleted_at written when the host confirmed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and_deletes_it() {
-    let agents = Arc::new(AnsweringAgents::default());
+    // Hosts' agents that answer every call at once, and remember what they were asked.
+    let agents = Arc::new(FakeAgents::new());
     let Some(site) = site_with(Some(agents.clone())).await else {
         return;
     };
-    let (_, owner) = site
-        .app
-        .user_with("owner@example.com", &[Role::CommunityHost])
-        .await;
-    let (_, op) = site
-        .app
-        .user_with("operator@example.com", &[Role::Operator])
-        .await;
+    let owner = site.app.community_host("owner@example.com").await;
+    let op = site.app.operator("operator@example.com").await;
     let (customer_sub, _) = site.app.user_with("customer@example.com", &[]).await;
 
     // One host, onboarded as an owner's would be: added, enrolled, prepared, activated.
-    let p = site
-        .app
-        .request(
-            Method::POST,
-            "/api/hosts",
-            Some(&owner),
-            Some(json!({"profile_id": "gb10-spark-1"})),
-        )
+    let p = owner
+        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
         .await;
     assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
     let p = p.json();
@@ -869,13 +781,10 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
     )
     .await;
-    let r = site
-        .app
-        .request(
-            Method::POST,
+    let r = op
+        .post(
             &format!("/api/admin/hosts/{host_id}/activate"),
-            Some(&op),
-            Some(json!({"placement": "shared"})),
+            json!({"placement": "shared"}),
         )
         .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
@@ -964,7 +873,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     let vm = rows[0].clone();
     assert_eq!(vm.host_id.as_deref(), Some(host_id.as_str()));
     assert_eq!(
-        agents.calls.lock().unwrap().clone(),
+        agents.log(),
         vec![("create", host_id.clone(), vm.name.clone())]
     );
     let instance = format!("#instance-{}", vm.id);
@@ -1077,7 +986,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         "no command for an instance that is gone"
     );
     assert_eq!(
-        agents.calls.lock().unwrap().last().cloned(),
+        agents.log().last().cloned(),
         Some(("delete", host_id.clone(), vm.name.clone()))
     );
     assert!(

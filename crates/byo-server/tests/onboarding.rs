@@ -8,15 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Body;
-use axum::http::{Method, Request, StatusCode, header};
+use axum::http::{Request, StatusCode, header};
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_server::clock::Clock;
 use byo_server::providers::local::{LocalRelays, LocalTunnels};
 use byo_server::providers::{ProviderError, TunnelInfo, TunnelProvider};
-use byo_wire::Role;
 use futures::future::BoxFuture;
 use serde_json::{Value, json};
-use support::TestApp;
+use support::{TestApp, User};
 use tower::ServiceExt;
 
 /// Tunnels whose delete fails while `fail` is set, to interrupt a reap half-way.
@@ -58,10 +57,9 @@ struct World {
     clock: Clock,
     relays: Arc<LocalRelays>,
     tunnels: Arc<FlakyTunnels>,
-    owner: String,
-    owner_sub: String,
-    op: String,
-    customer: String,
+    owner: User,
+    op: User,
+    customer: User,
 }
 
 async fn world(backend: byo_db::Backend) -> Option<World> {
@@ -74,33 +72,24 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
         .clone()
         .with_clock(clock.clone())
         .with_providers(relays.clone(), tunnels.clone());
-    app.router = byo_server::app(app.state.clone());
-    let (owner_sub, owner) = app
-        .user_with("owner@example.com", &[Role::CommunityHost])
-        .await;
-    let (_, op) = app.user_with("op@example.com", &[Role::Operator]).await;
-    let (_, customer) = app.user_with("customer@example.com", &[]).await;
+    app.router = byo_server::router(app.state.clone());
+    let owner = app.community_host("owner@example.com").await;
+    let op = app.operator("op@example.com").await;
+    let customer = app.customer("customer@example.com").await;
     Some(World {
         app,
         clock,
         relays,
         tunnels,
         owner,
-        owner_sub,
         op,
         customer,
     })
 }
 
 impl World {
-    async fn provision(&self, session: &str, profile: &str) -> support::Reply {
-        self.app
-            .request(
-                Method::POST,
-                "/api/hosts",
-                Some(session),
-                Some(json!({"profile_id": profile})),
-            )
+    async fn provision(&self, user: &User, profile: &str) -> support::Reply {
+        user.post("/api/hosts", json!({"profile_id": profile}))
             .await
     }
 
@@ -160,7 +149,7 @@ async fn a1_provisioning_allocates_everything_before_the_box_is_touched(w: World
     assert!(!host.active, "step 11 writes active = false");
     assert_eq!(
         (host.owner_sub.as_str(), host.gpu_type.as_str()),
-        (w.owner_sub.as_str(), "spark-1")
+        (w.owner.sub.as_str(), "spark-1")
     );
     let e = w
         .app
@@ -254,7 +243,7 @@ async fn a4_provisioning_refusals_change_nothing(w: World) {
     assert_eq!(
         w.app
             .db
-            .outstanding_allocations(&w.owner_sub)
+            .outstanding_allocations(&w.owner.sub)
             .await
             .unwrap(),
         3
@@ -409,15 +398,7 @@ async fn d3_activation_is_refused_until_preparation_finished(w: World) {
         StatusCode::OK
     );
     let path = format!("/api/admin/hosts/{host_id}/activate");
-    let r = w
-        .app
-        .request(
-            Method::POST,
-            &path,
-            Some(&w.op),
-            Some(json!({"placement": "shared"})),
-        )
-        .await;
+    let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(
         (r.status, r.json()["error"].as_str()),
         (StatusCode::CONFLICT, Some("not_prepared"))
@@ -430,15 +411,7 @@ async fn d3_activation_is_refused_until_preparation_finished(w: World) {
         .mark_host_prepared(&host_id, w.clock.now())
         .await
         .unwrap();
-    let r = w
-        .app
-        .request(
-            Method::POST,
-            &path,
-            Some(&w.op),
-            Some(json!({"placement": "shared"})),
-        )
-        .await;
+    let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
     assert!(host.active);
@@ -504,7 +477,7 @@ async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: W
     assert_eq!(
         w.app
             .db
-            .outstanding_allocations(&w.owner_sub)
+            .outstanding_allocations(&w.owner.sub)
             .await
             .unwrap(),
         0
@@ -519,25 +492,13 @@ async fn h_revoking_before_redeem_releases_the_allocation(w: World) {
         "/api/admin/enrollments/{}/revoke",
         p["enrollment_id"].as_str().unwrap()
     );
-    assert_eq!(
-        w.app
-            .request(Method::POST, &path, Some(&w.op), None)
-            .await
-            .status,
-        StatusCode::NO_CONTENT
-    );
+    assert_eq!(w.op.post_empty(&path).await.status, StatusCode::NO_CONTENT);
     assert!(w.app.db.host(&host_id).await.unwrap().is_none());
     assert_eq!(
         w.enroll(p["token"].as_str().unwrap(), spark()).await.status,
         StatusCode::UNAUTHORIZED
     );
-    assert_eq!(
-        w.app
-            .request(Method::POST, &path, Some(&w.op), None)
-            .await
-            .status,
-        StatusCode::CONFLICT
-    );
+    assert_eq!(w.op.post_empty(&path).await.status, StatusCode::CONFLICT);
 }
 
 /// The page's Revoke goes through the API's rule: the same refusal for a redeemed
@@ -547,14 +508,11 @@ async fn h_revoking_from_the_page_is_the_apis_revoke(w: World) {
     let host_id = p["host_id"].as_str().unwrap().to_owned();
     let enrollment_id = p["enrollment_id"].as_str().unwrap().to_owned();
     w.relay_settled(&host_id).await;
-    let revoke = || {
-        Request::post(format!("/admin/enrollments/{enrollment_id}/revoke"))
-            .header(header::COOKIE, format!("byo_session={}", w.op))
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::empty())
-            .unwrap()
-    };
-    assert_eq!(w.app.send(revoke()).await.status, StatusCode::SEE_OTHER);
+    let path = format!("/admin/enrollments/{enrollment_id}/revoke");
+    assert_eq!(
+        w.op.post_form(&path, &[]).await.status,
+        StatusCode::SEE_OTHER
+    );
     assert!(w.app.db.host(&host_id).await.unwrap().is_none());
     let audited: Vec<_> = w
         .app
@@ -567,7 +525,7 @@ async fn h_revoking_from_the_page_is_the_apis_revoke(w: World) {
         .map(|a| a.target)
         .collect();
     assert_eq!(audited, [Some(enrollment_id.clone())]);
-    let again = w.app.send(revoke()).await;
+    let again = w.op.post_form(&path, &[]).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     assert!(
         again
@@ -577,14 +535,14 @@ async fn h_revoking_from_the_page_is_the_apis_revoke(w: World) {
 }
 
 async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
-    let form = |session: &str, path: &str, body: &str| {
+    let form = |user: &User, path: &str, body: &str| {
         Request::post(path)
-            .header(header::COOKIE, format!("byo_session={session}"))
+            .header(header::COOKIE, format!("byo_session={}", user.session))
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .body(Body::from(body.to_owned()))
             .unwrap()
     };
-    let page = w.app.get("/hosts", Some(&w.owner)).await.text();
+    let page = w.owner.get("/hosts").await.text();
     assert!(
         page.contains("Add a GPU") && page.contains("gb10-spark-1") && !page.contains("linux-test"),
         "{page}"
@@ -603,7 +561,7 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
     );
     assert!(text.contains("waiting for the command"));
 
-    let customer = w.app.get("/hosts", Some(&w.customer)).await.text();
+    let customer = w.customer.get("/hosts").await.text();
     assert!(customer.contains("ask an operator for the community_host grant"));
     let refused = w
         .app
@@ -621,7 +579,7 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
         .next()
         .unwrap();
     assert_eq!(w.enroll(token, spark()).await.status, StatusCode::OK);
-    let admin = w.app.get("/admin/hosts", Some(&w.op)).await.text();
+    let admin = w.op.get("/admin/hosts").await.text();
     assert!(
         admin.contains("spark-1")
             && admin.contains("owner@example.com")
@@ -654,13 +612,7 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
         .mark_host_prepared(&host_id, w.clock.now())
         .await
         .unwrap();
-    assert!(
-        w.app
-            .get("/admin/hosts", Some(&w.op))
-            .await
-            .text()
-            .contains(">Activate<")
-    );
+    assert!(w.op.get("/admin/hosts").await.text().contains(">Activate<"));
     let ok = w
         .app
         .send(form(
@@ -702,7 +654,7 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
     assert_eq!(host.prepare_state.unwrap().0["step"], "lxd-install");
     assert!(host.prepared_at.is_none());
-    let page = w.app.get("/hosts", Some(&w.owner)).await.text();
+    let page = w.owner.get("/hosts").await.text();
     assert!(
         page.contains("preparing: lxd-install applied"),
         "the owner watches progress"
@@ -757,14 +709,7 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
 
     // Completion is the record activation waits for.
     let path = format!("/api/admin/hosts/{host_id}/activate");
-    let act = || {
-        w.app.request(
-            Method::POST,
-            &path,
-            Some(&w.op),
-            Some(json!({"placement": "shared"})),
-        )
-    };
+    let act = || w.op.post(&path, json!({"placement": "shared"}));
     assert_eq!(act().await.status, StatusCode::CONFLICT);
     let r = report(
         host_token,
@@ -790,7 +735,7 @@ async fn b28_a_fault_on_our_side_leaves_the_token_good(w: World) {
     let token = p["token"].as_str().unwrap();
     // The same database, served by a server that lost its secret_key: the sealed secrets
     // do not open.
-    let stranger = byo_server::app(
+    let stranger = byo_server::router(
         byo_server::AppState::new(w.app.db.store.clone(), support::test_config())
             .with_clock(w.clock.clone()),
     );
@@ -956,7 +901,7 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
     let mut config = support::test_config();
     config.release_dir = Some(dir.path().to_owned());
     app.state = byo_server::AppState::new(app.db.store.clone(), config);
-    app.router = byo_server::app(app.state.clone());
+    app.router = byo_server::router(app.state.clone());
     assert_eq!(
         app.get("/agent/byo-agent-aarch64", None).await.body,
         b"binary"

@@ -7,27 +7,24 @@ mod support;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use axum::http::{Method, StatusCode};
+use axum::http::StatusCode;
 use byo_agent::operator_keys::{OperatorKeys, Paths};
 use byo_core::keylist::check_key;
 use byo_core::keylist_testing as testing;
 use byo_db::hosts::AgentTargetRow;
-use byo_server::agents::{AgentError, Gone, HostAgents, HttpAgents};
+use byo_server::agents::{HostAgents, HttpAgents};
 use byo_server::seal::Sealer;
-use byo_wire::Role;
-use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use ssh_key::PrivateKey;
-use support::{TestApp, test_config};
+use support::agents::{Answer, FakeAgents, Op};
+use support::{TestApp, User, test_config};
 
-/// Hosts whose agents run the real `OperatorKeys` code on temporary directories.
-#[derive(Default)]
-struct FakeAgents {
-    hosts: Mutex<HashMap<String, (tempfile::TempDir, OperatorKeys)>>,
-    unreachable: Mutex<Vec<String>>,
-}
+/// The hosts' operator keys, kept by the real agent's `OperatorKeys` code on temporary
+/// directories; the fake agent hands every key push it answers to `receive`.
+#[derive(Clone, Default)]
+struct HostKeys(Arc<Mutex<HashMap<String, (tempfile::TempDir, OperatorKeys)>>>);
 
-impl FakeAgents {
+impl HostKeys {
     fn add(&self, host_id: &str, signing: &PrivateKey) {
         let dir = tempfile::tempdir().unwrap();
         let keys = OperatorKeys {
@@ -40,69 +37,40 @@ impl FakeAgents {
         };
         keys.trust(&signing.public_key().to_openssh().unwrap())
             .unwrap();
-        self.hosts
+        self.0
             .lock()
             .unwrap()
             .insert(host_id.to_owned(), (dir, keys));
     }
 
     fn authorized_keys(&self, host_id: &str) -> Option<String> {
-        let hosts = self.hosts.lock().unwrap();
+        let hosts = self.0.lock().unwrap();
         std::fs::read_to_string(&hosts[host_id].1.paths.authorized_keys).ok()
+    }
+
+    fn receive(&self, host: &AgentTargetRow, envelope: &[u8]) -> Result<(), String> {
+        let hosts = self.0.lock().unwrap();
+        let (_, keys) = hosts.get(&host.id).ok_or("no such agent")?;
+        keys.receive(envelope, chrono::Utc::now())
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 }
 
-impl HostAgents for FakeAgents {
-    fn push_operator_keys<'a>(
-        &'a self,
-        host: &'a AgentTargetRow,
-        envelope: &'a [u8],
-    ) -> BoxFuture<'a, Result<(), String>> {
-        Box::pin(async move {
-            if self.unreachable.lock().unwrap().contains(&host.id) {
-                return Err("could not reach the agent: connection refused".into());
-            }
-            let hosts = self.hosts.lock().unwrap();
-            let (_, keys) = hosts.get(&host.id).ok_or("no such agent")?;
-            keys.receive(envelope, chrono::Utc::now())
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        })
-    }
-
-    // These hosts run no instances here.
-    fn create_vm<'a>(
-        &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a byo_wire::vm::CreateVm,
-    ) -> BoxFuture<'a, Result<Option<byo_wire::vm::VmCreated>, AgentError>> {
-        Box::pin(async { Err(AgentError::Unreachable("no VM API in this test".into())) })
-    }
-    fn delete_vm<'a>(
-        &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a str,
-    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
-        Box::pin(async { Err(AgentError::Unreachable("no VM API in this test".into())) })
-    }
-    fn vm_action<'a>(
-        &'a self,
-        _: &'a AgentTargetRow,
-        _: &'a str,
-        _: byo_wire::vm::VmAction,
-    ) -> BoxFuture<'a, Result<(), AgentError>> {
-        Box::pin(async { Err(AgentError::Unreachable("no VM API in this test".into())) })
-    }
+/// What a host that cannot be reached answers a push.
+fn unreachable() -> Answer {
+    Answer::unreachable("could not reach the agent: connection refused")
 }
 
 struct World {
+    /// Unread now that users send their own requests; it holds the test database.
+    #[allow(dead_code)]
     app: TestApp,
     agents: Arc<FakeAgents>,
+    keys: HostKeys,
     signing: PrivateKey,
-    root: String,
-    op: String,
-    op_sub: String,
-    root_sub: String,
+    root: User,
+    op: User,
     hosts: Vec<String>,
 }
 
@@ -111,27 +79,33 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
     let mut config = test_config();
     config.operator_keys.signing_keys = vec![signing.public_key().to_openssh().unwrap()];
     let mut app = TestApp::with_config(backend, config).await?;
-    let agents = Arc::new(FakeAgents::default());
+    let agents = Arc::new(FakeAgents::new());
+    let keys = HostKeys::default();
+    let receiving = keys.clone();
+    agents.receive_keys_with(move |host, envelope| receiving.receive(host, envelope));
+    // These hosts run no instances here.
+    for op in [Op::Create, Op::Delete, Op::Power] {
+        agents.answer(op, Answer::unreachable("no VM API in this test"));
+    }
     app.state = app.state.clone().with_agents(agents.clone());
-    app.router = byo_server::app(app.state.clone());
-    let (root_sub, root) = app.user_with("root@example.com", &[Role::Superadmin]).await;
-    let (op_sub, op) = app.user_with("op@example.com", &[Role::Operator]).await;
+    app.router = byo_server::router(app.state.clone());
+    let root = app.superadmin("root@example.com").await;
+    let op = app.operator("op@example.com").await;
     let mut hosts = Vec::new();
     for slug in ["spark-1", "spark-2"] {
-        app.give_host(&root_sub, slug).await;
+        app.give_host(&root.sub, slug).await;
     }
     for h in app.db.agent_targets().await.unwrap() {
-        agents.add(&h.id, &signing);
+        keys.add(&h.id, &signing);
         hosts.push(h.id);
     }
     Some(World {
         app,
         agents,
+        keys,
         signing,
         root,
         op,
-        op_sub,
-        root_sub,
         hosts,
     })
 }
@@ -141,21 +115,14 @@ fn login_key() -> String {
 }
 
 impl World {
-    async fn change(&self, session: &str, body: Value) -> support::Reply {
-        self.app
-            .request(
-                Method::POST,
-                "/api/admin/operator-keys/changes",
-                Some(session),
-                Some(body),
-            )
-            .await
+    async fn change(&self, user: &User, body: Value) -> support::Reply {
+        user.post("/api/admin/operator-keys/changes", body).await
     }
-    async fn add(&self, session: &str, label: &str) -> String {
+    async fn add(&self, user: &User, label: &str) -> String {
         let key = login_key();
         let r = self
             .change(
-                session,
+                user,
                 json!({"action": "add", "public_key": key, "label": label}),
             )
             .await;
@@ -163,21 +130,16 @@ impl World {
         key
     }
     async fn overview(&self) -> Value {
-        self.app
-            .get("/api/admin/operator-keys", Some(&self.op))
-            .await
-            .json()
+        self.op.get("/api/admin/operator-keys").await.json()
     }
     fn sign(&self, body: &str, key: &PrivateKey) -> String {
         testing::sign(body, key)
     }
     async fn upload(&self, version: i64, signature: &str) -> support::Reply {
-        self.app
-            .request(
-                Method::POST,
+        self.root
+            .post(
                 &format!("/api/admin/operator-keys/{version}/signatures"),
-                Some(&self.root),
-                Some(json!({"signature": signature})),
+                json!({"signature": signature}),
             )
             .await
     }
@@ -189,18 +151,6 @@ impl World {
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         r.json()
     }
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 fn fingerprint(public_key: &str) -> String {
@@ -228,7 +178,7 @@ async fn m10_two_operators_changes_end_in_one_version_holding_both(w: World) {
         .collect();
     assert_eq!(
         who,
-        [w.root_sub.as_str(), w.op_sub.as_str()],
+        [w.root.sub.as_str(), w.op.sub.as_str()],
         "who changed what"
     );
     assert_eq!(changes[0]["fingerprint"], fingerprint(&a));
@@ -306,13 +256,10 @@ async fn m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host(w: World)
     assert_eq!(r.json()["error"], "signature_refused");
     assert!(w.overview().await["published"].is_null());
     // Only a superadmin uploads: an operator's session is not enough.
-    let r = w
-        .app
-        .request(
-            Method::POST,
+    let r =
+        w.op.post(
             "/api/admin/operator-keys/1/signatures",
-            Some(&w.op),
-            Some(json!({"signature": w.sign(&body, &w.signing)})),
+            json!({"signature": w.sign(&body, &w.signing)}),
         )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
@@ -327,7 +274,7 @@ async fn m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host(w: World)
     );
     assert!(o["draft"].is_null());
     for h in &w.hosts {
-        let ak = w.agents.authorized_keys(h).unwrap();
+        let ak = w.keys.authorized_keys(h).unwrap();
         assert!(ak.contains(&key) && ak.contains("expiry-time="), "{ak}");
     }
     for h in o["hosts"].as_array().unwrap() {
@@ -337,15 +284,11 @@ async fn m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host(w: World)
         );
     }
     // The fingerprint sshd logs maps to the operator.
-    let owner = w
-        .app
-        .get(
-            &format!(
-                "/api/admin/operator-keys/owner?fingerprint={}",
-                fingerprint(&key).replace('/', "%2F").replace('+', "%2B")
-            ),
-            Some(&w.op),
-        )
+    let owner =
+        w.op.get(&format!(
+            "/api/admin/operator-keys/owner?fingerprint={}",
+            fingerprint(&key).replace('/', "%2F").replace('+', "%2B")
+        ))
         .await
         .json();
     assert_eq!(owner[0]["email"], "op@example.com");
@@ -358,10 +301,7 @@ async fn m7_publish_verifies_then_pushes_the_exact_bytes_to_every_host(w: World)
 async fn m6_a_failed_push_is_shown_and_sending_again_needs_no_signature(w: World) {
     let first = w.add(&w.op, "laptop").await;
     w.agents
-        .unreachable
-        .lock()
-        .unwrap()
-        .push(w.hosts[1].clone());
+        .answer_on(&w.hosts[1], Op::PushKeys, Some(unreachable()));
     let outcome = w.publish_draft().await;
     assert_eq!(outcome, json!({"version": 1, "delivered": 1, "failed": 1}));
     let o = w.overview().await;
@@ -379,23 +319,20 @@ async fn m6_a_failed_push_is_shown_and_sending_again_needs_no_signature(w: World
             .unwrap()
             .contains("connection refused")
     );
-    assert!(w.agents.authorized_keys(&w.hosts[1]).is_none());
+    assert!(w.keys.authorized_keys(&w.hosts[1]).is_none());
 
     // Nothing retries on its own; an operator sends again once the host is back.
-    w.agents.unreachable.lock().unwrap().clear();
-    let r = w
-        .app
-        .request(
-            Method::POST,
-            &format!("/api/admin/operator-keys/hosts/{}/send", w.hosts[1]),
-            Some(&w.op),
-            None,
-        )
+    w.agents.answer_on(&w.hosts[1], Op::PushKeys, None);
+    let r =
+        w.op.post_empty(&format!(
+            "/api/admin/operator-keys/hosts/{}/send",
+            w.hosts[1]
+        ))
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.json()["delivered"], 1);
     assert!(
-        w.agents
+        w.keys
             .authorized_keys(&w.hosts[1])
             .unwrap()
             .contains(&first)
@@ -449,27 +386,11 @@ async fn m12_a_withdrawn_draft_is_gone_for_everyone(w: World) {
     let kept = w.add(&w.op, "laptop").await;
     w.publish_draft().await;
     w.add(&w.op, "desktop").await;
-    let r = w
-        .app
-        .request(
-            Method::DELETE,
-            "/api/admin/operator-keys/draft",
-            Some(&w.root),
-            None,
-        )
-        .await;
+    let r = w.root.delete("/api/admin/operator-keys/draft").await;
     assert_eq!(r.status, StatusCode::NO_CONTENT);
     let o = w.overview().await;
     assert!(o["draft"].is_null() && o["draft_changes"].as_array().unwrap().is_empty());
-    let r = w
-        .app
-        .request(
-            Method::DELETE,
-            "/api/admin/operator-keys/draft",
-            Some(&w.root),
-            None,
-        )
-        .await;
+    let r = w.root.delete("/api/admin/operator-keys/draft").await;
     assert_eq!(
         r.status,
         StatusCode::BAD_REQUEST,
@@ -487,12 +408,7 @@ async fn m12_a_withdrawn_draft_is_gone_for_everyone(w: World) {
         .collect();
     assert_eq!(labels.len(), 2);
     assert!(labels.contains(&"laptop") && labels.contains(&"tablet"));
-    assert!(
-        w.agents
-            .authorized_keys(&w.hosts[0])
-            .unwrap()
-            .contains(&kept)
-    );
+    assert!(w.keys.authorized_keys(&w.hosts[0]).unwrap().contains(&kept));
 }
 
 with_world!(
@@ -593,25 +509,20 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
 }
 
 async fn the_operators_page_shows_the_draft_changes_hosts_and_refusals(w: World) {
-    use axum::body::Body;
-    use axum::http::{Request, header};
-    let form = |body: String| {
-        Request::post("/admin/operator-keys/changes")
-            .header(header::COOKIE, format!("byo_session={}", w.op))
-            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .body(Body::from(body))
-            .unwrap()
-    };
+    const CHANGES: &str = "/admin/operator-keys/changes";
     let key = login_key();
-    let added = w
-        .app
-        .send(form(format!(
-            "action=add&label=work+laptop&public_key={}",
-            urlencode(&key)
-        )))
+    let added =
+        w.op.post_form(
+            CHANGES,
+            &[
+                ("action", "add"),
+                ("label", "work laptop"),
+                ("public_key", &key),
+            ],
+        )
         .await;
     assert_eq!(added.status, StatusCode::SEE_OTHER, "{}", added.text());
-    let page = w.app.get("/admin/operator-keys", Some(&w.op)).await.text();
+    let page = w.op.get("/admin/operator-keys").await.text();
     assert!(
         page.contains("Waiting for a signature") && page.contains("work laptop"),
         "{page}"
@@ -627,17 +538,21 @@ async fn the_operators_page_shows_the_draft_changes_hosts_and_refusals(w: World)
     );
     assert!(page.contains("byo keys sign --server"));
 
-    let refused = w
-        .app
-        .send(form(
-            "action=add&label=x&public_key=ssh-rsa+AAAAB3NzaC1yc2E".into(),
-        ))
+    let refused =
+        w.op.post_form(
+            CHANGES,
+            &[
+                ("action", "add"),
+                ("label", "x"),
+                ("public_key", "ssh-rsa AAAAB3NzaC1yc2E"),
+            ],
+        )
         .await;
     assert_eq!(refused.status, StatusCode::BAD_REQUEST);
     assert!(refused.text().contains("not allowed"), "{}", refused.text());
 
     w.publish_draft().await;
-    let page = w.app.get("/admin/operator-keys", Some(&w.op)).await.text();
+    let page = w.op.get("/admin/operator-keys").await.text();
     assert!(page.contains("Send again") && page.contains("Nothing is waiting"));
 }
 

@@ -82,7 +82,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The whole application, as `main` serves it and tests drive it.
-pub fn app(state: AppState) -> Router {
+pub fn router(state: AppState) -> Router {
     let (api, doc) = api().split_for_parts();
     let doc = Arc::new(doc);
     Router::new()

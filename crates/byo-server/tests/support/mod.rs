@@ -2,6 +2,8 @@
 
 #![allow(dead_code)] // each test binary uses a different part
 
+pub mod agents;
+
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
@@ -117,7 +119,7 @@ impl TestApp {
     pub async fn with_config(backend: Backend, config: Config) -> Option<TestApp> {
         let db = byo_db::testing::fresh(backend).await?;
         let state = AppState::new(db.store.clone(), config);
-        let router = byo_server::app(state.clone());
+        let router = byo_server::router(state.clone());
         Some(TestApp { db, state, router })
     }
 
@@ -128,36 +130,11 @@ impl TestApp {
         session: Option<&str>,
         body: Option<serde_json::Value>,
     ) -> Reply {
-        let mut req = Request::builder().method(method).uri(path);
-        if let Some(s) = session {
-            req = req.header(header::COOKIE, format!("byo_session={s}"));
-        }
-        let req = match body {
-            Some(b) => req
-                .header(header::CONTENT_TYPE, "application/json")
-                .body(Body::from(b.to_string())),
-            None => req.body(Body::empty()),
-        }
-        .unwrap();
-        self.send(req).await
+        send(&self.router, json_request(method, path, session, body)).await
     }
 
     pub async fn send(&self, req: Request<Body>) -> Reply {
-        let resp = self.router.clone().oneshot(req).await.unwrap();
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .unwrap()
-            .to_bytes()
-            .to_vec();
-        Reply {
-            status,
-            headers,
-            body,
-        }
+        send(&self.router, req).await
     }
 
     pub async fn get(&self, path: &str, session: Option<&str>) -> Reply {
@@ -190,6 +167,35 @@ impl TestApp {
         (user.sub, session)
     }
 
+    /// A user with `roles` whose requests carry their session (crates.io's `MockCookieUser`).
+    /// The user sends through the router as it is now: make users after replacing it.
+    pub async fn user(&self, email: &str, roles: &[Role]) -> User {
+        let (sub, session) = self.user_with(email, roles).await;
+        User {
+            router: self.router.clone(),
+            sub,
+            email: email.to_owned(),
+            session,
+        }
+    }
+
+    /// A user with no role: a customer.
+    pub async fn customer(&self, email: &str) -> User {
+        self.user(email, &[]).await
+    }
+
+    pub async fn operator(&self, email: &str) -> User {
+        self.user(email, &[Role::Operator]).await
+    }
+
+    pub async fn superadmin(&self, email: &str) -> User {
+        self.user(email, &[Role::Superadmin]).await
+    }
+
+    pub async fn community_host(&self, email: &str) -> User {
+        self.user(email, &[Role::CommunityHost]).await
+    }
+
     pub async fn session_for(&self, sub: &str) -> String {
         let token = SecretToken::generate(TokenKind::Session);
         let now = self.state.clock.now();
@@ -215,4 +221,123 @@ impl TestApp {
             .await
             .unwrap();
     }
+}
+
+/// A signed-in user: every request carries their session cookie. No Origin header is sent,
+/// as from the CLI; the cross-site refusal passes such requests.
+#[derive(Clone)]
+pub struct User {
+    router: Router,
+    pub sub: String,
+    pub email: String,
+    /// The session token, for the few tests that hand it on (a browser, a raw request).
+    pub session: String,
+}
+
+impl User {
+    pub async fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Reply {
+        let req = json_request(method, path, Some(&self.session), body);
+        send(&self.router, req).await
+    }
+
+    pub async fn get(&self, path: &str) -> Reply {
+        self.request(Method::GET, path, None).await
+    }
+
+    /// A POST with a JSON body.
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> Reply {
+        self.request(Method::POST, path, Some(body)).await
+    }
+
+    /// A POST with no body.
+    pub async fn post_empty(&self, path: &str) -> Reply {
+        self.request(Method::POST, path, None).await
+    }
+
+    pub async fn put(&self, path: &str, body: serde_json::Value) -> Reply {
+        self.request(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.request(Method::DELETE, path, None).await
+    }
+
+    /// A form POST as a browser sends it.
+    pub async fn post_form(&self, path: &str, pairs: &[(&str, &str)]) -> Reply {
+        let req = Request::post(path)
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(header::COOKIE, format!("byo_session={}", self.session))
+            .body(Body::from(form_encode(pairs)))
+            .unwrap();
+        send(&self.router, req).await
+    }
+
+    /// A page that must be there: its HTML.
+    pub async fn page(&self, path: &str) -> String {
+        let r = self.get(path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        r.text()
+    }
+}
+
+fn json_request(
+    method: Method,
+    path: &str,
+    session: Option<&str>,
+    body: Option<serde_json::Value>,
+) -> Request<Body> {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(s) = session {
+        req = req.header(header::COOKIE, format!("byo_session={s}"));
+    }
+    match body {
+        Some(b) => req
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(b.to_string())),
+        None => req.body(Body::empty()),
+    }
+    .unwrap()
+}
+
+async fn send(router: &Router, req: Request<Body>) -> Reply {
+    let resp = router.clone().oneshot(req).await.unwrap();
+    let status = resp.status();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A form as a browser sends it (`application/x-www-form-urlencoded`).
+pub fn form_encode(pairs: &[(&str, &str)]) -> String {
+    let encode = |s: &str| {
+        s.bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                b' ' => "+".to_owned(),
+                other => format!("%{other:02X}"),
+            })
+            .collect::<String>()
+    };
+    pairs
+        .iter()
+        .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
+        .collect::<Vec<_>>()
+        .join("&")
 }

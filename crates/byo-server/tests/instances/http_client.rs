@@ -1,0 +1,152 @@
+//! The real client, `HttpAgents`, against a stub of the agent's VM API.
+
+use crate::world::*;
+
+/// HttpAgents against a stub of the agent's VM API on loopback: the sealed token is
+/// opened and presented, a create's answer is read, and only the agent's own 404 confirms
+/// a delete — a 404 from something that does not know the route does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_http_client_speaks_the_agents_vm_api() {
+    use axum::Router;
+    use axum::extract::Path;
+    use axum::routing::{delete, post};
+    use byo_server::seal::Sealer;
+
+    let token = SecretToken::generate(TokenKind::Agent);
+    let expected = format!("Bearer {}", token.expose());
+    let authorised = move |h: &axum::http::HeaderMap| {
+        h.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) == Some(expected.as_str())
+    };
+    let (a1, a2, a3) = (authorised.clone(), authorised.clone(), authorised);
+    let agent = Router::new()
+        .route(
+            "/v1/vms",
+            post(move |h: axum::http::HeaderMap, body: String| async move {
+                if !a1(&h) {
+                    return (StatusCode::UNAUTHORIZED, "{}".to_owned());
+                }
+                let req: Value = serde_json::from_str(&body).unwrap();
+                let name = req["name"].as_str().unwrap().to_owned();
+                if name == "vm-garbled" {
+                    return (StatusCode::CREATED, "not json".to_owned());
+                }
+                if name == "vm-taken" {
+                    return (
+                        StatusCode::CONFLICT,
+                        json!({"error": "conflict", "message": "an instance named vm-taken already exists"}).to_string(),
+                    );
+                }
+                let created = json!({"name": name, "ssh_port": 2203,
+                    "gpu_check": {"ok": true}, "startup_script": {"ok": true}});
+                (StatusCode::CREATED, created.to_string())
+            }),
+        )
+        .route(
+            "/v1/vms/{name}",
+            delete(move |h: axum::http::HeaderMap, Path(name): Path<String>| async move {
+                if !a2(&h) {
+                    return (StatusCode::UNAUTHORIZED, "{}".to_owned());
+                }
+                match name.as_str() {
+                    "vm-here" => (StatusCode::OK, json!({"deleted": true}).to_string()),
+                    "vm-gone" => (
+                        StatusCode::NOT_FOUND,
+                        json!({"error": "not_found", "message": "no such instance on this host"}).to_string(),
+                    ),
+                    _ => (
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        json!({"error": "failed", "message": "lxd: busy"}).to_string(),
+                    ),
+                }
+            }),
+        )
+        .route(
+            "/v1/vms/{name}/state",
+            post(move |h: axum::http::HeaderMap| async move {
+                if a3(&h) { StatusCode::NO_CONTENT } else { StatusCode::UNAUTHORIZED }
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(listener, agent).await });
+    // An agent with no VM API at all: its 404s are the router's, with no body.
+    let old = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let old_port = old.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(old, Router::new()).await });
+
+    let sealer = Sealer::from_hex(&Sealer::generate_hex()).unwrap();
+    let target = AgentTargetRow {
+        id: "h".into(),
+        slug: "spark-1".into(),
+        relay_ip: Some("127.0.0.1".into()),
+        agent_token: Some(sealer.seal(token.expose())),
+    };
+    let client = HttpAgents::new(Some(sealer.clone())).with_port(port);
+    let create = |name: &str| CreateVm {
+        name: name.into(),
+        ssh_public_key: public_key_line(),
+        ssh_hostname: None,
+    };
+
+    let created = client.create_vm(&target, &create("vm-here")).await.unwrap();
+    assert_eq!(created.unwrap().ssh_port, 2203);
+    assert_eq!(
+        client.create_vm(&target, &create("vm-garbled")).await,
+        Ok(None),
+        "an unreadable 2xx is still a success"
+    );
+    assert_eq!(
+        client.create_vm(&target, &create("vm-taken")).await,
+        Err(AgentError::Refused {
+            status: 409,
+            reason: "an instance named vm-taken already exists".into()
+        })
+    );
+    assert_eq!(
+        client.delete_vm(&target, "vm-here").await,
+        Ok(Gone::Deleted)
+    );
+    assert_eq!(
+        client.delete_vm(&target, "vm-gone").await,
+        Ok(Gone::NotFound)
+    );
+    assert!(matches!(
+        client.delete_vm(&target, "vm-busy").await,
+        Err(AgentError::Refused { status: 500, .. })
+    ));
+    assert!(matches!(
+        client.delete_vm(&target, "../etc").await,
+        Err(AgentError::Refused { status: 400, .. })
+    ));
+    assert_eq!(
+        client.vm_action(&target, "vm-here", VmAction::Reboot).await,
+        Ok(())
+    );
+
+    let wrong = AgentTargetRow {
+        agent_token: Some(sealer.seal(SecretToken::generate(TokenKind::Agent).expose())),
+        ..target.clone()
+    };
+    assert!(matches!(
+        client.delete_vm(&wrong, "vm-here").await,
+        Err(AgentError::Refused { status: 401, .. })
+    ));
+    let old_client = HttpAgents::new(Some(sealer.clone())).with_port(old_port);
+    assert!(
+        matches!(
+            old_client.delete_vm(&target, "vm-gone").await,
+            Err(AgentError::Refused { status: 404, .. })
+        ),
+        "a 404 that is not the agent's own does not confirm"
+    );
+    // Nothing listening: never answered.
+    drop(client);
+    let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let nobody = HttpAgents::new(Some(sealer)).with_port(closed_port);
+    assert!(matches!(
+        nobody.create_vm(&target, &create("vm-x")).await,
+        Err(AgentError::Unreachable(_))
+    ));
+}

@@ -1,0 +1,400 @@
+//! The one fake of the hosts' agents (`HostAgents`): it records every call and answers each
+//! kind of call from a script the test sets — a default, answers for one host, and answers
+//! queued for the next calls. Tests that need the real agent code either drive it behind
+//! this fake (`receive_keys_with`) or run the agent's own router (see operator_keys.rs).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use byo_db::Store;
+use byo_db::hosts::AgentTargetRow;
+use byo_db::vms::VmRow;
+use byo_server::agents::{AgentError, Gone, HostAgents};
+use byo_server::clock::Clock;
+use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated};
+use chrono::{DateTime, TimeDelta, Utc};
+use futures::future::BoxFuture;
+
+/// The kinds of call the backend makes to an agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `push_operator_keys`
+    PushKeys,
+    /// `create_vm`
+    Create,
+    /// `delete_vm`
+    Delete,
+    /// `vm_action` (start, stop, reboot)
+    Power,
+}
+
+impl Op {
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::PushKeys => "push",
+            Op::Create => "create",
+            Op::Delete => "delete",
+            Op::Power => "power",
+        }
+    }
+}
+
+/// How the agent answers one call.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Answer {
+    /// Success: the keys are taken (by `receive_keys_with`'s receiver if there is one), the
+    /// container is created, the power change done. A delete of a container this fake
+    /// created answers `Gone::Deleted`, of any other the agent's own 404 (`Gone::NotFound`).
+    Ok,
+    /// The agent's own 404: a delete is confirmed (`Gone::NotFound`); any other call is
+    /// refused with 404 "not found".
+    NotFound,
+    /// The agent answered with an error: its status and its reason.
+    Refused { status: u16, reason: String },
+    /// No answer at all (no connection).
+    Unreachable(String),
+    /// Never answers: the backend's own wait runs out.
+    Hang,
+}
+
+impl Answer {
+    pub fn refused(status: u16, reason: &str) -> Answer {
+        Answer::Refused {
+            status,
+            reason: reason.to_owned(),
+        }
+    }
+    pub fn unreachable(why: &str) -> Answer {
+        Answer::Unreachable(why.to_owned())
+    }
+}
+
+/// One call, as the agent saw it.
+#[derive(Clone, Debug)]
+pub struct Call {
+    pub op: Op,
+    pub host_id: String,
+    /// The instance's name; empty for a key push.
+    pub name: String,
+    /// A create's request.
+    pub create: Option<CreateVm>,
+    /// A power change's action.
+    pub action: Option<VmAction>,
+    /// A key push's signed list, exactly as sent.
+    pub envelope: Option<Vec<u8>>,
+    /// The clock (the test's, with `with_clock`) when the host was contacted.
+    pub at: DateTime<Utc>,
+    /// The instance's row as the database held it at that moment (with `observing`).
+    pub row: Option<VmRow>,
+}
+
+/// What to do with a delivered key list; `Err` is the reason shown to operators.
+type KeyReceiver = Box<dyn Fn(&AgentTargetRow, &[u8]) -> Result<(), String> + Send + Sync>;
+
+#[derive(Default)]
+struct Script {
+    /// Answered when nothing more specific is set; `None` means `Answer::Ok`.
+    default: Option<Answer>,
+    /// Answers for calls to one host.
+    per_host: HashMap<String, Answer>,
+    /// Answers for the next calls, first in first out, before everything else.
+    queued: VecDeque<Answer>,
+    /// Real time the host takes before answering (so concurrent calls overlap).
+    delay: Duration,
+    /// Test-clock time the host takes (with `with_clock`).
+    takes: TimeDelta,
+}
+
+pub struct FakeAgents {
+    clock: Option<Clock>,
+    store: Option<Store>,
+    scripts: Mutex<HashMap<Op, Script>>,
+    calls: Mutex<Vec<Call>>,
+    /// (host id, name) of the containers the hosts run.
+    containers: Mutex<HashSet<(String, String)>>,
+    gpu_check: Mutex<Advisory>,
+    receiver: Mutex<Option<KeyReceiver>>,
+}
+
+impl Default for FakeAgents {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeAgents {
+    /// Agents that answer every call `Answer::Ok`.
+    pub fn new() -> Self {
+        FakeAgents {
+            clock: None,
+            store: None,
+            scripts: Mutex::new(HashMap::new()),
+            calls: Mutex::new(Vec::new()),
+            containers: Mutex::new(HashSet::new()),
+            gpu_check: Mutex::new(Advisory {
+                ok: true,
+                detail: None,
+            }),
+            receiver: Mutex::new(None),
+        }
+    }
+
+    /// Stamp calls with this clock, and let `takes` move it.
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = Some(clock);
+        self
+    }
+
+    /// Record with each VM call the instance's row as it was when the host was contacted.
+    pub fn observing(mut self, store: Store) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Answer every call of this kind so (unless a host's or a queued answer applies).
+    pub fn answer(&self, op: Op, answer: Answer) {
+        self.script(op, |s| s.default = Some(answer));
+    }
+
+    /// Answer this kind of call to this host so; `None` returns it to the default.
+    pub fn answer_on(&self, host_id: &str, op: Op, answer: Option<Answer>) {
+        self.script(op, |s| match answer {
+            Some(a) => s.per_host.insert(host_id.to_owned(), a),
+            None => s.per_host.remove(host_id),
+        });
+    }
+
+    /// Answer the next call of this kind so (queued answers are used in order).
+    pub fn then(&self, op: Op, answer: Answer) {
+        self.script(op, |s| s.queued.push_back(answer));
+    }
+
+    /// The host takes this long (really) before answering this kind of call.
+    pub fn delay(&self, op: Op, by: Duration) {
+        self.script(op, |s| s.delay = by);
+    }
+
+    /// The test clock moves this much while the host works on this kind of call.
+    pub fn takes(&self, op: Op, by: TimeDelta) {
+        assert!(self.clock.is_some(), "takes needs with_clock");
+        self.script(op, |s| s.takes = by);
+    }
+
+    /// The GPU check a successful create reports.
+    pub fn gpu_check(&self, advisory: Advisory) {
+        *self.gpu_check.lock().unwrap() = advisory;
+    }
+
+    /// Hand key lists that are answered `Ok` to `receive` (e.g. the real agent's code),
+    /// whose `Err` becomes the push's.
+    pub fn receive_keys_with(
+        &self,
+        receive: impl Fn(&AgentTargetRow, &[u8]) -> Result<(), String> + Send + Sync + 'static,
+    ) {
+        *self.receiver.lock().unwrap() = Some(Box::new(receive));
+    }
+
+    /// Every call of this kind, in order.
+    pub fn calls(&self, op: Op) -> Vec<Call> {
+        self.all_calls()
+            .into_iter()
+            .filter(|c| c.op == op)
+            .collect()
+    }
+
+    pub fn all_calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    /// Every call as (kind, host id, instance name).
+    pub fn log(&self) -> Vec<(&'static str, String, String)> {
+        self.all_calls()
+            .into_iter()
+            .map(|c| (c.op.name(), c.host_id, c.name))
+            .collect()
+    }
+
+    /// (host id, name) of the containers the hosts run now.
+    pub fn containers(&self) -> HashSet<(String, String)> {
+        self.containers.lock().unwrap().clone()
+    }
+
+    fn script<T>(&self, op: Op, f: impl FnOnce(&mut Script) -> T) -> T {
+        f(self.scripts.lock().unwrap().entry(op).or_default())
+    }
+
+    fn now(&self) -> DateTime<Utc> {
+        self.clock.as_ref().map_or_else(Utc::now, Clock::now)
+    }
+
+    async fn row_named(&self, name: &str) -> Option<VmRow> {
+        let store = self.store.as_ref()?;
+        // Rows are read by id; the agent knows only the name, so look through every user's
+        // rows the way an operator would.
+        for u in store.users_overview().await.unwrap() {
+            let epoch = DateTime::<Utc>::UNIX_EPOCH;
+            if let Some(r) = store
+                .vms_of(&u.user.sub, epoch)
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|r| r.name == name)
+            {
+                return Some(r);
+            }
+        }
+        None
+    }
+
+    /// Record the call, let the host take its time, and pick its answer.
+    async fn take_call(&self, call: Call) -> Answer {
+        let (op, host_id) = (call.op, call.host_id.clone());
+        let row = if op == Op::PushKeys {
+            None
+        } else {
+            self.row_named(&call.name).await
+        };
+        self.calls.lock().unwrap().push(Call {
+            at: self.now(),
+            row,
+            ..call
+        });
+        let (takes, delay) = self.script(op, |s| (s.takes, s.delay));
+        if let Some(clock) = &self.clock {
+            clock.advance(takes);
+        }
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        self.script(op, |s| {
+            s.queued
+                .pop_front()
+                .or_else(|| s.per_host.get(&host_id).cloned())
+                .or_else(|| s.default.clone())
+                .unwrap_or(Answer::Ok)
+        })
+    }
+
+    fn call(&self, op: Op, host: &AgentTargetRow, name: &str) -> Call {
+        Call {
+            op,
+            host_id: host.id.clone(),
+            name: name.to_owned(),
+            create: None,
+            action: None,
+            envelope: None,
+            at: DateTime::<Utc>::UNIX_EPOCH,
+            row: None,
+        }
+    }
+}
+
+/// A refusal or silence, for the VM calls; `None` for the answers that succeed.
+async fn failure(answer: Answer) -> Option<AgentError> {
+    match answer {
+        Answer::Ok => None,
+        Answer::NotFound => Some(AgentError::Refused {
+            status: 404,
+            reason: "not found".into(),
+        }),
+        Answer::Refused { status, reason } => Some(AgentError::Refused { status, reason }),
+        Answer::Unreachable(why) => Some(AgentError::Unreachable(why)),
+        Answer::Hang => futures::future::pending().await,
+    }
+}
+
+impl HostAgents for FakeAgents {
+    fn push_operator_keys<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        envelope: &'a [u8],
+    ) -> BoxFuture<'a, Result<(), String>> {
+        Box::pin(async move {
+            let call = Call {
+                envelope: Some(envelope.to_vec()),
+                ..self.call(Op::PushKeys, host, "")
+            };
+            match self.take_call(call).await {
+                Answer::Ok => match &*self.receiver.lock().unwrap() {
+                    Some(receive) => receive(host, envelope),
+                    None => Ok(()),
+                },
+                Answer::NotFound => Err("the agent answered 404 Not Found".into()),
+                Answer::Refused { status, reason } => {
+                    Err(format!("the agent answered {status}: {reason}"))
+                }
+                Answer::Unreachable(why) => Err(why),
+                Answer::Hang => futures::future::pending().await,
+            }
+        })
+    }
+
+    fn create_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        req: &'a CreateVm,
+    ) -> BoxFuture<'a, Result<Option<VmCreated>, AgentError>> {
+        Box::pin(async move {
+            let call = Call {
+                create: Some(req.clone()),
+                ..self.call(Op::Create, host, &req.name)
+            };
+            if let Some(e) = failure(self.take_call(call).await).await {
+                return Err(e);
+            }
+            self.containers
+                .lock()
+                .unwrap()
+                .insert((host.id.clone(), req.name.clone()));
+            Ok(Some(VmCreated {
+                name: req.name.clone(),
+                ssh_port: 2201,
+                gpu_check: self.gpu_check.lock().unwrap().clone(),
+                startup_script: Advisory {
+                    ok: true,
+                    detail: None,
+                },
+            }))
+        })
+    }
+
+    fn delete_vm<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Gone, AgentError>> {
+        Box::pin(async move {
+            match self.take_call(self.call(Op::Delete, host, name)).await {
+                Answer::Ok => {
+                    let key = (host.id.clone(), name.to_owned());
+                    if self.containers.lock().unwrap().remove(&key) {
+                        Ok(Gone::Deleted)
+                    } else {
+                        Ok(Gone::NotFound)
+                    }
+                }
+                Answer::NotFound => Ok(Gone::NotFound),
+                other => Err(failure(other).await.expect("not a success")),
+            }
+        })
+    }
+
+    fn vm_action<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+        name: &'a str,
+        action: VmAction,
+    ) -> BoxFuture<'a, Result<(), AgentError>> {
+        Box::pin(async move {
+            let call = Call {
+                action: Some(action),
+                ..self.call(Op::Power, host, name)
+            };
+            match failure(self.take_call(call).await).await {
+                None => Ok(()),
+                Some(e) => Err(e),
+            }
+        })
+    }
+}
