@@ -45,7 +45,7 @@ pub fn view(row: &VmRow) -> InstanceView {
         id: row.id.clone(),
         name: row.name.clone(),
         gpu_type: row.gpu_type.clone(),
-        status: row.status.clone(),
+        status: row.status,
         ssh_hostname: row.ssh_hostname.clone(),
         created_at: row.created_at,
         creation_failed_at: row.creation_failed_at,

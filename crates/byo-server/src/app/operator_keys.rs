@@ -39,7 +39,7 @@ fn list_view(row: &KeyListRow) -> AppResult<KeyListView> {
     let list = parse_stored(&row.body)?;
     Ok(KeyListView {
         version: row.version,
-        state: row.state.clone(),
+        state: row.state,
         issued_at: list.issued_at,
         expires: list.expires,
         keys: list

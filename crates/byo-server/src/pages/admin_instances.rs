@@ -18,6 +18,7 @@ use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
 use crate::state::AppState;
 
+/// One live instance as operators see it.
 struct Live {
     instance: InstanceView,
     host: String,

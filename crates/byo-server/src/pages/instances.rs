@@ -466,10 +466,6 @@ pub async fn power(
     }
 }
 
-// ---------------------------------------------------------------- the operator's page
-
-/// One live instance as operators see it.
-
 #[cfg(test)]
 mod tests {
     use super::*;
