@@ -153,8 +153,16 @@ pub struct InstanceView {
     pub name: String,
     pub gpu_type: String,
     pub status: crate::states::VmStatus,
-    /// `ssh <user>@<ssh_hostname>` on the standard port 22.
+    /// `<name>.<slug>.ssh.<domain>`: resolves to the host's relay where the installation
+    /// publishes DNS for instance names.
     pub ssh_hostname: Option<String>,
+    /// The relay's public address: its :22 forwards to this instance (one relay per host).
+    #[serde(default)]
+    pub relay_address: Option<String>,
+    /// The command that reaches the instance from anywhere: `ssh root@<ssh_hostname>` where
+    /// DNS publishes instance names, `ssh root@<relay_address>` where it does not (`byo up`).
+    #[serde(default)]
+    pub ssh_command: Option<String>,
     pub created_at: DateTime<Utc>,
     pub creation_failed_at: Option<DateTime<Utc>>,
     /// When the delete was accepted: the instance was given up here (G.3).

@@ -40,13 +40,52 @@ use crate::state::AppState;
 /// How far back a customer's listing shows instances that ended.
 pub const RECENT_DAYS: i64 = 7;
 
-pub fn view(row: &VmRow) -> InstanceView {
+/// An instance as its customer sees it, with the way to reach it: the relay's address and
+/// the ssh command that works where the customer is — the instance's DNS name where the
+/// installation publishes DNS, the relay's address where it does not (`byo up`).
+pub async fn view(state: &AppState, row: &VmRow) -> AppResult<InstanceView> {
+    let relay_address = match &row.host_id {
+        Some(id) => state.store.host(id).await?.and_then(|h| h.relay_ip),
+        None => None,
+    };
+    Ok(view_on(state, row, relay_address))
+}
+
+/// [`view`] for many rows, reading each host once.
+pub async fn views(state: &AppState, rows: &[VmRow]) -> AppResult<Vec<InstanceView>> {
+    let mut relays: std::collections::HashMap<&str, Option<String>> = Default::default();
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let relay_address = match row.host_id.as_deref() {
+            Some(id) => match relays.get(id) {
+                Some(known) => known.clone(),
+                None => {
+                    let ip = state.store.host(id).await?.and_then(|h| h.relay_ip);
+                    relays.insert(id, ip.clone());
+                    ip
+                }
+            },
+            None => None,
+        };
+        out.push(view_on(state, row, relay_address));
+    }
+    Ok(out)
+}
+
+fn view_on(state: &AppState, row: &VmRow, relay_address: Option<String>) -> InstanceView {
+    let ssh_command = if state.tunnels.publishes_dns() {
+        row.ssh_hostname.as_deref().map(|h| format!("ssh root@{h}"))
+    } else {
+        relay_address.as_deref().map(|a| format!("ssh root@{a}"))
+    };
     InstanceView {
         id: row.id.clone(),
         name: row.name.clone(),
         gpu_type: row.gpu_type.clone(),
         status: row.status,
         ssh_hostname: row.ssh_hostname.clone(),
+        relay_address,
+        ssh_command,
         created_at: row.created_at,
         creation_failed_at: row.creation_failed_at,
         delete_requested_at: row.delete_requested_at,
@@ -178,7 +217,7 @@ async fn dispatch_create(
             let row = state.store.vm(&row.id).await?.ok_or(AppError::NotFound)?;
             tracing::info!(vm = %row.id, host = %host.slug, name = %row.name, "instance created");
             Ok(InstanceCreated {
-                instance: view(&row),
+                instance: view(state, &row).await?,
                 gpu_check: created.as_ref().map(|c| c.gpu_check.clone()),
                 startup_script: created.map(|c| c.startup_script),
             })
@@ -242,13 +281,13 @@ impl Deleter<'_> {
 pub async fn recent(state: &AppState, user: &CurrentUser) -> AppResult<Vec<InstanceView>> {
     let since = state.clock.now() - chrono::Duration::days(RECENT_DAYS);
     let rows = state.store.vms_of(&user.user.sub, since).await?;
-    Ok(rows.iter().map(view).collect())
+    views(state, &rows).await
 }
 
 /// One of `user`'s instances; anyone else's is as absent as none.
 pub async fn get(state: &AppState, user: &CurrentUser, vm_id: &str) -> AppResult<InstanceView> {
     match state.store.vm(vm_id).await? {
-        Some(row) if row.user_sub == user.user.sub => Ok(view(&row)),
+        Some(row) if row.user_sub == user.user.sub => view(state, &row).await,
         _ => Err(AppError::NotFound),
     }
 }
@@ -274,7 +313,7 @@ pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult
         return Ok(InstanceDeletion {
             state: DeletionState::Deleted,
             message: "this instance is already deleted".to_owned(),
-            instance: view(&row),
+            instance: view(state, &row).await?,
         });
     }
     if row.creation_failed_at.is_some() {
@@ -311,7 +350,7 @@ pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult
     Ok(InstanceDeletion {
         state: outcome,
         message,
-        instance: view(&row),
+        instance: view(state, &row).await?,
     })
 }
 
@@ -453,7 +492,7 @@ pub async fn change_power(
         )
         .await?;
     let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
-    Ok(view(&row))
+    view(state, &row).await
 }
 
 /// How long a start, stop or reboot may take the host.

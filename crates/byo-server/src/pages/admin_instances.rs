@@ -27,13 +27,14 @@ struct Live {
 
 /// Every live instance, oldest first, with its host's slug and its owner's email.
 async fn every_live(state: &AppState) -> Result<Vec<Live>, PageError> {
-    Ok(state
-        .store
-        .live_vms()
-        .await?
+    let rows = state.store.live_vms().await?;
+    let vms: Vec<_> = rows.iter().map(|r| r.vm.clone()).collect();
+    let views = instances::views(state, &vms).await?;
+    Ok(rows
         .into_iter()
-        .map(|r| Live {
-            instance: instances::view(&r.vm),
+        .zip(views)
+        .map(|(r, instance)| Live {
+            instance,
             host: r.host_slug.unwrap_or_else(|| "—".to_owned()),
             owner: r.owner_email,
         })
@@ -142,7 +143,7 @@ pub async fn confirm_delete(
     let action = format!("/admin/instances/{vm_id}/delete");
     Ok(confirm_page(
         &op.0,
-        &instances::view(&row),
+        &instances::view(&state, &row).await?,
         &action,
         "/admin/instances",
         Some(&owner),

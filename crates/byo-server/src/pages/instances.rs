@@ -204,10 +204,9 @@ async fn customer_page(
 
 fn instance_row(i: &InstanceView) -> Markup {
     let command = i
-        .ssh_hostname
+        .ssh_command
         .as_deref()
-        .filter(|_| live(i) && i.status == VmStatus::Running)
-        .map(|h| format!("ssh root@{h}"));
+        .filter(|_| live(i) && i.status == VmStatus::Running);
     html! {
         tr #{ "instance-" (i.id) } data-name=(i.name) {
             td.name { code { (i.name) } }
@@ -219,6 +218,10 @@ fn instance_row(i: &InstanceView) -> Markup {
                     " "
                     button type="button" data-copy={ "ssh-" (i.id) } hidden { "Copy" }
                 } @else { "—" }
+                @if let Some(relay) = i.relay_address.as_deref().filter(|_| live(i)) {
+                    br;
+                    small.relay { "relay " (relay) }
+                }
             }
             td.created { (at(i.created_at)) }
             td.deleted { @if let Some(d) = i.deleted_at { (at(d)) } @else { "—" } }
@@ -487,6 +490,8 @@ mod tests {
             gpu_type: "gb10".into(),
             status,
             ssh_hostname: None,
+            relay_address: None,
+            ssh_command: None,
             created_at: Utc::now(),
             creation_failed_at: None,
             delete_requested_at: None,

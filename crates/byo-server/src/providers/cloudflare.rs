@@ -126,6 +126,10 @@ impl CloudflareTunnels {
 }
 
 impl TunnelProvider for CloudflareTunnels {
+    fn publishes_dns(&self) -> bool {
+        true
+    }
+
     fn create<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<TunnelInfo, ProviderError>> {
         Box::pin(async move {
             let acct = &self.config.account_id;

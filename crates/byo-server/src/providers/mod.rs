@@ -59,6 +59,11 @@ pub trait TunnelProvider: Send + Sync {
     /// Remove it; absent is fine.
     fn remove_ssh_wildcard<'a>(&'a self, name: &'a str)
     -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Whether the wildcard above is real DNS anyone can resolve. Where it is not (`local`,
+    /// `byo up`), customers are given the relay's address instead of a name.
+    fn publishes_dns(&self) -> bool {
+        false
+    }
 }
 
 /// The relay and tunnel providers an installation uses.

@@ -333,4 +333,86 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     );
 }
 
-with_world!(pages_show_each_refusal_in_place_and_change_nothing,);
+/// A tunnel provider whose SSH wildcard is real DNS, as Cloudflare's is.
+struct PublishedDns(byo_server::providers::local::LocalTunnels);
+
+impl byo_server::providers::TunnelProvider for PublishedDns {
+    fn create<'a>(
+        &'a self,
+        slug: &'a str,
+    ) -> BoxFuture<
+        'a,
+        Result<byo_server::providers::TunnelInfo, byo_server::providers::ProviderError>,
+    > {
+        self.0.create(slug)
+    }
+    fn delete<'a>(
+        &'a self,
+        slug: &'a str,
+    ) -> BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
+        self.0.delete(slug)
+    }
+    fn point_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+        address: &'a str,
+    ) -> BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
+        self.0.point_ssh_wildcard(name, address)
+    }
+    fn remove_ssh_wildcard<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
+        self.0.remove_ssh_wildcard(name)
+    }
+    fn publishes_dns(&self) -> bool {
+        true
+    }
+}
+
+/// The connect line works where it is shown: where no DNS is published (`byo up`'s local
+/// tunnels) it is the relay's address, which the machine running byo up reaches; where the
+/// wildcard is real DNS it is the instance's name. The row shows the relay either way.
+async fn e1_the_connect_line_works_where_it_is_shown(mut w: World) {
+    w.host("spark-1", Spec::default()).await;
+    let key = w.add_key(&w.customer).await;
+    let r = w.create(&w.customer, "spark-1", &key).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    let body = r.json();
+    let hostname = body["instance"]["ssh_hostname"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(body["instance"]["relay_address"], "10.8.0.1");
+    assert_eq!(body["instance"]["ssh_command"], "ssh root@10.8.0.1");
+    let page = w.customer.page("/instances").await;
+    assert!(page.contains("<code id=\"ssh-"), "{page}");
+    assert!(page.contains(">ssh root@10.8.0.1</code>"), "{page}");
+    assert!(page.contains("relay 10.8.0.1"), "{page}");
+    assert!(!page.contains(&format!("ssh root@{hostname}")), "{page}");
+
+    let relays = w.app.state.relays.clone();
+    let dns = Arc::new(PublishedDns(Default::default()));
+    let state = w.app.state.clone().with_providers(relays, dns);
+    w.app.router = byo_server::router(state);
+    let listed = w
+        .app
+        .get("/api/vms", Some(&w.customer.session))
+        .await
+        .json();
+    assert_eq!(listed[0]["ssh_command"], format!("ssh root@{hostname}"));
+    let page = w
+        .app
+        .get("/instances", Some(&w.customer.session))
+        .await
+        .text();
+    assert!(
+        page.contains(&format!(">ssh root@{hostname}</code>")),
+        "{page}"
+    );
+}
+
+with_world!(
+    pages_show_each_refusal_in_place_and_change_nothing,
+    e1_the_connect_line_works_where_it_is_shown,
+);
