@@ -18,6 +18,8 @@ pub const ADMIN_EMAIL: &str = "admin@byo.localhost";
 const CREDENTIALS_FILE: &str = "admin-credentials";
 const SECRET_KEY_FILE: &str = "secret-key";
 const SIGNING_KEY_FILE: &str = "operator-signing-key";
+/// The admin's own operator key: what logs in to this installation's hosts as spark.
+const OPERATOR_KEY_FILE: &str = "operator-key";
 
 /// Read a file of the data directory, or create it (mode 0600) with `make()` first.
 fn read_or_create(
@@ -202,6 +204,71 @@ async fn first_admin(state: &AppState, data_dir: &Path) -> anyhow::Result<Creden
     Ok(c)
 }
 
+/// Ready out of the box: preparation's first step needs a published operator-key list (a
+/// host nobody can administer is refused), so at first start the admin gets an operator
+/// key of their own (kept 0600 in the data directory), it is added to the list, and list
+/// v1 is signed with the local signing key and published — the same rules an operator's
+/// change and `byo keys sign` go through. Later starts find the list and do nothing.
+async fn first_operator_key(
+    state: &AppState,
+    data_dir: &Path,
+    admin: &Credentials,
+) -> anyhow::Result<PathBuf> {
+    use byo_server::app::operator_keys;
+    use byo_server::auth::{CurrentUser, Operator};
+    use byo_wire::api::{KeyChangeRequest, SignatureUpload};
+
+    let path = data_dir.join(OPERATOR_KEY_FILE);
+    if state.store.published_key_list().await?.is_some() {
+        return Ok(path);
+    }
+    let private = read_or_create(&path, || {
+        let key = ssh_key::PrivateKey::random(
+            &mut ssh_key::rand_core::OsRng,
+            ssh_key::Algorithm::Ed25519,
+        )?;
+        Ok(key.to_openssh(ssh_key::LineEnding::LF)?.to_string())
+    })?;
+    let private = ssh_key::PrivateKey::from_openssh(&private)
+        .with_context(|| format!("{} does not parse", path.display()))?;
+    let mut public = private.public_key().clone();
+    public.set_comment("");
+    let public_line = public.to_openssh()?;
+    std::fs::write(path.with_extension("pub"), format!("{public_line}\n"))?;
+
+    let user = state
+        .store
+        .user_by_email(&admin.email)
+        .await?
+        .context("the first superadmin is missing")?;
+    let roles = state.store.roles_of(&user.sub).await?;
+    let admin = CurrentUser { user, roles };
+    let op = Operator(admin.clone());
+    let draft = operator_keys::change_keys(
+        state,
+        &op,
+        KeyChangeRequest::Add {
+            public_key: public_line,
+            label: "byo up admin".into(),
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("adding the admin's operator key: {e}"))?;
+    let signing = std::fs::read_to_string(data_dir.join(SIGNING_KEY_FILE))?;
+    let signing = ssh_key::PrivateKey::from_openssh(&signing)?;
+    let signature = ssh_key::SshSig::sign(
+        &signing,
+        byo_core::keylist::NAMESPACE,
+        ssh_key::HashAlg::Sha512,
+        draft.body.as_bytes(),
+    )?
+    .to_pem(ssh_key::LineEnding::LF)?;
+    operator_keys::publish(state, &admin, draft.version, SignatureUpload { signature })
+        .await
+        .map_err(|e| anyhow::anyhow!("publishing operator-key list v{}: {e}", draft.version))?;
+    Ok(path)
+}
+
 /// Serve the `byo-agent` built beside this binary at /agent/, so the one-liner works
 /// against this machine: copy it into the data directory with its digest.
 fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
@@ -284,11 +351,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         );
     }
     let admin = first_admin(&state, &data_dir).await?;
+    let operator_key = first_operator_key(&state, &data_dir, &admin).await?;
     println!("byo is running at {public_url}");
     println!("  sign in as  {}", admin.email);
     println!("  password    {}", admin.password);
     println!("  data        {} (SQLite)", data_dir.display());
     println!("  relays      {relays_line}");
+    println!(
+        "  hosts       ssh -i {} spark@<host address>   (your operator key; list v1 is published)",
+        operator_key.display()
+    );
     println!(
         "  sign keys   byo keys sign --server {public_url} --email {} < {}",
         admin.email,

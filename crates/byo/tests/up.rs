@@ -112,10 +112,28 @@ async fn byo_up_prints_credentials_stops_on_ctrl_c_and_resumes() {
         signing_key,
         "the same keys"
     );
-    let mode = std::fs::metadata(dir.path().join("admin-credentials")).unwrap();
-    assert_eq!(
-        std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o077,
-        0
-    );
+    for secret in ["admin-credentials", "operator-key", "operator-signing-key"] {
+        let mode = std::fs::metadata(dir.path().join(secret)).unwrap();
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode.permissions()) & 0o077,
+            0,
+            "{secret}"
+        );
+    }
     interrupt(second);
+
+    // Ready out of the box: list v1, signed at the first start, holds the admin's operator
+    // key; the second start published nothing more.
+    let store =
+        byo_db::Store::connect(&format!("sqlite://{}", dir.path().join("byo.db").display()))
+            .await
+            .unwrap();
+    let published = store.published_key_list().await.unwrap().expect("list v1");
+    assert_eq!(published.version, 1);
+    let newest = store.newest_key_list().await.unwrap().unwrap();
+    assert_eq!(newest.version, 1, "no draft or second version");
+    let public = std::fs::read_to_string(dir.path().join("operator-key.pub")).unwrap();
+    let key = public.split_whitespace().nth(1).unwrap();
+    assert!(published.body.contains(key), "{}", published.body);
+    store.close().await;
 }
