@@ -170,8 +170,7 @@ impl HostAgents for HttpAgents {
             }
             let status = resp.status();
             let body = resp.text().await.unwrap_or_default();
-            let body: String = body.chars().filter(|c| !c.is_control()).take(300).collect();
-            Err(format!("the agent answered {status}: {body}"))
+            Err(push_refusal(status.as_u16(), &body))
         })
     }
 
@@ -233,6 +232,29 @@ impl HttpAgents {
     }
 }
 
+/// Why a push did not land, as /admin shows it. The relay's proxy answers 502/503/504 when
+/// nothing listens behind it — a host whose serving unit is not running yet (preparation
+/// has not finished) or is down — which is not the agent refusing the list.
+fn push_refusal(status: u16, body: &str) -> String {
+    match serde_json::from_str::<AgentRefusal>(body) {
+        Ok(r) => format!(
+            "the agent refused the list ({status}): {}",
+            printable(&r.message)
+        ),
+        Err(_) if matches!(status, 502..=504) => {
+            "not serving yet: the host's agent does not answer behind its relay (preparation \
+             has not finished, or serving is down); send again once it reports in"
+                .to_owned()
+        }
+        Err(_) => format!("the relay answered {status}: {}", printable(body)),
+    }
+}
+
+/// At most 300 characters, none of them control characters: what an operator is shown.
+fn printable(text: &str) -> String {
+    text.chars().filter(|c| !c.is_control()).take(300).collect()
+}
+
 /// The agent's refusal as the caller is shown it: its `message` when it sent its own
 /// [`AgentRefusal`], else the first printable part of the body.
 async fn refusal(resp: reqwest::Response) -> AgentError {
@@ -241,12 +263,10 @@ async fn refusal(resp: reqwest::Response) -> AgentError {
     let reason = serde_json::from_str::<AgentRefusal>(&body)
         .map(|r| r.message)
         .unwrap_or(body);
-    let reason: String = reason
-        .chars()
-        .filter(|c| !c.is_control())
-        .take(300)
-        .collect();
-    AgentError::Refused { status, reason }
+    AgentError::Refused {
+        status,
+        reason: printable(&reason),
+    }
 }
 
 /// Whether a 404 is the agent's own "no such instance" (`not_found`) rather than a route or
@@ -345,4 +365,40 @@ fn without_url(e: &reqwest::Error) -> String {
         s = s.replace(url.as_str(), "the agent");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A push to a host whose serving unit is not up reaches the relay's proxy and nothing
+    /// behind it: /admin says "not serving yet", not a bare 502, and still tells the agent's
+    /// own refusal apart.
+    #[test]
+    fn a_push_to_a_host_not_serving_yet_says_so() {
+        for status in [502, 503, 504] {
+            let why = push_refusal(status, "<html>Bad Gateway</html>");
+            assert!(why.starts_with("not serving yet"), "{why}");
+        }
+        let refused = serde_json::to_string(&AgentRefusal {
+            error: AgentErrorCode::Refused,
+            message: "version 3 is older than the held version 4".into(),
+        })
+        .unwrap();
+        assert_eq!(
+            push_refusal(422, &refused),
+            "the agent refused the list (422): version 3 is older than the held version 4"
+        );
+        // The agent's own 503 (it answers, but is not prepared) is its refusal, not silence.
+        let not_prepared = serde_json::to_string(&AgentRefusal {
+            error: AgentErrorCode::NotPrepared,
+            message: "this host has not completed preparation".into(),
+        })
+        .unwrap();
+        assert!(push_refusal(503, &not_prepared).starts_with("the agent refused"));
+        assert_eq!(
+            push_refusal(404, "no route\n"),
+            "the relay answered 404: no route"
+        );
+    }
 }
