@@ -43,19 +43,20 @@ fn read_or_create(
     Ok(text)
 }
 
+/// A fresh Ed25519 private key in OpenSSH's format.
+fn new_ed25519_key() -> anyhow::Result<String> {
+    let key =
+        ssh_key::PrivateKey::random(&mut ssh_key::rand_core::OsRng, ssh_key::Algorithm::Ed25519)?;
+    Ok(key.to_openssh(ssh_key::LineEnding::LF)?.to_string())
+}
+
 /// The installation's sealing key and, standing in for the operators' password manager on
 /// this one machine, an operator-key signing key whose public half the server trusts.
 fn local_keys(data_dir: &Path) -> anyhow::Result<(String, String)> {
     let secret = read_or_create(&data_dir.join(SECRET_KEY_FILE), || {
         Ok(byo_server::seal::Sealer::generate_hex())
     })?;
-    let signing = read_or_create(&data_dir.join(SIGNING_KEY_FILE), || {
-        let key = ssh_key::PrivateKey::random(
-            &mut ssh_key::rand_core::OsRng,
-            ssh_key::Algorithm::Ed25519,
-        )?;
-        Ok(key.to_openssh(ssh_key::LineEnding::LF)?.to_string())
-    })?;
+    let signing = read_or_create(&data_dir.join(SIGNING_KEY_FILE), new_ed25519_key)?;
     let public = ssh_key::PrivateKey::from_openssh(&signing)
         .context("the operator signing key in the data directory does not parse")?
         .public_key()
@@ -222,13 +223,7 @@ async fn first_operator_key(
     if state.store.published_key_list().await?.is_some() {
         return Ok(path);
     }
-    let private = read_or_create(&path, || {
-        let key = ssh_key::PrivateKey::random(
-            &mut ssh_key::rand_core::OsRng,
-            ssh_key::Algorithm::Ed25519,
-        )?;
-        Ok(key.to_openssh(ssh_key::LineEnding::LF)?.to_string())
-    })?;
+    let private = read_or_create(&path, new_ed25519_key)?;
     let private = ssh_key::PrivateKey::from_openssh(&private)
         .with_context(|| format!("{} does not parse", path.display()))?;
     let mut public = private.public_key().clone();
