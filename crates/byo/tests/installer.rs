@@ -267,6 +267,15 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
     let ran = one_liner(&host, &server, &good, Some("nobody"));
     refused(&host, "not root", &ran, 1, &["install.sh: run as root"]);
 
+    let ran = one_liner(&host, &server, "", None);
+    refused(
+        &host,
+        "no token",
+        &ran,
+        2,
+        &["install.sh: no token: pass --token or --token-file"],
+    );
+
     for (case, t) in [("cut short", &cut_short), ("mistyped", &mistyped)] {
         let ran = one_liner(&host, &server, t, None);
         refused(
