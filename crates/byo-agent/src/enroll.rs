@@ -60,19 +60,92 @@ pub enum EnrollOutcome {
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnrollError {
-    #[error("the enrolment token was refused: {0}")]
-    InvalidToken(String),
-    #[error("this machine was turned away: {0}")]
+    /// The token will not redeem: refused here for its shape, or by the server.
+    #[error("{0}")]
+    InvalidToken(TokenRefusal),
+    #[error("the server turned this machine away: {0}")]
     Rejected(String),
-    #[error("the backend could not be reached for {0:?}; the token has lapsed, add the GPU again")]
-    Unreachable(Duration),
-    #[error("the backend answered something unexpected: {0}")]
+    #[error("{0}")]
+    Unreachable(Unreached),
+    #[error("the server answered something unexpected: {0}")]
     Protocol(String),
     #[error("{context}: {source}")]
     Io {
         context: String,
         source: std::io::Error,
     },
+}
+
+/// Why a token will not redeem. Owners read this: which side refused it matters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TokenRefusal {
+    /// Not the shape of an enrolment token (cut short or mistyped: its checksum fails);
+    /// refused on this machine, before any call to the server.
+    Malformed,
+    /// The server's one answer for unknown, spent and expired tokens (its message).
+    Server(String),
+}
+
+impl std::fmt::Display for TokenRefusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TokenRefusal::Malformed => f.write_str(
+                "this is not a whole enrolment token (checked on this machine, before any call to the server): \
+                 it looks cut short or mistyped; copy the whole command from the dashboard again",
+            ),
+            TokenRefusal::Server(message) => write!(f, "the server refused this token: {message}"),
+        }
+    }
+}
+
+/// The server could not be reached (or answered only 5xx) for as long as we tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unreached {
+    pub server: String,
+    /// What the last attempt ran into.
+    pub last: String,
+    pub tried_for: Duration,
+}
+
+impl std::fmt::Display for Unreached {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "could not reach {}: {} (gave up after {} s)",
+            self.server,
+            self.last,
+            self.tried_for.as_secs()
+        )
+    }
+}
+
+impl EnrollError {
+    /// `byo-agent enroll`'s exit status for this failure; install.sh passes it on, and
+    /// docs/onboarding.md lists them. 1 is anything else (clap's usage error is 2).
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            EnrollError::InvalidToken(TokenRefusal::Server(_)) => 3,
+            EnrollError::InvalidToken(TokenRefusal::Malformed) => 4,
+            EnrollError::Rejected(_) => 5,
+            EnrollError::Unreachable(_) => 6,
+            EnrollError::Protocol(_) | EnrollError::Io { .. } => 1,
+        }
+    }
+}
+
+/// An error and its causes, one line: reqwest hides "connection refused" in its sources.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let next = s.to_string();
+        if !text.contains(&next) {
+            text.push_str(": ");
+            text.push_str(&next);
+        }
+        source = s.source();
+    }
+    text
 }
 
 fn io(context: &str) -> impl FnOnce(std::io::Error) -> EnrollError + '_ {
@@ -129,11 +202,8 @@ impl Enroller {
         if let Some(kept) = self.kept()? {
             return Ok(EnrollOutcome::AlreadyEnrolled { slug: kept.slug });
         }
-        let token = SecretToken::parse(TokenKind::Enrollment, token.trim()).map_err(|_| {
-            EnrollError::InvalidToken(
-                "it is not an enrolment token; copy the whole command again".into(),
-            )
-        })?;
+        let token = SecretToken::parse(TokenKind::Enrollment, token.trim())
+            .map_err(|_| EnrollError::InvalidToken(TokenRefusal::Malformed))?;
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .timeout(Duration::from_secs(60))
@@ -148,7 +218,7 @@ impl Enroller {
                 .send()
                 .await;
             let retry = match sent {
-                Err(e) => format!("could not reach the backend: {}", e.without_url()),
+                Err(e) => chain(&e.without_url()),
                 Ok(resp) => {
                     let status = resp.status();
                     let body = resp.text().await.unwrap_or_default();
@@ -163,7 +233,11 @@ impl Enroller {
                                 slug: response.slug,
                             });
                         }
-                        401 => return Err(EnrollError::InvalidToken(message(&body))),
+                        401 => {
+                            return Err(EnrollError::InvalidToken(TokenRefusal::Server(message(
+                                &body,
+                            ))));
+                        }
                         422 => return Err(EnrollError::Rejected(message(&body))),
                         400..=499 => {
                             return Err(EnrollError::Protocol(format!(
@@ -171,15 +245,20 @@ impl Enroller {
                                 message(&body)
                             )));
                         }
-                        _ => format!("the backend answered {status}"),
+                        _ => format!("the server answered {status}"),
                     }
                 }
             };
             if started.elapsed() >= self.give_up_after {
-                return Err(EnrollError::Unreachable(started.elapsed()));
+                return Err(EnrollError::Unreachable(Unreached {
+                    server: self.server.clone(),
+                    last: retry,
+                    tried_for: started.elapsed(),
+                }));
             }
             eprintln!(
-                "byo-agent: {retry}; trying again in {}s",
+                "byo-agent: could not reach {}: {retry}; trying again in {} s",
+                self.server,
                 self.retry_every.as_secs()
             );
             tokio::time::sleep(self.retry_every).await;
@@ -255,15 +334,23 @@ pub fn read_token(arg: Option<&str>, file: Option<&Path>) -> std::io::Result<Str
 
 /// `byo-agent enroll`: enrol this machine once; a machine that already enrolled reuses its
 /// credentials (and needs no token). The token comes from `token`, `token_file`, or
-/// standard input.
+/// standard input. An unreachable server is tried every `retry_every` for `give_up_after`
+/// (install.sh, in the owner's terminal, gives up quickly). A refusal is an
+/// [`EnrollError`] inside the error, for [`EnrollError::exit_code`].
 pub fn run(
     server: &str,
     token: Option<String>,
     token_file: Option<PathBuf>,
     root: PathBuf,
+    retry_every: Duration,
+    give_up_after: Duration,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
-    let enroller = Enroller::new(server, EnrollPaths { root });
+    let enroller = Enroller {
+        retry_every,
+        give_up_after,
+        ..Enroller::new(server, EnrollPaths { root })
+    };
     let token = if enroller.kept()?.is_some() {
         String::new()
     } else {

@@ -3,6 +3,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use byo_agent::operator_keys::{self, OperatorKeys, Paths};
 use byo_agent::serve::{self, ServeOptions};
@@ -41,7 +42,10 @@ enum Command {
     },
     /// Enrol this machine (step 126): detect it, redeem the token, keep the credentials
     /// root-only under /etc/enverge. A machine that already enrolled reuses them. The token
-    /// comes from --token, --token-file, or standard input.
+    /// comes from --token, --token-file, or standard input. Exit status: 0 enrolled (or
+    /// already), 3 the server refused the token (unknown, spent or expired), 4 the token is
+    /// malformed (refused here, nothing sent), 5 the server turned this machine away, 6 the
+    /// server could not be reached, 1 anything else.
     Enroll {
         /// The control plane, e.g. https://app.enverge.ai.
         #[arg(long, env = "BYO_SERVER")]
@@ -53,6 +57,12 @@ enum Command {
         /// Where /etc/enverge and /var/lib/enverge-agent live (tests use a directory).
         #[arg(long, default_value = "/")]
         root: PathBuf,
+        /// Seconds between attempts while the server cannot be reached.
+        #[arg(long, default_value_t = 60)]
+        retry_every: u64,
+        /// Seconds to keep trying an unreachable server (the default: the token's lifetime).
+        #[arg(long, default_value_t = 3600)]
+        give_up_after: u64,
     },
     /// What enverge-agent-prepare runs, as root: enrol with the token the installer left
     /// (once), then prepare the host. A completed preparation is recorded, and later starts
@@ -149,7 +159,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             token,
             token_file,
             root,
-        } => enroll::run(&server, token, token_file, root),
+            retry_every,
+            give_up_after,
+        } => enroll::run(
+            &server,
+            token,
+            token_file,
+            root,
+            Duration::from_secs(retry_every),
+            Duration::from_secs(give_up_after),
+        ),
         Command::Prepare { root, dry_run } => prepare::unit::run(&root, dry_run),
         Command::Rollback { bin } => rollback::run(&bin),
         Command::OperatorKeys(cmd) => match cmd {
@@ -172,11 +191,17 @@ fn main() -> ExitCode {
             Err(_) => ExitCode::FAILURE,
         };
     }
-    match run(Cli::parse()) {
+    let cli = Cli::parse();
+    let enrolling = matches!(cli.command, Command::Enroll { .. });
+    match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("byo-agent: {e:#}");
-            ExitCode::FAILURE
+            // enroll's refusals have their own statuses, which install.sh passes on.
+            match e.downcast_ref::<enroll::EnrollError>() {
+                Some(refusal) if enrolling => ExitCode::from(refusal.exit_code()),
+                _ => ExitCode::FAILURE,
+            }
         }
     }
 }

@@ -1,7 +1,9 @@
 //! `install.sh`, the one-liner's script, and the agent builds it fetches (place 2).
-//! The script fetches the agent from this server, checks its digest, installs the three
-//! units, and starts preparation only — whose `Wants=` starts serving once credentials
-//! exist; on an upgrade it restarts serving instead (J notes 5–6).
+//! The script fetches the agent from this server into a temporary directory, checks its
+//! digest, enrols in the foreground (a refusal prints the reason and exits non-zero with
+//! nothing installed), then installs the three units and starts preparation only — whose
+//! `Wants=` starts serving once credentials exist; on an upgrade (already enrolled) it
+//! restarts serving instead (J notes 5–6).
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -24,6 +26,10 @@ pub fn install_script(server: &str) -> String {
 # byo host installer, from {server}.
 #   curl -fsSL {server}/install.sh | sudo bash -s -- --token TOKEN [--peer --nodes=N]
 # The token can also come from a file: --token-file PATH.
+# A refusal prints its reason, installs nothing and exits with: 1 not root (or another
+# failure), 2 usage, 3 the server refused the token (unknown, spent or expired), 4 the token
+# is malformed, 5 the server turned this machine away, 6 the server could not be reached,
+# 7 no agent build for this architecture.
 set -euo pipefail
 
 server='{server}'
@@ -31,43 +37,83 @@ token=""
 token_file=""
 peer=0
 nodes=1
+say() {{ echo "install.sh: $*" >&2; }}
 while [ $# -gt 0 ]; do
   case "$1" in
-    --token) token="${{2:-}}"; shift 2 ;;
+    --token) token="${{2:-}}"; shift; [ $# -eq 0 ] || shift ;;
     --token=*) token="${{1#*=}}"; shift ;;
-    --token-file) token_file="${{2:-}}"; shift 2 ;;
+    --token-file) token_file="${{2:-}}"; shift; [ $# -eq 0 ] || shift ;;
     --peer) peer=1; shift ;;
     --nodes=*) nodes="${{1#*=}}"; shift ;;
-    -h|--help) sed -n '2,4p' "$0" 2>/dev/null || true; exit 0 ;;
-    *) echo "install.sh: unknown option $1" >&2; exit 2 ;;
+    -h|--help) sed -n '2,8p' "$0" 2>/dev/null || true; exit 0 ;;
+    *) say "unknown option $1"; exit 2 ;;
   esac
 done
 if [ "$(id -u)" -ne 0 ]; then
-  echo "install.sh: run as root (curl ... | sudo bash -s -- ...)" >&2
+  say "run as root: curl -fsSL $server/install.sh | sudo bash -s -- --token ..."
   exit 1
 fi
 
 arch=$(uname -m)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-curl -fsSL "$server/agent/byo-agent-$arch" -o "$work/byo-agent"
-curl -fsSL "$server/agent/byo-agent-$arch.sha256" -o "$work/byo-agent.sha256"
+# fetch URL FILE: 0 when fetched, 1 on a 404; an unreachable server or any other
+# answer ends the install here, with curl's own message above ours.
+fetch() {{
+  local code
+  code=$(curl -sSL --connect-timeout 10 -o "$2" -w '%{{http_code}}' "$1") || {{
+    say "could not reach $server (fetching $1); nothing was installed"
+    exit 6
+  }}
+  case "$code" in
+    200) return 0 ;;
+    404) return 1 ;;
+    *) say "$server answered $code for $1; nothing was installed"; exit 1 ;;
+  esac
+}}
+if ! fetch "$server/agent/byo-agent-$arch" "$work/byo-agent"; then
+  say "no agent build for $arch: $server offers no byo-agent-$arch (this machine's uname -m); nothing was installed"
+  exit 7
+fi
+if ! fetch "$server/agent/byo-agent-$arch.sha256" "$work/byo-agent.sha256"; then
+  say "$server offers byo-agent-$arch without its .sha256; nothing was installed"
+  exit 1
+fi
 expected=$(cut -d' ' -f1 "$work/byo-agent.sha256")
-echo "$expected  $work/byo-agent" | sha256sum -c --quiet -
+if ! echo "$expected  $work/byo-agent" | sha256sum -c --quiet - >/dev/null 2>&1; then
+  say "the agent from $server does not match its sha256sum -c digest; nothing was installed"
+  exit 1
+fi
+chmod 755 "$work/byo-agent"
 
-install -d -m 700 /etc/enverge
-printf '%s\n' "$server" > /etc/enverge/server
 if [ -f /etc/enverge/credentials.json ]; then
+  install -d -m 700 /etc/enverge
+  printf '%s\n' "$server" > /etc/enverge/server
   echo "This machine is already enrolled; reusing its credentials."
 else
   if [ -z "$token" ] && [ -n "$token_file" ]; then
     token=$(cat "$token_file")
   fi
   if [ -z "$token" ]; then
-    echo "install.sh: no token: pass --token or --token-file" >&2
+    say "no token: pass --token or --token-file"
     exit 2
   fi
-  (umask 077 && printf '%s\n' "$token" > /etc/enverge/enrol-token)
+  (umask 077 && printf '%s\n' "$token" > "$work/token")
+  # Enrol here, in the foreground, so a refusal reaches this terminal; nothing is installed
+  # before it succeeds, and a refusal takes away what enrolment created.
+  new_etc=0; [ -d /etc/enverge ] || new_etc=1
+  new_lib=0; [ -d /var/lib/enverge-agent ] || new_lib=1
+  install -d -m 700 /etc/enverge
+  enrolled=0
+  "$work/byo-agent" enroll --server "$server" --token-file "$work/token" \
+    --retry-every 5 --give-up-after 20 </dev/null || enrolled=$?
+  if [ "$enrolled" -ne 0 ]; then
+    if [ "$new_etc" -eq 1 ]; then rm -rf /etc/enverge; fi
+    if [ "$new_lib" -eq 1 ]; then rm -rf /var/lib/enverge-agent; fi
+    say "enrolment failed (byo-agent exit $enrolled); nothing was installed"
+    exit "$enrolled"
+  fi
+  printf '%s\n' "$server" > /etc/enverge/server
 fi
 if [ "$peer" -eq 1 ]; then
   printf '%s\n' "$nodes" > /etc/enverge/peer-nodes
@@ -93,7 +139,8 @@ if systemctl is-active --quiet enverge-agent.service; then
   # preparation it pulls in finds its record and exits at once.
   systemctl restart enverge-agent.service
 else
-  # A first install: preparation only. Its Wants= starts serving once it succeeds.
+  # A first install: enrolled above, so preparation finds the kept credentials and only
+  # prepares. Its Wants= starts serving once it succeeds.
   systemctl start --no-block enverge-agent-prepare.service
 fi
 echo "byo agent installed. Follow it with: journalctl -fu enverge-agent-prepare"
