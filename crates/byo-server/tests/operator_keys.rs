@@ -63,8 +63,7 @@ fn unreachable() -> Answer {
 }
 
 struct World {
-    /// Unread now that users send their own requests; it holds the test database.
-    #[allow(dead_code)]
+    /// The test database, for reading rows back.
     app: TestApp,
     agents: Arc<FakeAgents>,
     keys: HostKeys,
@@ -557,3 +556,68 @@ async fn the_operators_page_shows_the_draft_changes_hosts_and_refusals(w: World)
 }
 
 with_world!(the_operators_page_shows_the_draft_changes_hosts_and_refusals);
+
+/// A host holds the list its enrolment answer carried (step 29) from the moment it is
+/// handed over: the page shows that version and when, not "—" and "never".
+async fn a_host_holds_the_version_it_enrolled_with(w: World) {
+    w.add(&w.op, "laptop").await;
+    w.publish_draft().await;
+    let p = w
+        .root
+        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+        .await;
+    assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+    let p = p.json();
+    let slug = p["slug"].as_str().unwrap();
+    let spark = json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0, "rails": []
+    });
+    let enrolled = w
+        .app
+        .send(
+            axum::http::Request::post("/api/enroll")
+                .header(
+                    axum::http::header::AUTHORIZATION,
+                    format!("Bearer {}", p["token"].as_str().unwrap()),
+                )
+                .header(axum::http::header::CONTENT_TYPE, "application/json")
+                .body(axum::body::Body::from(spark.to_string()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.text());
+    let envelope: Value =
+        serde_json::from_str(enrolled.json()["operator_keys"].as_str().unwrap()).unwrap();
+    assert!(
+        envelope["body"]
+            .as_str()
+            .unwrap()
+            .contains("\"version\":1,"),
+        "the answer carries version 1: {envelope}"
+    );
+
+    let hosts = w.overview().await["hosts"].clone();
+    let host = hosts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["slug"] == slug)
+        .unwrap_or_else(|| panic!("{slug} in {hosts}"));
+    assert_eq!(host["version"], 1, "{host}");
+    assert!(
+        host["attempted_at"].is_string() && host["error"].is_null(),
+        "{host}"
+    );
+    let page = w.op.page("/admin/operator-keys").await;
+    let row_start = page.find(&format!("<td>{slug}</td>")).unwrap();
+    let row = &page[row_start..row_start + page[row_start..].find("</tr>").unwrap()];
+    assert!(
+        row.starts_with(&format!("<td>{slug}</td><td>1</td><td>20")),
+        "{row}"
+    );
+    assert!(!row.contains("never") && !row.contains('—'), "{row}");
+}
+
+with_world!(a_host_holds_the_version_it_enrolled_with);
