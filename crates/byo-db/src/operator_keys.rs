@@ -301,6 +301,30 @@ impl Store {
         Ok(())
     }
 
+    /// Record the list handed over in a host's enrolment answer (step 29) as the version it
+    /// holds, attempted at `now`. A push recorded meanwhile (a publish racing the redeem) is
+    /// newer news: its attempt and outcome stay, only a version it lacks is filled in.
+    pub async fn record_key_delivery_at_enrollment(
+        &self,
+        host_id: &str,
+        version: i32,
+        now: DateTime<Utc>,
+    ) -> Result<()> {
+        on_pool!(self, |p| sqlx::query(
+            "insert into host_key_pushes (host_id, version, attempted_at, error)
+             values ($1, $2, $3, null)
+             on conflict (host_id) do update set
+               version = coalesce(host_key_pushes.version, excluded.version)"
+        )
+        .bind(host_id)
+        .bind(version)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(())
+    }
+
     /// Every host that is not retired, with the version it holds and the last failure.
     pub async fn key_push_status(&self) -> Result<Vec<HostKeyPushRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, HostKeyPushRow>(

@@ -456,6 +456,8 @@ pub struct EnrollmentView {
     pub active: Option<bool>,
     #[sqlx(try_from = "Option<String>")]
     pub relay_state: MaybeState<RelayState>,
+    /// The host's machines that are not retired (0 before redeem and once released).
+    pub node_count: i64,
 }
 
 impl Store {
@@ -464,7 +466,9 @@ impl Store {
         on_pool!(self, |p| sqlx::query_as::<_, EnrollmentView>(
             "select e.id, e.host_id, h.slug, e.owner_sub, u.email as owner_email, e.profile_id, e.state,
                     e.token_expires_at, e.fingerprint, e.reject_reason, e.created_at, e.redeemed_at,
-                    h.prepared_at, h.prepare_state, h.active, h.relay_state
+                    h.prepared_at, h.prepare_state, h.active, h.relay_state,
+                    (select count(*) from host_nodes n
+                      where n.host_id = e.host_id and n.retired_at is null) as node_count
              from host_enrollments e
              join users u on u.sub = e.owner_sub
              left join hosts h on h.id = e.host_id

@@ -623,6 +623,120 @@ async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host(
     site.close().await;
 }
 
+/// Where the browser tests leave screenshots for a person to look at.
+fn screenshot_path(name: &str) -> PathBuf {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
+}
+
+/// D: /admin/hosts at a 1280×800 window, with a prepared host, a rejected pair whose whole
+/// request is stored, and an enrolment still waiting: every Activate and Revoke is inside the
+/// window and nothing scrolls sideways — also with every stored request opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
+    let Some(site) = site().await else { return };
+    site.app
+        .user_with("operator@example.com", &[Role::Operator])
+        .await;
+    let owner = site.app.community_host("owner@example.com").await;
+    let provision = || async {
+        let p = owner
+            .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+            .await;
+        assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+        p.json()
+    };
+    let ready = provision().await;
+    let e = site
+        .enroll(ready["token"].as_str().unwrap(), spark("hw-ready"))
+        .await;
+    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+    site.report(
+        e.json()["host_token"].as_str().unwrap(),
+        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
+    )
+    .await;
+    let mut x86_pair = pair();
+    x86_pair["arch"] = json!("x86_64");
+    let rejected = provision().await;
+    let r = site
+        .enroll(rejected["token"].as_str().unwrap(), x86_pair)
+        .await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    provision().await;
+
+    site.sign_in("operator@example.com").await;
+    let c = site.c();
+    c.set_window_size(1280, 800).await.unwrap();
+    site.goto("/admin/hosts").await;
+    site.wait_text("h1", |t| t == "Hosts and enrolments", "the hosts page")
+        .await;
+    let measure = || async {
+        c.execute(
+            "const buttons = [...document.querySelectorAll('td.actions button')]; \
+             return {width: window.innerWidth, scroll: document.documentElement.scrollWidth, \
+               buttons: buttons.map(b => [b.textContent, b.getBoundingClientRect().right, \
+                 b.getBoundingClientRect().right <= window.innerWidth])};",
+            vec![],
+        )
+        .await
+        .unwrap()
+    };
+    let check = |m: &Value, when: &str| {
+        let width = m["width"].as_f64().unwrap();
+        assert!(width <= 1280.0, "{when}: a 1280 px window: {m}");
+        let buttons = m["buttons"].as_array().unwrap();
+        let names: Vec<&str> = buttons.iter().map(|b| b[0].as_str().unwrap()).collect();
+        assert!(
+            names.contains(&"Activate") && names.contains(&"Revoke"),
+            "{when}: {m}"
+        );
+        for b in buttons {
+            assert_eq!(
+                b[2],
+                json!(true),
+                "{when}: {} ends past the window: {m}",
+                b[0]
+            );
+        }
+        assert!(
+            m["scroll"].as_f64().unwrap() <= width,
+            "{when}: the page scrolls sideways: {m}"
+        );
+    };
+    check(&measure().await, "as loaded");
+    std::fs::write(
+        screenshot_path("admin-hosts-1280.png"),
+        c.screenshot().await.unwrap(),
+    )
+    .unwrap();
+
+    // The toggles open the stored requests; the actions stay where they were reachable.
+    for d in c
+        .find_all(Locator::Css("details.request summary"))
+        .await
+        .unwrap()
+    {
+        d.click().await.unwrap();
+    }
+    let open = c
+        .execute(
+            "return [...document.querySelectorAll('details.request')].every(d => d.open);",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(open, json!(true));
+    check(&measure().await, "with every request open");
+    std::fs::write(
+        screenshot_path("admin-hosts-1280-open.png"),
+        c.screenshot().await.unwrap(),
+    )
+    .unwrap();
+    site.close().await;
+}
+
 /// C: the owner's page, left open, follows a pair's preparation as the host-reports land —
 /// enrolment, node 0's steps, node 1's own track, completion and the operator's approval —
 /// without a reload.

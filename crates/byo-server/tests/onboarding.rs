@@ -780,7 +780,84 @@ with_world!(
     c_host_report_records_progress_and_completion_gates_activation,
     b28_a_fault_on_our_side_leaves_the_token_good,
     c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan,
+    the_operators_hosts_page_summarises_what_turned_up,
 );
+
+/// /admin/hosts says what turned up in a few words — GPU, arch, OS, machine, when — with
+/// what was stored behind a toggle, cut to a few KB however much an agent sent.
+async fn the_operators_hosts_page_summarises_what_turned_up(w: World) {
+    let enrolled = w.provision(&w.owner, "gb10-spark-1").await.json();
+    assert_eq!(
+        w.enroll(enrolled["token"].as_str().unwrap(), spark())
+            .await
+            .status,
+        StatusCode::OK
+    );
+    // A rejected request is stored whole: here a pair of x86 boxes with 300 ports.
+    let rejected = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let mut big = spark();
+    big["arch"] = json!("x86_64");
+    big["rails"] = (0..300)
+        .map(|i| json!({"iface": format!("enp{i}s0f0np0"), "neighbours_discovered": 0}))
+        .collect();
+    big["peers"] = json!([{"gpu_model": "GB10", "gpu_count": 1, "machine_id": "9c17",
+                           "hardware_id": "7e08", "node_index": 1, "rails": []}]);
+    let r = w.enroll(rejected["token"].as_str().unwrap(), big).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    w.provision(&w.owner, "gb10-spark-1").await;
+
+    let page = w.op.page("/admin/hosts").await;
+    let rows: Vec<&str> = page.split("<tr>").skip(2).collect();
+    assert_eq!(rows.len(), 3, "{page}");
+    let row = |needle: &str| {
+        *rows
+            .iter()
+            .find(|r| r.contains(needle))
+            .unwrap_or_else(|| panic!("no row with {needle}: {page}"))
+    };
+
+    let ok = row(">spark-1<");
+    for fact in [
+        "<dd>GB10 × 1</dd>",
+        "<dd>aarch64</dd>",
+        "<dd>ubuntu 24.04</dd>",
+        r#"<code title="b41c">b41c</code>, 1 node"#,
+        "added <time>2026-11-29 12:00</time><br>reported <time>2026-11-29 12:00</time>",
+    ] {
+        assert!(ok.contains(fact), "{fact} in {ok}");
+    }
+    assert!(
+        ok.contains(r#"<details class="request"><summary>As reported</summary>"#)
+            && ok.contains("&quot;gpu_model&quot;: &quot;GB10&quot;"),
+        "what was stored, behind the toggle: {ok}"
+    );
+    assert!(!ok.contains("Cut:"), "a small record is shown whole");
+
+    let no = row("x86_64");
+    assert!(
+        no.contains("rejected: ") && no.contains("<dd>GB10 × 1</dd>") && no.contains("2 nodes"),
+        "{no}"
+    );
+    let shown = no
+        .split("<pre><code>")
+        .nth(1)
+        .unwrap()
+        .split("</code></pre>")
+        .next()
+        .unwrap()
+        .replace("&quot;", "\"");
+    assert!(shown.len() <= 4096, "at most 4 KB: {} bytes", shown.len());
+    assert!(
+        no.contains("Cut: the first 4096 of ") && !no.contains("enp299s0f0np0"),
+        "{no}"
+    );
+
+    let waiting = row("waiting for the command");
+    assert!(
+        waiting.contains("nothing yet") && waiting.contains(">Revoke<"),
+        "{waiting}"
+    );
+}
 
 /// The agent's own reporter (blocking HTTP, as preparation runs it) against the real
 /// handler, served on loopback; and what redeem returns is a plan preparation can run.

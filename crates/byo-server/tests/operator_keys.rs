@@ -63,8 +63,7 @@ fn unreachable() -> Answer {
 }
 
 struct World {
-    /// Unread now that users send their own requests; it holds the test database.
-    #[allow(dead_code)]
+    /// The test database, for reading rows back.
     app: TestApp,
     agents: Arc<FakeAgents>,
     keys: HostKeys,
@@ -557,3 +556,226 @@ async fn the_operators_page_shows_the_draft_changes_hosts_and_refusals(w: World)
 }
 
 with_world!(the_operators_page_shows_the_draft_changes_hosts_and_refusals);
+
+/// The rows a key change would touch: the newest list and the changes it collected.
+async fn key_rows(w: &World) -> (Option<(i32, String)>, Vec<(String, String, String)>) {
+    let newest = w.app.db.newest_key_list().await.unwrap();
+    let changes = match &newest {
+        Some(l) => w
+            .app
+            .db
+            .key_changes(l.version)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| (c.action, c.fingerprint, c.label))
+            .collect(),
+        None => Vec::new(),
+    };
+    (newest.map(|l| (l.version, l.body)), changes)
+}
+
+/// The part of the keys page inside the add-a-key form.
+fn add_form(page: &str) -> &str {
+    let start = page
+        .find(r#"<form id="add-key""#)
+        .expect("the add-a-key form");
+    let end = start + page[start..].find("</form>").unwrap();
+    &page[start..end]
+}
+
+/// An ordinary `.pub` line goes in as it is: the list gets the bare key, and the comment
+/// names the machine unless a name was given.
+async fn the_key_form_takes_a_pub_line_and_its_comment_names_the_machine(w: World) {
+    const CHANGES: &str = "/admin/operator-keys/changes";
+    let bare = login_key();
+    let line = format!("{bare} op@laptop\n");
+    let r =
+        w.op.post_form(
+            CHANGES,
+            &[("action", "add"), ("label", ""), ("public_key", &line)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    let named = format!("{} named by the form", login_key());
+    let r =
+        w.op.post_form(
+            CHANGES,
+            &[
+                ("action", "add"),
+                ("label", "desk"),
+                ("public_key", &format!("{named} kept out")),
+            ],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+
+    let (newest, changes) = key_rows(&w).await;
+    let body = newest.unwrap().1;
+    let list = byo_core::keylist::KeyList::from_canonical(&body).unwrap();
+    let keys: Vec<(&str, &str)> = list
+        .keys
+        .iter()
+        .map(|k| (k.label.as_str(), k.public_key.as_str()))
+        .collect();
+    let named_bare = named.split(' ').take(2).collect::<Vec<_>>().join(" ");
+    assert!(keys.contains(&("op@laptop", bare.as_str())), "{keys:?}");
+    assert!(keys.contains(&("desk", named_bare.as_str())), "{keys:?}");
+    assert!(
+        !body.contains("named by the form") && !body.contains("kept out"),
+        "the signed list carries keys without comments: {body}"
+    );
+    assert_eq!(
+        changes
+            .iter()
+            .map(|(_, _, label)| label.as_str())
+            .collect::<Vec<_>>(),
+        ["op@laptop", "desk"]
+    );
+    // The API takes the same line, through the same rule.
+    let r = w
+        .change(
+            &w.root,
+            json!({"action": "add", "public_key": format!("{} root@box", login_key()), "label": ""}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.text().contains("root@box"));
+}
+
+/// Every refusal shows the form again with what was typed and the reason beside it, with a
+/// 4xx, and changes no row.
+async fn the_key_form_keeps_what_was_typed_and_says_why_when_it_refuses(w: World) {
+    const CHANGES: &str = "/admin/operator-keys/changes";
+    let mine = w.add(&w.op, "laptop").await;
+    let before = (key_rows(&w).await, w.overview().await);
+    let key = login_key();
+    let cases: Vec<(String, &str, StatusCode, &str)> = vec![
+        (
+            format!("no-pty {key} op@laptop"),
+            "",
+            StatusCode::BAD_REQUEST,
+            "options in front of it",
+        ),
+        (
+            format!(r#"from="10.0.0.1" {key}"#),
+            "desk",
+            StatusCode::BAD_REQUEST,
+            "options in front of it",
+        ),
+        (
+            "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQC7 me@old".into(),
+            "old",
+            StatusCode::BAD_REQUEST,
+            "not allowed",
+        ),
+        (key.clone(), "", StatusCode::BAD_REQUEST, "name the machine"),
+        (
+            format!("{mine} again@laptop"),
+            "",
+            StatusCode::CONFLICT,
+            "already",
+        ),
+    ];
+    for (public_key, label, status, reason) in cases {
+        let r =
+            w.op.post_form(
+                CHANGES,
+                &[
+                    ("action", "add"),
+                    ("label", label),
+                    ("public_key", &public_key),
+                ],
+            )
+            .await;
+        assert_eq!(r.status, status, "{public_key}: {}", r.text());
+        let page = r.text();
+        let form = add_form(&page);
+        assert!(
+            form.contains(r#"class="error""#) && form.contains(reason),
+            "{public_key}: the reason at the form: {form}"
+        );
+        let typed = public_key.replace('"', "&quot;");
+        assert!(
+            form.contains(&format!(r#"value="{typed}""#))
+                && form.contains(&format!(
+                    r#"name="label" maxlength="128" placeholder="work laptop" value="{label}""#
+                )),
+            "{public_key}: what was typed is kept: {form}"
+        );
+        assert_eq!(
+            (key_rows(&w).await, w.overview().await),
+            before,
+            "{public_key} changed something"
+        );
+    }
+}
+
+/// A host holds the list its enrolment answer carried (step 29) from the moment it is
+/// handed over: the page shows that version and when, not "—" and "never".
+async fn a_host_holds_the_version_it_enrolled_with(w: World) {
+    w.add(&w.op, "laptop").await;
+    w.publish_draft().await;
+    let p = w
+        .root
+        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+        .await;
+    assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+    let p = p.json();
+    let slug = p["slug"].as_str().unwrap();
+    let spark = json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0, "rails": []
+    });
+    let enrolled = w
+        .app
+        .send(
+            axum::http::Request::post("/api/enroll")
+                .header(
+                    axum::http::header::AUTHORIZATION,
+                    format!("Bearer {}", p["token"].as_str().unwrap()),
+                )
+                .header(axum::http::header::CONTENT_TYPE, "application/json")
+                .body(axum::body::Body::from(spark.to_string()))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.text());
+    let envelope: Value =
+        serde_json::from_str(enrolled.json()["operator_keys"].as_str().unwrap()).unwrap();
+    assert!(
+        envelope["body"]
+            .as_str()
+            .unwrap()
+            .contains("\"version\":1,"),
+        "the answer carries version 1: {envelope}"
+    );
+
+    let hosts = w.overview().await["hosts"].clone();
+    let host = hosts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["slug"] == slug)
+        .unwrap_or_else(|| panic!("{slug} in {hosts}"));
+    assert_eq!(host["version"], 1, "{host}");
+    assert!(
+        host["attempted_at"].is_string() && host["error"].is_null(),
+        "{host}"
+    );
+    let page = w.op.page("/admin/operator-keys").await;
+    let row_start = page.find(&format!("<td>{slug}</td>")).unwrap();
+    let row = &page[row_start..row_start + page[row_start..].find("</tr>").unwrap()];
+    assert!(
+        row.starts_with(&format!("<td>{slug}</td><td>1</td><td>20")),
+        "{row}"
+    );
+    assert!(!row.contains("never") && !row.contains('—'), "{row}");
+}
+
+with_world!(
+    the_key_form_takes_a_pub_line_and_its_comment_names_the_machine,
+    the_key_form_keeps_what_was_typed_and_says_why_when_it_refuses,
+    a_host_holds_the_version_it_enrolled_with,
+);

@@ -114,6 +114,18 @@ pub async fn redeem(
             let (relay_name, relay_ip, tunnel_hostname, tunnel_token) =
                 state.store.host_delivery(&context.host_id).await?;
             let published = state.store.published_key_list().await?;
+            // The answer carries the published list, so from here the host holds that
+            // version: record it where publish and "send again" record theirs, or the
+            // operators' page shows a host that holds a list as holding none. The token
+            // is already spent, so a failure here is logged, never the agent's answer.
+            if let Some(p) = &published
+                && let Err(e) = state
+                    .store
+                    .record_key_delivery_at_enrollment(&context.host_id, p.version, now)
+                    .await
+            {
+                tracing::error!(slug = %context.slug, error = %e, "recording the operator-key list handed over at enrolment");
+            }
             state
                 .store
                 .audit(

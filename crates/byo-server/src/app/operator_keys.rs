@@ -112,6 +112,46 @@ fn change_refused(r: ChangeRefusal) -> AppError {
     }
 }
 
+/// A key as people paste it.
+struct PastedKey {
+    /// `<type> <base64>`: what the signed list carries.
+    key: String,
+    comment: Option<String>,
+}
+
+/// Split a pasted `.pub` line, `<type> <base64> [comment]`, into the bare key and its
+/// comment. The signed list carries bare keys only — every host's authorized_keys line ends
+/// with our own attribution comment, and the agent refuses anything else in the key — so
+/// the comment is taken off here, before the list's check. Options in front of the key are
+/// refused: what a key may do on a host is the list's business, not the pasted line's.
+fn split_pasted_key(text: &str) -> AppResult<PastedKey> {
+    let text = text.trim();
+    let fields: Vec<&str> = text.split(' ').filter(|f| !f.is_empty()).collect();
+    // Control characters are the list's own refusal (check_key names them); pass them on.
+    if text.chars().any(char::is_control) || fields.len() < 2 {
+        return Ok(PastedKey {
+            key: text.to_owned(),
+            comment: None,
+        });
+    }
+    // Key types all start so (ssh-ed25519, sk-ssh-ed25519@openssh.com, ssh-rsa, ecdsa-…);
+    // no authorized_keys option does.
+    let is_type = |f: &str| ["ssh-", "sk-", "ecdsa-"].iter().any(|p| f.starts_with(p));
+    if !is_type(fields[0]) {
+        return Err(AppError::bad_request(
+            "key_refused",
+            "the key must start with its type: options in front of it (such as no-pty or \
+             from=\"…\") are not accepted. Paste the line of your .pub file as it is: \
+             ssh-ed25519 AAAA… you@laptop",
+        ));
+    }
+    let comment = fields[2..].join(" ");
+    Ok(PastedKey {
+        key: format!("{} {}", fields[0], fields[1]),
+        comment: (!comment.is_empty()).then_some(comment),
+    })
+}
+
 /// Apply one change — the caller's own key added or removed — to the newest list.
 pub async fn change_keys(
     state: &AppState,
@@ -121,10 +161,22 @@ pub async fn change_keys(
     let sub = by.0.user.sub.clone();
     let (change, fingerprint, label) = match req {
         KeyChangeRequest::Add { public_key, label } => {
+            let pasted = split_pasted_key(&public_key)?;
+            let label = match (label.trim(), pasted.comment) {
+                ("", Some(comment)) => comment,
+                ("", None) => {
+                    return Err(AppError::bad_request(
+                        "key_refused",
+                        "name the machine this key is on, or paste the key with its comment \
+                         (which becomes the name)",
+                    ));
+                }
+                (given, _) => given.to_owned(),
+            };
             let candidate = keylist::OperatorKey {
                 user_sub: sub.clone(),
-                label: label.trim().to_owned(),
-                public_key: public_key.trim().to_owned(),
+                label,
+                public_key: pasted.key,
             };
             let checked =
                 check_key(&candidate).map_err(|e| change_refused(ChangeRefusal::Key(e)))?;

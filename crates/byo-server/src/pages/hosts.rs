@@ -290,6 +290,69 @@ pub async fn progress(
         .into_response())
 }
 
+/// How much of a stored enrolment request the operators' page renders: an agent writes it,
+/// so its size is not ours to choose.
+const SHOWN_REQUEST_BYTES: usize = 4096;
+
+/// What turned up, in a few words, from the enrolment's fingerprint (node 0's identity once
+/// enrolled, the whole request when rejected), with what was stored behind a toggle.
+fn turned_up(e: &EnrollmentView) -> Markup {
+    let at = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M").to_string();
+    let when = html! {
+        dt { "When" }
+        dd { "added " time { (at(e.created_at)) }
+            @if let Some(r) = e.redeemed_at { br; "reported " time { (at(r)) } } }
+    };
+    let Some(f) = e.fingerprint.as_ref().map(|f| &f.0) else {
+        return html! { dl.facts { dt { "Machine" } dd { "nothing yet" } (when) } };
+    };
+    let text = |k: &str| f[k].as_str().filter(|s| !s.is_empty());
+    let gpu = match (text("gpu_model"), f["gpu_count"].as_u64()) {
+        (Some(m), Some(n)) => format!("{m} × {n}"),
+        (Some(m), None) => m.to_owned(),
+        (None, Some(n)) => format!("? × {n}"),
+        (None, None) => "—".into(),
+    };
+    let os = [text("os_id"), text("os_version")]
+        .into_iter()
+        .flatten()
+        .collect::<Vec<_>>()
+        .join(" ");
+    // A host's live machines once enrolled; a rejected request counts its own.
+    let nodes = match e.node_count {
+        0 => 1 + f["peers"].as_array().map_or(0, Vec::len),
+        n => n as usize,
+    };
+    let hardware = text("hardware_id").or(text("machine_id"));
+    let full = serde_json::to_string_pretty(f).unwrap_or_default();
+    let mut shown = full.len().min(SHOWN_REQUEST_BYTES);
+    while !full.is_char_boundary(shown) {
+        shown -= 1;
+    }
+    html! {
+        dl.facts {
+            dt { "GPU" } dd { (gpu) }
+            dt { "Arch" } dd { (text("arch").unwrap_or("—")) }
+            dt { "OS" } dd { @if os.is_empty() { "—" } @else { (os) } }
+            dt { "Machine" } dd {
+                @if let Some(h) = hardware {
+                    code title=(h) { (h.chars().take(12).collect::<String>()) @if h.chars().count() > 12 { "…" } }
+                    ", "
+                }
+                (nodes) (if nodes == 1 { " node" } else { " nodes" })
+            }
+            (when)
+        }
+        details.request {
+            summary { "As reported" }
+            pre { code { (&full[..shown]) } }
+            @if shown < full.len() {
+                p.cut { "Cut: the first " (shown) " of " (full.len()) " bytes are shown." }
+            }
+        }
+    }
+}
+
 async fn admin_page(
     state: &AppState,
     op: &crate::auth::Operator,
@@ -303,16 +366,16 @@ async fn admin_page(
             h1 { "Hosts and enrolments" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
             p { "Activation is the only thing between an enrolled machine and a paying customer. It is offered once preparation has finished; the backend refuses it otherwise, whatever sends it." }
-            table {
+            table.hosts {
                 thead { tr { th { "Host" } th { "Owner" } th { "Profile" } th { "State" } th { "Relay" } th { "What turned up" } th { "" } } }
                 tbody { @for e in &enrollments { tr {
-                    td { (e.slug.as_deref().unwrap_or("—")) }
-                    td { (e.owner_email) }
-                    td { (e.profile_id) }
-                    td { (enrollment_state(e)) }
+                    td.ours { (e.slug.as_deref().unwrap_or("—")) }
+                    td.owner { (e.owner_email) }
+                    td.ours { (e.profile_id) }
+                    td.state { (enrollment_state(e)) }
                     td { (e.relay_state.0.map_or("—", RelayState::as_str)) }
-                    td { @if let Some(f) = &e.fingerprint { code { (f.0.to_string()) } } }
-                    td {
+                    td.turned-up { (turned_up(e)) }
+                    td.actions {
                         @if let (Some(host_id), Some(_), Some(false)) = (&e.host_id, e.prepared_at, e.active) {
                             form.inline method="post" action={ "/admin/hosts/" (host_id) "/activate" } {
                                 input type="hidden" name="placement" value="shared";

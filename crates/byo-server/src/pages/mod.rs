@@ -408,11 +408,18 @@ fn list_table(
     }
 }
 
+/// `error` is a refusal to show; `typed` the key form as it was sent, when the refusal was
+/// of an added key: then the reason is shown at the form and what was typed is kept.
 async fn render_keys_page(
     state: &AppState,
     op: &Operator,
     error: Option<&str>,
+    typed: Option<&KeyChangeForm>,
 ) -> Result<Markup, PageError> {
+    let (top_error, form_error) = match typed {
+        Some(_) => (None, error),
+        None => (error, None),
+    };
     let view = operator_keys::overview(state).await?;
     let emails: std::collections::HashMap<String, String> = state
         .store
@@ -429,7 +436,7 @@ async fn render_keys_page(
             h1 { "Operator keys" }
             p { "Every operator logs in to hosts as " code { "spark" } " with their own key. A change is collected in one draft; a superadmin signs it on their own machine with "
                 code { "byo keys sign --server " (state.config.public_url) " --email you@example.com" } ", which publishes it to every host." }
-            @if let Some(e) = error { p.error role="alert" { (e) } }
+            @if let Some(e) = top_error { p.error role="alert" { (e) } }
             p { "Signing key hosts trust: "
                 @if view.signing_keys.is_empty() { strong.error { "none configured (operator_keys.signing_keys)" } }
                 @for fp in &view.signing_keys { code { (fp) } " " } }
@@ -447,10 +454,15 @@ async fn render_keys_page(
                 p { "Nothing is waiting." }
             }
             h2 { "Add a key of yours" }
-            form method="post" action="/admin/operator-keys/changes" {
+            form #add-key method="post" action="/admin/operator-keys/changes" {
                 input type="hidden" name="action" value="add";
-                label { "Public key (ssh-ed25519 …)" input type="text" name="public_key" required; }
-                label { "Machine" input type="text" name="label" required maxlength="128" placeholder="work laptop"; }
+                @if let Some(e) = form_error { p.error role="alert" { (e) } }
+                label { "Public key: the line of your .pub file"
+                    input type="text" name="public_key" required spellcheck="false" autocomplete="off"
+                        placeholder="ssh-ed25519 AAAA… you@laptop" value=(typed.map_or("", |f| f.public_key.as_str())); }
+                label { "Machine (optional: the key's comment if left empty)"
+                    input type="text" name="label" maxlength="128" placeholder="work laptop"
+                        value=(typed.map_or("", |f| f.label.as_str())); }
                 button type="submit" { "Add to the draft" }
             }
             h2 { "Published" }
@@ -478,7 +490,9 @@ async fn render_keys_page(
 
 async fn keys_page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
     let op = require_operator(viewer)?;
-    Ok(render_keys_page(&state, &op, None).await?.into_response())
+    Ok(render_keys_page(&state, &op, None, None)
+        .await?
+        .into_response())
 }
 
 #[derive(Deserialize)]
@@ -492,13 +506,19 @@ struct KeyChangeForm {
     fingerprint: String,
 }
 
-/// Show a refusal on the page itself, with the status it would have had.
-async fn keys_page_with(state: &AppState, op: &Operator, e: AppError) -> PageResult {
+/// Show a refusal on the page itself, with the status it would have had; `typed` is the
+/// refused add's form, shown again as it was sent.
+async fn keys_page_with(
+    state: &AppState,
+    op: &Operator,
+    e: AppError,
+    typed: Option<&KeyChangeForm>,
+) -> PageResult {
     match e {
         AppError::Internal(_) => Err(e.into()),
         refused => Ok((
             refused.status(),
-            render_keys_page(state, op, Some(&refused.to_string())).await?,
+            render_keys_page(state, op, Some(&refused.to_string()), typed).await?,
         )
             .into_response()),
     }
@@ -512,11 +532,11 @@ async fn keys_change_submit(
     let op = require_operator(viewer)?;
     let req = match form.action.as_str() {
         "add" => byo_wire::api::KeyChangeRequest::Add {
-            public_key: form.public_key,
-            label: form.label,
+            public_key: form.public_key.clone(),
+            label: form.label.clone(),
         },
         "remove" => byo_wire::api::KeyChangeRequest::Remove {
-            fingerprint: form.fingerprint,
+            fingerprint: form.fingerprint.clone(),
         },
         _ => {
             return Err(
@@ -526,7 +546,10 @@ async fn keys_change_submit(
     };
     match operator_keys::change_keys(&state, &op, req).await {
         Ok(_) => Ok(Redirect::to("/admin/operator-keys").into_response()),
-        Err(e) => keys_page_with(&state, &op, e).await,
+        Err(e) => {
+            let typed = (form.action == "add").then_some(&form);
+            keys_page_with(&state, &op, e, typed).await
+        }
     }
 }
 
@@ -537,7 +560,7 @@ async fn keys_withdraw_submit(
     let op = require_operator(viewer)?;
     match operator_keys::withdraw(&state, &op).await {
         Ok(()) => Ok(Redirect::to("/admin/operator-keys").into_response()),
-        Err(e) => keys_page_with(&state, &op, e).await,
+        Err(e) => keys_page_with(&state, &op, e, None).await,
     }
 }
 
@@ -549,6 +572,6 @@ async fn keys_send_submit(
     let op = require_operator(viewer)?;
     match operator_keys::send_again(&state, &op, &host_id).await {
         Ok(_) => Ok(Redirect::to("/admin/operator-keys").into_response()),
-        Err(e) => keys_page_with(&state, &op, e).await,
+        Err(e) => keys_page_with(&state, &op, e, None).await,
     }
 }
