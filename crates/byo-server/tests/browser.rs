@@ -184,6 +184,7 @@ async fn site_with(agents: Option<Arc<dyn HostAgents>>) -> Option<Site> {
     let mut config = support::test_config();
     config.public_url = base.clone();
     let mut app = TestApp::with_config(byo_db::Backend::Sqlite, config).await?;
+    app.publish_operator_keys().await;
     if let Some(agents) = agents {
         app.state = app.state.clone().with_agents(agents);
         app.router = byo_server::router(app.state.clone());

@@ -64,6 +64,7 @@ struct World {
 
 async fn world(backend: byo_db::Backend) -> Option<World> {
     let mut app = TestApp::new(backend).await?;
+    app.publish_operator_keys().await;
     let clock = Clock::manual("2026-11-29T12:00:00Z".parse().unwrap());
     let relays = Arc::new(LocalRelays::default());
     let tunnels = Arc::new(FlakyTunnels::default());
@@ -996,3 +997,49 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
         );
     }
 }
+
+/// A new installation cannot hand out a one-liner bound to fail: until an operator-key list
+/// is published, host-provision refuses with the reason and where to fix it, and allocates
+/// nothing; once one is published the same request provisions.
+async fn a_provisioning_waits_for_a_published_operator_key_list(app: TestApp) {
+    let owner = app.community_host("owner@example.com").await;
+    let refused = owner
+        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+        .await;
+    assert_eq!(refused.status, StatusCode::CONFLICT, "{}", refused.text());
+    let body = refused.json();
+    assert_eq!(body["error"], "no_operator_keys");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("/admin/operator-keys"),
+        "{body}"
+    );
+    assert_eq!(app.db.outstanding_allocations(&owner.sub).await.unwrap(), 0);
+    assert!(app.db.enrollment_views(None).await.unwrap().is_empty());
+    // The owner's page shows the same refusal in place.
+    let page = owner
+        .post_form("/hosts", &[("profile_id", "gb10-spark-1")])
+        .await;
+    assert_eq!(page.status, StatusCode::CONFLICT);
+    assert!(
+        page.text().contains("/admin/operator-keys"),
+        "{}",
+        page.text()
+    );
+    assert!(app.db.enrollment_views(None).await.unwrap().is_empty());
+
+    app.publish_operator_keys().await;
+    let provisioned = owner
+        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+        .await;
+    assert_eq!(
+        provisioned.status,
+        StatusCode::CREATED,
+        "{}",
+        provisioned.text()
+    );
+}
+
+on_each_backend!(a_provisioning_waits_for_a_published_operator_key_list);

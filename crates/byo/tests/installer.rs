@@ -62,7 +62,7 @@ async fn serve(
         bridge_gateway(),
         listener.local_addr().unwrap().port()
     );
-    let config = Config {
+    let mut config = Config {
         metrics_listen: None,
         public_url: public_url.unwrap_or_else(|| base.clone()),
         cookie_secure: false,
@@ -75,6 +75,7 @@ async fn serve(
         release_dir: Some(release_dir),
         ..Config::default()
     };
+    config.operator_keys.signing_keys = vec![signing_key().public_key().to_openssh().unwrap()];
     let state = AppState::new(store.clone(), config).with_clock(clock.clone());
     tokio::spawn(byo_server::serve(
         state.clone(),
@@ -82,6 +83,34 @@ async fn serve(
         std::future::pending(),
     ));
     (base, state)
+}
+
+/// The key this installation's operator-key lists are signed with.
+fn signing_key() -> &'static ssh_key::PrivateKey {
+    static KEY: std::sync::OnceLock<ssh_key::PrivateKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(byo_core::keylist_testing::private_key)
+}
+
+/// Operator-key list v1 through the production rules (a change, then the signed publish):
+/// host-provision hands out no one-liner before a list is published.
+async fn publish_operator_keys(state: &AppState, staff: &CurrentUser) {
+    use byo_server::app::operator_keys;
+    use byo_wire::api::{KeyChangeRequest, SignatureUpload};
+    let op = byo_server::auth::Operator(staff.clone());
+    let draft = operator_keys::change_keys(
+        state,
+        &op,
+        KeyChangeRequest::Add {
+            public_key: byo_core::keylist_testing::public_key_line(),
+            label: "laptop".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let signature = byo_core::keylist_testing::sign(&draft.body, signing_key());
+    operator_keys::publish(state, staff, draft.version, SignatureUpload { signature })
+        .await
+        .unwrap();
 }
 
 async fn user(store: &byo_db::Store, email: &str, role: Role) -> CurrentUser {
@@ -217,6 +246,7 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
 
     let staff = user(&store, "staff@example.com", Role::Superadmin).await;
     let owner = user(&store, "owner@example.com", Role::CommunityHost).await;
+    publish_operator_keys(&state, &staff).await;
     // Expired: minted an hour and a minute ago (the clock moves on after).
     let expired = token(&state, &staff, "linux-test").await;
     clock.advance(chrono::Duration::minutes(61));

@@ -75,6 +75,17 @@ pub async fn provision(
     if profile.staff_only && !by.is_operator() {
         return Err(AppError::Forbidden("that profile is for staff only"));
     }
+    // A host's preparation starts by proving operators can administer it (operator-access
+    // before owner-lockout), with the list its enrolment hands over (step 29). Without a
+    // published list every one-liner handed out now would fail at that first step.
+    if state.store.published_key_list().await?.is_none() {
+        return Err(AppError::conflict(
+            "no_operator_keys",
+            "no operator-key list is published yet, so a host added now could not be \
+             administered and its preparation would stop at its first step; an operator \
+             publishes one at /admin/operator-keys (byo up publishes one at its first start)",
+        ));
+    }
     // Read before anything is allocated: a profile that does not parse provisions nothing.
     let plan: ProfilePlan = serde_json::from_value(profile.constants.0.clone()).map_err(|e| {
         AppError::Internal(anyhow::anyhow!(

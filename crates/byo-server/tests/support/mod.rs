@@ -97,8 +97,15 @@ impl Reply {
     }
 }
 
+/// The signing key the lists [`TestApp::publish_operator_keys`] publishes are signed with;
+/// [`test_config`] trusts it.
+pub fn signing_key() -> &'static ssh_key::PrivateKey {
+    static KEY: std::sync::OnceLock<ssh_key::PrivateKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(byo_core::keylist_testing::private_key)
+}
+
 pub fn test_config() -> Config {
-    Config {
+    let mut config = Config {
         metrics_listen: None,
         public_url: "http://localhost:8080".into(),
         password_hashing: PasswordHashing {
@@ -108,7 +115,9 @@ pub fn test_config() -> Config {
         },
         secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
         ..Config::default()
-    }
+    };
+    config.operator_keys.signing_keys = vec![signing_key().public_key().to_openssh().unwrap()];
+    config
 }
 
 impl TestApp {
@@ -139,6 +148,48 @@ impl TestApp {
 
     pub async fn get(&self, path: &str, session: Option<&str>) -> Reply {
         self.request(Method::GET, path, session, None).await
+    }
+
+    /// Publish operator-key list v1 (one operator's key), signed by [`signing_key`], as an
+    /// installation has one before any host is provisioned (host-provision refuses
+    /// otherwise). Returns the published list's envelope.
+    pub async fn publish_operator_keys(&self) -> String {
+        use byo_core::keylist::check_key;
+        use byo_core::keylist_testing as keys;
+        use byo_db::operator_keys::{KeyChange, PublishedKey};
+        let (sub, _) = self
+            .user_with("keys-operator@example.com", &[Role::Operator])
+            .await;
+        let now = self.state.clock.now();
+        let login = keys::login_key(&sub, "laptop");
+        let list = keys::list(&self.state.config.environment, 1, vec![login.clone()], now);
+        let body = list.to_canonical();
+        let fingerprint = check_key(&login).unwrap().fingerprint;
+        self.db
+            .apply_key_change(
+                KeyChange {
+                    user_sub: &sub,
+                    action: "add",
+                    fingerprint: &fingerprint,
+                    label: "laptop",
+                },
+                now,
+                |_, _| Ok(body.clone()),
+            )
+            .await
+            .unwrap();
+        let envelope = String::from_utf8(keys::envelope(&list, &[signing_key()])).unwrap();
+        let published = PublishedKey {
+            user_sub: login.user_sub.clone(),
+            label: login.label.clone(),
+            public_key: login.public_key.clone(),
+            fingerprint,
+        };
+        self.db
+            .publish_key_list(1, &envelope, &[published], &sub, now)
+            .await
+            .unwrap();
+        envelope
     }
 
     /// A user with `roles`, created directly in the store, and a session for them.
