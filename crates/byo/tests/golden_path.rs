@@ -9,8 +9,9 @@
 mod host_container;
 #[path = "../../byo-relay/tests/support/mod.rs"]
 mod relay_support;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,18 +24,7 @@ use byo_wire::Role;
 use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use serde_json::{Value, json};
-
-/// A sibling binary of this test, built by `cargo test --workspace`.
-fn sibling(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(Path::parent).unwrap().join(name);
-    assert!(
-        bin.exists(),
-        "{} is not built: run the workspace's tests (cargo test --workspace)",
-        bin.display()
-    );
-    bin
-}
+use support::{release, sibling};
 
 struct Api {
     base: String,
@@ -162,20 +152,8 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     let store = db.store.clone();
 
     // The release the installer fetches.
-    let releases = work.path().join("releases");
-    std::fs::create_dir_all(&releases).unwrap();
-    let agent = std::fs::read(sibling("byo-agent")).unwrap();
     let arch = std::env::consts::ARCH;
-    std::fs::write(releases.join(format!("byo-agent-{arch}")), &agent).unwrap();
-    use sha2::Digest;
-    std::fs::write(
-        releases.join(format!("byo-agent-{arch}.sha256")),
-        format!(
-            "{}  byo-agent-{arch}\n",
-            hex::encode(sha2::Sha256::digest(&agent))
-        ),
-    )
-    .unwrap();
+    let releases = release(&work.path().join("releases"), &[arch]);
 
     // The server, where the host container reaches it: the test bridge's gateway.
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();

@@ -5,8 +5,9 @@
 
 #[path = "../../byo-agent/tests/support/host_container.rs"]
 mod host_container;
+mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use byo_core::tokens::{SecretToken, TokenKind};
@@ -16,37 +17,7 @@ use byo_server::{AppState, Config};
 use byo_wire::Role;
 use byo_wire::enroll::{EnrollRequest, NodeReport, ProvisionRequest};
 use host_container::{HostContainer, bridge_gateway};
-
-/// A sibling binary of this test, built by `cargo test`.
-fn sibling(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().and_then(Path::parent).unwrap().join(name);
-    assert!(
-        bin.exists(),
-        "{} is not built: cargo build -p byo-agent",
-        bin.display()
-    );
-    bin
-}
-
-/// A release directory holding the agent for `arches`.
-fn release(dir: &Path, arches: &[&str]) -> PathBuf {
-    use sha2::Digest;
-    std::fs::create_dir_all(dir).unwrap();
-    let agent = std::fs::read(sibling("byo-agent")).unwrap();
-    for arch in arches {
-        std::fs::write(dir.join(format!("byo-agent-{arch}")), &agent).unwrap();
-        std::fs::write(
-            dir.join(format!("byo-agent-{arch}.sha256")),
-            format!(
-                "{}  byo-agent-{arch}\n",
-                hex::encode(sha2::Sha256::digest(&agent))
-            ),
-        )
-        .unwrap();
-    }
-    dir.to_owned()
-}
+use support::release;
 
 /// Serves `state`'s server on the bridge; `public_url` (what install.sh calls back) is its
 /// own address unless given.
