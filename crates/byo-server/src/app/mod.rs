@@ -20,3 +20,27 @@ pub mod operator_keys;
 pub mod reap;
 pub mod ssh_keys;
 pub mod users;
+
+/// Run `sweep` every `every` until `stop` says so: the one loop both scheduled jobs use (a
+/// tick missed while a sweep ran is delayed, not bunched), until a job driver replaces it.
+pub async fn on_schedule<F, Fut>(
+    every: std::time::Duration,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+    mut sweep: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = tick.tick() => sweep().await,
+            changed = stop.changed() => {
+                if changed.is_err() || *stop.borrow() {
+                    return;
+                }
+            }
+        }
+    }
+}

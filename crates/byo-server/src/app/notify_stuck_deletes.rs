@@ -56,22 +56,12 @@ pub async fn notify_once(state: &AppState) -> AppResult<Vec<StuckDelete>> {
 pub async fn run_schedule(
     state: AppState,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                if let Err(e) = notify_once(&state).await {
-                    tracing::error!(error = %e, "notify-stuck-deletes sweep failed");
-                }
-            }
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    return;
-                }
-            }
+    super::on_schedule(every, stop, || async {
+        if let Err(e) = notify_once(&state).await {
+            tracing::error!(error = %e, "notify-stuck-deletes sweep failed");
         }
-    }
+    })
+    .await
 }

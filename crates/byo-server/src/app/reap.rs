@@ -55,24 +55,16 @@ pub async fn reap_once(state: &AppState) -> AppResult<ReapReport> {
 pub async fn run_schedule(
     state: AppState,
     every: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
-    let mut tick = tokio::time::interval(every);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {
-                match reap_once(&state).await {
-                    Ok(r) if r.released + r.failed > 0 => tracing::info!(released = r.released, failed = r.failed, "reap sweep"),
-                    Ok(_) => {}
-                    Err(e) => tracing::error!(error = %e, "reap sweep failed"),
-                }
+    super::on_schedule(every, stop, || async {
+        match reap_once(&state).await {
+            Ok(r) if r.released + r.failed > 0 => {
+                tracing::info!(released = r.released, failed = r.failed, "reap sweep")
             }
-            changed = stop.changed() => {
-                if changed.is_err() || *stop.borrow() {
-                    return;
-                }
-            }
+            Ok(_) => {}
+            Err(e) => tracing::error!(error = %e, "reap sweep failed"),
         }
-    }
+    })
+    .await
 }
