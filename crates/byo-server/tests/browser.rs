@@ -7,11 +7,10 @@
 //! Chromium and chromedriver come from apt (`chromium chromium-driver`); `scripts/test`
 //! installs them. Without them these tests skip loudly, and under `CI=true` they fail.
 
+#[path = "support/browser.rs"]
+mod chromium;
 mod support;
 
-use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -23,127 +22,15 @@ use byo_core::keylist_testing::public_key_line;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_server::agents::HostAgents;
 use byo_wire::Role;
-use fantoccini::{Client, ClientBuilder, Locator};
-use hyper_util::client::legacy::connect::HttpConnector;
+use chromium::{Browser, components};
+use fantoccini::{Client, Locator};
 use serde_json::{Value, json};
 use support::agents::FakeAgents;
 use support::{PASSWORD, Reply, TestApp};
 
-/// DESIGN.md §3's flags, plus headless and a window size so the layout is a desktop one.
-const CHROMIUM_FLAGS: &[&str] = &[
-    "--headless=new",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    "--window-size=1280,1000",
-];
-
 /// How long a live part may take to show a change: one poll (2 s) plus slack for a busy
 /// two-core machine.
 const LIVE: Duration = Duration::from_secs(8);
-
-fn on_path(names: &[&str]) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    names.iter().find_map(|name| {
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    })
-}
-
-/// Chromium and chromedriver, or a loud skip (a failure under CI).
-fn components() -> Option<(PathBuf, PathBuf)> {
-    let chromium = on_path(&["chromium", "chromium-browser"]);
-    let driver = on_path(&["chromedriver"]);
-    match (chromium, driver) {
-        (Some(c), Some(d)) => Some((c, d)),
-        (c, d) => {
-            let missing: Vec<&str> = [(c.is_none(), "chromium"), (d.is_none(), "chromedriver")]
-                .into_iter()
-                .filter_map(|(gone, name)| gone.then_some(name))
-                .collect();
-            let message = format!(
-                "{} not installed (apt-get install -y chromium chromium-driver)",
-                missing.join(" and ")
-            );
-            byo_core::testing::skip(
-                "browser",
-                &format!("{message}; the page tests in a real browser did not run"),
-            );
-            None
-        }
-    }
-}
-
-/// chromedriver in its own process group, so dropping it also ends the Chromium it started,
-/// whatever state the test left the session in.
-struct Driver(Child);
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        let group = format!("-{}", self.0.id());
-        let _ = Command::new("kill")
-            .args(["-s", "KILL", "--", &group])
-            .stderr(Stdio::null())
-            .status();
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Browser {
-    client: Client,
-    _driver: Driver,
-}
-
-impl Browser {
-    async fn start(chromium: PathBuf, chromedriver: PathBuf) -> Browser {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let driver = Driver(
-            Command::new(&chromedriver)
-                .arg(format!("--port={port}"))
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .process_group(0)
-                .spawn()
-                .unwrap_or_else(|e| panic!("start {}: {e}", chromedriver.display())),
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(
-                Instant::now() < deadline,
-                "chromedriver did not listen on {port}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let capabilities = json!({
-            "browserName": "chrome",
-            "goog:chromeOptions": {"binary": chromium, "args": CHROMIUM_FLAGS},
-        });
-        let serde_json::Value::Object(capabilities) = capabilities else {
-            unreachable!()
-        };
-        let client = ClientBuilder::new(HttpConnector::new())
-            .capabilities(capabilities)
-            .connect(&format!("http://127.0.0.1:{port}"))
-            .await
-            .unwrap_or_else(|e| panic!("chromedriver would not start Chromium: {e}"));
-        Browser {
-            client,
-            _driver: driver,
-        }
-    }
-}
 
 /// The app served on loopback (its public URL is that address, so the browser's Origin is
 /// the app's own) and a browser pointed at it.
@@ -624,13 +511,6 @@ async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host(
     site.close().await;
 }
 
-/// Where the browser tests leave screenshots for a person to look at.
-fn screenshot_path(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/screenshots");
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
-}
-
 /// D: /admin/hosts at a 1280×800 window, with a prepared host, a rejected pair whose whole
 /// request is stored, and an enrolment still waiting: every Activate and Revoke is inside the
 /// window and nothing scrolls sideways — also with every stored request opened.
@@ -707,11 +587,7 @@ async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
         );
     };
     check(&measure().await, "as loaded");
-    std::fs::write(
-        screenshot_path("admin-hosts-1280.png"),
-        c.screenshot().await.unwrap(),
-    )
-    .unwrap();
+    site.browser.screenshot("admin-hosts-1280.png").await;
 
     // The toggles open the stored requests; the actions stay where they were reachable.
     for d in c
@@ -730,11 +606,7 @@ async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
         .unwrap();
     assert_eq!(open, json!(true));
     check(&measure().await, "with every request open");
-    std::fs::write(
-        screenshot_path("admin-hosts-1280-open.png"),
-        c.screenshot().await.unwrap(),
-    )
-    .unwrap();
+    site.browser.screenshot("admin-hosts-1280-open.png").await;
     site.close().await;
 }
 

@@ -250,7 +250,7 @@ impl Drop for HostContainer {
 }
 
 /// Whether the daemon answers and the image and profile exist, or what is missing.
-fn lxd_ready() -> Result<(), String> {
+pub fn lxd_ready() -> Result<(), String> {
     let query = |path: &str| -> Result<(), String> {
         let out = Command::new("lxc")
             .args(["query", path])
