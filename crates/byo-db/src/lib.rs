@@ -61,6 +61,7 @@ pub mod inspect;
 pub mod operator_keys;
 pub mod profiles;
 pub mod provisioning;
+pub mod relay_ca;
 pub mod sessions;
 pub mod ssh_keys;
 #[cfg(feature = "testing")]

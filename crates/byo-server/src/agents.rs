@@ -2,6 +2,9 @@
 //! proxies :8080 to it) and authenticated by the host's agent token, which the backend
 //! keeps sealed. Behind a trait so tests drive a fake agent built on the real agent code.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use byo_db::hosts::AgentTargetRow;
@@ -10,6 +13,7 @@ use byo_wire::vm::{
 };
 use futures::future::BoxFuture;
 
+use crate::relay_ca::{RelayCaSource, relay_name};
 use crate::seal::Sealer;
 
 /// How long the real client lets one VM call run. The callers (`crate::app::instances`) bound
@@ -103,38 +107,103 @@ pub trait HostAgents: Send + Sync {
     ) -> BoxFuture<'a, Result<(), AgentError>>;
 }
 
-/// The real client: HTTP through the relay.
+/// The real client: HTTPS to the host's relay, which proxies only to the agent on the
+/// tunnel. The relay is reached at its recorded address under its own name
+/// (`<slug>.relay.<domain>`, never looked up in DNS), and its certificate must be that
+/// name's, issued by this installation's relay CA: the agent token is sent to nothing else.
 pub struct HttpAgents {
-    client: reqwest::Client,
     sealer: Option<Sealer>,
+    relay_ca: RelayCaSource,
+    public_url: String,
     port: u16,
+    /// Built on first use, trusting only the relay CA (made on first use too).
+    client: tokio::sync::OnceCell<reqwest::Client>,
+    /// Relay names to their addresses: the client's only resolver.
+    names: RelayNames,
+}
+
+/// The resolver of the agent client: a relay's name resolves to the address recorded for
+/// it, and nothing else resolves, so the client cannot be pointed anywhere else.
+#[derive(Clone, Default)]
+struct RelayNames(Arc<Mutex<HashMap<String, IpAddr>>>);
+
+impl reqwest::dns::Resolve for RelayNames {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let found = self
+            .0
+            .lock()
+            .expect("relay names lock")
+            .get(name.as_str())
+            .copied();
+        Box::pin(async move {
+            match found {
+                Some(ip) => {
+                    let addrs: reqwest::dns::Addrs =
+                        Box::new(std::iter::once(std::net::SocketAddr::new(ip, 0)));
+                    Ok(addrs)
+                }
+                None => Err(format!("{} is not a relay this server knows", name.as_str()).into()),
+            }
+        })
+    }
 }
 
 impl HttpAgents {
-    pub fn new(sealer: Option<Sealer>) -> Self {
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(Duration::from_secs(20))
-            .build()
-            .expect("an HTTP client with timeouts builds");
+    /// `public_url` names the installation's relays (`crate::relay_ca::relay_name`).
+    pub fn new(sealer: Option<Sealer>, relay_ca: RelayCaSource, public_url: &str) -> Self {
         HttpAgents {
-            client,
             sealer,
-            port: 8080,
+            relay_ca,
+            public_url: public_url.to_owned(),
+            port: 443,
+            client: tokio::sync::OnceCell::new(),
+            names: RelayNames::default(),
         }
     }
 
-    /// Reach agents on another port (tests run the agent side on an ephemeral one).
+    /// Reach relays on another port (tests run the TLS front on an ephemeral one).
     pub fn with_port(mut self, port: u16) -> Self {
         self.port = port;
         self
     }
 
-    fn endpoint(&self, host: &AgentTargetRow, path: &str) -> Result<(String, String), String> {
-        let relay = host
+    async fn client(&self) -> Result<&reqwest::Client, String> {
+        self.client
+            .get_or_try_init(|| async {
+                let ca = self
+                    .relay_ca
+                    .get()
+                    .await
+                    .map_err(|e| format!("the relay CA is not available: {e}"))?;
+                let root = reqwest::Certificate::from_pem(ca.cert_pem().as_bytes())
+                    .map_err(|e| format!("the relay CA does not parse: {e}"))?;
+                reqwest::Client::builder()
+                    .use_rustls_tls()
+                    .tls_built_in_root_certs(false)
+                    .add_root_certificate(root)
+                    .https_only(true)
+                    .dns_resolver(Arc::new(self.names.clone()))
+                    .redirect(reqwest::redirect::Policy::none())
+                    .connect_timeout(Duration::from_secs(5))
+                    .timeout(Duration::from_secs(20))
+                    .build()
+                    .map_err(|e| format!("building the agent client: {e}"))
+            })
+            .await
+    }
+
+    /// The client, the URL of `path` on the host's agent and the token to present.
+    async fn endpoint(
+        &self,
+        host: &AgentTargetRow,
+        path: &str,
+    ) -> Result<(&reqwest::Client, String, String), String> {
+        let relay: IpAddr = host
             .relay_ip
             .as_deref()
-            .ok_or("the host has no relay address yet")?;
+            .ok_or("the host has no relay address yet")?
+            .parse()
+            .map_err(|_| "the host's relay address is not an IP address")?;
         let sealed = host
             .agent_token
             .as_deref()
@@ -144,7 +213,14 @@ impl HttpAgents {
             .as_ref()
             .ok_or("this server has no secret_key to open agent tokens")?;
         let token = sealer.open(sealed).map_err(|e| e.to_string())?;
-        Ok((format!("http://{relay}:{}{path}", self.port), token))
+        let client = self.client().await?;
+        let name = relay_name(&host.slug, &self.public_url);
+        self.names
+            .0
+            .lock()
+            .expect("relay names lock")
+            .insert(name.clone(), relay);
+        Ok((client, format!("https://{name}:{}{path}", self.port), token))
     }
 }
 
@@ -155,9 +231,8 @@ impl HostAgents for HttpAgents {
         envelope: &'a [u8],
     ) -> BoxFuture<'a, Result<(), String>> {
         Box::pin(async move {
-            let (url, token) = self.endpoint(host, "/v1/operator-keys")?;
-            let resp = self
-                .client
+            let (client, url, token) = self.endpoint(host, "/v1/operator-keys").await?;
+            let resp = client
                 .put(url)
                 .bearer_auth(token)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -211,9 +286,11 @@ impl HttpAgents {
         body: Option<Vec<u8>>,
         timeout: Duration,
     ) -> Result<reqwest::Response, AgentError> {
-        let (url, token) = self.endpoint(host, path).map_err(AgentError::Unreachable)?;
-        let mut req = self
-            .client
+        let (client, url, token) = self
+            .endpoint(host, path)
+            .await
+            .map_err(AgentError::Unreachable)?;
+        let mut req = client
             .request(method, url)
             .bearer_auth(token)
             .timeout(timeout);

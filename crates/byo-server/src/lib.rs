@@ -18,6 +18,7 @@ pub mod pages;
 pub mod password;
 pub mod providers;
 pub mod queue;
+pub mod relay_ca;
 pub mod routes;
 pub mod seal;
 pub mod state;

@@ -7,6 +7,7 @@ use crate::agents::{AgentWaits, HostAgents, HttpAgents};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::queue::{NoQueue, QueueDrain};
+use crate::relay_ca::RelayCaSource;
 use crate::seal::Sealer;
 
 use crate::clock::Clock;
@@ -30,6 +31,9 @@ pub struct AppState {
     pub waits: AgentWaits,
     /// Step 84, run after a delete's row closes.
     pub drain: Arc<dyn QueueDrain>,
+    /// The installation's relay CA: relay certificates at provisioning, the agent client's
+    /// only trust.
+    pub relay_ca: RelayCaSource,
 }
 
 impl AppState {
@@ -40,10 +44,16 @@ impl AppState {
             .secret_key
             .as_ref()
             .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
+        let relay_ca = RelayCaSource::new(store.clone(), sealer.clone());
         AppState {
             relays: Arc::new(LocalRelays::default()),
             tunnels: Arc::new(LocalTunnels::default()),
-            agents: Arc::new(HttpAgents::new(sealer.clone())),
+            agents: Arc::new(HttpAgents::new(
+                sealer.clone(),
+                relay_ca.clone(),
+                &config.public_url,
+            )),
+            relay_ca,
             sealer,
             store,
             config: Arc::new(config),

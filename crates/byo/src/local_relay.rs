@@ -1,285 +1,305 @@
-//! Relays on this machine, for `byo up` (as root) and the golden-path test: each relay is a
-//! network namespace behind a veth pair, configured from the very values host-provision put
-//! in its bootstrap — its WireGuard key and peer, its ssh_mapd token's hash — running what a
-//! GCP relay runs: wireguard-go as wg0's stand-in, `byo-relay serve` (ssh_mapd driving the
-//! LOFISPARK_VMSSH chain in nftables) and Caddy in front of the host agent's API on :8080.
-//! A customer's plain `ssh root@<public>` from this machine reaches the DNAT exactly as it
-//! would on GCP.
+//! Relays on this machine, for `byo up` (as root) and the tests: each relay is a Debian
+//! system container in LXD standing in for the Compute Engine VM, booted the one way a relay
+//! is booted — by the exact script host-provision rendered, run as the instance's startup
+//! script at first boot and again at every boot, as Compute Engine's guest agent runs it.
+//! The container is `<prefix><slug>-relay` with a fixed address on the LXD bridge standing in
+//! for the reserved external IP (`10.231.0.200`–`.254`; DHCP hands out only addresses below).
+//! The script installs WireGuard (wireguard-go where the kernel has no module), nftables and
+//! Caddy from Debian, fetches the relay daemon from the URL it carries and checks its sha256,
+//! and brings up the tunnel, ssh_mapd, the seeded chain and Caddy on :443 with the relay's
+//! certificate. Nothing here configures a relay by hand.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::Ipv4Addr;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use byo_server::providers::{ProviderError, RelayInfo, RelayProvider};
 use futures::future::BoxFuture;
 
-/// What a relay namespace needs installed; `missing` names what is not.
-pub const TOOLS: &[&str] = &["ip", "nft", "wg", "wireguard-go", "caddy"];
+/// The image and profile `scripts/lxd` sets up: the bridge, /dev/net/tun, a Debian with
+/// systemd.
+pub const IMAGE: &str = "byo-debian-host";
+pub const PROFILE: &str = "byo-test-host";
+pub const BRIDGE: &str = "byotestbr0";
+/// Where relays' fixed addresses come from on the bridge (10.231.0.0/24).
+const FIRST: u8 = 200;
+const LAST: u8 = 254;
 
-pub fn missing_tools() -> Vec<&'static str> {
-    TOOLS
-        .iter()
-        .copied()
-        .filter(|t| {
-            !Command::new("sh")
-                .args(["-c", &format!("command -v {t}")])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .collect()
+/// Where the startup script is kept in the container, and the unit that runs it at every
+/// boot: the guest agent's part, not ours.
+const STARTUP_SCRIPT: &str = "/var/lib/byo-relay-metadata/startup-script";
+const STARTUP_UNIT: &str = "byo-startup-script.service";
+const STARTUP_UNIT_TEXT: &str = "[Unit]\nDescription=Run the instance's startup-script (Compute Engine's guest agent, for a local relay)\nWants=network-online.target\nAfter=network-online.target\n\n[Service]\nType=oneshot\nExecStart=/bin/bash /var/lib/byo-relay-metadata/startup-script\n\n[Install]\nWantedBy=multi-user.target\n";
+
+/// What LXD relays need on this machine; what is missing, named.
+pub fn missing() -> Vec<String> {
+    let ok = |args: &[&str]| {
+        Command::new("lxc")
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !ok(&["query", "/1.0"]) {
+        return vec!["LXD (run scripts/lxd)".into()];
+    }
+    let mut out = Vec::new();
+    if !ok(&["image", "info", IMAGE]) {
+        out.push(format!("the {IMAGE} image (run scripts/lxd)"));
+    }
+    if !ok(&["profile", "show", PROFILE]) {
+        out.push(format!("the {PROFILE} profile (run scripts/lxd)"));
+    }
+    out
 }
 
-fn run(cmd: &mut Command) -> Result<String, ProviderError> {
-    let out = cmd
+fn lxc(args: &[&str]) -> Result<String, ProviderError> {
+    let out = Command::new("lxc")
+        .args(args)
         .output()
-        .map_err(|e| ProviderError(format!("local relay: {e}")))?;
+        .map_err(|e| ProviderError(format!("local relay: running lxc: {e}")))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {
         Err(ProviderError(format!(
-            "local relay: {:?} failed: {}",
-            cmd,
+            "local relay: `lxc {}` failed: {}",
+            args.join(" "),
             String::from_utf8_lossy(&out.stderr).trim()
         )))
     }
 }
 
-/// One relay: its namespace, its public address and the daemons in it.
+/// One relay: its container and its public address.
 #[derive(Debug)]
-pub struct LocalRelay {
-    pub netns: String,
+pub struct LxdRelay {
+    pub container: String,
     pub public: String,
-    pub wg: String,
-    veth: String,
-    token_hash: PathBuf,
-    relay_bin: PathBuf,
-    mapd: Mutex<Option<Child>>,
-    others: Mutex<Vec<Child>>,
 }
 
-impl LocalRelay {
-    fn exec(&self, program: &str) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.netns, program]);
+impl LxdRelay {
+    /// A command run inside the relay.
+    pub fn exec(&self, argv: &[&str]) -> Command {
+        let mut c = Command::new("lxc");
+        c.args(["exec", &self.container, "--"]).args(argv);
         c
     }
 
-    fn spawn(
-        &self,
-        program: &str,
-        args: &[&str],
-        env: &[(&str, &Path)],
-    ) -> Result<Child, ProviderError> {
-        let mut c = self.exec(program);
-        c.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            c.env(k, v);
+    /// A reboot, as the VM would have one: the startup script runs again.
+    pub fn reboot(&self) -> Result<(), ProviderError> {
+        lxc(&["restart", &self.container]).map(drop)
+    }
+
+    /// Wait until the startup script has finished since the relay last booted, and say how
+    /// long that took from now; the script's log when it failed or did not finish.
+    pub fn wait_booted(&self, within: Duration) -> Result<Duration, String> {
+        let started = Instant::now();
+        loop {
+            let out = self
+                .exec(&[
+                    "systemctl",
+                    "show",
+                    STARTUP_UNIT,
+                    "-p",
+                    "ActiveState",
+                    "-p",
+                    "Result",
+                    "--value",
+                ])
+                .output()
+                .map_err(|e| e.to_string())?;
+            let state = String::from_utf8_lossy(&out.stdout).replace('\n', " ");
+            match state.trim() {
+                // A oneshot without RemainAfterExit is inactive once it ran.
+                "inactive success" if self.bootstrap_log().contains("done at") => {
+                    return Ok(started.elapsed());
+                }
+                s if s.starts_with("failed") => {
+                    return Err(format!("the startup script failed:\n{}", self.bootstrap_log()));
+                }
+                _ => {}
+            }
+            if started.elapsed() > within {
+                return Err(format!(
+                    "the startup script did not finish within {within:?}:\n{}",
+                    self.bootstrap_log()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
-        c.spawn()
-            .map_err(|e| ProviderError(format!("local relay: starting {program}: {e}")))
     }
 
-    /// ssh_mapd, on 10.8.0.1:8754 inside the tunnel.
-    pub fn start_mapd(&self) -> Result<(), ProviderError> {
-        let bin = self.relay_bin.to_string_lossy().into_owned();
-        let hash = self.token_hash.to_string_lossy().into_owned();
-        let child = self.spawn(
-            &bin,
-            &[
-                "serve",
-                "--listen",
-                "10.8.0.1:8754",
-                "--token-hash-file",
-                &hash,
-                "--host",
-                "10.8.0.2",
-                "--tunnel",
-                &self.wg,
-            ],
-            &[],
-        )?;
-        *self.mapd.lock().expect("mapd lock") = Some(child);
-        Ok(())
+    /// The startup script's own log, every boot's.
+    pub fn bootstrap_log(&self) -> String {
+        self.exec(&["cat", "/var/log/byo-relay-bootstrap.log"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default()
     }
 
-    /// What a relay that restarted looks like: ssh_mapd gone and back, the table empty.
-    pub fn restart_mapd(&self) -> Result<(), ProviderError> {
-        if let Some(mut c) = self.mapd.lock().expect("mapd lock").take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let _ = self
-            .exec("nft")
-            .args(["delete", "table", "ip", "lofispark"])
-            .output();
-        self.start_mapd()
-    }
-
-    /// The DNAT map as the kernel holds it.
+    /// The DNAT map as the relay's kernel holds it.
     pub fn kernel_map(&self) -> String {
-        self.exec("nft")
-            .args(["list", "map", "ip", "lofispark", "vmssh_ports"])
+        self.exec(&["nft", "list", "map", "ip", "lofispark", "vmssh_ports"])
             .output()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default()
     }
 }
 
-impl Drop for LocalRelay {
-    fn drop(&mut self) {
-        for c in self
-            .mapd
-            .lock()
-            .expect("mapd lock")
-            .take()
-            .into_iter()
-            .chain(self.others.lock().expect("children lock").drain(..))
-        {
-            let mut c = c;
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        // wireguard-go daemonised itself: every process left in the namespace goes.
-        if let Ok(out) = Command::new("ip")
-            .args(["netns", "pids", &self.netns])
-            .output()
-        {
-            for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("kill").args(["-9", pid]).output();
-            }
-        }
-        let _ = Command::new("ip")
-            .args(["link", "delete", &self.veth])
-            .output();
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.netns])
-            .output();
-    }
-}
-
-/// The provider: one namespace per slug, each on its own 10.98.N.0/24 (the relay at .2).
+/// The provider: one container per slug.
 #[derive(Debug)]
-pub struct NetnsRelays {
-    pub dir: PathBuf,
-    pub relay_bin: PathBuf,
-    pub relays: Mutex<BTreeMap<String, Arc<LocalRelay>>>,
-    next: Mutex<u32>,
+pub struct LxdRelays {
+    /// Put before every container name, so two installations on one machine (byo up and a
+    /// test) never share one.
+    prefix: String,
+    relays: Mutex<BTreeMap<String, Arc<LxdRelay>>>,
 }
 
-fn bootstrap_value<'a>(script: &'a str, prefix: &str) -> Result<&'a str, ProviderError> {
-    script
-        .lines()
-        .find_map(|l| l.trim().strip_prefix(prefix))
-        .map(str::trim)
-        .ok_or_else(|| ProviderError(format!("local relay: the bootstrap has no {prefix:?}")))
-}
-
-impl NetnsRelays {
-    pub fn new(dir: PathBuf, relay_bin: PathBuf) -> Self {
-        NetnsRelays {
-            dir,
-            relay_bin,
+impl LxdRelays {
+    pub fn new(prefix: &str) -> Self {
+        LxdRelays {
+            prefix: prefix.to_owned(),
             relays: Mutex::default(),
-            // Two processes on one machine (byo up and a test) take different /24s.
-            next: Mutex::new(1 + (std::process::id() % 50) * 5),
         }
     }
 
-    pub fn relay(&self, slug: &str) -> Option<Arc<LocalRelay>> {
+    pub fn relay(&self, slug: &str) -> Option<Arc<LxdRelay>> {
         self.relays.lock().expect("relays lock").get(slug).cloned()
     }
 
-    fn build(&self, slug: &str, bootstrap: &str) -> Result<LocalRelay, ProviderError> {
-        let n = {
-            let mut next = self.next.lock().expect("next lock");
-            let n = *next;
-            *next += 1;
-            n
-        };
-        let tag = format!("{}x{n}", std::process::id() % 10_000);
-        let (netns, veth, inner) = (
-            format!("byo-relay-{tag}"),
-            format!("brl{tag}"),
-            format!("brr{tag}"),
-        );
-        let public = format!("10.98.{n}.2");
-        run(Command::new("ip").args(["netns", "add", &netns]))?;
-        let dir = self.dir.join(slug);
-        std::fs::create_dir_all(&dir).map_err(|e| ProviderError(format!("local relay: {e}")))?;
-        let wg = format!("wgr{tag}");
-        let token_hash = dir.join("ssh-map-token.sha256");
-        let relay = LocalRelay {
-            netns: netns.clone(),
-            public: public.clone(),
-            wg: wg.clone(),
-            veth: veth.clone(),
-            token_hash: token_hash.clone(),
-            relay_bin: self.relay_bin.clone(),
-            mapd: Mutex::default(),
-            others: Mutex::default(),
-        };
-        run(
-            Command::new("ip").args(["link", "add", &veth, "type", "veth", "peer", "name", &inner])
-        )?;
-        run(Command::new("ip").args(["link", "set", &inner, "netns", &netns]))?;
-        run(Command::new("ip").args(["addr", "add", &format!("10.98.{n}.1/24"), "dev", &veth]))?;
-        run(Command::new("ip").args(["link", "set", &veth, "up"]))?;
-        let setup = format!(
-            "ip link set lo up && ip addr add {public}/24 dev {inner} && ip link set {inner} up && ip route add default via 10.98.{n}.1 && sysctl -q -w net.ipv4.ip_forward=1"
-        );
-        run(relay.exec("sh").args(["-c", &setup]))?;
-        let conf = dir.join("wg.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "[Interface]\nPrivateKey = {}\nListenPort = 51820\n\n[Peer]\nPublicKey = {}\nAllowedIPs = 10.8.0.2/32\n",
-                bootstrap_value(bootstrap, "PrivateKey = ")?,
-                bootstrap_value(bootstrap, "PublicKey = ")?
-            ),
-        )
-        .map_err(|e| ProviderError(format!("local relay: {e}")))?;
-        let wg_up = format!(
-            "wireguard-go {wg} && wg setconf {wg} {conf} && ip addr add 10.8.0.1/24 dev {wg} && ip link set {wg} up",
-            conf = conf.display()
-        );
-        run(relay.exec("sh").args(["-c", &wg_up]))?;
-        let hash = bootstrap
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("echo '")
-                    .and_then(|r| r.split_once("' > /etc/byo-relay/ssh-map-token.sha256"))
-                    .map(|(h, _)| h.to_owned())
-            })
-            .ok_or_else(|| ProviderError("local relay: the bootstrap has no token hash".into()))?;
-        std::fs::write(&token_hash, format!("{hash}\n"))
-            .map_err(|e| ProviderError(format!("local relay: {e}")))?;
-        // Caddy in front of the agent's API, as the bootstrap's Caddyfile has it.
-        let caddy = relay.spawn(
-            "caddy",
-            &[
-                "reverse-proxy",
-                "--from",
-                "http://:8080",
-                "--to",
-                "10.8.0.2:8080",
-            ],
-            &[
-                ("HOME", &dir),
-                ("XDG_DATA_HOME", &dir),
-                ("XDG_CONFIG_HOME", &dir),
-            ],
-        )?;
-        relay.others.lock().expect("children lock").push(caddy);
-        relay.start_mapd()?;
-        Ok(relay)
+    fn container(&self, slug: &str) -> String {
+        format!("{}{slug}-relay", self.prefix)
+    }
+
+    /// Every relay address the bridge's containers hold or are promised.
+    fn taken() -> Result<Vec<Ipv4Addr>, ProviderError> {
+        let listed = lxc(&["list", "--format", "json"])?;
+        let all: serde_json::Value = serde_json::from_str(&listed)
+            .map_err(|e| ProviderError(format!("local relay: lxc list: {e}")))?;
+        let mut taken = Vec::new();
+        for c in all.as_array().into_iter().flatten() {
+            let fixed = c["expanded_devices"]["eth0"]["ipv4.address"].as_str();
+            taken.extend(fixed.and_then(|a| a.parse::<Ipv4Addr>().ok()));
+            let nets = &c["state"]["network"];
+            for net in nets.as_object().into_iter().flat_map(|o| o.values()) {
+                for a in net["addresses"].as_array().into_iter().flatten() {
+                    taken.extend(a["address"].as_str().and_then(|a| a.parse::<Ipv4Addr>().ok()));
+                }
+            }
+        }
+        Ok(taken)
+    }
+
+    /// Create the relay's container with a fixed address and its startup script, and boot
+    /// it. The script runs in the background, as on a VM: this returns once it is booting.
+    fn build(&self, slug: &str, script: &str) -> Result<LxdRelay, ProviderError> {
+        let container = self.container(slug);
+        if let Ok(shown) = lxc(&["config", "device", "get", &container, "eth0", "ipv4.address"]) {
+            // Made before (byo up restarted): it keeps its address and boots itself.
+            let public = shown.trim().to_owned();
+            let _ = lxc(&["start", &container]);
+            return Ok(LxdRelay { container, public });
+        }
+        let taken = Self::taken()?;
+        let public = (FIRST..=LAST)
+            .map(|n| Ipv4Addr::new(10, 231, 0, n))
+            .find(|a| !taken.contains(a))
+            .ok_or_else(|| ProviderError("local relay: every relay address is taken".into()))?
+            .to_string();
+        lxc(&["init", IMAGE, &container, "--profile", PROFILE])?;
+        let made = (|| {
+            lxc(&[
+                "config",
+                "device",
+                "override",
+                &container,
+                "eth0",
+                &format!("ipv4.address={public}"),
+            ])?;
+            let dir = tempfile::tempdir()
+                .map_err(|e| ProviderError(format!("local relay: {e}")))?;
+            let push = |name: &str, text: &str, to: &str, mode: &str| {
+                let local = dir.path().join(name);
+                std::fs::write(&local, text)
+                    .map_err(|e| ProviderError(format!("local relay: {e}")))?;
+                lxc(&[
+                    "file",
+                    "push",
+                    "--create-dirs",
+                    "--mode",
+                    mode,
+                    &local.to_string_lossy(),
+                    &format!("{container}{to}"),
+                ])
+                .map(drop)
+            };
+            push("startup-script", script, STARTUP_SCRIPT, "0700")?;
+            push(
+                "unit",
+                STARTUP_UNIT_TEXT,
+                &format!("/etc/systemd/system/{STARTUP_UNIT}"),
+                "0644",
+            )?;
+            // A Compute Engine Debian image has no ufw and no Docker (the host image this
+            // container is made from has both, as an owner's Spark does).
+            push("ufw.conf", "ENABLED=no\n", "/etc/ufw/ufw.conf", "0644")?;
+            lxc(&["start", &container])?;
+            let relay = LxdRelay {
+                container: container.clone(),
+                public: public.clone(),
+            };
+            // systemctl needs the container's systemd up (its bus), not the boot finished.
+            let started = Instant::now();
+            while !relay
+                .exec(&["systemctl", "is-system-running"])
+                .output()
+                .is_ok_and(|o| {
+                    let s = String::from_utf8_lossy(&o.stdout);
+                    ["running", "degraded", "starting"].contains(&s.trim())
+                })
+            {
+                if started.elapsed() > Duration::from_secs(60) {
+                    return Err(ProviderError(format!(
+                        "local relay: {container}'s systemd did not come up within 60 s"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            let out = relay
+                .exec(&[
+                    "sh",
+                    "-c",
+                    &format!(
+                        "systemctl disable --now docker.service docker.socket >/dev/null 2>&1; \
+                         systemctl enable {STARTUP_UNIT} && systemctl start --no-block {STARTUP_UNIT}"
+                    ),
+                ])
+                .output()
+                .map_err(|e| ProviderError(format!("local relay: {e}")))?;
+            if !out.status.success() {
+                return Err(ProviderError(format!(
+                    "local relay: enabling the startup script: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                )));
+            }
+            Ok(relay)
+        })();
+        if made.is_err() {
+            let _ = lxc(&["delete", "--force", &container]);
+        }
+        made
+    }
+
+    /// Delete every relay this provider made (byo up on Ctrl-C, a test at its end).
+    pub fn remove_all(&self) {
+        let relays = std::mem::take(&mut *self.relays.lock().expect("relays lock"));
+        for r in relays.values() {
+            let _ = lxc(&["delete", "--force", &r.container]);
+        }
     }
 }
 
-impl RelayProvider for NetnsRelays {
+impl RelayProvider for LxdRelays {
     fn provision<'a>(
         &'a self,
         slug: &'a str,
@@ -293,26 +313,39 @@ impl RelayProvider for NetnsRelays {
                     address: r.public.clone(),
                 });
             }
-            let bootstrap = bootstrap
+            let script = bootstrap
                 .ok_or_else(|| ProviderError("local relay: no bootstrap was rendered".into()))?
                 .to_owned();
             let slug_owned = slug.to_owned();
-            // Namespaces and daemons: blocking work, off the async workers.
-            let relay = tokio::task::block_in_place(|| self.build(&slug_owned, &bootstrap))?;
+            // lxc: blocking work, off the async workers.
+            let relay = tokio::task::block_in_place(|| self.build(&slug_owned, &script))?;
             let address = relay.public.clone();
             self.relays
                 .lock()
                 .expect("relays lock")
                 .insert(slug.to_owned(), Arc::new(relay));
-            tracing::info!(%slug, %address, "local relay up");
+            tracing::info!(%slug, %address, "local relay booting");
             Ok(RelayInfo { name, address })
         })
     }
 
     fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
+            let container = self.container(slug);
             self.relays.lock().expect("relays lock").remove(slug);
-            Ok(())
+            tokio::task::block_in_place(|| match lxc(&["delete", "--force", &container]) {
+                Err(e) if !e.0.contains("not found") => Err(e),
+                _ => Ok(()),
+            })
         })
     }
+}
+
+/// The container-name prefix of one `byo up` installation: its data directory's digest,
+/// so relays of two installations on one machine never collide and a restarted `byo up`
+/// finds its own.
+pub fn prefix_for(data_dir: &std::path::Path) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(data_dir.to_string_lossy().as_bytes());
+    format!("byo-{}-", &hex::encode(digest)[..8])
 }

@@ -76,10 +76,11 @@ pub struct UpArgs {
     /// Also serve Prometheus metrics here.
     #[arg(long)]
     pub metrics_listen: Option<SocketAddr>,
-    /// Where hosts' relays run. `netns`: one network namespace per host on this machine,
-    /// with wireguard-go, ssh_mapd and Caddy, so customers' ssh really goes through it
-    /// (root, and ip/nft/wg/wireguard-go/caddy installed). `none`: relays are recorded
-    /// only; hosts enrol and prepare, nothing can be rented. `auto` picks netns when it can.
+    /// Where hosts' relays run. `lxd`: each relay is a Debian container in this machine's
+    /// LXD (scripts/lxd sets it up), booted by the same first-boot script a Compute Engine
+    /// relay runs, so customers' ssh really goes through it (root, and --listen on an address
+    /// the containers reach, such as the bridge's 10.231.0.1). `none`: relays are recorded
+    /// only; hosts enrol and prepare, nothing can be rented. `auto` picks lxd when it can.
     #[arg(long, value_enum, default_value_t = RelayMode::Auto)]
     pub relays: RelayMode,
 }
@@ -87,7 +88,7 @@ pub struct UpArgs {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum RelayMode {
     Auto,
-    Netns,
+    Lxd,
     None,
 }
 
@@ -95,46 +96,44 @@ pub enum RelayMode {
 fn relays(
     mode: RelayMode,
     data_dir: &Path,
-) -> anyhow::Result<(
-    Option<std::sync::Arc<crate::local_relay::NetnsRelays>>,
-    String,
-)> {
-    let relay_bin = std::env::current_exe()?
-        .parent()
-        .map(|d| d.join("byo-relay"))
-        .filter(|p| p.exists());
+    listen: SocketAddr,
+) -> anyhow::Result<(Option<std::sync::Arc<crate::local_relay::LxdRelays>>, String)> {
+    let relay_bin = std::env::current_exe()?.with_file_name("byo-relay");
     let root = std::fs::read_to_string("/proc/self/status")
         .map(|s| {
             s.lines()
                 .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
         })
         .unwrap_or(false);
-    let missing = crate::local_relay::missing_tools();
     let why_not = if !root {
         Some("not running as root".to_owned())
-    } else if !missing.is_empty() {
-        Some(format!("{} not installed", missing.join(", ")))
-    } else if relay_bin.is_none() {
+    } else if listen.ip().is_loopback() || listen.ip().is_unspecified() {
+        Some(format!(
+            "listening on {listen}: a relay fetches its daemon from this server, so listen on the LXD bridge's address (--listen 10.231.0.1:8080)"
+        ))
+    } else if !relay_bin.exists() {
         Some("no byo-relay built beside byo".to_owned())
     } else {
-        None
+        let missing = crate::local_relay::missing();
+        (!missing.is_empty()).then(|| format!("{} missing", missing.join(", ")))
     };
-    match (mode, why_not, relay_bin) {
-        (RelayMode::None, _, _) => Ok((None, "none (recorded only: nothing can be rented)".into())),
-        (RelayMode::Netns, Some(why), _) => bail!("--relays netns: {why}"),
-        (RelayMode::Auto, Some(why), _) => Ok((
+    match (mode, why_not) {
+        (RelayMode::None, _) => Ok((None, "none (recorded only: nothing can be rented)".into())),
+        (RelayMode::Lxd, Some(why)) => bail!("--relays lxd: {why}"),
+        (RelayMode::Auto, Some(why)) => Ok((
             None,
             format!("none ({why}; hosts enrol and prepare, nothing can be rented)"),
         )),
-        (_, None, Some(bin)) => Ok((
-            Some(std::sync::Arc::new(crate::local_relay::NetnsRelays::new(
-                data_dir.join("relays"),
-                bin,
-            ))),
-            "a network namespace per host (10.98.N.2), with wireguard-go, ssh_mapd and Caddy"
-                .into(),
-        )),
-        (_, None, None) => unreachable!("checked above"),
+        (_, None) => {
+            let prefix = crate::local_relay::prefix_for(data_dir);
+            Ok((
+                Some(std::sync::Arc::new(crate::local_relay::LxdRelays::new(&prefix))),
+                format!(
+                    "an LXD container per host ({prefix}<slug>-relay on {}, 10.231.0.200–254), booted by its own first-boot script",
+                    crate::local_relay::BRIDGE
+                ),
+            ))
+        }
     }
 }
 
@@ -322,15 +321,21 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     config.operator_keys.signing_keys = vec![signing_public];
     config.release_dir = publish_local_agent(&data_dir)?;
-    let (netns_relays, relays_line) = relays(args.relays, &data_dir)?;
-    if netns_relays.is_some() {
-        // The bootstrap is what a local relay is configured from; its download line is
-        // never run here.
+    let (lxd_relays, relays_line) = relays(args.relays, &data_dir, addr)?;
+    if lxd_relays.is_some() {
+        // Each relay fetches this build of the daemon from here and checks its digest.
         use sha2::{Digest, Sha256};
         let bin = std::env::current_exe()?.with_file_name("byo-relay");
+        let bytes = std::fs::read(&bin).with_context(|| format!("reading {}", bin.display()))?;
+        let arch = std::env::consts::ARCH;
+        let releases = config
+            .release_dir
+            .clone()
+            .context("no release directory to serve the relay daemon from")?;
+        std::fs::write(releases.join(format!("byo-relay-{arch}")), &bytes)?;
         config.relay_release = Some(byo_server::config::RelayRelease {
-            url: format!("{public_url}/relay/byo-relay-{}", std::env::consts::ARCH),
-            sha256: hex::encode(Sha256::digest(std::fs::read(bin)?)),
+            url: format!("{public_url}/relay/byo-relay-{arch}"),
+            sha256: hex::encode(Sha256::digest(&bytes)),
         });
     }
     telemetry::init(config.log_format);
@@ -339,7 +344,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .context("opening the database")?;
     store.migrate().await.context("migrating the database")?;
     let mut state = AppState::new(store, config);
-    if let Some(r) = netns_relays {
+    if let Some(r) = lxd_relays {
         state = state.with_providers(
             r,
             std::sync::Arc::new(byo_server::providers::local::LocalTunnels::default()),

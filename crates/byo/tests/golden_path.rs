@@ -16,7 +16,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use byo::local_relay::NetnsRelays;
+use byo::local_relay::LxdRelays;
+use secrecy::ExposeSecret;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::users::NewUser;
 use byo_server::providers::local::LocalTunnels;
@@ -24,7 +25,7 @@ use byo_wire::Role;
 use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use serde_json::{Value, json};
-use support::{release, sibling};
+use support::{release, relay_sha256};
 
 struct Api {
     base: String,
@@ -112,6 +113,58 @@ fn customer_ssh(relay: &str, key: &Path) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// Deletes the test's relay containers however the test ends.
+struct RemoveRelays(Arc<LxdRelays>);
+
+impl Drop for RemoveRelays {
+    fn drop(&mut self) {
+        self.0.remove_all();
+    }
+}
+
+/// tcpdump on the LXD bridge, for what crosses the relay's public interface.
+struct Capture {
+    child: std::process::Child,
+    file: std::path::PathBuf,
+}
+
+impl Capture {
+    fn start(file: &Path, filter: &str) -> Capture {
+        let child = Command::new("tcpdump")
+            .args(["-i", byo::local_relay::BRIDGE, "-s", "0", "-U", "-n", "-w"])
+            .arg(file)
+            .args(filter.split_whitespace())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("tcpdump starts");
+        Capture {
+            child,
+            file: file.to_owned(),
+        }
+    }
+
+    /// Everything captured so far, as raw bytes.
+    fn bytes(&mut self) -> Vec<u8> {
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        std::fs::read(&self.file).unwrap_or_default()
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
 async fn until<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
     let started = Instant::now();
     loop {
@@ -137,6 +190,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "ssh",
         "ssh-keygen",
         "lxc",
+        "tcpdump",
     ]) {
         return;
     }
@@ -146,6 +200,8 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     let Some(host) = HostContainer::launch("byo-gold") else {
         return;
     };
+    // The server's log (a relay that could not be built says why there).
+    byo_server::telemetry::init(byo_server::config::LogFormat::Pretty);
     let t0 = Instant::now();
     let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
     let work = tempfile::tempdir().unwrap();
@@ -185,14 +241,19 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         },
         relay_release: Some(byo_server::config::RelayRelease {
             url: format!("{base}/relay/byo-relay-{arch}"),
-            sha256: "0".repeat(64),
+            sha256: relay_sha256(),
         }),
         ..byo_server::config::Config::default()
     };
-    let relays = Arc::new(NetnsRelays::new(
-        work.path().join("relays"),
-        sibling("byo-relay"),
-    ));
+    let sealer = byo_server::seal::Sealer::from_hex(
+        config.secret_key.as_ref().unwrap().expose_secret(),
+    )
+    .unwrap();
+    let relays = Arc::new(LxdRelays::new(&format!(
+        "byo-gold-{}-",
+        std::process::id()
+    )));
+    let _relays_go = RemoveRelays(relays.clone());
     let state = byo_server::state::AppState::new(store.clone(), config)
         .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
@@ -254,14 +315,26 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     let command = provisioned["command"].as_str().unwrap().to_owned();
     let relay = until(
         "the relay to be built",
-        Duration::from_secs(30),
+        Duration::from_secs(90),
         async || {
             let slug = provisioned["slug"].as_str().unwrap();
             relays.relay(slug)
         },
     )
     .await;
-    phase("provisioned; the relay is up");
+    phase(&format!("provisioned; {} is booting", relay.container));
+    // Everything that crosses the relay's public interface from here on, for the proof
+    // below that no agent token crosses it in the clear.
+    let mut capture = Capture::start(
+        &work.path().join("relay.pcap"),
+        &format!("host {}", relay.public),
+    );
+    let first_boot = tokio::task::block_in_place(|| relay.wait_booted(Duration::from_secs(240)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    phase(&format!(
+        "the relay booted by its own script ({:.1} s after it was created)",
+        first_boot.as_secs_f64()
+    ));
 
     // B + C: the owner runs the one-liner on the machine.
     let tun = Command::new("lxc")
@@ -383,11 +456,8 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "serving to answer through the relay",
         Duration::from_secs(120),
         async || {
-            let out = Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &relay.netns,
+            let out = relay
+                .exec(&[
                     "curl",
                     "-s",
                     "-m",
@@ -430,24 +500,28 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     assert_eq!(row.host_id.as_deref(), Some(host_id.as_str()));
     assert!(row.created_at <= chrono::Utc::now() && row.deleted_at.is_none());
 
-    // G note 4: a relay that restarted comes back empty; the next heartbeat puts it right.
-    relay.restart_mapd().unwrap();
-    let healed = Instant::now();
-    assert_eq!(
-        customer_ssh(&relay.public, &key_file),
-        None,
-        "a restarted relay forwards nothing until told"
-    );
+    // G note 4 and A.3: a relay that reboots runs its script again and comes back with the
+    // chain seeded and empty; the host's next heartbeat puts the map back.
+    let rebooted = Instant::now();
+    tokio::task::block_in_place(|| relay.reboot()).unwrap();
+    tokio::task::block_in_place(|| relay.wait_booted(Duration::from_secs(120)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    let boots = relay.bootstrap_log().matches("starting at").count();
+    assert_eq!(boots, 2, "the script ran at each boot:\n{}", relay.bootstrap_log());
+    phase(&format!(
+        "the relay rebooted and ran its script again in {:.1} s",
+        rebooted.elapsed().as_secs_f64()
+    ));
     let again = until(
         "the heartbeat to heal the relay",
-        Duration::from_secs(30),
+        Duration::from_secs(60),
         async || customer_ssh(&relay.public, &key_file),
     )
     .await;
     assert_eq!(again, name);
     phase(&format!(
-        "relay restart healed in {:.1} s",
-        healed.elapsed().as_secs_f64()
+        "relay reboot healed: the customer's ssh works {:.1} s after the reboot",
+        rebooted.elapsed().as_secs_f64()
     ));
     let Some(beat) = store.host_status(&host_id).await.unwrap() else {
         let journal = host.sh("journalctl -u enverge-agent.service -n 30 --no-pager");
@@ -487,5 +561,22 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "ssh still lands somewhere"
     );
     assert!(!host.sh_ok("lxc list --format csv -c n").contains(&name));
+
+    // No agent token crossed the relay's public interface in the clear: the backend's
+    // calls went over TLS to the relay's name (its SNI is the one readable thing).
+    let agent_token = sealer
+        .open(&store.agent_targets().await.unwrap()[0].agent_token.clone().unwrap())
+        .unwrap();
+    let captured = capture.bytes();
+    let relay_name = byo_server::relay_ca::relay_name(provisioned["slug"].as_str().unwrap(), &base);
+    assert!(
+        contains(&captured, relay_name.as_bytes()),
+        "the capture saw the backend's TLS to {relay_name} ({} bytes)",
+        captured.len()
+    );
+    assert!(
+        !contains(&captured, agent_token.as_bytes()),
+        "the agent token crossed the relay's public interface in the clear"
+    );
     phase("golden path done");
 }

@@ -156,6 +156,12 @@ fn simulated_spark(command: &str, name: &str) -> Spark {
     let _ = Command::new(repo().join(words[0]))
         .args([name, "--delete"])
         .output();
+    // Deleted at the end whatever happens, even when what it printed does not parse.
+    let mut spark = Spark {
+        name: name.to_owned(),
+        address: String::new(),
+        exec_line: String::new(),
+    };
     let out = Command::new(repo().join(words[0]))
         .arg(name)
         .current_dir(repo())
@@ -180,11 +186,9 @@ fn simulated_spark(command: &str, name: &str) -> Spark {
         .find(|l| l.starts_with("lxc exec") && l.contains("<the one-liner>"))
         .unwrap_or_else(|| panic!("no one-liner line printed:\n{printed}"))
         .to_owned();
-    Spark {
-        name: name.to_owned(),
-        address,
-        exec_line,
-    }
+    spark.address = address;
+    spark.exec_line = exec_line;
+    spark
 }
 
 /// One person's session in the browser, with the numbered screenshots of the walk.

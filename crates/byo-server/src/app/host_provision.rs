@@ -8,6 +8,7 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use byo_core::render::nft::Layout;
 use byo_core::render::relay_bootstrap::Bootstrap;
+use crate::relay_ca::relay_name;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::DbError;
 use byo_db::provisioning::{MAX_OUTSTANDING, NewProvision};
@@ -157,22 +158,23 @@ pub async fn provision(
     }
 
     // relay-provision: its own function, and nobody waits on it.
-    let bootstrap = state.config.relay_release.as_ref().and_then(|release| {
-        Bootstrap {
-            slug: slug.clone(),
-            relay_private_key: relay_wg_private,
-            host_public_key: secrets.host_wg_public.clone(),
-            wireguard_port: WIREGUARD_PORT,
-            ssh_map_token_hash: ssh_map_token.hash().as_str().to_owned(),
-            public_name: format!("{slug}.relay.{}", public_host(&state.config.public_url)),
-            relay_binary_url: release.url.clone(),
-            relay_binary_sha256: release.sha256.clone(),
-            layout: Layout::default(),
+    let bootstrap = match &state.config.relay_release {
+        Some(release) => {
+            let rendered = relay_bootstrap(
+                state,
+                &slug,
+                relay_wg_private,
+                &secrets.host_wg_public,
+                &ssh_map_token.hash(),
+                release,
+            )
+            .await;
+            rendered
+                .map_err(|e| tracing::error!(%slug, error = %e, "cannot render the relay bootstrap"))
+                .ok()
         }
-        .script()
-        .map_err(|e| tracing::error!(%slug, error = %e, "cannot render the relay bootstrap"))
-        .ok()
-    });
+        None => None,
+    };
     let relay_state = state.clone();
     let (host_id, relay_slug) = (provisioned.host_id.clone(), slug.clone());
     tokio::spawn(async move {
@@ -209,9 +211,37 @@ pub async fn provision(
     })
 }
 
-fn public_host(url: &str) -> String {
-    let after = url.split_once("://").map_or(url, |(_, rest)| rest);
-    after.split(['/', ':']).next().unwrap_or(after).to_owned()
+/// The relay's first-boot script: its WireGuard key, the host's public key, the ssh-map
+/// token's hash, the release it fetches, and its certificate from the relay CA.
+async fn relay_bootstrap(
+    state: &AppState,
+    slug: &str,
+    relay_private_key: String,
+    host_public_key: &str,
+    ssh_map_token_hash: &byo_core::tokens::TokenHash,
+    release: &crate::config::RelayRelease,
+) -> anyhow::Result<String> {
+    let public_name = relay_name(slug, &state.config.public_url);
+    let cert = state
+        .relay_ca
+        .get()
+        .await?
+        .issue(&public_name, state.clock.now())?;
+    Bootstrap {
+        slug: slug.to_owned(),
+        relay_private_key,
+        host_public_key: host_public_key.to_owned(),
+        wireguard_port: WIREGUARD_PORT,
+        ssh_map_token_hash: ssh_map_token_hash.as_str().to_owned(),
+        public_name,
+        tls_cert_pem: cert.cert_pem,
+        tls_key_pem: cert.key_pem,
+        relay_binary_url: release.url.clone(),
+        relay_binary_sha256: release.sha256.clone(),
+        layout: Layout::default(),
+    }
+    .script()
+    .map_err(anyhow::Error::msg)
 }
 
 /// relay-provision: reserve `<slug>-relay-ip`, create `<slug>-relay` with its bootstrap,

@@ -163,17 +163,27 @@ pub async fn install_sh(State(state): State<AppState>) -> Response {
 /// An agent build from the release directory. Only `byo-agent-<arch>[.sha256]` names are
 /// served, so no path can reach outside it.
 pub async fn agent_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
+    release_file(&state, "byo-agent-", &file, "no such agent build").await
+}
+
+/// A relay daemon build from the release directory (`byo-relay-<arch>`), which a relay's
+/// first-boot script fetches and checks against the sha256 it carries.
+pub async fn relay_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
+    release_file(&state, "byo-relay-", &file, "no such relay build").await
+}
+
+async fn release_file(state: &AppState, prefix: &str, file: &str, missing: &'static str) -> Response {
     let allowed = file
-        .strip_prefix("byo-agent-")
+        .strip_prefix(prefix)
         .map(|rest| rest.strip_suffix(".sha256").unwrap_or(rest))
         .is_some_and(|arch| {
             !arch.is_empty() && arch.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         });
     let Some(dir) = state.config.release_dir.as_ref().filter(|_| allowed) else {
-        return (StatusCode::NOT_FOUND, "no such agent build").into_response();
+        return (StatusCode::NOT_FOUND, missing).into_response();
     };
-    match tokio::fs::read(dir.join(&file)).await {
+    match tokio::fs::read(dir.join(file)).await {
         Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
-        Err(_) => (StatusCode::NOT_FOUND, "no such agent build").into_response(),
+        Err(_) => (StatusCode::NOT_FOUND, missing).into_response(),
     }
 }

@@ -16,10 +16,17 @@ pub fn sibling(name: &str) -> PathBuf {
     bin
 }
 
-/// A release directory holding the agent for `arches`.
+/// A release directory holding the agent for `arches`, and the relay daemon
+/// (`byo-relay-<arch>`, what a relay's first-boot script fetches).
 pub fn release(dir: &Path, arches: &[&str]) -> PathBuf {
     use sha2::Digest;
     std::fs::create_dir_all(dir).unwrap();
+    let relay = std::fs::read(sibling("byo-relay")).unwrap();
+    std::fs::write(
+        dir.join(format!("byo-relay-{}", std::env::consts::ARCH)),
+        relay,
+    )
+    .unwrap();
     let agent = std::fs::read(sibling("byo-agent")).unwrap();
     for arch in arches {
         std::fs::write(dir.join(format!("byo-agent-{arch}")), &agent).unwrap();
@@ -33,4 +40,12 @@ pub fn release(dir: &Path, arches: &[&str]) -> PathBuf {
         .unwrap();
     }
     dir.to_owned()
+}
+
+/// The relay daemon's sha256 (hex), as a relay's first-boot script checks it.
+pub fn relay_sha256() -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(
+        std::fs::read(sibling("byo-relay")).unwrap(),
+    ))
 }
