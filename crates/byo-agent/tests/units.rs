@@ -78,20 +78,35 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
 }
 
 #[test]
-fn the_rollback_goes_back_once_and_never_to_the_running_build() {
+fn the_rollback_goes_back_once_never_to_the_running_build_nor_before_serving_ran() {
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("byo-agent");
     let previous = dir.path().join("byo-agent.previous");
+    let handed_over = dir.path().join("serving.json");
     let run = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_byo-agent"))
             .args(["rollback", "--bin"])
             .arg(&bin)
+            .arg("--handed-over")
+            .arg(&handed_over)
             .env("PATH", "/nonexistent")
             .output()
             .unwrap()
     };
     std::fs::write(&bin, "new build").unwrap();
     std::fs::write(&previous, "old build").unwrap();
+    // Serving's start failing because preparation failed (Requires=) fires OnFailure= too:
+    // before preparation handed over, serving never ran, and nothing is rolled back.
+    let out = run();
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("nothing to roll back"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&bin).unwrap(), "new build");
+    assert!(previous.exists(), ".previous is kept for a real failure");
+    std::fs::write(&handed_over, "{}").unwrap();
     let out = run();
     assert!(
         out.status.success(),
