@@ -3,10 +3,20 @@
 //! preparation, so starting serving pulls preparation in; preparation `Wants=` serving, so
 //! a first install that starts only preparation starts serving once it succeeds; a failed
 //! serving start fires the rollback.
+//!
+//! A failed preparation tries again on its own every [`PREPARE_RETRY_SECS`], without end:
+//! what stops it (an expired operator-key list, apt held by another program, no internet)
+//! is fixed elsewhere, and the host should pick that up without anyone at its terminal.
+//! A retry is the unit's restart job, which pulls in `Wants=` again, so serving starts once
+//! one succeeds. It fetches no binary: it runs the one already installed (I, "no timers").
 
 pub const PREPARE: &str = "enverge-agent-prepare.service";
 pub const SERVING: &str = "enverge-agent.service";
 pub const ROLLBACK: &str = "enverge-agent-rollback.service";
+
+/// How long a failed preparation waits before it tries again (`RestartSec=`). The owner's
+/// page says so.
+pub const PREPARE_RETRY_SECS: u64 = 30;
 
 /// (file name, contents) of each unit, running `bin`.
 pub fn units(bin: &str) -> Vec<(&'static str, String)> {
@@ -14,7 +24,7 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             PREPARE,
             format!(
-                "[Unit]\nDescription=byo agent: enrol and prepare this host (root)\nWants=network-online.target {SERVING}\nAfter=network-online.target\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={bin} prepare\n\n[Install]\nWantedBy=multi-user.target\n"
+                "[Unit]\nDescription=byo agent: enrol and prepare this host (root)\nWants=network-online.target {SERVING}\nAfter=network-online.target\n# Retry for as long as it takes: no start limit.\nStartLimitIntervalSec=0\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={bin} prepare\nRestart=on-failure\nRestartSec={PREPARE_RETRY_SECS}\n\n[Install]\nWantedBy=multi-user.target\n"
             ),
         ),
         (
