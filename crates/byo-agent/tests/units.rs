@@ -1,6 +1,9 @@
-//! The units pass `systemd-analyze verify`, and carry J's ordering.
+//! The units pass `systemd-analyze verify`, and carry J's ordering; so does the unit the
+//! firewall step installs to load the tenant firewall at boot.
 
-use byo_core::render::units::{PREPARE, PREPARE_RETRY_SECS, ROLLBACK, SERVING, units};
+use byo_core::render::units::{
+    PREPARE, PREPARE_RETRY_SECS, ROLLBACK, SERVING, TENANT_FIREWALL, tenant_firewall, units,
+};
 
 /// The `key=value` lines of `section` in a unit's text.
 fn section(text: &str, name: &str) -> Vec<String> {
@@ -18,7 +21,13 @@ fn section(text: &str, name: &str) -> Vec<String> {
 
 #[test]
 fn the_units_verify_and_are_ordered_as_the_design_says() {
-    let all = units(env!("CARGO_BIN_EXE_byo-agent"));
+    let mut all = units(env!("CARGO_BIN_EXE_byo-agent"));
+    let nft = if std::path::Path::new("/usr/sbin/nft").exists() {
+        "/usr/sbin/nft"
+    } else {
+        "/bin/true"
+    };
+    all.push((TENANT_FIREWALL, tenant_firewall(nft)));
     let text = |name: &str| all.iter().find(|(n, _)| *n == name).unwrap().1.clone();
     assert!(
         text(SERVING).contains(&format!("Requires={PREPARE}"))
@@ -42,6 +51,18 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     assert!((30..=60).contains(&PREPARE_RETRY_SECS));
     // No timer: nothing on a host runs on a schedule of its own but this retry (I).
     assert!(all.iter().all(|(name, _)| name.ends_with(".service")));
+    // The tenant firewall is in the kernel before LXD restores an instance, and comes back
+    // after an nftables.service whose `flush ruleset` would take it away.
+    let tenants = text(TENANT_FIREWALL);
+    for want in [
+        "Before=network-pre.target lxd.service",
+        "After=local-fs.target nftables.service",
+        "PartOf=nftables.service",
+        "-f /etc/enverge/tenant-firewall.nft",
+        "WantedBy=multi-user.target",
+    ] {
+        assert!(tenants.contains(want), "{want} missing:\n{tenants}");
+    }
     assert!(
         text(SERVING).contains("User=spark")
             && text(SERVING).contains("ReadWritePaths=/home/spark/.ssh")
