@@ -6,8 +6,15 @@ mod support;
 use std::process::Command;
 
 use byo_core::render::nft::{Layout, skeleton};
-use byo_core::render::relay_bootstrap::Bootstrap;
+use byo_core::render::relay_bootstrap::{Bootstrap, TLS_DIR};
 use support::{Netns, kernel_parts, run, wg_keypair};
+
+/// A certificate and key for the relay's name, as PEM (the server's relay CA issues the
+/// real ones; any will do for the validators).
+static CERT: std::sync::LazyLock<(String, String)> = std::sync::LazyLock::new(|| {
+    let c = rcgen::generate_simple_self_signed(vec!["spark-7.relay.example.com".into()]).unwrap();
+    (c.cert.pem(), c.signing_key.serialize_pem())
+});
 
 fn bootstrap() -> Bootstrap {
     let (relay_private, _) = wg_keypair();
@@ -19,6 +26,8 @@ fn bootstrap() -> Bootstrap {
         wireguard_port: 51820,
         ssh_map_token_hash: "ab".repeat(32),
         public_name: "spark-7.relay.example.com".into(),
+        tls_cert_pem: CERT.0.clone(),
+        tls_key_pem: CERT.1.clone(),
         relay_binary_url: "https://app.example.com/relay/byo-relay-x86_64".into(),
         relay_binary_sha256: "cd".repeat(32),
         layout: Layout::default(),
@@ -57,6 +66,14 @@ fn values_that_could_inject_into_the_script_are_refused() {
             relay_binary_url: "https://x/$(id)".into(),
             ..bootstrap_static()
         },
+        Bootstrap {
+            tls_cert_pem: format!("{}CERT\nid\n", CERT.0),
+            ..bootstrap_static()
+        },
+        Bootstrap {
+            tls_key_pem: "-----BEGIN PRIVATE KEY-----\n$(id)\n-----END PRIVATE KEY-----\n".into(),
+            ..bootstrap_static()
+        },
     ] {
         assert!(bad.script().is_err());
     }
@@ -70,6 +87,8 @@ fn bootstrap_static() -> Bootstrap {
         wireguard_port: 51820,
         ssh_map_token_hash: "ab".repeat(32),
         public_name: "spark-7.relay.example.com".into(),
+        tls_cert_pem: CERT.0.clone(),
+        tls_key_pem: CERT.1.clone(),
         relay_binary_url: "https://app.example.com/relay/byo-relay".into(),
         relay_binary_sha256: "cd".repeat(32),
         layout: Layout::default(),
@@ -83,7 +102,20 @@ fn the_caddy_config_validates() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("Caddyfile");
-    std::fs::write(&path, bootstrap().caddyfile()).unwrap();
+    std::fs::write(dir.path().join("relay.crt"), &CERT.0).unwrap();
+    std::fs::write(dir.path().join("relay.key"), &CERT.1).unwrap();
+    let caddyfile = bootstrap().caddyfile();
+    assert!(
+        caddyfile.contains("https://spark-7.relay.example.com:443")
+            && caddyfile.contains("auto_https off")
+            && caddyfile.contains("reverse_proxy 10.8.0.2:8080"),
+        "{caddyfile}"
+    );
+    std::fs::write(
+        &path,
+        caddyfile.replace(TLS_DIR, &dir.path().to_string_lossy()),
+    )
+    .unwrap();
     let out = Command::new("caddy")
         .args(["validate", "--adapter", "caddyfile", "--config"])
         .arg(&path)

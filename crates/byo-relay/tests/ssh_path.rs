@@ -352,6 +352,39 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
     assert_eq!(w.call("DELETE", "/map/22", None, None).0, 204);
 }
 
+/// The relay forwards into the tunnel only what its chain DNATs, and lets nothing else the
+/// host sends out through the tunnel leave except replies: a host whose own WireGuard would
+/// route the internet through its relay still reaches nothing there.
+#[test]
+fn the_relay_forwards_nothing_from_the_host_but_replies() {
+    let Some(w) = world() else { return };
+    // A listener on the relay's public side, and a host that routes to it through the tunnel.
+    let authorized = w.dir.path().join("authorized_keys");
+    sshd(&w.customer, w.dir.path(), "10.99.0.2:22", "outside", &authorized);
+    w.customer.sh("ip route replace 10.8.0.0/24 via 10.99.0.1");
+    let relay_public = String::from_utf8(w.relay.sh(&format!("wg show {} public-key", w.relay_wg)).stdout)
+        .unwrap();
+    let host_wg = String::from_utf8(w.host.sh("wg show interfaces").stdout).unwrap();
+    let host_wg = host_wg.trim();
+    w.host.sh(&format!(
+        "wg set {host_wg} peer {} allowed-ips 10.8.0.1/32,10.99.0.0/24 && ip route add 10.99.0.0/24 dev {host_wg}",
+        relay_public.trim()
+    ));
+    assert_eq!(
+        ssh(&w.host, &w.key, "10.99.0.2", 22),
+        None,
+        "the host reached past its relay"
+    );
+    // The customer's mapped path still works through the same chain.
+    assert_eq!(w.call("PUT", "/map/22", Some(map_22()), None).0, 200);
+    assert_eq!(w.customer_ssh().as_deref(), Some("container"));
+    // Without the forward chain the same attempt gets through: the chain is what stops it.
+    w.relay.sh("nft delete chain ip lofispark forward");
+    eventually("the host to reach past its relay without the chain", || {
+        ssh(&w.host, &w.key, "10.99.0.2", 22).as_deref() == Some("outside")
+    });
+}
+
 #[test]
 fn the_relay_after_bootstrap_holds_exactly_the_seeded_chain() {
     if !kernel_parts(&["ip", "nft"]) {
@@ -374,6 +407,11 @@ fn the_relay_after_bootstrap_holds_exactly_the_seeded_chain() {
         "type nat hook prerouting priority dstnat; policy accept;",
         "iifname != \"wg0\" jump LOFISPARK_VMSSH",
         "oifname \"wg0\" ct status dnat masquerade",
+        "type filter hook forward priority filter; policy accept;",
+        "oifname \"wg0\" ct status dnat accept",
+        "oifname \"wg0\" drop",
+        "iifname \"wg0\" ct state established,related accept",
+        "iifname \"wg0\" drop",
     ] {
         assert!(listing.contains(line), "missing {line:?} in:\n{listing}");
     }

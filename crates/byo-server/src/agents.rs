@@ -436,8 +436,19 @@ impl HttpAgents {
 }
 
 /// reqwest's errors name the URL; ours are shown to operators, who know which host.
+/// The causes are kept ("invalid peer certificate: UnknownIssuer" is what says a relay is
+/// not ours).
 fn without_url(e: &reqwest::Error) -> String {
     let mut s = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if !s.contains(&text) {
+            s.push_str(": ");
+            s.push_str(&text);
+        }
+        cause = c.source();
+    }
     if let Some(url) = e.url() {
         s = s.replace(url.as_str(), "the agent");
     }

@@ -132,8 +132,8 @@ pub fn relay_name(slug: &str, public_url: &str) -> String {
 /// Provisioning issues relay certificates from it; the agent client trusts only it.
 #[derive(Clone)]
 pub struct RelayCaSource {
-    store: byo_db::Store,
-    sealer: Option<Sealer>,
+    /// Where the CA is kept; none for a source given its CA outright.
+    kept: Option<(byo_db::Store, Option<Sealer>)>,
     cell: std::sync::Arc<tokio::sync::OnceCell<std::sync::Arc<RelayCa>>>,
 }
 
@@ -146,9 +146,18 @@ impl std::fmt::Debug for RelayCaSource {
 impl RelayCaSource {
     pub fn new(store: byo_db::Store, sealer: Option<Sealer>) -> Self {
         RelayCaSource {
-            store,
-            sealer,
+            kept: Some((store, sealer)),
             cell: Default::default(),
+        }
+    }
+
+    /// A source that has `ca` and keeps nothing (a client that only checks relays).
+    pub fn fixed(ca: RelayCa) -> Self {
+        RelayCaSource {
+            kept: None,
+            cell: std::sync::Arc::new(tokio::sync::OnceCell::new_with(Some(std::sync::Arc::new(
+                ca,
+            )))),
         }
     }
 
@@ -156,15 +165,18 @@ impl RelayCaSource {
     pub async fn get(&self) -> anyhow::Result<std::sync::Arc<RelayCa>> {
         self.cell
             .get_or_try_init(|| async {
-                let sealer = self
-                    .sealer
+                let (store, sealer) = self
+                    .kept
                     .as_ref()
-                    .ok_or_else(|| anyhow::anyhow!("this server has no secret_key to seal the relay CA"))?;
-                let row = match self.store.relay_ca().await? {
+                    .ok_or_else(|| anyhow::anyhow!("no relay CA"))?;
+                let sealer = sealer.as_ref().ok_or_else(|| {
+                    anyhow::anyhow!("this server has no secret_key to seal the relay CA")
+                })?;
+                let row = match store.relay_ca().await? {
                     Some(row) => row,
                     None => {
                         let fresh = RelayCa::generate()?.to_row(sealer, Utc::now());
-                        self.store.relay_ca_or_insert(&fresh).await?
+                        store.relay_ca_or_insert(&fresh).await?
                     }
                 };
                 Ok(std::sync::Arc::new(RelayCa::from_row(&row, sealer)?))

@@ -444,12 +444,24 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
         operator_keys: keys,
         vms: None,
     });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, agent).await });
+    // Behind its relay's TLS front, with the certificate relay-provision issues.
+    let ca = byo_server::relay_ca::RelayCa::generate().unwrap();
+    let public_url = "https://app.example.com";
+    let cert = ca
+        .issue(
+            &byo_server::relay_ca::relay_name("spark-1", public_url),
+            chrono::Utc::now(),
+        )
+        .unwrap();
+    let (port, _) = support::relay_tls::serve(agent, &cert).await;
 
     let sealer = Sealer::from_hex(&Sealer::generate_hex()).unwrap();
-    let client = HttpAgents::new(Some(sealer.clone())).with_port(port);
+    let client = HttpAgents::new(
+        Some(sealer.clone()),
+        byo_server::relay_ca::RelayCaSource::fixed(ca),
+        public_url,
+    )
+    .with_port(port);
     let list = testing::list(
         "production",
         1,

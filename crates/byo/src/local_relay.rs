@@ -96,25 +96,25 @@ impl LxdRelay {
         let started = Instant::now();
         loop {
             let out = self
-                .exec(&[
-                    "systemctl",
-                    "show",
-                    STARTUP_UNIT,
-                    "-p",
-                    "ActiveState",
-                    "-p",
-                    "Result",
-                    "--value",
-                ])
+                .exec(&["systemctl", "show", STARTUP_UNIT, "-p", "ActiveState,Result,ExecMainExitTimestampMonotonic"])
                 .output()
                 .map_err(|e| e.to_string())?;
-            let state = String::from_utf8_lossy(&out.stdout).replace('\n', " ");
-            match state.trim() {
-                // A oneshot without RemainAfterExit is inactive once it ran.
-                "inactive success" if self.bootstrap_log().contains("done at") => {
+            let shown = String::from_utf8_lossy(&out.stdout);
+            let value = |key: &str| {
+                shown
+                    .lines()
+                    .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
+                    .unwrap_or("")
+                    .to_owned()
+            };
+            // A oneshot without RemainAfterExit is inactive both before and after it ran; the
+            // exit time is set only once it ran in this boot.
+            let ran = value("ExecMainExitTimestampMonotonic").parse::<u64>().unwrap_or(0) > 0;
+            match (value("ActiveState").as_str(), value("Result").as_str()) {
+                ("inactive", "success") if ran => {
                     return Ok(started.elapsed());
                 }
-                s if s.starts_with("failed") => {
+                ("failed", _) => {
                     return Err(format!("the startup script failed:\n{}", self.bootstrap_log()));
                 }
                 _ => {}

@@ -191,6 +191,22 @@ fn simulated_spark(command: &str, name: &str) -> Spark {
     spark
 }
 
+/// Deletes the relay containers of one `byo up` (by their name prefix) however the test ends.
+struct RemoveRelays(String);
+
+impl Drop for RemoveRelays {
+    fn drop(&mut self) {
+        let listed = Command::new("lxc")
+            .args(["list", "--format", "csv", "-c", "n"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        for name in listed.lines().filter(|n| n.starts_with(&self.0)) {
+            let _ = Command::new("lxc").args(["delete", "--force", name]).output();
+        }
+    }
+}
+
 /// One person's session in the browser, with the numbered screenshots of the walk.
 struct Person {
     browser: Browser,
@@ -447,6 +463,13 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     // byo up keeps `./.byo` in the directory it runs in, and finds the agent beside itself.
     let up = start_up(up, work.path());
     let data = work.path().join(".byo");
+    // Its relays are containers that outlive it (as VMs would); the walk removes its own.
+    let _relays = RemoveRelays(byo::local_relay::prefix_for(&data.canonicalize().unwrap()));
+    assert!(
+        up.printed.contains("booted by its own first-boot script"),
+        "byo up runs real relays here:\n{}",
+        up.printed
+    );
     assert!(
         up.printed.contains("list v1 is published"),
         "byo up says the operator-key list is published:\n{}",
@@ -537,7 +560,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         .wait_text(
             ".progress span.state",
             |t| t.starts_with("prepared"),
-            Duration::from_secs(300),
+            Duration::from_secs(420),
             false,
             "preparation to finish on Your GPUs",
         )

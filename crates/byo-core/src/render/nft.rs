@@ -77,6 +77,14 @@ pub fn skeleton(layout: &Layout) -> String {
 		type nat hook postrouting priority srcnat; policy accept;
 		oifname "{tunnel}" ct status dnat masquerade
 	}}
+
+	chain forward {{
+		type filter hook forward priority filter; policy accept;
+		oifname "{tunnel}" ct status dnat accept comment "into the tunnel: only what the chain DNATs"
+		oifname "{tunnel}" drop
+		iifname "{tunnel}" ct state established,related accept comment "out of the tunnel: replies only"
+		iifname "{tunnel}" drop
+	}}
 }}
 "#,
         host = layout.host,

@@ -1,5 +1,6 @@
 //! The real client, `HttpAgents`, against a stub of the agent's VM API.
 
+use crate::support::relay_tls;
 use crate::world::*;
 
 /// HttpAgents against a stub of the agent's VM API on loopback: the sealed token is
@@ -10,6 +11,7 @@ async fn the_http_client_speaks_the_agents_vm_api() {
     use axum::Router;
     use axum::extract::Path;
     use axum::routing::{delete, post};
+    use byo_server::relay_ca::{RelayCa, RelayCaSource, relay_name};
     use byo_server::seal::Sealer;
 
     let token = SecretToken::generate(TokenKind::Agent);
@@ -66,13 +68,25 @@ async fn the_http_client_speaks_the_agents_vm_api() {
                 if a3(&h) { StatusCode::NO_CONTENT } else { StatusCode::UNAUTHORIZED }
             }),
         );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(listener, agent).await });
+    // The agent behind its relay's TLS front, with the certificate relay-provision issues.
+    let ca = RelayCa::generate().unwrap();
+    let public_url = "http://10.0.0.1:8080";
+    let name = relay_name("spark-1", public_url);
+    let cert = ca.issue(&name, chrono::Utc::now()).unwrap();
+    let (port, _) = relay_tls::serve(agent.clone(), &cert).await;
     // An agent with no VM API at all: its 404s are the router's, with no body.
-    let old = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let old_port = old.local_addr().unwrap().port();
-    tokio::spawn(async move { axum::serve(old, Router::new()).await });
+    let (old_port, _) = relay_tls::serve(Router::new(), &cert).await;
+    // Fronts the client must refuse before it sends anything: another CA's certificate for
+    // this relay's name, and this CA's certificate for another relay.
+    let stranger = RelayCa::generate()
+        .unwrap()
+        .issue(&name, chrono::Utc::now())
+        .unwrap();
+    let (stranger_port, stranger_reached) = relay_tls::serve(agent.clone(), &stranger).await;
+    let other_relay = ca
+        .issue(&relay_name("spark-2", public_url), chrono::Utc::now())
+        .unwrap();
+    let (other_port, other_reached) = relay_tls::serve(agent, &other_relay).await;
 
     let sealer = Sealer::from_hex(&Sealer::generate_hex()).unwrap();
     let target = AgentTargetRow {
@@ -81,7 +95,11 @@ async fn the_http_client_speaks_the_agents_vm_api() {
         relay_ip: Some("127.0.0.1".into()),
         agent_token: Some(sealer.seal(token.expose())),
     };
-    let client = HttpAgents::new(Some(sealer.clone())).with_port(port);
+    let trust = RelayCaSource::fixed(ca);
+    let client_on = |port: u16| {
+        HttpAgents::new(Some(sealer.clone()), trust.clone(), public_url).with_port(port)
+    };
+    let client = client_on(port);
     let create = |name: &str| CreateVm {
         name: name.into(),
         ssh_public_key: public_key_line(),
@@ -131,7 +149,7 @@ async fn the_http_client_speaks_the_agents_vm_api() {
         client.delete_vm(&wrong, "vm-here").await,
         Err(AgentError::Refused { status: 401, .. })
     ));
-    let old_client = HttpAgents::new(Some(sealer.clone())).with_port(old_port);
+    let old_client = client_on(old_port);
     assert!(
         matches!(
             old_client.delete_vm(&target, "vm-gone").await,
@@ -144,9 +162,32 @@ async fn the_http_client_speaks_the_agents_vm_api() {
     let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let closed_port = closed.local_addr().unwrap().port();
     drop(closed);
-    let nobody = HttpAgents::new(Some(sealer)).with_port(closed_port);
+    let nobody = client_on(closed_port);
     assert!(matches!(
         nobody.create_vm(&target, &create("vm-x")).await,
         Err(AgentError::Unreachable(_))
     ));
+
+    // A relay whose certificate is not this relay's from this installation's CA gets
+    // nothing: the handshake fails, so no request (and no token) is sent.
+    for (what, port, reached) in [
+        ("another CA", stranger_port, &stranger_reached),
+        ("another relay's name", other_port, &other_reached),
+    ] {
+        let refused = client_on(port).create_vm(&target, &create("vm-x")).await;
+        assert!(
+            matches!(&refused, Err(AgentError::Unreachable(why)) if why.contains("certificate")),
+            "{what}: {refused:?}"
+        );
+        let pushed = client_on(port)
+            .push_operator_keys(&target, b"{}")
+            .await
+            .unwrap_err();
+        assert!(pushed.contains("certificate"), "{what}: {pushed}");
+        assert_eq!(
+            reached.load(std::sync::atomic::Ordering::SeqCst),
+            0,
+            "{what}: a request got through"
+        );
+    }
 }

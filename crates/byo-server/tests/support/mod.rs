@@ -3,6 +3,7 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod agents;
+pub mod relay_tls;
 
 use axum::Router;
 use axum::body::Body;
