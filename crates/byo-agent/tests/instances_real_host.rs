@@ -281,6 +281,48 @@ fn scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(w: &World
     assert_eq!((w.instances(), w.map()), before);
 }
 
+/// M on a host enrolled outside production (`test` here, `local` under `byo up`): serving
+/// applies a list for the environment the host enrolled into and refuses one for another.
+fn m_serving_takes_lists_for_the_environment_it_enrolled_into(
+    w: &World,
+    signing: &ssh_key::PrivateKey,
+) {
+    use byo_core::keylist::OperatorKey;
+    use byo_core::keylist_testing::{envelope, list};
+    let push = |env: &str, version: u64| {
+        let key = private_key();
+        let keys = list(
+            env,
+            version,
+            vec![OperatorKey {
+                user_sub: "op-2".into(),
+                label: format!("{env} desk"),
+                public_key: public_line(&key),
+            }],
+            chrono::Utc::now(),
+        );
+        w.host
+            .write("/root/list.json", &envelope(&keys, &[signing]), 0o600);
+        let out = w.host.sh(&format!(
+            "curl -s -m 30 -X PUT -H 'Authorization: Bearer {}' -H 'Content-Type: application/json' --data-binary @/root/list.json -w '\n%{{http_code}}' http://10.8.0.2:8080/v1/operator-keys",
+            w.token
+        ));
+        (text(&out), public_line(&key))
+    };
+    let authorized = || w.host.sh_ok("cat /home/spark/.ssh/authorized_keys");
+    let (said, _) = push("production", 2);
+    assert!(
+        said.ends_with("422"),
+        "a list for another environment: {said}"
+    );
+    let (said, key) = push(support::prepared::ENVIRONMENT, 2);
+    assert!(
+        said.ends_with("200"),
+        "a list for its own environment: {said}"
+    );
+    assert!(authorized().contains(&key), "{}", authorized());
+}
+
 fn scenario_5_a_relay_that_refuses_the_map_reverts_the_create(w: &World) {
     let before = (w.instances(), w.map());
     *w.mapd.refuse.lock().unwrap() = true;
@@ -400,6 +442,7 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     assert_eq!(who.trim(), "spark", "serving runs unprivileged");
 
     unauthenticated_calls_are_refused(&w);
+    m_serving_takes_lists_for_the_environment_it_enrolled_into(&w, &e.signing);
     scenario_2_the_gpu_check_and_startup_script_are_advisory(&w);
     scenario_1_create_publishes_ssh_and_points_the_relay(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);

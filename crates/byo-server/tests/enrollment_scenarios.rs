@@ -65,6 +65,8 @@ async fn world_on(listener: Option<tokio::net::TcpListener>) -> World {
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing.public_key().to_openssh().unwrap()];
+    // Not production: as `byo up` runs, so nothing leans on a built-in environment.
+    config.environment = "local".into();
     let clock = Clock::manual(chrono::Utc::now());
     let state = AppState::new(db.store.clone(), config).with_clock(clock.clone());
     let now = clock.now();
@@ -89,7 +91,7 @@ async fn world_on(listener: Option<tokio::net::TcpListener>) -> World {
 
     // A published operator-key list, so enrolment delivers one (step 29).
     let login = testing::login_key(&owner.user.sub, "laptop");
-    let list = testing::list("production", 1, vec![login.clone()], now);
+    let list = testing::list(&state.config.environment, 1, vec![login.clone()], now);
     let body = list.to_canonical();
     let fp = check_key(&login).unwrap().fingerprint;
     db.apply_key_change(
@@ -215,6 +217,23 @@ async fn scenario_1_a_spark_enrolls_and_keeps_everything_root_only() {
     );
     let keys = e.operator_keys(&creds.environment);
     assert_eq!(keys.held().unwrap().unwrap().1.version, 1);
+    // The environment it enrolled into is kept where serving (unprivileged) reads it: every
+    // list pushed later is checked against it.
+    let env_file = host.path().join("etc/enverge/environment");
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap().trim(),
+        w.state.config.environment
+    );
+    assert_eq!(
+        std::fs::metadata(&env_file).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    assert_eq!(
+        byo_agent::enroll::enrolled_environment(&env_file, &keys.paths.held)
+            .unwrap()
+            .as_deref(),
+        Some(creds.environment.as_str())
+    );
     // The backend holds the host's hashes and sealed tokens, not the plaintext it handed over.
     let dump = w.state.store.dump_text().await.unwrap();
     assert!(
