@@ -281,6 +281,43 @@ fn scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(w: &World
     assert_eq!((w.instances(), w.map()), before);
 }
 
+/// One instance per host on the agent too: with c1 held, a create under another name is
+/// refused (409 host_occupied, naming c1) and nothing changes — no container, no map entry.
+fn a_second_instance_is_refused_while_the_host_holds_one(w: &World) {
+    let before = (w.instances(), w.map());
+    let (status, body) = w.create("c4b", &w.customer_key);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "host_occupied", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("c1"),
+        "the refusal names the instance held: {body}"
+    );
+    assert_eq!((w.instances(), w.map()), before);
+    // Stopped, it still holds the host.
+    assert_eq!(
+        w.api("POST", "/v1/vms/c1/state", Some(json!({"action": "stop"})))
+            .0,
+        204
+    );
+    let (status, body) = w.create("c4b", &w.customer_key);
+    assert_eq!(
+        (status, &body["error"]),
+        (409, &json!("host_occupied")),
+        "{body}"
+    );
+    assert!(!w.instances().contains("c4b"), "{}", w.instances());
+    assert_eq!(
+        w.api("POST", "/v1/vms/c1/state", Some(json!({"action": "start"})))
+            .0,
+        204
+    );
+    assert_eq!(
+        w.map(),
+        before.1,
+        "started again, the relay points at c1 as before"
+    );
+}
+
 /// M on a host enrolled outside production (`test` here, `local` under `byo up`): serving
 /// applies a list for the environment the host enrolled into and refuses one for another.
 fn m_serving_takes_lists_for_the_environment_it_enrolled_into(
@@ -444,10 +481,12 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     unauthenticated_calls_are_refused(&w);
     m_serving_takes_lists_for_the_environment_it_enrolled_into(&w, &e.signing);
     scenario_2_the_gpu_check_and_startup_script_are_advisory(&w);
+    // On an empty host: with an instance held, any other create is refused first.
+    scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
     scenario_1_create_publishes_ssh_and_points_the_relay(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);
     scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(&w);
-    scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
+    a_second_instance_is_refused_while_the_host_holds_one(&w);
     g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(&w);
     l2_a_host_restart_restores_the_instance_then_points_the_relay(&w);
     // DESIGN §7's figure for serving at rest: its resident memory, with an instance up.
