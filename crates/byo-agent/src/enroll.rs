@@ -321,6 +321,27 @@ impl Enroller {
         Ok(())
     }
 
+    /// Keep `endpoint` as the relay's WireGuard endpoint in the kept credentials (root-only,
+    /// replaced whole): a host that redeemed before its relay had an address was given
+    /// none, and learns it later (`GET /api/host/relay`). Every other field is kept as
+    /// received.
+    pub fn keep_relay_endpoint(&self, endpoint: &str) -> Result<(), EnrollError> {
+        let path = self.paths.credentials();
+        let bytes = std::fs::read(&path).map_err(io("reading the kept credentials"))?;
+        let mut creds: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            EnrollError::Protocol(format!("the kept credentials do not parse: {e}"))
+        })?;
+        let wireguard = creds
+            .get_mut("wireguard")
+            .and_then(|w| w.as_object_mut())
+            .ok_or_else(|| {
+                EnrollError::Protocol("the kept credentials hold no WireGuard config".into())
+            })?;
+        wireguard.insert("endpoint".into(), endpoint.into());
+        write_atomic(&path, creds.to_string().as_bytes(), 0o600)
+            .map_err(io("keeping the relay's endpoint"))
+    }
+
     pub fn operator_keys(&self, environment: &str) -> OperatorKeys {
         OperatorKeys {
             paths: Paths {

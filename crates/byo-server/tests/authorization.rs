@@ -57,6 +57,12 @@ fn token_table() -> Vec<Row> {
             body: |_| Some(json!({"node": 0})),
         },
         Row {
+            method: Method::GET,
+            path: "/api/host/relay",
+            allowed: &[],
+            body: none,
+        },
+        Row {
             method: Method::POST,
             path: "/api/host/heartbeat",
             allowed: &[],
