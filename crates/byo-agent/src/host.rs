@@ -230,6 +230,22 @@ pub fn ipv4_networks<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, Strin
     Ok(nets)
 }
 
+/// The host's global IPv6 networks (interface, address/prefix), from `ip -j addr`.
+pub fn ipv6_networks<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String)>> {
+    let out = must(h, &["ip", "-j", "-6", "addr", "show", "scope", "global"])?;
+    let v: Value = serde_json::from_str(&out).map_err(|e| format!("`ip -j -6 addr`: {e}"))?;
+    let mut nets = Vec::new();
+    for link in v.as_array().into_iter().flatten() {
+        let ifname = link["ifname"].as_str().unwrap_or_default();
+        for a in link["addr_info"].as_array().into_iter().flatten() {
+            if let (Some(local), Some(len)) = (a["local"].as_str(), a["prefixlen"].as_u64()) {
+                nets.push((ifname.to_owned(), format!("{local}/{len}")));
+            }
+        }
+    }
+    Ok(nets)
+}
+
 /// Quote one word for a POSIX shell.
 pub fn shell_quote(s: &str) -> String {
     if !s.is_empty()

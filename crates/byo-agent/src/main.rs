@@ -79,6 +79,9 @@ enum Command {
     Rollback {
         #[arg(long, default_value = "/usr/local/bin/byo-agent")]
         bin: PathBuf,
+        /// The record preparation writes last; without it serving never ran.
+        #[arg(long, default_value = byo_agent::prepare::HANDED_OVER)]
+        handed_over: PathBuf,
     },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
@@ -179,7 +182,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(give_up_after),
         ),
         Command::Prepare { root, dry_run } => prepare::unit::run(&root, dry_run),
-        Command::Rollback { bin } => rollback::run(&bin),
+        Command::Rollback { bin, handed_over } => rollback::run(&bin, &handed_over),
         Command::OperatorKeys(cmd) => match cmd {
             KeysCommand::Apply { file, paths } => {
                 operator_keys::apply_command(&keys(paths)?, &file)

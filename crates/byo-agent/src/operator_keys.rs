@@ -131,6 +131,19 @@ impl OperatorKeys {
         })
     }
 
+    /// Keep a list that verifies exactly as [`Self::receive`] would, without writing
+    /// authorized_keys: preparation (root) fetches the list, and its operator-access step
+    /// writes authorized_keys owned by spark — one written here would be root's, and sshd
+    /// reads it as spark.
+    pub fn keep(&self, envelope: &[u8], now: DateTime<Utc>) -> Result<Applied, ReceiveError> {
+        let list = self.accept(envelope, now)?;
+        self.persist(envelope)?;
+        Ok(Applied {
+            version: list.version,
+            keys: list.keys.len(),
+        })
+    }
+
     /// The verification half of [`Self::receive`]: pure with respect to the host.
     pub fn accept(&self, envelope: &[u8], now: DateTime<Utc>) -> Result<KeyList, ReceiveError> {
         let trusted = self.trusted()?;

@@ -1,6 +1,7 @@
 //! host-report from the agent's side: progress after every prepare step, presented with
 //! the host token. A report that does not land is logged and preparation goes on — the
-//! host's state is the truth, the report is a view of it.
+//! host's state is the truth, the report is a view of it. With the same token, preparation
+//! asks for the published operator-key list ([`Reporter::published_operator_keys`]).
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use byo_wire::prepare::HostReport;
 pub struct Reporter {
     url: String,
     heartbeat_url: String,
+    operator_keys_url: String,
     host_token: String,
     client: reqwest::blocking::Client,
     failed: bool,
@@ -32,6 +34,7 @@ impl Reporter {
         Ok(Reporter {
             url: format!("{}/api/host/report", server.trim_end_matches('/')),
             heartbeat_url: format!("{}/api/host/heartbeat", server.trim_end_matches('/')),
+            operator_keys_url: format!("{}/api/host/operator-keys", server.trim_end_matches('/')),
             host_token: host_token.to_owned(),
             client,
             failed: false,
@@ -90,6 +93,33 @@ impl Reporter {
     /// One heartbeat (host_status).
     pub fn heartbeat(&mut self, beat: &byo_wire::vm::Heartbeat) -> Result<(), String> {
         self.post(&self.heartbeat_url, beat)
+    }
+
+    /// The operator-key list the backend publishes now, as signed bytes, unverified (the
+    /// caller verifies it as a push); `None` while none is published. `Err` says why it
+    /// could not be had.
+    pub fn published_operator_keys(&self) -> Result<Option<Vec<u8>>, String> {
+        let resp = self
+            .client
+            .get(&self.operator_keys_url)
+            .bearer_auth(&self.host_token)
+            .send()
+            .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .map_err(|e| format!("reading the list: {}", e.without_url()))?;
+        match status.as_u16() {
+            200 => Ok(Some(body.to_vec())),
+            409 => Ok(None),
+            _ => Err(format!(
+                "the backend answered {status}: {}",
+                String::from_utf8_lossy(&body)
+                    .chars()
+                    .take(200)
+                    .collect::<String>()
+            )),
+        }
     }
 
     /// Send, and log (once per outage) when it does not land.

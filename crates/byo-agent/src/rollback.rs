@@ -1,5 +1,11 @@
 //! What enverge-agent-rollback runs when serving will not stay up (L1): go back to
 //! `byo-agent.previous` once, and never to the build already running.
+//!
+//! systemd also fires serving's `OnFailure=` when serving's start job fails only because
+//! preparation did (its `Requires=`), and a failed preparation is retried every 30 s. That
+//! is not serving failing to stay up: until preparation has handed over, there is nothing
+//! to roll back, and restoring `.previous` then would undo the build an owner just
+//! installed to get past the failure.
 
 use std::path::{Path, PathBuf};
 
@@ -7,8 +13,16 @@ use anyhow::Context;
 use sha2::{Digest, Sha256};
 
 /// Restore `<bin>.previous` over `bin` and restart serving, unless it is the build already
-/// running (then the host stays down and is alerted).
-pub fn run(bin: &Path) -> anyhow::Result<()> {
+/// running (then the host stays down and is alerted), or preparation has not handed over
+/// (`handed_over`, the record it writes last, is absent: serving never ran).
+pub fn run(bin: &Path, handed_over: &Path) -> anyhow::Result<()> {
+    if !handed_over.exists() {
+        println!(
+            "preparation has not handed over ({} is absent), so serving never ran: nothing to roll back",
+            handed_over.display()
+        );
+        return Ok(());
+    }
     let mut previous = bin.as_os_str().to_owned();
     previous.push(".previous");
     let previous = PathBuf::from(previous);

@@ -1,6 +1,7 @@
 //! What preparation writes onto a host passes its real validator: the image builder and the
-//! tenant image's DHCP hook (`shellcheck`, as POSIX sh: busybox runs them), and the WireGuard
-//! configuration relay-peer renders (`wg-quick strip` parses it as wg-quick@wg0 will).
+//! tenant image's DHCP hook (`shellcheck`, as POSIX sh: busybox runs them), the WireGuard
+//! configuration relay-peer renders (`wg-quick strip` parses it as wg-quick@wg0 will), and the
+//! tenant firewall the firewall step renders (`nft -c`, then loaded in a network namespace).
 
 use std::process::Command;
 
@@ -67,4 +68,71 @@ fn the_relay_peer_configuration_parses_as_wg_quick_reads_it() {
     );
     let stripped = String::from_utf8_lossy(&out.stdout);
     assert!(stripped.contains("PersistentKeepalive = 25") && !stripped.contains("Address"));
+}
+
+/// The tenant firewall as the firewall step renders it for a host on a home LAN: `nft -c`
+/// accepts it, and loaded for real in a throwaway network namespace it holds every range of
+/// the owner's, twice over (nft -f of the same file replaces the table: the unit's reload).
+#[test]
+fn the_tenant_firewall_passes_nft_and_refuses_every_owner_range() {
+    use byo_core::render::nft::tenants::{Tenants, ruleset};
+    if !have("nft") || !have("unshare") {
+        return;
+    }
+    let text = ruleset(&Tenants {
+        bridge: "lxdbr0".into(),
+        bridge_address: "10.117.0.1".parse().unwrap(),
+        host_nets4: vec![
+            ("192.168.1.23".parse().unwrap(), 24),
+            ("10.8.0.2".parse().unwrap(), 24),
+            ("198.51.100.7".parse().unwrap(), 28),
+        ],
+        host_nets6: vec![("2001:db8:1::23".parse().unwrap(), 64)],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("tenant-firewall.nft");
+    std::fs::write(&path, &text).unwrap();
+    let path = path.to_str().unwrap();
+    let out = Command::new("unshare")
+        .args(["--net", "--", "sh", "-c"])
+        .arg(format!(
+            "nft -c -f {path} && nft -f {path} && nft -f {path} && nft list table inet enverge_tenants"
+        ))
+        .output()
+        .unwrap();
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
+        byo_core::testing::skip("a network namespace", "unshare --net needs root");
+        return;
+    }
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Named here, not read from the renderer's constants, so a range dropped there fails here.
+    for range in [
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "169.254.0.0/16",
+        "100.64.0.0/10",
+        "10.8.0.0/24",
+        "fc00::/7",
+        "fe80::/10",
+        "192.168.1.0/24",
+        "198.51.100.0/28",
+        "2001:db8:1::/64",
+    ] {
+        assert!(listed.contains(range), "{range} missing from:\n{listed}");
+    }
+    for rule in [
+        "iifname \"lxdbr0\" jump tenant_to_host",
+        "iifname \"lxdbr0\" jump tenant_out",
+        "ip daddr 10.117.0.1 udp dport 53 accept",
+        "ip daddr 10.117.0.1 tcp dport 53 accept",
+        "ip daddr @owner_nets4 counter packets 0 bytes 0 drop",
+    ] {
+        assert!(listed.contains(rule), "{rule:?} missing from:\n{listed}");
+    }
 }

@@ -3,9 +3,12 @@
 //! installed as install.sh installs it and running as spark, the VM API called as the
 //! backend calls it (the agent token), tenant containers in Debian's LXD nested inside,
 //! reached by ssh through the published port. The relay's ssh_mapd is a fake in this file
-//! that speaks its API (the golden path uses the real one).
+//! that speaks its API (the golden path uses the real one). `tenants` is issue #11's
+//! isolation: from inside the customer's container, the internet and nothing of the owner's.
 
 mod support;
+#[path = "instances_real_host/tenants.rs"]
+mod tenants;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -116,6 +119,9 @@ fn start_mapd(m: FakeMapd) -> u16 {
 struct World {
     host: HostContainer,
     mapd: FakeMapd,
+    /// Where the fake ssh_mapd listens: this machine, on the host's LAN.
+    mapd_host: String,
+    mapd_port: u16,
     token: String,
     customer_key: String,
 }
@@ -464,6 +470,8 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     let w = World {
         host: e.host,
         mapd,
+        mapd_host: bridge_gateway(),
+        mapd_port: port,
         token: e.agent_token.clone(),
         customer_key: public_line(&customer),
     };
@@ -484,11 +492,13 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     // On an empty host: with an instance held, any other create is refused first.
     scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
     scenario_1_create_publishes_ssh_and_points_the_relay(&w);
+    tenants::tenants_see_the_internet_and_nothing_of_the_owners(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);
     scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(&w);
     a_second_instance_is_refused_while_the_host_holds_one(&w);
     g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(&w);
     l2_a_host_restart_restores_the_instance_then_points_the_relay(&w);
+    tenants::still_after_a_reboot(&w);
     // DESIGN §7's figure for serving at rest: its resident memory, with an instance up.
     let rss = w
         .host

@@ -447,14 +447,32 @@ fn landmine_swap_off_arms_earlyoom() {
 
 #[test]
 fn landmine_lxd_network_before_profiles() {
-    for names in [
-        without("lxd-network"),
-        moved_after("lxd-network", "profiles"),
+    let without_both = |a: &str, b: &str| -> Vec<&'static str> {
+        without(a).into_iter().filter(|s| *s != b).collect()
+    };
+    for (names, at, cause) in [
+        // The tenant firewall lets DHCP and DNS through to the bridge's address only: the
+        // first step that needs the bridge names it.
+        (
+            without("lxd-network"),
+            "firewall",
+            "lxd-network must run before firewall",
+        ),
+        (
+            moved_after("lxd-network", "profiles"),
+            "firewall",
+            "lxd-network must run before firewall",
+        ),
+        (
+            without_both("lxd-network", "firewall"),
+            "profiles",
+            "lxd-network must run before profiles",
+        ),
     ] {
         let mut sim = SimSpark::new(dgx_os());
         let out = run_steps(&mut sim, &plan(), &names);
-        // LXD is up with a healthy pool; the omission surfaces at profiles.
-        failed_at(&out, "profiles", "lxd-network must run before profiles");
+        // LXD is up with a healthy pool; the omission surfaces where the bridge is needed.
+        failed_at(&out, at, cause);
         let lxd = sim.state.lxd.as_ref().unwrap();
         assert_eq!(lxd.pools["default"], "zfs");
         assert!(lxd.profiles.is_empty());
@@ -491,6 +509,47 @@ fn landmine_firewall_changes_the_file_because_iptables_p_lasts_until_the_next_re
     assert_eq!(sim.state.forward_policy, "ACCEPT");
     let _ = byo_agent::host::must(&mut sim, &["ufw", "reload"]).unwrap();
     assert_eq!(sim.state.forward_policy, "DROP");
+}
+
+#[test]
+fn the_tenant_firewall_is_a_table_of_our_own_that_ufw_reloads_and_reboots_keep() {
+    use byo_core::render::nft::tenants::{OWNER_NETS4, OWNER_NETS6, TUNNEL};
+    let mut sim = prepared();
+    let table = sim
+        .state
+        .nft
+        .get("inet enverge_tenants")
+        .cloned()
+        .expect("preparation loaded the tenant firewall");
+    // Every range of the owner's, the tunnel, and the host's own LAN as found at apply time.
+    for range in OWNER_NETS4.iter().chain(OWNER_NETS6).chain([&TUNNEL]) {
+        assert!(table.contains(range), "{range} is not refused:\n{table}");
+    }
+    assert!(table.contains("192.168.1.0/24"), "{table}");
+    assert!(sim.state.packages.contains("nftables"));
+    // ufw rewrites its own tables only; a reboot loads ours again from the unit.
+    let _ = byo_agent::host::must(&mut sim, &["ufw", "reload"]).unwrap();
+    assert_eq!(sim.state.nft.get("inet enverge_tenants"), Some(&table));
+    sim.reboot();
+    assert_eq!(sim.state.nft.get("inet enverge_tenants"), Some(&table));
+    // A table gone (a `flush ruleset`): the check names it and a run puts it back.
+    sim.state.nft.clear();
+    let (out, _) = run_build(&mut sim, &plan(), Mode::DryRun, "byo-agent 2.0");
+    assert!(
+        out.changes
+            .iter()
+            .any(|(step, what)| step == "firewall" && what.contains("load inet enverge_tenants")),
+        "{:?}",
+        out.changes
+    );
+    let (out, _) = run_build(&mut sim, &plan(), Mode::Run, "byo-agent 2.0");
+    assert!(out.completed, "{:?}", out.failed);
+    assert_eq!(sim.state.nft.get("inet enverge_tenants"), Some(&table));
+    // The host moved to another LAN: the next run refuses that one too.
+    sim.state.addresses[0].1 = "198.51.100.23/24".into();
+    let (out, _) = run_build(&mut sim, &plan(), Mode::Run, "byo-agent 3.0");
+    assert!(out.completed, "{:?}", out.failed);
+    assert!(sim.state.nft["inet enverge_tenants"].contains("198.51.100.0/24"));
 }
 
 #[test]

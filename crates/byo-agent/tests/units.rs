@@ -1,10 +1,33 @@
-//! The units pass `systemd-analyze verify`, and carry J's ordering.
+//! The units pass `systemd-analyze verify`, and carry J's ordering; so does the unit the
+//! firewall step installs to load the tenant firewall at boot.
 
-use byo_core::render::units::{PREPARE, ROLLBACK, SERVING, units};
+use byo_core::render::units::{
+    PREPARE, PREPARE_RETRY_SECS, ROLLBACK, SERVING, TENANT_FIREWALL, tenant_firewall, units,
+};
+
+/// The `key=value` lines of `section` in a unit's text.
+fn section(text: &str, name: &str) -> Vec<String> {
+    let mut inside = false;
+    let mut lines = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('[') {
+            inside = line == format!("[{name}]");
+        } else if inside && line.contains('=') && !line.starts_with('#') {
+            lines.push(line.to_owned());
+        }
+    }
+    lines
+}
 
 #[test]
 fn the_units_verify_and_are_ordered_as_the_design_says() {
-    let all = units(env!("CARGO_BIN_EXE_byo-agent"));
+    let mut all = units(env!("CARGO_BIN_EXE_byo-agent"));
+    let nft = if std::path::Path::new("/usr/sbin/nft").exists() {
+        "/usr/sbin/nft"
+    } else {
+        "/bin/true"
+    };
+    all.push((TENANT_FIREWALL, tenant_firewall(nft)));
     let text = |name: &str| all.iter().find(|(n, _)| *n == name).unwrap().1.clone();
     assert!(
         text(SERVING).contains(&format!("Requires={PREPARE}"))
@@ -15,6 +38,31 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
         "preparation starts serving"
     );
     assert!(text(SERVING).contains(&format!("OnFailure={ROLLBACK}")));
+    // A failed preparation tries again on its own, for as long as it takes; a start limit
+    // left at systemd's default would be [Unit]'s to set, so it is set there.
+    let prepare_unit = section(&text(PREPARE), "Unit");
+    let prepare_service = section(&text(PREPARE), "Service");
+    assert!(
+        prepare_service.contains(&"Restart=on-failure".to_owned())
+            && prepare_service.contains(&format!("RestartSec={PREPARE_RETRY_SECS}"))
+            && prepare_unit.contains(&"StartLimitIntervalSec=0".to_owned()),
+        "preparation retries on its own: {prepare_unit:?} {prepare_service:?}"
+    );
+    assert!((30..=60).contains(&PREPARE_RETRY_SECS));
+    // No timer: nothing on a host runs on a schedule of its own but this retry (I).
+    assert!(all.iter().all(|(name, _)| name.ends_with(".service")));
+    // The tenant firewall is in the kernel before LXD restores an instance, and comes back
+    // after an nftables.service whose `flush ruleset` would take it away.
+    let tenants = text(TENANT_FIREWALL);
+    for want in [
+        "Before=network-pre.target lxd.service",
+        "After=local-fs.target nftables.service",
+        "PartOf=nftables.service",
+        "-f /etc/enverge/tenant-firewall.nft",
+        "WantedBy=multi-user.target",
+    ] {
+        assert!(tenants.contains(want), "{want} missing:\n{tenants}");
+    }
     assert!(
         text(SERVING).contains("User=spark")
             && text(SERVING).contains("ReadWritePaths=/home/spark/.ssh")
@@ -51,20 +99,35 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
 }
 
 #[test]
-fn the_rollback_goes_back_once_and_never_to_the_running_build() {
+fn the_rollback_goes_back_once_never_to_the_running_build_nor_before_serving_ran() {
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("byo-agent");
     let previous = dir.path().join("byo-agent.previous");
+    let handed_over = dir.path().join("serving.json");
     let run = || {
         std::process::Command::new(env!("CARGO_BIN_EXE_byo-agent"))
             .args(["rollback", "--bin"])
             .arg(&bin)
+            .arg("--handed-over")
+            .arg(&handed_over)
             .env("PATH", "/nonexistent")
             .output()
             .unwrap()
     };
     std::fs::write(&bin, "new build").unwrap();
     std::fs::write(&previous, "old build").unwrap();
+    // Serving's start failing because preparation failed (Requires=) fires OnFailure= too:
+    // before preparation handed over, serving never ran, and nothing is rolled back.
+    let out = run();
+    assert!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("nothing to roll back"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&bin).unwrap(), "new build");
+    assert!(previous.exists(), ".previous is kept for a real failure");
+    std::fs::write(&handed_over, "{}").unwrap();
     let out = run();
     assert!(
         out.status.success(),

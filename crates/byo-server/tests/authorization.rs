@@ -63,6 +63,12 @@ fn token_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::GET,
+            path: "/api/host/operator-keys",
+            allowed: &[],
+            body: none,
+        },
+        Row {
             method: Method::POST,
             path: "/api/host/heartbeat",
             allowed: &[],

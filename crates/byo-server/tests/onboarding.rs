@@ -782,7 +782,89 @@ with_world!(
     b28_a_fault_on_our_side_leaves_the_token_good,
     c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan,
     the_operators_hosts_page_summarises_what_turned_up,
+    c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tries_again,
 );
+
+/// A failed step on *Your GPUs* (the page and the fragment it polls): besides the technical
+/// line, what is wrong and who fixes it in the owner's words, and that preparation tries
+/// again on its own — when, while that is ahead. Once it completes, the advice is gone.
+async fn c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tries_again(
+    w: World,
+) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let enrolled = w.enroll(p["token"].as_str().unwrap(), spark()).await.json();
+    let host_token = enrolled["host_token"].as_str().unwrap().to_owned();
+    let report = |body: Value| {
+        let (app, token) = (&w.app, host_token.clone());
+        async move {
+            let r = app
+                .send(
+                    Request::post("/api/host/report")
+                        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(body.to_string()))
+                        .unwrap(),
+                )
+                .await;
+            assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+        }
+    };
+    let failed = |step: &str, error: &str, at: &str| json!({"node": 0, "state": {"step": step, "state": "failed", "attempt": 1, "error": error, "final": true, "at": at}});
+    let views = async || {
+        (
+            w.owner.get("/hosts").await.text(),
+            w.owner
+                .get(&format!("/hosts/{host_id}/progress"))
+                .await
+                .text(),
+        )
+    };
+
+    // The list expired: ours to fix. The clock reads 12:00:00; the step failed at 12:00:10.
+    report(failed(
+        "operator-access",
+        "no operator-key list is kept on this host (enrolment delivers it): nobody could administer it",
+        "2026-11-29T12:00:10Z",
+    ))
+    .await;
+    for view in <[String; 2]>::from(views().await) {
+        for says in [
+            "last step: operator-access failed (no operator-key list is kept on this host",
+            "byo's operators cannot log in to this machine yet: the list of their access keys is missing or has expired.",
+            "Nothing for you to do: we fix this on our side.",
+            "Preparation tries again on its own about every 30 seconds (next try about 12:00:40 UTC), and carries on by itself once the cause is fixed.",
+        ] {
+            assert!(view.contains(says), "{says:?} is not in:\n{view}");
+        }
+    }
+
+    // apt held by another program: the owner's to fix. Its next try is already past (the
+    // host may be off): no time is promised.
+    report(failed(
+        "lxd-install",
+        "apt-get install lxd: Could not get lock /var/lib/dpkg/lock-frontend",
+        "2026-11-29T11:00:00Z",
+    ))
+    .await;
+    let (page, _) = views().await;
+    for says in [
+        "LXD, which runs the customers' containers, could not be installed. A package install failed: most often another program is holding apt",
+        "What you can do: let any update on the machine finish, and check that it can reach the internet.",
+        "about every 30 seconds, and carries on",
+    ] {
+        assert!(page.contains(says), "{says:?} is not in:\n{page}");
+    }
+    assert!(!page.contains("Nothing for you to do") && !page.contains("next try"));
+
+    // A retry that completes: no advice is left.
+    report(json!({"node": 0, "state": {"step": "self-check", "state": "satisfied", "attempt": 1, "error": null, "final": true, "at": "2026-11-29T12:01:00Z"}, "completed": true})).await;
+    let (page, fragment) = views().await;
+    assert!(page.contains("prepared: waiting for an operator"), "{page}");
+    for view in [page, fragment] {
+        assert!(!view.contains("tries again"), "{view}");
+    }
+}
 
 /// /admin/hosts says what turned up in a few words — GPU, arch, OS, machine, when — with
 /// what was stored behind a toggle, cut to a few KB however much an agent sent.

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use byo_agent::operator_keys::{OperatorKeys, Paths};
 use byo_core::keylist::check_key;
 use byo_core::keylist_testing as testing;
+use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::hosts::AgentTargetRow;
 use byo_server::agents::{HostAgents, HttpAgents};
 use byo_server::seal::Sealer;
@@ -711,18 +712,15 @@ async fn the_key_form_keeps_what_was_typed_and_says_why_when_it_refuses(w: World
     }
 }
 
-/// A host holds the list its enrolment answer carried (step 29) from the moment it is
-/// handed over: the page shows that version and when, not "—" and "never".
-async fn a_host_holds_the_version_it_enrolled_with(w: World) {
-    w.add(&w.op, "laptop").await;
-    w.publish_draft().await;
+/// A GB10 host through host-provision and redeem, as its agent would: its slug and the
+/// enrolment answer.
+async fn enrolled_host(w: &World) -> (String, Value) {
     let p = w
         .root
         .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
         .await;
     assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
     let p = p.json();
-    let slug = p["slug"].as_str().unwrap();
     let spark = json!({
         "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
         "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
@@ -742,8 +740,18 @@ async fn a_host_holds_the_version_it_enrolled_with(w: World) {
         )
         .await;
     assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.text());
+    (p["slug"].as_str().unwrap().to_owned(), enrolled.json())
+}
+
+/// A host holds the list its enrolment answer carried (step 29) from the moment it is
+/// handed over: the page shows that version and when, not "—" and "never".
+async fn a_host_holds_the_version_it_enrolled_with(w: World) {
+    w.add(&w.op, "laptop").await;
+    w.publish_draft().await;
+    let (slug, enrolled) = enrolled_host(&w).await;
+    let slug = slug.as_str();
     let envelope: Value =
-        serde_json::from_str(enrolled.json()["operator_keys"].as_str().unwrap()).unwrap();
+        serde_json::from_str(enrolled["operator_keys"].as_str().unwrap()).unwrap();
     assert!(
         envelope["body"]
             .as_str()
@@ -774,8 +782,126 @@ async fn a_host_holds_the_version_it_enrolled_with(w: World) {
     assert!(!row.contains("never") && !row.contains('—'), "{row}");
 }
 
+/// A host still preparing is not serving, so no push reaches it: its preparation asks for
+/// the published list with its host token (the agent's own client, against the real
+/// handler on loopback) and keeps it only if it verifies as a push would. A list published
+/// after its enrolment reaches it that way; a token that is no live host's gets
+/// host-report's one answer.
+async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_verifies(w: World) {
+    use byo_agent::report::Reporter;
+    w.add(&w.op, "laptop").await;
+    w.publish_draft().await;
+    let (slug, enrolled) = enrolled_host(&w).await;
+    let host_token = enrolled["host_token"].as_str().unwrap().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let host = |environment: &str| OperatorKeys {
+        paths: Paths {
+            trusted: dir.path().join("signing-keys"),
+            held: dir.path().join("operator-keys.signed"),
+            authorized_keys: dir.path().join("authorized_keys"),
+        },
+        environment: environment.into(),
+    };
+    let keys = host(enrolled["environment"].as_str().unwrap());
+    keys.trust(&w.signing.public_key().to_openssh().unwrap())
+        .unwrap();
+    keys.keep(
+        enrolled["operator_keys"].as_str().unwrap().as_bytes(),
+        chrono::Utc::now(),
+    )
+    .unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = format!("http://{}", listener.local_addr().unwrap());
+    let router = w.app.router.clone();
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let fetch = |token: String| {
+        let server = server.clone();
+        async move {
+            tokio::task::spawn_blocking(move || {
+                Reporter::new(&server, &token)
+                    .unwrap()
+                    .published_operator_keys()
+            })
+            .await
+            .unwrap()
+        }
+    };
+
+    // Version 2, published after the enrolment: the push finds no serving agent there.
+    w.add(&w.op, "desktop").await;
+    let pushed = w.publish_draft().await;
+    assert_eq!(pushed["version"], 2);
+    let fetched = fetch(host_token.clone()).await.unwrap().unwrap();
+    let published = w.app.db.published_key_list().await.unwrap().unwrap();
+    assert_eq!(
+        fetched,
+        published.envelope.unwrap().into_bytes(),
+        "the exact signed bytes a push sends"
+    );
+    let kept = keys.keep(&fetched, chrono::Utc::now()).unwrap();
+    assert_eq!((kept.version, kept.keys), (2, 2));
+    assert_eq!(keys.held().unwrap().unwrap().1.version, 2);
+    assert!(
+        !keys.paths.authorized_keys.exists(),
+        "preparation's operator-access writes authorized_keys, as spark's"
+    );
+    let hosts = w.overview().await["hosts"].clone();
+    let row = hosts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["slug"] == slug.as_str())
+        .unwrap_or_else(|| panic!("{slug} in {hosts}"));
+    assert!(
+        row["version"] == 2 && row["error"].is_null(),
+        "the operators see the host holding what it fetched: {row}"
+    );
+
+    // Kept only if it verifies as a push would: a host of another environment refuses it
+    // and keeps what it held.
+    let held_before = std::fs::read(&keys.paths.held).unwrap();
+    let elsewhere = host("staging");
+    assert!(elsewhere.keep(&fetched, chrono::Utc::now()).is_err());
+    assert_eq!(std::fs::read(&keys.paths.held).unwrap(), held_before);
+
+    // An unknown token: host-report's one answer, the status and the body.
+    let unknown = SecretToken::generate(TokenKind::Host).expose().to_owned();
+    let ask = |token: &str, method: axum::http::Method, path: &str, body: &str| {
+        axum::http::Request::builder()
+            .method(method)
+            .uri(path)
+            .header(axum::http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(axum::http::header::CONTENT_TYPE, "application/json")
+            .body(axum::body::Body::from(body.to_owned()))
+            .unwrap()
+    };
+    let list = w
+        .app
+        .send(ask(
+            &unknown,
+            axum::http::Method::GET,
+            "/api/host/operator-keys",
+            "",
+        ))
+        .await;
+    let report = w
+        .app
+        .send(ask(
+            &unknown,
+            axum::http::Method::POST,
+            "/api/host/report",
+            "{}",
+        ))
+        .await;
+    assert_eq!(list.status, StatusCode::UNAUTHORIZED);
+    assert_eq!((list.status, &list.body), (report.status, &report.body));
+    assert!(fetch(unknown).await.unwrap_err().contains("401"));
+}
+
 with_world!(
     the_key_form_takes_a_pub_line_and_its_comment_names_the_machine,
     the_key_form_keeps_what_was_typed_and_says_why_when_it_refuses,
     a_host_holds_the_version_it_enrolled_with,
+    a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_verifies,
 );

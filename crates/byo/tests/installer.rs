@@ -2,6 +2,9 @@
 //! real Debian host container: every refusal prints its reason on the terminal, exits with
 //! its own status and leaves nothing installed; then a good token enrols, and preparation
 //! reuses the kept credentials instead of enrolling again. One container for every case.
+//!
+//! And, in a second container, a preparation that failed recovering on its own: the real
+//! units under systemd retry it on their schedule, and a list published meanwhile reaches it.
 
 #[path = "../../byo-agent/tests/support/host_container.rs"]
 mod host_container;
@@ -62,8 +65,9 @@ fn signing_key() -> &'static ssh_key::PrivateKey {
     KEY.get_or_init(byo_core::keylist_testing::private_key)
 }
 
-/// Operator-key list v1 through the production rules (a change, then the signed publish):
-/// host-provision hands out no one-liner before a list is published.
+/// An operator-key list through the production rules (a change adding a new key, then the
+/// signed publish), issued at the server's clock: host-provision hands out no one-liner
+/// before a list is published.
 async fn publish_operator_keys(state: &AppState, staff: &CurrentUser) {
     use byo_server::app::operator_keys;
     use byo_wire::api::{KeyChangeRequest, SignatureUpload};
@@ -407,4 +411,192 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
     host.sh_ok("systemctl stop enverge-agent-prepare.service enverge-agent.service");
     assert_eq!(host.read("/etc/enverge/credentials.json"), before);
     eprintln!("all cases in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A host whose preparation failed recovers with nobody at it: the one list published at
+/// its enrolment had expired, so `operator-access` fails (operators could not log in) and
+/// the owner's page says so in their words; an operator publishes a new list, and the
+/// prepare unit's next try on its own schedule fetches it, completes, and starts serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preparation_stopped_by_an_expired_list_recovers_on_its_own_once_a_new_one_is_published()
+{
+    use byo_core::render::units::PREPARE_RETRY_SECS;
+    let Some(host) = HostContainer::launch("byo-recover") else {
+        return;
+    };
+    let t0 = Instant::now();
+    let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
+    let db = byo_db::testing::sqlite().await;
+    let store = db.store.clone();
+    let work = tempfile::tempdir().unwrap();
+    let arch = host.sh_ok("uname -m").trim().to_owned();
+    // The server's clock starts a list's validity and an hour before now: the list it
+    // publishes then has expired an hour ago by the time the host reads it.
+    let validity = chrono::Duration::days(Config::default().operator_keys.validity_days);
+    let back = validity + chrono::Duration::hours(1);
+    let clock = Clock::manual(chrono::Utc::now() - back);
+    let releases = release(&work.path().join("releases"), &[&arch]);
+    let (server, state) = serve(&store, releases, None, &clock).await;
+    let staff = user(&store, "staff@example.com", Role::Superadmin).await;
+    publish_operator_keys(&state, &staff).await;
+    clock.advance(back);
+    let provisioned = byo_server::app::host_provision::provision(
+        &state,
+        &staff,
+        &ProvisionRequest {
+            profile_id: "linux-test".into(),
+        },
+    )
+    .await
+    .unwrap();
+    let host_id = provisioned.host_id.clone();
+    let session = SecretToken::generate(TokenKind::Session);
+    let now = chrono::Utc::now();
+    store
+        .create_session(
+            &session.hash(),
+            &staff.user.sub,
+            now,
+            now + chrono::Duration::hours(2),
+        )
+        .await
+        .unwrap();
+    let owners_view = async || {
+        reqwest::Client::new()
+            .get(format!("{server}/hosts/{host_id}/progress"))
+            .header("cookie", format!("byo_session={}", session.expose()))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    // relay-peer brings wg0 up through wireguard-go here, which needs the tun device.
+    let tun = std::process::Command::new("lxc")
+        .args(["config", "device", "add", host.name(), "tun", "unix-char"])
+        .arg("path=/dev/net/tun")
+        .output()
+        .unwrap();
+    assert!(tun.status.success(), "{tun:?}");
+    let journal = || {
+        host.sh_ok("journalctl -u enverge-agent-prepare -u enverge-agent -u enverge-agent-rollback --no-pager -o cat")
+    };
+
+    let ran = one_liner(&host, &server, &provisioned.token, None);
+    assert_eq!(ran.code, Some(0), "{}", ran.terminal);
+    phase("the one-liner ran");
+
+    // The first attempt stops at operator-access, and says so to the backend and the owner.
+    let started = Instant::now();
+    let failed = loop {
+        let h = store.host(&host_id).await.unwrap().unwrap();
+        if let Some(p) = h.prepare_state.as_ref().map(|p| p.0.clone())
+            && p["state"] == "failed"
+        {
+            break p;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no failure was reported ({:?}):\n{}",
+            h.prepare_state,
+            journal()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    phase("operator-access failed");
+    assert_eq!(failed["step"], "operator-access", "{failed}");
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("no operator-key list is kept on this host"),
+        "{failed}"
+    );
+    let said = journal();
+    assert!(
+        said.contains("the published operator-key list was not kept (refused: the list expired at"),
+        "the fetched list was refused as a push's would be:\n{said}"
+    );
+    let view = owners_view().await;
+    for says in [
+        "byo's operators cannot log in to this machine yet: the list of their access keys is missing or has expired.",
+        "Nothing for you to do: we fix this on our side.",
+        &format!("Preparation tries again on its own about every {PREPARE_RETRY_SECS} seconds"),
+    ] {
+        assert!(
+            view.contains(says),
+            "{says:?} is not on the owner's page:\n{view}"
+        );
+    }
+    let active = host.sh("systemctl is-active enverge-agent.service");
+    assert_ne!(
+        String::from_utf8_lossy(&active.stdout).trim(),
+        "active",
+        "serving waits for preparation"
+    );
+
+    // An operator publishes a new list; nobody touches the host.
+    publish_operator_keys(&state, &staff).await;
+    phase("list v2 published");
+    let started = Instant::now();
+    loop {
+        let h = store.host(&host_id).await.unwrap().unwrap();
+        if h.prepared_at.is_some() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(PREPARE_RETRY_SECS + 150),
+            "preparation did not recover ({:?}):\n{}",
+            h.prepare_state,
+            journal()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    phase("prepared");
+    // Its Wants= starts serving once the retry succeeded.
+    let started = Instant::now();
+    loop {
+        let out = host.sh("systemctl is-active enverge-agent.service");
+        if String::from_utf8_lossy(&out.stdout).trim() == "active" {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "serving did not start after the retry:\n{}\n{}",
+            host.sh_ok("systemctl status enverge-agent-prepare enverge-agent --no-pager || true"),
+            journal()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    phase("serving");
+    let said = journal();
+    assert!(
+        said.contains("operator-key list version 2 (2 keys) is the published one; kept")
+            && said.contains("prepared: the credentials are handed to serving"),
+        "{said}"
+    );
+    // The retry was the unit's own (no human re-run). Each failed attempt failed serving's
+    // start job too, which fires its OnFailure=; the rollback, which is for a serving that
+    // will not stay up, saw preparation had not handed over and restored nothing.
+    let restarts = host.sh_ok("systemctl show -p NRestarts --value enverge-agent-prepare.service");
+    assert!(
+        restarts.trim().parse::<u32>().unwrap() >= 1,
+        "NRestarts={restarts}"
+    );
+    let rollback = host.sh_ok("journalctl -u enverge-agent-rollback --no-pager -o cat -q");
+    assert!(
+        rollback.contains("nothing to roll back")
+            && !rollback.contains("restored")
+            && !rollback.contains("Failed"),
+        "the rollback:\n{rollback}"
+    );
+    let held = host.sh_ok("/usr/local/bin/byo-agent operator-keys show");
+    assert!(held.contains("version 2 "), "{held}");
+    let view = owners_view().await;
+    assert!(
+        view.contains("prepared: waiting for an operator") && !view.contains("tries again"),
+        "{view}"
+    );
+    eprintln!("recovered in {:.1} s", t0.elapsed().as_secs_f64());
 }

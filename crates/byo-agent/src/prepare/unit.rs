@@ -2,7 +2,9 @@
 //! installer left (once), build the plan from the kept credentials, run the steps on node0
 //! (and through it the satellites), print and report progress, and hand over to serving.
 //! A completed preparation is recorded, and later starts find the record and exit at once
-//! (L, rule 1).
+//! (L, rule 1). A failed one exits non-zero and the unit runs it again on its own
+//! (`byo_core::render::units::PREPARE_RETRY_SECS`); every attempt first asks the backend
+//! for the published operator-key list.
 
 use std::cell::RefCell;
 use std::path::Path;
@@ -17,7 +19,30 @@ use byo_wire::profile::LxdSource;
 use super::{HandOver, build_id, hand_over, handed_over, peers, plan_from};
 use crate::enroll::{EnrollError, EnrollOutcome, EnrollPaths, Enroller, enroll_this_machine};
 use crate::host::LocalHost;
+use crate::operator_keys::OperatorKeys;
 use crate::report::Reporter;
+
+/// Keep the operator-key list the backend publishes now, if it verifies as a push would.
+/// Serving receives pushes, and serving does not run until preparation completes: without
+/// this, a host whose enrolment list was missing or expired would wait for a person. A
+/// refusal or an unreachable backend is said, and preparation goes on with what it holds.
+fn refresh_operator_keys(keys: &OperatorKeys, reporter: &Reporter) {
+    match reporter.published_operator_keys() {
+        Ok(None) => println!("no operator-key list is published yet"),
+        Ok(Some(bytes)) => match keys.keep(&bytes, chrono::Utc::now()) {
+            Ok(kept) => println!(
+                "operator-key list version {} ({} keys) is the published one; kept",
+                kept.version, kept.keys
+            ),
+            Err(e) => eprintln!(
+                "byo-agent: the published operator-key list was not kept ({e}); preparing with the list this host holds"
+            ),
+        },
+        Err(e) => eprintln!(
+            "byo-agent: could not fetch the published operator-key list ({e}); preparing with the list this host holds"
+        ),
+    }
+}
 
 /// Prepare the host whose filesystem is at `root` (`/` on a host). `dry_run` only checks,
 /// and prints what each step would change.
@@ -66,15 +91,18 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
         _ => creds,
     };
     let keys = enroller.operator_keys(&creds.environment);
-    let authorized_keys = keys.held()?.map(|(_, list)| list.authorized_keys());
-    let mut plan = plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
-    let build = build_id();
     let reporter = match &server {
         Some(s) if !dry_run => {
             Some(Reporter::new(s, &creds.host_token).map_err(anyhow::Error::msg)?)
         }
         _ => None,
     };
+    if let Some(r) = &reporter {
+        refresh_operator_keys(&keys, r);
+    }
+    let authorized_keys = keys.held()?.map(|(_, list)| list.authorized_keys());
+    let mut plan = plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
+    let build = build_id();
     // node0's steps and the satellites' (run inside the satellites step) report alike.
     let reporter = Rc::new(RefCell::new(reporter));
     let emit = {

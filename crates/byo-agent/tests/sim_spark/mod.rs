@@ -13,6 +13,8 @@
 //!   FORWARD policy comes back from /etc/default/ufw at every reload.
 //! - A dir pool is slow (recorded per create); an image without its alias fails creates.
 //! - A 10.8.0.0/24 LAN: wg0 coming up takes the host off the network.
+//! - nftables tables live in the kernel: a reboot empties them, and only an enabled unit
+//!   that loads one brings it back; a `ufw reload` touches none but ufw's.
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -68,6 +70,9 @@ pub struct State {
     pub wg_peer: Option<String>,
     /// The host fell off its network (wg0 over a colliding LAN).
     pub unreachable: bool,
+    /// nftables tables in the kernel besides ufw's ("inet enverge_tenants" -> the text it was
+    /// loaded from: the simulated `nft list` prints what it was given).
+    pub nft: BTreeMap<String, String>,
 }
 
 impl State {
@@ -155,7 +160,19 @@ pub fn dgx_os() -> State {
         lxd: None,
         wg_peer: None,
         unreachable: false,
+        nft: BTreeMap::new(),
     }
+}
+
+const TENANT_UNIT: &str = "enverge-tenant-firewall.service";
+const TENANT_NFT: &str = "/etc/enverge/tenant-firewall.nft";
+
+/// The table an nft file defines ("inet enverge_tenants"), if it is one nft would load.
+fn nft_table(text: &str) -> Option<String> {
+    let last = text.lines().rev().find(|l| l.starts_with("table "))?;
+    let mut w = last.split_whitespace().skip(1);
+    let name = format!("{} {}", w.next()?, w.next()?);
+    text.contains("chain ").then_some(name)
 }
 
 /// ZFS's own default when nothing caps it: half of the 128 GB of unified memory.
@@ -258,6 +275,23 @@ impl SimSpark {
         };
         if s.ufw_active {
             self.ufw_reload();
+        }
+        // The kernel forgets every table; an enabled unit of ours loads its file again.
+        self.state.nft.clear();
+        if self.state.enabled.contains(TENANT_UNIT) {
+            self.load_tenant_firewall();
+        }
+    }
+
+    /// What `nft -f` of the tenant firewall's file does: the table is the file's.
+    fn load_tenant_firewall(&mut self) -> Output {
+        let text = self.file_text(TENANT_NFT);
+        match nft_table(&text) {
+            Some(name) => {
+                self.state.nft.insert(name, text);
+                ok("")
+            }
+            None => fail(1, &format!("{TENANT_NFT}: syntax error")),
         }
     }
 
@@ -396,6 +430,9 @@ impl SimSpark {
                 "enverge-tunnel.service" => s
                     .files
                     .contains_key("/etc/systemd/system/enverge-tunnel.service"),
+                TENANT_UNIT => s
+                    .files
+                    .contains_key(&format!("/etc/systemd/system/{TENANT_UNIT}")),
                 _ => false,
             }
         };
@@ -471,6 +508,12 @@ impl SimSpark {
                 .lines()
                 .find_map(|l| l.strip_prefix("PublicKey = ").map(str::to_owned));
             self.state.links.insert("wg0".into());
+        }
+        if unit == TENANT_UNIT {
+            let out = self.load_tenant_firewall();
+            if !out.ok() {
+                return Err(format!("Job for {unit} failed: {}", out.stderr));
+            }
         }
         self.state.active.insert(unit.into());
         Ok(())
@@ -609,6 +652,27 @@ impl SimSpark {
                     fail(2, "Error: Unknown device type.")
                 }
             }
+            ["nft", "--version"] => {
+                if s.packages.contains("nftables") {
+                    ok("nftables v1.0.9 (Old Doc Yak #3)\n")
+                } else {
+                    fail(127, "nft: command not found")
+                }
+            }
+            ["nft", "-c", "-f", path] => {
+                if nft_table(&self.file_text(path)).is_some() {
+                    ok("")
+                } else {
+                    fail(1, &format!("{path}: syntax error"))
+                }
+            }
+            ["nft", "list", "table", family, name] => {
+                match s.nft.get(&format!("{family} {name}")) {
+                    Some(t) => ok(t),
+                    None => fail(1, "Error: No such file or directory"),
+                }
+            }
+            ["ip", "-j", "-6", "addr", "show", "scope", "global"] => ok("[]"),
             ["ip", "-j", "-4", "addr", "show"] => {
                 let mut by: BTreeMap<&str, Vec<Value>> = BTreeMap::new();
                 for (i, a) in &s.addresses {
@@ -1085,9 +1149,18 @@ impl SimSpark {
 }
 
 impl Host for SimSpark {
-    fn run(&mut self, argv: &[&str], _stdin: Option<&[u8]>) -> Fallible<Output> {
+    fn run(&mut self, argv: &[&str], stdin: Option<&[u8]>) -> Fallible<Output> {
         self.alive()?;
         self.spawned += 1;
+        // A throwaway network namespace prints what it was given to load.
+        if let ["unshare", "--net", "--", "sh", "-c", _] = argv {
+            let text = String::from_utf8_lossy(stdin.unwrap_or_default()).into_owned();
+            return Ok(if nft_table(&text).is_some() {
+                ok(&text)
+            } else {
+                fail(1, "/dev/stdin: syntax error")
+            });
+        }
         self.command(argv)
     }
 

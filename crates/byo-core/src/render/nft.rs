@@ -1,5 +1,6 @@
 //! The kernel side of the customer's SSH path (F): one nftables table of our own holding
-//! the `LOFISPARK_VMSSH` chain and a port map.
+//! the `LOFISPARK_VMSSH` chain and a port map. The host's own table, which keeps tenants
+//! away from everything of the owner's, is [`tenants`].
 //!
 //! ```text
 //! table ip lofispark
@@ -19,6 +20,8 @@
 
 use std::fmt::Write as _;
 use std::net::Ipv4Addr;
+
+pub mod tenants;
 
 pub const TABLE: &str = "lofispark";
 pub const CHAIN: &str = "LOFISPARK_VMSSH";

@@ -1,8 +1,10 @@
 //! admin-operator-keys (M): changes collected in one draft, signatures checked with the
 //! agent's own verifier before anything is published, and every host sent the exact
-//! signed bytes, rented or not.
+//! signed bytes, rented or not. A host still preparing is not serving, so no push reaches
+//! it: it asks for the published list itself ([`published_for_host`]) at every attempt.
 
 use byo_core::keylist::{self, Change, ChangeRefusal, KeyList, SignedList, check_key};
+use byo_core::tokens::SecretToken;
 use byo_db::operator_keys::{KeyChange, KeyListRow, PublishedKey};
 use byo_db::{DbError, GuardedWrite};
 use byo_wire::api::{
@@ -426,6 +428,40 @@ pub async fn send_again(state: &AppState, by: &Operator, host_id: &str) -> AppRe
         delivered,
         failed,
     })
+}
+
+/// What a host asking for the published list is answered.
+#[derive(Debug, PartialEq, Eq)]
+pub enum HostFetch {
+    /// The signed envelope, exactly as published and pushed.
+    Published(String),
+    /// The token is no live host's: the one answer for that (as host-report's).
+    InvalidToken,
+}
+
+/// The published list for the host whose token this is: what a push would send it. A host
+/// still preparing asks at every attempt, so a list published or renewed after its
+/// enrolment reaches it; the host verifies it exactly as a push (M.7), so the server
+/// decides nothing here but who is asking. Refused with 409 while none is published.
+pub async fn published_for_host(state: &AppState, token: &SecretToken) -> AppResult<HostFetch> {
+    let Some(host_id) = state.store.host_id_by_token(&token.hash()).await? else {
+        return Ok(HostFetch::InvalidToken);
+    };
+    let published =
+        state.store.published_key_list().await?.ok_or_else(|| {
+            AppError::conflict("nothing_published", "no list has been published yet")
+        })?;
+    let envelope = published
+        .envelope
+        .expect("a published list has its envelope (operator_key_lists_signed)");
+    // As at enrolment: the answer carries the list, so from here the host holds that
+    // version; recorded where pushes are, or the operators' page keeps showing the failed
+    // push to a host that was not serving yet.
+    state
+        .store
+        .record_key_push(&host_id, Ok(published.version), state.clock.now())
+        .await?;
+    Ok(HostFetch::Published(envelope))
 }
 
 /// Whose key this is: every listing of `fingerprint`, with its operator (I.1).

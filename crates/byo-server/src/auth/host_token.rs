@@ -1,5 +1,6 @@
-//! The host token: how host-report and the heartbeat know which host is calling. One
-//! parser and one refusal, so both answer an unknown or retired host alike.
+//! The host token: how host-report, the heartbeat and the operator-key fetch know which
+//! host is calling. One parser and one refusal, so all answer an unknown or retired host
+//! alike.
 
 use axum::Json;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -7,7 +8,8 @@ use axum::response::{IntoResponse, Response};
 use byo_core::tokens::{SecretToken, TokenKind};
 use serde_json::json;
 
-/// One answer for every host token that does not authenticate (host-report, heartbeats).
+/// One answer for every host token that does not authenticate (host-report, heartbeats,
+/// the operator-key fetch).
 pub fn invalid_host_token() -> Response {
     (
         StatusCode::UNAUTHORIZED,

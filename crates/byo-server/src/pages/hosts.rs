@@ -16,6 +16,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{PageError, PageResult, layout, require_operator};
+use crate::app::host_report::{Fixer, failure_advice};
 use crate::app::{admin_host_action, host_provision};
 use crate::auth::CurrentUser;
 use crate::error::AppError;
@@ -98,12 +99,41 @@ fn step_line(p: &Value) -> String {
     )
 }
 
+/// Under a failed step, for the owner: what is wrong and who fixes it in plain words, and
+/// that preparation tries again on its own (the unit's `RestartSec=`), with roughly when
+/// the next try is while that is still ahead.
+fn failure_advice_line(p: &Value, now: DateTime<Utc>) -> Markup {
+    let advice = failure_advice(p["step"].as_str().unwrap_or_default());
+    let every = byo_core::render::units::PREPARE_RETRY_SECS;
+    let next = p["at"]
+        .as_str()
+        .and_then(|at| at.parse::<DateTime<Utc>>().ok())
+        .map(|at| at + chrono::Duration::seconds(every as i64))
+        .filter(|next| *next > now);
+    html! {
+        br;
+        small.advice {
+            (advice.wrong)
+            @if let Some(cause) = advice.cause { " " (cause) }
+            @match advice.fixer {
+                Fixer::Owner(what) => { " What you can do: " (what) }
+                Fixer::Us => { " Nothing for you to do: we fix this on our side." }
+                Fixer::ItsOwnLine => { " Its own line below says why." }
+            }
+            " Preparation tries again on its own about every " (every) " seconds"
+            @if let Some(next) = next { " (next try about " (next.format("%H:%M:%S")) " UTC)" }
+            ", and carries on by itself once the cause is fixed."
+        }
+    }
+}
+
 fn enrollment_state(e: &EnrollmentView) -> String {
     Facts::of(e).summary()
 }
 
 /// The live part of a host's row: the state, the latest step of node 0 with its attempt and
-/// time, and each satellite's own latest step. `GET /hosts/{host_id}/progress` serves it
+/// time, and each satellite's own latest step; under a failed one, what it means for the
+/// owner. `GET /hosts/{host_id}/progress` serves it
 /// alone; the page polls that and puts it in place.
 fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc>) -> Markup {
     let failed = |p: &Value| p["state"].as_str() == Some("failed");
@@ -118,6 +148,7 @@ fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc
                         @if let Some(n) = p["attempt"].as_u64() { ", attempt " (n) }
                         @if let Some(at) = p["at"].as_str() { ", at " (at) }
                     }
+                    @if failed(p) { (failure_advice_line(p, now)) }
                 }
                 @for n in nodes.iter().filter(|n| n.index > 0 && n.retired_at.is_none()) {
                     br;
@@ -131,6 +162,9 @@ fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc
                             }
                             None => "not started",
                         }
+                    }
+                    @if let Some(p) = n.prepare_state.as_ref().filter(|p| failed(&p.0)) {
+                        (failure_advice_line(&p.0, now))
                     }
                 }
                 @if let Some(at) = facts.prepared_at {

@@ -38,7 +38,7 @@ pub mod vms;
         (name = "accounts", description = "Signing up, in and out; your own account"),
         (name = "admin", description = "Operators' pages: users, grants, the audit log"),
         (name = "operator-keys", description = "admin-operator-keys: the signed operator-key lists (M)"),
-        (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B); host-report and the heartbeat"),
+        (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B); host-report, the heartbeat and the operator-key list a preparing host fetches"),
         (name = "instances", description = "Your SSH keys and instances: create (E1) and delete (G)"),
     )
 )]
@@ -62,6 +62,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(operator_keys::post_signature))
         .routes(routes!(operator_keys::post_send_again))
         .routes(routes!(operator_keys::get_owner))
+        .routes(routes!(operator_keys::get_host_operator_keys))
         .routes(routes!(host_provision::post_host))
         .routes(routes!(host_enroll::post_enroll))
         .routes(routes!(host_report::post_report))

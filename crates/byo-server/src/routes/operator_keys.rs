@@ -1,15 +1,18 @@
-//! admin-operator-keys (M) over HTTP. The rules are [`crate::app::operator_keys`]'s.
+//! admin-operator-keys (M) over HTTP, and a preparing host's fetch of the published list.
+//! The rules are [`crate::app::operator_keys`]'s.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
 use byo_wire::api::{
     ErrorBody, KeyChangeRequest, KeyListView, KeyOwner, OperatorKeysView, PushOutcome,
     SignatureUpload,
 };
 use serde::Deserialize;
 
-use crate::app::operator_keys;
+use crate::app::operator_keys::{self, HostFetch};
+use crate::auth::host_token::{invalid_host_token, presented_host_token};
 use crate::auth::{Operator, Superadmin};
 use crate::error::AppResult;
 use crate::state::AppState;
@@ -91,4 +94,31 @@ pub async fn get_owner(
     Query(q): Query<OwnerQuery>,
 ) -> AppResult<Json<Vec<KeyOwner>>> {
     Ok(Json(operator_keys::owners(&state, &q.fingerprint).await?))
+}
+
+/// The published signed list, for the host whose token this is: the exact bytes a push
+/// sends. A host asks while preparing, when no push can reach it.
+#[utoipa::path(get, path = "/api/host/operator-keys", tag = "hosts",
+    responses((status = 200, description = "the signed envelope, exactly as published", content_type = "application/json", body = String),
+              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn get_host_operator_keys(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> AppResult<Response> {
+    let Some(token) = presented_host_token(&headers) else {
+        return Ok(invalid_host_token());
+    };
+    Ok(
+        match operator_keys::published_for_host(&state, &token).await? {
+            HostFetch::Published(envelope) => (
+                [
+                    (header::CONTENT_TYPE, "application/json"),
+                    (header::CACHE_CONTROL, "no-store"),
+                ],
+                envelope,
+            )
+                .into_response(),
+            HostFetch::InvalidToken => invalid_host_token(),
+        },
+    )
 }
