@@ -11,6 +11,9 @@ use byo_wire::enroll::{EnrollRequest, EnrollResponse};
 
 use crate::operator_keys::{OperatorKeys, Paths, write_atomic};
 
+/// Where enrolment keeps the environment the host enrolled into (on a host).
+pub const ENVIRONMENT_FILE: &str = "/etc/enverge/environment";
+
 /// Where enrolment keeps what it was given, under `root` (`/` on a host; a temporary
 /// directory in tests).
 #[derive(Clone, Debug)]
@@ -34,6 +37,11 @@ impl EnrollPaths {
     /// The SHA-256 of the agent token, which serving checks the backend's calls against.
     pub fn agent_token_hash(&self) -> PathBuf {
         self.at("etc/enverge/agent-token.sha256")
+    }
+    /// The environment this host enrolled into: every operator-key list must name it.
+    /// World-readable, like the token's hash: serving (spark) reads it.
+    pub fn environment(&self) -> PathBuf {
+        self.at(ENVIRONMENT_FILE.trim_start_matches('/'))
     }
     /// The signing key(s) operator-key lists are checked against (M.7), pinned here.
     pub fn signing_keys(&self) -> PathBuf {
@@ -284,6 +292,12 @@ impl Enroller {
             0o644,
         )
         .map_err(io("keeping the agent token's hash"))?;
+        write_atomic(
+            &self.paths.environment(),
+            format!("{}\n", response.environment).as_bytes(),
+            0o644,
+        )
+        .map_err(io("keeping the environment"))?;
         if !response.signing_keys.is_empty() && !self.paths.signing_keys().exists() {
             let keys = response
                 .signing_keys
@@ -307,6 +321,27 @@ impl Enroller {
         Ok(())
     }
 
+    /// Keep `endpoint` as the relay's WireGuard endpoint in the kept credentials (root-only,
+    /// replaced whole): a host that redeemed before its relay had an address was given
+    /// none, and learns it later (`GET /api/host/relay`). Every other field is kept as
+    /// received.
+    pub fn keep_relay_endpoint(&self, endpoint: &str) -> Result<(), EnrollError> {
+        let path = self.paths.credentials();
+        let bytes = std::fs::read(&path).map_err(io("reading the kept credentials"))?;
+        let mut creds: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+            EnrollError::Protocol(format!("the kept credentials do not parse: {e}"))
+        })?;
+        let wireguard = creds
+            .get_mut("wireguard")
+            .and_then(|w| w.as_object_mut())
+            .ok_or_else(|| {
+                EnrollError::Protocol("the kept credentials hold no WireGuard config".into())
+            })?;
+        wireguard.insert("endpoint".into(), endpoint.into());
+        write_atomic(&path, creds.to_string().as_bytes(), 0o600)
+            .map_err(io("keeping the relay's endpoint"))
+    }
+
     pub fn operator_keys(&self, environment: &str) -> OperatorKeys {
         OperatorKeys {
             paths: Paths {
@@ -317,6 +352,36 @@ impl Enroller {
             environment: environment.to_owned(),
         }
     }
+}
+
+/// The environment this host enrolled into, which every operator-key list it takes must
+/// name (serving's pushes and the operator-keys commands alike): the file enrolment keeps
+/// (`environment_file`), else — a host enrolled before that file was kept — the
+/// environment of the list it holds, which was checked against the enrolment's own when it
+/// was taken. `None` when neither is there (not enrolled; or enrolled before signed lists,
+/// holding none), and every list is then refused.
+pub fn enrolled_environment(
+    environment_file: &Path,
+    held: &Path,
+) -> Result<Option<String>, EnrollError> {
+    match std::fs::read_to_string(environment_file) {
+        Ok(text) if !text.trim().is_empty() => return Ok(Some(text.trim().to_owned())),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("reading the kept environment")(e)),
+    }
+    let keys = OperatorKeys {
+        paths: Paths {
+            trusted: PathBuf::new(),
+            held: held.to_path_buf(),
+            authorized_keys: PathBuf::new(),
+        },
+        environment: String::new(),
+    };
+    let held = keys
+        .held()
+        .map_err(|e| EnrollError::Protocol(format!("the held operator-key list: {e}")))?;
+    Ok(held.map(|(_, list)| list.environment))
 }
 
 /// Read the token from an argument, a file, or standard input (in that order).

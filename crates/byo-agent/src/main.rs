@@ -99,9 +99,10 @@ struct KeyPaths {
     /// spark's authorized_keys.
     #[arg(long, default_value = "/home/spark/.ssh/authorized_keys")]
     authorized_keys: PathBuf,
-    /// This installation's environment id; a list for another is refused.
-    #[arg(long, env = "BYO_ENVIRONMENT", default_value = "production")]
-    environment: String,
+    /// Where enrolment kept the environment this host enrolled into; a list for another
+    /// is refused.
+    #[arg(long, default_value = enroll::ENVIRONMENT_FILE)]
+    environment_file: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -131,15 +132,23 @@ enum KeysCommand {
     },
 }
 
-fn keys(paths: KeyPaths) -> OperatorKeys {
-    OperatorKeys {
+fn keys(paths: KeyPaths) -> anyhow::Result<OperatorKeys> {
+    let environment = enroll::enrolled_environment(&paths.environment_file, &paths.held)?
+        .unwrap_or_else(|| {
+            eprintln!(
+                "byo-agent: {} is missing and no list is held: this host does not know its environment, and refuses every list",
+                paths.environment_file.display()
+            );
+            String::new()
+        });
+    Ok(OperatorKeys {
         paths: Paths {
             trusted: paths.trusted,
             held: paths.held,
             authorized_keys: paths.authorized_keys,
         },
-        environment: paths.environment,
-    }
+        environment,
+    })
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {
@@ -155,7 +164,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             agent_token_hash,
             serving_file,
             heartbeat_every,
-            operator_keys: keys(paths),
+            operator_keys: keys(paths)?,
         }),
         Command::Enroll {
             server,
@@ -175,10 +184,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Prepare { root, dry_run } => prepare::unit::run(&root, dry_run),
         Command::Rollback { bin, handed_over } => rollback::run(&bin, &handed_over),
         Command::OperatorKeys(cmd) => match cmd {
-            KeysCommand::Apply { file, paths } => operator_keys::apply_command(&keys(paths), &file),
-            KeysCommand::Reconcile { paths } => operator_keys::reconcile_command(&keys(paths)),
-            KeysCommand::Trust { key, paths } => operator_keys::trust_command(&keys(paths), &key),
-            KeysCommand::Show { paths } => operator_keys::show_command(&keys(paths)),
+            KeysCommand::Apply { file, paths } => {
+                operator_keys::apply_command(&keys(paths)?, &file)
+            }
+            KeysCommand::Reconcile { paths } => operator_keys::reconcile_command(&keys(paths)?),
+            KeysCommand::Trust { key, paths } => operator_keys::trust_command(&keys(paths)?, &key),
+            KeysCommand::Show { paths } => operator_keys::show_command(&keys(paths)?),
         },
     }
 }

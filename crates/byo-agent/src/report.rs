@@ -61,6 +61,28 @@ impl Reporter {
         ))
     }
 
+    /// Where the host's relay is now (`GET /api/host/relay`): its endpoint once it has an
+    /// address. `Err` says why there is no answer.
+    pub fn relay(&self) -> Result<byo_wire::enroll::HostRelay, String> {
+        let url = self.url.replace("/api/host/report", "/api/host/relay");
+        let resp = self
+            .client
+            .get(&url)
+            .bearer_auth(&self.host_token)
+            .send()
+            .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
+        let status = resp.status();
+        if !status.is_success() {
+            let body = resp.text().unwrap_or_default();
+            return Err(format!(
+                "the backend answered {status}: {}",
+                body.chars().take(200).collect::<String>()
+            ));
+        }
+        resp.json()
+            .map_err(|e| format!("the backend's answer does not parse: {e}"))
+    }
+
     /// Send one report; `Err` says why it did not land.
     pub fn send(&mut self, report: &HostReport) -> Result<(), String> {
         self.post(&self.url, report)?;

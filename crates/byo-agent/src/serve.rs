@@ -132,6 +132,7 @@ fn vm_error(e: VmError) -> Response {
         VmError::Invalid(_) => (StatusCode::BAD_REQUEST, AgentErrorCode::Invalid),
         VmError::NotFound => (StatusCode::NOT_FOUND, AgentErrorCode::NotFound),
         VmError::Conflict(_) => (StatusCode::CONFLICT, AgentErrorCode::Conflict),
+        VmError::Occupied(_) => (StatusCode::CONFLICT, AgentErrorCode::HostOccupied),
         VmError::Reverted(_) => (StatusCode::BAD_GATEWAY, AgentErrorCode::Reverted),
         VmError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, AgentErrorCode::Failed),
     };

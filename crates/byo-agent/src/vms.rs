@@ -5,7 +5,8 @@
 //!   its :22 published on the host's tunnel address at a port the agent picks, the
 //!   customer's key and the login banner pushed in, the GPU check and the startup script
 //!   advisory (reported; the instance is created anyway), then the relay's map — fatal: a
-//!   create refused after the container started reverts it.
+//!   create refused after the container started reverts it. A host holds one instance: a
+//!   create while any of ours exists (running or not) is refused before anything is made.
 //! - Delete and stop clear the map; a delete of a container that is not there answers 404,
 //!   which the backend takes as confirmation.
 //! - At start, serving waits for LXD, restores each instance to its last state, and only
@@ -34,6 +35,8 @@ pub enum VmError {
     Invalid(String),
     NotFound,
     Conflict(String),
+    /// A create on a host that already holds an instance (one per host), named here.
+    Occupied(String),
     /// Refused after it started: reverted.
     Reverted(String),
     Failed(String),
@@ -44,6 +47,10 @@ impl std::fmt::Display for VmError {
         match self {
             VmError::Invalid(m) | VmError::Conflict(m) | VmError::Failed(m) => f.write_str(m),
             VmError::NotFound => f.write_str("no such instance on this host"),
+            VmError::Occupied(held) => write!(
+                f,
+                "this host already holds instance {held} (one instance per host); nothing was created"
+            ),
             VmError::Reverted(m) => write!(f, "{m}; the instance was reverted"),
         }
     }
@@ -236,6 +243,12 @@ pub fn create<H: Host + ?Sized>(
             "an instance named {} already exists",
             req.name
         )));
+    }
+    // One instance per host, whatever its state: a stopped one still holds the host (its
+    // customer starts it again), and so does one whose delete has not finished. The
+    // backend picks only hosts holding no live row; this is the host's own word on it.
+    if let Some((held, ..)) = existing.first() {
+        return Err(VmError::Occupied(held.clone()));
     }
     let port = (FIRST_SSH_PORT..)
         .find(|p| !existing.iter().any(|(_, _, q, _)| q == p))
@@ -504,4 +517,162 @@ pub fn restore<H: Host + ?Sized>(
     }
     reassert_map(h, relay, config)?;
     Ok(started_again)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use super::*;
+    use crate::host::{LxdReply, Output};
+
+    /// LXD holding `instances` (`?recursion=1`'s answer); every call is recorded, and
+    /// anything but a read is refused, so a test sees whether create tried to change a thing.
+    struct FakeLxd {
+        instances: serde_json::Value,
+        calls: Vec<(String, String)>,
+    }
+
+    impl Host for FakeLxd {
+        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> Fallible<Output> {
+            Err(format!("no programs here: {argv:?}"))
+        }
+        fn read(&mut self, _: &str) -> Fallible<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        fn write(&mut self, path: &str, _: &[u8], _: u32, _: &str) -> Fallible<()> {
+            Err(format!("no writes here: {path}"))
+        }
+        fn remove(&mut self, path: &str) -> Fallible<()> {
+            Err(format!("no removes here: {path}"))
+        }
+        fn lxd(&mut self, method: &str, path: &str, _: LxdBody<'_>) -> Fallible<LxdReply> {
+            self.calls.push((method.to_owned(), path.to_owned()));
+            let (status, body) = match (method, path) {
+                ("GET", "/1.0/instances?recursion=1") => (
+                    200,
+                    json!({"type": "sync", "metadata": self.instances.clone()}),
+                ),
+                ("GET", p) => {
+                    let name = p.trim_start_matches("/1.0/instances/");
+                    let held = self.instances.as_array().into_iter().flatten();
+                    match held.clone().find(|i| i["name"] == name) {
+                        Some(i) => (200, json!({"type": "sync", "metadata": i})),
+                        None => (404, json!({"type": "error", "error": "not found"})),
+                    }
+                }
+                _ => (
+                    500,
+                    json!({"type": "error", "error": "this fake changes nothing"}),
+                ),
+            };
+            Ok(LxdReply {
+                status,
+                body: body.to_string().into_bytes(),
+            })
+        }
+        fn describe(&self) -> String {
+            "fake LXD".into()
+        }
+    }
+
+    #[derive(Default)]
+    struct Relay(RefCell<Vec<String>>);
+
+    impl RelayMap for Relay {
+        fn get(&self) -> Fallible<SshMap> {
+            self.0.borrow_mut().push("get".into());
+            Ok(SshMap::default())
+        }
+        fn put_port(&self, port: u16, _: &MapTarget) -> Fallible<()> {
+            self.0.borrow_mut().push(format!("put {port}"));
+            Ok(())
+        }
+        fn delete_port(&self, port: u16) -> Fallible<()> {
+            self.0.borrow_mut().push(format!("delete {port}"));
+            Ok(())
+        }
+        fn put(&self, _: &SshMap) -> Fallible<()> {
+            self.0.borrow_mut().push("put".into());
+            Ok(())
+        }
+    }
+
+    fn ours(name: &str, status: &str, port: u16) -> serde_json::Value {
+        json!({"name": name, "status": status, "config": {PORT_KEY: port.to_string()}})
+    }
+
+    fn request(name: &str) -> CreateVm {
+        CreateVm {
+            name: name.into(),
+            ssh_public_key:
+                "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGXbBkKhxRqtwdtBr1JRFsuK7mWzsKEHvLjOT8tNYKd3"
+                    .into(),
+            ssh_hostname: None,
+        }
+    }
+
+    fn config() -> VmConfig {
+        VmConfig {
+            ssh_listen: "10.8.0.2".into(),
+            gpu: false,
+        }
+    }
+
+    #[test]
+    fn a_second_create_is_refused_naming_the_instance_held_and_nothing_changes() {
+        // Running or stopped, ours holds the host; the image builder's container (no
+        // published port) is not an instance.
+        for status in ["Running", "Stopped"] {
+            let mut lxd = FakeLxd {
+                instances: json!([ours("vm-first", status, 22000), {"name": "lofispark-build", "status": "Stopped", "config": {}}]),
+                calls: Vec::new(),
+            };
+            let relay = Relay::default();
+            let err = create(&mut lxd, &relay, &config(), &request("vm-second")).unwrap_err();
+            assert_eq!(err, VmError::Occupied("vm-first".into()), "{status}");
+            assert!(
+                err.to_string().contains("already holds instance vm-first"),
+                "{err}"
+            );
+            assert!(
+                lxd.calls.iter().all(|(method, _)| method == "GET"),
+                "a refused create changed something: {:?}",
+                lxd.calls
+            );
+            assert!(
+                relay.0.borrow().is_empty(),
+                "the relay was called: {:?}",
+                relay.0.borrow()
+            );
+        }
+    }
+
+    #[test]
+    fn a_create_again_under_the_held_name_is_the_name_conflict_it_always_was() {
+        let mut lxd = FakeLxd {
+            instances: json!([ours("vm-first", "Running", 22000)]),
+            calls: Vec::new(),
+        };
+        let relay = Relay::default();
+        let err = create(&mut lxd, &relay, &config(), &request("vm-first")).unwrap_err();
+        assert!(matches!(err, VmError::Conflict(_)), "{err:?}");
+        assert!(lxd.calls.iter().all(|(method, _)| method == "GET"));
+    }
+
+    #[test]
+    fn an_empty_host_goes_on_to_create() {
+        let mut lxd = FakeLxd {
+            instances: json!([{"name": "lofispark-build", "status": "Stopped", "config": {}}]),
+            calls: Vec::new(),
+        };
+        let err = create(&mut lxd, &Relay::default(), &config(), &request("vm-first")).unwrap_err();
+        // This fake refuses every change: the create got as far as asking LXD for one.
+        assert!(err.to_string().contains("could not be created"), "{err}");
+        assert!(
+            lxd.calls
+                .iter()
+                .any(|(m, p)| m == "POST" && p == "/1.0/instances")
+        );
+    }
 }

@@ -287,6 +287,85 @@ fn scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(w: &World
     assert_eq!((w.instances(), w.map()), before);
 }
 
+/// One instance per host on the agent too: with c1 held, a create under another name is
+/// refused (409 host_occupied, naming c1) and nothing changes — no container, no map entry.
+fn a_second_instance_is_refused_while_the_host_holds_one(w: &World) {
+    let before = (w.instances(), w.map());
+    let (status, body) = w.create("c4b", &w.customer_key);
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "host_occupied", "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("c1"),
+        "the refusal names the instance held: {body}"
+    );
+    assert_eq!((w.instances(), w.map()), before);
+    // Stopped, it still holds the host.
+    assert_eq!(
+        w.api("POST", "/v1/vms/c1/state", Some(json!({"action": "stop"})))
+            .0,
+        204
+    );
+    let (status, body) = w.create("c4b", &w.customer_key);
+    assert_eq!(
+        (status, &body["error"]),
+        (409, &json!("host_occupied")),
+        "{body}"
+    );
+    assert!(!w.instances().contains("c4b"), "{}", w.instances());
+    assert_eq!(
+        w.api("POST", "/v1/vms/c1/state", Some(json!({"action": "start"})))
+            .0,
+        204
+    );
+    assert_eq!(
+        w.map(),
+        before.1,
+        "started again, the relay points at c1 as before"
+    );
+}
+
+/// M on a host enrolled outside production (`test` here, `local` under `byo up`): serving
+/// applies a list for the environment the host enrolled into and refuses one for another.
+fn m_serving_takes_lists_for_the_environment_it_enrolled_into(
+    w: &World,
+    signing: &ssh_key::PrivateKey,
+) {
+    use byo_core::keylist::OperatorKey;
+    use byo_core::keylist_testing::{envelope, list};
+    let push = |env: &str, version: u64| {
+        let key = private_key();
+        let keys = list(
+            env,
+            version,
+            vec![OperatorKey {
+                user_sub: "op-2".into(),
+                label: format!("{env} desk"),
+                public_key: public_line(&key),
+            }],
+            chrono::Utc::now(),
+        );
+        w.host
+            .write("/root/list.json", &envelope(&keys, &[signing]), 0o600);
+        let out = w.host.sh(&format!(
+            "curl -s -m 30 -X PUT -H 'Authorization: Bearer {}' -H 'Content-Type: application/json' --data-binary @/root/list.json -w '\n%{{http_code}}' http://10.8.0.2:8080/v1/operator-keys",
+            w.token
+        ));
+        (text(&out), public_line(&key))
+    };
+    let authorized = || w.host.sh_ok("cat /home/spark/.ssh/authorized_keys");
+    let (said, _) = push("production", 2);
+    assert!(
+        said.ends_with("422"),
+        "a list for another environment: {said}"
+    );
+    let (said, key) = push(support::prepared::ENVIRONMENT, 2);
+    assert!(
+        said.ends_with("200"),
+        "a list for its own environment: {said}"
+    );
+    assert!(authorized().contains(&key), "{}", authorized());
+}
+
 fn scenario_5_a_relay_that_refuses_the_map_reverts_the_create(w: &World) {
     let before = (w.instances(), w.map());
     *w.mapd.refuse.lock().unwrap() = true;
@@ -408,12 +487,15 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     assert_eq!(who.trim(), "spark", "serving runs unprivileged");
 
     unauthenticated_calls_are_refused(&w);
+    m_serving_takes_lists_for_the_environment_it_enrolled_into(&w, &e.signing);
     scenario_2_the_gpu_check_and_startup_script_are_advisory(&w);
+    // On an empty host: with an instance held, any other create is refused first.
+    scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
     scenario_1_create_publishes_ssh_and_points_the_relay(&w);
     tenants::tenants_see_the_internet_and_nothing_of_the_owners(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);
     scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(&w);
-    scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
+    a_second_instance_is_refused_while_the_host_holds_one(&w);
     g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(&w);
     l2_a_host_restart_restores_the_instance_then_points_the_relay(&w);
     tenants::still_after_a_reboot(&w);

@@ -48,6 +48,13 @@ fn host() -> Host {
     }
 }
 
+/// The file enrolment keeps the host's environment in, holding `env`.
+fn environment_file(h: &Host, env: &str) -> std::path::PathBuf {
+    let file = h.keys.paths.held.with_file_name("environment");
+    std::fs::write(&file, format!("{env}\n")).unwrap();
+    file
+}
+
 type Snapshot = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
 
 fn snapshot(h: &Host) -> Snapshot {
@@ -228,7 +235,8 @@ fn the_agent_command_applies_refuses_and_shows_a_list() {
             .arg(&h.keys.paths.held)
             .arg("--authorized-keys")
             .arg(&h.keys.paths.authorized_keys)
-            .args(["--environment", env])
+            .arg("--environment-file")
+            .arg(environment_file(&h, env))
             .output()
             .unwrap()
     };
@@ -254,57 +262,57 @@ fn the_agent_command_applies_refuses_and_shows_a_list() {
     );
 }
 
-/// `byo-agent serve` as the unit runs it: at start it heals authorized_keys from the kept
-/// list, then answers pushes only with the agent token.
-#[test]
-fn the_serving_process_heals_at_start_and_checks_the_token() {
-    use std::io::{Read, Write};
-    use std::net::TcpStream;
+/// `byo-agent serve` as the unit runs it, on a free port, with `h`'s paths and
+/// `environment_file`; and a PUT of a list to it, answered as raw HTTP.
+struct Serving {
+    child: std::process::Child,
+    port: u16,
+}
 
-    use byo_core::tokens::{SecretToken, TokenKind};
+impl Serving {
+    fn start(h: &Host, hash_file: &Path, environment_file: &Path) -> Serving {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(env!("CARGO_BIN_EXE_byo-agent"))
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--agent-token-hash",
+            ])
+            .arg(hash_file)
+            .arg("--trusted")
+            .arg(&h.keys.paths.trusted)
+            .arg("--held")
+            .arg(&h.keys.paths.held)
+            .arg("--authorized-keys")
+            .arg(&h.keys.paths.authorized_keys)
+            .arg("--environment-file")
+            .arg(environment_file)
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let s = Serving { child, port };
+        let _ = s.connect();
+        s
+    }
 
-    let h = host();
-    let a = login_key("a");
-    let v1 = signed(1, vec![a.clone()], &h.sk);
-    // A crash left version 1 kept but never applied.
-    h.keys.persist(&v1).unwrap();
-    let token = SecretToken::generate(TokenKind::Agent);
-    let hash_file = h.keys.paths.held.with_file_name("agent-token.sha256");
-    std::fs::write(&hash_file, format!("{}\n", token.hash().as_str())).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_byo-agent"))
-        .args([
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--agent-token-hash",
-        ])
-        .arg(&hash_file)
-        .arg("--trusted")
-        .arg(&h.keys.paths.trusted)
-        .arg("--held")
-        .arg(&h.keys.paths.held)
-        .arg("--authorized-keys")
-        .arg(&h.keys.paths.authorized_keys)
-        .args(["--environment", "prod"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let connect = || {
+    fn connect(&self) -> std::net::TcpStream {
         for _ in 0..200 {
-            if let Ok(s) = TcpStream::connect(("127.0.0.1", port)) {
+            if let Ok(s) = std::net::TcpStream::connect(("127.0.0.1", self.port)) {
                 return s;
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
         panic!("byo-agent serve did not listen");
-    };
-    let put = |bearer: &str, body: &[u8]| {
-        let mut s = connect();
+    }
+
+    fn put(&self, bearer: &str, body: &[u8]) -> String {
+        use std::io::{Read, Write};
+        let mut s = self.connect();
         write!(
             s,
             "PUT /v1/operator-keys HTTP/1.1\r\nHost: agent\r\nAuthorization: Bearer {bearer}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
@@ -315,8 +323,38 @@ fn the_serving_process_heals_at_start_and_checks_the_token() {
         let mut reply = String::new();
         s.read_to_string(&mut reply).unwrap();
         reply
-    };
-    let _ = connect();
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn agent_token(h: &Host) -> (byo_core::tokens::SecretToken, std::path::PathBuf) {
+    use byo_core::tokens::{SecretToken, TokenKind};
+    let token = SecretToken::generate(TokenKind::Agent);
+    let hash_file = h.keys.paths.held.with_file_name("agent-token.sha256");
+    std::fs::write(&hash_file, format!("{}\n", token.hash().as_str())).unwrap();
+    (token, hash_file)
+}
+
+/// `byo-agent serve` as the unit runs it: at start it heals authorized_keys from the kept
+/// list, then answers pushes only with the agent token.
+#[test]
+fn the_serving_process_heals_at_start_and_checks_the_token() {
+    use byo_core::tokens::{SecretToken, TokenKind};
+
+    let h = host();
+    let a = login_key("a");
+    let v1 = signed(1, vec![a.clone()], &h.sk);
+    // A crash left version 1 kept but never applied.
+    h.keys.persist(&v1).unwrap();
+    let (token, hash_file) = agent_token(&h);
+    let serving = Serving::start(&h, &hash_file, &environment_file(&h, "prod"));
+    let put = |bearer: &str, body: &[u8]| serving.put(bearer, body);
     let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(text.contains(&a.public_key), "healed at start");
 
@@ -337,6 +375,46 @@ fn the_serving_process_heals_at_start_and_checks_the_token() {
     assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
     let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(text.contains(&b.public_key) && !text.contains(&a.public_key));
-    child.kill().unwrap();
-    child.wait().unwrap();
+}
+
+/// Serving checks pushes against the environment the host enrolled into (the file
+/// enrolment keeps), not a built-in one: a host enrolled into `local` (as `byo up` is) takes
+/// a list for `local` and refuses one for `production`, changing nothing. A host enrolled
+/// before that file was kept reads its environment from the list it holds.
+#[test]
+fn serving_checks_lists_against_the_environment_the_host_enrolled_into() {
+    let h = host();
+    let (token, hash_file) = agent_token(&h);
+    let for_env = |env: &str, version: u64, key: &OperatorKey| {
+        testing::envelope(
+            &testing::list(env, version, vec![key.clone()], now()),
+            &[&h.sk],
+        )
+    };
+    let (a, b, c) = (login_key("a"), login_key("b"), login_key("c"));
+    {
+        let serving = Serving::start(&h, &hash_file, &environment_file(&h, "local"));
+        let ok = serving.put(token.expose(), &for_env("local", 1, &a));
+        assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+        let before = snapshot(&h);
+        let refused = serving.put(token.expose(), &for_env("production", 2, &b));
+        assert!(refused.starts_with("HTTP/1.1 422"), "{refused}");
+        assert!(refused.contains(r#""error":"refused""#), "{refused}");
+        assert!(
+            refused.contains("environment") && refused.contains("local"),
+            "{refused}"
+        );
+        assert_eq!(snapshot(&h), before, "a refused list changes nothing");
+    }
+    // No environment file (enrolled before it was kept): the held list's environment.
+    let missing = h.keys.paths.held.with_file_name("no-such-environment");
+    let serving = Serving::start(&h, &hash_file, &missing);
+    let before = snapshot(&h);
+    let refused = serving.put(token.expose(), &for_env("production", 2, &b));
+    assert!(refused.starts_with("HTTP/1.1 422"), "{refused}");
+    assert_eq!(snapshot(&h), before);
+    let ok = serving.put(token.expose(), &for_env("local", 2, &c));
+    assert!(ok.starts_with("HTTP/1.1 200"), "{ok}");
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&c.public_key) && !text.contains(&a.public_key));
 }

@@ -616,6 +616,36 @@ fn landmine_relay_peer_checks_for_a_subnet_collision_first() {
     owner_untouched(&sim);
 }
 
+/// A host that redeemed before its relay had an address holds a WireGuard config with no
+/// endpoint: relay-peer fails (so the unit runs preparation again) rather than bring up a
+/// tunnel that can never reach the relay, and nothing after it runs. Once preparation has
+/// learnt the endpoint (kept in the credentials, so in the plan), the next attempt writes
+/// it into wg0.conf — kept there across reboots — brings wg0 up and goes on to the end.
+#[test]
+fn relay_peer_waits_for_the_relays_endpoint_then_brings_the_tunnel_up() {
+    let mut early = plan();
+    early.wireguard.as_mut().unwrap().endpoint = None;
+    let mut sim = SimSpark::new(dgx_os());
+    let (out, _) = run(&mut sim, &early, Mode::Run);
+    failed_at(&out, "relay-peer", "the relay has no public address yet");
+    assert!(!sim.state.files.contains_key("/etc/wireguard/wg0.conf"));
+    assert!(
+        sim.state.wg_peer.is_none(),
+        "wg0 came up with nowhere to go"
+    );
+    owner_untouched(&sim);
+
+    // The next attempt, with the endpoint learnt.
+    let (out, _) = run(&mut sim, &plan(), Mode::Run);
+    assert!(out.completed, "{:?}", out.failed);
+    let conf = String::from_utf8_lossy(&sim.state.files["/etc/wireguard/wg0.conf"]).into_owned();
+    assert!(conf.contains("Endpoint = 203.0.113.7:51820"), "{conf}");
+    assert!(
+        sim.state.wg_peer.is_some(),
+        "wg0 is up with the relay as its peer"
+    );
+}
+
 #[test]
 fn landmine_operator_access_before_owner_lockout() {
     // The reverse order: owner-lockout first refuses, and the owner keeps their login.

@@ -52,6 +52,9 @@ pub enum AgentError {
     Unreachable(String),
     /// The agent answered and refused: its status and its reason, for the caller.
     Refused { status: u16, reason: String },
+    /// A create refused because the host already holds an instance (`host_occupied`): the
+    /// agent's reason, which names that instance (for operators, not the customer).
+    Occupied(String),
 }
 
 impl std::fmt::Display for AgentError {
@@ -60,6 +63,9 @@ impl std::fmt::Display for AgentError {
             AgentError::Unreachable(why) => write!(f, "the host did not answer: {why}"),
             AgentError::Refused { status, reason } => {
                 write!(f, "the host refused ({status}): {reason}")
+            }
+            AgentError::Occupied(reason) => {
+                write!(f, "the host refused (host_occupied): {reason}")
             }
         }
     }
@@ -333,13 +339,18 @@ fn printable(text: &str) -> String {
 }
 
 /// The agent's refusal as the caller is shown it: its `message` when it sent its own
-/// [`AgentRefusal`], else the first printable part of the body.
+/// [`AgentRefusal`], else the first printable part of the body. `host_occupied` is told
+/// apart: the backend answers it as no capacity.
 async fn refusal(resp: reqwest::Response) -> AgentError {
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap_or_default();
-    let reason = serde_json::from_str::<AgentRefusal>(&body)
-        .map(|r| r.message)
-        .unwrap_or(body);
+    let (code, reason) = match serde_json::from_str::<AgentRefusal>(&body) {
+        Ok(r) => (Some(r.error), r.message),
+        Err(_) => (None, body),
+    };
+    if code == Some(AgentErrorCode::HostOccupied) {
+        return AgentError::Occupied(printable(&reason));
+    }
     AgentError::Refused {
         status,
         reason: printable(&reason),

@@ -58,6 +58,12 @@ fn token_table() -> Vec<Row> {
         },
         Row {
             method: Method::GET,
+            path: "/api/host/relay",
+            allowed: &[],
+            body: none,
+        },
+        Row {
+            method: Method::GET,
             path: "/api/host/operator-keys",
             allowed: &[],
             body: none,

@@ -65,6 +65,8 @@ async fn world_on(listener: Option<tokio::net::TcpListener>) -> World {
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing.public_key().to_openssh().unwrap()];
+    // Not production: as `byo up` runs, so nothing leans on a built-in environment.
+    config.environment = "local".into();
     let clock = Clock::manual(chrono::Utc::now());
     let state = AppState::new(db.store.clone(), config).with_clock(clock.clone());
     let now = clock.now();
@@ -89,7 +91,7 @@ async fn world_on(listener: Option<tokio::net::TcpListener>) -> World {
 
     // A published operator-key list, so enrolment delivers one (step 29).
     let login = testing::login_key(&owner.user.sub, "laptop");
-    let list = testing::list("production", 1, vec![login.clone()], now);
+    let list = testing::list(&state.config.environment, 1, vec![login.clone()], now);
     let body = list.to_canonical();
     let fp = check_key(&login).unwrap().fingerprint;
     db.apply_key_change(
@@ -215,12 +217,166 @@ async fn scenario_1_a_spark_enrolls_and_keeps_everything_root_only() {
     );
     let keys = e.operator_keys(&creds.environment);
     assert_eq!(keys.held().unwrap().unwrap().1.version, 1);
+    // The environment it enrolled into is kept where serving (unprivileged) reads it: every
+    // list pushed later is checked against it.
+    let env_file = host.path().join("etc/enverge/environment");
+    assert_eq!(
+        std::fs::read_to_string(&env_file).unwrap().trim(),
+        w.state.config.environment
+    );
+    assert_eq!(
+        std::fs::metadata(&env_file).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
+    assert_eq!(
+        byo_agent::enroll::enrolled_environment(&env_file, &keys.paths.held)
+            .unwrap()
+            .as_deref(),
+        Some(creds.environment.as_str())
+    );
     // The backend holds the host's hashes and sealed tokens, not the plaintext it handed over.
     let dump = w.state.store.dump_text().await.unwrap();
     assert!(
         dump.iter()
             .all(|v| !v.value.contains(&creds.agent_token) && !v.value.contains(&creds.host_token))
     );
+    let _ = w.stop.send(());
+}
+
+/// A relay provider whose relay gets its address only when the test says so: a host can
+/// redeem before it has one.
+#[derive(Default)]
+struct LateRelays {
+    up: tokio::sync::Notify,
+}
+
+impl byo_server::providers::RelayProvider for LateRelays {
+    fn provision<'a>(
+        &'a self,
+        slug: &'a str,
+        _: Option<&'a str>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<byo_server::providers::RelayInfo, byo_server::providers::ProviderError>,
+    > {
+        Box::pin(async move {
+            self.up.notified().await;
+            Ok(byo_server::providers::RelayInfo {
+                name: format!("{slug}-relay"),
+                address: "203.0.113.9".into(),
+            })
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        _: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
+        Box::pin(async { Ok(()) })
+    }
+}
+
+/// Early redeem heals (#11): a host that redeems before its relay has an address is given
+/// no endpoint; `GET /api/host/relay` says so too; once the relay has its address the next
+/// answer carries it, and preparation's ask (`learn_relay_endpoint`, run by every attempt)
+/// keeps it in the credentials, which is where relay-peer's wg0.conf comes from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_redeem_learns_the_relays_endpoint_once_it_has_one() {
+    use byo_agent::prepare::unit::learn_relay_endpoint;
+    use byo_agent::report::Reporter;
+
+    let relays = std::sync::Arc::new(LateRelays::default());
+    let mut w = world_on(None).await;
+    w.state = w.state.clone().with_providers(
+        relays.clone(),
+        std::sync::Arc::new(byo_server::providers::local::LocalTunnels::default()),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    w.serve(listener);
+    let token = w.one_liner_token().await;
+    let host = tempfile::tempdir().unwrap();
+    let e = w.enroller(host.path());
+    e.enroll(&token, &spark()).await.unwrap();
+    let creds = e.kept().unwrap().unwrap();
+    assert_eq!(
+        creds.wireguard.endpoint, None,
+        "redeemed before the relay had an address"
+    );
+
+    let server = w.server.clone();
+    let host_token = creds.host_token.clone();
+    let ask = move || {
+        let (server, host_token) = (server.clone(), host_token.clone());
+        tokio::task::spawn_blocking(move || {
+            Reporter::new(&server, &host_token)
+                .unwrap()
+                .relay()
+                .unwrap()
+        })
+    };
+    assert_eq!(ask().await.unwrap().endpoint, None);
+    let learn = |creds| {
+        let (e, server) = (e.clone(), w.server.clone());
+        tokio::task::spawn_blocking(move || learn_relay_endpoint(&e, &server, creds))
+    };
+    let creds = learn(creds).await.unwrap();
+    assert_eq!(creds.wireguard.endpoint, None);
+    assert_eq!(e.kept().unwrap().unwrap().wireguard.endpoint, None);
+
+    // relay-provision finishes: the relay has its address.
+    relays.up.notify_one();
+    let started = std::time::Instant::now();
+    while ask().await.unwrap().endpoint.is_none() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the relay never got its address"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        ask().await.unwrap().endpoint.as_deref(),
+        Some("203.0.113.9:51820")
+    );
+    let learnt = learn(creds.clone()).await.unwrap();
+    assert_eq!(
+        learnt.wireguard.endpoint.as_deref(),
+        Some("203.0.113.9:51820")
+    );
+    // Kept, root-only, everything else as received: the next attempt (and a re-prepare
+    // after a reboot) reads it from there.
+    let kept = e.kept().unwrap().unwrap();
+    assert_eq!(
+        kept.wireguard.endpoint.as_deref(),
+        Some("203.0.113.9:51820")
+    );
+    assert_eq!(
+        (
+            kept.host_token.as_str(),
+            kept.wireguard.private_key.as_str()
+        ),
+        (
+            creds.host_token.as_str(),
+            creds.wireguard.private_key.as_str()
+        )
+    );
+    let mode = std::fs::metadata(host.path().join("etc/enverge/credentials.json"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let plan = byo_agent::prepare::plan_from(&kept, None).unwrap();
+    assert!(
+        byo_agent::prepare::render_wireguard(plan.wireguard.as_ref().unwrap())
+            .contains("Endpoint = 203.0.113.9:51820")
+    );
+    // A token that is no live host's learns nothing.
+    let stranger = SecretToken::generate(TokenKind::Host);
+    let server = w.server.clone();
+    let refused = tokio::task::spawn_blocking(move || {
+        Reporter::new(&server, stranger.expose()).unwrap().relay()
+    })
+    .await
+    .unwrap();
+    assert!(refused.unwrap_err().contains("401"));
     let _ = w.stop.send(());
 }
 

@@ -93,6 +93,18 @@ pub struct WireGuardConfig {
     pub allowed_ips: String,
 }
 
+/// `GET /api/host/relay` (host token): where the host's relay is now. A host that redeemed
+/// before relay-provision gave its relay an address got a WireGuard config with no
+/// endpoint; preparation asks here at every attempt and brings the tunnel up once there is
+/// one (docs/relay.md, "A host enrolled before its relay had an address").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HostRelay {
+    /// The relay's public WireGuard endpoint (`address:51820`); `None` while it has no
+    /// address yet.
+    pub endpoint: Option<String>,
+}
+
 /// Step 29: everything the agent needs, in one answer.
 #[derive(Clone, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -237,7 +237,8 @@ pub struct AgentRefusal {
 }
 
 /// The agent's refusal codes. The backend acts on `not_found` (a delete's confirmation,
-/// G.5); the rest it reports with the message.
+/// G.5) and `host_occupied` (a create on a host already holding an instance: no capacity);
+/// the rest it reports with the message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AgentErrorCode {
@@ -251,6 +252,9 @@ pub enum AgentErrorCode {
     NotFound,
     /// The instance exists already, or is not in a state the action needs.
     Conflict,
+    /// A create on a host that already holds an instance (one per host): the message
+    /// names it, and nothing was changed.
+    HostOccupied,
     /// A create failed at a fatal step and was taken back.
     Reverted,
     /// A signed operator-key list refused (M).
@@ -290,6 +294,10 @@ mod name_tests {
         assert_eq!(
             serde_json::to_value(AgentErrorCode::NotPrepared).unwrap(),
             "not_prepared"
+        );
+        assert_eq!(
+            serde_json::to_value(AgentErrorCode::HostOccupied).unwrap(),
+            "host_occupied"
         );
     }
 }

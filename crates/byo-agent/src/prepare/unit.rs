@@ -12,6 +12,7 @@ use std::rc::Rc;
 
 use anyhow::Context;
 use byo_core::prepare::{Mode, Progress};
+use byo_wire::enroll::{EnrollResponse, HostRelay};
 use byo_wire::prepare::HostReport;
 use byo_wire::profile::LxdSource;
 
@@ -85,6 +86,10 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
     let creds = enroller
         .kept()?
         .context("no credentials were kept by enrolment")?;
+    let creds = match &server {
+        Some(s) if !dry_run => learn_relay_endpoint(&enroller, s, creds),
+        _ => creds,
+    };
     let keys = enroller.operator_keys(&creds.environment);
     let reporter = match &server {
         Some(s) if !dry_run => {
@@ -205,4 +210,38 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
     }
     println!("prepared: the credentials are handed to serving");
     Ok(())
+}
+
+/// Ask the backend where the relay is now, and keep its endpoint in the credentials when
+/// it differs from what they hold. A host that redeemed before its relay had an address was
+/// given none, and relay-peer will not go on without one: this attempt, or a later one (a
+/// failed preparation runs again on its own), picks it up once the relay has an address.
+/// An answer that does not come is said, and preparation goes on with what it holds.
+pub fn learn_relay_endpoint(
+    enroller: &Enroller,
+    server: &str,
+    mut creds: EnrollResponse,
+) -> EnrollResponse {
+    let asked = Reporter::new(server, &creds.host_token).and_then(|r| r.relay());
+    match asked {
+        Ok(HostRelay {
+            endpoint: Some(endpoint),
+        }) if creds.wireguard.endpoint.as_deref() != Some(endpoint.as_str()) => {
+            match enroller.keep_relay_endpoint(&endpoint) {
+                Ok(()) => println!("the relay is at {endpoint}; kept"),
+                Err(e) => eprintln!(
+                    "byo-agent: the relay is at {endpoint}, but it could not be kept ({e}); using it for this attempt"
+                ),
+            }
+            creds.wireguard.endpoint = Some(endpoint);
+        }
+        Ok(HostRelay { endpoint: None }) if creds.wireguard.endpoint.is_none() => {
+            println!("the relay has no address yet");
+        }
+        Ok(_) => {}
+        Err(e) => eprintln!(
+            "byo-agent: could not ask where the relay is ({e}); preparing with what this host holds"
+        ),
+    }
+    creds
 }

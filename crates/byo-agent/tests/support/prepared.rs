@@ -81,6 +81,8 @@ pub struct Enrolled {
     pub operator_key: PathBuf,
     pub agent_token: String,
     pub wg_private: String,
+    /// The signing key the host pins: it signs lists pushed to serving.
+    pub signing: ssh_key::PrivateKey,
 }
 
 /// A fresh host container holding what enrolment keeps, with the agent binary installed.
@@ -163,6 +165,13 @@ pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
         format!("{}\n", agent_token.hash().as_str()).as_bytes(),
         0o644,
     );
+    // The environment it enrolled into, where enrolment keeps it: serving checks pushes
+    // against it.
+    host.write(
+        "/etc/enverge/environment",
+        format!("{ENVIRONMENT}\n").as_bytes(),
+        0o644,
+    );
     host.write(
         "/etc/enverge/signing-keys",
         format!("{}\n", public_line(&signing)).as_bytes(),
@@ -186,6 +195,7 @@ pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
         operator_key,
         agent_token: agent_token.expose().to_owned(),
         wg_private,
+        signing,
     })
 }
 

@@ -10,7 +10,7 @@ use byo_wire::enroll::{EnrollRequest, EnrollResponse, WireGuardConfig};
 use byo_wire::profile::ProfilePlan;
 use serde_json::json;
 
-use crate::app::host_provision::{EnrollmentSecrets, WIREGUARD_PORT, sealer};
+use crate::app::host_provision::{EnrollmentSecrets, sealer, wireguard_endpoint};
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
@@ -146,7 +146,7 @@ pub async fn redeem(
                     private_key: secrets.host_wg_private,
                     address: "10.8.0.2/24".into(),
                     peer_public_key: secrets.relay_wg_public,
-                    endpoint: relay_ip.map(|ip| format!("{ip}:{WIREGUARD_PORT}")),
+                    endpoint: relay_ip.as_deref().map(wireguard_endpoint),
                     allowed_ips: "10.8.0.1/32".into(),
                 },
                 relay_name: relay_name.unwrap_or_else(|| format!("{}-relay", context.slug)),

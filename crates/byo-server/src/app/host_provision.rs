@@ -28,6 +28,12 @@ use crate::state::AppState;
 pub const TOKEN_MINUTES: i64 = 60;
 pub const WIREGUARD_PORT: u16 = 51820;
 
+/// The relay's public WireGuard endpoint, from its address: what redeem hands the host and
+/// what `GET /api/host/relay` answers.
+pub fn wireguard_endpoint(relay_ip: &str) -> String {
+    format!("{relay_ip}:{WIREGUARD_PORT}")
+}
+
 /// What redeem hands over once, sealed on the enrolment until then.
 #[derive(Serialize, Deserialize)]
 pub struct EnrollmentSecrets {

@@ -249,6 +249,16 @@ async fn dispatch_create(
                         "the host refused the instance: {reason}; nothing was created and nothing is billed"
                     ),
                 ),
+                // The host holds an instance the database does not call live (one per
+                // host): to the customer that is no capacity. Which instance it holds is
+                // another customer's business; it is in the log and the audit.
+                AgentError::Occupied(_) => AppError::conflict(
+                    "no_capacity",
+                    format!(
+                        "no {} host is free right now (the host picked still holds another instance); nothing was created and nothing is billed",
+                        row.gpu_type
+                    ),
+                ),
             })
         }
     }
@@ -455,7 +465,7 @@ pub async fn change_power(
     .await
     {
         Ok(Ok(())) => {}
-        Ok(Err(AgentError::Refused { reason, .. })) => {
+        Ok(Err(AgentError::Refused { reason, .. } | AgentError::Occupied(reason))) => {
             return Err(AppError::host_refused(
                 "host_refused",
                 format!("the host refused: {reason}"),

@@ -13,6 +13,7 @@ pub mod admin_vm_action;
 pub mod host_enroll;
 pub mod host_heartbeat;
 pub mod host_provision;
+pub mod host_relay;
 pub mod host_report;
 pub mod instances;
 pub mod notify_stuck_deletes;

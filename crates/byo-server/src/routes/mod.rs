@@ -20,6 +20,7 @@ pub mod health;
 pub mod host_enroll;
 pub mod host_heartbeat;
 pub mod host_provision;
+pub mod host_relay;
 pub mod host_report;
 pub mod operator_keys;
 pub mod ssh_keys;
@@ -68,6 +69,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin_host_action::post_activate))
         .routes(routes!(admin_host_action::post_revoke))
         .routes(routes!(host_heartbeat::post_heartbeat))
+        .routes(routes!(host_relay::get_relay))
         .routes(routes!(ssh_keys::post_ssh_key, ssh_keys::get_ssh_keys))
         .routes(routes!(ssh_keys::delete_ssh_key))
         .routes(routes!(vms::post_vm, vms::get_vms))

@@ -311,7 +311,48 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
     assert_eq!(w.agents.calls(Op::Create).pop().unwrap().host_id, host.id);
 }
 
+/// One instance per host is the host's rule too: a host that answers `host_occupied` (it
+/// holds a container the database does not call live) is no capacity to the customer —
+/// 409, nothing billed, and not the other customer's instance name — while the operators'
+/// audit keeps the host's reason, which names it.
+async fn e1_a_host_that_already_holds_an_instance_is_no_capacity(w: World) {
+    let host = w.host("spark-1", Spec::default()).await;
+    let key = w.add_key(&w.customer).await;
+    w.agents.answer(
+        Op::Create,
+        agents::Answer::Occupied(
+            "this host already holds instance vm-orphan1 (one instance per host); nothing was created".into(),
+        ),
+    );
+    let r = w.create(&w.customer, "spark-1", &key).await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("no_capacity")),
+        "{}",
+        r.text()
+    );
+    assert!(r.text().contains("nothing is billed"), "{}", r.text());
+    assert!(!r.text().contains("vm-orphan1"), "{}", r.text());
+    let call = w.agents.calls(Op::Create).pop().unwrap();
+    let row = w
+        .all_vms()
+        .await
+        .into_iter()
+        .find(|v| v.name == call.name)
+        .unwrap();
+    assert_eq!(row.status, VmStatus::Failed);
+    assert_eq!(row.creation_failed_at, Some(w.clock.now()));
+    let audits = w.audits("vm.creation_failed").await;
+    assert_eq!(audits.len(), 1);
+    assert!(
+        format!("{audits:?}").contains("vm-orphan1"),
+        "the operators can see what the host holds: {audits:?}"
+    );
+    assert!(w.pickable(&host.id).await);
+}
+
 with_world!(
+    e1_a_host_that_already_holds_an_instance_is_no_capacity,
     e1_create_stamps_created_at_before_the_host_is_contacted,
     e1_a_host_holding_a_live_row_is_never_picked,
     e1_refusals_before_any_host_write_nothing,

@@ -32,6 +32,12 @@ async fn the_http_client_speaks_the_agents_vm_api() {
                 if name == "vm-garbled" {
                     return (StatusCode::CREATED, "not json".to_owned());
                 }
+                if name == "vm-second" {
+                    return (
+                        StatusCode::CONFLICT,
+                        json!({"error": "host_occupied", "message": "this host already holds instance vm-first (one instance per host); nothing was created"}).to_string(),
+                    );
+                }
                 if name == "vm-taken" {
                     return (
                         StatusCode::CONFLICT,
@@ -119,6 +125,14 @@ async fn the_http_client_speaks_the_agents_vm_api() {
             status: 409,
             reason: "an instance named vm-taken already exists".into()
         })
+    );
+    assert_eq!(
+        client.create_vm(&target, &create("vm-second")).await,
+        Err(AgentError::Occupied(
+            "this host already holds instance vm-first (one instance per host); nothing was created"
+                .into()
+        )),
+        "host_occupied is told apart from other refusals"
     );
     assert_eq!(
         client.delete_vm(&target, "vm-here").await,

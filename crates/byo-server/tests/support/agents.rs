@@ -52,6 +52,9 @@ pub enum Answer {
     NotFound,
     /// The agent answered with an error: its status and its reason.
     Refused { status: u16, reason: String },
+    /// A create refused with `host_occupied`: the host holds an instance already (the
+    /// agent's reason names it).
+    Occupied(String),
     /// No answer at all (no connection).
     Unreachable(String),
     /// Never answers: the backend's own wait runs out.
@@ -299,6 +302,7 @@ async fn failure(answer: Answer) -> Option<AgentError> {
             reason: "not found".into(),
         }),
         Answer::Refused { status, reason } => Some(AgentError::Refused { status, reason }),
+        Answer::Occupied(reason) => Some(AgentError::Occupied(reason)),
         Answer::Unreachable(why) => Some(AgentError::Unreachable(why)),
         Answer::Hang => futures::future::pending().await,
     }
@@ -324,6 +328,7 @@ impl HostAgents for FakeAgents {
                 Answer::Refused { status, reason } => {
                     Err(format!("the agent answered {status}: {reason}"))
                 }
+                Answer::Occupied(reason) => Err(format!("the agent answered 409: {reason}")),
                 Answer::Unreachable(why) => Err(why),
                 Answer::Hang => futures::future::pending().await,
             }

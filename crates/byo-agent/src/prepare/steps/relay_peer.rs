@@ -1,6 +1,8 @@
 //! `relay-peer`: step 13 of the list in `docs/prepare.md`.
 //!
-//! **Check:** **first** no interface holds an address in 10.8.0.0/24; `/etc/wireguard/wg0.conf` as
+//! **Check:** **first** no interface holds an address in 10.8.0.0/24; then the relay's endpoint
+//! is known (a host that redeemed before its relay had an address fails here until
+//! preparation, asking the backend at every attempt, learns it); `/etc/wireguard/wg0.conf` as
 //! rendered; `wg-quick@wg0` enabled and up with the relay as peer.
 //! **Apply:** wireguard-tools (+ wireguard-go where the kernel has no WireGuard), config 0600,
 //! enable, (re)start.
@@ -14,6 +16,9 @@ use crate::host::{self, Fallible, Host, apt_install, must, unit_active, unit_ena
 use crate::prepare::Plan;
 
 const WG_CONF: &str = "/etc/wireguard/wg0.conf";
+
+/// A host that redeemed before its relay had an address: wg0 would have nowhere to go.
+const NO_ENDPOINT: &str = "the relay has no public address yet, so the tunnel would have nowhere to go; preparation asks the backend again at its next attempt and brings wg0 up once the relay has one";
 
 pub(crate) struct RelayPeer;
 
@@ -38,6 +43,9 @@ impl StepDef for RelayPeer {
             .wireguard
             .as_ref()
             .ok_or("no WireGuard configuration was kept from enrolment")?;
+        if wg.endpoint.is_none() {
+            return Err(NO_ENDPOINT.into());
+        }
         let mut needs = Vec::new();
         if !file_is(h, WG_CONF, &render_wireguard(wg))? {
             needs.push(format!("write {WG_CONF}"));
@@ -58,6 +66,9 @@ impl StepDef for RelayPeer {
             .wireguard
             .as_ref()
             .ok_or("no WireGuard configuration")?;
+        if wg.endpoint.is_none() {
+            return Err(NO_ENDPOINT.into());
+        }
         if !h.run(&["wg", "--version"], None)?.ok() {
             apt_install(h, &["wireguard-tools"])?;
         }
