@@ -346,6 +346,14 @@ async fn refusal(resp: reqwest::Response) -> AgentError {
     let body = resp.text().await.unwrap_or_default();
     let (code, reason) = match serde_json::from_str::<AgentRefusal>(&body) {
         Ok(r) => (Some(r.error), r.message),
+        // The relay's proxy, not the agent: nothing behind it answered, so nothing was done.
+        Err(_) if matches!(status, 502..=504) => (
+            None,
+            format!(
+                "the host's agent does not answer behind its relay (the relay answered {status}): \
+                 the host is not serving, or its tunnel to the relay is down"
+            ),
+        ),
         Err(_) => (None, body),
     };
     if code == Some(AgentErrorCode::HostOccupied) {

@@ -295,7 +295,11 @@ impl Person {
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
             if reload {
-                self.c().refresh().await.unwrap();
+                // Open the page again (a GET), as a person would; a refresh of a form's
+                // answer would send the form again.
+                let mut url = self.c().current_url().await.unwrap();
+                url.set_fragment(None);
+                self.c().goto(url.as_str()).await.unwrap();
             }
         }
     }
