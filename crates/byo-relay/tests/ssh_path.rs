@@ -360,21 +360,50 @@ fn the_relay_forwards_nothing_from_the_host_but_replies() {
     let Some(w) = world() else { return };
     // A listener on the relay's public side, and a host that routes to it through the tunnel.
     let authorized = w.dir.path().join("authorized_keys");
-    sshd(&w.customer, w.dir.path(), "10.99.0.2:22", "outside", &authorized);
+    sshd(
+        &w.customer,
+        w.dir.path(),
+        "10.99.0.2:22",
+        "outside",
+        &authorized,
+    );
     w.customer.sh("ip route replace 10.8.0.0/24 via 10.99.0.1");
-    let relay_public = String::from_utf8(w.relay.sh(&format!("wg show {} public-key", w.relay_wg)).stdout)
-        .unwrap();
-    let host_wg = String::from_utf8(w.host.sh("wg show interfaces").stdout).unwrap();
-    let host_wg = host_wg.trim();
+    let relay_public = String::from_utf8(
+        w.relay
+            .sh(&format!("wg show {} public-key", w.relay_wg))
+            .stdout,
+    )
+    .unwrap();
+    // The host's WireGuard interface: the one whose peer is the relay.
+    let listed = String::from_utf8(w.host.sh("wg show all peers").stdout).unwrap();
+    let host_wg = listed
+        .lines()
+        .find_map(|l| {
+            let (iface, peer) = l.split_once('\t')?;
+            (peer.trim() == relay_public.trim()).then_some(iface.to_owned())
+        })
+        .expect("the host has the relay as a peer");
+    let host_wg = host_wg.as_str();
     w.host.sh(&format!(
         "wg set {host_wg} peer {} allowed-ips 10.8.0.1/32,10.99.0.0/24 && ip route add 10.99.0.0/24 dev {host_wg}",
         relay_public.trim()
     ));
+    // What arrives from the host's tunnel address on the outside, counted there.
+    w.customer.sh("nft 'add table ip watch; add chain ip watch in { type filter hook input priority 0; }; add rule ip watch in ip saddr 10.8.0.2 tcp dport 22 counter'");
+    let arrived = || {
+        let out = String::from_utf8(w.customer.sh("nft list chain ip watch in").stdout).unwrap();
+        out.split("packets ")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
     assert_eq!(
         ssh(&w.host, &w.key, "10.99.0.2", 22),
         None,
         "the host reached past its relay"
     );
+    assert_eq!(arrived(), 0, "the host's packets left the relay");
     // The customer's mapped path still works through the same chain.
     assert_eq!(w.call("PUT", "/map/22", Some(map_22()), None).0, 200);
     assert_eq!(w.customer_ssh().as_deref(), Some("container"));

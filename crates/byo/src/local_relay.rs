@@ -96,7 +96,13 @@ impl LxdRelay {
         let started = Instant::now();
         loop {
             let out = self
-                .exec(&["systemctl", "show", STARTUP_UNIT, "-p", "ActiveState,Result,ExecMainExitTimestampMonotonic"])
+                .exec(&[
+                    "systemctl",
+                    "show",
+                    STARTUP_UNIT,
+                    "-p",
+                    "ActiveState,Result,ExecMainExitTimestampMonotonic",
+                ])
                 .output()
                 .map_err(|e| e.to_string())?;
             let shown = String::from_utf8_lossy(&out.stdout);
@@ -109,13 +115,19 @@ impl LxdRelay {
             };
             // A oneshot without RemainAfterExit is inactive both before and after it ran; the
             // exit time is set only once it ran in this boot.
-            let ran = value("ExecMainExitTimestampMonotonic").parse::<u64>().unwrap_or(0) > 0;
+            let ran = value("ExecMainExitTimestampMonotonic")
+                .parse::<u64>()
+                .unwrap_or(0)
+                > 0;
             match (value("ActiveState").as_str(), value("Result").as_str()) {
                 ("inactive", "success") if ran => {
                     return Ok(started.elapsed());
                 }
                 ("failed", _) => {
-                    return Err(format!("the startup script failed:\n{}", self.bootstrap_log()));
+                    return Err(format!(
+                        "the startup script failed:\n{}",
+                        self.bootstrap_log()
+                    ));
                 }
                 _ => {}
             }
@@ -183,7 +195,11 @@ impl LxdRelays {
             let nets = &c["state"]["network"];
             for net in nets.as_object().into_iter().flat_map(|o| o.values()) {
                 for a in net["addresses"].as_array().into_iter().flatten() {
-                    taken.extend(a["address"].as_str().and_then(|a| a.parse::<Ipv4Addr>().ok()));
+                    taken.extend(
+                        a["address"]
+                            .as_str()
+                            .and_then(|a| a.parse::<Ipv4Addr>().ok()),
+                    );
                 }
             }
         }
@@ -194,7 +210,14 @@ impl LxdRelays {
     /// it. The script runs in the background, as on a VM: this returns once it is booting.
     fn build(&self, slug: &str, script: &str) -> Result<LxdRelay, ProviderError> {
         let container = self.container(slug);
-        if let Ok(shown) = lxc(&["config", "device", "get", &container, "eth0", "ipv4.address"]) {
+        if let Ok(shown) = lxc(&[
+            "config",
+            "device",
+            "get",
+            &container,
+            "eth0",
+            "ipv4.address",
+        ]) {
             // Made before (byo up restarted): it keeps its address and boots itself.
             let public = shown.trim().to_owned();
             let _ = lxc(&["start", &container]);
@@ -216,8 +239,8 @@ impl LxdRelays {
                 "eth0",
                 &format!("ipv4.address={public}"),
             ])?;
-            let dir = tempfile::tempdir()
-                .map_err(|e| ProviderError(format!("local relay: {e}")))?;
+            let dir =
+                tempfile::tempdir().map_err(|e| ProviderError(format!("local relay: {e}")))?;
             let push = |name: &str, text: &str, to: &str, mode: &str| {
                 let local = dir.path().join(name);
                 std::fs::write(&local, text)

@@ -97,7 +97,10 @@ fn relays(
     mode: RelayMode,
     data_dir: &Path,
     listen: SocketAddr,
-) -> anyhow::Result<(Option<std::sync::Arc<crate::local_relay::LxdRelays>>, String)> {
+) -> anyhow::Result<(
+    Option<std::sync::Arc<crate::local_relay::LxdRelays>>,
+    String,
+)> {
     let relay_bin = std::env::current_exe()?.with_file_name("byo-relay");
     let root = std::fs::read_to_string("/proc/self/status")
         .map(|s| {
@@ -127,7 +130,9 @@ fn relays(
         (_, None) => {
             let prefix = crate::local_relay::prefix_for(data_dir);
             Ok((
-                Some(std::sync::Arc::new(crate::local_relay::LxdRelays::new(&prefix))),
+                Some(std::sync::Arc::new(crate::local_relay::LxdRelays::new(
+                    &prefix,
+                ))),
                 format!(
                     "an LXD container per host ({prefix}<slug>-relay on {}, 10.231.0.200–254), booted by its own first-boot script",
                     crate::local_relay::BRIDGE

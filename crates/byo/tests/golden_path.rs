@@ -17,15 +17,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byo::local_relay::LxdRelays;
-use secrecy::ExposeSecret;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::users::NewUser;
 use byo_server::providers::local::LocalTunnels;
 use byo_wire::Role;
 use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
+use secrecy::ExposeSecret;
 use serde_json::{Value, json};
-use support::{release, relay_sha256};
+use support::{relay_sha256, release};
 
 struct Api {
     base: String,
@@ -245,14 +245,10 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         }),
         ..byo_server::config::Config::default()
     };
-    let sealer = byo_server::seal::Sealer::from_hex(
-        config.secret_key.as_ref().unwrap().expose_secret(),
-    )
-    .unwrap();
-    let relays = Arc::new(LxdRelays::new(&format!(
-        "byo-gold-{}-",
-        std::process::id()
-    )));
+    let sealer =
+        byo_server::seal::Sealer::from_hex(config.secret_key.as_ref().unwrap().expose_secret())
+            .unwrap();
+    let relays = Arc::new(LxdRelays::new(&format!("byo-gold-{}-", std::process::id())));
     let _relays_go = RemoveRelays(relays.clone());
     let state = byo_server::state::AppState::new(store.clone(), config)
         .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
@@ -507,7 +503,12 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     tokio::task::block_in_place(|| relay.wait_booted(Duration::from_secs(120)))
         .unwrap_or_else(|e| panic!("{e}"));
     let boots = relay.bootstrap_log().matches("starting at").count();
-    assert_eq!(boots, 2, "the script ran at each boot:\n{}", relay.bootstrap_log());
+    assert_eq!(
+        boots,
+        2,
+        "the script ran at each boot:\n{}",
+        relay.bootstrap_log()
+    );
     phase(&format!(
         "the relay rebooted and ran its script again in {:.1} s",
         rebooted.elapsed().as_secs_f64()
@@ -565,7 +566,12 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     // No agent token crossed the relay's public interface in the clear: the backend's
     // calls went over TLS to the relay's name (its SNI is the one readable thing).
     let agent_token = sealer
-        .open(&store.agent_targets().await.unwrap()[0].agent_token.clone().unwrap())
+        .open(
+            &store.agent_targets().await.unwrap()[0]
+                .agent_token
+                .clone()
+                .unwrap(),
+        )
         .unwrap();
     let captured = capture.bytes();
     let relay_name = byo_server::relay_ca::relay_name(provisioned["slug"].as_str().unwrap(), &base);

@@ -202,7 +202,9 @@ impl Drop for RemoveRelays {
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
             .unwrap_or_default();
         for name in listed.lines().filter(|n| n.starts_with(&self.0)) {
-            let _ = Command::new("lxc").args(["delete", "--force", name]).output();
+            let _ = Command::new("lxc")
+                .args(["delete", "--force", name])
+                .output();
         }
     }
 }

@@ -71,7 +71,9 @@ fn pem(value: &str, label: &str) -> Result<(), String> {
     {
         Ok(())
     } else {
-        Err(format!("the relay's {label} has characters a bootstrap cannot carry"))
+        Err(format!(
+            "the relay's {label} has characters a bootstrap cannot carry"
+        ))
     }
 }
 

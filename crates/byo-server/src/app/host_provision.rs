@@ -4,11 +4,11 @@
 //! in a form leak scanners recognise), the operator tunnel and its DNS, and starts the
 //! relay — which the owner is never kept waiting for.
 
+use crate::relay_ca::relay_name;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use byo_core::render::nft::Layout;
 use byo_core::render::relay_bootstrap::Bootstrap;
-use crate::relay_ca::relay_name;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::DbError;
 use byo_db::provisioning::{MAX_OUTSTANDING, NewProvision};
@@ -176,7 +176,9 @@ pub async fn provision(
             )
             .await;
             rendered
-                .map_err(|e| tracing::error!(%slug, error = %e, "cannot render the relay bootstrap"))
+                .map_err(
+                    |e| tracing::error!(%slug, error = %e, "cannot render the relay bootstrap"),
+                )
                 .ok()
         }
         None => None,

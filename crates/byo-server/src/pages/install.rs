@@ -172,7 +172,12 @@ pub async fn relay_file(State(state): State<AppState>, Path(file): Path<String>)
     release_file(&state, "byo-relay-", &file, "no such relay build").await
 }
 
-async fn release_file(state: &AppState, prefix: &str, file: &str, missing: &'static str) -> Response {
+async fn release_file(
+    state: &AppState,
+    prefix: &str,
+    file: &str,
+    missing: &'static str,
+) -> Response {
     let allowed = file
         .strip_prefix(prefix)
         .map(|rest| rest.strip_suffix(".sha256").unwrap_or(rest))
