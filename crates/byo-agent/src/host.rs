@@ -214,26 +214,19 @@ pub fn home_of<H: Host + ?Sized>(h: &mut H, user: &str) -> Fallible<Option<Strin
         .flatten())
 }
 
-/// The host's IPv4 networks outside `except` (interface, address/prefix), from `ip -j addr`.
+/// The host's IPv4 networks (interface, address/prefix), from `ip -j addr`.
 pub fn ipv4_networks<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String)>> {
-    let out = must(h, &["ip", "-j", "-4", "addr", "show"])?;
-    let v: Value = serde_json::from_str(&out).map_err(|e| format!("`ip -j addr`: {e}"))?;
-    let mut nets = Vec::new();
-    for link in v.as_array().into_iter().flatten() {
-        let ifname = link["ifname"].as_str().unwrap_or_default();
-        for a in link["addr_info"].as_array().into_iter().flatten() {
-            if let (Some(local), Some(len)) = (a["local"].as_str(), a["prefixlen"].as_u64()) {
-                nets.push((ifname.to_owned(), format!("{local}/{len}")));
-            }
-        }
-    }
-    Ok(nets)
+    networks(h, &["ip", "-j", "-4", "addr", "show"])
 }
 
 /// The host's global IPv6 networks (interface, address/prefix), from `ip -j addr`.
 pub fn ipv6_networks<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String)>> {
-    let out = must(h, &["ip", "-j", "-6", "addr", "show", "scope", "global"])?;
-    let v: Value = serde_json::from_str(&out).map_err(|e| format!("`ip -j -6 addr`: {e}"))?;
+    networks(h, &["ip", "-j", "-6", "addr", "show", "scope", "global"])
+}
+
+fn networks<H: Host + ?Sized>(h: &mut H, argv: &[&str]) -> Fallible<Vec<(String, String)>> {
+    let out = must(h, argv)?;
+    let v: Value = serde_json::from_str(&out).map_err(|e| format!("`{}`: {e}", argv.join(" ")))?;
     let mut nets = Vec::new();
     for link in v.as_array().into_iter().flatten() {
         let ifname = link["ifname"].as_str().unwrap_or_default();

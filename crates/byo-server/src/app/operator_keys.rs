@@ -404,6 +404,27 @@ pub async fn send_again(state: &AppState, by: &Operator, host_id: &str) -> AppRe
         .agent_target(host_id)
         .await?
         .ok_or(AppError::NotFound)?;
+    let (version, envelope) = published_envelope(state).await?;
+    state
+        .store
+        .audit(
+            Some(&by.0.user.sub),
+            "operator_keys.send_again",
+            Some(host_id),
+            json!({"version": version}),
+            state.clock.now(),
+        )
+        .await?;
+    let (delivered, failed) = deliver(state, version, envelope.as_bytes(), vec![target]).await?;
+    Ok(PushOutcome {
+        version,
+        delivered,
+        failed,
+    })
+}
+
+/// The published list's version and signed envelope; 409 while none is published.
+async fn published_envelope(state: &AppState) -> AppResult<(i32, String)> {
     let published =
         state.store.published_key_list().await?.ok_or_else(|| {
             AppError::conflict("nothing_published", "no list has been published yet")
@@ -411,23 +432,7 @@ pub async fn send_again(state: &AppState, by: &Operator, host_id: &str) -> AppRe
     let envelope = published
         .envelope
         .expect("a published list has its envelope (operator_key_lists_signed)");
-    state
-        .store
-        .audit(
-            Some(&by.0.user.sub),
-            "operator_keys.send_again",
-            Some(host_id),
-            json!({"version": published.version}),
-            state.clock.now(),
-        )
-        .await?;
-    let (delivered, failed) =
-        deliver(state, published.version, envelope.as_bytes(), vec![target]).await?;
-    Ok(PushOutcome {
-        version: published.version,
-        delivered,
-        failed,
-    })
+    Ok((published.version, envelope))
 }
 
 /// What a host asking for the published list is answered.
@@ -447,19 +452,13 @@ pub async fn published_for_host(state: &AppState, token: &SecretToken) -> AppRes
     let Some(host_id) = state.store.host_id_by_token(&token.hash()).await? else {
         return Ok(HostFetch::InvalidToken);
     };
-    let published =
-        state.store.published_key_list().await?.ok_or_else(|| {
-            AppError::conflict("nothing_published", "no list has been published yet")
-        })?;
-    let envelope = published
-        .envelope
-        .expect("a published list has its envelope (operator_key_lists_signed)");
+    let (version, envelope) = published_envelope(state).await?;
     // As at enrolment: the answer carries the list, so from here the host holds that
     // version; recorded where pushes are, or the operators' page keeps showing the failed
     // push to a host that was not serving yet.
     state
         .store
-        .record_key_push(&host_id, Ok(published.version), state.clock.now())
+        .record_key_push(&host_id, Ok(version), state.clock.now())
         .await?;
     Ok(HostFetch::Published(envelope))
 }
