@@ -97,7 +97,10 @@ fn relays(
     mode: RelayMode,
     data_dir: &Path,
     listen: SocketAddr,
-) -> anyhow::Result<(Option<std::sync::Arc<crate::local_relay::LxdRelays>>, String)> {
+) -> anyhow::Result<(
+    Option<std::sync::Arc<crate::local_relay::LxdRelays>>,
+    String,
+)> {
     let relay_bin = std::env::current_exe()?.with_file_name("byo-relay");
     let root = std::fs::read_to_string("/proc/self/status")
         .map(|s| {
@@ -127,7 +130,9 @@ fn relays(
         (_, None) => {
             let prefix = crate::local_relay::prefix_for(data_dir);
             Ok((
-                Some(std::sync::Arc::new(crate::local_relay::LxdRelays::new(&prefix))),
+                Some(std::sync::Arc::new(crate::local_relay::LxdRelays::new(
+                    &prefix,
+                ))),
                 format!(
                     "an LXD container per host ({prefix}<slug>-relay on {}, 10.231.0.200–254), booted by its own first-boot script",
                     crate::local_relay::BRIDGE
@@ -290,6 +295,25 @@ fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(releases))
 }
 
+/// A `cloudflared-<arch>` the operator put in the release directory is served at
+/// /cloudflared/ and pinned by its digest here, so enrolment hands hosts of that arch the
+/// URL and the SHA-256 to check it against.
+fn pin_local_cloudflared(config: &mut Config) {
+    use sha2::{Digest, Sha256};
+    let Some(dir) = config.release_dir.clone() else {
+        return;
+    };
+    for arch in ["x86_64", "aarch64"] {
+        let path = dir.join(format!("cloudflared-{arch}"));
+        if let Ok(bytes) = std::fs::read(&path) {
+            config
+                .cloudflared
+                .sha256
+                .insert(arch.to_owned(), hex::encode(Sha256::digest(&bytes)));
+        }
+    }
+}
+
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
@@ -321,6 +345,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     config.operator_keys.signing_keys = vec![signing_public];
     config.release_dir = publish_local_agent(&data_dir)?;
+    pin_local_cloudflared(&mut config);
     let (lxd_relays, relays_line) = relays(args.relays, &data_dir, addr)?;
     if lxd_relays.is_some() {
         // Each relay fetches this build of the daemon from here and checks its digest.
