@@ -40,6 +40,7 @@ fn plan() -> Plan {
             allowed_ips: "10.8.0.1/32".into(),
         }),
         tunnel_token: None,
+        cloudflared: None,
         lockout_owner: true,
         owner: None,
         node: 0,
@@ -948,4 +949,104 @@ fn a_satellite_runs_every_step_but_node0s_own_in_the_same_order() {
         .filter(|s| !node0_only.contains(s))
         .collect();
     assert_eq!(subset, expected);
+}
+
+// --- the operator tunnel's connector ------------------------------------------------------------
+
+const CLOUDFLARED_URL: &str = "https://app.example.com/cloudflared/cloudflared-aarch64";
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A plan with a connector token, pinning `pinned` as the build's digest.
+fn tunnel_plan(pinned: &str) -> Plan {
+    Plan {
+        tunnel_token: Some("connector-token-for-tests".into()),
+        cloudflared: Some(byo_wire::enroll::ConnectorBuild {
+            url: CLOUDFLARED_URL.into(),
+            sha256: pinned.into(),
+        }),
+        ..plan()
+    }
+}
+
+/// Neither DGX OS nor Debian ships cloudflared (`apt install cloudflared` finds nothing): the
+/// build enrolment pinned is fetched from the control plane, checked and installed 0755 at
+/// /usr/local/bin, and the tunnel's unit runs exactly that binary.
+#[test]
+fn operator_access_installs_the_pinned_cloudflared_build() {
+    let build = b"\x7fELF cloudflared 2026.1 for aarch64".to_vec();
+    let plan = tunnel_plan(&sha256_hex(&build));
+    let mut sim = SimSpark::new(dgx_os());
+    sim.served.insert(CLOUDFLARED_URL.into(), build.clone());
+    let (out, _) = run(&mut sim, &plan, Mode::Run);
+    assert!(out.completed, "{:?}", out.failed);
+    let s = &sim.state;
+    assert_eq!(s.files["/usr/local/bin/cloudflared"], build);
+    assert!(!s.packages.contains("cloudflared"), "installed from apt");
+    let unit = String::from_utf8_lossy(&s.files["/etc/systemd/system/enverge-tunnel.service"])
+        .into_owned();
+    assert!(
+        unit.contains("ExecStart=/usr/local/bin/cloudflared tunnel --no-autoupdate run --token-file /etc/enverge/tunnel-token"),
+        "{unit}"
+    );
+    assert!(s.active.contains("enverge-tunnel.service"));
+    assert!(s.enabled.contains("enverge-tunnel.service"));
+    assert_eq!(
+        s.files["/etc/enverge/tunnel-token"],
+        b"connector-token-for-tests"
+    );
+    assert!(
+        !s.files
+            .contains_key("/var/lib/enverge-agent/cloudflared.download"),
+        "the download was left behind"
+    );
+    // A second run finds it in place and fetches nothing.
+    sim.served.clear();
+    let before = sim.state.settled();
+    let (again, _) = run_build(&mut sim, &plan, Mode::Run, "byo-agent 1.1 (test)");
+    assert!(again.completed, "{:?}", again.failed);
+    assert_eq!(sim.state.settled(), before, "{}", before.diff(&sim.state));
+}
+
+/// A build whose SHA-256 is not the one enrolment pinned is refused, naming both digests,
+/// and nothing is installed: no binary, no unit, no tunnel, and nothing after the step ran.
+#[test]
+fn operator_access_refuses_a_cloudflared_build_with_another_digest() {
+    let build = b"\x7fELF cloudflared 2026.1 for aarch64".to_vec();
+    let pinned = sha256_hex(b"the build the operators pinned");
+    let actual = sha256_hex(&build);
+    let mut sim = SimSpark::new(dgx_os());
+    sim.served.insert(CLOUDFLARED_URL.into(), build);
+    let (out, _) = run(&mut sim, &tunnel_plan(&pinned), Mode::Run);
+    failed_at(&out, "operator-access", &pinned);
+    failed_at(&out, "operator-access", &actual);
+    failed_at(&out, "operator-access", "nothing was installed");
+    let s = &sim.state;
+    for path in [
+        "/usr/local/bin/cloudflared",
+        "/var/lib/enverge-agent/cloudflared.download",
+        "/etc/systemd/system/enverge-tunnel.service",
+    ] {
+        assert!(!s.files.contains_key(path), "{path} was left on the host");
+    }
+    assert!(!s.active.contains("enverge-tunnel.service"));
+    owner_untouched(&sim);
+}
+
+/// With a connector token but no build pinned (a server whose release directory holds no
+/// cloudflared for this arch), the step says so instead of asking apt for it.
+#[test]
+fn operator_access_without_a_pinned_build_says_where_it_comes_from() {
+    let plan = Plan {
+        cloudflared: None,
+        ..tunnel_plan("")
+    };
+    let mut sim = SimSpark::new(dgx_os());
+    let (out, _) = run(&mut sim, &plan, Mode::Run);
+    failed_at(&out, "operator-access", "enrolment named no build");
+    assert!(!sim.state.files.contains_key("/usr/local/bin/cloudflared"));
+    owner_untouched(&sim);
 }

@@ -32,6 +32,7 @@ const KEYS: &[&str] = &[
     "relay_release",
     "relays",
     "release_dir",
+    "cloudflared",
     "tunnels",
     "ssh_domain",
 ];
@@ -86,6 +87,11 @@ pub struct Config {
     /// `byo-agent-<arch>.sha256` (as `uname -m` names the arch).
     #[serde(default)]
     pub release_dir: Option<std::path::PathBuf>,
+    /// The operator tunnel's connector, which neither DGX OS nor Debian ships: the release
+    /// directory may hold `cloudflared-<arch>`, served at /cloudflared/, and this pins its
+    /// SHA-256 per arch. Enrolment hands a host the URL and the digest for its arch.
+    #[serde(default)]
+    pub cloudflared: CloudflaredConfig,
     /// Operator tunnels and their DNS: Cloudflare when configured, `local` otherwise.
     #[serde(default)]
     pub tunnels: TunnelsConfig,
@@ -93,6 +99,28 @@ pub struct Config {
     /// resolves to that host's relay. Defaults to the host part of `public_url`.
     #[serde(default)]
     pub ssh_domain: Option<String>,
+}
+
+/// `[cloudflared.sha256]`: `aarch64 = "<hex>"`, `x86_64 = "<hex>"` (as `uname -m` names them).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CloudflaredConfig {
+    #[serde(default)]
+    pub sha256: std::collections::BTreeMap<String, String>,
+}
+
+impl Config {
+    /// The cloudflared build a host of `arch` installs, when this installation pins one.
+    pub fn cloudflared_build(&self, arch: &str) -> Option<byo_wire::enroll::ConnectorBuild> {
+        let sha256 = self.cloudflared.sha256.get(arch)?;
+        Some(byo_wire::enroll::ConnectorBuild {
+            url: format!(
+                "{}/cloudflared/cloudflared-{arch}",
+                self.public_url.trim_end_matches('/')
+            ),
+            sha256: sha256.trim().to_ascii_lowercase(),
+        })
+    }
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -225,6 +253,7 @@ impl Default for Config {
             relay_release: None,
             relays: RelaysConfig::default(),
             release_dir: None,
+            cloudflared: CloudflaredConfig::default(),
             tunnels: TunnelsConfig::default(),
             ssh_domain: None,
         }

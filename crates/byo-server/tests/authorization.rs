@@ -345,6 +345,12 @@ fn page_table() -> Vec<Row> {
         },
         Row {
             method: Method::GET,
+            path: "/cloudflared/{file}",
+            allowed: EVERYONE,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
             path: "/",
             allowed: SIGNED_IN,
             body: none,

@@ -271,6 +271,7 @@ async fn b28_redeem_returns_everything_once_and_then_never_again(w: World) {
     assert_eq!(e["wireguard"]["endpoint"], "127.0.0.1:51820");
     assert_eq!(e["ssh_map_endpoint"], "10.8.0.1:8754");
     assert!(e["tunnel_connector_token"].is_string());
+    assert!(e["cloudflared"].is_null(), "no cloudflared build is pinned");
     assert_eq!(e["constants"]["gpu_model"], "GB10");
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
     assert!(host.pubkey.is_some() && !host.active);
@@ -783,7 +784,37 @@ with_world!(
     c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan,
     the_operators_hosts_page_summarises_what_turned_up,
     c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tries_again,
+    b28_redeem_hands_over_the_pinned_cloudflared_build_for_the_machines_arch,
 );
+
+/// The digest a host checks its cloudflared build against travels in the enrolment answer,
+/// beside its credentials, never from the server that serves the file: the build for the
+/// machine's own arch (as it reported it), at /cloudflared/ on this server.
+async fn b28_redeem_hands_over_the_pinned_cloudflared_build_for_the_machines_arch(mut w: World) {
+    let pinned = "AB".repeat(32);
+    let mut config = (*w.app.state.config).clone();
+    config
+        .cloudflared
+        .sha256
+        .insert("aarch64".into(), pinned.clone());
+    config
+        .cloudflared
+        .sha256
+        .insert("x86_64".into(), "cd".repeat(32));
+    w.app.state.config = Arc::new(config);
+    w.app.router = byo_server::router(w.app.state.clone());
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    w.relay_settled(p["host_id"].as_str().unwrap()).await;
+    let r = w.enroll(p["token"].as_str().unwrap(), spark()).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        r.json()["cloudflared"],
+        json!({
+            "url": "http://localhost:8080/cloudflared/cloudflared-aarch64",
+            "sha256": pinned.to_ascii_lowercase(),
+        })
+    );
+}
 
 /// A failed step on *Your GPUs* (the page and the fragment it polls): besides the technical
 /// line, what is wrong and who fixes it in the owner's words, and that preparation tries
@@ -1057,6 +1088,8 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
 
     // Agent builds come from the release directory, by name only.
     std::fs::write(dir.path().join("byo-agent-aarch64"), b"binary").unwrap();
+    std::fs::write(dir.path().join("cloudflared-aarch64"), b"connector").unwrap();
+    std::fs::write(dir.path().join("cloudflared-aarch64.sha256"), b"beside").unwrap();
     std::fs::write(dir.path().join("secret"), b"no").unwrap();
     let mut config = support::test_config();
     config.release_dir = Some(dir.path().to_owned());
@@ -1066,11 +1099,20 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
         app.get("/agent/byo-agent-aarch64", None).await.body,
         b"binary"
     );
+    assert_eq!(
+        app.get("/cloudflared/cloudflared-aarch64", None).await.body,
+        b"connector"
+    );
     for bad in [
         "/agent/secret",
         "/agent/byo-agent-..%2Fsecret",
         "/agent/install.sh",
         "/agent/byo-agent-",
+        "/agent/cloudflared-aarch64",
+        "/cloudflared/byo-agent-aarch64",
+        "/cloudflared/cloudflared-..%2Fsecret",
+        // The digest a host checks comes with its credentials, never from beside the file.
+        "/cloudflared/cloudflared-aarch64.sha256",
     ] {
         assert_eq!(
             app.get(bad, None).await.status,

@@ -133,6 +133,21 @@ pub struct EnrollResponse {
     /// owner's own login stays a recovery path).
     #[serde(default)]
     pub lockout_owner: bool,
+    /// The cloudflared build this host installs when it has none (neither DGX OS nor Debian
+    /// ships one): where the control plane serves it and the SHA-256 it must have. The digest
+    /// travels here, with the credentials, never beside the file it pins.
+    #[serde(default)]
+    pub cloudflared: Option<ConnectorBuild>,
+}
+
+/// A pinned build of the operator tunnel's connector (cloudflared) for one architecture.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ConnectorBuild {
+    /// `<public_url>/cloudflared/cloudflared-<arch>`, as `uname -m` names the arch.
+    pub url: String,
+    /// The build's SHA-256, lowercase hex.
+    pub sha256: String,
 }
 
 impl std::fmt::Debug for EnrollResponse {

@@ -295,6 +295,25 @@ fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
     Ok(Some(releases))
 }
 
+/// A `cloudflared-<arch>` the operator put in the release directory is served at
+/// /cloudflared/ and pinned by its digest here, so enrolment hands hosts of that arch the
+/// URL and the SHA-256 to check it against.
+fn pin_local_cloudflared(config: &mut Config) {
+    use sha2::{Digest, Sha256};
+    let Some(dir) = config.release_dir.clone() else {
+        return;
+    };
+    for arch in ["x86_64", "aarch64"] {
+        let path = dir.join(format!("cloudflared-{arch}"));
+        if let Ok(bytes) = std::fs::read(&path) {
+            config
+                .cloudflared
+                .sha256
+                .insert(arch.to_owned(), hex::encode(Sha256::digest(&bytes)));
+        }
+    }
+}
+
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating {}", args.data_dir.display()))?;
@@ -326,6 +345,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     config.operator_keys.signing_keys = vec![signing_public];
     config.release_dir = publish_local_agent(&data_dir)?;
+    pin_local_cloudflared(&mut config);
     let (lxd_relays, relays_line) = relays(args.relays, &data_dir, addr)?;
     if lxd_relays.is_some() {
         // Each relay fetches this build of the daemon from here and checks its digest.

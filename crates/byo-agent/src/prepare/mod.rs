@@ -9,7 +9,7 @@ pub mod unit;
 use std::cell::RefCell;
 
 use byo_core::prepare::{DoneList, Mode, Outcome, Progress, Step};
-use byo_wire::enroll::WireGuardConfig;
+use byo_wire::enroll::{ConnectorBuild, WireGuardConfig};
 use byo_wire::prepare::StepState;
 use byo_wire::profile::ProfilePlan;
 use chrono::{DateTime, Utc};
@@ -39,6 +39,8 @@ pub struct Plan {
     pub authorized_keys: Option<String>,
     pub wireguard: Option<WireGuardConfig>,
     pub tunnel_token: Option<String>,
+    /// The pinned cloudflared build enrolment named, installed when the host has none.
+    pub cloudflared: Option<ConnectorBuild>,
     /// hosts.lockout_owner: owner-lockout runs only when the host says so.
     pub lockout_owner: bool,
     /// The owner's login on this node (node0: recorded by the installer).
@@ -170,6 +172,7 @@ pub fn plan_from(
         authorized_keys,
         wireguard: Some(creds.wireguard.clone()),
         tunnel_token,
+        cloudflared: creds.cloudflared.clone(),
         lockout_owner: creds.lockout_owner,
         owner: None,
         node: 0,

@@ -99,6 +99,7 @@ pub fn satellite_plan(plan: &Plan, peer: &Peer, owner: Option<String>) -> Plan {
         authorized_keys: Some(keys),
         wireguard: None,
         tunnel_token: None,
+        cloudflared: None,
         lockout_owner: plan.lockout_owner,
         owner,
         node: peer.index,

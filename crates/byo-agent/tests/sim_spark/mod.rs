@@ -195,6 +195,9 @@ pub struct SimSpark {
     /// The cables between the machines of a pair: every rail address any of them has
     /// configured, and the interfaces whose cable is dead.
     pub wire: Arc<Mutex<Wire>>,
+    /// What the network serves this host (`curl -o FILE URL`): URL -> body; any other URL
+    /// is a 404.
+    pub served: BTreeMap<String, Vec<u8>>,
 }
 
 #[derive(Debug, Default)]
@@ -221,6 +224,14 @@ fn lxd_error(status: u16, msg: &str) -> LxdReply {
         json!({"type": "error", "error": msg, "error_code": status}),
     )
 }
+/// A cloudflared binary at `bin`: the one preparation installs, or Cloudflare's package.
+fn cloudflared_at(s: &State, bin: &str) -> bool {
+    match bin {
+        "/usr/bin/cloudflared" => s.packages.contains("cloudflared"),
+        other => s.files.contains_key(other),
+    }
+}
+
 fn ok(s: &str) -> Output {
     Output::success(s)
 }
@@ -240,6 +251,7 @@ impl SimSpark {
             logs: BTreeMap::new(),
             next: 0,
             wire: Arc::default(),
+            served: BTreeMap::new(),
         }
     }
 
@@ -427,9 +439,20 @@ impl SimSpark {
                 }
                 "ssh.service" => s.packages.contains("openssh-server"),
                 "lxd.service" | "lxd.socket" => s.packages.contains("lxd"),
-                "enverge-tunnel.service" => s
-                    .files
-                    .contains_key("/etc/systemd/system/enverge-tunnel.service"),
+                // Its unit starts only if the binary its ExecStart names is there.
+                "enverge-tunnel.service" => {
+                    let unit = String::from_utf8_lossy(
+                        s.files
+                            .get("/etc/systemd/system/enverge-tunnel.service")
+                            .map(Vec::as_slice)
+                            .unwrap_or_default(),
+                    )
+                    .into_owned();
+                    unit.lines()
+                        .find_map(|l| l.strip_prefix("ExecStart="))
+                        .and_then(|l| l.split_whitespace().next())
+                        .is_some_and(|bin| cloudflared_at(s, bin))
+                }
                 TENANT_UNIT => s
                     .files
                     .contains_key(&format!("/etc/systemd/system/{TENANT_UNIT}")),
@@ -615,10 +638,29 @@ impl SimSpark {
                 ok("")
             }
             ["cloudflared", "--version"] => {
-                if s.packages.contains("cloudflared") {
+                if s.packages.contains("cloudflared")
+                    || s.files.contains_key("/usr/local/bin/cloudflared")
+                {
                     ok("cloudflared 2026.1")
                 } else {
                     fail(127, "")
+                }
+            }
+            [bin, "--version"] if bin.ends_with("/cloudflared") => {
+                if cloudflared_at(s, bin) {
+                    ok("cloudflared 2026.1")
+                } else {
+                    fail(127, &format!("{bin}: command not found"))
+                }
+            }
+            ["curl", .., "-o", out, url] => {
+                self.change()?;
+                match self.served.get(*url).cloned() {
+                    Some(body) => {
+                        self.state.files.insert((*out).to_owned(), body);
+                        ok("")
+                    }
+                    None => fail(22, "curl: (22) The requested URL returned error: 404"),
                 }
             }
             ["iptables", "-S", "FORWARD"] => {

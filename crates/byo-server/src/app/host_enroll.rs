@@ -35,6 +35,12 @@ pub async fn redeem(
     let host_token = SecretToken::generate(TokenKind::Host);
     let agent_token = SecretToken::generate(TokenKind::Agent);
     let mut delivered: Option<EnrollmentSecrets> = None;
+    // The connector build for this machine's arch, pinned by configuration.
+    let cloudflared = req
+        .node
+        .arch
+        .as_deref()
+        .and_then(|arch| state.config.cloudflared_build(arch));
 
     let outcome = state
         .store
@@ -159,6 +165,7 @@ pub async fn redeem(
                 profile_id: context.profile_id,
                 constants: context.constants,
                 lockout_owner: context.lockout_owner,
+                cloudflared,
             };
             Ok(Redemption::Enrolled(Box::new(response)))
         }

@@ -1,4 +1,5 @@
-//! `install.sh`, the one-liner's script, and the agent builds it fetches (place 2).
+//! `install.sh`, the one-liner's script, and the agent builds it fetches (place 2), and the
+//! builds a relay and preparation fetch (`byo-relay-<arch>`, `cloudflared-<arch>`).
 //! The script fetches the agent from this server into a temporary directory, checks its
 //! digest, enrols in the foreground (a refusal prints the reason and exits non-zero with
 //! nothing installed), then installs the three units and starts preparation only — whose
@@ -170,6 +171,16 @@ pub async fn agent_file(State(state): State<AppState>, Path(file): Path<String>)
 /// first-boot script fetches and checks against the sha256 it carries.
 pub async fn relay_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
     release_file(&state, "byo-relay-", &file, "no such relay build").await
+}
+
+/// The operator tunnel's connector (`cloudflared-<arch>`), which preparation fetches and
+/// checks against the digest enrolment handed it (`[cloudflared.sha256]`), never one served
+/// beside it.
+pub async fn cloudflared_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
+    if file.ends_with(".sha256") {
+        return (StatusCode::NOT_FOUND, "no such cloudflared build").into_response();
+    }
+    release_file(&state, "cloudflared-", &file, "no such cloudflared build").await
 }
 
 async fn release_file(

@@ -40,6 +40,7 @@ pub fn router() -> Router<AppState> {
         .route("/install.sh", get(install::install_sh))
         .route("/agent/{file}", get(install::agent_file))
         .route("/relay/{file}", get(install::relay_file))
+        .route("/cloudflared/{file}", get(install::cloudflared_file))
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
         .route("/hosts/{host_id}/progress", get(hosts::progress))
         .route("/admin/hosts", get(hosts::admin_hosts))

@@ -2,10 +2,12 @@
 //!
 //! **Check:** `spark` exists; `/etc/sudoers.d/enverge-spark` is `NOPASSWD:ALL` and `runuser -u
 //! spark -- sudo -n true` works; spark's authorized_keys is the kept signed list; `sshd -T` for
-//! spark accepts public keys and admits spark; sshd runs; with a connector token, cloudflared runs
-//! it.
+//! spark accepts public keys and admits spark; sshd runs; with a connector token, cloudflared is
+//! installed and its unit runs it.
 //! **Apply:** `useradd`, the sudoers drop-in validated with `visudo -cf` before it lands,
-//! authorized_keys 0600, sshd enabled; cloudflared unit with `--token-file`.
+//! authorized_keys 0600, sshd enabled; with a connector token and no cloudflared, the build
+//! enrolment pinned, fetched and checked against its SHA-256 before it is installed 0755 at
+//! `/usr/local/bin/cloudflared`; cloudflared unit with `--token-file`.
 //! **Why here:** Proves Enverge's access — it is re-verified by `owner-lockout` before the owner's
 //! is removed.
 
@@ -23,6 +25,75 @@ const SUDOERS_LINE: &str = "spark ALL=(ALL) NOPASSWD:ALL\n";
 const TUNNEL_TOKEN: &str = "/etc/enverge/tunnel-token";
 
 const TUNNEL_UNIT: &str = "enverge-tunnel.service";
+
+/// Where the pinned build is installed. Neither DGX OS nor Debian ships cloudflared, so
+/// this, or Cloudflare's own package at /usr/bin, is the binary the unit runs.
+pub const CLOUDFLARED_BIN: &str = "/usr/local/bin/cloudflared";
+
+const CLOUDFLARED_CANDIDATES: &[&str] = &[CLOUDFLARED_BIN, "/usr/bin/cloudflared"];
+
+/// Where the build lands before its digest is checked; removed either way.
+const CLOUDFLARED_DOWNLOAD: &str = "/var/lib/enverge-agent/cloudflared.download";
+
+/// The operator tunnel's unit, running the connector at `bin`.
+pub fn tunnel_unit(bin: &str) -> String {
+    format!(
+        "[Unit]\nDescription=Enverge operator tunnel (cloudflared)\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nExecStart={bin} tunnel --no-autoupdate run --token-file {TUNNEL_TOKEN}\nRestart=always\nRestartSec=5\n\n[Install]\nWantedBy=multi-user.target\n"
+    )
+}
+
+/// The cloudflared this host already runs (ours first), if any answers `--version`.
+fn cloudflared_path<H: Host>(h: &mut H) -> Fallible<Option<String>> {
+    for bin in CLOUDFLARED_CANDIDATES {
+        if h.run(&[bin, "--version"], None)?.ok() {
+            return Ok(Some((*bin).to_owned()));
+        }
+    }
+    Ok(None)
+}
+
+/// Fetch the build enrolment pinned, check its SHA-256 against the pinned digest, and only
+/// then install it 0755 at [`CLOUDFLARED_BIN`]. A mismatch installs nothing.
+fn install_cloudflared<H: Host>(h: &mut H, plan: &Plan) -> Fallible<String> {
+    use sha2::{Digest, Sha256};
+    let build = plan.cloudflared.as_ref().ok_or(
+        "cloudflared (the operator tunnel) is not installed, and enrolment named no build to install \
+         (the server pins one per arch: cloudflared-<arch> in its release_dir, [cloudflared.sha256])",
+    )?;
+    let dir = CLOUDFLARED_DOWNLOAD.rsplit_once('/').map_or("/", |(d, _)| d);
+    must(h, &["install", "-d", "-m", "0700", dir])?;
+    let fetched = must(
+        h,
+        &[
+            "curl",
+            "-fsSL",
+            "--retry",
+            "3",
+            "--connect-timeout",
+            "10",
+            "-o",
+            CLOUDFLARED_DOWNLOAD,
+            &build.url,
+        ],
+    )
+    .map_err(|e| format!("cloudflared (the operator tunnel) could not be fetched: {e}"))
+    .and_then(|_| {
+        h.read(CLOUDFLARED_DOWNLOAD)?
+            .ok_or_else(|| format!("curl left no {CLOUDFLARED_DOWNLOAD}"))
+    });
+    h.remove(CLOUDFLARED_DOWNLOAD)?;
+    let bytes = fetched?;
+    let actual = hex::encode(Sha256::digest(&bytes));
+    if !actual.eq_ignore_ascii_case(build.sha256.trim()) {
+        return Err(format!(
+            "the cloudflared build from {} has SHA-256 {actual}, not the {} enrolment pinned; nothing was installed",
+            build.url,
+            build.sha256.trim()
+        ));
+    }
+    h.write(CLOUDFLARED_BIN, &bytes, 0o755, "root:root")?;
+    Ok(CLOUDFLARED_BIN.to_owned())
+}
 
 pub(crate) struct OperatorAccess;
 
@@ -85,20 +156,20 @@ impl StepDef for OperatorAccess {
         }
         if let Some(token) = &plan.tunnel_token {
             h.write(TUNNEL_TOKEN, token.as_bytes(), 0o600, "root:root")?;
-            if !h.run(&["cloudflared", "--version"], None)?.ok() {
-                apt_install(h, &["cloudflared"]).map_err(|e| {
-                    format!("cloudflared (the operator tunnel) could not be installed: {e}")
-                })?;
-            }
-            let unit = "[Unit]\nDescription=Enverge operator tunnel (cloudflared)\nAfter=network-online.target\nWants=network-online.target\n\n[Service]\nExecStart=/usr/bin/cloudflared tunnel --no-autoupdate run --token-file /etc/enverge/tunnel-token\nRestart=always\nRestartSec=5\n\n[Install]\nWantedBy=multi-user.target\n";
+            let bin = match cloudflared_path(h)? {
+                Some(bin) => bin,
+                None => install_cloudflared(h, plan)?,
+            };
             h.write(
                 &format!("/etc/systemd/system/{TUNNEL_UNIT}"),
-                unit.as_bytes(),
+                tunnel_unit(&bin).as_bytes(),
                 0o644,
                 "root:root",
             )?;
             must(h, &["systemctl", "daemon-reload"])?;
-            must(h, &["systemctl", "enable", "--now", TUNNEL_UNIT])?;
+            must(h, &["systemctl", "enable", TUNNEL_UNIT])?;
+            // A restart, so a unit rewritten for another binary runs that one.
+            must(h, &["systemctl", "restart", TUNNEL_UNIT])?;
         }
         Ok(())
     }
@@ -161,8 +232,16 @@ pub(super) fn problems<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Vec<String>>
         if read_string(h, TUNNEL_TOKEN)?.as_deref() != Some(token.as_str()) {
             needs.push("keep the tunnel connector token".to_owned());
         }
-        if !unit_active(h, TUNNEL_UNIT)? {
-            needs.push("run cloudflared (the operator tunnel)".to_owned());
+        match cloudflared_path(h)? {
+            None => needs.push("install cloudflared (the operator tunnel)".to_owned()),
+            Some(bin) => {
+                let unit = format!("/etc/systemd/system/{TUNNEL_UNIT}");
+                if !file_is(h, &unit, &tunnel_unit(&bin))? {
+                    needs.push(format!("write {unit} to run {bin}"));
+                } else if !unit_active(h, TUNNEL_UNIT)? {
+                    needs.push("run cloudflared (the operator tunnel)".to_owned());
+                }
+            }
         }
     }
     Ok(needs)
