@@ -2,8 +2,9 @@
 -- relay-provision, and the backend trusts only it when calling an agent through a relay.
 -- One row; the private key sealed with the server key, never stored in plaintext.
 create table relay_ca (
-  id          integer primary key check (id = 1),
+  id          integer not null primary key,
   cert_pem    text not null,
   sealed_key  text not null,
-  created_at  timestamptz not null
+  created_at  timestamptz not null,
+  constraint relay_ca_one_row check (id = 1)
 );
