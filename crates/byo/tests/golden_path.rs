@@ -113,6 +113,35 @@ fn customer_ssh(relay: &str, key: &Path) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
+/// The relay provider with a gate: provisioning waits until the test lets it through.
+struct Gated {
+    relays: Arc<LxdRelays>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl byo_server::providers::RelayProvider for Gated {
+    fn provision<'a>(
+        &'a self,
+        slug: &'a str,
+        bootstrap: Option<&'a str>,
+    ) -> futures::future::BoxFuture<
+        'a,
+        Result<byo_server::providers::RelayInfo, byo_server::providers::ProviderError>,
+    > {
+        Box::pin(async move {
+            let _ = self.gate.acquire().await;
+            self.relays.provision(slug, bootstrap).await
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        slug: &'a str,
+    ) -> futures::future::BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
+        self.relays.release(slug)
+    }
+}
+
 /// Deletes the test's relay containers however the test ends.
 struct RemoveRelays(Arc<LxdRelays>);
 
@@ -249,9 +278,15 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         byo_server::seal::Sealer::from_hex(config.secret_key.as_ref().unwrap().expose_secret())
             .unwrap();
     let relays = Arc::new(LxdRelays::new(&format!("byo-gold-{}-", std::process::id())));
+    // The relay is held back until the host has redeemed: #11's early redeem, on purpose.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let gated = Arc::new(Gated {
+        relays: relays.clone(),
+        gate: gate.clone(),
+    });
     let _relays_go = RemoveRelays(relays.clone());
     let state = byo_server::state::AppState::new(store.clone(), config)
-        .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
+        .with_providers(gated, Arc::new(LocalTunnels::default()));
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
     let api = Api {
         base: base.clone(),
@@ -309,29 +344,6 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     assert_eq!(status, 201, "{provisioned}");
     let host_id = provisioned["host_id"].as_str().unwrap().to_owned();
     let command = provisioned["command"].as_str().unwrap().to_owned();
-    let relay = until(
-        "the relay to be built",
-        Duration::from_secs(90),
-        async || {
-            let slug = provisioned["slug"].as_str().unwrap();
-            relays.relay(slug)
-        },
-    )
-    .await;
-    phase(&format!("provisioned; {} is booting", relay.container));
-    // Everything that crosses the relay's public interface from here on, for the proof
-    // below that no agent token crosses it in the clear.
-    let mut capture = Capture::start(
-        &work.path().join("relay.pcap"),
-        &format!("host {}", relay.public),
-    );
-    let first_boot = tokio::task::block_in_place(|| relay.wait_booted(Duration::from_secs(240)))
-        .unwrap_or_else(|e| panic!("{e}"));
-    phase(&format!(
-        "the relay booted by its own script ({:.1} s after it was created)",
-        first_boot.as_secs_f64()
-    ));
-
     // B + C: the owner runs the one-liner on the machine.
     let tun = Command::new("lxc")
         .args([
@@ -355,18 +367,58 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         String::from_utf8_lossy(&ran.stderr)
     );
     phase("the one-liner ran");
+    // The host redeemed before its relay had an address: no endpoint for its tunnel yet.
+    let h = store.host(&host_id).await.unwrap().unwrap();
+    assert_eq!(
+        h.relay_ip, None,
+        "the relay was held back until the host redeemed"
+    );
+    gate.add_permits(1);
+    let relay = until(
+        "the relay to be built",
+        Duration::from_secs(90),
+        async || {
+            let slug = provisioned["slug"].as_str().unwrap();
+            relays.relay(slug)
+        },
+    )
+    .await;
+    phase(&format!("provisioned; {} is booting", relay.container));
+    // Everything that crosses the relay's public interface from here on, for the proof
+    // below that no agent token crosses it in the clear.
+    let mut capture = Capture::start(
+        &work.path().join("relay.pcap"),
+        &format!("host {}", relay.public),
+    );
+    let first_boot = tokio::task::block_in_place(|| relay.wait_booted(Duration::from_secs(240)))
+        .unwrap_or_else(|e| panic!("{e}"));
+    phase(&format!(
+        "the relay booted by its own script ({:.1} s after it was created)",
+        first_boot.as_secs_f64()
+    ));
+
     let prepared = Instant::now();
     let started = Instant::now();
+    let mut waited_for_endpoint = false;
     loop {
         let h = store.host(&host_id).await.unwrap().unwrap();
         if h.prepared_at.is_some() {
             break;
         }
-        let failed = h
-            .prepare_state
-            .as_ref()
-            .is_some_and(|s| s.0["state"] == "failed");
-        if failed || started.elapsed() > Duration::from_secs(300) {
+        // relay-peer fails while the endpoint is unknown, and the next scheduled try heals it.
+        let failed = h.prepare_state.as_ref().and_then(|s| {
+            (s.0["state"] == "failed").then(|| s.0["error"].as_str().unwrap_or("").to_owned())
+        });
+        match &failed {
+            Some(e) if e.contains("the relay has no public address yet") => {
+                waited_for_endpoint = true
+            }
+            _ => {}
+        }
+        let other_failure = failed
+            .as_deref()
+            .is_some_and(|e| !e.contains("the relay has no public address yet"));
+        if other_failure || started.elapsed() > Duration::from_secs(300) {
             let journal = host.sh("journalctl -u enverge-agent-prepare.service -u enverge-agent.service -n 60 --no-pager");
             panic!(
                 "preparation did not complete ({:?}):\n{}",
@@ -376,8 +428,12 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    assert!(
+        waited_for_endpoint,
+        "relay-peer never reported waiting for the relay's endpoint"
+    );
     phase(&format!(
-        "prepared ({:.0} s after the one-liner)",
+        "prepared ({:.0} s after the one-liner; relay-peer waited for the relay's endpoint, then healed on its own)",
         prepared.elapsed().as_secs_f64()
     ));
     // I: the operator's key logs in as spark, with sudo; the owner's login stays (lockout_owner ships false).
