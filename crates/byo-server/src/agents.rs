@@ -315,21 +315,37 @@ impl HttpAgents {
     }
 }
 
-/// Why a push did not land, as /admin shows it. The relay's proxy answers 502/503/504 when
-/// nothing listens behind it — a host whose serving unit is not running yet (preparation
-/// has not finished) or is down — which is not the agent refusing the list.
-fn push_refusal(status: u16, body: &str) -> String {
+/// Who answered a call that did not succeed: the agent with its own refusal, the relay's
+/// proxy with nothing behind it (502/503/504 without the agent's body: a host whose serving
+/// unit is not running yet, or is down, or whose tunnel is down — nothing was done), or
+/// something else whose body is all there is.
+enum Answered {
+    Agent(AgentRefusal),
+    NothingBehindRelay,
+    Other(String),
+}
+
+fn answered(status: u16, body: &str) -> Answered {
     match serde_json::from_str::<AgentRefusal>(body) {
-        Ok(r) => format!(
+        Ok(r) => Answered::Agent(r),
+        Err(_) if matches!(status, 502..=504) => Answered::NothingBehindRelay,
+        Err(_) => Answered::Other(body.to_owned()),
+    }
+}
+
+/// Why a push did not land, as /admin shows it.
+fn push_refusal(status: u16, body: &str) -> String {
+    match answered(status, body) {
+        Answered::Agent(r) => format!(
             "the agent refused the list ({status}): {}",
             printable(&r.message)
         ),
-        Err(_) if matches!(status, 502..=504) => {
+        Answered::NothingBehindRelay => {
             "not serving yet: the host's agent does not answer behind its relay (preparation \
              has not finished, or serving is down); send again once it reports in"
                 .to_owned()
         }
-        Err(_) => format!("the relay answered {status}: {}", printable(body)),
+        Answered::Other(body) => format!("the relay answered {status}: {}", printable(&body)),
     }
 }
 
@@ -344,17 +360,16 @@ fn printable(text: &str) -> String {
 async fn refusal(resp: reqwest::Response) -> AgentError {
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap_or_default();
-    let (code, reason) = match serde_json::from_str::<AgentRefusal>(&body) {
-        Ok(r) => (Some(r.error), r.message),
-        // The relay's proxy, not the agent: nothing behind it answered, so nothing was done.
-        Err(_) if matches!(status, 502..=504) => (
+    let (code, reason) = match answered(status, &body) {
+        Answered::Agent(r) => (Some(r.error), r.message),
+        Answered::NothingBehindRelay => (
             None,
             format!(
                 "the host's agent does not answer behind its relay (the relay answered {status}): \
                  the host is not serving, or its tunnel to the relay is down"
             ),
         ),
-        Err(_) => (None, body),
+        Answered::Other(body) => (None, body),
     };
     if code == Some(AgentErrorCode::HostOccupied) {
         return AgentError::Occupied(printable(&reason));
