@@ -122,12 +122,8 @@ impl Site {
             .await;
     }
 
-    /// The text of the first element matching `css`, if there is one.
     async fn text(&self, css: &str) -> Option<String> {
-        match self.c().find(Locator::Css(css)).await {
-            Ok(e) => e.text().await.ok(),
-            Err(_) => None,
-        }
+        self.browser.text(css).await
     }
 
     /// Wait until the element's text satisfies `ok`; the page is never reloaded meanwhile.
@@ -311,19 +307,14 @@ async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() 
     let copy = c.find(Locator::Css("#copy-one-liner")).await.unwrap();
     assert!(copy.is_displayed().await.unwrap(), "the script showed it");
     assert_eq!(copy.text().await.unwrap(), "Copy");
-    c.execute(
-        "const clip = navigator.clipboard, write = clip.writeText.bind(clip); \
-         window.byoCopied = null; \
-         clip.writeText = (text) => { window.byoCopied = text; return write(text); };",
-        vec![],
-    )
-    .await
-    .unwrap();
+    site.browser.watch_copies().await;
     copy.click().await.unwrap();
     site.wait_text("#copy-one-liner", |t| t == "Copied", "copy")
         .await;
-    let copied = c.execute("return window.byoCopied;", vec![]).await.unwrap();
-    assert_eq!(copied, json!(command));
+    assert_eq!(
+        site.browser.copied().await.as_deref(),
+        Some(command.as_str())
+    );
 
     // The countdown runs: within the hour, and lower a second and a half later.
     let first = site
@@ -892,14 +883,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         .await
         .unwrap();
     assert!(copy.is_displayed().await.unwrap(), "the script showed it");
-    c.execute(
-        "const clip = navigator.clipboard, write = clip.writeText.bind(clip); \
-         window.byoCopied = null; \
-         clip.writeText = (text) => { window.byoCopied = text; return write(text); };",
-        vec![],
-    )
-    .await
-    .unwrap();
+    site.browser.watch_copies().await;
     copy.click().await.unwrap();
     site.wait_text(
         &format!("button[data-copy='ssh-{}']", vm.id),
@@ -907,8 +891,10 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         "copy",
     )
     .await;
-    let copied = c.execute("return window.byoCopied;", vec![]).await.unwrap();
-    assert_eq!(copied, json!(command));
+    assert_eq!(
+        site.browser.copied().await.as_deref(),
+        Some(command.as_str())
+    );
 
     // Created: the row's own created_at, readable and machine-readable.
     let created = c

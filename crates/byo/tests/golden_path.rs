@@ -25,7 +25,7 @@ use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use secrecy::ExposeSecret;
 use serde_json::{Value, json};
-use support::{relay_sha256, release};
+use support::{relay_sha256, release, ssh};
 
 struct Api {
     base: String,
@@ -87,30 +87,7 @@ async fn user(store: &byo_db::Store, email: &str, roles: &[Role]) -> String {
 }
 
 fn customer_ssh(relay: &str, key: &Path) -> Option<String> {
-    let out = Command::new("ssh")
-        .args(["-F", "/dev/null", "-i"])
-        .arg(key)
-        .args([
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=3",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "IdentitiesOnly=yes",
-            &format!("root@{relay}"),
-            "hostname",
-        ])
-        .output()
-        .unwrap();
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    ssh(key, &[&format!("root@{relay}"), "hostname"]).ok()
 }
 
 /// The relay provider with a gate: provisioning waits until the test lets it through.
@@ -437,29 +414,11 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         prepared.elapsed().as_secs_f64()
     ));
     // I: the operator's key logs in as spark, with sudo; the owner's login stays (lockout_owner ships false).
-    let glass = Command::new("ssh")
-        .args(["-F", "/dev/null", "-i"])
-        .arg(&op_file)
-        .args([
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "IdentitiesOnly=yes",
-            &format!("spark@{}", host.ipv4()),
-            "sudo -n id -u",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8_lossy(&glass.stdout).trim(),
-        "0",
-        "{}",
-        String::from_utf8_lossy(&glass.stderr)
+    let glass = ssh(
+        &op_file,
+        &[&format!("spark@{}", host.ipv4()), "sudo -n id -u"],
     );
+    assert_eq!(glass.as_deref(), Ok("0"));
     // Beats every 2 s from here, so the relay's restart below heals quickly.
     host.write(
         "/etc/systemd/system/enverge-agent.service.d/beat.conf",

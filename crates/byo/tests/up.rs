@@ -1,65 +1,26 @@
 //! `byo up` as a person runs it: it prints how to sign in, Ctrl-C stops it cleanly, and
 //! running it again finds the same state.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
 
 use serde_json::json;
+use support::ByoUp;
 
-struct Running {
-    child: Child,
-    url: String,
-    email: String,
-    password: String,
+fn start(data_dir: &std::path::Path) -> ByoUp {
+    ByoUp::start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data_dir.to_string_lossy(),
+        ],
+        data_dir,
+    )
 }
 
-fn start(data_dir: &std::path::Path) -> Running {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_byo"))
-        .args(["up", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(data_dir)
-        .env_remove("BYO_DATA_DIR")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("byo up starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut url, mut email, mut password) = (None, None, None);
-    while password.is_none() {
-        let line = lines.next().expect("byo up printed its banner").unwrap();
-        if let Some(u) = line.strip_prefix("byo is running at ") {
-            url = Some(u.trim().to_owned());
-        } else if let Some(e) = line.trim().strip_prefix("sign in as") {
-            email = Some(e.trim().to_owned());
-        } else if let Some(p) = line.trim().strip_prefix("password") {
-            password = Some(p.trim().to_owned());
-        }
-    }
-    // Keep reading, as a terminal would, so later lines never hit a closed pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Running {
-        child,
-        url: url.unwrap(),
-        email: email.unwrap(),
-        password: password.unwrap(),
-    }
-}
-
-fn interrupt(mut r: Running) {
-    let status = Command::new("kill")
-        .args(["-INT", &r.child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(exit) = r.child.try_wait().unwrap() {
-            assert!(exit.success(), "byo up exits cleanly on Ctrl-C: {exit}");
-            return;
-        }
-        assert!(Instant::now() < deadline, "byo up did not stop on Ctrl-C");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn interrupt(mut r: ByoUp) {
+    let exit = r.interrupt().expect("byo up did not stop on Ctrl-C");
+    assert!(exit.success(), "byo up exits cleanly on Ctrl-C: {exit}");
 }
 
 async fn login(url: &str, email: &str, password: &str) -> reqwest::StatusCode {

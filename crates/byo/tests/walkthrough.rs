@@ -16,13 +16,13 @@ mod host_container;
 mod relay_support;
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use chromium::{Browser, components};
 use fantoccini::{Client, Locator};
+use support::ByoUp;
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -62,31 +62,9 @@ fn output_text(out: &Output) -> String {
     )
 }
 
-/// `byo up`, as the README starts it, with what it printed.
-struct Up {
-    child: Child,
-    url: String,
-    email: String,
-    password: String,
-    printed: String,
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // Ctrl-C, as a person stops it: the relays it built go with it.
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_up(command: &str, dir: &Path) -> Up {
+/// `byo up` as the README starts it (the build's `byo` for `target/release/byo`, a free port
+/// for 8080), in `dir`.
+fn start_up(command: &str, dir: &Path) -> ByoUp {
     let words: Vec<&str> = command.split_whitespace().collect();
     assert_eq!(
         &words[..3],
@@ -96,41 +74,12 @@ fn start_up(command: &str, dir: &Path) -> Up {
     let listen = words[3]
         .strip_suffix(":8080")
         .unwrap_or_else(|| panic!("README listens on port 8080: {command}"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_byo"))
-        .args(["up", "--listen", &format!("{listen}:0")])
-        .args(&words[4..])
-        .current_dir(dir)
-        .env_remove("BYO_DATA_DIR")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("byo up starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let (mut url, mut email, mut password, mut printed) = (None, None, None, String::new());
-    while !printed.contains("Ctrl-C stops it") {
-        let line = lines
-            .next()
-            .unwrap_or_else(|| panic!("byo up stopped before its banner:\n{printed}"))
-            .unwrap();
-        printed.push_str(&line);
-        printed.push('\n');
-        if let Some(u) = line.strip_prefix("byo is running at ") {
-            url = Some(u.trim().to_owned());
-        } else if let Some(e) = line.trim().strip_prefix("sign in as") {
-            email = Some(e.trim().to_owned());
-        } else if let Some(p) = line.trim().strip_prefix("password") {
-            password = Some(p.trim().to_owned());
-        }
-    }
-    std::thread::spawn(move || lines.for_each(drop));
-    eprintln!("--- byo up printed:\n{printed}");
-    Up {
-        child,
-        url: url.expect("byo up printed its URL"),
-        email: email.expect("byo up printed the admin's email"),
-        password: password.expect("byo up printed the admin's password"),
-        printed,
-    }
+    let listen = format!("{listen}:0");
+    let mut args = vec!["--listen", listen.as_str()];
+    args.extend(&words[4..]);
+    let up = ByoUp::start(&args, dir);
+    eprintln!("--- byo up printed:\n{}", up.printed);
+    up
 }
 
 /// The simulated Spark `scripts/simulated-spark` made, deleted (its own `--delete`) at the end.
@@ -266,10 +215,7 @@ impl Person {
     }
 
     async fn text(&self, css: &str) -> Option<String> {
-        match self.c().find(Locator::Css(css)).await {
-            Ok(e) => e.text().await.ok(),
-            Err(_) => None,
-        }
+        self.browser.text(css).await
     }
 
     /// Wait for `css`'s text to satisfy `ok`, reloading when `reload` (pages that do not
@@ -306,42 +252,14 @@ impl Person {
         }
     }
 
-    /// What the page's Copy button for `code_id` hands the clipboard. Both ways the page
-    /// copies are watched, not replaced: the clipboard API (secure origins, such as
-    /// localhost) and the selection copied with `execCommand` (a plain-http address, such as
-    /// the README's bridge address).
+    /// What the page's Copy button for `code_id` hands the clipboard.
     async fn copy(&self, code_id: &str) -> String {
-        self.c()
-            .execute(
-                "window.byoCopied = null; \
-                 const clip = navigator.clipboard; \
-                 if (clip && window.isSecureContext) { \
-                   const write = clip.writeText.bind(clip); \
-                   clip.writeText = (text) => { window.byoCopied = text; return write(text); }; \
-                 } \
-                 const exec = document.execCommand.bind(document); \
-                 document.execCommand = (what, ...rest) => { \
-                   const ok = exec(what, ...rest); \
-                   if (what === 'copy' && ok) { \
-                     const a = document.activeElement; \
-                     window.byoCopied = a && 'value' in a ? a.value : String(window.getSelection()); \
-                   } \
-                   return ok; \
-                 };",
-                vec![],
-            )
-            .await
-            .unwrap();
+        self.browser.watch_copies().await;
         self.click(&format!("button[data-copy='{code_id}']")).await;
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
-            let copied = self
-                .c()
-                .execute("return window.byoCopied;", vec![])
-                .await
-                .unwrap();
-            if let Some(text) = copied.as_str() {
-                return text.to_owned();
+            if let Some(text) = self.browser.copied().await {
+                return text;
             }
             assert!(Instant::now() < deadline, "the Copy button copied nothing");
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -354,32 +272,9 @@ impl Person {
 fn run_ssh_line(line: &str, key: &Path, remote: &str) -> Result<String, String> {
     let words: Vec<&str> = line.split_whitespace().collect();
     assert_eq!(words.first(), Some(&"ssh"), "a connect line: {line:?}");
-    let out = Command::new("ssh")
-        .args(["-F", "/dev/null", "-i"])
-        .arg(key)
-        .args([
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=5",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "IdentitiesOnly=yes",
-        ])
-        .args(&words[1..])
-        .arg(remote)
-        .output()
-        .unwrap();
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
-    } else {
-        Err(output_text(&out))
-    }
+    let mut args = words[1..].to_vec();
+    args.push(remote);
+    support::ssh(key, &args)
 }
 
 async fn ssh_until(line: &str, key: &Path, expect: &str, within: Duration) {

@@ -126,6 +126,51 @@ impl Browser {
 }
 
 impl Browser {
+    /// The text of the first element matching `css`, if there is one.
+    pub async fn text(&self, css: &str) -> Option<String> {
+        match self.client.find(fantoccini::Locator::Css(css)).await {
+            Ok(e) => e.text().await.ok(),
+            Err(_) => None,
+        }
+    }
+
+    /// Watch what the page copies, without replacing how: the clipboard API (a secure
+    /// origin, such as localhost) and the selection copied with `execCommand` (plain http on
+    /// another address). [`Self::copied`] then says what the last copy handed over.
+    pub async fn watch_copies(&self) {
+        self.client
+            .execute(
+                "window.byoCopied = null; \
+                 const clip = navigator.clipboard; \
+                 if (clip && window.isSecureContext) { \
+                   const write = clip.writeText.bind(clip); \
+                   clip.writeText = (text) => { window.byoCopied = text; return write(text); }; \
+                 } \
+                 const exec = document.execCommand.bind(document); \
+                 document.execCommand = (what, ...rest) => { \
+                   const ok = exec(what, ...rest); \
+                   if (what === 'copy' && ok) { \
+                     const a = document.activeElement; \
+                     window.byoCopied = a && 'value' in a ? a.value : String(window.getSelection()); \
+                   } \
+                   return ok; \
+                 };",
+                vec![],
+            )
+            .await
+            .unwrap();
+    }
+
+    /// What the page copied since [`Self::watch_copies`], if anything.
+    pub async fn copied(&self) -> Option<String> {
+        let v = self
+            .client
+            .execute("return window.byoCopied;", vec![])
+            .await
+            .unwrap();
+        v.as_str().map(str::to_owned)
+    }
+
     /// Save what the browser shows as `target/screenshots/<name>` (a PNG), for a person
     /// to look at and for CI to keep.
     pub async fn screenshot(&self, name: &str) -> PathBuf {

@@ -49,3 +49,115 @@ pub fn relay_sha256() -> String {
         std::fs::read(sibling("byo-relay")).unwrap(),
     ))
 }
+
+/// `ssh <args…>` as a person runs it, with `key` only, no config, no host-key prompt and
+/// a bounded connect: the remote command's output when the login worked, else what ssh
+/// said.
+pub fn ssh(key: &Path, args: &[&str]) -> Result<String, String> {
+    let out = std::process::Command::new("ssh")
+        .args(["-F", "/dev/null", "-i"])
+        .arg(key)
+        .args([
+            "-o",
+            "StrictHostKeyChecking=no",
+            "-o",
+            "UserKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=3",
+            "-o",
+            "LogLevel=ERROR",
+            "-o",
+            "IdentitiesOnly=yes",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// `byo up <args…>` started in `cwd` as a person starts it, with what its banner printed.
+/// Dropping it is Ctrl-C (and, if that does not stop it, a kill).
+pub struct ByoUp {
+    pub child: std::process::Child,
+    pub url: String,
+    pub email: String,
+    pub password: String,
+    pub printed: String,
+}
+
+impl ByoUp {
+    pub fn start(args: &[&str], cwd: &Path) -> ByoUp {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(sibling("byo"))
+            .arg("up")
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("BYO_DATA_DIR")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("byo up starts");
+        let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        let (mut url, mut email, mut password, mut printed) = (None, None, None, String::new());
+        while !printed.contains("Ctrl-C stops it") {
+            let line = lines
+                .next()
+                .unwrap_or_else(|| panic!("byo up stopped before its banner:\n{printed}"))
+                .unwrap();
+            printed.push_str(&line);
+            printed.push('\n');
+            if let Some(u) = line.strip_prefix("byo is running at ") {
+                url = Some(u.trim().to_owned());
+            } else if let Some(e) = line.trim().strip_prefix("sign in as") {
+                email = Some(e.trim().to_owned());
+            } else if let Some(p) = line.trim().strip_prefix("password") {
+                password = Some(p.trim().to_owned());
+            }
+        }
+        // Keep reading, as a terminal would, so later lines never hit a closed pipe.
+        std::thread::spawn(move || lines.for_each(drop));
+        ByoUp {
+            child,
+            url: url.expect("byo up printed its URL"),
+            email: email.expect("byo up printed the admin's email"),
+            password: password.expect("byo up printed the admin's password"),
+            printed,
+        }
+    }
+
+    /// Ctrl-C, and its exit status once it stopped (within 20 s).
+    pub fn interrupt(&mut self) -> Option<std::process::ExitStatus> {
+        let _ = std::process::Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            if let Some(exit) = self.child.try_wait().ok().flatten() {
+                return Some(exit);
+            }
+            if std::time::Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for ByoUp {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() && self.interrupt().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
