@@ -347,6 +347,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
             config: VmConfig {
                 ssh_listen: handed.ssh_listen.clone(),
                 gpu: handed.gpu,
+                tunnel: handed.tunnel,
             },
             relay: Box::new(vms::HttpRelayMap::new(
                 &handed.ssh_map_endpoint,

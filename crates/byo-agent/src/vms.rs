@@ -166,6 +166,9 @@ pub struct VmConfig {
     pub ssh_listen: String,
     /// Run the GPU check (profiles with a GPU).
     pub gpu: bool,
+    /// Preparation installed the operator tunnel (cloudflared); `None` when the hand-over
+    /// predates the record (then the unit is asked all the same).
+    pub tunnel: Option<bool>,
 }
 
 fn instance_path(name: &str) -> String {
@@ -484,13 +487,18 @@ pub fn reassert_map<H: Host + ?Sized>(
 
 /// Make the relay's map `want`, whole, when it is anything else.
 pub fn sync_map(relay: &dyn RelayMap, want: &SshMap) -> Fallible<bool> {
+    Ok(sync_map_drift(relay, want)?.is_some())
+}
+
+/// [`sync_map`], returning what the relay held when it differed (the drift found).
+pub fn sync_map_drift(relay: &dyn RelayMap, want: &SshMap) -> Fallible<Option<SshMap>> {
     let mut have = relay.get()?;
     have.mappings.sort();
     if have == *want {
-        return Ok(false);
+        return Ok(None);
     }
     relay.put(want)?;
-    Ok(true)
+    Ok(Some(have))
 }
 
 /// At start (L2): wait for LXD, bring each instance back to its last state (the head
@@ -614,6 +622,7 @@ mod tests {
 
     fn config() -> VmConfig {
         VmConfig {
+            tunnel: Some(false),
             ssh_listen: "10.8.0.2".into(),
             gpu: false,
         }

@@ -220,27 +220,159 @@ impl Store {
 
     /// pick_hosts_for_gpu: the hosts a create of `gpu_type` for `user_sub` may land on —
     /// active (so prepared, D.3), not retired, of that gpu_type, reachable (an agent token
-    /// and a relay address), in the shared placement or dedicated to this user, and holding
-    /// no live instance. The user's own dedicated boxes come first.
+    /// and a relay address), in the shared placement or dedicated to this user, holding no
+    /// live instance, **heard from**: a heartbeat at or after `seen_since` (we trust the
+    /// absence of a heartbeat; a host that never beat is not picked), and **not benched**
+    /// (a bench holds until a heartbeat later than it, or an operator clears it). The user's
+    /// own dedicated boxes come first.
     pub async fn pick_hosts_for_gpu(
         &self,
         gpu_type: &str,
         user_sub: &str,
+        seen_since: DateTime<Utc>,
     ) -> Result<Vec<AgentTargetRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
-            "select h.id, h.slug, h.relay_ip, h.agent_token from hosts h
+            "select h.id, h.slug, h.relay_ip, h.agent_token
+             from hosts h join host_status s on s.host_id = h.id
+             left join host_placement b on b.host_id = h.id
              where h.gpu_type = $1
                and h.active = true and h.prepared_at is not null and h.retired_at is null
                and h.agent_token is not null and h.relay_ip is not null
                and ((h.dedicated = false and h.placement = 'shared')
                     or (h.dedicated = true and h.dedicated_to = $2))
+               and s.seen_at >= $3
+               and (b.benched_at is null or s.seen_at > b.benched_at)
                and not exists (select 1 from vms v where v.host_id = h.id
                                and v.deleted_at is null and v.creation_failed_at is null)
              order by h.dedicated desc, h.activated_at, h.slug"
         )
         .bind(gpu_type)
         .bind(user_sub)
+        .bind(seen_since)
         .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// The live rows on one host (not deleted, not failed), oldest first: what a heartbeat's
+    /// list of held instances is compared with.
+    pub async fn live_vms_on_host(&self, host_id: &str) -> Result<Vec<VmRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+            "select {VM_COLUMNS} from vms
+             where host_id = $1 and deleted_at is null and creation_failed_at is null
+             order by created_at, id
+             limit 100"
+        )))
+        .bind(host_id)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+}
+
+/// What placement remembers of a host (migration 0008): the creates it failed in a row and
+/// its bench. The bench is *in effect* until a heartbeat later than it arrives.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct HostBenchRow {
+    pub host_id: String,
+    pub consecutive_failures: i32,
+    /// Why the last create failed there, as the agent (or its silence) said.
+    pub last_failure: Option<String>,
+    pub last_failure_at: Option<DateTime<Utc>>,
+    pub benched_at: Option<DateTime<Utc>>,
+    /// The host's last heartbeat, if it ever beat.
+    pub seen_at: Option<DateTime<Utc>>,
+}
+
+impl HostBenchRow {
+    /// Benched and no heartbeat since: pick_hosts_for_gpu skips the host.
+    pub fn in_effect(&self) -> bool {
+        match (self.benched_at, self.seen_at) {
+            (Some(benched), Some(seen)) => seen <= benched,
+            (Some(_), None) => true,
+            (None, _) => false,
+        }
+    }
+}
+
+/// What [`Store::record_placement_failure`] left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PlacementScore {
+    pub consecutive_failures: i32,
+    /// The host is benched from this failure's time.
+    pub benched: bool,
+}
+
+impl Store {
+    /// A create this host refused or never took: count it, and bench the host once it has
+    /// failed `bench_after` in a row (a bench already lifted by a heartbeat is set again
+    /// at the next failure, since the count runs on until a create succeeds or an operator
+    /// clears it).
+    pub async fn record_placement_failure(
+        &self,
+        host_id: &str,
+        reason: &str,
+        bench_after: u32,
+        now: DateTime<Utc>,
+    ) -> Result<PlacementScore> {
+        let bench_after = i32::try_from(bench_after.max(1)).unwrap_or(i32::MAX);
+        let reason: String = reason.chars().take(300).collect();
+        let failures: i32 = on_pool!(self, |p| sqlx::query_scalar(
+            "insert into host_placement
+               (host_id, consecutive_failures, last_failure, last_failure_at, benched_at)
+             values ($1, 1, $2, $3, case when 1 >= $4 then $3 else null end)
+             on conflict (host_id) do update set
+               consecutive_failures = host_placement.consecutive_failures + 1,
+               last_failure = excluded.last_failure,
+               last_failure_at = excluded.last_failure_at,
+               benched_at = case when host_placement.consecutive_failures + 1 >= $4
+                                 then excluded.last_failure_at else host_placement.benched_at end
+             returning consecutive_failures"
+        )
+        .bind(host_id)
+        .bind(&reason)
+        .bind(now)
+        .bind(bench_after)
+        .fetch_one(p)
+        .await)?;
+        Ok(PlacementScore {
+            consecutive_failures: failures,
+            benched: failures >= bench_after,
+        })
+    }
+
+    /// A create the host took: its count of failures starts again and any bench ends.
+    pub async fn record_placement_success(&self, host_id: &str) -> Result<()> {
+        on_pool!(self, |p| sqlx::query("delete from host_placement where host_id = $1")
+            .bind(host_id)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected()))?;
+        Ok(())
+    }
+
+    /// An operator clears a host's bench and its count. `false` when there was none.
+    pub async fn clear_placement_bench(&self, host_id: &str) -> Result<bool> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "delete from host_placement where host_id = $1"
+        )
+        .bind(host_id)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(done > 0)
+    }
+
+    /// What placement remembers of a host, with its last heartbeat (for /admin).
+    pub async fn host_bench(&self, host_id: &str) -> Result<Option<HostBenchRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, HostBenchRow>(
+            "select b.host_id, b.consecutive_failures, b.last_failure, b.last_failure_at,
+                    b.benched_at, s.seen_at
+             from host_placement b left join host_status s on s.host_id = b.host_id
+             where b.host_id = $1"
+        )
+        .bind(host_id)
+        .fetch_optional(p)
         .await)
         .map_err(Into::into)
     }

@@ -99,6 +99,40 @@ pub struct Config {
     /// resolves to that host's relay. Defaults to the host part of `public_url`.
     #[serde(default)]
     pub ssh_domain: Option<String>,
+    /// How creates choose among hosts: heartbeat age and benching (issue #12, 6).
+    #[serde(default)]
+    pub placement: PlacementConfig,
+}
+
+/// `[placement]`: which hosts a create may land on besides the design's rules.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// A host whose last heartbeat is older than this is not picked (we trust the absence
+    /// of a heartbeat). Default 90 s: three of the agent's 30 s beats.
+    #[serde(default = "defaults::max_heartbeat_age_secs")]
+    pub max_heartbeat_age_secs: u64,
+    /// A host that failed this many creates in a row (refused, or could not be reached) is
+    /// benched: not picked until a heartbeat later than the bench, or an operator clears it.
+    #[serde(default = "defaults::bench_after_failures")]
+    pub bench_after_failures: u32,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig {
+            max_heartbeat_age_secs: defaults::max_heartbeat_age_secs(),
+            bench_after_failures: defaults::bench_after_failures(),
+        }
+    }
+}
+
+impl PlacementConfig {
+    /// The oldest heartbeat a pickable host may have, at `now`.
+    pub fn seen_since(&self, now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+        let age = i64::try_from(self.max_heartbeat_age_secs).unwrap_or(i64::MAX / 2_000);
+        now - chrono::Duration::seconds(age.min(100 * 365 * 86_400))
+    }
 }
 
 /// `[cloudflared.sha256]`: `aarch64 = "<hex>"`, `x86_64 = "<hex>"` (as `uname -m` names them).
@@ -230,6 +264,14 @@ mod defaults {
     pub fn environment() -> String {
         "production".into()
     }
+    pub fn max_heartbeat_age_secs() -> u64 {
+        90
+    }
+
+    pub fn bench_after_failures() -> u32 {
+        3
+    }
+
     pub fn validity_days() -> i64 {
         90
     }
@@ -256,6 +298,7 @@ impl Default for Config {
             cloudflared: CloudflaredConfig::default(),
             tunnels: TunnelsConfig::default(),
             ssh_domain: None,
+            placement: PlacementConfig::default(),
         }
     }
 }
@@ -321,6 +364,12 @@ impl Config {
         }
         if self.session_hours <= 0 {
             return Err("session_hours must be positive".to_owned());
+        }
+        if self.placement.max_heartbeat_age_secs == 0 || self.placement.bench_after_failures == 0 {
+            return Err(
+                "placement.max_heartbeat_age_secs and placement.bench_after_failures must be positive"
+                    .to_owned(),
+            );
         }
         if self.operator_keys.validity_days <= 0 {
             return Err("operator_keys.validity_days must be positive".to_owned());

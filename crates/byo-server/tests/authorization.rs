@@ -275,6 +275,18 @@ fn api_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        Row {
+            method: Method::GET,
+            path: "/api/admin/hosts/{host_id}/placement",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/placement/clear",
+            allowed: OPERATORS,
+            body: none,
+        },
     ]
 }
 

@@ -172,6 +172,25 @@ impl Site {
         assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     }
 
+    /// The host's agent beats (step 133), as serving does as soon as it starts: placement
+    /// picks only hosts it has heard from.
+    async fn heartbeat(&self, host_token: &str) {
+        let body = json!({"agent_version": "0.1.0", "lxd": "ok", "relay": "ok",
+            "tunnel": "not_configured", "gpu": "not_configured", "storage": "ok",
+            "instances": 0, "vms": []});
+        let r = self
+            .app
+            .send(
+                Request::post("/api/host/heartbeat")
+                    .header(header::AUTHORIZATION, format!("Bearer {host_token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    }
+
     /// Mark the open document; `still_same_document` proves no reload replaced it.
     async fn mark_document(&self) {
         self.c()
@@ -754,11 +773,13 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         .enroll(p["token"].as_str().unwrap(), spark("hw-e1"))
         .await;
     assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+    let host_token = e.json()["host_token"].as_str().unwrap().to_owned();
     site.report(
-        e.json()["host_token"].as_str().unwrap(),
+        &host_token,
         json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
     )
     .await;
+    site.heartbeat(&host_token).await;
     let r = op
         .post(
             &format!("/api/admin/hosts/{host_id}/activate"),
@@ -771,7 +792,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     while !site
         .app
         .db
-        .pick_hosts_for_gpu("spark-1", &customer_sub)
+        .pick_hosts_for_gpu("spark-1", &customer_sub, chrono::DateTime::UNIX_EPOCH)
         .await
         .unwrap()
         .iter()
@@ -976,7 +997,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     assert!(
         site.app
             .db
-            .pick_hosts_for_gpu("spark-1", &customer_sub)
+            .pick_hosts_for_gpu("spark-1", &customer_sub, chrono::DateTime::UNIX_EPOCH)
             .await
             .unwrap()
             .iter()

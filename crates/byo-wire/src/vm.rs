@@ -81,6 +81,9 @@ pub enum Health {
     Degraded,
     Down,
     Unknown,
+    /// Nothing of the kind is configured on this host (no operator tunnel, no GPU): not a
+    /// fault, and not unknown either.
+    NotConfigured,
 }
 
 impl Health {
@@ -91,6 +94,7 @@ impl Health {
             Health::Degraded => "degraded",
             Health::Down => "down",
             Health::Unknown => "unknown",
+            Health::NotConfigured => "not_configured",
         }
     }
 }
@@ -110,6 +114,35 @@ pub struct Heartbeat {
     pub instances: u32,
     #[serde(default)]
     pub details: serde_json::Value,
+    /// The instances the host holds, as LXD sees them (at most [`MAX_HELD_VMS`]): what the
+    /// backend settles rows still being created from and finds orphans in.
+    #[serde(default)]
+    pub vms: Vec<HeldVm>,
+}
+
+/// How many instances a heartbeat may list. One per host is the rule; the slack is for a
+/// host that drifted, so it can still be seen and put right.
+pub const MAX_HELD_VMS: usize = 64;
+
+/// One instance a host holds, in the heartbeat.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HeldVm {
+    /// The container's name (an instance name, [`is_instance_name`]).
+    pub name: String,
+    /// LXD's status word: Running, Stopped, … (at most 32 letters).
+    pub status: String,
+    /// The port on the host its :22 is published at, when it has one.
+    #[serde(default)]
+    pub ssh_port: Option<u16>,
+}
+
+impl HeldVm {
+    /// LXD's word for a container that runs.
+    pub fn is_running(&self) -> bool {
+        self.status.eq_ignore_ascii_case("running")
+    }
 }
 
 // The customer's API (`/api/ssh-keys`, `/api/vms`) and the operator's view of deletes.
@@ -198,6 +231,27 @@ pub struct InstanceDeletion {
     pub state: DeletionState,
     pub message: String,
     pub instance: InstanceView,
+}
+
+/// What placement holds against a host (`GET /api/admin/hosts/{host_id}/placement`):
+/// its creates failed in a row, its bench, and how old its last heartbeat is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HostPlacementView {
+    pub host_id: String,
+    /// Benched now: the picker skips the host until a heartbeat later than `benched_at`
+    /// arrives or an operator clears it.
+    pub benched: bool,
+    pub benched_at: Option<DateTime<Utc>>,
+    /// Creates this host refused or never took since the last it took.
+    pub consecutive_failures: i32,
+    pub last_failure: Option<String>,
+    pub last_failure_at: Option<DateTime<Utc>>,
+    /// The host's last heartbeat (host_status.seen_at) and its age; `None` if it never beat.
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    pub heartbeat_age_seconds: Option<i64>,
+    /// Whether the heartbeat is recent enough for placement (`placement.max_heartbeat_age_secs`).
+    pub heartbeat_fresh: bool,
 }
 
 /// A delete that was accepted and never confirmed (notify-stuck-deletes).

@@ -206,6 +206,10 @@ pub struct HandOver {
     /// The profile has a GPU: run the GPU check at create.
     pub gpu: bool,
     pub build: String,
+    /// Preparation installed the operator tunnel (cloudflared), which the heartbeat checks;
+    /// absent in a hand-over written before this was recorded.
+    #[serde(default)]
+    pub tunnel: Option<bool>,
 }
 
 impl std::fmt::Debug for HandOver {

@@ -198,6 +198,7 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
                 .to_owned(),
             gpu: plan.profile.gpu_count.unwrap_or(0) > 0,
             build,
+            tunnel: Some(plan.tunnel_token.is_some()),
         },
     )
     .map_err(anyhow::Error::msg)?;

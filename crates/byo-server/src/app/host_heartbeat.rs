@@ -2,9 +2,19 @@
 //! serving keeps, authenticated by the host token, and the backend keeps the latest as the
 //! host's host_status row with `seen_at` from its own clock. An unknown or retired host's
 //! token gets the same 401 as host-report's, whatever the body.
+//!
+//! Reconciliation (issue #12, 7): the beat lists the instances the host holds, and the
+//! backend settles what it left open from it. A row still `creating` whose container the
+//! host runs becomes `running`; one the host does not hold once the create's deadline is
+//! over gets `creation_failed_at` (never billed). A container no live row accounts for is
+//! removed on the backend's instruction — its own delete call through the relay, audited
+//! `vm.orphan_removed` once the host confirms — never by the agent deciding alone.
 
 use byo_core::tokens::SecretToken;
-use byo_wire::vm::Heartbeat;
+use byo_db::GuardedWrite;
+use byo_wire::states::VmStatus;
+use byo_wire::vm::{HeldVm, Heartbeat, MAX_HELD_VMS, is_instance_name};
+use serde_json::json;
 
 use crate::app::host_report::HostCall;
 use crate::error::{AppError, AppResult};
@@ -32,6 +42,24 @@ fn check(beat: &Heartbeat) -> AppResult<()> {
             "invalid_heartbeat",
             format!("details is at most {MAX_DETAILS_BYTES} bytes"),
         ));
+    }
+    if beat.vms.len() > MAX_HELD_VMS {
+        return Err(AppError::bad_request(
+            "invalid_heartbeat",
+            format!("vms lists at most {MAX_HELD_VMS} instances"),
+        ));
+    }
+    for vm in &beat.vms {
+        if !is_instance_name(&vm.name)
+            || vm.status.is_empty()
+            || vm.status.len() > 32
+            || !vm.status.bytes().all(|b| b.is_ascii_alphanumeric())
+        {
+            return Err(AppError::bad_request(
+                "invalid_heartbeat",
+                "each of vms is an instance name and LXD's status word (at most 32 letters)",
+            ));
+        }
     }
     Ok(())
 }
@@ -63,7 +91,121 @@ pub async fn record(
         .record_heartbeat(&hash, &beat, state.clock.now())
         .await?
     {
-        Some(_) => Ok(HostCall::Recorded),
+        Some(host_id) => {
+            reconcile(state, &host_id, &beat.vms).await?;
+            Ok(HostCall::Recorded)
+        }
         None => Ok(HostCall::InvalidToken),
     }
+}
+
+/// Settle this host's open rows from the instances it holds, and have it remove the ones
+/// no live row accounts for.
+pub async fn reconcile(state: &AppState, host_id: &str, held: &[HeldVm]) -> AppResult<()> {
+    let rows = state.store.live_vms_on_host(host_id).await?;
+    if rows.is_empty() && held.is_empty() {
+        return Ok(());
+    }
+    let now = state.clock.now();
+    for row in rows.iter().filter(|r| r.status == VmStatus::Creating) {
+        match held.iter().find(|h| h.name == row.name) {
+            Some(h) if h.is_running() => {
+                let port = h.ssh_port.map(i32::from);
+                if state.store.mark_vm_running(&row.id, port).await? == GuardedWrite::Written {
+                    tracing::info!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host runs it");
+                    state.store.record_placement_success(host_id).await?;
+                    state
+                        .store
+                        .audit(
+                            None,
+                            "vm.settled",
+                            Some(&row.id),
+                            json!({"host_id": host_id, "status": "running", "by": "heartbeat"}),
+                            now,
+                        )
+                        .await?;
+                }
+            }
+            // The container exists but does not run (yet): nothing to settle on.
+            Some(_) => {}
+            None if crate::app::instances::create_deadline_passed(state, row) => {
+                if state.store.mark_vm_creation_failed(&row.id, now).await?
+                    == GuardedWrite::Written
+                {
+                    tracing::warn!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host does not hold it; nothing billed");
+                    state
+                        .store
+                        .audit(
+                            None,
+                            "vm.creation_failed",
+                            Some(&row.id),
+                            json!({"host_id": host_id, "reason": "the host's heartbeat does not list it after the create's deadline", "by": "heartbeat"}),
+                            now,
+                        )
+                        .await?;
+                }
+            }
+            // The create may still be under way.
+            None => {}
+        }
+    }
+    let orphans: Vec<String> = held
+        .iter()
+        .filter(|h| !rows.iter().any(|r| r.name == h.name))
+        .map(|h| h.name.clone())
+        .collect();
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    let Some(target) = state.store.agent_target(host_id).await? else {
+        return Ok(());
+    };
+    for name in orphans {
+        let state = state.clone();
+        let target = target.clone();
+        // Not awaited: the beat is answered at once, the delete takes its own time (and a
+        // later beat asks again if this one does not land).
+        tokio::spawn(async move {
+            if let Err(e) = remove_orphan(&state, &target, &name).await {
+                tracing::warn!(host = %target.slug, name = %name, error = %e, "an orphan container was not removed");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Delete a container no live row accounts for, through the agent's own delete.
+async fn remove_orphan(
+    state: &AppState,
+    target: &byo_db::hosts::AgentTargetRow,
+    name: &str,
+) -> AppResult<()> {
+    let wait = state.waits.delete;
+    let gone = match tokio::time::timeout(wait, state.agents.delete_vm(target, name)).await {
+        Ok(Ok(gone)) => gone,
+        Ok(Err(e)) => {
+            tracing::warn!(host = %target.slug, name, error = %e, "the host did not remove an orphan container");
+            return Ok(());
+        }
+        Err(_) => {
+            tracing::warn!(host = %target.slug, name, "the host did not answer an orphan's removal in time");
+            return Ok(());
+        }
+    };
+    let how = match gone {
+        crate::agents::Gone::Deleted => "deleted",
+        crate::agents::Gone::NotFound => "not_found",
+    };
+    tracing::warn!(host = %target.slug, name, how, "an orphan container (no live row) was removed");
+    state
+        .store
+        .audit(
+            None,
+            "vm.orphan_removed",
+            Some(&target.id),
+            json!({"host_id": target.id, "name": name, "confirmed_by": how}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(())
 }

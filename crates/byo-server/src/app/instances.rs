@@ -153,115 +153,224 @@ pub async fn create(
             ),
         )
     };
-    let candidates = state.store.pick_hosts_for_gpu(gpu_type, sub).await?;
-    // Step 44: capacity is committed here, before any host is contacted.
-    let created_at = state.clock.now();
-    let mut placed = None;
-    for host in candidates {
-        let name = mint_name();
-        let hostname = ssh_hostname(state, &name, &host.slug);
-        let new = NewVm {
-            user_sub: sub,
-            host_id: Some(&host.id),
-            name: &name,
-            gpu_type,
-            ssh_hostname: Some(&hostname),
-        };
-        match state.store.create_vm(new, created_at).await {
-            Ok(row) => {
-                placed = Some((host, row));
-                break;
-            }
-            // Another create took this host between the pick and the insert.
-            Err(DbError::Conflict(_)) => continue,
-            Err(e) => return Err(e.into()),
-        }
-    }
-    let Some((host, row)) = placed else {
-        return Err(no_capacity());
-    };
-    state
+    let seen_since = state.config.placement.seen_since(state.clock.now());
+    let candidates = state
         .store
-        .audit(
-            Some(sub),
-            "vm.create",
-            Some(&row.id),
-            json!({"host_id": host.id, "name": row.name, "gpu_type": row.gpu_type}),
-            created_at,
-        )
+        .pick_hosts_for_gpu(gpu_type, sub, seen_since)
         .await?;
-    let request = CreateVm {
-        name: row.name.clone(),
+    if candidates.is_empty() {
+        return Err(no_capacity());
+    }
+    let request = Placing {
+        user_sub: sub.to_owned(),
+        gpu_type: gpu_type.to_owned(),
         ssh_public_key: key.public_key,
-        ssh_hostname: row.ssh_hostname.clone(),
     };
     let task_state = state.clone();
-    tokio::spawn(async move { dispatch_create(&task_state, host, row, request).await })
+    tokio::spawn(async move { place(&task_state, request, candidates).await })
         .await
         .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?
 }
 
-async fn dispatch_create(
+/// What one create places, whichever host takes it.
+struct Placing {
+    user_sub: String,
+    gpu_type: String,
+    ssh_public_key: String,
+}
+
+/// How one attempt on one host ended.
+enum Attempt {
+    /// The host took it.
+    Placed(InstanceCreated),
+    /// The host refused or could not be reached: nothing exists there, the attempt's row
+    /// has `creation_failed_at`, and the next candidate may be tried. The error is what the
+    /// customer hears if none is left.
+    Failed(AppError),
+    /// The request's deadline ran out with the host silent: it may still be creating, so
+    /// the row stays `creating` (its host stays occupied, G.2's bias) and the heartbeat
+    /// settles it. No other host is tried: that could make two instances of one request.
+    Silent(AppError),
+}
+
+/// Walk the candidates in order within the request's one deadline (`AgentWaits::create`):
+/// each attempt writes its own row (a name minted for that host, `created_at` stamped
+/// before that host is contacted, step 44) and ends it honestly; a refusal or no
+/// connection moves on to the next host, silence until the deadline ends the create.
+async fn place(
     state: &AppState,
-    host: AgentTargetRow,
+    req: Placing,
+    candidates: Vec<AgentTargetRow>,
+) -> AppResult<InstanceCreated> {
+    let deadline = tokio::time::Instant::now() + state.waits.create;
+    let mut last = None;
+    for host in candidates {
+        let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if remaining.is_zero() {
+            break;
+        }
+        let name = mint_name();
+        let hostname = ssh_hostname(state, &name, &host.slug);
+        let new = NewVm {
+            user_sub: &req.user_sub,
+            host_id: Some(&host.id),
+            name: &name,
+            gpu_type: &req.gpu_type,
+            ssh_hostname: Some(&hostname),
+        };
+        // Step 44: capacity is committed here, before this host is contacted.
+        let created_at = state.clock.now();
+        let row = match state.store.create_vm(new, created_at).await {
+            Ok(row) => row,
+            // Another create took this host between the pick and the insert.
+            Err(DbError::Conflict(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        state
+            .store
+            .audit(
+                Some(&req.user_sub),
+                "vm.create",
+                Some(&row.id),
+                json!({"host_id": host.id, "name": row.name, "gpu_type": row.gpu_type}),
+                created_at,
+            )
+            .await?;
+        let request = CreateVm {
+            name: row.name.clone(),
+            ssh_public_key: req.ssh_public_key.clone(),
+            ssh_hostname: row.ssh_hostname.clone(),
+        };
+        match attempt(state, &host, row, request, remaining).await? {
+            Attempt::Placed(created) => return Ok(created),
+            Attempt::Silent(e) => return Err(e),
+            Attempt::Failed(e) => last = Some(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| {
+        AppError::conflict(
+            "no_capacity",
+            format!(
+                "no {} host is free right now; nothing was created and nothing is billed",
+                req.gpu_type
+            ),
+        )
+    }))
+}
+
+async fn attempt(
+    state: &AppState,
+    host: &AgentTargetRow,
     row: VmRow,
     request: CreateVm,
-) -> AppResult<InstanceCreated> {
-    let answer = tokio::time::timeout(state.waits.create, state.agents.create_vm(&host, &request))
-        .await
-        .unwrap_or_else(|_| Err(AgentError::Unreachable("no answer in time".to_owned())));
-    match answer {
-        Ok(created) => {
+    wait: Duration,
+) -> AppResult<Attempt> {
+    let answer = tokio::time::timeout(wait, state.agents.create_vm(host, &request)).await;
+    let e = match answer {
+        Ok(Ok(created)) => {
             let port = created.as_ref().map(|c| i32::from(c.ssh_port));
             state.store.mark_vm_running(&row.id, port).await?;
+            state.store.record_placement_success(&host.id).await?;
             let row = state.store.vm(&row.id).await?.ok_or(AppError::NotFound)?;
             tracing::info!(vm = %row.id, host = %host.slug, name = %row.name, "instance created");
-            Ok(InstanceCreated {
+            return Ok(Attempt::Placed(InstanceCreated {
                 instance: view(state, &row).await?,
                 gpu_check: created.as_ref().map(|c| c.gpu_check.clone()),
                 startup_script: created.map(|c| c.startup_script),
-            })
+            }));
         }
-        Err(e) => {
-            let now = state.clock.now();
-            state.store.mark_vm_creation_failed(&row.id, now).await?;
-            tracing::warn!(vm = %row.id, host = %host.slug, error = %e, "create failed; nothing billed");
+        Ok(Err(e)) => e,
+        Err(_) => {
+            let why = format!("no answer within {} s", wait.as_secs_f32().ceil());
+            score_failure(state, host, &why).await?;
+            tracing::warn!(vm = %row.id, host = %host.slug, "create unanswered; the row stays creating until the host's heartbeat settles it");
             state
                 .store
                 .audit(
                     None,
-                    "vm.creation_failed",
+                    "vm.create_unanswered",
                     Some(&row.id),
-                    json!({"host_id": host.id, "reason": e.to_string()}),
-                    now,
+                    json!({"host_id": host.id, "reason": why}),
+                    state.clock.now(),
                 )
                 .await?;
-            Err(match e {
-                AgentError::Unreachable(why) => AppError::host_silent(
-                    "host_unreachable",
-                    format!(
-                        "the host did not answer ({why}); the instance was not created and nothing is billed"
-                    ),
+            return Ok(Attempt::Silent(AppError::host_silent(
+                "host_silent",
+                format!(
+                    "the host did not answer in time ({why}); the instance stays \"creating\" until the \
+                     host's next heartbeat settles it: running if the host made it, failed and never \
+                     billed if not"
                 ),
-                AgentError::Refused { reason, .. } => AppError::host_refused(
-                    "host_refused",
-                    format!(
-                        "the host refused the instance: {reason}; nothing was created and nothing is billed"
-                    ),
-                ),
-                // The host holds an instance the database does not call live (one per
-                // host): to the customer that is no capacity. Which instance it holds is
-                // another customer's business; it is in the log and the audit.
-                AgentError::Occupied(_) => AppError::conflict(
-                    "no_capacity",
-                    format!(
-                        "no {} host is free right now (the host picked still holds another instance); nothing was created and nothing is billed",
-                        row.gpu_type
-                    ),
-                ),
-            })
+            )));
         }
+    };
+    let now = state.clock.now();
+    state.store.mark_vm_creation_failed(&row.id, now).await?;
+    tracing::warn!(vm = %row.id, host = %host.slug, error = %e, "create failed; nothing billed");
+    state
+        .store
+        .audit(
+            None,
+            "vm.creation_failed",
+            Some(&row.id),
+            json!({"host_id": host.id, "reason": e.to_string()}),
+            now,
+        )
+        .await?;
+    score_failure(state, host, &e.to_string()).await?;
+    Ok(Attempt::Failed(match e {
+        AgentError::Unreachable(why) => AppError::host_silent(
+            "host_unreachable",
+            format!(
+                "the host did not answer ({why}); the instance was not created and nothing is billed"
+            ),
+        ),
+        AgentError::Refused { reason, .. } => AppError::host_refused(
+            "host_refused",
+            format!(
+                "the host refused the instance: {reason}; nothing was created and nothing is billed"
+            ),
+        ),
+        // The host holds an instance the database does not call live (one per host): to
+        // the customer that is no capacity. Which instance it holds is another customer's
+        // business; it is in the log and the audit.
+        AgentError::Occupied(_) => AppError::conflict(
+            "no_capacity",
+            format!(
+                "no {} host is free right now (the host picked still holds another instance); nothing was created and nothing is billed",
+                row.gpu_type
+            ),
+        ),
+    }))
+}
+
+/// A create this host did not take: count it, and bench the host at the configured count
+/// (audited `host.benched`, once per bench).
+async fn score_failure(state: &AppState, host: &AgentTargetRow, why: &str) -> AppResult<()> {
+    let now = state.clock.now();
+    let score = state
+        .store
+        .record_placement_failure(
+            &host.id,
+            why,
+            state.config.placement.bench_after_failures,
+            now,
+        )
+        .await?;
+    if score.benched {
+        tracing::warn!(host = %host.slug, failures = score.consecutive_failures, "host benched: not picked until its next heartbeat or an operator clears it");
+        state
+            .store
+            .audit(
+                None,
+                "host.benched",
+                Some(&host.id),
+                json!({"consecutive_failures": score.consecutive_failures, "reason": why}),
+                now,
+            )
+            .await?;
     }
+    Ok(())
 }
 
 /// Who asked for a delete. They differ only in what decided the instance should go.
@@ -332,7 +441,10 @@ pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult
             "this instance was never created, so there is nothing to delete; it was not billed",
         ));
     }
-    if row.status == VmStatus::Creating {
+    // A create still inside its deadline may yet be answered; one past it is stuck (the
+    // server restarted mid-create, or the host went silent and has not beaten since) and
+    // is deleted like any other: the host confirms, or the delete stays requested.
+    if row.status == VmStatus::Creating && !create_deadline_passed(state, &row) {
         return Err(AppError::conflict(
             "still_creating",
             "this instance is still being created; delete it once the create has finished",
@@ -428,6 +540,15 @@ async fn confirm_deleted(state: &AppState, row: &VmRow, how: &str) -> AppResult<
         drain.capacity_freed(&row.gpu_type, host_id).await;
     }
     Ok(())
+}
+
+/// Whether a row's create deadline (`AgentWaits::create` from its `created_at`) is over:
+/// after it, no create call is still waiting on the host for that row.
+pub fn create_deadline_passed(state: &AppState, row: &VmRow) -> bool {
+    chrono::Duration::from_std(state.waits.create)
+        .ok()
+        .and_then(|wait| row.created_at.checked_add_signed(wait))
+        .is_some_and(|deadline| deadline <= state.clock.now())
 }
 
 /// Start, stop or reboot one of the customer's live instances on its host. The row moves

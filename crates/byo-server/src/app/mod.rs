@@ -18,6 +18,7 @@ pub mod host_report;
 pub mod instances;
 pub mod notify_stuck_deletes;
 pub mod operator_keys;
+pub mod placement;
 pub mod reap;
 pub mod ssh_keys;
 pub mod users;

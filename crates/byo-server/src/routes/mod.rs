@@ -23,6 +23,7 @@ pub mod host_provision;
 pub mod host_relay;
 pub mod host_report;
 pub mod operator_keys;
+pub mod placement;
 pub mod ssh_keys;
 pub mod vms;
 
@@ -77,6 +78,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(vms::post_vm_state))
         .routes(routes!(admin_vm_action::post_delete))
         .routes(routes!(admin_vm_action::get_stuck_deletes))
+        .routes(routes!(placement::get_placement))
+        .routes(routes!(placement::post_clear))
 }
 
 /// The OpenAPI document, generated from the routes above.

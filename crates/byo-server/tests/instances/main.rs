@@ -14,6 +14,8 @@ mod delete;
 mod heartbeat;
 mod http_client;
 mod pages;
+mod placement;
 mod power;
+mod reconcile;
 mod ssh_keys;
 mod world;

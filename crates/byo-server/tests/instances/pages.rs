@@ -184,11 +184,6 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
             "the host did not answer (could not reach the agent: connection refused)",
         ),
         (
-            Answer::Hang,
-            StatusCode::GATEWAY_TIMEOUT,
-            "the host did not answer (no answer in time)",
-        ),
-        (
             Answer::Refuse,
             StatusCode::BAD_GATEWAY,
             "the host refused the instance: the relay refused the SSH map: 403",
@@ -220,6 +215,33 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         assert!(listed.contains("failed: never created, not billed"));
         assert!(!listed.contains("ssh root@") && !listed.contains("/delete"));
     }
+
+    // Silence: the host may still be making it, so the page says it stays "creating" until
+    // the host's heartbeat settles it; settled failed, it shows as never created.
+    w.answer_creates(Answer::Hang);
+    let r = w.create_on_page(&w.customer, "spark-1", &key.id).await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+    let shown = alert(&r.text()).unwrap();
+    assert!(
+        shown.starts_with("the host did not answer in time")
+            && shown.ends_with("failed and never billed if not"),
+        "{shown}"
+    );
+    let silent = w.agents.calls(Op::Create).pop().unwrap();
+    let silent = w
+        .all_vms()
+        .await
+        .into_iter()
+        .find(|v| v.name == silent.name)
+        .unwrap();
+    let listed = row(&r.text(), &format!("instance-{}", silent.id))
+        .unwrap()
+        .to_owned();
+    assert!(listed.contains("<td class=\"status\">creating</td>"), "{listed}");
+    w.clock.advance(TimeDelta::seconds(1));
+    assert_eq!(w.beat(&host, &[]).await, StatusCode::NO_CONTENT);
+    w.nothing_created(3, 3).await;
+    assert!(w.pickable(&host.id).await);
 
     // Accepted: back to the list, which shows the exact command.
     w.answer_creates(Answer::Ok);

@@ -19,6 +19,7 @@ pub(crate) use byo_db::vms::VmRow;
 pub(crate) use byo_server::agents::AgentWaits;
 pub(crate) use byo_server::agents::{AgentError, Gone, HostAgents, HttpAgents};
 pub(crate) use byo_server::clock::Clock;
+pub(crate) use byo_server::config::PlacementConfig;
 pub(crate) use byo_server::queue::QueueDrain;
 pub(crate) use byo_wire::states::{RelayState, VmStatus};
 pub(crate) use byo_wire::vm::{Advisory, CreateVm, VmAction};
@@ -53,7 +54,7 @@ impl QueueDrain for RecordingDrain {
         Box::pin(async move {
             let pickable = self
                 .store
-                .pick_hosts_for_gpu(gpu_type, "someone-waiting")
+                .pick_hosts_for_gpu(gpu_type, "someone-waiting", DateTime::<Utc>::UNIX_EPOCH)
                 .await
                 .unwrap()
                 .iter()
@@ -111,8 +112,28 @@ pub(crate) struct TestHost {
     pub(crate) token: String,
 }
 
+/// Placement as these tests have it unless they say otherwise: a heartbeat of any age
+/// will do and no host is benched, so the tests that move the clock by minutes test what
+/// they are about. The tests of placement take the defaults (`world_with`).
+pub(crate) fn lenient_placement() -> PlacementConfig {
+    PlacementConfig {
+        max_heartbeat_age_secs: 10 * 365 * 86_400,
+        bench_after_failures: 1_000,
+    }
+}
+
 pub(crate) async fn world(backend: byo_db::Backend) -> Option<World> {
-    let mut app = TestApp::new(backend).await?;
+    world_with(backend, lenient_placement()).await
+}
+
+/// A world whose placement is configured so (a test module's own `world` may call this).
+pub(crate) async fn world_with(
+    backend: byo_db::Backend,
+    placement: PlacementConfig,
+) -> Option<World> {
+    let mut config = crate::support::test_config();
+    config.placement = placement;
+    let mut app = TestApp::with_config(backend, config).await?;
     let clock = Clock::manual("2026-11-29T12:00:00Z".parse().unwrap());
     let agents = Arc::new(
         FakeAgents::new()
@@ -158,6 +179,26 @@ pub(crate) async fn world(backend: byo_db::Backend) -> Option<World> {
 impl World {
     pub(crate) fn db(&self) -> &Store {
         &self.app.db.store
+    }
+
+    /// The host's agent beats (step 133) as the agent would, listing the instances it holds
+    /// as (name, LXD status); the answer's status.
+    pub(crate) async fn beat(&self, host: &TestHost, vms: &[(&str, &str)]) -> StatusCode {
+        let vms: Vec<Value> = vms
+            .iter()
+            .map(|(name, status)| json!({"name": name, "status": status, "ssh_port": 22000}))
+            .collect();
+        let body = json!({
+            "agent_version": "0.1.0", "lxd": "ok", "relay": "ok", "tunnel": "ok",
+            "gpu": "ok", "storage": "ok", "instances": vms.len(), "details": {}, "vms": vms,
+        });
+        let req = Request::post("/api/host/heartbeat")
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::AUTHORIZATION, format!("Bearer {}", host.token))
+            .body(Body::from(body.to_string()))
+            .unwrap();
+        let r = self.app.send(req).await;
+        r.status
     }
 
     /// How the hosts answer creates from now on.
@@ -234,6 +275,24 @@ impl World {
         if spec.active {
             self.db()
                 .activate_host(&id, spec.placement, &self.op.sub, now)
+                .await
+                .unwrap();
+        }
+        if spec.reachable && !spec.retired {
+            // Serving beats as soon as it starts; a host never heard from is not picked.
+            let beat = byo_wire::vm::Heartbeat {
+                agent_version: "0.1.0".into(),
+                lxd: byo_wire::vm::Health::Ok,
+                relay: byo_wire::vm::Health::Ok,
+                tunnel: byo_wire::vm::Health::Ok,
+                gpu: byo_wire::vm::Health::Ok,
+                storage: byo_wire::vm::Health::Ok,
+                instances: 0,
+                details: json!({}),
+                vms: Vec::new(),
+            };
+            self.db()
+                .record_heartbeat(&token.hash(), &beat, now)
                 .await
                 .unwrap();
         }
@@ -332,7 +391,11 @@ impl World {
 
     pub(crate) async fn pickable(&self, host_id: &str) -> bool {
         self.db()
-            .pick_hosts_for_gpu("spark-1", &self.other.sub)
+            .pick_hosts_for_gpu(
+                "spark-1",
+                &self.other.sub,
+                self.app.state.config.placement.seen_since(self.clock.now()),
+            )
             .await
             .unwrap()
             .iter()
