@@ -12,6 +12,7 @@ use byo_wire::vm::{Health, HeldVm, Heartbeat, MAX_HELD_VMS};
 use serde_json::json;
 
 use crate::host::Host;
+use crate::vms::{RelayMap, VmConfig};
 
 use crate::prepare::HandOver;
 use crate::serve::VmService;
@@ -73,41 +74,57 @@ fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or("").chars().take(200).collect()
 }
 
-/// What one beat found, for the heartbeat body. LXD is read under the host's lock; the
-/// relay is asked after it is released, so a relay that does not answer never holds up the
-/// VM API.
-fn beat(svc: &VmService) -> Heartbeat {
-    let (lxd_up, held, storage, want, tunnel, gpu) = {
-        let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
-        let lxd_up = crate::lxd::get(&mut *host, "/1.0").ok().flatten().is_some();
-        let held: Vec<HeldVm> = if lxd_up {
-            crate::vms::list(&mut *host)
-                .unwrap_or_default()
-                .into_iter()
-                .map(|v| HeldVm {
-                    name: v.name,
-                    status: v.status,
-                    ssh_port: v.ssh_port,
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let storage = match crate::lxd::get(&mut *host, "/1.0/storage-pools/default") {
-            Ok(Some(_)) => Health::Ok,
-            Ok(None) => Health::Down,
-            Err(_) => Health::Unknown,
-        };
-        let want = lxd_up.then(|| crate::vms::wanted_map(&mut *host, &svc.config));
-        let tunnel = tunnel_health(&mut *host, svc.config.tunnel);
-        let gpu = gpu_health(&mut *host, svc.config.gpu);
-        (lxd_up, held, storage, want, tunnel, gpu)
+/// What a beat reads from the host itself (under the host's lock).
+struct Observed {
+    lxd_up: bool,
+    held: Vec<HeldVm>,
+    storage: Health,
+    want: Option<Result<SshMap, String>>,
+    tunnel: (Health, String),
+    gpu: (Health, String),
+}
+
+fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
+    let lxd_up = crate::lxd::get(host, "/1.0").ok().flatten().is_some();
+    let held: Vec<HeldVm> = if lxd_up {
+        crate::vms::list(host)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|v| HeldVm {
+                name: v.name,
+                status: v.status,
+                ssh_port: v.ssh_port,
+            })
+            .collect()
+    } else {
+        Vec::new()
     };
-    let (relay, relay_map, drift) = match want {
+    let storage = match crate::lxd::get(host, "/1.0/storage-pools/default") {
+        Ok(Some(_)) => Health::Ok,
+        Ok(None) => Health::Down,
+        Err(_) => Health::Unknown,
+    };
+    let want = lxd_up.then(|| crate::vms::wanted_map(host, config));
+    let tunnel = tunnel_health(host, config.tunnel);
+    let gpu = gpu_health(host, config.gpu);
+    Observed {
+        lxd_up,
+        held,
+        storage,
+        want,
+        tunnel,
+        gpu,
+    }
+}
+
+/// The beat's body: what was observed, and the relay's map compared with what the host
+/// runs (rewritten when it differs; the drift named in the details).
+fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
+    let (relay, relay_map, drift) = match seen.want {
         None => (Health::Unknown, "unchecked", None),
-        Some(want) => match want.and_then(|w| {
-            crate::vms::sync_map_drift(svc.relay.as_ref(), &w).map(|had| (had, w))
-        }) {
+        Some(want) => match want
+            .and_then(|w| crate::vms::sync_map_drift(relay, &w).map(|had| (had, w)))
+        {
             Ok((None, _)) => (Health::Ok, "in_sync", None),
             Ok((Some(had), runs)) => {
                 tracing::warn!("the relay's SSH map differed from what this host runs; rewritten");
@@ -123,28 +140,39 @@ fn beat(svc: &VmService) -> Heartbeat {
             }
         },
     };
-    let instances = u32::try_from(held.len()).unwrap_or(u32::MAX);
-    let vms: Vec<HeldVm> = held
+    let instances = u32::try_from(seen.held.len()).unwrap_or(u32::MAX);
+    let vms: Vec<HeldVm> = seen
+        .held
         .into_iter()
         .filter(|v| byo_wire::vm::is_instance_name(&v.name))
         .take(MAX_HELD_VMS)
         .collect();
     Heartbeat {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        lxd: if lxd_up { Health::Ok } else { Health::Down },
+        lxd: if seen.lxd_up { Health::Ok } else { Health::Down },
         relay,
-        tunnel: tunnel.0,
-        gpu: gpu.0,
-        storage,
+        tunnel: seen.tunnel.0,
+        gpu: seen.gpu.0,
+        storage: seen.storage,
         instances,
         details: json!({
             "relay_map": relay_map,
             "relay_drift": drift,
-            "tunnel": tunnel.1,
-            "gpu": gpu.1,
+            "tunnel": seen.tunnel.1,
+            "gpu": seen.gpu.1,
         }),
         vms,
     }
+}
+
+/// One beat. LXD is read under the host's lock; the relay is asked after it is released,
+/// so a relay that does not answer never holds up the VM API.
+fn beat(svc: &VmService) -> Heartbeat {
+    let seen = {
+        let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
+        observe(&mut *host, &svc.config)
+    };
+    report(seen, svc.relay.as_ref())
 }
 
 /// The schedule, on a thread of its own (every call it makes blocks: LXD, the relay, the
@@ -177,5 +205,177 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
             tracing::warn!(error = %e, "heartbeat not delivered");
         }
         std::thread::sleep(every);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+
+    use byo_wire::relay::{MapEntry, MapTarget};
+
+    use super::*;
+    use crate::host::{LxdBody, LxdReply, Output};
+
+    /// A host whose programs answer as told and whose LXD holds `instances`.
+    struct FakeHost {
+        instances: serde_json::Value,
+        cloudflared: Option<&'static str>,
+        nvidia: Option<Output>,
+    }
+
+    impl Host for FakeHost {
+        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
+            match argv {
+                ["systemctl", "is-active", "cloudflared"] => match self.cloudflared {
+                    Some(state) => Ok(Output {
+                        code: i32::from(state != "active"),
+                        stdout: format!("{state}\n"),
+                        stderr: String::new(),
+                    }),
+                    None => Err("no systemctl".into()),
+                },
+                ["nvidia-smi", "-L"] => self.nvidia.clone().ok_or_else(|| "not found".into()),
+                _ => Err(format!("unexpected {argv:?}")),
+            }
+        }
+        fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        fn write(&mut self, p: &str, _: &[u8], _: u32, _: &str) -> crate::host::Fallible<()> {
+            Err(format!("no writes: {p}"))
+        }
+        fn remove(&mut self, p: &str) -> crate::host::Fallible<()> {
+            Err(format!("no removes: {p}"))
+        }
+        fn lxd(&mut self, m: &str, path: &str, _: LxdBody<'_>) -> crate::host::Fallible<LxdReply> {
+            let body = match (m, path) {
+                ("GET", "/1.0") | ("GET", "/1.0/storage-pools/default") => json!({}),
+                ("GET", "/1.0/instances?recursion=1") => self.instances.clone(),
+                _ => return Err(format!("unexpected {m} {path}")),
+            };
+            Ok(LxdReply {
+                status: 200,
+                body: json!({"type": "sync", "metadata": body}).to_string().into_bytes(),
+            })
+        }
+        fn describe(&self) -> String {
+            "fake".into()
+        }
+    }
+
+    /// A relay holding `map`; what it was told to hold is kept.
+    struct Relay {
+        map: SshMap,
+        put: RefCell<Option<SshMap>>,
+    }
+
+    impl RelayMap for Relay {
+        fn get(&self) -> crate::host::Fallible<SshMap> {
+            Ok(self.map.clone())
+        }
+        fn put_port(&self, _: u16, _: &MapTarget) -> crate::host::Fallible<()> {
+            Err("not used".into())
+        }
+        fn delete_port(&self, _: u16) -> crate::host::Fallible<()> {
+            Err("not used".into())
+        }
+        fn put(&self, map: &SshMap) -> crate::host::Fallible<()> {
+            *self.put.borrow_mut() = Some(map.clone());
+            Ok(())
+        }
+    }
+
+    fn ours(name: &str, status: &str, port: u16) -> serde_json::Value {
+        json!({"name": name, "status": status, "config": {"user.enverge.ssh_port": port.to_string()}})
+    }
+
+    fn config(tunnel: Option<bool>, gpu: bool) -> VmConfig {
+        VmConfig {
+            ssh_listen: "10.8.0.2".into(),
+            gpu,
+            tunnel,
+        }
+    }
+
+    fn smi(code: i32, stdout: &str) -> Option<Output> {
+        Some(Output {
+            code,
+            stdout: stdout.into(),
+            stderr: "NVIDIA-SMI has failed".into(),
+        })
+    }
+
+    #[test]
+    fn the_beat_lists_what_the_host_holds_and_names_the_relays_drift() {
+        let mut host = FakeHost {
+            instances: json!([ours("vm-abc12345", "Running", 22000), ours("vm-old00001", "Stopped", 22001),
+                              {"name": "lofispark-build", "status": "Stopped", "config": {}}]),
+            cloudflared: Some("active"),
+            nvidia: None,
+        };
+        // The relay forwards :22 somewhere stale.
+        let relay = Relay {
+            map: SshMap {
+                mappings: vec![MapEntry {
+                    port: 22,
+                    target: "10.8.0.2".into(),
+                    target_port: 22007,
+                }],
+            },
+            put: RefCell::new(None),
+        };
+        let beat = report(observe(&mut host, &config(Some(true), false)), &relay);
+        let held: Vec<(&str, &str, Option<u16>)> = beat
+            .vms
+            .iter()
+            .map(|v| (v.name.as_str(), v.status.as_str(), v.ssh_port))
+            .collect();
+        assert_eq!(
+            held,
+            [("vm-abc12345", "Running", Some(22000)), ("vm-old00001", "Stopped", Some(22001))]
+        );
+        assert_eq!(beat.instances, 2);
+        assert_eq!(beat.relay, Health::Ok);
+        assert_eq!(beat.details["relay_map"], "drift_rewritten");
+        assert_eq!(beat.details["relay_drift"]["relay_had"], "22->10.8.0.2:22007");
+        assert_eq!(beat.details["relay_drift"]["host_runs"], "22->10.8.0.2:22000");
+        assert_eq!(relay.put.borrow().as_ref().unwrap().mappings[0].target_port, 22000);
+        // Again, in sync: nothing named, nothing written.
+        let relay = Relay {
+            map: relay.put.borrow().clone().unwrap(),
+            put: RefCell::new(None),
+        };
+        let beat = report(observe(&mut host, &config(Some(true), false)), &relay);
+        assert_eq!(beat.details["relay_map"], "in_sync");
+        assert!(beat.details["relay_drift"].is_null());
+        assert!(relay.put.borrow().is_none());
+    }
+
+    #[test]
+    fn the_tunnel_and_the_gpu_are_checked_not_assumed() {
+        let cases = [
+            // (tunnel configured, cloudflared's state, gpu, nvidia-smi) -> (tunnel, gpu)
+            (Some(true), Some("active"), true, smi(0, "GPU 0: NVIDIA GB10 (UUID: GPU-1)\n"), Health::Ok, Health::Ok),
+            (Some(true), Some("failed"), true, smi(9, ""), Health::Down, Health::Down),
+            (Some(true), Some("activating"), true, None, Health::Degraded, Health::Down),
+            (Some(false), Some("inactive"), false, None, Health::NotConfigured, Health::NotConfigured),
+            (None, Some("active"), false, None, Health::Ok, Health::NotConfigured),
+            (None, Some("inactive"), false, None, Health::Unknown, Health::NotConfigured),
+        ];
+        for (tunnel, state, gpu, nvidia, want_tunnel, want_gpu) in cases {
+            let mut host = FakeHost {
+                instances: json!([]),
+                cloudflared: state,
+                nvidia,
+            };
+            let relay = Relay {
+                map: SshMap::default(),
+                put: RefCell::new(None),
+            };
+            let beat = report(observe(&mut host, &config(tunnel, gpu)), &relay);
+            assert_eq!((beat.tunnel, beat.gpu), (want_tunnel, want_gpu), "{tunnel:?} {state:?} {gpu}");
+            assert!(beat.details["tunnel"].is_string() && beat.details["gpu"].is_string());
+        }
     }
 }
