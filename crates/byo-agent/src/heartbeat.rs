@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use byo_wire::relay::SshMap;
-use byo_wire::vm::{Health, HeldVm, Heartbeat, MAX_HELD_VMS};
+use byo_wire::vm::{Health, Heartbeat, HeldVm, MAX_HELD_VMS};
 use serde_json::json;
 
 use crate::host::Host;
@@ -37,7 +37,10 @@ fn describe_map(map: &SshMap) -> String {
 /// configured when preparation installed none (the profile has no tunnel).
 fn tunnel_health<H: Host + ?Sized>(host: &mut H, configured: Option<bool>) -> (Health, String) {
     if configured == Some(false) {
-        return (Health::NotConfigured, "no operator tunnel on this host".to_owned());
+        return (
+            Health::NotConfigured,
+            "no operator tunnel on this host".to_owned(),
+        );
     }
     let state = match host.run(&["systemctl", "is-active", "cloudflared"], None) {
         Ok(out) => out.stdout.trim().chars().take(32).collect::<String>(),
@@ -59,19 +62,26 @@ fn gpu_health<H: Host + ?Sized>(host: &mut H, configured: bool) -> (Health, Stri
         return (Health::NotConfigured, "the profile has no GPU".to_owned());
     }
     match host.run(&["nvidia-smi", "-L"], None) {
-        Ok(out) if out.ok() && out.stdout.contains("GPU") => {
-            (Health::Ok, first_line(&out.stdout))
-        }
+        Ok(out) if out.ok() && out.stdout.contains("GPU") => (Health::Ok, first_line(&out.stdout)),
         Ok(out) => (
             Health::Down,
-            format!("nvidia-smi exited {}: {}", out.code, first_line(&out.stderr)),
+            format!(
+                "nvidia-smi exited {}: {}",
+                out.code,
+                first_line(&out.stderr)
+            ),
         ),
         Err(e) => (Health::Down, format!("nvidia-smi: {}", first_line(&e))),
     }
 }
 
 fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or("").chars().take(200).collect()
+    text.lines()
+        .next()
+        .unwrap_or("")
+        .chars()
+        .take(200)
+        .collect()
 }
 
 /// What a beat reads from the host itself (under the host's lock).
@@ -131,7 +141,9 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
                 (
                     Health::Ok,
                     "drift_rewritten",
-                    Some(json!({"relay_had": describe_map(&had), "host_runs": describe_map(&runs)})),
+                    Some(
+                        json!({"relay_had": describe_map(&had), "host_runs": describe_map(&runs)}),
+                    ),
                 )
             }
             Err(e) => {
@@ -149,7 +161,11 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
         .collect();
     Heartbeat {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
-        lxd: if seen.lxd_up { Health::Ok } else { Health::Down },
+        lxd: if seen.lxd_up {
+            Health::Ok
+        } else {
+            Health::Down
+        },
         relay,
         tunnel: seen.tunnel.0,
         gpu: seen.gpu.0,
@@ -256,7 +272,9 @@ mod tests {
             };
             Ok(LxdReply {
                 status: 200,
-                body: json!({"type": "sync", "metadata": body}).to_string().into_bytes(),
+                body: json!({"type": "sync", "metadata": body})
+                    .to_string()
+                    .into_bytes(),
             })
         }
         fn describe(&self) -> String {
@@ -333,14 +351,26 @@ mod tests {
             .collect();
         assert_eq!(
             held,
-            [("vm-abc12345", "Running", Some(22000)), ("vm-old00001", "Stopped", Some(22001))]
+            [
+                ("vm-abc12345", "Running", Some(22000)),
+                ("vm-old00001", "Stopped", Some(22001))
+            ]
         );
         assert_eq!(beat.instances, 2);
         assert_eq!(beat.relay, Health::Ok);
         assert_eq!(beat.details["relay_map"], "drift_rewritten");
-        assert_eq!(beat.details["relay_drift"]["relay_had"], "22->10.8.0.2:22007");
-        assert_eq!(beat.details["relay_drift"]["host_runs"], "22->10.8.0.2:22000");
-        assert_eq!(relay.put.borrow().as_ref().unwrap().mappings[0].target_port, 22000);
+        assert_eq!(
+            beat.details["relay_drift"]["relay_had"],
+            "22->10.8.0.2:22007"
+        );
+        assert_eq!(
+            beat.details["relay_drift"]["host_runs"],
+            "22->10.8.0.2:22000"
+        );
+        assert_eq!(
+            relay.put.borrow().as_ref().unwrap().mappings[0].target_port,
+            22000
+        );
         // Again, in sync: nothing named, nothing written.
         let relay = Relay {
             map: relay.put.borrow().clone().unwrap(),
@@ -356,12 +386,54 @@ mod tests {
     fn the_tunnel_and_the_gpu_are_checked_not_assumed() {
         let cases = [
             // (tunnel configured, cloudflared's state, gpu, nvidia-smi) -> (tunnel, gpu)
-            (Some(true), Some("active"), true, smi(0, "GPU 0: NVIDIA GB10 (UUID: GPU-1)\n"), Health::Ok, Health::Ok),
-            (Some(true), Some("failed"), true, smi(9, ""), Health::Down, Health::Down),
-            (Some(true), Some("activating"), true, None, Health::Degraded, Health::Down),
-            (Some(false), Some("inactive"), false, None, Health::NotConfigured, Health::NotConfigured),
-            (None, Some("active"), false, None, Health::Ok, Health::NotConfigured),
-            (None, Some("inactive"), false, None, Health::Unknown, Health::NotConfigured),
+            (
+                Some(true),
+                Some("active"),
+                true,
+                smi(0, "GPU 0: NVIDIA GB10 (UUID: GPU-1)\n"),
+                Health::Ok,
+                Health::Ok,
+            ),
+            (
+                Some(true),
+                Some("failed"),
+                true,
+                smi(9, ""),
+                Health::Down,
+                Health::Down,
+            ),
+            (
+                Some(true),
+                Some("activating"),
+                true,
+                None,
+                Health::Degraded,
+                Health::Down,
+            ),
+            (
+                Some(false),
+                Some("inactive"),
+                false,
+                None,
+                Health::NotConfigured,
+                Health::NotConfigured,
+            ),
+            (
+                None,
+                Some("active"),
+                false,
+                None,
+                Health::Ok,
+                Health::NotConfigured,
+            ),
+            (
+                None,
+                Some("inactive"),
+                false,
+                None,
+                Health::Unknown,
+                Health::NotConfigured,
+            ),
         ];
         for (tunnel, state, gpu, nvidia, want_tunnel, want_gpu) in cases {
             let mut host = FakeHost {
@@ -374,7 +446,11 @@ mod tests {
                 put: RefCell::new(None),
             };
             let beat = report(observe(&mut host, &config(tunnel, gpu)), &relay);
-            assert_eq!((beat.tunnel, beat.gpu), (want_tunnel, want_gpu), "{tunnel:?} {state:?} {gpu}");
+            assert_eq!(
+                (beat.tunnel, beat.gpu),
+                (want_tunnel, want_gpu),
+                "{tunnel:?} {state:?} {gpu}"
+            );
             assert!(beat.details["tunnel"].is_string() && beat.details["gpu"].is_string());
         }
     }

@@ -257,12 +257,14 @@ impl Store {
     /// The live rows on one host (not deleted, not failed), oldest first: what a heartbeat's
     /// list of held instances is compared with.
     pub async fn live_vms_on_host(&self, host_id: &str) -> Result<Vec<VmRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
-            "select {VM_COLUMNS} from vms
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!(
+                "select {VM_COLUMNS} from vms
              where host_id = $1 and deleted_at is null and creation_failed_at is null
              order by created_at, id
              limit 100"
-        )))
+            )
+        ))
         .bind(host_id)
         .fetch_all(p)
         .await)
@@ -343,11 +345,13 @@ impl Store {
 
     /// A create the host took: its count of failures starts again and any bench ends.
     pub async fn record_placement_success(&self, host_id: &str) -> Result<()> {
-        on_pool!(self, |p| sqlx::query("delete from host_placement where host_id = $1")
-            .bind(host_id)
-            .execute(p)
-            .await
-            .map(|r| r.rows_affected()))?;
+        on_pool!(self, |p| sqlx::query(
+            "delete from host_placement where host_id = $1"
+        )
+        .bind(host_id)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
         Ok(())
     }
 

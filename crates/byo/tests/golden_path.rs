@@ -264,6 +264,12 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     let _relays_go = RemoveRelays(relays.clone());
     let state = byo_server::state::AppState::new(store.clone(), config)
         .with_providers(gated, Arc::new(LocalTunnels::default()));
+    // #12, 7 below: the same backend, impatient — a create waits 700 ms for the host (a
+    // real one takes ~1.5 s), so the host goes on after the backend has given up.
+    let impatient = state.clone().with_waits(byo_server::agents::AgentWaits {
+        create: Duration::from_millis(700),
+        delete: byo_server::agents::DELETE_WAIT,
+    });
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
     let api = Api {
         base: base.clone(),
@@ -577,6 +583,81 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "ssh still lands somewhere"
     );
     assert!(!host.sh_ok("lxc list --format csv -c n").contains(&name));
+
+    // #12, 7 on real parts: a create the backend stops waiting for while the host goes on.
+    // The answer is 504 and the row stays `creating` (silence is not a refusal); the
+    // host's next heartbeat lists the container running, and the row settles to running —
+    // the row and the host agree, and the customer's ssh lands in it.
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let impatient_api = Api {
+        base: format!("http://127.0.0.1:{}", listener.local_addr().unwrap().port()),
+        client: reqwest::Client::new(),
+    };
+    tokio::spawn(byo_server::serve(
+        impatient,
+        listener,
+        std::future::pending(),
+    ));
+    let asked = Instant::now();
+    let (status, silent) = impatient_api
+        .call(
+            reqwest::Method::POST,
+            "/api/vms",
+            &customer,
+            Some(json!({"gpu_type": "linux-test", "ssh_key_id": k["id"]})),
+        )
+        .await;
+    assert_eq!(
+        (status, silent["error"].as_str()),
+        (504, Some("host_silent")),
+        "{silent}"
+    );
+    let open = store.live_vms().await.unwrap();
+    assert_eq!(open.len(), 1, "{open:?}");
+    let open = open[0].vm.clone();
+    assert_eq!(open.status, byo_wire::states::VmStatus::Creating);
+    let settled = until(
+        "the heartbeat to settle the create",
+        Duration::from_secs(60),
+        async || {
+            let row = store.vm(&open.id).await.unwrap().unwrap();
+            (row.status != byo_wire::states::VmStatus::Creating).then_some(row)
+        },
+    )
+    .await;
+    phase(&format!(
+        "a create the backend gave up on settled from the heartbeat: {:?} after {:.1} s",
+        settled.status,
+        asked.elapsed().as_secs_f64()
+    ));
+    assert_eq!(
+        (settled.status, settled.creation_failed_at),
+        (byo_wire::states::VmStatus::Running, None)
+    );
+    assert!(
+        host.sh_ok("lxc list --format csv -c ns")
+            .contains(&format!("{},RUNNING", open.name)),
+        "the host runs what the row says"
+    );
+    let landed = until("the customer's ssh", Duration::from_secs(30), async || {
+        customer_ssh(&relay.public, &key_file)
+    })
+    .await;
+    assert_eq!(landed, open.name);
+    let (status, deleted) = api
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/api/vms/{}", open.id),
+            &customer,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{deleted}");
+    assert!(
+        !host
+            .sh_ok("lxc list --format csv -c n")
+            .contains(&open.name)
+    );
 
     // No agent token crossed the relay's public interface in the clear: the backend's
     // calls went over TLS to the relay's name (its SNI is the one readable thing).

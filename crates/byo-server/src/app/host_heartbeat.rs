@@ -13,7 +13,7 @@
 use byo_core::tokens::SecretToken;
 use byo_db::GuardedWrite;
 use byo_wire::states::VmStatus;
-use byo_wire::vm::{HeldVm, Heartbeat, MAX_HELD_VMS, is_instance_name};
+use byo_wire::vm::{Heartbeat, HeldVm, MAX_HELD_VMS, is_instance_name};
 use serde_json::json;
 
 use crate::app::host_report::HostCall;
@@ -129,8 +129,7 @@ pub async fn reconcile(state: &AppState, host_id: &str, held: &[HeldVm]) -> AppR
             // The container exists but does not run (yet): nothing to settle on.
             Some(_) => {}
             None if crate::app::instances::create_deadline_passed(state, row) => {
-                if state.store.mark_vm_creation_failed(&row.id, now).await?
-                    == GuardedWrite::Written
+                if state.store.mark_vm_creation_failed(&row.id, now).await? == GuardedWrite::Written
                 {
                     tracing::warn!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host does not hold it; nothing billed");
                     state

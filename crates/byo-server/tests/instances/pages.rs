@@ -237,7 +237,10 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     let listed = row(&r.text(), &format!("instance-{}", silent.id))
         .unwrap()
         .to_owned();
-    assert!(listed.contains("<td class=\"status\">creating</td>"), "{listed}");
+    assert!(
+        listed.contains("<td class=\"status\">creating</td>"),
+        "{listed}"
+    );
     w.clock.advance(TimeDelta::seconds(1));
     assert_eq!(w.beat(&host, &[]).await, StatusCode::NO_CONTENT);
     w.nothing_created(3, 3).await;

@@ -54,7 +54,9 @@ async fn placement_skips_hosts_whose_heartbeat_is_stale(w: World) {
     assert_eq!(rows[0].host_id.as_deref(), Some(healthy.id.as_str()));
 
     // With the healthy one taken, the dead one is still not capacity: 409, nothing written.
-    let r = w.create(&w.other, "spark-1", &w.add_key(&w.other).await).await;
+    let r = w
+        .create(&w.other, "spark-1", &w.add_key(&w.other).await)
+        .await;
     assert_eq!(
         (r.status, r.json()["error"].as_str()),
         (StatusCode::CONFLICT, Some("no_capacity"))
@@ -76,7 +78,9 @@ async fn placement_skips_hosts_whose_heartbeat_is_stale(w: World) {
     // The dead host beats again: it is capacity again, and the next create lands there.
     assert_eq!(w.beat(&dead, &[]).await, StatusCode::NO_CONTENT);
     assert!(w.pickable(&dead.id).await);
-    let r = w.create(&w.other, "spark-1", &w.add_key_once(&w.other).await).await;
+    let r = w
+        .create(&w.other, "spark-1", &w.add_key_once(&w.other).await)
+        .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     assert_eq!(hosts_contacted(&w).last(), Some(&dead.id));
 }
@@ -91,7 +95,10 @@ async fn placement_moves_on_when_a_picked_host_refuses_or_cannot_be_reached(w: W
     w.agents.answer_on(
         &refusing.id,
         Op::Create,
-        Some(agents::Answer::refused(409, "the relay refused the SSH map: 403")),
+        Some(agents::Answer::refused(
+            409,
+            "the relay refused the SSH map: 403",
+        )),
     );
     w.agents.answer_on(
         &unreachable.id,
@@ -103,11 +110,19 @@ async fn placement_moves_on_when_a_picked_host_refuses_or_cannot_be_reached(w: W
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     assert_eq!(
         hosts_contacted(&w),
-        vec![refusing.id.clone(), unreachable.id.clone(), healthy.id.clone()],
+        vec![
+            refusing.id.clone(),
+            unreachable.id.clone(),
+            healthy.id.clone()
+        ],
         "the candidates in order, each once"
     );
     let rows = rows_of(&w, &w.customer).await;
-    assert_eq!(rows.len(), 3, "one row per attempt, each under its own host's name");
+    assert_eq!(
+        rows.len(),
+        3,
+        "one row per attempt, each under its own host's name"
+    );
     let calls = w.agents.calls(Op::Create);
     let rows: Vec<VmRow> = calls
         .iter()
@@ -117,16 +132,16 @@ async fn placement_moves_on_when_a_picked_host_refuses_or_cannot_be_reached(w: W
         assert_eq!(row.name, call.name);
         assert_eq!(row.host_id.as_deref(), Some(call.host_id.as_str()));
         assert!(
-            row.ssh_hostname
-                .as_deref()
-                .unwrap()
-                .ends_with(&format!(".{}.ssh.localhost", if call.host_id == refusing.id {
+            row.ssh_hostname.as_deref().unwrap().ends_with(&format!(
+                ".{}.ssh.localhost",
+                if call.host_id == refusing.id {
                     "spark-a"
                 } else if call.host_id == unreachable.id {
                     "spark-b"
                 } else {
                     "spark-c"
-                })),
+                }
+            )),
             "a name lives under the zone of the host it was written with"
         );
     }
@@ -191,22 +206,29 @@ async fn placement_benches_a_host_that_fails_repeatedly_and_shows_it(w: World) {
     assert_eq!(b.benched_at, Some(benched_at));
     assert_eq!(b.last_failure_at, Some(benched_at));
     assert!(
-        b.last_failure.as_deref().unwrap().contains("storage pool is full"),
+        b.last_failure
+            .as_deref()
+            .unwrap()
+            .contains("storage pool is full"),
         "{b:?}"
     );
     let benched = w.audits("host.benched").await;
     assert_eq!(benched.len(), 1);
     assert_eq!(benched[0].target.as_deref(), Some(flaky.id.as_str()));
     // Shown to operators, with the heartbeat age beside it.
-    let shown = w
-        .op
-        .get(&format!("/api/admin/hosts/{}/placement", flaky.id))
-        .await;
+    let shown =
+        w.op.get(&format!("/api/admin/hosts/{}/placement", flaky.id))
+            .await;
     assert_eq!(shown.status, StatusCode::OK, "{}", shown.text());
     let shown = shown.json();
     assert_eq!(shown["benched"], true);
     assert_eq!(shown["consecutive_failures"], 3);
-    assert!(shown["last_failure"].as_str().unwrap().contains("storage pool is full"));
+    assert!(
+        shown["last_failure"]
+            .as_str()
+            .unwrap()
+            .contains("storage pool is full")
+    );
     assert!(shown["heartbeat_age_seconds"].as_i64().is_some());
 
     // Skipped: the next create goes straight to spark-b.
@@ -239,11 +261,17 @@ async fn placement_benches_a_host_that_fails_repeatedly_and_shows_it(w: World) {
         .post_empty(&format!("/api/admin/hosts/{}/placement/clear", flaky.id))
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    assert!(w.db().host_bench(&flaky.id).await.unwrap().unwrap().in_effect());
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/placement/clear", flaky.id))
-        .await;
+    assert!(
+        w.db()
+            .host_bench(&flaky.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .in_effect()
+    );
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/placement/clear", flaky.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.json()["benched"], false);
     assert_eq!(r.json()["consecutive_failures"], 0);
@@ -262,7 +290,12 @@ async fn placement_benches_a_host_that_fails_repeatedly_and_shows_it(w: World) {
     let id = r.json()["instance"]["id"].as_str().unwrap().to_owned();
     assert_eq!(w.delete(&w.customer, &id).await.status, StatusCode::OK);
     assert_eq!(
-        w.db().host_bench(&flaky.id).await.unwrap().unwrap().consecutive_failures,
+        w.db()
+            .host_bench(&flaky.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .consecutive_failures,
         1
     );
     w.agents.answer_on(&flaky.id, Op::Create, None);

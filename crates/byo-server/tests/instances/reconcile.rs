@@ -46,13 +46,19 @@ async fn reconciliation_settles_a_create_the_server_restarted_in_the_middle_of(w
     assert!(!w.pickable(&a.id).await && !w.pickable(&b.id).await);
 
     // Host a made it and runs it: running, with the port it reports.
-    assert_eq!(w.beat(&a, &[(made.name.as_str(), "Running")]).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        w.beat(&a, &[(made.name.as_str(), "Running")]).await,
+        StatusCode::NO_CONTENT
+    );
     let row = w.vm(&made.id).await;
     assert_eq!(
         (row.status, row.ssh_port, row.creation_failed_at),
         (VmStatus::Running, Some(22000), None)
     );
-    assert_eq!(row.created_at, made.created_at, "billing runs from the commitment");
+    assert_eq!(
+        row.created_at, made.created_at,
+        "billing runs from the commitment"
+    );
     let settled = w.audits("vm.settled").await;
     assert_eq!(settled.len(), 1);
     assert_eq!(settled[0].target.as_deref(), Some(made.id.as_str()));
@@ -71,7 +77,10 @@ async fn reconciliation_settles_a_create_the_server_restarted_in_the_middle_of(w
     assert!(w.pickable(&b.id).await);
     assert_eq!(w.audits("vm.creation_failed").await.len(), 1);
     // A beat again changes nothing, and no container was asked to go.
-    assert_eq!(w.beat(&a, &[(made.name.as_str(), "Running")]).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        w.beat(&a, &[(made.name.as_str(), "Running")]).await,
+        StatusCode::NO_CONTENT
+    );
     assert_eq!(w.audits("vm.settled").await.len(), 1);
     assert!(w.agents.calls(Op::Delete).is_empty());
 }
@@ -108,7 +117,10 @@ async fn reconciliation_settles_a_slow_create_that_timed_out_to_running(w: World
 
     // Long after the deadline, the host's beat lists it running: it is running.
     w.clock.advance(TimeDelta::minutes(5));
-    assert_eq!(w.beat(&host, &[(row.name.as_str(), "Running")]).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        w.beat(&host, &[(row.name.as_str(), "Running")]).await,
+        StatusCode::NO_CONTENT
+    );
     let row = w.vm(&row.id).await;
     assert_eq!(
         (row.status, row.creation_failed_at, row.ssh_port),
@@ -120,7 +132,12 @@ async fn reconciliation_settles_a_slow_create_that_timed_out_to_running(w: World
     w.answer_deletes(Answer::Ok);
     let r = w.delete(&w.customer, &row.id).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    assert!(w.agents.calls(Op::Delete).iter().all(|c| c.name == row.name));
+    assert!(
+        w.agents
+            .calls(Op::Delete)
+            .iter()
+            .all(|c| c.name == row.name)
+    );
 }
 
 async fn reconciliation_removes_an_orphan_container_on_the_backends_instruction(w: World) {
@@ -140,11 +157,17 @@ async fn reconciliation_removes_an_orphan_container_on_the_backends_instruction(
 
     // a holds its instance and a container nobody has a row for; b holds the failed one.
     assert_eq!(
-        w.beat(&a, &[(live.name.as_str(), "Running"), ("vm-orphan01", "Stopped")])
-            .await,
+        w.beat(
+            &a,
+            &[(live.name.as_str(), "Running"), ("vm-orphan01", "Stopped")]
+        )
+        .await,
         StatusCode::NO_CONTENT
     );
-    assert_eq!(w.beat(&b, &[(failed.name.as_str(), "Running")]).await, StatusCode::NO_CONTENT);
+    assert_eq!(
+        w.beat(&b, &[(failed.name.as_str(), "Running")]).await,
+        StatusCode::NO_CONTENT
+    );
     let audits = orphans_removed(&w, 2).await;
     assert_eq!(audits.len(), 2, "{audits:?}");
     let mut removed: Vec<(String, String)> = w
@@ -159,7 +182,10 @@ async fn reconciliation_removes_an_orphan_container_on_the_backends_instruction(
         (b.id.clone(), failed.name.clone()),
     ];
     expected.sort();
-    assert_eq!(removed, expected, "each orphan removed on its own host, the live one kept");
+    assert_eq!(
+        removed, expected,
+        "each orphan removed on its own host, the live one kept"
+    );
     for audit in &audits {
         let d = &audit.details.0;
         assert!(
@@ -199,7 +225,11 @@ async fn reconciliation_refuses_a_list_out_of_bounds_and_changes_nothing(w: Worl
         vec![(row.name.as_str(), long_status.as_str())],
         vec![(row.name.as_str(), "Run ning")],
     ] {
-        assert_eq!(w.beat(&host, &vms).await, StatusCode::BAD_REQUEST, "{vms:?}");
+        assert_eq!(
+            w.beat(&host, &vms).await,
+            StatusCode::BAD_REQUEST,
+            "{vms:?}"
+        );
     }
     assert_eq!(w.vm(&row.id).await.status, VmStatus::Creating);
     assert_eq!(
