@@ -492,6 +492,13 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     )
     .await;
     phase("serving answers through the relay");
+    // Placement picks only a host it has heard from: serving beats once at start.
+    until(
+        "the host's first heartbeat",
+        Duration::from_secs(30),
+        async || store.host_status(&host_id).await.unwrap().map(|_| ()),
+    )
+    .await;
     let asked = Instant::now();
     let (status, created) = api
         .call(
