@@ -108,44 +108,40 @@ pub async fn reconcile(state: &AppState, host_id: &str, held: &[HeldVm]) -> AppR
     }
     let now = state.clock.now();
     for row in rows.iter().filter(|r| r.status == VmStatus::Creating) {
-        match held.iter().find(|h| h.name == row.name) {
-            Some(h) if h.is_running() => {
-                let port = h.ssh_port.map(i32::from);
-                if state.store.mark_vm_running(&row.id, port).await? == GuardedWrite::Written {
-                    tracing::info!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host runs it");
-                    state.store.record_placement_success(host_id).await?;
-                    state
-                        .store
-                        .audit(
-                            None,
-                            "vm.settled",
-                            Some(&row.id),
-                            json!({"host_id": host_id, "status": "running", "by": "heartbeat"}),
-                            now,
-                        )
-                        .await?;
-                }
+        let found = held.iter().find(|h| h.name == row.name);
+        if let Some(h) = found.filter(|h| h.is_running()) {
+            let port = h.ssh_port.map(i32::from);
+            if state.store.mark_vm_running(&row.id, port).await? == GuardedWrite::Written {
+                tracing::info!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host runs it");
+                state.store.record_placement_success(host_id).await?;
+                state
+                    .store
+                    .audit(
+                        None,
+                        "vm.settled",
+                        Some(&row.id),
+                        json!({"host_id": host_id, "status": "running", "by": "heartbeat"}),
+                        now,
+                    )
+                    .await?;
             }
-            // The container exists but does not run (yet): nothing to settle on.
-            Some(_) => {}
-            None if crate::app::instances::create_deadline_passed(state, row) => {
-                if state.store.mark_vm_creation_failed(&row.id, now).await? == GuardedWrite::Written
-                {
-                    tracing::warn!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host does not hold it; nothing billed");
-                    state
-                        .store
-                        .audit(
-                            None,
-                            "vm.creation_failed",
-                            Some(&row.id),
-                            json!({"host_id": host_id, "reason": "the host's heartbeat does not list it after the create's deadline", "by": "heartbeat"}),
-                            now,
-                        )
-                        .await?;
-                }
-            }
-            // The create may still be under way.
-            None => {}
+        } else if found.is_none()
+            // Inside the deadline the create may still be under way; a container that
+            // exists and does not run (yet) is nothing to settle on.
+            && crate::app::instances::create_deadline_passed(state, row)
+            && state.store.mark_vm_creation_failed(&row.id, now).await? == GuardedWrite::Written
+        {
+            tracing::warn!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host does not hold it; nothing billed");
+            state
+                .store
+                .audit(
+                    None,
+                    "vm.creation_failed",
+                    Some(&row.id),
+                    json!({"host_id": host_id, "reason": "the host's heartbeat does not list it after the create's deadline", "by": "heartbeat"}),
+                    now,
+                )
+                .await?;
         }
     }
     let orphans: Vec<String> = held

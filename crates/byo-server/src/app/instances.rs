@@ -182,7 +182,7 @@ struct Placing {
 /// How one attempt on one host ended.
 enum Attempt {
     /// The host took it.
-    Placed(InstanceCreated),
+    Placed(Box<InstanceCreated>),
     /// The host refused or could not be reached: nothing exists there, the attempt's row
     /// has `creation_failed_at`, and the next candidate may be tried. The error is what the
     /// customer hears if none is left.
@@ -242,7 +242,7 @@ async fn place(
             ssh_hostname: row.ssh_hostname.clone(),
         };
         match attempt(state, &host, row, request, remaining).await? {
-            Attempt::Placed(created) => return Ok(created),
+            Attempt::Placed(created) => return Ok(*created),
             Attempt::Silent(e) => return Err(e),
             Attempt::Failed(e) => last = Some(e),
         }
@@ -273,11 +273,11 @@ async fn attempt(
             state.store.record_placement_success(&host.id).await?;
             let row = state.store.vm(&row.id).await?.ok_or(AppError::NotFound)?;
             tracing::info!(vm = %row.id, host = %host.slug, name = %row.name, "instance created");
-            return Ok(Attempt::Placed(InstanceCreated {
+            return Ok(Attempt::Placed(Box::new(InstanceCreated {
                 instance: view(state, &row).await?,
                 gpu_check: created.as_ref().map(|c| c.gpu_check.clone()),
                 startup_script: created.map(|c| c.startup_script),
-            }));
+            })));
         }
         Ok(Err(e)) => e,
         Err(_) => {

@@ -235,7 +235,10 @@ async fn placement_benches_a_host_that_fails_repeatedly_and_shows_it(w: World) {
     let before = hosts_contacted(&w).len();
     let r = w.create(&w.customer, "spark-1", &key).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
-    assert_eq!(hosts_contacted(&w)[before..], [healthy.id.clone()]);
+    assert_eq!(
+        &hosts_contacted(&w)[before..],
+        std::slice::from_ref(&healthy.id)
+    );
     assert!(!w.pickable(&flaky.id).await);
     let id = r.json()["instance"]["id"].as_str().unwrap().to_owned();
     assert_eq!(w.delete(&w.customer, &id).await.status, StatusCode::OK);
