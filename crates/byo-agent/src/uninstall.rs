@@ -625,8 +625,18 @@ fn firewall_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     }
     h.remove(tenants::PATH)?;
     for rule in our_ufw_rules(h)? {
-        let mut argv = vec!["ufw", "delete"];
-        argv.extend_from_slice(rule);
+        // `ufw route delete allow …` for a route rule, `ufw delete allow …` for the others.
+        let mut argv = vec!["ufw", "--force"];
+        match rule.split_first() {
+            Some((&"route", rest)) => {
+                argv.extend(["route", "delete"]);
+                argv.extend_from_slice(rest);
+            }
+            _ => {
+                argv.push("delete");
+                argv.extend_from_slice(rule);
+            }
+        }
         must(h, &argv)?;
     }
     Ok(())
