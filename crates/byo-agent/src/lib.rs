@@ -17,4 +17,5 @@ pub mod prepare;
 pub mod report;
 pub mod rollback;
 pub mod serve;
+pub mod uninstall;
 pub mod vms;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byo_agent::operator_keys::{self, OperatorKeys, Paths};
 use byo_agent::serve::{self, ServeOptions};
-use byo_agent::{enroll, prepare, rollback};
+use byo_agent::{enroll, prepare, rollback, uninstall};
 use clap::{Args, Parser, Subcommand};
 
 /// The byo host agent. It is installed by the one-liner from the owner's dashboard and
@@ -86,6 +86,47 @@ enum Command {
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
+    /// Hand this machine back to its owner (as root, on node0; `install.sh --uninstall`
+    /// runs it).
+    ///
+    /// First the owner's access is restored and proved: the sshd drop-in that admits only
+    /// spark is removed, the owner's password unlocked and their admin groups given back,
+    /// then sshd's effective configuration (`sshd -T`) must accept their password, their
+    /// shell must be a login shell and /etc/shadow must hold a usable password. If that
+    /// proof fails, nothing of byo's is removed (exit 3).
+    ///
+    /// Only then, in this order: the agent's units (enverge-agent, -prepare, -rollback);
+    /// our LXD instances (on lofispark-base) and the lofispark-base profile; LXD itself
+    /// with its images, pool and bridge, when preparation installed it (unless
+    /// --keep-lxd); the tenant firewall (its unit, nftables' inet enverge_tenants, our
+    /// ufw rules); the relay peer (wg-quick@wg0, /etc/wireguard/wg0.conf); the operator
+    /// tunnel (enverge-tunnel, the cloudflared build we installed); spark's access (its
+    /// sudoers drop-in, authorized_keys, and the spark user if we created it); our host
+    /// settings (the ZFS ARC cap, the watchdog drop-in, fstab's swap lines given back);
+    /// and last /var/lib/enverge-agent, /etc/enverge and the agent's binary.
+    ///
+    /// Kept: what preparation purged or changed that was the owner's before (Docker is not
+    /// reinstalled, ufw's forward policy stays ACCEPT, swap comes back at the next boot),
+    /// packages it installed (earlyoom, wireguard-tools, nftables), and an LXD or a spark
+    /// account that were already here.
+    ///
+    /// Each step checks before it removes and checks again after, so an uninstall cut
+    /// short finishes when run again, and one on a machine with nothing of ours says so
+    /// and exits 0. Exit status: 0 uninstalled (or nothing to do), 1 a removal step failed
+    /// (what came before it is gone; run again), 3 the owner's access could not be restored
+    /// and verified (nothing removed), 4 refused to start (not root, or not confirmed).
+    Uninstall {
+        /// Keep LXD and its images (our instances and profile still go).
+        #[arg(long)]
+        keep_lxd: bool,
+        /// Go ahead without asking.
+        #[arg(long)]
+        yes: bool,
+        /// The login that administers this machine afterwards (default: the one install.sh
+        /// recorded in /etc/enverge/owner, else whoever ran this through sudo).
+        #[arg(long)]
+        owner: Option<String>,
+    },
 }
 
 #[derive(Args)]
@@ -191,6 +232,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             KeysCommand::Trust { key, paths } => operator_keys::trust_command(&keys(paths)?, &key),
             KeysCommand::Show { paths } => operator_keys::show_command(&keys(paths)?),
         },
+        Command::Uninstall {
+            keep_lxd,
+            yes,
+            owner,
+        } => uninstall::run(keep_lxd, yes, owner).map_err(anyhow::Error::from),
     }
 }
 
@@ -212,6 +258,9 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("byo-agent: {e:#}");
             // enroll's refusals have their own statuses, which install.sh passes on.
+            if let Some(stopped) = e.downcast_ref::<uninstall::UninstallError>() {
+                return ExitCode::from(stopped.exit_code());
+            }
             match e.downcast_ref::<enroll::EnrollError>() {
                 Some(refusal) if enrolling => ExitCode::from(refusal.exit_code()),
                 _ => ExitCode::FAILURE,

@@ -4,7 +4,9 @@
 //! digest, enrols in the foreground (a refusal prints the reason and exits non-zero with
 //! nothing installed), then installs the three units and starts preparation only — whose
 //! `Wants=` starts serving once credentials exist; on an upgrade (already enrolled) it
-//! restarts serving instead (J notes 5–6).
+//! restarts serving instead (J notes 5–6). `--uninstall [--keep-lxd]` runs the installed
+//! agent's `uninstall` (or, when an uninstall cut short removed it first, fetches it again
+//! to finish), and says so when nothing of byo's is installed (H.3–H.4).
 
 use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
@@ -26,7 +28,10 @@ pub fn install_script(server: &str) -> String {
         r#"#!/usr/bin/env bash
 # byo host installer, from {server}.
 #   curl -fsSL {server}/install.sh | sudo bash -s -- --token TOKEN [--peer --nodes=N]
-# The token can also come from a file: --token-file PATH.
+#   curl -fsSL {server}/install.sh | sudo bash -s -- --uninstall [--keep-lxd]
+# The token can also come from a file: --token-file PATH. --uninstall hands the machine
+# back: the owner's login restored and proved first, then everything of byo's removed
+# (byo-agent uninstall --help says what, in which order, and what stays).
 # A refusal prints its reason, installs nothing and exits with: 1 not root (or another
 # failure), 2 usage, 3 the server refused the token (unknown, spent or expired), 4 the token
 # is malformed, 5 the server turned this machine away, 6 the server could not be reached,
@@ -38,6 +43,8 @@ token=""
 token_file=""
 peer=0
 nodes=1
+uninstall=0
+keep_lxd=0
 say() {{ echo "install.sh: $*" >&2; }}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -46,13 +53,31 @@ while [ $# -gt 0 ]; do
     --token-file) token_file="${{2:-}}"; shift; [ $# -eq 0 ] || shift ;;
     --peer) peer=1; shift ;;
     --nodes=*) nodes="${{1#*=}}"; shift ;;
-    -h|--help) sed -n '2,8p' "$0" 2>/dev/null || true; exit 0 ;;
+    --uninstall) uninstall=1; shift ;;
+    --keep-lxd) keep_lxd=1; shift ;;
+    -h|--help) sed -n '2,11p' "$0" 2>/dev/null || true; exit 0 ;;
     *) say "unknown option $1"; exit 2 ;;
   esac
 done
 if [ "$(id -u)" -ne 0 ]; then
   say "run as root: curl -fsSL $server/install.sh | sudo bash -s -- --token ..."
   exit 1
+fi
+
+uninstall_args=(uninstall --yes)
+if [ "$keep_lxd" -eq 1 ]; then uninstall_args+=(--keep-lxd); fi
+if [ "$uninstall" -eq 1 ]; then
+  # A dropped SSH session must not cut an uninstall short (a re-run would finish it).
+  trap '' HUP
+  if [ -x {bin} ]; then
+    exec {bin} "${{uninstall_args[@]}}"
+  fi
+  if [ ! -e /etc/enverge ] && [ ! -e /var/lib/enverge-agent ] &&
+    [ -z "$(systemctl list-unit-files 'enverge*' --no-legend 2>/dev/null || true)" ]; then
+    echo "Nothing of byo's is installed on this machine: nothing to uninstall."
+    exit 0
+  fi
+  say "the agent is gone but byo's files or units are not (an uninstall cut short): fetching the agent to finish it"
 fi
 
 arch=$(uname -m)
@@ -86,6 +111,11 @@ if ! echo "$expected  $work/byo-agent" | sha256sum -c --quiet - >/dev/null 2>&1;
   exit 1
 fi
 chmod 755 "$work/byo-agent"
+if [ "$uninstall" -eq 1 ]; then
+  status=0
+  "$work/byo-agent" "${{uninstall_args[@]}}" || status=$?
+  exit "$status"
+fi
 
 if [ -f /etc/enverge/credentials.json ]; then
   install -d -m 700 /etc/enverge

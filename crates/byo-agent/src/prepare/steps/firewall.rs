@@ -32,7 +32,7 @@ use crate::prepare::Plan;
 /// The rules a default-deny ufw needs so the bridge's DHCP and DNS, forwarded container
 /// traffic, and the relay's packets through wg0 get through. What tenants may reach of all
 /// that is the tenant firewall's to say (`byo_core::render::nft::tenants`).
-const UFW_RULES: &[&[&str]] = &[
+pub(crate) const UFW_RULES: &[&[&str]] = &[
     &["allow", "in", "on", "lxdbr0"],
     &["route", "allow", "in", "on", "lxdbr0"],
     &["route", "allow", "out", "on", "lxdbr0"],
@@ -41,7 +41,7 @@ const UFW_RULES: &[&[&str]] = &[
 ];
 
 const NFT: &str = "/usr/sbin/nft";
-const UNIT_PATH: &str = "/etc/systemd/system/enverge-tenant-firewall.service";
+pub(crate) const UNIT_PATH: &str = "/etc/systemd/system/enverge-tenant-firewall.service";
 
 pub(crate) struct Firewall;
 

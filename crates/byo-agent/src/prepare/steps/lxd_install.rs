@@ -12,6 +12,10 @@ use super::shared::{SPARK, verdict, lxd_answers};
 use crate::host::{Fallible, Host, apt_install, must, user_groups};
 use crate::prepare::Plan;
 
+/// Written when lxd-install installed LXD (its source: apt or snap); an LXD that was already
+/// here is the owner's, and uninstall leaves it.
+pub(crate) const LXD_INSTALLED: &str = "/etc/enverge/lxd-installed";
+
 pub(crate) struct LxdInstall;
 
 impl StepDef for LxdInstall {
@@ -50,6 +54,13 @@ impl StepDef for LxdInstall {
             }
             // Nothing else runs `lxd init`: the pool and the bridge are their own steps.
             must(h, &["lxd", "waitready", "--timeout=300"])?;
+            // Uninstall removes LXD only when preparation is what installed it.
+            h.write(
+                LXD_INSTALLED,
+                format!("{}\n", plan.profile.prepare.lxd).as_bytes(),
+                0o644,
+                "root:root",
+            )?;
         }
         if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
             must(h, &["usermod", "-aG", "lxd", SPARK])?;

@@ -24,6 +24,21 @@ pub use profiles::render_base_profile;
 pub use relay_peer::render_wireguard;
 pub use shared::{PROFILE_NAME, SPARK};
 
+/// What uninstall (`crate::uninstall`) must know of what the steps write.
+pub(crate) mod written {
+    pub(crate) use super::firewall::{UFW_RULES, UNIT_PATH as TENANT_FIREWALL_UNIT};
+    pub(crate) use super::lxd_install::LXD_INSTALLED;
+    pub(crate) use super::operator_access::{
+        CLOUDFLARED_BIN, CLOUDFLARED_INSTALLED, SPARK_CREATED, SUDOERS, TUNNEL_UNIT,
+    };
+    pub(crate) use super::owner_lockout::{ADMIN_GROUPS, LOCKOUT_CONF, OWNER_GROUPS};
+    pub(crate) use super::relay_peer::WG_CONF;
+    pub(crate) use super::shared::{BRIDGE, POOL, WG_UNIT};
+    pub(crate) use super::swap_off::SWAP_DISABLED;
+    pub(crate) use super::watchdog::WATCHDOG_CONF;
+    pub(crate) use super::zfs_arc_cap::ZFS_CONF;
+}
+
 /// Which machines run a step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Scope {

@@ -18,13 +18,21 @@ use super::shared::{SPARK, verdict, file_is};
 use crate::host::{self, Fallible, Host, apt_install, must, read_string, unit_active, user_exists};
 use crate::prepare::Plan;
 
-const SUDOERS: &str = "/etc/sudoers.d/enverge-spark";
+pub(crate) const SUDOERS: &str = "/etc/sudoers.d/enverge-spark";
 
 const SUDOERS_LINE: &str = "spark ALL=(ALL) NOPASSWD:ALL\n";
 
 const TUNNEL_TOKEN: &str = "/etc/enverge/tunnel-token";
 
-const TUNNEL_UNIT: &str = "enverge-tunnel.service";
+pub(crate) const TUNNEL_UNIT: &str = "enverge-tunnel.service";
+
+/// Written when operator-access creates spark (an account that was already there is the
+/// owner's, and uninstall leaves it).
+pub(crate) const SPARK_CREATED: &str = "/etc/enverge/spark-created";
+
+/// The SHA-256 of the cloudflared build operator-access installed: uninstall removes the
+/// binary only while it is still that build.
+pub(crate) const CLOUDFLARED_INSTALLED: &str = "/etc/enverge/cloudflared-installed";
 
 /// Where the pinned build is installed. Neither DGX OS nor Debian ships cloudflared, so
 /// this, or Cloudflare's own package at /usr/bin, is the binary the unit runs.
@@ -92,6 +100,12 @@ fn install_cloudflared<H: Host>(h: &mut H, plan: &Plan) -> Fallible<String> {
         ));
     }
     h.write(CLOUDFLARED_BIN, &bytes, 0o755, "root:root")?;
+    h.write(
+        CLOUDFLARED_INSTALLED,
+        format!("{actual}\n").as_bytes(),
+        0o644,
+        "root:root",
+    )?;
     Ok(CLOUDFLARED_BIN.to_owned())
 }
 
@@ -118,6 +132,7 @@ impl StepDef for OperatorAccess {
                     SPARK,
                 ],
             )?;
+            h.write(SPARK_CREATED, b"spark\n", 0o644, "root:root")?;
         }
         // A sudoers file that does not parse breaks sudo for everyone: validate before it lands.
         let staging = format!("/etc/enverge/{}.check", "sudoers-spark");

@@ -16,12 +16,16 @@ use super::shared::{SPARK, verdict, file_is};
 use crate::host::{Fallible, Host, must, read_string, user_exists, user_groups};
 use crate::prepare::{OWNER_FILE, Plan};
 
-const LOCKOUT_CONF: &str = "/etc/ssh/sshd_config.d/00-enverge-lockout.conf";
+pub(crate) const LOCKOUT_CONF: &str = "/etc/ssh/sshd_config.d/00-enverge-lockout.conf";
 
 const LOCKOUT: &str =
     "# Written by enverge preparation (owner-lockout): one administrator, us.\nAllowUsers spark\n";
 
-const ADMIN_GROUPS: &[&str] = &["sudo", "admin", "wheel", "lxd", "docker"];
+pub(crate) const ADMIN_GROUPS: &[&str] = &["sudo", "admin", "wheel", "lxd", "docker"];
+
+/// The admin groups owner-lockout took the owner out of, one per line: uninstall gives them
+/// back (design H.3, "restore the owner before removing ourselves").
+pub(crate) const OWNER_GROUPS: &str = "/etc/enverge/owner-groups";
 
 pub(crate) struct OwnerLockout;
 
@@ -85,10 +89,28 @@ impl StepDef for OwnerLockout {
         if user_exists(h, &owner)? {
             must(h, &["usermod", "--lock", &owner])?;
             let groups = user_groups(h, &owner)?;
-            for g in ADMIN_GROUPS {
-                if groups.iter().any(|x| x == g) {
-                    must(h, &["gpasswd", "--delete", &owner, g])?;
+            let taken: Vec<&str> = ADMIN_GROUPS
+                .iter()
+                .copied()
+                .filter(|g| groups.iter().any(|x| x == g))
+                .collect();
+            // Recorded before any is taken, so uninstall can give every one back.
+            let mut record: Vec<String> = read_string(h, OWNER_GROUPS)?
+                .unwrap_or_default()
+                .lines()
+                .map(str::to_owned)
+                .collect();
+            for g in &taken {
+                if !record.iter().any(|r| r == g) {
+                    record.push((*g).to_owned());
                 }
+            }
+            if !taken.is_empty() {
+                let text: String = record.iter().map(|g| format!("{g}\n")).collect();
+                h.write(OWNER_GROUPS, text.as_bytes(), 0o644, "root:root")?;
+            }
+            for g in taken {
+                must(h, &["gpasswd", "--delete", &owner, g])?;
             }
         }
         Ok(())

@@ -15,7 +15,7 @@ use super::shared::{WG_UNIT, TUNNEL_NET, verdict, file_is, parse_net, overlaps};
 use crate::host::{self, Fallible, Host, apt_install, must, unit_active, unit_enabled};
 use crate::prepare::Plan;
 
-const WG_CONF: &str = "/etc/wireguard/wg0.conf";
+pub(crate) const WG_CONF: &str = "/etc/wireguard/wg0.conf";
 
 /// A host that redeemed before its relay had an address: wg0 would have nowhere to go.
 const NO_ENDPOINT: &str = "the relay has no public address yet, so the tunnel would have nowhere to go; preparation asks the backend again at its next attempt and brings wg0 up once the relay has one";

@@ -10,10 +10,10 @@ use crate::prepare::Plan;
 /// The one administrator of a BYO host: every operator logs in as spark (I).
 pub const SPARK: &str = "spark";
 pub const PROFILE_NAME: &str = "lofispark-base";
-pub(super) const POOL: &str = "default";
-pub(super) const BRIDGE: &str = "lxdbr0";
+pub(crate) const POOL: &str = "default";
+pub(crate) const BRIDGE: &str = "lxdbr0";
 pub(super) const UFW_DEFAULTS: &str = "/etc/default/ufw";
-pub(super) const WG_UNIT: &str = "wg-quick@wg0.service";
+pub(crate) const WG_UNIT: &str = "wg-quick@wg0.service";
 /// The tunnel's range (10.8.0.1 the relay, 10.8.0.2 the host).
 pub(super) const TUNNEL_NET: (u32, u32) = (0x0A08_0000, 24);
 

@@ -11,6 +11,10 @@ use super::shared::{verdict, swaps};
 use crate::host::{Fallible, Host, must, read_string};
 use crate::prepare::Plan;
 
+/// What swap-off puts before each swap line it comments out of /etc/fstab (uninstall takes
+/// it away again).
+pub(crate) const SWAP_DISABLED: &str = "# disabled by enverge (swap disarms earlyoom): ";
+
 pub(crate) struct SwapOff;
 
 impl StepDef for SwapOff {
@@ -41,7 +45,7 @@ impl StepDef for SwapOff {
                     .lines()
                     .map(|l| {
                         if swap.contains(&l) {
-                            format!("# disabled by enverge (swap disarms earlyoom): {l}\n")
+                            format!("{SWAP_DISABLED}{l}\n")
                         } else {
                             format!("{l}\n")
                         }

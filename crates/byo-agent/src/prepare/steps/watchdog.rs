@@ -11,7 +11,7 @@ use super::shared::{verdict, file_is};
 use crate::host::{Fallible, Host, exists, must};
 use crate::prepare::Plan;
 
-const WATCHDOG_CONF: &str = "/etc/systemd/system.conf.d/enverge-watchdog.conf";
+pub(crate) const WATCHDOG_CONF: &str = "/etc/systemd/system.conf.d/enverge-watchdog.conf";
 
 const WATCHDOG: &str = "[Manager]\nRuntimeWatchdogSec=30s\nRebootWatchdogSec=10min\n";
 

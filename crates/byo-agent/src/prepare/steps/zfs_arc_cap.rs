@@ -13,7 +13,7 @@ use super::shared::{file_is};
 use crate::host::{Fallible, Host, read_string};
 use crate::prepare::Plan;
 
-const ZFS_CONF: &str = "/etc/modprobe.d/enverge-zfs.conf";
+pub(crate) const ZFS_CONF: &str = "/etc/modprobe.d/enverge-zfs.conf";
 
 const ZFS_ARC_MAX: &str = "/sys/module/zfs/parameters/zfs_arc_max";
 
