@@ -192,7 +192,8 @@ impl Store {
                 return Err(DbError::Refused("host_has_prebooking".into()));
             }
             sqlx::query(
-                "update hosts set retired_at = $2, token_hash = null, ssh_map_token_hash = null
+                "update hosts set retired_at = $2, token_hash = null, ssh_map_token_hash = null,
+                        tunnel_token = null, relay_wg_key = null
                  where id = $1",
             )
             .bind(id)

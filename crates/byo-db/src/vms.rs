@@ -13,7 +13,7 @@ use crate::hosts::AgentTargetRow;
 use crate::{DbError, GuardedWrite, Result, Store, new_id};
 
 /// The columns every [`VmRow`] is read with.
-const VM_COLUMNS: &str = "id, user_sub, host_id, name, gpu_type, ssh_hostname, ssh_port, status, \
+pub(crate) const VM_COLUMNS: &str = "id, user_sub, host_id, name, gpu_type, ssh_hostname, ssh_port, status, \
      created_at, creation_failed_at, delete_requested_at, deleted_at";
 
 #[derive(Clone, Debug, sqlx::FromRow)]

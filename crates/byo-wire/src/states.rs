@@ -112,6 +112,19 @@ text_enum! {
 }
 
 text_enum! {
+    /// `hosts.revoke_step`: how far the revoke of an enrolled host got (H.1: de-pool,
+    /// drain, then remove access). A revoke that stopped is resumed from here.
+    pub enum RevokeStep {
+        /// De-pooled; its instances are being deleted (G) and not all are confirmed.
+        Draining = "draining",
+        /// Drained; the relay, tunnel and DNS are being removed.
+        RemovingAccess = "removing_access",
+        /// Done: access removed, the host's tokens and secrets cleared.
+        Revoked = "revoked",
+    }
+}
+
+text_enum! {
     /// `operator_key_lists.state` (M): a draft waits for a signature; published is signed.
     pub enum KeyListState {
         Draft = "draft",
@@ -150,6 +163,7 @@ mod tests {
         round_trip(EnrollmentState::ALL);
         round_trip(RelayState::ALL);
         round_trip(KeyListState::ALL);
+        round_trip(RevokeStep::ALL);
         assert!("Running".parse::<VmStatus>().is_err());
         assert!(VmStatus::try_from("unknown".to_owned()).is_err());
     }

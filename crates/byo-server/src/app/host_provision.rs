@@ -140,6 +140,11 @@ pub async fn provision(
         }
     };
     let slug = provisioned.slug.clone();
+    // Kept sealed so a dead relay can be replaced by one the host's tunnel trusts (A.3).
+    state
+        .store
+        .record_relay_key(&provisioned.host_id, &sealer.seal(&relay_wg_private))
+        .await?;
 
     // The operator tunnel and its DNS are part of the call; a failure hands the allocation
     // straight back rather than leaving half of it.
@@ -171,7 +176,7 @@ pub async fn provision(
                 &slug,
                 relay_wg_private,
                 &secrets.host_wg_public,
-                &ssh_map_token.hash(),
+                ssh_map_token.hash().as_str(),
                 release,
             )
             .await;
@@ -221,12 +226,12 @@ pub async fn provision(
 
 /// The relay's first-boot script: its WireGuard key, the host's public key, the ssh-map
 /// token's hash, the release it fetches, and its certificate from the relay CA.
-async fn relay_bootstrap(
+pub async fn relay_bootstrap(
     state: &AppState,
     slug: &str,
     relay_private_key: String,
     host_public_key: &str,
-    ssh_map_token_hash: &byo_core::tokens::TokenHash,
+    ssh_map_token_hash: &str,
     release: &crate::config::RelayRelease,
 ) -> anyhow::Result<String> {
     let public_name = relay_name(slug, &state.config.public_url);
@@ -240,7 +245,7 @@ async fn relay_bootstrap(
         relay_private_key,
         host_public_key: host_public_key.to_owned(),
         wireguard_port: WIREGUARD_PORT,
-        ssh_map_token_hash: ssh_map_token_hash.as_str().to_owned(),
+        ssh_map_token_hash: ssh_map_token_hash.to_owned(),
         public_name,
         tls_cert_pem: cert.cert_pem,
         tls_key_pem: cert.key_pem,

@@ -380,18 +380,22 @@ pub enum Deleter<'a> {
     Owner(&'a CurrentUser),
     /// admin-vm-action: an operator or superadmin, for any instance.
     Operator(&'a CurrentUser),
+    /// The host's owner stopping hosting (issue #12): the instances on their own host,
+    /// which the caller has checked.
+    HostOwner(&'a CurrentUser),
 }
 
 impl Deleter<'_> {
     fn sub(&self) -> &str {
         match self {
-            Deleter::Owner(u) | Deleter::Operator(u) => &u.user.sub,
+            Deleter::Owner(u) | Deleter::Operator(u) | Deleter::HostOwner(u) => &u.user.sub,
         }
     }
     fn kind(&self) -> &'static str {
         match self {
             Deleter::Owner(_) => "owner",
             Deleter::Operator(_) => "operator",
+            Deleter::HostOwner(_) => "host_owner",
         }
     }
 }

@@ -14,19 +14,27 @@ pub struct ReapReport {
     pub failed: usize,
 }
 
+/// Everything outside a host holds, handed back: the relay and its address, the customer
+/// SSH wildcard `*.<slug>.ssh` (N.4), the operator tunnel and its DNS. Each call is
+/// idempotent (what is gone is fine), so a caller stopped half-way runs it again. The one
+/// teardown reap, revoke (H) and retire (N) share.
+pub async fn release_outside(
+    state: &AppState,
+    slug: &str,
+) -> Result<(), crate::providers::ProviderError> {
+    state.relays.release(slug).await?;
+    let wildcard = crate::app::instances::ssh_wildcard(state, slug);
+    state.tunnels.remove_ssh_wildcard(&wildcard).await?;
+    state.tunnels.delete(slug).await
+}
+
 /// One sweep over every allocation that should be handed back.
 pub async fn reap_once(state: &AppState) -> AppResult<ReapReport> {
     let now = state.clock.now();
     let mut report = ReapReport::default();
     for r in state.store.reapable(now).await? {
         if let Some(slug) = &r.slug {
-            let outside = async {
-                state.relays.release(slug).await?;
-                let wildcard = crate::app::instances::ssh_wildcard(state, slug);
-                state.tunnels.remove_ssh_wildcard(&wildcard).await?;
-                state.tunnels.delete(slug).await
-            };
-            if let Err(e) = outside.await {
+            if let Err(e) = release_outside(state, slug).await {
                 tracing::warn!(%slug, enrollment = %r.enrollment_id, error = %e, "reap: not finished; the next sweep carries on");
                 report.failed += 1;
                 continue;

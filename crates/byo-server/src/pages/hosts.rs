@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use super::{PageError, PageResult, layout, require_operator};
 use crate::app::host_report::{Fixer, failure_advice};
-use crate::app::{admin_host_action, host_provision};
+use crate::app::{admin_host_action, host_lifecycle, host_provision};
 use crate::auth::CurrentUser;
 use crate::error::AppError;
 use crate::state::AppState;
@@ -87,7 +87,7 @@ impl<'a> Facts<'a> {
 }
 
 /// One prepare_state (`{step, state, attempt, error, final, at}`) as a line.
-fn step_line(p: &Value) -> String {
+pub(super) fn step_line(p: &Value) -> String {
     format!(
         "{} {}{}",
         p["step"].as_str().unwrap_or("?"),
@@ -185,14 +185,26 @@ async fn gpus_page(
     let enrollments = state.store.enrollment_views(Some(&v.user.sub)).await?;
     let profiles = state.store.profiles().await?;
     let now = state.clock.now();
+    let uninstall = host_lifecycle::uninstall_commands(state);
     let mut rows = Vec::with_capacity(enrollments.len());
+    let mut stopped = Vec::new();
     for e in &enrollments {
         // Only a host that still exists has progress to show (and to poll).
         let live = match (&e.host_id, e.active) {
             (Some(id), Some(_)) => Some((id.as_str(), state.store.host_nodes(id).await?)),
             _ => None,
         };
-        rows.push((e, live));
+        // After go-live the owner reads their host's state in their words (issue #12, 9).
+        let after = match &e.host_id {
+            Some(id) => after_go_live(state, id, now).await?,
+            None => None,
+        };
+        if let Some(a) = &after
+            && a.stopped
+        {
+            stopped.push(e.slug.clone().unwrap_or_default());
+        }
+        rows.push((e, live, after));
     }
     Ok(layout(
         "Your GPUs",
@@ -232,21 +244,40 @@ async fn gpus_page(
             } @else {
                 p { "To add a GPU, ask an operator for the community_host grant." }
             }
+            @if !stopped.is_empty() {
+                section.uninstall #uninstall {
+                    h2 { "Uninstall" }
+                    p { "You stopped hosting " (stopped.join(", ")) ". To hand the machine back, run on it:" }
+                    pre { code #uninstall-agent { (uninstall[0]) } }
+                    p { "(add " code { "--keep-lxd" } " to keep LXD and its images), or:" }
+                    pre { code #uninstall-curl { (uninstall[1]) } }
+                }
+            }
             h2 { "Enrolments" }
             @if rows.is_empty() { p { "None yet." } } @else {
                 table {
                     thead { tr { th { "Host" } th { "Profile" } th { "State" } th { "Added" } } }
-                    tbody { @for (e, live) in &rows { tr {
+                    tbody { @for (e, live, after) in &rows { tr {
                         td { (e.slug.as_deref().unwrap_or("—")) }
                         td { (e.profile_id) }
                         td {
-                            @match live {
-                                Some((host_id, nodes)) => {
+                            @match (live, after) {
+                                (Some((host_id, _)), Some(a)) => {
+                                    span.state.after-go-live #{ "state-" (host_id) } { (a.words) }
+                                    @if a.may_stop {
+                                        form.inline method="post" action={ "/hosts/" (host_id) "/stop" } {
+                                            button type="submit" { "Stop hosting" }
+                                        }
+                                        br;
+                                        small { "Stop hosting takes your GPU out of rental and ends what runs on it; then you uninstall." }
+                                    }
+                                }
+                                (Some((host_id, nodes)), None) => {
                                     div #{ "progress-" (host_id) } data-progress={ "/hosts/" (host_id) "/progress" } {
                                         (progress_fragment(&Facts::of(e), nodes, now))
                                     }
                                 }
-                                None => (enrollment_state(e)),
+                                (None, _) => (enrollment_state(e)),
                             }
                         }
                         td { (e.created_at.format("%Y-%m-%d %H:%M")) }
@@ -393,6 +424,13 @@ async fn admin_page(
     error: Option<&str>,
 ) -> Result<Markup, PageError> {
     let enrollments = state.store.enrollment_views(None).await?;
+    let revoking: std::collections::HashMap<String, (String, DateTime<Utc>)> = state
+        .store
+        .revokes_in_progress()
+        .await?
+        .into_iter()
+        .map(|(id, step, since)| (id, (step.to_string(), since)))
+        .collect();
     Ok(layout(
         "Hosts",
         Some(&op.0),
@@ -403,10 +441,21 @@ async fn admin_page(
             table.hosts {
                 thead { tr { th { "Host" } th { "Owner" } th { "Profile" } th { "State" } th { "Relay" } th { "What turned up" } th { "" } } }
                 tbody { @for e in &enrollments { tr {
-                    td.ours { (e.slug.as_deref().unwrap_or("—")) }
+                    td.ours {
+                        @match (&e.host_id, &e.slug) {
+                            (Some(id), Some(slug)) => { a href={ "/admin/hosts/" (id) } { (slug) } }
+                            (_, slug) => (slug.as_deref().unwrap_or("—")),
+                        }
+                    }
                     td.owner { (e.owner_email) }
                     td.ours { (e.profile_id) }
-                    td.state { (enrollment_state(e)) }
+                    td.state {
+                        (enrollment_state(e))
+                        @if let Some((step, since)) = e.host_id.as_ref().and_then(|id| revoking.get(id)) {
+                            br;
+                            strong.stuck { "revoke stopped at " (step) " (since " (since.format("%Y-%m-%d %H:%M")) "): open the host to resume" }
+                        }
+                    }
                     td { (e.relay_state.0.map_or("—", RelayState::as_str)) }
                     td.turned-up { (turned_up(e)) }
                     td.actions {
@@ -470,6 +519,60 @@ pub async fn revoke(
         Err(e @ AppError::Conflict { .. }) => Ok((
             e.status(),
             admin_page(&state, &op, Some(&e.to_string())).await?,
+        )
+            .into_response()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A host after go-live, as its owner's page shows it.
+struct AfterGoLive {
+    words: String,
+    may_stop: bool,
+    stopped: bool,
+}
+
+async fn after_go_live(
+    state: &AppState,
+    host_id: &str,
+    now: DateTime<Utc>,
+) -> Result<Option<AfterGoLive>, PageError> {
+    let Some(h) = state.store.host_lifecycle(host_id).await? else {
+        return Ok(None);
+    };
+    let seen = state.store.host_status(host_id).await?.map(|s| s.seen_at);
+    let live = state.store.live_vms_of_host(host_id).await?.len();
+    Ok(
+        host_lifecycle::owner_state(&h, seen, live, now).map(|words| AfterGoLive {
+            words,
+            may_stop: h.retired_at.is_none()
+                && h.revoke_step.0.is_none()
+                && !host_lifecycle::owner_stopped(&h, live),
+            stopped: host_lifecycle::owner_stopped(&h, live),
+        }),
+    )
+}
+
+/// `POST /hosts/{host_id}/stop`: the owner stops hosting their own GPU (the API's
+/// stop-hosting), then reads their page: the state, and the uninstall commands once drained.
+pub async fn stop_hosting(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let Some(v) = viewer else {
+        return Err(AppError::Unauthenticated.into());
+    };
+    match host_lifecycle::stop_hosting(&state, &v, &host_id).await {
+        Ok(p) if p.done => Ok(Redirect::to("/hosts").into_response()),
+        Ok(p) => Ok((
+            StatusCode::ACCEPTED,
+            gpus_page(&state, &v, None, Some(&p.message)).await?,
+        )
+            .into_response()),
+        Err(e @ AppError::Conflict { .. }) => Ok((
+            e.status(),
+            gpus_page(&state, &v, None, Some(&e.to_string())).await?,
         )
             .into_response()),
         Err(e) => Err(e.into()),

@@ -22,6 +22,7 @@ use crate::error::{AppError, current_request_id};
 use crate::state::AppState;
 
 mod admin_instances;
+mod host_detail;
 mod hosts;
 pub mod install;
 mod instances;
@@ -44,6 +45,15 @@ pub fn router() -> Router<AppState> {
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
         .route("/hosts/{host_id}/progress", get(hosts::progress))
         .route("/admin/hosts", get(hosts::admin_hosts))
+        .route("/admin/hosts/{host_id}", get(host_detail::show))
+        .route("/admin/hosts/{host_id}/depool", post(host_detail::depool))
+        .route("/admin/hosts/{host_id}/revoke", post(host_detail::revoke))
+        .route("/admin/hosts/{host_id}/retire", post(host_detail::retire))
+        .route(
+            "/admin/hosts/{host_id}/replace-relay",
+            post(host_detail::replace_relay),
+        )
+        .route("/hosts/{host_id}/stop", post(hosts::stop_hosting))
         .route("/admin/hosts/{host_id}/activate", post(hosts::activate))
         .route(
             "/admin/enrollments/{enrollment_id}/revoke",

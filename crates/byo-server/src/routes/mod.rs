@@ -19,6 +19,7 @@ pub mod admin_vm_action;
 pub mod health;
 pub mod host_enroll;
 pub mod host_heartbeat;
+pub mod host_lifecycle;
 pub mod host_provision;
 pub mod host_relay;
 pub mod host_report;
@@ -69,6 +70,11 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_report::post_report))
         .routes(routes!(admin_host_action::post_activate))
         .routes(routes!(admin_host_action::post_revoke))
+        .routes(routes!(host_lifecycle::post_depool))
+        .routes(routes!(host_lifecycle::post_revoke_host))
+        .routes(routes!(host_lifecycle::post_retire))
+        .routes(routes!(host_lifecycle::post_replace_relay))
+        .routes(routes!(host_lifecycle::post_stop_hosting))
         .routes(routes!(host_heartbeat::post_heartbeat))
         .routes(routes!(host_relay::get_relay))
         .routes(routes!(ssh_keys::post_ssh_key, ssh_keys::get_ssh_keys))

@@ -3,6 +3,8 @@
 #![allow(dead_code)] // each test binary uses a different part
 
 pub mod agents;
+pub mod fake_cloudflare;
+pub mod fake_gcp;
 pub mod relay_tls;
 
 use axum::Router;

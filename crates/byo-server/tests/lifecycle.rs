@@ -1,0 +1,996 @@
+//! Life after go-live (issue #12) on both backends, through the API and the pages, with the
+//! real GCP and Cloudflare clients against the fakes in `support` (fault injection on
+//! either) and the fake agents: de-pool, revoke of an enrolled host (H), retire (N),
+//! replacing a dead relay (A.3), the one-host page and the owner's stop-hosting. Every
+//! refusal reads the rows and the fakes back to show nothing changed.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use byo_db::lifecycle::HostLifecycleRow;
+use byo_db::vms::NewVm;
+use byo_server::agents::AgentWaits;
+use byo_server::clock::Clock;
+use byo_server::config::RelayRelease;
+use byo_wire::states::{EnrollmentState, RevokeStep};
+use serde_json::{Value, json};
+use support::agents::{self, FakeAgents, Op};
+use support::{TestApp, User, fake_cloudflare, fake_gcp};
+
+struct World {
+    app: TestApp,
+    clock: Clock,
+    agents: Arc<FakeAgents>,
+    gcp: fake_gcp::Shared,
+    cf: fake_cloudflare::Shared,
+    owner: User,
+    op: User,
+    customer: User,
+    _gcp_key: tempfile::TempDir,
+}
+
+async fn world(backend: byo_db::Backend) -> Option<World> {
+    let mut config = support::test_config();
+    config.relay_release = Some(RelayRelease {
+        url: "https://releases.example.com/byo-relay".into(),
+        sha256: "0".repeat(64),
+    });
+    let mut app = TestApp::with_config(backend, config).await?;
+    app.publish_operator_keys().await;
+    let clock = Clock::manual("2026-11-29T12:00:00Z".parse().unwrap());
+    let agents = Arc::new(
+        FakeAgents::new()
+            .with_clock(clock.clone())
+            .observing(app.db.store.clone()),
+    );
+    let fake_gcp::FakeGcp {
+        fake: gcp,
+        relays,
+        dir: gcp_key,
+        ..
+    } = fake_gcp::start().await;
+    let (cf, tunnels) = fake_cloudflare::start("cf-token").await;
+    let relays = Arc::new(relays);
+    app.state = app
+        .state
+        .clone()
+        .with_clock(clock.clone())
+        .with_agents(agents.clone())
+        .with_waits(AgentWaits {
+            create: Duration::from_millis(400),
+            delete: Duration::from_millis(400),
+        })
+        .with_providers(relays, Arc::new(tunnels));
+    app.router = byo_server::router(app.state.clone());
+    let owner = app.community_host("owner@example.com").await;
+    let op = app.operator("op@example.com").await;
+    let customer = app.customer("customer@example.com").await;
+    Some(World {
+        app,
+        clock,
+        agents,
+        gcp,
+        cf,
+        owner,
+        op,
+        customer,
+        _gcp_key: gcp_key,
+    })
+}
+
+with_world!(
+    depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance,
+    depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing,
+    h1_revoke_depools_drains_then_removes_access,
+    h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress_and_revoke_again_resumes,
+    h_revoking_a_host_that_never_redeemed_is_refused,
+    h_a_revoked_host_can_be_retired,
+    n1_retire_refusals_change_nothing,
+    n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes,
+    n7_a_retired_hosts_hardware_enrols_again,
+    a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint,
+    the_one_host_page_shows_the_host_and_its_actions_bounded,
+    stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
+);
+
+fn spark() -> Value {
+    json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0, "rails": []
+    })
+}
+
+struct Host {
+    id: String,
+    slug: String,
+    /// The host token redeem handed over.
+    token: String,
+}
+
+impl World {
+    fn db(&self) -> &byo_db::Store {
+        &self.app.db.store
+    }
+
+    /// "Add a GPU", with the relay provisioned in the fake GCP.
+    async fn provisioned(&self) -> (String, String, String) {
+        let r = self
+            .owner
+            .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+        let p = r.json();
+        let id = p["host_id"].as_str().unwrap().to_owned();
+        for _ in 0..500 {
+            if self.db().relay_record(&id).await.unwrap().relay_ip.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(self.db().relay_record(&id).await.unwrap().relay_ip.is_some());
+        (
+            id,
+            p["slug"].as_str().unwrap().to_owned(),
+            p["token"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    async fn enroll(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(spark().to_string()))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// A host as onboarding leaves one: provisioned, redeemed, prepared, activated.
+    async fn active_host(&self) -> Host {
+        let (id, slug, token) = self.provisioned().await;
+        let r = self.enroll(&token).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
+        self.db()
+            .mark_host_prepared(&id, self.clock.now())
+            .await
+            .unwrap();
+        let a = self
+            .op
+            .post(
+                &format!("/api/admin/hosts/{id}/activate"),
+                json!({"placement": "shared"}),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::NO_CONTENT, "{}", a.text());
+        Host {
+            id,
+            slug,
+            token: host_token,
+        }
+    }
+
+    /// A running instance of the customer's on `host`, written as create leaves one.
+    async fn instance(&self, host: &Host, name: &str) -> String {
+        let vm = self
+            .db()
+            .create_vm(
+                NewVm {
+                    user_sub: &self.customer.sub,
+                    host_id: Some(&host.id),
+                    name,
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                self.clock.now(),
+            )
+            .await
+            .unwrap();
+        self.db().mark_vm_running(&vm.id, Some(2201)).await.unwrap();
+        vm.id
+    }
+
+    async fn life(&self, host: &Host) -> HostLifecycleRow {
+        self.db().host_lifecycle(&host.id).await.unwrap().unwrap()
+    }
+
+    /// What the host's token still reaches: `GET /api/host/relay`.
+    async fn host_relay(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::get("/api/host/relay")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// Everything the fakes hold for `slug`: GCP instances and addresses, Cloudflare
+    /// tunnels and records.
+    fn outside(&self, slug: &str) -> (usize, usize, usize, usize) {
+        let g = self.gcp.lock().unwrap();
+        let c = self.cf.lock().unwrap();
+        let mine = |v: &Value| v.to_string().contains(slug);
+        (
+            g.instances.keys().filter(|k| k.starts_with(slug)).count(),
+            g.addresses.keys().filter(|k| k.starts_with(slug)).count(),
+            c.tunnels.values().filter(|t| mine(t)).count(),
+            c.records.values().filter(|r| mine(r)).count(),
+        )
+    }
+
+    async fn actions(&self, host: &Host) -> Vec<String> {
+        self.db()
+            .audit_of_host(&host.id, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.action)
+            .collect()
+    }
+
+    async fn enrollment_state(&self, host: &Host) -> EnrollmentState {
+        self.db()
+            .enrollment_views(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|e| e.host_id.as_deref() == Some(host.id.as_str()))
+            .unwrap()
+            .state
+    }
+}
+
+/// The facts a refusal must leave as they were.
+async fn snapshot(w: &World, h: &Host) -> String {
+    let l = w.life(h).await;
+    let vms = w.db().vms_of_host(&h.id, 100).await.unwrap();
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        l.active,
+        l.retired_at,
+        l.depooled_at,
+        l.depool_reason,
+        l.revoke_step.0,
+        vms.iter()
+            .map(|v| (v.delete_requested_at, v.deleted_at))
+            .collect::<Vec<_>>(),
+        w.outside(&h.slug),
+        w.host_relay(&h.token).await.status,
+        w.actions(h).await.len(),
+    )
+}
+
+async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "keep-me").await;
+    let r = w
+        .op
+        .post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "  fan failing, owner informed  "}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let l = w.life(&h).await;
+    assert!(!l.active);
+    assert_eq!(
+        l.depool_reason.as_deref(),
+        Some("fan failing, owner informed")
+    );
+    assert_eq!(l.depooled_by.as_deref(), Some(w.op.sub.as_str()));
+    // The instance stays until drained, and nothing new is placed there.
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.delete_requested_at.is_none() && v.deleted_at.is_none());
+    assert!(w.agents.calls(Op::Delete).is_empty());
+    w.db().confirm_vm_deleted(&vm, w.clock.now()).await.unwrap();
+    assert!(
+        w.db()
+            .pick_hosts_for_gpu("spark-1", &w.customer.sub)
+            .await
+            .unwrap()
+            .is_empty(),
+        "a de-pooled host is not picked"
+    );
+    // Audited with the reason.
+    let audit = w.db().audit_of_host(&h.id, 10).await.unwrap();
+    let a = audit.iter().find(|a| a.action == "host.depool").unwrap();
+    assert_eq!(a.details.0["reason"], "fan failing, owner informed");
+    assert_eq!(a.actor_sub.as_deref(), Some(w.op.sub.as_str()));
+    // Re-activation is the existing activate.
+    let r = w
+        .op
+        .post(
+            &format!("/api/admin/hosts/{}/activate", h.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert!(w.life(&h).await.active);
+    // The /admin form does the same.
+    let r = w
+        .op
+        .post_form(
+            &format!("/admin/hosts/{}/depool", h.id),
+            &[("reason", "maintenance window")],
+        )
+        .await;
+    assert!(r.status.is_redirection(), "{}", r.status);
+    assert_eq!(
+        w.life(&h).await.depool_reason.as_deref(),
+        Some("maintenance window")
+    );
+}
+
+async fn depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing(w: World) {
+    let h = w.active_host().await;
+    let before = snapshot(&w, &h).await;
+    for reason in [String::new(), "   ".into(), "x".repeat(501), "a\u{7}b".into()] {
+        let r = w
+            .op
+            .post(
+                &format!("/api/admin/hosts/{}/depool", h.id),
+                json!({"reason": reason}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{reason:?}");
+        assert_eq!(r.json()["error"], "invalid_reason");
+    }
+    let r = w
+        .op
+        .post(&format!("/api/admin/hosts/{}/depool", h.id), json!({}))
+        .await;
+    assert!(r.status.is_client_error());
+    assert_eq!(snapshot(&w, &h).await, before);
+    assert!(w.life(&h).await.active);
+    // The schema holds the same bound for every writer.
+    let e = w
+        .db()
+        .depool_host(&h.id, &"y".repeat(501), &w.op.sub, w.clock.now())
+        .await
+        .unwrap_err();
+    assert!(e.is_constraint("hosts_depool_reason_bounded"), "{e}");
+    // A host that does not exist.
+    let r = w
+        .op
+        .post("/api/admin/hosts/nope/depool", json!({"reason": "x"}))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+async fn h1_revoke_depools_drains_then_removes_access(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "tenant").await;
+    assert_eq!(w.outside(&h.slug), (1, 1, 1, 2), "relay, address, tunnel, DNS + wildcard");
+    w.agents.answer(Op::Delete, agents::Answer::Ok);
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let p = r.json();
+    assert_eq!(p["step"], "revoked");
+    assert_eq!(p["done"], true);
+    assert_eq!(p["drain"]["confirmed"], json!([vm]));
+    // Drained through G: both facts, the host's confirmation first.
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.delete_requested_at.is_some() && v.deleted_at.is_some());
+    assert_eq!(w.agents.calls(Op::Delete).len(), 1);
+    // Access removed: nothing left outside.
+    assert_eq!(w.outside(&h.slug), (0, 0, 0, 0));
+    // Nothing the host was issued works; the enrolment is revoked and closed.
+    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
+    let l = w.life(&h).await;
+    assert_eq!(l.revoke_step.0, Some(RevokeStep::Revoked));
+    assert!(!l.active && l.revoked_at.is_some());
+    assert!(l.retired_at.is_none(), "revoke is not retire");
+    assert!(!l.relay_key_kept);
+    // The order, as the audit log has it.
+    let mut actions = w.actions(&h).await;
+    actions.reverse();
+    let pos = |a: &str| actions.iter().position(|x| x == a).unwrap();
+    assert!(pos("host.revoke_requested") < pos("vm.delete_requested"));
+    assert!(pos("vm.delete_requested") < pos("host.revoked"));
+    // A revoked host is held inactive by the schema, whoever writes.
+    let r = w
+        .op
+        .post(
+            &format!("/api/admin/hosts/{}/activate", h.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.text().contains("hosts_revoked_inactive"), "{}", r.text());
+    // Revoking again is calm: nothing more is done.
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(w.agents.calls(Op::Delete).len(), 1);
+    // Reap's sweep leaves the revoked enrolment alone: it is closed.
+    byo_server::app::reap::reap_once(&w.app.state).await.unwrap();
+    assert!(w.db().host(&h.id).await.unwrap().is_some());
+}
+
+async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress_and_revoke_again_resumes(
+    w: World,
+) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "tenant").await;
+    w.agents.answer(
+        Op::Delete,
+        agents::Answer::unreachable("connection refused"),
+    );
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let p = r.json();
+    assert_eq!((p["step"].as_str(), p["done"].as_bool()), (Some("draining"), Some(false)));
+    assert_eq!(p["drain"]["waiting"], json!([vm]));
+    // De-pooled and requested, but nothing of ours is gone: the host is still reachable.
+    let l = w.life(&h).await;
+    assert!(!l.active);
+    assert_eq!(l.revoke_step.0, Some(RevokeStep::Draining));
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.delete_requested_at.is_some() && v.deleted_at.is_none());
+    assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::OK);
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Enrolled);
+    // Visible as stuck on /admin, and on the host's own page.
+    let list = w.op.page("/admin/hosts").await;
+    assert!(list.contains("revoke stopped at draining"), "{list}");
+    assert!(list.contains(&format!("/admin/hosts/{}", h.id)));
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(page.contains("revoke in progress, stopped at draining"));
+    assert!(page.contains("Resume revoke"));
+    assert!(page.contains("not confirmed by the host"), "the stuck delete");
+    // A page cannot activate it meanwhile: the schema holds it inactive.
+    let e = w
+        .db()
+        .activate_host(&h.id, "shared", &w.op.sub, w.clock.now())
+        .await
+        .unwrap_err();
+    assert!(e.is_constraint("hosts_revoked_inactive"), "{e}");
+    // The host answers again: revoke resumes where it stopped, from the page this time.
+    w.agents.answer(Op::Delete, agents::Answer::NotFound);
+    let r = w
+        .op
+        .post_form(&format!("/admin/hosts/{}/revoke", h.id), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.text().contains("revoked: drained"));
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.deleted_at.is_some(), "its own 404 confirms");
+    assert_eq!(w.life(&h).await.revoke_step.0, Some(RevokeStep::Revoked));
+    assert_eq!(w.outside(&h.slug), (0, 0, 0, 0));
+    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        w.actions(&h)
+            .await
+            .iter()
+            .filter(|a| *a == "host.revoke_requested")
+            .count(),
+        1,
+        "one revoke, resumed"
+    );
+
+    // A provider failing at the access step leaves it at removing_access; again resumes.
+    let h2 = w.active_host_with_other_hardware().await;
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert_eq!(r.json()["error"], "provider_failed");
+    assert_eq!(
+        w.life(&h2).await.revoke_step.0,
+        Some(RevokeStep::RemovingAccess)
+    );
+    assert_eq!(w.host_relay(&h2.token).await.status, StatusCode::OK, "tokens kept");
+    w.cf.lock().unwrap().fail = None;
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.outside(&h2.slug), (0, 0, 0, 0));
+}
+
+impl World {
+    /// A second active host, on other hardware.
+    async fn active_host_with_other_hardware(&self) -> Host {
+        let (id, slug, token) = self.provisioned().await;
+        let mut body = spark();
+        body["hardware_id"] = json!("c52d");
+        body["machine_id"] = json!("4e3b");
+        let r = self
+            .app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
+        Host {
+            id,
+            slug,
+            token: host_token,
+        }
+    }
+}
+
+async fn h_revoking_a_host_that_never_redeemed_is_refused(w: World) {
+    let (id, slug, _token) = w.provisioned().await;
+    let h = Host {
+        id,
+        slug,
+        token: "byo_hst_none".into(),
+    };
+    let before = snapshot(&w, &h).await;
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["error"], "not_enrolled");
+    assert_eq!(snapshot(&w, &h).await, before);
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Ready);
+}
+
+async fn h_a_revoked_host_can_be_retired(w: World) {
+    let h = w.active_host().await;
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let l = w.life(&h).await;
+    assert!(l.retired_at.is_some());
+    // The enrolment keeps saying what ended it.
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
+}
+
+async fn n1_retire_refusals_change_nothing(w: World) {
+    let h = w.active_host().await;
+    let retire = |id: String| {
+        let op = w.op.clone();
+        async move { op.post_empty(&format!("/api/admin/hosts/{id}/retire")).await }
+    };
+    let refused = |r: support::Reply, code: &str| {
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+        assert_eq!(r.json()["error"], code, "{}", r.text());
+    };
+    // Active.
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "active");
+    assert_eq!(snapshot(&w, &h).await, before);
+    // Dedicated (and de-pooled).
+    w.db()
+        .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    w.db()
+        .set_host_dedicated(&h.id, Some(&w.customer.sub))
+        .await
+        .unwrap();
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "dedicated");
+    assert_eq!(snapshot(&w, &h).await, before);
+    w.db().set_host_dedicated(&h.id, None).await.unwrap();
+    // A live instance.
+    let vm = w.instance(&h, "live").await;
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "live_instance");
+    assert_eq!(snapshot(&w, &h).await, before);
+    // ... a failed create is not one.
+    w.db().confirm_vm_deleted(&vm, w.clock.now()).await.unwrap();
+    let failed = w
+        .db()
+        .create_vm(
+            NewVm {
+                user_sub: &w.customer.sub,
+                host_id: Some(&h.id),
+                name: "never",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            w.clock.now(),
+        )
+        .await
+        .unwrap();
+    w.db()
+        .mark_vm_creation_failed(&failed.id, w.clock.now())
+        .await
+        .unwrap();
+    // A pre-booking whose window has not ended.
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+             values ('pb-1', '{}', '{}', 'spark-1', '2026-11-01T00:00:00Z', '2027-01-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+            w.customer.sub, h.id
+        ))
+        .await
+        .unwrap();
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "prebooked");
+    assert_eq!(snapshot(&w, &h).await, before);
+    // Its window ended: no longer owed.
+    w.db()
+        .execute_unchecked("update prebookings set end_date = '2025-01-01T00:00:00Z', start_date = '2024-12-01T00:00:00Z' where id = 'pb-1'")
+        .await
+        .unwrap();
+    // Never enrolled: revoke (the enrolment) instead.
+    let (id, slug, _) = w.provisioned().await;
+    let never = Host {
+        id,
+        slug,
+        token: "byo_hst_none".into(),
+    };
+    let before = snapshot(&w, &never).await;
+    refused(retire(never.id.clone()).await, "revoke_instead");
+    assert_eq!(snapshot(&w, &never).await, before);
+    // Everything cleared: it retires, the failed create notwithstanding.
+    let r = retire(h.id.clone()).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    // Retired is for good.
+    refused(retire(h.id.clone()).await, "retired");
+    let r = w
+        .op
+        .post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "x"}),
+        )
+        .await;
+    refused(r, "retired");
+}
+
+async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes(w: World) {
+    let h = w.active_host().await;
+    w.db()
+        .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    // Cloudflare fails: the relay is already released (outside first), nothing is stamped.
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert_eq!(r.json()["error"], "provider_failed");
+    assert_eq!(w.outside(&h.slug), (0, 0, 1, 2), "half-way: the relay went first");
+    assert!(w.life(&h).await.retired_at.is_none(), "nothing stamped");
+    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::OK);
+    w.cf.lock().unwrap().fail = None;
+
+    // GCP fails on a second host: nothing at all is gone, nothing stamped.
+    let h2 = w.active_host_with_other_hardware().await;
+    w.db()
+        .depool_host(&h2.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    w.gcp.lock().unwrap().fail = Some(Method::DELETE);
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/retire", h2.id))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert_eq!(w.outside(&h2.slug), (1, 1, 1, 2));
+    assert!(w.life(&h2).await.retired_at.is_none());
+    w.gcp.lock().unwrap().fail = None;
+
+    // Retire again carries on, and finishes with nothing left in either fake.
+    for host in [&h, &h2] {
+        let r = w
+            .op
+            .post_empty(&format!("/api/admin/hosts/{}/retire", host.id))
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+        assert_eq!(w.outside(&host.slug), (0, 0, 0, 0));
+        let l = w.life(host).await;
+        assert!(l.retired_at.is_some() && !l.active);
+        assert!(!l.relay_key_kept);
+        // Nothing it was issued still works; its enrolment is closed.
+        assert_eq!(
+            w.host_relay(&host.token).await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(w.enrollment_state(host).await, EnrollmentState::Released);
+    }
+    let g = w.gcp.lock().unwrap();
+    let c = w.cf.lock().unwrap();
+    assert!(g.instances.is_empty() && g.addresses.is_empty());
+    assert!(c.tunnels.is_empty() && c.records.is_empty());
+}
+
+async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
+    let h = w.active_host().await;
+    // While it is not retired, the same box cannot become a second host.
+    let (_, _, token) = w.provisioned().await;
+    let r = w.enroll(&token).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    // Retired through the page.
+    w.db()
+        .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    let r = w
+        .op
+        .post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
+        .await;
+    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    let nodes = w.db().host_nodes(&h.id).await.unwrap();
+    assert!(nodes[0].retired_at.is_some(), "hosts_retire_nodes");
+    // The same hardware redeems again, as a new host.
+    let (new_id, _, token) = w.provisioned().await;
+    let r = w.enroll(&token).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let nodes = w.db().host_nodes(&new_id).await.unwrap();
+    assert_eq!(nodes[0].hardware_id, "b41c");
+    // The retired rows still say which host it was in.
+    assert_eq!(w.db().host_nodes(&h.id).await.unwrap()[0].hardware_id, "b41c");
+}
+
+async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: World) {
+    let h = w.active_host().await;
+    let old = w.db().relay_record(&h.id).await.unwrap().relay_ip.unwrap();
+    assert_eq!(
+        w.host_relay(&h.token).await.json()["endpoint"],
+        format!("{old}:51820")
+    );
+    let first_bootstrap = w.gcp.lock().unwrap().instances[&format!("{}-relay", h.slug)]
+        ["metadata"]["items"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let rr = r.json();
+    let new = rr["new_address"].as_str().unwrap().to_owned();
+    assert_ne!(new, old, "GCP reserved a new address");
+    assert_eq!(rr["old_address"], old.as_str());
+    assert_eq!(rr["same_address"], false);
+    assert_eq!(rr["name"], format!("{}-relay", h.slug));
+    // The host learns it where it already asks.
+    assert_eq!(
+        w.host_relay(&h.token).await.json()["endpoint"],
+        format!("{new}:51820")
+    );
+    // One relay, at the new address, booted with the same WireGuard key (the host's tunnel
+    // trusts it) and the host's own public key; the old address is released.
+    {
+        let g = w.gcp.lock().unwrap();
+        assert_eq!(w.outside(&h.slug).0, 1);
+        let inst = &g.instances[&format!("{}-relay", h.slug)];
+        assert_eq!(
+            inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"],
+            new.as_str()
+        );
+        assert!(g.addresses.values().all(|a| *a != old));
+        let script = inst["metadata"]["items"][0]["value"].as_str().unwrap();
+        let key_line = |s: &str| {
+            s.lines()
+                .find(|l| l.contains("PrivateKey"))
+                .map(str::to_owned)
+        };
+        assert!(key_line(script).is_some());
+        assert_eq!(key_line(script), key_line(&first_bootstrap));
+    }
+    // The customer SSH wildcard follows the relay.
+    {
+        let c = w.cf.lock().unwrap();
+        let wildcard = c
+            .records
+            .values()
+            .find(|r| r["type"] == "A" && r["name"].as_str().unwrap().contains(&h.slug))
+            .unwrap();
+        assert_eq!(wildcard["content"], new.as_str());
+    }
+    let a = w.db().audit_of_host(&h.id, 10).await.unwrap();
+    let a = a.iter().find(|a| a.action == "host.relay_replaced").unwrap();
+    assert_eq!(a.details.0["new_address"], new.as_str());
+
+    // Refused for a host that never redeemed (its relay is onboarding's), changing nothing.
+    let (id, slug, _) = w.provisioned().await;
+    let never = Host {
+        id,
+        slug,
+        token: "byo_hst_none".into(),
+    };
+    let before = snapshot(&w, &never).await;
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", never.id))
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["error"], "not_enrolled");
+    assert_eq!(snapshot(&w, &never).await, before);
+    // GCP failing to release: the relay is not recorded as replaced; again finishes.
+    w.gcp.lock().unwrap().fail = Some(Method::DELETE);
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    w.gcp.lock().unwrap().fail = None;
+    let r = w
+        .op
+        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.outside(&h.slug).0, 1);
+}
+
+async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "on-the-page").await;
+    let beat = json!({"agent_version": "0.7.3+abc", "lxd": "ok", "relay": "ok",
+        "tunnel": "down: ".to_owned() + &"z".repeat(5000), "gpu": "ok", "storage": "ok",
+        "instances": 1, "details": {"note": "q".repeat(10_000)}});
+    let r = w
+        .app
+        .send(
+            Request::post("/api/host/heartbeat")
+                .header(header::AUTHORIZATION, format!("Bearer {}", h.token))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(beat.to_string()))
+                .unwrap(),
+        )
+        .await;
+    assert!(r.status.is_success(), "{} {}", r.status, r.text());
+    w.clock.advance(chrono::Duration::seconds(42));
+    let list = w.op.page("/admin/hosts").await;
+    assert!(list.contains(&format!("href=\"/admin/hosts/{}\"", h.id)));
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    for want in [
+        &format!("Host {}", h.slug),
+        "active (shared)",
+        "(42 s ago)",
+        "0.7.3+abc",
+        "finished 2026-11-29",
+        "holds version",
+        "on-the-page",
+        "live",
+        "host.activate",
+        "De-pool",
+        "Revoke",
+        "Retire",
+        "Replace relay",
+        "Takes it out of placement",
+    ] {
+        assert!(page.contains(want), "{want} missing");
+    }
+    assert!(!page.contains(&"z".repeat(300)), "a long value is cut");
+    assert!(!page.contains(&"q".repeat(3000)), "the details are cut");
+    assert!(page.len() < 40_000, "{} bytes", page.len());
+    // Stuck deletes show.
+    w.db()
+        .request_vm_delete(&vm, w.clock.now())
+        .await
+        .unwrap();
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(page.contains("not confirmed by the host"));
+    // Only operators read it.
+    let r = w.customer.get(&format!("/admin/hosts/{}", h.id)).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    // A refusal from an action is shown on the page.
+    let r = w
+        .op
+        .post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.text().contains("de-pool it first"));
+}
+
+async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "rented").await;
+    // The owner's words: renting, idle, unreachable.
+    let beat = |w: &World| {
+        let token = h.token.clone();
+        let app = &w.app;
+        async move {
+            app.send(
+                Request::post("/api/host/heartbeat")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(
+                        json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok", "tunnel": "ok",
+                               "gpu": "ok", "storage": "ok", "instances": 1})
+                        .to_string(),
+                    ))
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    assert!(beat(&w).await.status.is_success());
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("renting: a customer is using it"), "{page}");
+    assert!(page.contains("Stop hosting"));
+    w.clock.advance(chrono::Duration::minutes(10));
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("unreachable since 2026-11-29 12:00 UTC"), "{page}");
+    assert!(beat(&w).await.status.is_success());
+
+    // Nobody else may stop it: a customer, another host owner, even an operator (theirs is
+    // de-pool and revoke) are told there is no such host, and nothing changes.
+    let other = w.app.community_host("other-owner@example.com").await;
+    let before = snapshot(&w, &h).await;
+    for u in [&w.customer, &other, &w.op] {
+        let r = u.post_empty(&format!("/api/hosts/{}/stop", h.id)).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", u.email);
+    }
+    assert_eq!(snapshot(&w, &h).await, before);
+
+    // The host does not confirm: stopping, and the page says so.
+    w.agents.answer(
+        Op::Delete,
+        agents::Answer::unreachable("connection refused"),
+    );
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/stop", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert_eq!(r.json()["drain"]["waiting"], json!([vm]));
+    assert!(!w.life(&h).await.active);
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("stopping: waiting for 1 instance(s) to end"), "{page}");
+    assert!(!page.contains("byo-agent uninstall"));
+    // It answers: stopped, and the uninstall instructions show, from the page's form.
+    w.agents.answer(Op::Delete, agents::Answer::Ok);
+    let r = w
+        .owner
+        .post_form(&format!("/hosts/{}/stop", h.id), &[])
+        .await;
+    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.deleted_at.is_some());
+    let deleted = w
+        .db()
+        .audit_of_host(&h.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.action == "vm.delete_requested")
+        .unwrap();
+    assert_eq!(deleted.details.0["by"], "host_owner");
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("stopped: you can uninstall now"), "{page}");
+    assert!(page.contains("sudo byo-agent uninstall"));
+    assert!(page.contains("--keep-lxd"));
+    assert!(page.contains(
+        "curl -fsSL http://localhost:8080/install.sh | sudo bash -s -- --uninstall"
+    ));
+    assert!(!page.contains(">Stop hosting<"));
+    // De-pool and drain only: access is kept (not a revoke), nothing retired.
+    let l = w.life(&h).await;
+    assert!(l.revoke_step.0.is_none() && l.retired_at.is_none());
+    assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+}
