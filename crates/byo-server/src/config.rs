@@ -99,6 +99,12 @@ pub struct Config {
     /// resolves to that host's relay. Defaults to the host part of `public_url`.
     #[serde(default)]
     pub ssh_domain: Option<String>,
+    /// Origins besides `public_url`'s that state-changing requests may come from. Never
+    /// read from a file or the environment: only `byo up` sets it, to the other names of
+    /// its own loopback listener (`127.0.0.1`, `[::1]`), so a production server accepts
+    /// exactly its public URL.
+    #[serde(skip)]
+    pub loopback_origins: Vec<String>,
 }
 
 /// `[cloudflared.sha256]`: `aarch64 = "<hex>"`, `x86_64 = "<hex>"` (as `uname -m` names them).
@@ -256,6 +262,7 @@ impl Default for Config {
             cloudflared: CloudflaredConfig::default(),
             tunnels: TunnelsConfig::default(),
             ssh_domain: None,
+            loopback_origins: Vec::new(),
         }
     }
 }
@@ -374,6 +381,12 @@ impl Config {
             .to_ascii_lowercase()
     }
 
+    /// Whether a state-changing request's Origin is this server's: `public_url`'s origin,
+    /// or (`byo up` only) another name of its loopback listener.
+    pub fn accepts_origin(&self, origin: &str) -> bool {
+        origin == self.public_origin() || self.loopback_origins.iter().any(|o| o == origin)
+    }
+
     /// The origin (scheme://host[:port]) of `public_url`, for Origin checks.
     pub fn public_origin(&self) -> &str {
         let url = self.public_url.as_str();
@@ -383,6 +396,20 @@ impl Config {
             None => url,
         }
     }
+}
+
+/// The names a browser may reach a loopback listener by besides `localhost` (which `byo
+/// up`'s public URL says): `byo up`'s [`Config::loopback_origins`]. None for a listener
+/// that is not on loopback.
+pub fn loopback_origins(addr: SocketAddr) -> Vec<String> {
+    if !addr.ip().is_loopback() {
+        return Vec::new();
+    }
+    let port = addr.port();
+    vec![
+        format!("http://127.0.0.1:{port}"),
+        format!("http://[::1]:{port}"),
+    ]
 }
 
 /// Why the configuration could not be loaded, in words.

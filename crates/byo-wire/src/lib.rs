@@ -5,6 +5,7 @@
 
 pub mod api;
 pub mod enroll;
+pub mod limits;
 pub mod prepare;
 pub mod profile;
 pub mod relay;
