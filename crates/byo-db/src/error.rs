@@ -38,6 +38,11 @@ impl From<sqlx::Error> for DbError {
                 ErrorKind::CheckViolation
                 | ErrorKind::ForeignKeyViolation
                 | ErrorKind::NotNullViolation => return DbError::Refused(name),
+                // SQLite's RAISE(ABORT, '<rule>') in a trigger (SQLITE_CONSTRAINT_TRIGGER):
+                // the rule's name is the whole message.
+                _ if db.code().as_deref() == Some("1811") => {
+                    return DbError::Refused(db.message().to_owned());
+                }
                 _ => {}
             }
         }

@@ -6,6 +6,23 @@ use sqlx::types::Json;
 
 use crate::{DbError, Result, Store, new_id};
 
+/// What an activation did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// An inactive host is now active.
+    Activated,
+    /// An active host's placement changed, from this one.
+    Changed {
+        placement: Option<String>,
+        dedicated_to: Option<String>,
+    },
+    /// The host is already active and the request did not ask for a change: nothing written.
+    AlreadyActive {
+        placement: Option<String>,
+        dedicated_to: Option<String>,
+    },
+}
+
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct HostRow {
     pub id: String,
@@ -110,33 +127,62 @@ impl Store {
         Ok(())
     }
 
-    /// The operator's approval: the single flag plus the placement chosen with it. A host
-    /// whose preparation did not finish is refused by the schema (`hosts_active_prepared`),
-    /// and a retired one by `hosts_retired_inactive`, whoever writes.
+    /// The operator's approval: the single flag plus the placement chosen with it
+    /// (`shared`, or `dedicated` to one user). A host whose preparation did not finish is
+    /// refused by the schema (`hosts_active_prepared`), a retired one by
+    /// `hosts_retired_inactive`, and a placement outside the closed set by
+    /// `hosts_placement_closed_set`, whoever writes. Read and written under the row's lock:
+    /// an already active host keeps its placement unless `change` says otherwise
+    /// ([`Activation::AlreadyActive`]).
     pub async fn activate_host(
         &self,
         id: &str,
         placement: &str,
+        dedicated_to: Option<&str>,
+        change: bool,
         by: &str,
         now: DateTime<Utc>,
-    ) -> Result<()> {
-        let done = on_pool!(self, |p| {
+    ) -> Result<Activation> {
+        in_tx!(self, |tx, for_update| {
+            let current: Option<(bool, Option<String>, Option<String>)> =
+                sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                    "select active, placement, dedicated_to from hosts where id = $1{for_update}"
+                )))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            let Some((active, was, was_to)) = current else {
+                return Err(DbError::NotFound);
+            };
+            if active && !change {
+                return Ok(Activation::AlreadyActive {
+                    placement: was,
+                    dedicated_to: was_to,
+                });
+            }
             sqlx::query(
-            "update hosts set active = true, placement = $2, activated_at = $3, activated_by = $4
-             where id = $1"
-        )
-        .bind(id)
-        .bind(placement)
-        .bind(now)
-        .bind(by)
-        .execute(p)
-        .await
-        .map(|r| r.rows_affected())
-        })?;
-        if done == 0 {
-            return Err(DbError::NotFound);
-        }
-        Ok(())
+                "update hosts set active = true, placement = $2, dedicated = $3, dedicated_to = $4,
+                        activated_at = case when active then activated_at else $5 end,
+                        activated_by = case when active then activated_by else $6 end
+                 where id = $1",
+            )
+            .bind(id)
+            .bind(placement)
+            .bind(dedicated_to.is_some())
+            .bind(dedicated_to)
+            .bind(now)
+            .bind(by)
+            .execute(&mut *tx)
+            .await?;
+            Ok(if active {
+                Activation::Changed {
+                    placement: was,
+                    dedicated_to: was_to,
+                }
+            } else {
+                Activation::Activated
+            })
+        })
     }
 
     pub async fn set_host_dedicated(&self, id: &str, to: Option<&str>) -> Result<()> {

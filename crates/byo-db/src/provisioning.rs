@@ -95,10 +95,6 @@ pub struct Reapable {
     pub state: EnrollmentState,
 }
 
-fn slug_number(slug: &str) -> Option<u64> {
-    slug.strip_prefix("spark-")?.parse().ok()
-}
-
 impl Store {
     /// Allocations of `owner_sub` that are neither redeemed nor handed back.
     pub async fn outstanding_allocations(&self, owner_sub: &str) -> Result<i64> {
@@ -114,25 +110,51 @@ impl Store {
     }
 
     /// Step 11: the hosts row (inactive), the enrolment and its token, in one transaction,
-    /// under the next free `spark-N` slug. Slugs are never reused, retired hosts included.
-    /// Two provisions racing for one slug collide on `hosts_slug_key`; the loser gets
-    /// [`DbError::Conflict`] and retries.
+    /// under the next `spark-N` slug. The owner's cap ([`MAX_OUTSTANDING`]) is checked and
+    /// taken inside the same locked transaction (the owner's users row locked on
+    /// PostgreSQL, the database's write lock on SQLite), so racing provisions cannot pass
+    /// it together: one past it is [`DbError::Refused`]`("allocation_cap")`. Slugs come from
+    /// `slug_high_water`, never from the hosts that remain, so a slug is never reused:
+    /// not after a rejection, a revocation or a retirement.
     pub async fn provision_host(
         &self,
         new: NewProvision<'_>,
         now: DateTime<Utc>,
     ) -> Result<Provisioned> {
-        in_tx!(self, |tx, _for_update| {
-            let slugs: Vec<String> = sqlx::query_scalar("select slug from hosts")
-                .fetch_all(&mut *tx)
+        in_tx!(self, |tx, for_update| {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "select sub from users where sub = $1{for_update}"
+            )))
+            .bind(new.owner_sub)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let outstanding: i64 = sqlx::query_scalar(
+                "select count(*) from host_enrollments where owner_sub = $1 and state in ('pending', 'ready')",
+            )
+            .bind(new.owner_sub)
+            .fetch_one(&mut *tx)
+            .await?;
+            if outstanding >= MAX_OUTSTANDING {
+                return Err(DbError::Refused("allocation_cap".to_owned()));
+            }
+            // Past any slug a writer other than this one took (a hand-built row).
+            let slug = loop {
+                let next: i64 = sqlx::query_scalar(
+                    "update slug_high_water set last = last + 1 where id = 1
+                     returning cast(last as bigint)",
+                )
+                .fetch_one(&mut *tx)
                 .await?;
-            let next = slugs
-                .iter()
-                .filter_map(|s| slug_number(s))
-                .max()
-                .unwrap_or(0)
-                + 1;
-            let slug = format!("spark-{next}");
+                let slug = format!("spark-{next}");
+                let taken: Option<i64> =
+                    sqlx::query_scalar("select cast(1 as bigint) from hosts where slug = $1")
+                        .bind(&slug)
+                        .fetch_optional(&mut *tx)
+                        .await?;
+                if taken.is_none() {
+                    break slug;
+                }
+            };
             let host_id = new_id();
             sqlx::query(
                 "insert into hosts (id, slug, owner_sub, profile_id, gpu_type, ssh_map_token_hash, relay_name, relay_state, created_at)

@@ -195,7 +195,9 @@ async fn n6_retired_host_is_held_inactive_and_undedicated(db: TestDb) {
     let op = user(&db, "op@example.com").await;
     let h = host(&db, &owner, "spark-7").await;
     db.mark_host_prepared(&h, now()).await.unwrap();
-    db.activate_host(&h, "shared", &op, now()).await.unwrap();
+    db.activate_host(&h, "shared", None, false, &op, now())
+        .await
+        .unwrap();
 
     // Retiring an active host is refused by the schema, and nothing changes.
     let err = db.retire_host(&h, now()).await.unwrap_err();
@@ -216,7 +218,7 @@ async fn n6_retired_host_is_held_inactive_and_undedicated(db: TestDb) {
 
     // Every writer is held: the Store API and raw UPDATEs alike.
     let err = db
-        .activate_host(&h, "shared", &op, now())
+        .activate_host(&h, "shared", None, false, &op, now())
         .await
         .unwrap_err();
     assert!(err.is_constraint("hosts_retired_inactive"), "{err:?}");
@@ -242,7 +244,7 @@ async fn d3_activation_refused_until_preparation_finished(db: TestDb) {
     let op = user(&db, "op@example.com").await;
     let h = host(&db, &owner, "spark-3").await;
     let err = db
-        .activate_host(&h, "shared", &op, now())
+        .activate_host(&h, "shared", None, false, &op, now())
         .await
         .unwrap_err();
     assert!(err.is_constraint("hosts_active_prepared"), "{err:?}");
@@ -255,7 +257,9 @@ async fn d3_activation_refused_until_preparation_finished(db: TestDb) {
     assert!(!row.active && row.placement.is_none() && row.activated_at.is_none());
 
     db.mark_host_prepared(&h, now()).await.unwrap();
-    db.activate_host(&h, "shared", &op, now()).await.unwrap();
+    db.activate_host(&h, "shared", None, false, &op, now())
+        .await
+        .unwrap();
     let row = db.host(&h).await.unwrap().unwrap();
     assert!(row.active);
     assert_eq!(row.placement.as_deref(), Some("shared"));

@@ -102,6 +102,12 @@ pub struct Config {
     /// How creates choose among hosts: heartbeat age and benching (issue #12, 6).
     #[serde(default)]
     pub placement: PlacementConfig,
+    /// Origins besides `public_url`'s that state-changing requests may come from. Never
+    /// read from a file or the environment: only `byo up` sets it, to the other names of
+    /// its own loopback listener (`127.0.0.1`, `[::1]`), so a production server accepts
+    /// exactly its public URL.
+    #[serde(skip)]
+    pub loopback_origins: Vec<String>,
 }
 
 /// `[placement]`: which hosts a create may land on besides the design's rules.
@@ -299,6 +305,7 @@ impl Default for Config {
             tunnels: TunnelsConfig::default(),
             ssh_domain: None,
             placement: PlacementConfig::default(),
+            loopback_origins: Vec::new(),
         }
     }
 }
@@ -423,6 +430,12 @@ impl Config {
             .to_ascii_lowercase()
     }
 
+    /// Whether a state-changing request's Origin is this server's: `public_url`'s origin,
+    /// or (`byo up` only) another name of its loopback listener.
+    pub fn accepts_origin(&self, origin: &str) -> bool {
+        origin == self.public_origin() || self.loopback_origins.iter().any(|o| o == origin)
+    }
+
     /// The origin (scheme://host[:port]) of `public_url`, for Origin checks.
     pub fn public_origin(&self) -> &str {
         let url = self.public_url.as_str();
@@ -432,6 +445,20 @@ impl Config {
             None => url,
         }
     }
+}
+
+/// The names a browser may reach a loopback listener by besides `localhost` (which `byo
+/// up`'s public URL says): `byo up`'s [`Config::loopback_origins`]. None for a listener
+/// that is not on loopback.
+pub fn loopback_origins(addr: SocketAddr) -> Vec<String> {
+    if !addr.ip().is_loopback() {
+        return Vec::new();
+    }
+    let port = addr.port();
+    vec![
+        format!("http://127.0.0.1:{port}"),
+        format!("http://[::1]:{port}"),
+    ]
 }
 
 /// Why the configuration could not be loaded, in words.

@@ -34,6 +34,15 @@ pub enum AppError {
         code: &'static str,
         message: String,
     },
+    /// A request the framework turned away before any rule saw it (a body too large, not
+    /// JSON, a shape that does not parse, a method or path that does not exist), or a field
+    /// past its bound: the status it chose, in our shape.
+    #[error("{message}")]
+    Rejected {
+        status: StatusCode,
+        code: &'static str,
+        message: String,
+    },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -52,6 +61,37 @@ impl AppError {
         AppError::Conflict {
             code,
             message: message.into(),
+        }
+    }
+
+    /// A status the framework chose (or a bound), with the code that names it.
+    pub fn rejected(status: StatusCode, message: impl Into<String>) -> Self {
+        let code = match status {
+            StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+            StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::UNPROCESSABLE_ENTITY | StatusCode::BAD_REQUEST => "invalid_request",
+            s if s.is_server_error() => "internal",
+            _ => "rejected",
+        };
+        AppError::Rejected {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A field past its bound: 400, naming the field and the limit.
+    pub fn out_of_bounds(breach: byo_wire::limits::OutOfBounds) -> Self {
+        AppError::Rejected {
+            status: StatusCode::BAD_REQUEST,
+            code: if breach.is_nul() {
+                "invalid_character"
+            } else {
+                "too_long"
+            },
+            message: breach.to_string(),
         }
     }
 
@@ -80,7 +120,7 @@ impl AppError {
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::NotFound => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
-            AppError::Host { status, .. } => *status,
+            AppError::Host { status, .. } | AppError::Rejected { status, .. } => *status,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -89,7 +129,8 @@ impl AppError {
         match self {
             AppError::BadRequest { code, .. }
             | AppError::Conflict { code, .. }
-            | AppError::Host { code, .. } => code,
+            | AppError::Host { code, .. }
+            | AppError::Rejected { code, .. } => code,
             AppError::Unauthenticated => "unauthenticated",
             AppError::InvalidCredentials => "invalid_credentials",
             AppError::Forbidden(_) => "forbidden",

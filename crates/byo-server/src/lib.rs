@@ -13,6 +13,7 @@ pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod extract;
 pub mod metrics;
 pub mod pages;
 pub mod password;

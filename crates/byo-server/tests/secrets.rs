@@ -6,7 +6,7 @@ mod support;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
-use axum::http::Method;
+use axum::http::{Method, StatusCode};
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::Backend;
 use byo_db::enrollments::NewEnrollment;
@@ -42,7 +42,17 @@ async fn full_flow_leaves_no_secret_in_logs_or_tables(backend: Backend, logs: &C
             Some(json!({"email": "ana@example.com", "password": PASSWORD})),
         )
         .await;
-    let s1 = signup.session_cookie().unwrap();
+    assert_eq!(signup.status, StatusCode::ACCEPTED, "{}", signup.text());
+    let s1 = app
+        .request(
+            Method::POST,
+            "/api/auth/login",
+            None,
+            Some(json!({"email": "ana@example.com", "password": PASSWORD})),
+        )
+        .await
+        .session_cookie()
+        .unwrap();
     let login = app
         .request(
             Method::POST,

@@ -60,6 +60,13 @@ impl std::fmt::Debug for SignupRequest {
     }
 }
 
+/// What sign-up answers, the same for a new address and one that had an account.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SignedUp {
+    pub message: String,
+}
+
 #[derive(Clone, Deserialize, Serialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct PasswordChange {
@@ -188,4 +195,101 @@ pub struct KeyOwner {
     pub fingerprint: String,
     pub listed_at: DateTime<Utc>,
     pub removed_at: Option<DateTime<Utc>>,
+}
+
+impl crate::limits::Bounded for LoginRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{EMAIL, PASSWORD, text};
+        text("email", &self.email, EMAIL)?;
+        text("password", &self.password, PASSWORD)
+    }
+}
+
+impl crate::limits::Bounded for SignupRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{EMAIL, NAME_CHARS, PASSWORD, chars, text};
+        text("email", &self.email, EMAIL)?;
+        text("password", &self.password, PASSWORD)?;
+        chars("display_name", &self.display_name, NAME_CHARS)
+    }
+}
+
+impl crate::limits::Bounded for PasswordChange {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{PASSWORD, text};
+        text("current_password", &self.current_password, PASSWORD)?;
+        text("new_password", &self.new_password, PASSWORD)
+    }
+}
+
+impl crate::limits::Bounded for KeyChangeRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{NAME_CHARS, PUBLIC_KEY, SHORT, chars, text};
+        match self {
+            KeyChangeRequest::Add { public_key, label } => {
+                text("public_key", public_key, PUBLIC_KEY)?;
+                chars("label", label, NAME_CHARS)
+            }
+            KeyChangeRequest::Remove { fingerprint } => text("fingerprint", fingerprint, SHORT),
+        }
+    }
+}
+
+impl crate::limits::Bounded for SignatureUpload {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::limits::text("signature", &self.signature, crate::limits::SIGNATURE)
+    }
+}
+
+/// Where an activated host takes customers (D): the shared spark-1 pool, or one owner's
+/// own use. A closed set; the schema holds `hosts.placement` to the same two words.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "placement", rename_all = "snake_case")]
+pub enum Placement {
+    Shared,
+    /// Reserved for one user (`dedicated_to`, their subject id).
+    Dedicated {
+        dedicated_to: String,
+    },
+}
+
+impl Placement {
+    /// The word `hosts.placement` stores.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Placement::Shared => "shared",
+            Placement::Dedicated { .. } => "dedicated",
+        }
+    }
+
+    pub fn dedicated_to(&self) -> Option<&str> {
+        match self {
+            Placement::Shared => None,
+            Placement::Dedicated { dedicated_to } => Some(dedicated_to),
+        }
+    }
+}
+
+/// `POST /api/admin/hosts/{id}/activate`: the single flag, plus the placement chosen with
+/// it. Activating a host that is already active changes its placement, and only when the
+/// request says so (`change: true`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ActivateRequest {
+    #[serde(flatten)]
+    pub placement: Placement,
+    #[serde(default)]
+    pub change: bool,
+}
+
+impl crate::limits::Bounded for ActivateRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        match &self.placement {
+            Placement::Shared => Ok(()),
+            Placement::Dedicated { dedicated_to } => {
+                crate::limits::text("dedicated_to", dedicated_to, crate::limits::SHORT)
+            }
+        }
+    }
 }

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::limits::{Bounded, OutOfBounds};
+
 /// One machine as detect saw it. node0 carries every field; a peer may carry fewer.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -155,5 +157,42 @@ impl std::fmt::Debug for EnrollResponse {
         f.debug_struct("EnrollResponse")
             .field("slug", &self.slug)
             .finish_non_exhaustive()
+    }
+}
+
+impl NodeReport {
+    fn check_bounds_at(&self, at: &str) -> Result<(), OutOfBounds> {
+        use crate::limits::{RAILS, SHORT, count, opt_text};
+        let f = |name: &str| format!("{at}{name}");
+        opt_text(&f("gpu_model"), &self.gpu_model, SHORT)?;
+        opt_text(&f("arch"), &self.arch, SHORT)?;
+        opt_text(&f("os_id"), &self.os_id, SHORT)?;
+        opt_text(&f("os_version"), &self.os_version, SHORT)?;
+        opt_text(&f("driver_version"), &self.driver_version, SHORT)?;
+        opt_text(&f("machine_id"), &self.machine_id, SHORT)?;
+        opt_text(&f("hardware_id"), &self.hardware_id, SHORT)?;
+        count(&f("rails"), self.rails.len(), RAILS)?;
+        for (i, rail) in self.rails.iter().enumerate() {
+            crate::limits::text(&f(&format!("rails[{i}].iface")), &rail.iface, SHORT)?;
+            opt_text(&f(&format!("rails[{i}].device")), &rail.device, SHORT)?;
+        }
+        Ok(())
+    }
+}
+
+impl Bounded for EnrollRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        self.node.check_bounds_at("")?;
+        crate::limits::count("peers", self.peers.len(), crate::limits::PEERS)?;
+        for (i, peer) in self.peers.iter().enumerate() {
+            peer.check_bounds_at(&format!("peers[{i}]."))?;
+        }
+        Ok(())
+    }
+}
+
+impl Bounded for ProvisionRequest {
+    fn check_bounds(&self) -> Result<(), OutOfBounds> {
+        crate::limits::text("profile_id", &self.profile_id, crate::limits::SHORT)
     }
 }

@@ -63,3 +63,11 @@ pub struct HostReport {
     #[serde(default)]
     pub completed: bool,
 }
+
+impl crate::limits::Bounded for HostReport {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{MESSAGE, SHORT, opt_text, text};
+        text("state.step", &self.state.step, SHORT)?;
+        opt_text("state.error", &self.state.error, MESSAGE)
+    }
+}

@@ -341,6 +341,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         cookie_secure: host == "localhost",
         environment: "local".into(),
         secret_key: Some(secret_key.into()),
+        // Opened at http://127.0.0.1:PORT rather than localhost, the browser's Origin names
+        // the address: both are this listener, so both are its origins.
+        loopback_origins: byo_server::config::loopback_origins(addr),
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_public];

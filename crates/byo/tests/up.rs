@@ -52,7 +52,7 @@ async fn byo_up_prints_credentials_stops_on_ctrl_c_and_resumes() {
         .send()
         .await
         .unwrap();
-    assert_eq!(signup.status(), 201);
+    assert_eq!(signup.status(), 202);
     let (email, password) = (first.email.clone(), first.password.clone());
     let signing_key = std::fs::read(dir.path().join("operator-signing-key")).unwrap();
     interrupt(first);

@@ -33,7 +33,14 @@ pub fn normalize_email(raw: &str) -> AppResult<String> {
     }
 }
 
-pub fn check_password(password: &str) -> AppResult<()> {
+/// The strength a password must reach on zxcvbn's 0–4 scale: 3, "safely unguessable" —
+/// about 10^8 guesses, out of reach of an online attack and costly offline against argon2.
+pub const MIN_PASSWORD_SCORE: zxcvbn::Score = zxcvbn::Score::Three;
+
+/// A password is long enough, not too long to hash, and not guessable: zxcvbn's estimate,
+/// which knows common passwords, words, names, keyboard walks, repeats and sequences, and
+/// `user_inputs` (the user's own email and name).
+pub fn check_password(password: &str, user_inputs: &[&str]) -> AppResult<()> {
     if password.chars().count() < MIN_PASSWORD_CHARS {
         return Err(AppError::bad_request(
             "weak_password",
@@ -43,21 +50,70 @@ pub fn check_password(password: &str) -> AppResult<()> {
     if password.len() > MAX_PASSWORD_BYTES {
         return Err(AppError::bad_request(
             "invalid_password",
-            "that password is too long",
+            format!("a password is at most {MAX_PASSWORD_BYTES} bytes"),
+        ));
+    }
+    let estimate = zxcvbn::zxcvbn(password, user_inputs);
+    if estimate.score() < MIN_PASSWORD_SCORE {
+        let hint = estimate
+            .feedback()
+            .and_then(|f| f.warning().map(|w| format!(" ({w})")))
+            .unwrap_or_default();
+        return Err(AppError::bad_request(
+            "weak_password",
+            format!(
+                "that password is too easy to guess{hint}; a few uncommon words together are easier to remember and harder to guess"
+            ),
         ));
     }
     Ok(())
 }
 
-fn check_display_name(name: &str) -> AppResult<String> {
-    let name = name.trim();
-    if name.chars().count() > 100 || name.chars().any(char::is_control) {
+/// Characters that render as nothing or reorder what follows: Unicode's default-ignorable
+/// code points (zero-width spaces and joiners, soft hyphens, variation selectors, tags) and
+/// the bidirectional controls. A name keeps none of them, so no name can look like another.
+pub fn is_invisible(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{034F}' | '\u{061C}' | '\u{115F}' | '\u{1160}' | '\u{17B4}' | '\u{17B5}'
+        | '\u{180B}'..='\u{180F}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}' | '\u{3164}' | '\u{FE00}'..='\u{FE0F}' | '\u{FEFF}'
+        | '\u{FFA0}' | '\u{FFF0}'..='\u{FFF8}' | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}' | '\u{E0000}'..='\u{E0FFF}')
+}
+
+/// A name as it is stored and shown: NFC, invisible and direction-changing characters
+/// stripped, every run of whitespace one space, trimmed. Control characters are refused.
+/// `field` names it in the refusal.
+pub fn normalize_name(field: &'static str, raw: &str, max_chars: usize) -> AppResult<String> {
+    use unicode_normalization::UnicodeNormalization;
+    if raw.chars().any(|c| c.is_control() && !c.is_whitespace()) {
         return Err(AppError::bad_request(
-            "invalid_display_name",
-            "a display name is at most 100 printable characters",
+            "invalid_name",
+            format!("{field} may not hold control characters"),
         ));
     }
-    Ok(name.to_owned())
+    let visible: String = raw.nfc().filter(|c| !is_invisible(*c)).collect();
+    let name = visible.split_whitespace().collect::<Vec<_>>().join(" ");
+    if name.chars().count() > max_chars {
+        return Err(AppError::bad_request(
+            "invalid_name",
+            format!("{field} is at most {max_chars} characters"),
+        ));
+    }
+    Ok(name)
+}
+
+/// Names only this installation gives: no one signs up as one.
+const RESERVED_NAMES: &[&str] = &[
+    "administrator",
+    "admin",
+    "operator",
+    "superadmin",
+    "enverge",
+];
+
+fn check_display_name(name: &str) -> AppResult<String> {
+    normalize_name("display_name", name, byo_wire::limits::NAME_CHARS)
 }
 
 /// Create a local user after checking every field.
@@ -68,8 +124,8 @@ pub async fn create_account(
     display_name: &str,
 ) -> AppResult<UserRow> {
     let email = normalize_email(email)?;
-    check_password(password)?;
     let display_name = check_display_name(display_name)?;
+    check_password(password, &[&email, &display_name])?;
     let password_hash = state.passwords.hash(password.to_owned()).await?;
     let new = NewUser {
         email: &email,
@@ -111,19 +167,61 @@ pub async fn create_superadmin(
     Ok(user)
 }
 
-/// Sign-up, when it is open: the account, checked as [`create_account`] checks it.
+/// What sign-up answers, whether the address was new or already had an account: the same
+/// words, status and work (the password is hashed either way), and no session, so sign-up
+/// tells no one which addresses have accounts (docs/security.md).
+pub const SIGNED_UP: &str = "If this address had no account, it has one now: sign in with it \
+     and the password you chose. If it already had one, nothing changed: sign in with that \
+     account's password.";
+
+/// Whether sign-up made an account; only the server's log and audit know.
+#[derive(Debug)]
+pub enum SignUp {
+    Created(UserRow),
+    /// The address already had an account; it is untouched.
+    Existing,
+}
+
+/// Sign-up, when it is open: the account, checked as [`create_account`] checks it. An
+/// address that already has an account is not an error the caller hears about.
 pub async fn sign_up(
     state: &AppState,
     email: &str,
     password: &str,
     display_name: &str,
-) -> AppResult<UserRow> {
+) -> AppResult<SignUp> {
     if !state.config.allow_signup {
         return Err(AppError::Forbidden(
             "sign-up is closed on this installation",
         ));
     }
-    create_account(state, email, password, display_name).await
+    let normalized = check_display_name(display_name)?;
+    if RESERVED_NAMES.contains(&normalized.to_lowercase().as_str()) {
+        return Err(AppError::bad_request(
+            "invalid_name",
+            "that display name is kept for the installation's own accounts",
+        ));
+    }
+    match create_account(state, email, password, display_name).await {
+        Ok(user) => {
+            state
+                .store
+                .audit(
+                    Some(&user.sub),
+                    "user.signup",
+                    Some(&user.sub),
+                    json!({}),
+                    state.clock.now(),
+                )
+                .await?;
+            Ok(SignUp::Created(user))
+        }
+        Err(AppError::Conflict {
+            code: "email_taken",
+            ..
+        }) => Ok(SignUp::Existing),
+        Err(e) => Err(e),
+    }
 }
 
 /// Record how `user` signed in (`user.signup`, `user.login`) and open their session.
@@ -151,6 +249,11 @@ pub async fn password_sign_in(state: &AppState, email: &str, password: &str) -> 
     let Ok(email) = normalize_email(email) else {
         return Err(AppError::InvalidCredentials);
     };
+    // No password longer than any we accept is hashed (the sign-in form is not the API's
+    // extractor): it cannot be anyone's.
+    if password.len() > MAX_PASSWORD_BYTES {
+        return Err(AppError::InvalidCredentials);
+    }
     let user = state.store.user_by_email(&email).await?;
     let ok = state
         .passwords
@@ -194,7 +297,7 @@ pub async fn change_password(
             "the current password is wrong",
         ));
     }
-    check_password(&new_password)?;
+    check_password(&new_password, &[&user.email, &user.display_name])?;
     let hash = state.passwords.hash(new_password).await?;
     state.store.set_password_hash(&user.sub, &hash).await?;
     state.store.delete_sessions_of(&user.sub).await?;
@@ -241,9 +344,40 @@ mod tests {
     }
 
     #[test]
-    fn short_passwords_are_refused() {
-        assert!(check_password("elevenchars").is_err());
-        assert!(check_password("twelve chars").is_ok());
-        assert!(check_password(&"x".repeat(2000)).is_err());
+    fn short_long_common_and_trivial_passwords_are_refused() {
+        assert!(check_password("elevenchars", &[]).is_err());
+        assert!(check_password(&"x".repeat(2000), &[]).is_err());
+        for trivial in [
+            "passwordpassword",
+            "aaaaaaaaaaaa",
+            "            ",
+            "123456789012",
+            "qwertyuiopas",
+        ] {
+            assert!(check_password(trivial, &[]).is_err(), "{trivial:?}");
+        }
+        assert!(check_password("ana.lopez@example.com", &["ana.lopez@example.com"]).is_err());
+        for fine in [
+            "plum kettle ferry orbit",
+            "correct horse battery staple",
+            "a long enough password",
+            "another very long password",
+        ] {
+            assert!(check_password(fine, &[]).is_ok(), "{fine:?}");
+        }
+    }
+
+    #[test]
+    fn names_are_nfc_without_invisible_or_direction_changing_characters() {
+        let n = |s: &str| normalize_name("display_name", s, 100);
+        assert_eq!(n("Admin\u{200B}istrator").unwrap(), "Administrator");
+        assert_eq!(n("\u{202E}rotartsinimdA").unwrap(), "rotartsinimdA");
+        assert_eq!(
+            n("Ame\u{0301}lie  \u{2066}Ro\u{2069} ").unwrap(),
+            "Am\u{e9}lie Ro"
+        );
+        assert!(n("bell\u{7}").is_err());
+        assert!(n(&"é".repeat(100)).is_ok());
+        assert!(n(&"é".repeat(101)).is_err());
     }
 }

@@ -3,30 +3,44 @@
 //! the schema — one gate for every path.
 
 use byo_db::DbError;
+use byo_db::hosts::Activation;
+use byo_wire::api::Placement;
 use serde_json::json;
 
 use crate::auth::Operator;
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
-/// Activate a host whose preparation finished: the single flag, plus the placement.
+/// Activate a host whose preparation finished: the single flag, plus the placement — one
+/// of the closed set (`shared`, or `dedicated` to one user). An already active host is
+/// refused (`already_active`) unless the request is an explicit change, which is audited
+/// with the placement it replaced.
 pub async fn activate(
     state: &AppState,
     by: &Operator,
     host_id: &str,
-    placement: &str,
+    placement: &Placement,
+    change: bool,
 ) -> AppResult<()> {
-    let placement = placement.trim();
-    if placement.is_empty() || placement.len() > 64 || placement.chars().any(char::is_control) {
+    if let Placement::Dedicated { dedicated_to } = placement
+        && state.store.user(dedicated_to).await?.is_none()
+    {
         return Err(AppError::bad_request(
-            "invalid_placement",
-            "a placement is 1 to 64 printable characters",
+            "unknown_user",
+            "dedicated_to names no user; give the subject id of the user the host is for",
         ));
     }
     let now = state.clock.now();
-    state
+    let done = state
         .store
-        .activate_host(host_id, placement, &by.0.user.sub, now)
+        .activate_host(
+            host_id,
+            placement.as_str(),
+            placement.dedicated_to(),
+            change,
+            &by.0.user.sub,
+            now,
+        )
         .await
         .map_err(|e| match e {
             e if e.is_constraint("hosts_active_prepared") => AppError::conflict(
@@ -39,15 +53,33 @@ pub async fn activate(
             DbError::NotFound => AppError::NotFound,
             other => other.into(),
         })?;
+    let (action, details) = match done {
+        Activation::AlreadyActive { placement, .. } => {
+            return Err(AppError::conflict(
+                "already_active",
+                format!(
+                    "this host is already active (placement {}); to change its placement, \
+                     send the new one with \"change\": true",
+                    placement.as_deref().unwrap_or("none")
+                ),
+            ));
+        }
+        Activation::Activated => (
+            "host.activate",
+            json!({"placement": placement.as_str(), "dedicated_to": placement.dedicated_to()}),
+        ),
+        Activation::Changed {
+            placement: was,
+            dedicated_to: was_to,
+        } => (
+            "host.placement_change",
+            json!({"placement": placement.as_str(), "dedicated_to": placement.dedicated_to(),
+                   "was": {"placement": was, "dedicated_to": was_to}}),
+        ),
+    };
     state
         .store
-        .audit(
-            Some(&by.0.user.sub),
-            "host.activate",
-            Some(host_id),
-            json!({"placement": placement}),
-            now,
-        )
+        .audit(Some(&by.0.user.sub), action, Some(host_id), details, now)
         .await?;
     Ok(())
 }

@@ -62,6 +62,15 @@ pub fn sealer(state: &AppState) -> AppResult<&Sealer> {
     })
 }
 
+fn allocation_cap() -> AppError {
+    AppError::conflict(
+        "allocation_cap",
+        format!(
+            "you already hold {MAX_OUTSTANDING} GPUs waiting to be enrolled; run one of their commands or wait for one to lapse"
+        ),
+    )
+}
+
 /// host-provision, as the API and the owner's page call it.
 pub async fn provision(
     state: &AppState,
@@ -101,14 +110,10 @@ pub async fn provision(
         ))
     })?;
     let sealer = sealer(state)?;
-    let outstanding = state.store.outstanding_allocations(&by.user.sub).await?;
-    if outstanding >= MAX_OUTSTANDING {
-        return Err(AppError::conflict(
-            "allocation_cap",
-            format!(
-                "you already hold {outstanding} GPUs waiting to be enrolled; run one of their commands or wait for one to lapse"
-            ),
-        ));
+    // A cheap early answer; the cap is checked again, and taken, in provision_host's locked
+    // transaction, which is what holds it against a race.
+    if state.store.outstanding_allocations(&by.user.sub).await? >= MAX_OUTSTANDING {
+        return Err(allocation_cap());
     }
     let token = SecretToken::generate(TokenKind::Enrollment);
     let ssh_map_token = SecretToken::generate(TokenKind::SshMap);
@@ -136,6 +141,7 @@ pub async fn provision(
         };
         match state.store.provision_host(new, now).await {
             Err(DbError::Conflict(_)) if attempt < 5 => attempt += 1,
+            Err(e) if e.is_constraint("allocation_cap") => return Err(allocation_cap()),
             other => break other?,
         }
     };

@@ -160,6 +160,8 @@ pub async fn change_keys(
     by: &Operator,
     req: KeyChangeRequest,
 ) -> AppResult<KeyListView> {
+    // The API's extractor checked this already; the pages come through here too.
+    byo_wire::limits::Bounded::check_bounds(&req).map_err(AppError::out_of_bounds)?;
     let sub = by.0.user.sub.clone();
     let (change, fingerprint, label) = match req {
         KeyChangeRequest::Add { public_key, label } => {
@@ -175,6 +177,9 @@ pub async fn change_keys(
                 }
                 (given, _) => given.to_owned(),
             };
+            // A label taken from the key's comment is held to the label's bound too.
+            byo_wire::limits::chars("label", &label, byo_wire::limits::NAME_CHARS)
+                .map_err(AppError::out_of_bounds)?;
             let candidate = keylist::OperatorKey {
                 user_sub: sub.clone(),
                 label,

@@ -73,7 +73,7 @@ pub fn check_public_key(line: &str) -> Result<(String, String), AppError> {
 
 fn check_name(name: &str) -> Result<&str, AppError> {
     let name = name.trim();
-    if name.is_empty() || name.chars().count() > 64 || name.chars().any(char::is_control) {
+    if name.is_empty() || name.chars().any(char::is_control) {
         return Err(AppError::bad_request(
             "invalid_name",
             "a key's name is 1 to 64 printable characters",
@@ -84,6 +84,8 @@ fn check_name(name: &str) -> Result<&str, AppError> {
 
 /// Add a key to `user`'s account: checked, kept once, audited. The API and the pages call it.
 pub async fn add(state: &AppState, user: &CurrentUser, req: &NewSshKey) -> AppResult<SshKeyView> {
+    // The API's extractor checked this already; the pages come through here too.
+    byo_wire::limits::Bounded::check_bounds(req).map_err(AppError::out_of_bounds)?;
     let name = check_name(&req.name)?;
     let (public_key, fingerprint) = check_public_key(&req.public_key)?;
     let now = state.clock.now();

@@ -29,7 +29,7 @@ pub async fn refuse_cross_site(
         let foreign_origin = headers
             .get("origin")
             .and_then(|v| v.to_str().ok())
-            .is_some_and(|origin| origin != state.config.public_origin());
+            .is_some_and(|origin| !state.config.accepts_origin(origin));
         if cross_site || foreign_origin {
             return AppError::Forbidden("cross-site request refused").into_response();
         }

@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Redirect};
 use byo_db::hosts::HostNodeRow;
 use byo_db::provisioning::EnrollmentView;
 use byo_wire::Role;
+use byo_wire::api::Placement;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
 use byo_wire::states::{EnrollmentState, RelayState};
 use chrono::{DateTime, SecondsFormat, Utc};
@@ -485,6 +486,28 @@ pub async fn admin_hosts(State(state): State<AppState>, viewer: Option<CurrentUs
 #[derive(Deserialize)]
 pub struct ActivateForm {
     placement: String,
+    #[serde(default)]
+    dedicated_to: Option<String>,
+    #[serde(default)]
+    change: bool,
+}
+
+impl ActivateForm {
+    /// The closed set, as a form spells it.
+    fn placement(&self) -> Result<Placement, AppError> {
+        match (self.placement.as_str(), self.dedicated_to.as_deref()) {
+            ("shared", _) => Ok(Placement::Shared),
+            ("dedicated", Some(to)) if !to.is_empty() && to.len() <= byo_wire::limits::SHORT => {
+                Ok(Placement::Dedicated {
+                    dedicated_to: to.to_owned(),
+                })
+            }
+            _ => Err(AppError::bad_request(
+                "invalid_placement",
+                "a placement is shared, or dedicated with the user it is for",
+            )),
+        }
+    }
 }
 
 pub async fn activate(
@@ -494,7 +517,14 @@ pub async fn activate(
     Form(form): Form<ActivateForm>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    match admin_host_action::activate(&state, &op, &host_id, &form.placement).await {
+    let placement = form.placement();
+    let done = match placement {
+        Ok(placement) => {
+            admin_host_action::activate(&state, &op, &host_id, &placement, form.change).await
+        }
+        Err(e) => Err(e),
+    };
+    match done {
         Ok(()) => Ok(Redirect::to("/admin/hosts").into_response()),
         Err(e @ (AppError::Conflict { .. } | AppError::BadRequest { .. } | AppError::NotFound)) => {
             Ok((

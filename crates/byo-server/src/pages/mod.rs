@@ -303,16 +303,20 @@ async fn signup_page(State(state): State<AppState>) -> PageResult {
     Ok(signup_form(None, None).into_response())
 }
 
-async fn signup_submit(
-    State(state): State<AppState>,
-    jar: CookieJar,
-    Form(form): Form<SignupForm>,
-) -> PageResult {
+async fn signup_submit(State(state): State<AppState>, Form(form): Form<SignupForm>) -> PageResult {
     match accounts::sign_up(&state, &form.email, &form.password, &form.display_name).await {
-        Ok(user) => {
-            let cookie = open_session(&state, &user, "user.signup").await?;
-            Ok((jar.add(cookie), Redirect::to("/")).into_response())
-        }
+        // The same page either way (docs/security.md): sign-up tells no one which
+        // addresses have accounts.
+        Ok(_) => Ok(layout(
+            "Signed up",
+            None,
+            html! {
+                h1 { "Signed up" }
+                p.notice role="status" { (accounts::SIGNED_UP) }
+                p { a href="/login" { "Sign in" } }
+            },
+        )
+        .into_response()),
         Err(e @ (AppError::BadRequest { .. } | AppError::Conflict { .. })) => {
             Ok((e.status(), signup_form(Some(&form), Some(&e.to_string()))).into_response())
         }

@@ -5,29 +5,30 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum_extra::extract::CookieJar;
-use byo_wire::api::{ErrorBody, LoginRequest, PasswordChange, SignupRequest, UserView};
+use byo_wire::api::{ErrorBody, LoginRequest, PasswordChange, SignedUp, SignupRequest, UserView};
 
 use crate::app::accounts::{self, user_view};
 use crate::auth::CurrentUser;
 use crate::auth::session::end_session;
 use crate::error::AppResult;
+use crate::extract::Checked;
 use crate::state::AppState;
 
-/// Create an account (when sign-up is open) and sign in as it.
+/// Create an account (when sign-up is open). The answer is the same whether the address
+/// was new or already had an account, and opens no session: sign in next.
 #[utoipa::path(post, path = "/api/auth/signup", tag = "accounts", request_body = SignupRequest,
-    responses((status = 201, body = UserView), (status = 400, body = ErrorBody),
-              (status = 403, body = ErrorBody), (status = 409, body = ErrorBody)))]
+    responses((status = 202, body = SignedUp), (status = 400, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
 pub async fn signup(
     State(state): State<AppState>,
-    jar: CookieJar,
-    Json(req): Json<SignupRequest>,
-) -> AppResult<(StatusCode, CookieJar, Json<UserView>)> {
-    let user = accounts::sign_up(&state, &req.email, &req.password, &req.display_name).await?;
-    let cookie = accounts::open_session(&state, &user, "user.signup").await?;
+    Checked(req): Checked<SignupRequest>,
+) -> AppResult<(StatusCode, Json<SignedUp>)> {
+    accounts::sign_up(&state, &req.email, &req.password, &req.display_name).await?;
     Ok((
-        StatusCode::CREATED,
-        jar.add(cookie),
-        Json(user_view(&state, user).await?),
+        StatusCode::ACCEPTED,
+        Json(SignedUp {
+            message: accounts::SIGNED_UP.to_owned(),
+        }),
     ))
 }
 
@@ -36,7 +37,7 @@ pub async fn signup(
 pub async fn login(
     State(state): State<AppState>,
     jar: CookieJar,
-    Json(req): Json<LoginRequest>,
+    Checked(req): Checked<LoginRequest>,
 ) -> AppResult<(CookieJar, Json<UserView>)> {
     let user = accounts::password_sign_in(&state, &req.email, &req.password).await?;
     let cookie = accounts::open_session(&state, &user, "user.login").await?;
@@ -69,7 +70,7 @@ pub async fn change_password(
     State(state): State<AppState>,
     user: CurrentUser,
     jar: CookieJar,
-    Json(req): Json<PasswordChange>,
+    Checked(req): Checked<PasswordChange>,
 ) -> AppResult<(StatusCode, CookieJar)> {
     let cookie =
         accounts::change_password(&state, &user.user, req.current_password, req.new_password)

@@ -1,22 +1,14 @@
 //! admin-host-action over HTTP: activation and revocation. The rules are
 //! [`crate::app::admin_host_action`]'s.
 
-use axum::Json;
 use axum::extract::{Path, State};
-use byo_wire::api::ErrorBody;
-use serde::Deserialize;
+use byo_wire::api::{ActivateRequest, ErrorBody};
 
 use crate::app::admin_host_action;
 use crate::auth::Operator;
 use crate::error::AppResult;
+use crate::extract::Checked;
 use crate::state::AppState;
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ActivateRequest {
-    /// The placement chosen with activation (`shared`, or a dedicated owner's pool).
-    pub placement: String,
-}
 
 /// Activate a host whose preparation finished: the single flag, plus the placement.
 #[utoipa::path(post, path = "/api/admin/hosts/{host_id}/activate", tag = "admin", request_body = ActivateRequest,
@@ -27,9 +19,9 @@ pub async fn post_activate(
     State(state): State<AppState>,
     op: Operator,
     Path(host_id): Path<String>,
-    Json(req): Json<ActivateRequest>,
+    Checked(req): Checked<ActivateRequest>,
 ) -> AppResult<axum::http::StatusCode> {
-    admin_host_action::activate(&state, &op, &host_id, &req.placement).await?;
+    admin_host_action::activate(&state, &op, &host_id, &req.placement, req.change).await?;
     Ok(axum::http::StatusCode::NO_CONTENT)
 }
 

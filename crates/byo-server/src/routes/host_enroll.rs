@@ -4,7 +4,6 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use byo_core::tokens::{SecretToken, TokenKind};
@@ -14,6 +13,7 @@ use serde_json::json;
 
 use crate::app::host_enroll::{Redemption, redeem};
 use crate::error::{AppError, AppResult};
+use crate::extract::Checked;
 use crate::state::AppState;
 
 /// The one answer for every token that does not redeem. Which of unknown, spent, expired
@@ -37,16 +37,28 @@ fn presented_token(headers: &HeaderMap) -> Option<SecretToken> {
 /// Redeem: the agent sends its token as a bearer and the step-126 request as the body.
 #[utoipa::path(post, path = "/api/enroll", tag = "hosts", request_body = EnrollRequest,
     responses((status = 200, body = EnrollResponse), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)))]
+              (status = 401, body = ErrorBody), (status = 413, body = ErrorBody), (status = 422, body = ErrorBody)))]
 pub async fn post_enroll(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Result<Json<EnrollRequest>, JsonRejection>,
+    body: Result<Checked<EnrollRequest>, AppError>,
 ) -> AppResult<Response> {
+    // A body too large or not JSON is refused as on every route, before the token is read.
+    let body = match body {
+        Err(e)
+            if matches!(
+                e.status(),
+                StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE
+            ) =>
+        {
+            return Err(e);
+        }
+        other => other,
+    };
     let Some(token) = presented_token(&headers) else {
         return Ok(invalid_token());
     };
-    let Json(req) = body.map_err(|e| AppError::bad_request("invalid_request", e.body_text()))?;
+    let Checked(req) = body?;
     Ok(match redeem(&state, &token, req).await? {
         Redemption::InvalidToken => invalid_token(),
         Redemption::Rejected(reason) => (

@@ -1,9 +1,7 @@
 //! The heartbeat (step 133) over HTTP: the host token and the beat unpacked. The rules are
 //! [`crate::app::host_heartbeat`]'s.
 
-use axum::Json;
 use axum::extract::State;
-use axum::extract::rejection::JsonRejection;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use byo_wire::api::ErrorBody;
@@ -12,7 +10,8 @@ use byo_wire::vm::Heartbeat;
 use crate::app::host_heartbeat;
 use crate::app::host_report::HostCall;
 use crate::auth::host_token::{invalid_host_token, presented_host_token};
-use crate::error::AppResult;
+use crate::error::{AppError, AppResult};
+use crate::extract::Checked;
 use crate::state::AppState;
 
 /// Report the host's health; kept as its host_status row.
@@ -21,12 +20,24 @@ use crate::state::AppState;
 pub async fn post_heartbeat(
     State(state): State<AppState>,
     headers: HeaderMap,
-    body: Result<Json<Heartbeat>, JsonRejection>,
+    body: Result<Checked<Heartbeat>, AppError>,
 ) -> AppResult<Response> {
     let Some(token) = presented_host_token(&headers) else {
         return Ok(invalid_host_token());
     };
-    let beat = body.map(|Json(b)| b).map_err(|e| e.body_text());
+    let beat = match body {
+        Ok(Checked(beat)) => Ok(beat),
+        // A body too large or not JSON is refused before the token is looked at.
+        Err(e)
+            if matches!(
+                e.status(),
+                StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE
+            ) =>
+        {
+            return Err(e);
+        }
+        Err(e) => Err(e.to_string()),
+    };
     Ok(match host_heartbeat::record(&state, &token, beat).await? {
         HostCall::Recorded => StatusCode::NO_CONTENT.into_response(),
         HostCall::InvalidToken => invalid_host_token(),

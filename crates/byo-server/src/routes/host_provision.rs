@@ -9,6 +9,7 @@ use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
 use crate::app::host_provision::provision;
 use crate::auth::CurrentUser;
 use crate::error::AppResult;
+use crate::extract::Checked;
 use crate::state::AppState;
 
 /// Add a GPU: the one-liner, shown once.
@@ -18,7 +19,7 @@ use crate::state::AppState;
 pub async fn post_host(
     State(state): State<AppState>,
     by: CurrentUser,
-    Json(req): Json<ProvisionRequest>,
+    Checked(req): Checked<ProvisionRequest>,
 ) -> AppResult<(StatusCode, Json<ProvisionResponse>)> {
     Ok((
         StatusCode::CREATED,

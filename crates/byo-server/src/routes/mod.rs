@@ -3,12 +3,19 @@
 
 use std::sync::Arc;
 
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{HeaderValue, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router, middleware};
 use utoipa::OpenApi;
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
+use crate::error::AppError;
+use crate::extract::BODY_LIMIT;
+use crate::pages::PageError;
 use crate::state::AppState;
 use crate::{auth, metrics, pages, telemetry};
 
@@ -112,6 +119,60 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::csrf::refuse_cross_site,
         ))
+        .layer(middleware::from_fn(one_answer_shape))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(telemetry::request_id))
         .with_state(state)
+}
+
+/// One answer shape for every 4xx and 5xx, the framework's own included: an unknown path
+/// (404) or method (405), a body too large (413), not JSON (415) or not the shape (400,
+/// 422) — answered by axum in plain text before any handler — becomes `{error, message}`
+/// on `/api` and a page elsewhere. Answers already in our shape (JSON, HTML) pass as they
+/// are. And every answer no route gave a caching rule is `Cache-Control: no-store`: the
+/// one-liner, the enrolment answer and the session cookie are never kept by a cache.
+async fn one_answer_shape(request: Request, next: Next) -> Response {
+    let path = request.uri().path();
+    let api = path.starts_with("/api/") || path == "/api" || path == "/openapi.json";
+    let mut response = next.run(request).await;
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        let ours = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/json") || ct.starts_with("text/html"));
+        if !ours {
+            let (parts, body) = response.into_parts();
+            let text = axum::body::to_bytes(body, 16 * 1024)
+                .await
+                .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+                .unwrap_or_default();
+            let message = if text.is_empty() {
+                status
+                    .canonical_reason()
+                    .unwrap_or("refused")
+                    .to_lowercase()
+            } else {
+                text
+            };
+            let error = AppError::rejected(status, message);
+            response = if api {
+                error.into_response()
+            } else {
+                PageError::from(error).into_response()
+            };
+            // Keep what the framework said besides the body (a 405's Allow).
+            for (name, value) in &parts.headers {
+                if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH {
+                    response.headers_mut().insert(name.clone(), value.clone());
+                }
+            }
+        }
+    }
+    response
+        .headers_mut()
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    response
 }

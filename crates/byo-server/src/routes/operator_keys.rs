@@ -15,6 +15,7 @@ use crate::app::operator_keys::{self, HostFetch};
 use crate::auth::host_token::{invalid_host_token, presented_host_token};
 use crate::auth::{Operator, Superadmin};
 use crate::error::AppResult;
+use crate::extract::Checked;
 use crate::state::AppState;
 
 /// The draft, the published list, who changed what, and what every host holds.
@@ -33,7 +34,7 @@ pub async fn get_operator_keys(
 pub async fn post_change(
     State(state): State<AppState>,
     op: Operator,
-    Json(req): Json<KeyChangeRequest>,
+    Checked(req): Checked<KeyChangeRequest>,
 ) -> AppResult<Json<KeyListView>> {
     Ok(Json(operator_keys::change_keys(&state, &op, req).await?))
 }
@@ -57,7 +58,7 @@ pub async fn post_signature(
     State(state): State<AppState>,
     Superadmin(by): Superadmin,
     Path(version): Path<i32>,
-    Json(upload): Json<SignatureUpload>,
+    Checked(upload): Checked<SignatureUpload>,
 ) -> AppResult<Json<PushOutcome>> {
     Ok(Json(
         operator_keys::publish(&state, &by, version, upload).await?,

@@ -9,6 +9,7 @@ use byo_wire::vm::{NewSshKey, SshKeyView};
 use crate::app::ssh_keys;
 use crate::auth::CurrentUser;
 use crate::error::AppResult;
+use crate::extract::Checked;
 use crate::state::AppState;
 
 /// Add an SSH public key to your account.
@@ -18,7 +19,7 @@ use crate::state::AppState;
 pub async fn post_ssh_key(
     State(state): State<AppState>,
     user: CurrentUser,
-    Json(req): Json<NewSshKey>,
+    Checked(req): Checked<NewSshKey>,
 ) -> AppResult<(StatusCode, Json<SshKeyView>)> {
     Ok((
         StatusCode::CREATED,

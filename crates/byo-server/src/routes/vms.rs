@@ -12,6 +12,7 @@ use byo_wire::vm::{
 use crate::app::instances::{self, Deleter, deletion_status};
 use crate::auth::CurrentUser;
 use crate::error::AppResult;
+use crate::extract::Checked;
 use crate::state::AppState;
 
 /// Create an instance of `gpu_type` on a free host, reachable with one of your keys. 409
@@ -24,7 +25,7 @@ use crate::state::AppState;
 pub async fn post_vm(
     State(state): State<AppState>,
     user: CurrentUser,
-    Json(req): Json<InstanceRequest>,
+    Checked(req): Checked<InstanceRequest>,
 ) -> AppResult<(StatusCode, Json<InstanceCreated>)> {
     let created = instances::create(&state, &user, &req).await?;
     Ok((StatusCode::CREATED, Json(created)))
@@ -81,7 +82,7 @@ pub async fn post_vm_state(
     State(state): State<AppState>,
     user: CurrentUser,
     Path(vm_id): Path<String>,
-    Json(change): Json<VmStateChange>,
+    Checked(change): Checked<VmStateChange>,
 ) -> AppResult<Json<InstanceView>> {
     Ok(Json(
         instances::change_power(&state, &user, &vm_id, change.action).await?,

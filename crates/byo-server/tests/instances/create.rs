@@ -112,7 +112,7 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
         (
             "spark-6",
             Spec {
-                placement: "owner-pool",
+                placement: "dedicated",
                 ..Spec::default()
             },
         ),

@@ -274,7 +274,7 @@ impl World {
         }
         if spec.active {
             self.db()
-                .activate_host(&id, spec.placement, &self.op.sub, now)
+                .activate_host(&id, spec.placement, None, false, &self.op.sub, now)
                 .await
                 .unwrap();
         }
