@@ -611,9 +611,22 @@ async fn owner_actions_are_the_owners_alone(app: TestApp) {
         let none = row.path.replace("{host_id}", "no-such-host");
         for actor in EVERYONE {
             let session = actors.session(&app, *actor).await;
-            let r = send(&app, row.method.clone(), &real, session.as_deref(), (row.body)(0)).await;
-            let missing =
-                send(&app, row.method.clone(), &none, session.as_deref(), (row.body)(0)).await;
+            let r = send(
+                &app,
+                row.method.clone(),
+                &real,
+                session.as_deref(),
+                (row.body)(0),
+            )
+            .await;
+            let missing = send(
+                &app,
+                row.method.clone(),
+                &none,
+                session.as_deref(),
+                (row.body)(0),
+            )
+            .await;
             let ok = if row.allowed.contains(actor) {
                 // The owner's host never enrolled, so the action itself refuses (409).
                 !matches!(
@@ -624,7 +637,8 @@ async fn owner_actions_are_the_owners_alone(app: TestApp) {
                 if page {
                     sent_to_login(&r) && sent_to_login(&missing)
                 } else {
-                    r.status == StatusCode::UNAUTHORIZED && missing.status == StatusCode::UNAUTHORIZED
+                    r.status == StatusCode::UNAUTHORIZED
+                        && missing.status == StatusCode::UNAUTHORIZED
                 }
             } else {
                 r.status == StatusCode::NOT_FOUND
@@ -941,7 +955,11 @@ fn every_page_route_has_an_authorisation_row() {
         .into_iter()
         .chain(same_for_everyone_page_table())
         .chain(host_page_table())
-        .chain(owner_action_table().into_iter().filter(|r| !r.path.starts_with("/api/")))
+        .chain(
+            owner_action_table()
+                .into_iter()
+                .filter(|r| !r.path.starts_with("/api/")),
+        )
         .collect();
     let routes = page_routes();
     let untabled: Vec<_> = routes
