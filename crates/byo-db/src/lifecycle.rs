@@ -77,7 +77,8 @@ impl Store {
         by: &str,
         now: DateTime<Utc>,
     ) -> Result<()> {
-        let done = on_pool!(self, |p| sqlx::query(
+        let done = on_pool!(self, |p| {
+            sqlx::query(
             "update hosts set active = false, depooled_at = $3, depooled_by = $4, depool_reason = $2
              where id = $1 and retired_at is null"
         )
@@ -87,7 +88,8 @@ impl Store {
         .bind(by)
         .execute(p)
         .await
-        .map(|r| r.rows_affected()))?;
+        .map(|r| r.rows_affected())
+        })?;
         if done == 0 {
             return Err(DbError::NotFound);
         }
@@ -226,7 +228,10 @@ impl Store {
         &self,
         id: &str,
     ) -> Result<Option<(Option<String>, Option<String>, Option<String>)>> {
-        on_pool!(self, |p| sqlx::query_as::<_, (Option<String>, Option<String>, Option<String>)>(
+        on_pool!(self, |p| sqlx::query_as::<
+            _,
+            (Option<String>, Option<String>, Option<String>),
+        >(
             "select relay_wg_key, pubkey, ssh_map_token_hash from hosts
              where id = $1 and retired_at is null"
         )
@@ -280,11 +285,13 @@ impl Store {
 
     /// A host's live instances, oldest first.
     pub async fn live_vms_of_host(&self, host_id: &str) -> Result<Vec<VmRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
-            "select {VM_COLUMNS} from vms
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!(
+                "select {VM_COLUMNS} from vms
              where host_id = $1 and deleted_at is null and creation_failed_at is null
              order by created_at, id"
-        )))
+            )
+        ))
         .bind(host_id)
         .fetch_all(p)
         .await)
@@ -293,11 +300,13 @@ impl Store {
 
     /// A host's instances, live and recent, newest first, at most `limit`.
     pub async fn vms_of_host(&self, host_id: &str, limit: i64) -> Result<Vec<VmRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
-            "select {VM_COLUMNS} from vms where host_id = $1
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!(
+                "select {VM_COLUMNS} from vms where host_id = $1
              order by (deleted_at is null and creation_failed_at is null) desc, created_at desc, id
              limit $2"
-        )))
+            )
+        ))
         .bind(host_id)
         .bind(limit)
         .fetch_all(p)

@@ -180,6 +180,37 @@ fn api_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/depool",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"reason": "maintenance"})),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/revoke",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/retire",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/replace-relay",
+            allowed: OPERATORS,
+            body: none,
+        },
+        // The gate is a session; whose host it is is the owner-action table's check below.
+        Row {
+            method: Method::POST,
+            path: "/api/hosts/{host_id}/stop",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
             method: Method::GET,
             path: "/api/admin/operator-keys",
             allowed: OPERATORS,
@@ -422,6 +453,36 @@ fn page_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::GET,
+            path: "/admin/hosts/{host_id}",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/hosts/{host_id}/depool",
+            allowed: OPERATORS,
+            body: |_| Some(json!("reason=maintenance")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/hosts/{host_id}/revoke",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/hosts/{host_id}/retire",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/hosts/{host_id}/replace-relay",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
             method: Method::POST,
             path: "/admin/operator-keys/changes",
             allowed: OPERATORS,
@@ -530,6 +591,88 @@ fn host_page_table() -> Vec<Row> {
         allowed: &[Owner, Operator, Superadmin],
         body: none,
     }]
+}
+
+/// Actions on one host that only its owner may take (stopping hosting, issue #12): the
+/// owner gets past every gate; anyone else signed in — operators included, whose tools are
+/// de-pool and revoke — gets exactly what a host that does not exist gets; anonymous
+/// callers are refused (401, or sent to sign in from a page). `{host_id}` is the owner's.
+fn owner_action_table() -> Vec<Row> {
+    vec![
+        Row {
+            method: Method::POST,
+            path: "/api/hosts/{host_id}/stop",
+            allowed: &[Owner],
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/hosts/{host_id}/stop",
+            allowed: &[Owner],
+            body: |_| Some(json!("")),
+        },
+    ]
+}
+
+async fn owner_actions_are_the_owners_alone(app: TestApp) {
+    let actors = actors(&app).await;
+    let mut failures = Vec::new();
+    for row in owner_action_table() {
+        let page = !row.path.starts_with("/api/");
+        let real = row.path.replace("{host_id}", &actors.owned_host);
+        let none = row.path.replace("{host_id}", "no-such-host");
+        for actor in EVERYONE {
+            let session = actors.session(&app, *actor).await;
+            let r = send(
+                &app,
+                row.method.clone(),
+                &real,
+                session.as_deref(),
+                (row.body)(0),
+            )
+            .await;
+            let missing = send(
+                &app,
+                row.method.clone(),
+                &none,
+                session.as_deref(),
+                (row.body)(0),
+            )
+            .await;
+            let ok = if row.allowed.contains(actor) {
+                // The owner's host never enrolled, so the action itself refuses (409).
+                !matches!(
+                    r.status,
+                    StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN | StatusCode::NOT_FOUND
+                ) && missing.status == StatusCode::NOT_FOUND
+            } else if *actor == Anonymous {
+                if page {
+                    sent_to_login(&r) && sent_to_login(&missing)
+                } else {
+                    r.status == StatusCode::UNAUTHORIZED
+                        && missing.status == StatusCode::UNAUTHORIZED
+                }
+            } else {
+                r.status == StatusCode::NOT_FOUND
+                    && (r.status, &r.body) == (missing.status, &missing.body)
+            };
+            if !ok {
+                failures.push(format!(
+                    "{} {} as {actor:?}: {} {} (a host that does not exist: {})",
+                    row.method,
+                    row.path,
+                    r.status,
+                    r.text(),
+                    missing.status
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "owner actions reveal or admit wrongly:\n{}",
+        failures.join("\n")
+    );
 }
 
 struct Actors {
@@ -824,6 +967,11 @@ fn every_page_route_has_an_authorisation_row() {
         .into_iter()
         .chain(same_for_everyone_page_table())
         .chain(host_page_table())
+        .chain(
+            owner_action_table()
+                .into_iter()
+                .filter(|r| !r.path.starts_with("/api/")),
+        )
         .collect();
     let routes = page_routes();
     let untabled: Vec<_> = routes
@@ -915,4 +1063,5 @@ on_each_backend!(
     token_routes_give_every_session_the_same_answer,
     sign_out_answers_everyone_alike,
     host_pages_show_a_host_only_to_its_owner_and_operators,
+    owner_actions_are_the_owners_alone,
 );

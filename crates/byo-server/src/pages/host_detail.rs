@@ -286,18 +286,16 @@ async fn answer(
 ) -> PageResult {
     match outcome {
         Ok(None) => Ok(Redirect::to(&format!("/admin/hosts/{host_id}")).into_response()),
-        Ok(Some(notice)) => {
-            Ok(page(state, op, host_id, Some(&notice), None)
-                .await?
-                .into_response())
-        }
-        Err(e @ (AppError::Conflict { .. } | AppError::BadRequest { .. } | AppError::Host { .. })) => {
-            Ok((
-                e.status(),
-                page(state, op, host_id, None, Some(&e.to_string())).await?,
-            )
-                .into_response())
-        }
+        Ok(Some(notice)) => Ok(page(state, op, host_id, Some(&notice), None)
+            .await?
+            .into_response()),
+        Err(
+            e @ (AppError::Conflict { .. } | AppError::BadRequest { .. } | AppError::Host { .. }),
+        ) => Ok((
+            e.status(),
+            page(state, op, host_id, None, Some(&e.to_string())).await?,
+        )
+            .into_response()),
         Err(e) => Err(e.into()),
     }
 }

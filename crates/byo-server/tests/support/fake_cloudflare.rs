@@ -44,7 +44,11 @@ async fn fault(
 ) -> Response {
     let failing = s.lock().unwrap().fail.clone();
     if failing.as_ref() == Some(req.method()) {
-        return fail(StatusCode::SERVICE_UNAVAILABLE, 10001, "service temporarily unavailable");
+        return fail(
+            StatusCode::SERVICE_UNAVAILABLE,
+            10001,
+            "service temporarily unavailable",
+        );
     }
     next.run(req).await
 }
@@ -233,4 +237,3 @@ pub async fn start(api_token: &str) -> (Shared, CloudflareTunnels) {
     });
     (fake, tunnels)
 }
-

@@ -45,7 +45,10 @@ async fn fault(
 ) -> Response {
     let failing = s.lock().unwrap().fail.clone();
     if failing.as_ref() == Some(req.method()) {
-        return gcp_error(StatusCode::SERVICE_UNAVAILABLE, "The service is currently unavailable.");
+        return gcp_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The service is currently unavailable.",
+        );
     }
     next.run(req).await
 }
@@ -323,4 +326,3 @@ pub async fn start() -> FakeGcp {
         dir,
     }
 }
-
