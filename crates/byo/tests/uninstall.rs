@@ -174,7 +174,7 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     // Cut short: killed once the agent's units are gone.
     let cut = host.sh_ok(
         "/usr/local/bin/byo-agent uninstall --yes --keep-lxd > /tmp/uninstall.log 2>&1 & pid=$!
-         for _ in $(seq 1 600); do grep -q '^  agent-units' /tmp/uninstall.log && break; sleep 0.05; done
+         for _ in $(seq 1 2400); do grep -q '^  agent-units *removed' /tmp/uninstall.log && break; sleep 0.05; done
          kill -9 $pid 2>/dev/null || true; wait $pid 2>/dev/null || true; cat /tmp/uninstall.log",
     );
     phase("uninstall cut short");

@@ -37,6 +37,14 @@ impl StepDef for LxdInstall {
 
     fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
         if !lxd_answers(h) {
+            // Uninstall removes LXD only when preparation is what installed it; the record
+            // comes first, so a run killed during the install still knows.
+            h.write(
+                LXD_INSTALLED,
+                format!("{}\n", plan.profile.prepare.lxd).as_bytes(),
+                0o644,
+                "root:root",
+            )?;
             match plan.profile.prepare.lxd {
                 LxdSource::Apt => {
                     // Debian's package only recommends what its bridges need (dnsmasq).
@@ -54,13 +62,6 @@ impl StepDef for LxdInstall {
             }
             // Nothing else runs `lxd init`: the pool and the bridge are their own steps.
             must(h, &["lxd", "waitready", "--timeout=300"])?;
-            // Uninstall removes LXD only when preparation is what installed it.
-            h.write(
-                LXD_INSTALLED,
-                format!("{}\n", plan.profile.prepare.lxd).as_bytes(),
-                0o644,
-                "root:root",
-            )?;
         }
         if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
             must(h, &["usermod", "-aG", "lxd", SPARK])?;

@@ -99,13 +99,14 @@ fn install_cloudflared<H: Host>(h: &mut H, plan: &Plan) -> Fallible<String> {
             build.sha256.trim()
         ));
     }
-    h.write(CLOUDFLARED_BIN, &bytes, 0o755, "root:root")?;
+    // The record first: a run killed after the binary landed must still know it is ours.
     h.write(
         CLOUDFLARED_INSTALLED,
         format!("{actual}\n").as_bytes(),
         0o644,
         "root:root",
     )?;
+    h.write(CLOUDFLARED_BIN, &bytes, 0o755, "root:root")?;
     Ok(CLOUDFLARED_BIN.to_owned())
 }
 
@@ -121,6 +122,8 @@ impl StepDef for OperatorAccess {
     fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
         let keys = plan.authorized_keys.clone().unwrap_or_default();
         if !user_exists(h, SPARK)? {
+            // The record first: a run killed after useradd must still know spark is ours.
+            h.write(SPARK_CREATED, b"spark\n", 0o644, "root:root")?;
             must(
                 h,
                 &[
@@ -132,7 +135,6 @@ impl StepDef for OperatorAccess {
                     SPARK,
                 ],
             )?;
-            h.write(SPARK_CREATED, b"spark\n", 0o644, "root:root")?;
         }
         // A sudoers file that does not parse breaks sudo for everyone: validate before it lands.
         let staging = format!("/etc/enverge/{}.check", "sudoers-spark");
