@@ -285,6 +285,10 @@ async fn snapshot(w: &World, h: &Host) -> String {
 
 async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance(w: World) {
     let h = w.active_host().await;
+    let idle = w.instance(&h, "before").await;
+    assert!(w.beat(&h.token).await.status.is_success());
+    w.db().confirm_vm_deleted(&idle, w.clock.now()).await.unwrap();
+    assert!(w.pickable(&h).await, "before: an idle, heard-from host is picked");
     let vm = w.instance(&h, "keep-me").await;
     let r =
         w.op.post(
@@ -305,14 +309,7 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
     assert!(v.delete_requested_at.is_none() && v.deleted_at.is_none());
     assert!(w.agents.calls(Op::Delete).is_empty());
     w.db().confirm_vm_deleted(&vm, w.clock.now()).await.unwrap();
-    assert!(
-        w.db()
-            .pick_hosts_for_gpu("spark-1", &w.customer.sub)
-            .await
-            .unwrap()
-            .is_empty(),
-        "a de-pooled host is not picked"
-    );
+    assert!(!w.pickable(&h).await, "a de-pooled host is not picked");
     // Audited with the reason.
     let audit = w.db().audit_of_host(&h.id, 10).await.unwrap();
     let a = audit.iter().find(|a| a.action == "host.depool").unwrap();
@@ -484,7 +481,7 @@ async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress
     // A page cannot activate it meanwhile: the schema holds it inactive.
     let e = w
         .db()
-        .activate_host(&h.id, "shared", &w.op.sub, w.clock.now())
+        .activate_host(&h.id, "shared", None, false, &w.op.sub, w.clock.now())
         .await
         .unwrap_err();
     assert!(e.is_constraint("hosts_revoked_inactive"), "{e}");
@@ -554,6 +551,20 @@ impl World {
                     .unwrap(),
             )
             .await
+    }
+
+    /// Whether a create for the customer could land on `host` now.
+    async fn pickable(&self, host: &Host) -> bool {
+        self.db()
+            .pick_hosts_for_gpu(
+                "spark-1",
+                &self.customer.sub,
+                self.app.state.config.placement.seen_since(self.clock.now()),
+            )
+            .await
+            .unwrap()
+            .iter()
+            .any(|p| p.id == host.id)
     }
 
     /// A second active host, on other hardware.
