@@ -33,12 +33,12 @@ pub async fn reap_once(state: &AppState) -> AppResult<ReapReport> {
     let now = state.clock.now();
     let mut report = ReapReport::default();
     for r in state.store.reapable(now).await? {
-        if let Some(slug) = &r.slug {
-            if let Err(e) = release_outside(state, slug).await {
-                tracing::warn!(%slug, enrollment = %r.enrollment_id, error = %e, "reap: not finished; the next sweep carries on");
-                report.failed += 1;
-                continue;
-            }
+        if let Some(slug) = &r.slug
+            && let Err(e) = release_outside(state, slug).await
+        {
+            tracing::warn!(%slug, enrollment = %r.enrollment_id, error = %e, "reap: not finished; the next sweep carries on");
+            report.failed += 1;
+            continue;
         }
         state
             .store
