@@ -182,7 +182,7 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     let phase = |what: &str| o.phase(what);
     // owner-lockout took the owner's login and sudo away.
     assert!(
-        owner_ssh(&ip, "true").is_err(),
+        owner_ssh(ip, "true").is_err(),
         "the owner still gets in after owner-lockout"
     );
     let facts = host.sh_ok(
@@ -218,14 +218,14 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     );
     // The owner was given back before anything was removed, and is in already.
     assert!(
-        owner_ssh(&ip, "true").is_ok(),
+        owner_ssh(ip, "true").is_ok(),
         "the owner is not back after owner-restore"
     );
 
     // Run again, as the owner now can: it finishes.
     let line = "curl -fsSL SERVER/install.sh | SUDO_ASKPASS=/usr/local/bin/owner-askpass sudo -A bash -s -- --uninstall --keep-lxd"
-        .replace("SERVER", &server);
-    let ran = on_terminal(&host, &line, Some("owner"));
+        .replace("SERVER", server);
+    let ran = on_terminal(host, &line, Some("owner"));
     phase("uninstall run again");
     assert_eq!(ran.code, Some(0), "{}", ran.terminal);
     for says in [
@@ -239,7 +239,7 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     }
 
     // The owner logs in with their password and administers the machine.
-    let admin = owner_ssh(&ip, &format!("echo '{PASSWORD}' | sudo -S -p '' id -u"));
+    let admin = owner_ssh(ip, &format!("echo '{PASSWORD}' | sudo -S -p '' id -u"));
     assert!(
         admin.as_ref().is_ok_and(|s| s.trim() == "0"),
         "the owner's login after uninstall: {admin:?}"
@@ -270,7 +270,7 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
 
     // A third time: nothing of ours, said, exit 0.
     let line = format!("curl -fsSL {server}/install.sh | bash -s -- --uninstall");
-    let ran = on_terminal(&host, &line, None);
+    let ran = on_terminal(host, &line, None);
     assert_eq!(ran.code, Some(0), "{}", ran.terminal);
     assert!(
         ran.terminal
