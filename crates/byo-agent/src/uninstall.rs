@@ -583,6 +583,10 @@ fn lxd_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
         }
         must(h, &["rm", "-rf", "/var/lib/lxd"])?;
     }
+    // The bridge's firewall table LXD leaves in the kernel once it is gone.
+    if h.run(&["nft", "list", "table", "inet", "lxd"], None)?.ok() {
+        must(h, &["nft", "delete", "table", "inet", "lxd"])?;
+    }
     Ok(())
 }
 

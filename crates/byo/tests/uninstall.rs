@@ -63,14 +63,28 @@ fn owner_ssh(ip: &str, command: &str) -> Result<String, String> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
-    if !byo_core::testing::have_tools(&["sshpass", "ssh"]) {
-        return;
+/// A host container onboarded through the real path and prepared by the real units, with
+/// `hosts.lockout_owner` on; the server stays up while this is held.
+struct Onboarded {
+    host: HostContainer,
+    ip: String,
+    server: String,
+    t0: Instant,
+    _db: byo_db::testing::TestDb,
+    _work: tempfile::TempDir,
+}
+
+impl Onboarded {
+    fn phase(&self, what: &str) {
+        eprintln!("[{:>6.1} s] {what}", self.t0.elapsed().as_secs_f64());
     }
-    let Some(host) = HostContainer::launch("byo-uninstall") else {
-        return;
-    };
+}
+
+async fn onboarded(prefix: &str) -> Option<Onboarded> {
+    if !byo_core::testing::have_tools(&["sshpass", "ssh"]) {
+        return None;
+    }
+    let host = HostContainer::launch(prefix)?;
     let t0 = Instant::now();
     let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
     let db = byo_db::testing::sqlite().await;
@@ -149,9 +163,26 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     phase("prepared");
+    Some(Onboarded {
+        host,
+        ip,
+        server,
+        t0,
+        _db: db,
+        _work: work,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
+    let Some(o) = onboarded("byo-uninstall").await else {
+        return;
+    };
+    let (host, ip, server) = (&o.host, o.ip.as_str(), o.server.as_str());
+    let phase = |what: &str| o.phase(what);
     // owner-lockout took the owner's login and sudo away.
     assert!(
-        owner_ssh(&ip, "true").is_err(),
+        owner_ssh(ip, "true").is_err(),
         "the owner still gets in after owner-lockout"
     );
     let facts = host.sh_ok(
@@ -187,14 +218,14 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     );
     // The owner was given back before anything was removed, and is in already.
     assert!(
-        owner_ssh(&ip, "true").is_ok(),
+        owner_ssh(ip, "true").is_ok(),
         "the owner is not back after owner-restore"
     );
 
     // Run again, as the owner now can: it finishes.
     let line = "curl -fsSL SERVER/install.sh | SUDO_ASKPASS=/usr/local/bin/owner-askpass sudo -A bash -s -- --uninstall --keep-lxd"
-        .replace("SERVER", &server);
-    let ran = on_terminal(&host, &line, Some("owner"));
+        .replace("SERVER", server);
+    let ran = on_terminal(host, &line, Some("owner"));
     phase("uninstall run again");
     assert_eq!(ran.code, Some(0), "{}", ran.terminal);
     for says in [
@@ -208,7 +239,7 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     }
 
     // The owner logs in with their password and administers the machine.
-    let admin = owner_ssh(&ip, &format!("echo '{PASSWORD}' | sudo -S -p '' id -u"));
+    let admin = owner_ssh(ip, &format!("echo '{PASSWORD}' | sudo -S -p '' id -u"));
     assert!(
         admin.as_ref().is_ok_and(|s| s.trim() == "0"),
         "the owner's login after uninstall: {admin:?}"
@@ -239,7 +270,7 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
 
     // A third time: nothing of ours, said, exit 0.
     let line = format!("curl -fsSL {server}/install.sh | bash -s -- --uninstall");
-    let ran = on_terminal(&host, &line, None);
+    let ran = on_terminal(host, &line, None);
     assert_eq!(ran.code, Some(0), "{}", ran.terminal);
     assert!(
         ran.terminal
@@ -248,4 +279,44 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
         ran.terminal
     );
     phase("done");
+}
+
+/// Without `--keep-lxd`, the LXD preparation installed goes too (its images, pool and bridge
+/// first, then Debian's package), and the owner is restored first as ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h3_uninstall_without_keep_lxd_removes_the_lxd_preparation_installed() {
+    let Some(o) = onboarded("byo-uninstall-lxd").await else {
+        return;
+    };
+    let (host, ip, server) = (&o.host, o.ip.as_str(), o.server.as_str());
+    // The owner is locked out, so the machine's console (root) runs it.
+    let line = format!("curl -fsSL {server}/install.sh | bash -s -- --uninstall");
+    let ran = on_terminal(host, &line, None);
+    o.phase("uninstalled");
+    assert_eq!(ran.code, Some(0), "{}", ran.terminal);
+    for says in [
+        step_line("owner-restore", "restored and verified"),
+        step_line("lxd", "removed"),
+        step_line("agent-files", "removed"),
+    ] {
+        assert!(ran.terminal.contains(&says), "{says:?}:\n{}", ran.terminal);
+    }
+    let admin = owner_ssh(ip, &format!("echo '{PASSWORD}' | sudo -S -p '' id -u"));
+    assert!(
+        admin.as_ref().is_ok_and(|s| s.trim() == "0"),
+        "the owner's login after uninstall: {admin:?}"
+    );
+    let left = host.sh_ok(
+        "dpkg-query -W -f='${Status}\\n' lxd 2>&1 || true; ls /var/lib/lxd 2>&1 || true
+         systemctl list-unit-files 'enverge*' --no-legend; nft list tables
+         if [ -e /etc/enverge ]; then echo left-etc-enverge; fi",
+    );
+    eprintln!("--- after uninstall:\n{left}");
+    assert!(!left.contains("install ok installed"), "{left}");
+    assert!(
+        left.contains("cannot access '/var/lib/lxd'")
+            && !left.contains("enverge")
+            && !left.contains("table inet lxd"),
+        "{left}"
+    );
 }
