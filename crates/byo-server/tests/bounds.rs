@@ -498,13 +498,13 @@ async fn i4_framework_rejections_answer_in_one_shape(w: World) {
         );
     };
     let big = format!("{{\"profile_id\": \"{}\"}}", "x".repeat(300 * 1024));
-    let session = Some(w.owner.session.as_str());
+    let session = w.owner.session.as_str();
     let send = |method: Method, path: &str, ctype: &str, body: String| {
         let mut r = Request::builder()
             .method(method)
             .uri(path)
             .header(header::CONTENT_TYPE, ctype)
-            .header(header::COOKIE, format!("byo_session={}", session.unwrap()));
+            .header(header::COOKIE, format!("byo_session={}", session));
         if path == "/api/enroll" {
             r = r.header(header::AUTHORIZATION, "Bearer byo_enr_x");
         }

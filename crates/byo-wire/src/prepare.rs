@@ -28,6 +28,27 @@ pub enum StepState {
     Failed,
 }
 
+/// host-report: the agent's progress after each prepare step (C), with the node it is
+/// about: node 0 lands on `hosts.prepare_state`, a satellite on its `host_nodes` row.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct HostReport {
+    pub node: u32,
+    pub state: PrepareState,
+    /// The last step of a whole run completed: the record activation is gated on.
+    #[serde(default)]
+    pub completed: bool,
+}
+
+impl crate::limits::Bounded for HostReport {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{MESSAGE, SHORT, opt_text, text};
+        text("state.step", &self.state.step, SHORT)?;
+        opt_text("state.error", &self.state.error, MESSAGE)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,26 +69,5 @@ mod tests {
             serde_json::json!({"step": "base-image", "state": "applied", "attempt": 1,
                                "error": null, "final": false, "at": "2026-09-08T14:02:11Z"})
         );
-    }
-}
-
-/// host-report: the agent's progress after each prepare step (C), with the node it is
-/// about: node 0 lands on `hosts.prepare_state`, a satellite on its `host_nodes` row.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(deny_unknown_fields)]
-pub struct HostReport {
-    pub node: u32,
-    pub state: PrepareState,
-    /// The last step of a whole run completed: the record activation is gated on.
-    #[serde(default)]
-    pub completed: bool,
-}
-
-impl crate::limits::Bounded for HostReport {
-    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
-        use crate::limits::{MESSAGE, SHORT, opt_text, text};
-        text("state.step", &self.state.step, SHORT)?;
-        opt_text("state.error", &self.state.error, MESSAGE)
     }
 }

@@ -320,6 +320,36 @@ pub enum AgentErrorCode {
     Other,
 }
 
+impl crate::limits::Bounded for Heartbeat {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{DETAILS, SHORT, json, text};
+        text("agent_version", &self.agent_version, SHORT)?;
+        json("details", &self.details, DETAILS)
+    }
+}
+
+impl crate::limits::Bounded for NewSshKey {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{KEY_NAME_CHARS, PUBLIC_KEY, chars, text};
+        chars("name", &self.name, KEY_NAME_CHARS)?;
+        text("public_key", &self.public_key, PUBLIC_KEY)
+    }
+}
+
+impl crate::limits::Bounded for InstanceRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{SHORT, text};
+        text("gpu_type", &self.gpu_type, SHORT)?;
+        text("ssh_key_id", &self.ssh_key_id, SHORT)
+    }
+}
+
+impl crate::limits::Bounded for VmStateChange {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod name_tests {
     use super::*;
@@ -353,35 +383,5 @@ mod name_tests {
             serde_json::to_value(AgentErrorCode::HostOccupied).unwrap(),
             "host_occupied"
         );
-    }
-}
-
-impl crate::limits::Bounded for Heartbeat {
-    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
-        use crate::limits::{DETAILS, SHORT, json, text};
-        text("agent_version", &self.agent_version, SHORT)?;
-        json("details", &self.details, DETAILS)
-    }
-}
-
-impl crate::limits::Bounded for NewSshKey {
-    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
-        use crate::limits::{KEY_NAME_CHARS, PUBLIC_KEY, chars, text};
-        chars("name", &self.name, KEY_NAME_CHARS)?;
-        text("public_key", &self.public_key, PUBLIC_KEY)
-    }
-}
-
-impl crate::limits::Bounded for InstanceRequest {
-    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
-        use crate::limits::{SHORT, text};
-        text("gpu_type", &self.gpu_type, SHORT)?;
-        text("ssh_key_id", &self.ssh_key_id, SHORT)
-    }
-}
-
-impl crate::limits::Bounded for VmStateChange {
-    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
-        Ok(())
     }
 }
