@@ -94,6 +94,7 @@ with_world!(
     n7_a_retired_hosts_hardware_enrols_again,
     a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
+    the_one_host_page_names_each_failure_within_one_heartbeat,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
 );
 
@@ -909,7 +910,7 @@ async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
     let vm = w.instance(&h, "on-the-page").await;
     let beat = json!({"agent_version": "0.7.3+abc", "lxd": "ok", "relay": "ok",
         "tunnel": "down", "gpu": "ok", "storage": "ok",
-        "instances": 1, "details": {"note": "q".repeat(10_000)}});
+        "instances": 1, "details": {"note": "q".repeat(8_000)}});
     let r = w
         .app
         .send(
@@ -1034,4 +1035,99 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     let l = w.life(&h).await;
     assert!(l.revoke_step.0.is_none() && l.retired_at.is_none());
     assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+}
+
+/// Item 8: each failure the design names is on /admin/hosts/{id} by name as soon as the
+/// heartbeat (or the backend's own record) carrying it lands, with no SSH to the host.
+async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
+    let h = w.active_host().await;
+    let problems = |page: &str| -> Vec<String> {
+        page.split("<li class=\"problem\"><strong>")
+            .skip(1)
+            .map(|p| p.split('<').next().unwrap().to_owned())
+            .collect()
+    };
+    let page_of = |h: &Host| format!("/admin/hosts/{}", h.id);
+    let beat = |details: Value| {
+        let token = h.token.clone();
+        let app = &w.app;
+        async move {
+            let r = app
+                .send(
+                    Request::post("/api/host/heartbeat")
+                        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(
+                            json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok",
+                                   "tunnel": "ok", "gpu": "ok", "storage": "ok",
+                                   "instances": 0, "details": details})
+                            .to_string(),
+                        ))
+                        .unwrap(),
+                )
+                .await;
+            assert!(r.status.is_success(), "{}", r.text());
+        }
+    };
+    // Heard from and in order: nothing is named.
+    beat(json!({"relay_map": "in_sync"})).await;
+    let page = w.op.page(&page_of(&h)).await;
+    assert!(problems(&page).is_empty(), "{:?}", problems(&page));
+    assert!(page.contains("None seen."));
+
+    // Relay map drift, and a rollback, each named by the beat that carries it.
+    beat(json!({"relay_map": "drift_rewritten"})).await;
+    assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["relay map drift"]);
+    beat(json!({"relay_map": "in_sync", "rollback": {"at": "2026-11-29T12:00:05Z"}})).await;
+    assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["rollback fired"]);
+    beat(json!({"relay_map": "in_sync"})).await;
+
+    // A stuck delete, a failed push (and the list it leaves the host lagging on), a bench.
+    let vm = w.instance(&h, "stuck-one").await;
+    w.db().request_vm_delete(&vm, w.clock.now()).await.unwrap();
+    w.db()
+        .record_key_push(&h.id, Err("the host did not answer"), w.clock.now())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        w.db()
+            .record_placement_failure(&h.id, "refused", 3, w.clock.now())
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        problems(&w.op.page(&page_of(&h)).await),
+        ["stuck delete", "failed push", "benched"],
+        "a failed push keeps the version the host held (v1, from its enrolment): not lagging"
+    );
+
+    // A preparation that stopped: named with its step.
+    let preparing = w.active_host_with_other_hardware().await;
+    let id = preparing.id.clone();
+    w.db()
+        .record_prepare_state(
+            &id,
+            0,
+            &json!({"step": "lxd-install", "state": "failed", "error": "apt said no"}),
+            false,
+            w.clock.now(),
+        )
+        .await
+        .unwrap();
+    let page = w.op.page(&format!("/admin/hosts/{id}")).await;
+    assert!(problems(&page).contains(&"prepare stopped".to_owned()), "{page}");
+    assert!(page.contains("at step lxd-install"));
+
+    // Silence past placement's age: the agent is named unreachable; near the published
+    // list's expiry, the list is named expiring.
+    let published = w.db().published_key_list().await.unwrap().unwrap();
+    let expires = byo_core::keylist::KeyList::from_canonical(&published.body)
+        .unwrap()
+        .expires;
+    w.clock.advance(expires - w.clock.now() - chrono::Duration::days(3));
+    // (a session from then: the first one has lapsed)
+    let op = w.app.operator("later-op@example.com").await;
+    let named = problems(&op.page(&page_of(&h)).await);
+    assert_eq!(named[0], "agent unreachable");
+    assert!(named.contains(&"key list expiring".to_owned()), "{named:?}");
 }

@@ -13,6 +13,7 @@ pub mod admin_vm_action;
 pub mod host_enroll;
 pub mod host_heartbeat;
 pub mod host_lifecycle;
+pub mod host_problems;
 pub mod host_provision;
 pub mod host_relay;
 pub mod host_report;

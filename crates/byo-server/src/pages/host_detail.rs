@@ -68,11 +68,25 @@ async fn page(
         .await?
         .into_iter()
         .find(|k| k.host_id == host_id);
-    let published = store.published_key_list().await?.map(|l| l.version);
+    let published_list = store.published_key_list().await?;
+    let published = published_list.as_ref().map(|l| l.version);
     let vms = store.vms_of_host(host_id, SHOWN_INSTANCES).await?;
     let audit = store.audit_of_host(host_id, SHOWN_AUDIT).await?;
     let relay = store.relay_record(host_id).await?;
     let now = state.clock.now();
+    let bench = store.host_bench(host_id).await?;
+    let problems = crate::app::host_problems::problems(
+        &crate::app::host_problems::Seen {
+            host: &host,
+            status: status.as_ref(),
+            heard_since: state.config.placement.seen_since(now),
+            push: push.as_ref(),
+            published: published_list.as_ref(),
+            vms: &vms,
+            bench: bench.as_ref(),
+        },
+        now,
+    );
     let live = vms
         .iter()
         .filter(|v| v.deleted_at.is_none() && v.creation_failed_at.is_none())
@@ -118,6 +132,12 @@ async fn page(
             h1 { "Host " (host.slug) }
             @if let Some(n) = notice { p.notice role="status" { (n) } }
             @if let Some(e) = error { p.error role="alert" { (e) } }
+            h2 { "Problems" }
+            @if problems.is_empty() { p #problems { "None seen." } } @else {
+                ul #problems { @for p in &problems {
+                    li.problem { strong { (p.name) } ": " (cut(&p.detail, SHOWN_CHARS)) }
+                } }
+            }
             dl.facts #host-state {
                 dt { "State" } dd.state { (state_line) }
                 @if let (Some(when), false) = (life.depooled_at, host.active) {

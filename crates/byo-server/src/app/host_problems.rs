@@ -1,0 +1,135 @@
+//! What is wrong with a host, by name, from what its agent reported and what the backend
+//! recorded ("knowing is what the agent reports and /admin renders"): no SSH, no guessing.
+//! A pure judge over rows already read, with time passed in, so each failure has one
+//! spelling and the page and any later alert read the same list.
+
+use byo_db::hosts::{HostRow, HostStatusRow};
+use byo_db::operator_keys::{HostKeyPushRow, KeyListRow};
+use byo_db::vms::{HostBenchRow, VmRow};
+use chrono::{DateTime, Duration, Utc};
+
+/// A published list this close to its `expires` is named as expiring: time enough to sign
+/// the next one.
+pub const KEY_LIST_EXPIRY_WARNING_DAYS: i64 = 7;
+
+/// One thing wrong, by the name the design gives it, and what was seen.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Problem {
+    pub name: &'static str,
+    pub detail: String,
+}
+
+/// Everything the judge reads about one host.
+pub struct Seen<'a> {
+    pub host: &'a HostRow,
+    pub status: Option<&'a HostStatusRow>,
+    /// The oldest heartbeat a host in service may have (placement's age).
+    pub heard_since: DateTime<Utc>,
+    pub push: Option<&'a HostKeyPushRow>,
+    pub published: Option<&'a KeyListRow>,
+    pub vms: &'a [VmRow],
+    pub bench: Option<&'a HostBenchRow>,
+}
+
+/// The problems of one host now, in a fixed order.
+pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
+    let mut out = Vec::new();
+    let mut add = |name, detail: String| out.push(Problem { name, detail });
+    let host = seen.host;
+    if host.retired_at.is_some() {
+        return Vec::new();
+    }
+    let serving = host.prepared_at.is_some();
+    match seen.status {
+        None if serving => add("agent unreachable", "no heartbeat ever arrived".to_owned()),
+        Some(s) if s.seen_at < seen.heard_since => add(
+            "agent unreachable",
+            format!("last heartbeat {}", s.seen_at.format("%Y-%m-%d %H:%M:%S UTC")),
+        ),
+        _ => {}
+    }
+    if !serving
+        && let Some(p) = &host.prepare_state
+        && p.0["state"].as_str() == Some("failed")
+    {
+        add(
+            "prepare stopped",
+            format!("at step {}", p.0["step"].as_str().unwrap_or("?")),
+        );
+    }
+    if let Some(s) = seen.status {
+        match s.details.0["relay_map"].as_str() {
+            Some("drift_rewritten") => add(
+                "relay map drift",
+                "the relay's SSH map differed from what the host runs; the agent rewrote it"
+                    .to_owned(),
+            ),
+            Some("unreachable") => add(
+                "relay map drift",
+                "the agent could not read the relay's SSH map".to_owned(),
+            ),
+            _ => {}
+        }
+        if let Some(r) = s.details.0.get("rollback").filter(|r| !r.is_null()) {
+            add(
+                "rollback fired",
+                format!(
+                    "the agent restored its previous build at {}",
+                    r["at"].as_str().unwrap_or("?")
+                ),
+            );
+        }
+    }
+    for v in seen.vms {
+        if v.deleted_at.is_none() && v.delete_requested_at.is_some() {
+            add(
+                "stuck delete",
+                format!("{} was asked to go and the host has not confirmed it", v.name),
+            );
+        }
+    }
+    if let Some(k) = seen.push {
+        if let Some(e) = &k.error {
+            add("failed push", e.chars().take(200).collect());
+        }
+        if let Some(p) = seen.published
+            && serving
+            && k.version.is_none_or(|held| held < p.version)
+        {
+            add(
+                "key list lagging",
+                format!(
+                    "holds version {} of published {}",
+                    k.version.map_or("none".to_owned(), |v| v.to_string()),
+                    p.version
+                ),
+            );
+        }
+    }
+    if let Some(p) = seen.published
+        && let Ok(list) = byo_core::keylist::KeyList::from_canonical(&p.body)
+        && list.expires - now < Duration::days(KEY_LIST_EXPIRY_WARNING_DAYS)
+    {
+        add(
+            "key list expiring",
+            format!(
+                "version {} expires {}",
+                p.version,
+                list.expires.format("%Y-%m-%d %H:%M UTC")
+            ),
+        );
+    }
+    if let Some(b) = seen.bench
+        && b.in_effect()
+    {
+        add(
+            "benched",
+            format!(
+                "{} creates failed in a row; last: {}",
+                b.consecutive_failures,
+                b.last_failure.as_deref().unwrap_or("—")
+            ),
+        );
+    }
+    out
+}
