@@ -92,6 +92,8 @@ struct Observed {
     want: Option<Result<SshMap, String>>,
     tunnel: (Health, String),
     gpu: (Health, String),
+    /// What enverge-agent-rollback recorded, if it fired since the last install.
+    rollback: Option<serde_json::Value>,
 }
 
 fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
@@ -117,7 +119,13 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
     let want = lxd_up.then(|| crate::vms::wanted_map(host, config));
     let tunnel = tunnel_health(host, config.tunnel);
     let gpu = gpu_health(host, config.gpu);
+    let rollback = host
+        .read(crate::rollback::ROLLED_BACK)
+        .ok()
+        .flatten()
+        .and_then(|b| serde_json::from_slice(&b).ok());
     Observed {
+        rollback,
         lxd_up,
         held,
         storage,
@@ -176,6 +184,7 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
             "relay_drift": drift,
             "tunnel": seen.tunnel.1,
             "gpu": seen.gpu.1,
+            "rollback": seen.rollback,
         }),
         vms,
     }
@@ -238,6 +247,8 @@ mod tests {
         instances: serde_json::Value,
         cloudflared: Option<&'static str>,
         nvidia: Option<Output>,
+        /// What enverge-agent-rollback left, if anything.
+        rolled_back: Option<&'static str>,
     }
 
     impl Host for FakeHost {
@@ -255,8 +266,10 @@ mod tests {
                 _ => Err(format!("unexpected {argv:?}")),
             }
         }
-        fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
-            Ok(None)
+        fn read(&mut self, p: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
+            Ok((p == crate::rollback::ROLLED_BACK)
+                .then(|| self.rolled_back.map(|r| r.as_bytes().to_vec()))
+                .flatten())
         }
         fn write(&mut self, p: &str, _: &[u8], _: u32, _: &str) -> crate::host::Fallible<()> {
             Err(format!("no writes: {p}"))
@@ -331,6 +344,7 @@ mod tests {
                               {"name": "lofispark-build", "status": "Stopped", "config": {}}]),
             cloudflared: Some("active"),
             nvidia: None,
+            rolled_back: None,
         };
         // The relay forwards :22 somewhere stale.
         let relay = Relay {
@@ -440,6 +454,7 @@ mod tests {
                 instances: json!([]),
                 cloudflared: state,
                 nvidia,
+                rolled_back: None,
             };
             let relay = Relay {
                 map: SshMap::default(),
@@ -453,5 +468,25 @@ mod tests {
             );
             assert!(beat.details["tunnel"].is_string() && beat.details["gpu"].is_string());
         }
+    }
+
+    #[test]
+    fn a_rollback_is_reported_on_every_beat_until_the_next_install() {
+        let relay = Relay {
+            map: SshMap::default(),
+            put: RefCell::new(None),
+        };
+        let mut host = FakeHost {
+            instances: json!([]),
+            cloudflared: None,
+            nvidia: None,
+            rolled_back: None,
+        };
+        let beat = report(observe(&mut host, &config(None, false)), &relay);
+        assert!(beat.details["rollback"].is_null());
+        host.rolled_back =
+            Some(r#"{"at":"2026-11-30T20:00:00Z","from_sha256":"aa","to_sha256":"bb"}"#);
+        let beat = report(observe(&mut host, &config(None, false)), &relay);
+        assert_eq!(beat.details["rollback"]["at"], "2026-11-30T20:00:00Z");
     }
 }

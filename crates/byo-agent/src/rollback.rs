@@ -12,6 +12,11 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use sha2::{Digest, Sha256};
 
+/// What a rollback leaves for the heartbeat to report (`details.rollback`), next to the
+/// hand-over record: /admin names "rollback fired" from it. The next install (an operator's
+/// upgrade) removes it.
+pub const ROLLED_BACK: &str = "/etc/enverge/rolled-back.json";
+
 /// Restore `<bin>.previous` over `bin` and restart serving, unless it is the build already
 /// running (then the host stays down and is alerted), or preparation has not handed over
 /// (`handed_over`, the record it writes last, is absent: serving never ran).
@@ -39,8 +44,22 @@ pub fn run(bin: &Path, handed_over: &Path) -> anyhow::Result<()> {
     // Consumed: a second failure finds nothing to go back to.
     std::fs::rename(&previous, bin).with_context(|| format!("restoring {}", previous.display()))?;
     println!("restored the previous build at {}", bin.display());
+    // Told, not hidden: serving reports it on every beat until the next install.
+    let record = serde_json::json!({
+        "at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "from_sha256": hex(&now),
+        "to_sha256": hex(&old),
+    });
+    let path = handed_over.with_file_name("rolled-back.json");
+    if let Err(e) = std::fs::write(&path, record.to_string()) {
+        eprintln!("could not record the rollback at {}: {e}", path.display());
+    }
     let _ = std::process::Command::new("systemctl")
         .args(["--no-block", "restart", byo_core::render::units::SERVING])
         .status();
     Ok(())
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -136,6 +136,16 @@ fn the_rollback_goes_back_once_never_to_the_running_build_nor_before_serving_ran
     );
     assert_eq!(std::fs::read_to_string(&bin).unwrap(), "old build");
     assert!(!previous.exists(), ".previous is consumed");
+    // Told, not hidden: the record the heartbeat reports as `details.rollback`.
+    let told: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join("rolled-back.json")).expect("the rollback is recorded"),
+    )
+    .unwrap();
+    assert!(
+        told["at"].as_str().is_some_and(|t| t.ends_with('Z')),
+        "{told}"
+    );
+    assert_ne!(told["from_sha256"], told["to_sha256"]);
     // Once: a second failure has nothing to go back to.
     assert!(!run().status.success());
     assert_eq!(std::fs::read_to_string(&bin).unwrap(), "old build");

@@ -288,8 +288,14 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
     let h = w.active_host().await;
     let idle = w.instance(&h, "before").await;
     assert!(w.beat(&h.token).await.status.is_success());
-    w.db().confirm_vm_deleted(&idle, w.clock.now()).await.unwrap();
-    assert!(w.pickable(&h).await, "before: an idle, heard-from host is picked");
+    w.db()
+        .confirm_vm_deleted(&idle, w.clock.now())
+        .await
+        .unwrap();
+    assert!(
+        w.pickable(&h).await,
+        "before: an idle, heard-from host is picked"
+    );
     let vm = w.instance(&h, "keep-me").await;
     let r =
         w.op.post(
@@ -1077,7 +1083,10 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
 
     // Relay map drift, and a rollback, each named by the beat that carries it.
     beat(json!({"relay_map": "drift_rewritten"})).await;
-    assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["relay map drift"]);
+    assert_eq!(
+        problems(&w.op.page(&page_of(&h)).await),
+        ["relay map drift"]
+    );
     beat(json!({"relay_map": "in_sync", "rollback": {"at": "2026-11-29T12:00:05Z"}})).await;
     assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["rollback fired"]);
     beat(json!({"relay_map": "in_sync"})).await;
@@ -1115,7 +1124,10 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
         .await
         .unwrap();
     let page = w.op.page(&format!("/admin/hosts/{id}")).await;
-    assert!(problems(&page).contains(&"prepare stopped".to_owned()), "{page}");
+    assert!(
+        problems(&page).contains(&"prepare stopped".to_owned()),
+        "{page}"
+    );
     assert!(page.contains("at step lxd-install"));
 
     // Silence past placement's age: the agent is named unreachable; near the published
@@ -1124,7 +1136,8 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
     let expires = byo_core::keylist::KeyList::from_canonical(&published.body)
         .unwrap()
         .expires;
-    w.clock.advance(expires - w.clock.now() - chrono::Duration::days(3));
+    w.clock
+        .advance(expires - w.clock.now() - chrono::Duration::days(3));
     // (a session from then: the first one has lapsed)
     let op = w.app.operator("later-op@example.com").await;
     let named = problems(&op.page(&page_of(&h)).await);

@@ -44,7 +44,10 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         None if serving => add("agent unreachable", "no heartbeat ever arrived".to_owned()),
         Some(s) if s.seen_at < seen.heard_since => add(
             "agent unreachable",
-            format!("last heartbeat {}", s.seen_at.format("%Y-%m-%d %H:%M:%S UTC")),
+            format!(
+                "last heartbeat {}",
+                s.seen_at.format("%Y-%m-%d %H:%M:%S UTC")
+            ),
         ),
         _ => {}
     }
@@ -84,7 +87,10 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         if v.deleted_at.is_none() && v.delete_requested_at.is_some() {
             add(
                 "stuck delete",
-                format!("{} was asked to go and the host has not confirmed it", v.name),
+                format!(
+                    "{} was asked to go and the host has not confirmed it",
+                    v.name
+                ),
             );
         }
     }

@@ -162,6 +162,8 @@ if [ -f {bin} ]; then
 fi
 install -m 755 "$work/byo-agent" {bin}.new
 mv -f {bin}.new {bin}
+# A new build is installed: a rollback recorded before it is history, not news.
+rm -f /etc/enverge/rolled-back.json
 
 {units}systemctl daemon-reload
 systemctl enable enverge-agent-prepare.service enverge-agent.service
