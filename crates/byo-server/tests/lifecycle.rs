@@ -92,7 +92,7 @@ with_world!(
     n1_retire_refusals_change_nothing,
     n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes,
     n7_a_retired_hosts_hardware_enrols_again,
-    a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint,
+    a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
@@ -819,7 +819,7 @@ async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
     );
 }
 
-async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: World) {
+async fn a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts(w: World) {
     let h = w.active_host().await;
     let old = w.db().relay_record(&h.id).await.unwrap().relay_ip.unwrap();
     assert_eq!(
@@ -831,32 +831,40 @@ async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: Wor
         .as_str()
         .unwrap()
         .to_owned();
+    // The relay died: mark the instance GCP holds, to tell it from its replacement.
+    w.gcp
+        .lock()
+        .unwrap()
+        .instances
+        .get_mut(&format!("{}-relay", h.slug))
+        .unwrap()["dead"] = json!(true);
     let r =
         w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
             .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let rr = r.json();
     let new = rr["new_address"].as_str().unwrap().to_owned();
-    assert_ne!(new, old, "GCP reserved a new address");
+    assert_eq!(new, old, "the reserved address is kept");
     assert_eq!(rr["old_address"], old.as_str());
-    assert_eq!(rr["same_address"], false);
+    assert_eq!(rr["same_address"], true);
     assert_eq!(rr["name"], format!("{}-relay", h.slug));
-    // The host learns it where it already asks.
+    // The host's endpoint is unchanged: it needs nothing.
     assert_eq!(
         w.host_relay(&h.token).await.json()["endpoint"],
-        format!("{new}:51820")
+        format!("{old}:51820")
     );
-    // One relay, at the new address, booted with the same WireGuard key (the host's tunnel
-    // trusts it) and the host's own public key; the old address is released.
+    // One relay, a new instance at the same address, booted with the same WireGuard key
+    // (the host's tunnel trusts it); one address, the same.
     assert_eq!(w.outside(&h.slug).0, 1);
+    assert_eq!(w.outside(&h.slug).1, 1);
     {
         let g = w.gcp.lock().unwrap();
         let inst = &g.instances[&format!("{}-relay", h.slug)];
+        assert!(inst.get("dead").is_none(), "the dead instance was replaced");
         assert_eq!(
             inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"],
             new.as_str()
         );
-        assert!(g.addresses.values().all(|a| *a != old));
         let script = inst["metadata"]["items"][0]["value"].as_str().unwrap();
         let key_line = |s: &str| {
             s.lines()
@@ -866,7 +874,7 @@ async fn a3_a_dead_relay_is_replaced_and_the_host_learns_the_new_endpoint(w: Wor
         assert!(key_line(script).is_some());
         assert_eq!(key_line(script), key_line(&first_bootstrap));
     }
-    // The customer SSH wildcard follows the relay.
+    // The customer SSH wildcard still points at it.
     {
         let c = w.cf.lock().unwrap();
         let wildcard = c

@@ -425,9 +425,12 @@ pub async fn replace_relay(
     };
     let now = state.clock.now();
     state.store.forget_relay_address(host_id).await?;
+    // The instance goes, its reserved address stays: the replacement answers where the
+    // host's WireGuard peer already points, so the host needs nothing (its next handshake
+    // reaches the new relay, and its next heartbeat rewrites the relay's empty SSH map).
     state
         .relays
-        .release(&h.slug)
+        .release_instance(&h.slug)
         .await
         .map_err(|e| provider_failed("releasing the old relay failed", e))?;
     host_provision::relay_provision(state, host_id, &h.slug, bootstrap.as_deref()).await;
@@ -461,8 +464,8 @@ pub async fn replace_relay(
         .await?;
     let message = if same_address {
         format!(
-            "{name} was released and provisioned again at the same address {new_address} \
-             (this provider gives a relay the same address)"
+            "{name} was replaced at its address {new_address}: the host's tunnel reaches the new \
+             relay on its own and its next heartbeat rewrites the relay's SSH map"
         )
     } else {
         format!(

@@ -349,7 +349,7 @@ impl RelayProvider for GcpRelays {
         })
     }
 
-    fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+    fn release_instance<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
         Box::pin(async move {
             let zone = self.zone();
             if let Some(op) = self
@@ -362,6 +362,13 @@ impl RelayProvider for GcpRelays {
             {
                 self.wait(op, &zone).await?;
             }
+            Ok(())
+        })
+    }
+
+    fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        Box::pin(async move {
+            self.release_instance(slug).await?;
             let region = self.region();
             if let Some(op) = self
                 .call(

@@ -34,6 +34,13 @@ pub trait RelayProvider: Send + Sync {
         bootstrap: Option<&'a str>,
     ) -> BoxFuture<'a, Result<RelayInfo, ProviderError>>;
     fn release<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>>;
+    /// Release the relay's instance and keep its reserved address (A.3, replacing a dead
+    /// relay): the replacement boots at the same address with the same WireGuard key, so the
+    /// host's peer endpoint stays right and its tunnel finds the new relay on its own. A
+    /// provider whose address goes with its instance releases both.
+    fn release_instance<'a>(&'a self, slug: &'a str) -> BoxFuture<'a, Result<(), ProviderError>> {
+        self.release(slug)
+    }
 }
 
 /// The operator tunnel with its DNS, and the customer SSH wildcard `*.<slug>.ssh`.
