@@ -26,10 +26,6 @@ use crate::state::AppState;
 /// `hosts_depool_reason_bounded`).
 pub const REASON_MAX_CHARS: usize = 500;
 
-/// A host whose last heartbeat is older than this is "unreachable" on the owner's page: the
-/// agent beats every 30 s, so this is six beats missed.
-pub const UNREACHABLE_AFTER: chrono::Duration = chrono::Duration::minutes(3);
-
 /// The reason a revoke and a stop-hosting record when they de-pool.
 const REVOKE_REASON: &str = "revoked by an operator";
 const STOP_REASON: &str = "the owner stopped hosting";
@@ -489,7 +485,9 @@ pub fn owner_state(
     h: &HostLifecycleRow,
     last_seen: Option<DateTime<Utc>>,
     live: usize,
-    now: DateTime<Utc>,
+    // The oldest heartbeat a host in service may have: placement's age, so the owner is
+    // told "unreachable" exactly when creates stop landing there.
+    heard_since: DateTime<Utc>,
 ) -> Option<String> {
     if h.retired_at.is_some() {
         return Some("retired".into());
@@ -503,7 +501,7 @@ pub fn owner_state(
         return None; // still onboarding: the enrolment's own words apply
     }
     let unreachable = match last_seen {
-        Some(at) if now - at > UNREACHABLE_AFTER => Some(at),
+        Some(at) if at < heard_since => Some(at),
         _ => None,
     };
     let when = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M UTC").to_string();

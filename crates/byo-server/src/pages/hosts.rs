@@ -573,13 +573,15 @@ async fn after_go_live(
     let seen = state.store.host_status(host_id).await?.map(|s| s.seen_at);
     let live = state.store.live_vms_of_host(host_id).await?.len();
     Ok(
-        host_lifecycle::owner_state(&h, seen, live, now).map(|words| AfterGoLive {
-            words,
-            may_stop: h.retired_at.is_none()
-                && h.revoke_step.0.is_none()
-                && !host_lifecycle::owner_stopped(&h, live),
-            stopped: host_lifecycle::owner_stopped(&h, live),
-        }),
+        host_lifecycle::owner_state(&h, seen, live, state.config.placement.seen_since(now)).map(
+            |words| AfterGoLive {
+                words,
+                may_stop: h.retired_at.is_none()
+                    && h.revoke_step.0.is_none()
+                    && !host_lifecycle::owner_stopped(&h, live),
+                stopped: host_lifecycle::owner_stopped(&h, live),
+            },
+        ),
     )
 }
 
