@@ -95,6 +95,7 @@ with_world!(
     a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
+    a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
 );
 
@@ -1151,4 +1152,55 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
     let named = problems(&op.page(&page_of(&h)).await);
     assert_eq!(named[0], "agent unreachable");
     assert!(named.contains(&"key list expiring".to_owned()), "{named:?}");
+}
+
+/// Retire refuses a revoke still in progress, replace-relay refuses a host being revoked and a
+/// host provisioned before relay keys were kept; each refusal leaves the host, its relay and
+/// the outside exactly as they were.
+async fn a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes(w: World) {
+    let h = w.active_host().await;
+    // Drained, then stopped removing access: GCP fails every delete.
+    w.gcp.lock().unwrap().fail = Some(Method::DELETE);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    w.gcp.lock().unwrap().fail = None;
+    assert_eq!(
+        w.life(&h).await.revoke_step.0,
+        Some(RevokeStep::RemovingAccess)
+    );
+    let before = (snapshot(&w, &h).await, w.outside(&h.slug));
+    for (path, code) in [
+        ("retire", "revoke_in_progress"),
+        ("replace-relay", "revoked"),
+    ] {
+        let r =
+            w.op.post_empty(&format!("/api/admin/hosts/{}/{path}", h.id))
+                .await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"], code, "{path}");
+        assert_eq!(
+            (snapshot(&w, &h).await, w.outside(&h.slug)),
+            before,
+            "{path}"
+        );
+    }
+
+    // Provisioned before 0007: no relay key kept, so no relay it could trust.
+    let old = w.active_host_with_other_hardware().await;
+    w.db()
+        .execute_unchecked(&format!(
+            "update hosts set relay_wg_key = null where id = '{}'",
+            old.id
+        ))
+        .await
+        .unwrap();
+    let before = (snapshot(&w, &old).await, w.outside(&old.slug));
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", old.id))
+            .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert_eq!(r.json()["error"], "relay_key_unknown");
+    assert_eq!((snapshot(&w, &old).await, w.outside(&old.slug)), before);
 }
