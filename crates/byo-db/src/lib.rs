@@ -58,6 +58,7 @@ pub mod enrollments;
 mod error;
 pub mod hosts;
 pub mod inspect;
+pub mod jobs;
 pub mod lifecycle;
 pub mod operator_keys;
 pub mod profiles;

@@ -63,16 +63,8 @@ pub async fn serve(
         }
         None => None,
     };
-    let reaper = tokio::spawn(app::reap::run_schedule(
-        state.clone(),
-        REAP_EVERY,
-        stop_rx.clone(),
-    ));
-    let stuck_deletes = tokio::spawn(app::notify_stuck_deletes::run_schedule(
-        state.clone(),
-        app::notify_stuck_deletes::NOTIFY_EVERY,
-        stop_rx.clone(),
-    ));
+    let jobs =
+        app::jobs::JobDriver::new(state.clone(), app::jobs::registry()).spawn(stop_rx.clone());
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
     let store = state.store.clone();
     axum::serve(listener, router(state))
@@ -83,8 +75,9 @@ pub async fn serve(
         })
         .await
         .context("serving HTTP")?;
-    let _ = reaper.await;
-    let _ = stuck_deletes.await;
+    for job in jobs {
+        let _ = job.await;
+    }
     if let Some(task) = metrics_task {
         task.await
             .context("metrics task")?

@@ -162,6 +162,12 @@ fn api_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::GET,
+            path: "/api/admin/jobs",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
             method: Method::POST,
             path: "/api/hosts",
             allowed: HOSTERS,
@@ -401,6 +407,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/admin/users",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/jobs",
             allowed: OPERATORS,
             body: none,
         },

@@ -105,6 +105,28 @@ pub struct AuditEntry {
     pub details: serde_json::Value,
 }
 
+/// One background job as /admin/jobs shows it (issue #13): its period and its newest runs,
+/// newest first (the first is its last run).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobView {
+    pub name: String,
+    pub every_secs: u64,
+    pub runs: Vec<JobRunView>,
+}
+
+/// One recorded run of a job: `outcome` is `ok` or `failed`; `summary` on success, `error`
+/// on failure, each bounded to 1,000 characters.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct JobRunView {
+    pub started_at: DateTime<Utc>,
+    pub duration_ms: i32,
+    pub outcome: String,
+    pub summary: Option<String>,
+    pub error: Option<String>,
+}
+
 /// The operator-key list as the operators' page shows it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -51,17 +51,3 @@ pub async fn notify_once(state: &AppState) -> AppResult<Vec<StuckDelete>> {
     }
     Ok(found)
 }
-
-/// Sweep every `every` until `stop` says so.
-pub async fn run_schedule(
-    state: AppState,
-    every: Duration,
-    stop: tokio::sync::watch::Receiver<bool>,
-) {
-    super::on_schedule(every, stop, || async {
-        if let Err(e) = notify_once(&state).await {
-            tracing::error!(error = %e, "notify-stuck-deletes sweep failed");
-        }
-    })
-    .await
-}

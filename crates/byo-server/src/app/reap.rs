@@ -1,9 +1,7 @@
 //! reap: hand back everything a lapsed, rejected or revoked-before-redeem enrolment holds —
 //! relay, address, tunnel, DNS, hosts row. Every provider call is idempotent and the row
 //! goes last, so a sweep that fails half-way is finished by the next one. Beyond the
-//! design, the sweep runs on a schedule inside the server.
-
-use std::time::Duration;
+//! design, the sweep runs on a schedule inside the server, as the job `reap` (`app::jobs`).
 
 use crate::error::AppResult;
 use crate::state::AppState;
@@ -57,22 +55,4 @@ pub async fn reap_once(state: &AppState) -> AppResult<ReapReport> {
         report.released += 1;
     }
     Ok(report)
-}
-
-/// Sweep every `every` until `stop` says so.
-pub async fn run_schedule(
-    state: AppState,
-    every: Duration,
-    stop: tokio::sync::watch::Receiver<bool>,
-) {
-    super::on_schedule(every, stop, || async {
-        match reap_once(&state).await {
-            Ok(r) if r.released + r.failed > 0 => {
-                tracing::info!(released = r.released, failed = r.failed, "reap sweep")
-            }
-            Ok(_) => {}
-            Err(e) => tracing::error!(error = %e, "reap sweep failed"),
-        }
-    })
-    .await
 }

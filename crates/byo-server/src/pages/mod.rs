@@ -22,6 +22,7 @@ use crate::error::{AppError, current_request_id};
 use crate::state::AppState;
 
 mod admin_instances;
+mod admin_jobs;
 mod host_detail;
 mod hosts;
 pub mod install;
@@ -71,6 +72,7 @@ pub fn router() -> Router<AppState> {
         )
         .route("/instances/{vm_id}/state", post(instances::power))
         .route("/admin/instances", get(admin_instances::page))
+        .route("/admin/jobs", get(admin_jobs::page))
         .route(
             "/admin/instances/{vm_id}/delete",
             get(admin_instances::confirm_delete).post(admin_instances::delete),
@@ -185,6 +187,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                                 a href="/admin/hosts" { "Hosts" }
                                 a href="/admin/users" { "Users" }
                                 a href="/admin/operator-keys" { "Operator keys" }
+                                a href="/admin/jobs" { "Jobs" }
                             }
                             span.who { (v.user.email) }
                             form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }

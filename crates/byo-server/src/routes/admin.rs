@@ -1,8 +1,8 @@
-//! The operator's users page and audit log, as API. The rules are [`crate::app::users`]'s.
+//! The operator's users page, audit log and background jobs, as API. The rules are [`crate::app::users`]'s.
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use byo_wire::api::{AuditEntry, ErrorBody, UserView};
+use byo_wire::api::{AuditEntry, ErrorBody, JobView, UserView};
 use serde::Deserialize;
 
 use crate::app::users;
@@ -64,4 +64,11 @@ pub async fn audit_log(
     Query(q): Query<AuditQuery>,
 ) -> AppResult<Json<Vec<AuditEntry>>> {
     Ok(Json(users::audit_log(&state, q.limit).await?))
+}
+
+/// Each background job with its period and its newest runs (issue #13; `app::jobs`).
+#[utoipa::path(get, path = "/api/admin/jobs", tag = "admin",
+    responses((status = 200, body = Vec<JobView>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+pub async fn jobs(State(state): State<AppState>, _op: Operator) -> AppResult<Json<Vec<JobView>>> {
+    Ok(Json(crate::app::jobs::overview(&state).await?))
 }

@@ -65,6 +65,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin::list_users))
         .routes(routes!(admin::grant_role, admin::revoke_role))
         .routes(routes!(admin::audit_log))
+        .routes(routes!(admin::jobs))
         .routes(routes!(operator_keys::get_operator_keys))
         .routes(routes!(operator_keys::post_change))
         .routes(routes!(operator_keys::delete_draft))
