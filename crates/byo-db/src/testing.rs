@@ -10,6 +10,9 @@ use crate::{Backend, Result, Store};
 #[derive(Debug)]
 pub struct TestDb {
     pub store: Store,
+    /// The URL `store` was opened with, for a second connection to the same database (two
+    /// servers on one database).
+    pub url: String,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -29,6 +32,7 @@ pub async fn sqlite() -> TestDb {
     store.migrate().await.expect("migrate sqlite");
     TestDb {
         store,
+        url,
         _dir: Some(dir),
     }
 }
@@ -56,11 +60,14 @@ pub async fn postgres() -> Option<TestDb> {
         .expect("create test database");
     admin.close().await;
     let (base, _) = admin_url.rsplit_once('/').expect("URL has a database path");
-    let store = Store::connect(&format!("{base}/{name}"))
-        .await
-        .expect("connect");
+    let url = format!("{base}/{name}");
+    let store = Store::connect(&url).await.expect("connect");
     store.migrate().await.expect("migrate postgres");
-    Some(TestDb { store, _dir: None })
+    Some(TestDb {
+        store,
+        url,
+        _dir: None,
+    })
 }
 
 /// Both backends that are available here: SQLite always, PostgreSQL when provided.
