@@ -190,6 +190,37 @@ async fn a_failing_job_records_its_error_and_runs_again(app: TestApp) {
     );
 }
 
+/// Inside one process (SQLite's only guard) a job never overlaps itself: ticks fired at
+/// once while a run is in flight are skipped, and record nothing.
+async fn one_process_never_overlaps_a_job_with_itself(app: TestApp) {
+    let t = Arc::new(Tracker::default());
+    let d = JobDriver::new(
+        app.state.clone(),
+        vec![tracked(
+            "solo",
+            Duration::from_secs(3600),
+            Duration::from_millis(100),
+            t.clone(),
+        )],
+    );
+    let ticks: Vec<_> = (0..10)
+        .map(|_| {
+            let d = d.clone();
+            tokio::spawn(async move { d.tick("solo").await.unwrap().unwrap() })
+        })
+        .collect();
+    let mut ran = 0;
+    for tick in ticks {
+        if tick.await.unwrap() != Tick::Skipped {
+            ran += 1;
+        }
+    }
+    assert_eq!(t.max.load(Ordering::SeqCst), 1, "the job overlapped itself");
+    assert_eq!(ran, t.runs.load(Ordering::SeqCst));
+    assert!(ran < 10, "no tick was skipped");
+    assert_eq!(app.db.job_runs("solo", 100).await.unwrap().len(), ran);
+}
+
 /// Only the newest runs of a job are kept.
 async fn only_the_newest_runs_of_a_job_are_kept(app: TestApp) {
     let t = Arc::new(Tracker::default());
@@ -326,6 +357,7 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
 
 on_each_backend!(
     a_failing_job_records_its_error_and_runs_again,
+    one_process_never_overlaps_a_job_with_itself,
     only_the_newest_runs_of_a_job_are_kept,
     the_driver_runs_the_jobs_on_their_period_and_trigger,
     the_admin_jobs_page_shows_the_runs,

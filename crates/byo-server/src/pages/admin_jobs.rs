@@ -11,7 +11,7 @@ use crate::auth::CurrentUser;
 use crate::state::AppState;
 
 fn every(secs: u64) -> String {
-    if secs % 60 == 0 {
+    if secs.is_multiple_of(60) {
         format!("every {} min", secs / 60)
     } else {
         format!("every {secs} s")
