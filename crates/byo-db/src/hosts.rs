@@ -405,13 +405,14 @@ pub struct HostStatusRow {
 impl Store {
     /// One heartbeat (133), authenticated and written in one statement: the host whose
     /// token hashes to `token_hash` (not retired) gets its host_status row upserted with
-    /// `seen_at = now`. `None` when no host holds that token — nothing is written.
+    /// `seen_at = now`; the answer is its id and whether it holds a live row. `None` when no
+    /// host holds that token — nothing is written.
     pub async fn record_heartbeat(
         &self,
         token_hash: &byo_core::tokens::TokenHash,
         beat: &byo_wire::vm::Heartbeat,
         now: DateTime<Utc>,
-    ) -> Result<Option<String>> {
+    ) -> Result<Option<(String, bool)>> {
         let instances = i32::try_from(beat.instances).unwrap_or(i32::MAX);
         let details = if beat.details.is_null() {
             Value::Object(Default::default())
@@ -419,7 +420,9 @@ impl Store {
             beat.details.clone()
         };
         let _turn = self.write_turn().await;
-        on_pool!(self, |p| sqlx::query_scalar::<_, String>(
+        // The answer says whether the host holds a live row, so a beat from an idle host
+        // with nothing to list needs no second round trip to reconcile.
+        on_pool!(self, |p| sqlx::query_as::<_, (String, bool)>(
             "insert into host_status
                (host_id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage, instances, details)
              select id, $2, $3, $4, $5, $6, $7, $8, $9, $10
@@ -429,7 +432,8 @@ impl Store {
                lxd = excluded.lxd, relay = excluded.relay, tunnel = excluded.tunnel,
                gpu = excluded.gpu, storage = excluded.storage, instances = excluded.instances,
                details = excluded.details
-             returning host_id"
+             returning host_id, exists (select 1 from vms v where v.host_id = host_status.host_id
+                                         and v.deleted_at is null and v.creation_failed_at is null)"
         )
         .bind(token_hash.as_str())
         .bind(now)

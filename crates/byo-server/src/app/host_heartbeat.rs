@@ -91,8 +91,10 @@ pub async fn record(
         .record_heartbeat(&hash, &beat, state.clock.now())
         .await?
     {
-        Some(host_id) => {
-            reconcile(state, &host_id, &beat.vms).await?;
+        Some((host_id, holds_live_row)) => {
+            if holds_live_row || !beat.vms.is_empty() {
+                reconcile(state, &host_id, &beat.vms).await?;
+            }
             Ok(HostCall::Recorded)
         }
         None => Ok(HostCall::InvalidToken),
