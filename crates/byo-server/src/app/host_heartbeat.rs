@@ -20,9 +20,8 @@ use crate::app::host_report::HostCall;
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
-/// How large `details` may be, serialised.
-pub const MAX_DETAILS_BYTES: usize = 16 * 1024;
-
+/// The beat's shape beyond its wire bounds: a printable agent version, details an object, and
+/// the held instances' names and status words.
 fn check(beat: &Heartbeat) -> AppResult<()> {
     let v = &beat.agent_version;
     if v.is_empty() || v.len() > 64 || v.chars().any(char::is_control) {
@@ -37,12 +36,8 @@ fn check(beat: &Heartbeat) -> AppResult<()> {
             "details is a JSON object",
         ));
     }
-    if beat.details.to_string().len() > MAX_DETAILS_BYTES {
-        return Err(AppError::bad_request(
-            "invalid_heartbeat",
-            format!("details is at most {MAX_DETAILS_BYTES} bytes"),
-        ));
-    }
+    // Sizes (agent_version, details) are the wire type's bounds (`Bounded for Heartbeat`),
+    // checked once by the extractor before this; what is left here is shape.
     if beat.vms.len() > MAX_HELD_VMS {
         return Err(AppError::bad_request(
             "invalid_heartbeat",
