@@ -61,6 +61,7 @@ pub mod inspect;
 pub mod jobs;
 pub mod lifecycle;
 pub mod operator_keys;
+pub mod prebookings;
 pub mod profiles;
 pub mod provisioning;
 pub mod relay_ca;

@@ -4,6 +4,7 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{AgentWaits, HostAgents, HttpAgents};
+use crate::app::billing::{BillingGate, BillingOff};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::queue::{NoQueue, QueueDrain};
@@ -34,6 +35,8 @@ pub struct AppState {
     /// The installation's relay CA: relay certificates at provisioning, the agent client's
     /// only trust.
     pub relay_ca: RelayCaSource,
+    /// The live billing check (E2): [`BillingOff`] unless Stripe is configured.
+    pub billing: Arc<dyn BillingGate>,
 }
 
 impl AppState {
@@ -62,6 +65,7 @@ impl AppState {
             clock: Clock::System,
             waits: AgentWaits::default(),
             drain: Arc::new(NoQueue),
+            billing: Arc::new(BillingOff),
         }
     }
 
