@@ -145,10 +145,19 @@ impl OperatorKeys {
     }
 
     /// The verification half of [`Self::receive`]: pure with respect to the host.
+    /// The trust is the pin, or the successor the kept list names (M.13): rotation
+    /// happens only through a list the current trust signed, never by editing the pin.
     pub fn accept(&self, envelope: &[u8], now: DateTime<Utc>) -> Result<KeyList, ReceiveError> {
-        let trusted = self.trusted()?;
-        let held = self.held()?.map(|(_, l)| Held::from(&l));
+        let held = self.held()?.map(|(_, l)| l);
+        let trusted = keylist::trusted_after(&self.trusted()?, held.as_ref());
+        let held = held.as_ref().map(Held::from);
         Ok(keylist::verify(envelope, &trusted, &self.environment, held.as_ref(), now)?.list)
+    }
+
+    /// The signing keys the next list must be signed by.
+    pub fn signing_trust(&self) -> Result<Vec<PublicKey>, ReceiveError> {
+        let held = self.held()?.map(|(_, l)| l);
+        Ok(keylist::trusted_after(&self.trusted()?, held.as_ref()))
     }
 
     /// Keep the exact signed bytes where preparation reads them.

@@ -418,3 +418,71 @@ fn serving_checks_lists_against_the_environment_the_host_enrolled_into() {
     let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(text.contains(&c.public_key) && !text.contains(&a.public_key));
 }
+
+/// M.13 on the host, with the real verifier: a rotation list signed by the pinned key (and
+/// by its successor) moves the trust; one signed by the wrong key changes nothing; after
+/// the rotation the old key signs nothing; the pin file itself is never rewritten.
+#[test]
+fn m13_signing_key_rotation_is_applied_only_from_a_list_the_current_trust_signed() {
+    let h = host();
+    let pin_before = std::fs::read(&h.keys.paths.trusted).unwrap();
+    let laptop = login_key("laptop");
+    h.keys
+        .receive(&signed(1, vec![laptop.clone()], &h.sk), now())
+        .unwrap();
+    let successor = testing::private_key();
+    let mut successor_line = successor.public_key().clone();
+    successor_line.set_comment("");
+    let rotation = |version: u64| {
+        let mut l = testing::list("prod", version, vec![laptop.clone()], now());
+        l.next_signing_keys = Some(vec![successor_line.to_openssh().unwrap()]);
+        l
+    };
+    // Signed by a stranger (and the successor): refused, nothing changed.
+    let stranger = testing::private_key();
+    let before = snapshot(&h);
+    let r = refused(h.keys.receive(
+        &testing::envelope(&rotation(2), &[&stranger, &successor]),
+        now(),
+    ));
+    assert!(matches!(r, Refusal::BadSignature { .. }), "{r:?}");
+    assert_eq!(snapshot(&h), before);
+    // Signed by the pin alone: the successor has not proven itself; nothing changed.
+    let r = refused(
+        h.keys
+            .receive(&testing::envelope(&rotation(2), &[&h.sk]), now()),
+    );
+    assert!(matches!(r, Refusal::SuccessorUnproven { .. }), "{r:?}");
+    assert_eq!(snapshot(&h), before);
+    // Signed by both: applied; the next list's trust is the successor's alone.
+    h.keys
+        .receive(
+            &testing::envelope(&rotation(2), &[&h.sk, &successor]),
+            now(),
+        )
+        .unwrap();
+    assert_eq!(
+        h.keys.signing_trust().unwrap(),
+        vec![successor_line.clone()]
+    );
+    assert_eq!(
+        std::fs::read(&h.keys.paths.trusted).unwrap(),
+        pin_before,
+        "the pin file is untouched"
+    );
+    let desktop = login_key("desktop");
+    let mut next = rotation(3);
+    next.keys.push(desktop.clone());
+    let before = snapshot(&h);
+    let r = refused(h.keys.receive(&testing::envelope(&next, &[&h.sk]), now()));
+    assert!(
+        matches!(r, Refusal::BadSignature { .. }),
+        "the old key signs nothing now: {r:?}"
+    );
+    assert_eq!(snapshot(&h), before);
+    h.keys
+        .receive(&testing::envelope(&next, &[&successor]), now())
+        .unwrap();
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&desktop.public_key));
+}

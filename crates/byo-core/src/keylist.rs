@@ -45,7 +45,16 @@ pub struct KeyList {
     pub threshold: u32,
     /// Every operator's keys, one per machine, sorted.
     pub keys: Vec<OperatorKey>,
+    /// Signing-key rotation (M.13): the keys that sign every list after this one, named
+    /// inside the signed bytes by the keys trusted now. A holder that applies this list
+    /// trusts these instead of its pin; absent, the pin stands. Carried forward by every
+    /// later change, so a rotation holds until the next one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_signing_keys: Option<Vec<String>>,
 }
+
+/// The most successor signing keys a list may name.
+pub const MAX_SIGNING_KEYS: usize = 8;
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -97,6 +106,15 @@ pub enum Refusal {
     SameVersionDifferentKeys {
         version: u64,
     },
+    /// The successor signing keys are not a sorted, distinct list of 1 to
+    /// [`MAX_SIGNING_KEYS`] bare Ed25519 keys.
+    BadSuccessor(String),
+    /// A list that changes who signs next must carry the successors' own signatures too
+    /// (threshold of them): proof that someone holds the keys every later list needs.
+    SuccessorUnproven {
+        valid: usize,
+        threshold: u32,
+    },
     KeyOptions(String),
     DisallowedKeyType(String),
     DuplicateKey(String),
@@ -133,6 +151,12 @@ impl fmt::Display for Refusal {
             Refusal::SameVersionDifferentKeys { version } => {
                 write!(f, "version {version} is already held with different keys")
             }
+            Refusal::BadSuccessor(why) => write!(f, "the successor signing keys: {why}"),
+            Refusal::SuccessorUnproven { valid, threshold } => write!(
+                f,
+                "the list names new signing keys but carries {valid} signature(s) from them, \
+                 {threshold} needed: every successor must sign the list that names it"
+            ),
             Refusal::KeyOptions(k) => write!(f, "key {k} carries options or a comment"),
             Refusal::DisallowedKeyType(t) => {
                 write!(
@@ -254,6 +278,7 @@ impl KeyList {
         if self.threshold == 0 {
             return Err(Refusal::Malformed("threshold must be at least 1".into()));
         }
+        self.successors()?;
         let mut seen = BTreeSet::new();
         let mut out = Vec::with_capacity(self.keys.len());
         for key in &self.keys {
@@ -264,6 +289,41 @@ impl KeyList {
             out.push(checked);
         }
         Ok(out)
+    }
+
+    /// The successor signing keys this list names, parsed: sorted, distinct, 1 to
+    /// [`MAX_SIGNING_KEYS`] bare Ed25519 keys. `None` when it names none.
+    pub fn successors(&self) -> Result<Option<Vec<PublicKey>>, Refusal> {
+        let Some(lines) = &self.next_signing_keys else {
+            return Ok(None);
+        };
+        if lines.is_empty() || lines.len() > MAX_SIGNING_KEYS {
+            return Err(Refusal::BadSuccessor(format!(
+                "1 to {MAX_SIGNING_KEYS} keys, not {}",
+                lines.len()
+            )));
+        }
+        if lines.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(Refusal::BadSuccessor("not sorted and distinct".into()));
+        }
+        lines
+            .iter()
+            .map(|line| {
+                if line.chars().any(char::is_control) || line.split(' ').count() != 2 {
+                    return Err(Refusal::BadSuccessor(format!(
+                        "{:?} is not a bare `<type> <base64>` key",
+                        escape_control(line)
+                    )));
+                }
+                let key = PublicKey::from_openssh(line)
+                    .map_err(|e| Refusal::BadSuccessor(e.to_string()))?;
+                match key.algorithm() {
+                    Algorithm::Ed25519 | Algorithm::SkEd25519 => Ok(key),
+                    other => Err(Refusal::BadSuccessor(format!("{other} is not allowed"))),
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
     }
 
     /// The authorized_keys file for the `spark` user: one line per key, each carrying
@@ -303,6 +363,12 @@ pub enum Change {
         user_sub: String,
         fingerprint: String,
     },
+    /// Remove a key whoever it belongs to (a superadmin, I: "leaving is one action").
+    RemoveAny { fingerprint: String },
+    /// Remove every key of an operator who is leaving (their role revoked).
+    Depart { user_sub: String },
+    /// Name the keys that sign every list after this one (M.13).
+    RotateSigningKeys { successors: Vec<String> },
 }
 
 /// Why a change was refused.
@@ -346,6 +412,7 @@ impl KeyList {
         validity: chrono::Duration,
     ) -> Result<KeyList, ChangeRefusal> {
         let mut keys = base.map(|b| b.keys.clone()).unwrap_or_default();
+        let mut next_signing_keys = base.and_then(|b| b.next_signing_keys.clone());
         let fingerprint_of = |k: &OperatorKey| check_key(k).map(|c| c.fingerprint).ok();
         match change {
             Change::Add {
@@ -380,13 +447,43 @@ impl KeyList {
                 }
                 keys.remove(i);
             }
+            Change::RemoveAny { fingerprint } => {
+                let i = keys
+                    .iter()
+                    .position(|k| fingerprint_of(k).as_deref() == Some(fingerprint))
+                    .ok_or_else(|| ChangeRefusal::NotFound(fingerprint.clone()))?;
+                keys.remove(i);
+            }
+            Change::Depart { user_sub } => {
+                let before = keys.len();
+                keys.retain(|k| &k.user_sub != user_sub);
+                if keys.len() == before {
+                    return Err(ChangeRefusal::NotFound(format!("any key of {user_sub}")));
+                }
+            }
+            Change::RotateSigningKeys { successors } => {
+                let mut lines: Vec<String> = successors
+                    .iter()
+                    .map(|l| {
+                        PublicKey::from_openssh(l.trim())
+                            .map(|mut k| {
+                                k.set_comment("");
+                                k.to_openssh().unwrap_or_default()
+                            })
+                            .map_err(|e| ChangeRefusal::Key(Refusal::BadSuccessor(e.to_string())))
+                    })
+                    .collect::<Result<_, _>>()?;
+                lines.sort();
+                lines.dedup();
+                next_signing_keys = Some(lines);
+            }
         }
         if keys.is_empty() {
             return Err(ChangeRefusal::NoOperatorLeft);
         }
         keys.sort();
         let issued_at = now.with_nanosecond(0).unwrap_or(now);
-        Ok(KeyList {
+        let list = KeyList {
             kind: KIND.to_owned(),
             environment: environment.to_owned(),
             version,
@@ -394,7 +491,9 @@ impl KeyList {
             expires: issued_at + validity,
             threshold: base.map_or(1, |b| b.threshold.max(1)),
             keys,
-        })
+            next_signing_keys,
+        };
+        list.successors().map_err(ChangeRefusal::Key).map(|_| list)
     }
 }
 
@@ -457,6 +556,16 @@ pub fn valid_signers(body: &str, signatures: &[String], trusted: &[PublicKey]) -
     signers.len()
 }
 
+/// The signing keys a holder trusts for the list after `held`: the successors `held`
+/// names (it was verified against the trust before it, so trust only ever moves through
+/// signed lists), else the keys pinned at enrolment. Nothing else replaces a pin.
+pub fn trusted_after(pinned: &[PublicKey], held: Option<&KeyList>) -> Vec<PublicKey> {
+    match held.and_then(|l| l.successors().ok().flatten()) {
+        Some(successors) => successors,
+        None => pinned.to_vec(),
+    }
+}
+
 /// The one verifier (M.7). `trusted` is the signing key pinned at enrolment; `held` what
 /// this holder applied last. Pure: the caller persists nothing unless this returns `Ok`.
 pub fn verify(
@@ -479,6 +588,25 @@ pub fn verify(
         });
     }
     let keys = list.check()?;
+    if let Some(successors) = list.successors()? {
+        let same = |a: &[PublicKey], b: &[PublicKey]| {
+            let set = |k: &[PublicKey]| {
+                k.iter()
+                    .map(|k| k.key_data().clone())
+                    .collect::<BTreeSet<_>>()
+            };
+            set(a) == set(b)
+        };
+        if !same(&successors, trusted) {
+            let proven = valid_signers(&signed.body, &signed.signatures, &successors);
+            if proven < list.threshold.max(1) as usize {
+                return Err(Refusal::SuccessorUnproven {
+                    valid: proven,
+                    threshold: list.threshold.max(1),
+                });
+            }
+        }
+    }
     if list.environment != environment {
         return Err(Refusal::WrongEnvironment {
             expected: environment.to_owned(),

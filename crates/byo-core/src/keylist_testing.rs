@@ -43,6 +43,7 @@ pub fn list(
         expires: now + Duration::days(90),
         threshold: 1,
         keys,
+        next_signing_keys: None,
     }
 }
 

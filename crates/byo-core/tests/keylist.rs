@@ -326,3 +326,164 @@ fn authorized_keys_carries_expiry_and_attribution_and_parses_with_ssh_keygen() {
         assert!(listed.contains(&fp), "ssh-keygen lists {fp}: {listed}");
     }
 }
+
+fn bare(key: &PrivateKey) -> String {
+    let mut public = key.public_key().clone();
+    public.set_comment("");
+    public.to_openssh().unwrap()
+}
+
+/// M.13: a list signed by the pinned key names its successor inside the signed bytes; the
+/// holder that applied it trusts the successor and no longer the old key.
+#[test]
+fn m13_rotation_moves_trust_to_the_successor_only_through_signed_lists() {
+    let old = signing_key();
+    let new = signing_key();
+    let pinned = [old.public_key().clone()];
+    let base = list(1, vec![login_key("laptop")]);
+    let rotation = KeyList::with_change(
+        Some(&base),
+        &keylist::Change::RotateSigningKeys {
+            successors: vec![format!("{} new-signing-key", bare(&new))],
+        },
+        "prod",
+        2,
+        now(),
+        chrono::Duration::days(90),
+    )
+    .unwrap();
+    assert_eq!(rotation.next_signing_keys, Some(vec![bare(&new)]));
+    // Signed by the pinned key alone: the successor has not shown it exists.
+    assert_eq!(
+        verify(&envelope(&rotation, &[&old]), &pinned, "prod", None, now()).unwrap_err(),
+        Refusal::SuccessorUnproven {
+            valid: 0,
+            threshold: 1
+        }
+    );
+    // Signed by the successor alone: not trusted yet.
+    assert!(matches!(
+        verify(&envelope(&rotation, &[&new]), &pinned, "prod", None, now()),
+        Err(Refusal::BadSignature { .. })
+    ));
+    // Both: accepted, and the trust for the next list is the successor's alone.
+    let applied = verify(
+        &envelope(&rotation, &[&old, &new]),
+        &pinned,
+        "prod",
+        None,
+        now(),
+    )
+    .unwrap()
+    .list;
+    let next_trust = keylist::trusted_after(&pinned, Some(&applied));
+    assert_eq!(next_trust, vec![new.public_key().clone().tap_comment()]);
+    // A later change carries the rotation forward; the old key signs nothing any more.
+    let later = KeyList::with_change(
+        Some(&applied),
+        &keylist::Change::Add {
+            user_sub: "op-1".into(),
+            label: "desktop".into(),
+            public_key: testing::public_key_line(),
+        },
+        "prod",
+        3,
+        now(),
+        chrono::Duration::days(90),
+    )
+    .unwrap();
+    assert_eq!(later.next_signing_keys, applied.next_signing_keys);
+    let held = Held::from(&applied);
+    assert!(matches!(
+        verify(
+            &envelope(&later, &[&old]),
+            &next_trust,
+            "prod",
+            Some(&held),
+            now()
+        ),
+        Err(Refusal::BadSignature { .. })
+    ));
+    assert!(
+        verify(
+            &envelope(&later, &[&new]),
+            &next_trust,
+            "prod",
+            Some(&held),
+            now()
+        )
+        .is_ok()
+    );
+    // With nothing held, the pin stands.
+    assert_eq!(keylist::trusted_after(&pinned, None), pinned.to_vec());
+}
+
+/// A rotation list whose successor is not a bare, allowed key is refused even when signed.
+#[test]
+fn m13_a_successor_that_is_not_an_allowed_key_is_refused() {
+    let old = signing_key();
+    let mut l = list(2, vec![login_key("laptop")]);
+    l.next_signing_keys = Some(vec!["ssh-ed25519 AAAA not-bare".into()]);
+    assert!(matches!(
+        check(&envelope(&l, &[&old]), &old, None),
+        Err(Refusal::BadSuccessor(_))
+    ));
+    l.next_signing_keys = Some(vec![]);
+    assert!(matches!(
+        check(&envelope(&l, &[&old]), &old, None),
+        Err(Refusal::BadSuccessor(_))
+    ));
+}
+
+/// I: leaving is one action — a departing operator's keys all go in one change, and a
+/// superadmin's removal does not need to own the key; an operator's own removal still does.
+#[test]
+fn i_departure_removes_every_key_of_the_operator_and_only_theirs() {
+    let mine = testing::login_key("op-1", "laptop");
+    let mine2 = testing::login_key("op-1", "desktop");
+    let theirs = testing::login_key("op-2", "laptop");
+    let base = list(1, vec![mine.clone(), mine2.clone(), theirs.clone()]);
+    let make = |c: keylist::Change| {
+        KeyList::with_change(
+            Some(&base),
+            &c,
+            "prod",
+            2,
+            now(),
+            chrono::Duration::days(90),
+        )
+    };
+    let departed = make(keylist::Change::Depart {
+        user_sub: "op-1".into(),
+    })
+    .unwrap();
+    assert_eq!(departed.keys, vec![theirs.clone()]);
+    let fp = keylist::check_key(&theirs).unwrap().fingerprint;
+    assert_eq!(
+        make(keylist::Change::Remove {
+            user_sub: "op-1".into(),
+            fingerprint: fp.clone()
+        })
+        .unwrap_err(),
+        keylist::ChangeRefusal::NotYours(fp.clone())
+    );
+    let removed = make(keylist::Change::RemoveAny { fingerprint: fp }).unwrap();
+    assert!(!removed.keys.contains(&theirs) && removed.keys.len() == 2);
+    assert!(matches!(
+        make(keylist::Change::Depart {
+            user_sub: "op-9".into()
+        }),
+        Err(keylist::ChangeRefusal::NotFound(_))
+    ));
+}
+
+trait TapComment {
+    fn tap_comment(self) -> Self;
+}
+
+impl TapComment for PublicKey {
+    fn tap_comment(mut self) -> Self {
+        self.set_comment("");
+        self
+    }
+}
