@@ -94,6 +94,9 @@ struct Observed {
     gpu: (Health, String),
     /// What enverge-agent-rollback recorded, if it fired since the last install.
     rollback: Option<serde_json::Value>,
+    /// The kept operator-key list's version and expiry (#16: the backend sees a host whose
+    /// list is about to lapse, or has).
+    operator_keys: Option<serde_json::Value>,
 }
 
 fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
@@ -124,7 +127,15 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
         .ok()
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok());
+    let operator_keys = config
+        .operator_keys_held
+        .as_ref()
+        .and_then(|p| host.read(&p.to_string_lossy()).ok().flatten())
+        .and_then(|b| byo_core::keylist::SignedList::from_bytes(&b).ok())
+        .and_then(|s| byo_core::keylist::KeyList::from_canonical(&s.body).ok())
+        .map(|l| json!({"version": l.version, "expires": l.expires}));
     Observed {
+        operator_keys,
         rollback,
         lxd_up,
         held,
@@ -185,6 +196,7 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
             "tunnel": seen.tunnel.1,
             "gpu": seen.gpu.1,
             "rollback": seen.rollback,
+            "operator_keys": seen.operator_keys,
         }),
         vms,
     }
@@ -249,6 +261,7 @@ mod tests {
         nvidia: Option<Output>,
         /// What enverge-agent-rollback left, if anything.
         rolled_back: Option<&'static str>,
+        held_keys: Option<Vec<u8>>,
     }
 
     impl Host for FakeHost {
@@ -267,6 +280,9 @@ mod tests {
             }
         }
         fn read(&mut self, p: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
+            if p == "/var/lib/enverge/operator-keys.signed" {
+                return Ok(self.held_keys.clone());
+            }
             Ok((p == crate::rollback::ROLLED_BACK)
                 .then(|| self.rolled_back.map(|r| r.as_bytes().to_vec()))
                 .flatten())
@@ -326,6 +342,7 @@ mod tests {
             ssh_listen: "10.8.0.2".into(),
             gpu,
             tunnel,
+            operator_keys_held: None,
         }
     }
 
@@ -345,6 +362,7 @@ mod tests {
             cloudflared: Some("active"),
             nvidia: None,
             rolled_back: None,
+            held_keys: None,
         };
         // The relay forwards :22 somewhere stale.
         let relay = Relay {
@@ -455,6 +473,7 @@ mod tests {
                 cloudflared: state,
                 nvidia,
                 rolled_back: None,
+                held_keys: None,
             };
             let relay = Relay {
                 map: SshMap::default(),
@@ -481,6 +500,7 @@ mod tests {
             cloudflared: None,
             nvidia: None,
             rolled_back: None,
+            held_keys: None,
         };
         let beat = report(observe(&mut host, &config(None, false)), &relay);
         assert!(beat.details["rollback"].is_null());
@@ -488,5 +508,35 @@ mod tests {
             Some(r#"{"at":"2026-11-30T20:00:00Z","from_sha256":"aa","to_sha256":"bb"}"#);
         let beat = report(observe(&mut host, &config(None, false)), &relay);
         assert_eq!(beat.details["rollback"]["at"], "2026-11-30T20:00:00Z");
+    }
+
+    /// #16: the beat carries the kept operator-key list's version and expiry.
+    #[test]
+    fn the_kept_key_lists_version_and_expiry_ride_on_the_beat() {
+        use byo_core::keylist_testing as t;
+        let relay = Relay {
+            map: SshMap::default(),
+            put: RefCell::new(None),
+        };
+        let now: chrono::DateTime<chrono::Utc> = "2026-11-30T12:00:00Z".parse().unwrap();
+        let list = t::list("prod", 7, vec![t::login_key("op", "laptop")], now);
+        let mut host = FakeHost {
+            instances: json!([]),
+            cloudflared: None,
+            nvidia: None,
+            rolled_back: None,
+            held_keys: Some(t::envelope(&list, &[&t::private_key()])),
+        };
+        let mut with_keys = config(None, false);
+        with_keys.operator_keys_held = Some("/var/lib/enverge/operator-keys.signed".into());
+        let beat = report(observe(&mut host, &with_keys), &relay);
+        assert_eq!(beat.details["operator_keys"]["version"], 7);
+        assert_eq!(
+            beat.details["operator_keys"]["expires"],
+            json!(list.expires)
+        );
+        host.held_keys = None;
+        let beat = report(observe(&mut host, &with_keys), &relay);
+        assert!(beat.details["operator_keys"].is_null());
     }
 }

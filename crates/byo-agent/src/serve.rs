@@ -348,6 +348,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 ssh_listen: handed.ssh_listen.clone(),
                 gpu: handed.gpu,
                 tunnel: handed.tunnel,
+                operator_keys_held: Some(operator_keys.paths.held.clone()),
             },
             relay: Box::new(vms::HttpRelayMap::new(
                 &handed.ssh_map_endpoint,

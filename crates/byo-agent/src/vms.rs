@@ -169,6 +169,8 @@ pub struct VmConfig {
     /// Preparation installed the operator tunnel (cloudflared); `None` when the hand-over
     /// predates the record (then the unit is asked all the same).
     pub tunnel: Option<bool>,
+    /// The kept operator-key list, whose version and expiry the heartbeat reports (#16).
+    pub operator_keys_held: Option<std::path::PathBuf>,
 }
 
 fn instance_path(name: &str) -> String {
@@ -625,6 +627,7 @@ mod tests {
             tunnel: Some(false),
             ssh_listen: "10.8.0.2".into(),
             gpu: false,
+            operator_keys_held: None,
         }
     }
 

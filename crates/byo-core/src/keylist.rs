@@ -369,6 +369,9 @@ pub enum Change {
     Depart { user_sub: String },
     /// Name the keys that sign every list after this one (M.13).
     RotateSigningKeys { successors: Vec<String> },
+    /// The same keys again, as a new version with a fresh expiry (renewal before a list
+    /// lapses: every host would otherwise refuse every operator).
+    Renew,
 }
 
 /// Why a change was refused.
@@ -459,6 +462,11 @@ impl KeyList {
                 keys.retain(|k| &k.user_sub != user_sub);
                 if keys.len() == before {
                     return Err(ChangeRefusal::NotFound(format!("any key of {user_sub}")));
+                }
+            }
+            Change::Renew => {
+                if base.is_none() {
+                    return Err(ChangeRefusal::NotFound("a list to renew".into()));
                 }
             }
             Change::RotateSigningKeys { successors } => {

@@ -37,7 +37,7 @@ pub struct KeyChangeRow {
 #[derive(Clone, Debug)]
 pub struct KeyChange<'a> {
     pub user_sub: &'a str,
-    /// `add` or `remove`.
+    /// `add`, `remove`, `depart` (every key of one operator) or `rotate` (M.13).
     pub action: &'a str,
     pub fingerprint: &'a str,
     pub label: &'a str,

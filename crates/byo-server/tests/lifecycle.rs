@@ -1098,6 +1098,14 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
     );
     beat(json!({"relay_map": "in_sync", "rollback": {"at": "2026-11-29T12:00:05Z"}})).await;
     assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["rollback fired"]);
+    // #16: the host reports the list it holds; one past its expiry is named.
+    beat(json!({"relay_map": "in_sync", "operator_keys": {"version": 1, "expires": "2026-11-01T00:00:00Z"}})).await;
+    assert_eq!(
+        problems(&w.op.page(&page_of(&h)).await),
+        ["key list expired"]
+    );
+    beat(json!({"relay_map": "in_sync", "operator_keys": {"version": 1, "expires": "2027-02-01T00:00:00Z"}})).await;
+    assert!(problems(&w.op.page(&page_of(&h)).await).is_empty());
     beat(json!({"relay_map": "in_sync"})).await;
 
     // A stuck delete, a failed push (and the list it leaves the host lagging on), a bench.

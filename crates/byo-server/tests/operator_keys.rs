@@ -917,3 +917,183 @@ with_world!(
     a_host_holds_the_version_it_enrolled_with,
     a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_verifies,
 );
+
+/// I: "leaving is one action". Revoking an operator's role drafts every key of theirs off
+/// the list in the same request; the next signed list's push takes them off every host's
+/// authorized_keys (the real agent code writes those files here).
+async fn i_revoking_an_operators_role_takes_their_keys_off_every_host(w: World) {
+    let theirs = w.add(&w.op, "op laptop").await;
+    let kept = w.add(&w.root, "root laptop").await;
+    w.publish_draft().await;
+    for h in &w.hosts {
+        assert!(w.keys.authorized_keys(h).unwrap().contains(&theirs));
+    }
+    let r = w
+        .root
+        .delete(&format!("/api/admin/users/{}/roles/operator", w.op.sub))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    // Read as the superadmin: the one who left reads nothing here any more.
+    let o: Value = w.root.get("/api/admin/operator-keys").await.json();
+    assert_eq!(o["draft"]["version"], 2, "the revoke drafted the removal");
+    let draft_keys: Vec<&str> = o["draft"]["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|k| k["public_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(draft_keys, [kept.as_str()]);
+    assert_eq!(o["draft_changes"][0]["action"], "depart");
+    let sig = w.sign(o["draft"]["body"].as_str().unwrap(), &w.signing);
+    let r = w.upload(2, &sig).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    for h in &w.hosts {
+        let ak = w.keys.authorized_keys(h).unwrap();
+        assert!(!ak.contains(&theirs), "{ak}");
+        assert!(ak.contains(&kept), "{ak}");
+    }
+}
+
+/// I: a superadmin removes any operator's key; an operator still removes only their own.
+async fn i_a_superadmin_removes_any_operators_key(w: World) {
+    let theirs = w.add(&w.op, "op laptop").await;
+    w.add(&w.root, "root laptop").await;
+    let r = w
+        .change(
+            &w.root,
+            json!({"action": "remove", "fingerprint": fingerprint(&theirs)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let keys = r.json()["keys"].as_array().unwrap().len();
+    assert_eq!(keys, 1);
+}
+
+/// M.13 through the route: only a superadmin drafts a rotation; the draft publishes only
+/// with the current key's and the successor's signatures (a refusal publishes nothing);
+/// afterwards hosts take lists the successor signs and refuse the old key's, and a host
+/// enrolling now pins the successor.
+async fn m13_a_rotation_is_published_with_both_signatures_and_the_old_key_signs_nothing_after(
+    w: World,
+) {
+    w.add(&w.root, "root laptop").await;
+    w.publish_draft().await;
+    let successor = testing::private_key();
+    let successor_line = successor.public_key().to_openssh().unwrap();
+    let rotate = json!({"action": "rotate_signing_keys", "signing_keys": [successor_line]});
+    let r = w.change(&w.op, rotate.clone()).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN, "{}", r.text());
+    let r = w.change(&w.root, rotate).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let o = w.overview().await;
+    let body = o["draft"]["body"].as_str().unwrap().to_owned();
+    let version = o["draft"]["version"].as_i64().unwrap();
+    let old_sig = w.sign(&body, &w.signing);
+    let new_sig = w.sign(&body, &successor);
+    let r = w.upload(version, &old_sig).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.text().contains("signature"), "{}", r.text());
+    assert_eq!(
+        w.overview().await["published"]["version"],
+        1,
+        "nothing published"
+    );
+    let r = w
+        .root
+        .post(
+            &format!("/api/admin/operator-keys/{version}/signatures"),
+            json!({"signature": old_sig, "more_signatures": [new_sig]}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let o = w.overview().await;
+    let successor_fp = successor
+        .public_key()
+        .fingerprint(ssh_key::HashAlg::Sha256)
+        .to_string();
+    assert_eq!(o["signing_keys"], json!([successor_fp]));
+    // The next change: the old key's signature is refused, the successor's publishes.
+    let added = w.add(&w.op, "op laptop").await;
+    let o = w.overview().await;
+    let body = o["draft"]["body"].as_str().unwrap().to_owned();
+    let version = o["draft"]["version"].as_i64().unwrap();
+    let r = w.upload(version, &w.sign(&body, &w.signing)).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    let r = w.upload(version, &w.sign(&body, &successor)).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    for h in &w.hosts {
+        assert!(w.keys.authorized_keys(h).unwrap().contains(&added));
+    }
+}
+
+with_world!(
+    i_revoking_an_operators_role_takes_their_keys_off_every_host,
+    i_a_superadmin_removes_any_operators_key,
+    m13_a_rotation_is_published_with_both_signatures_and_the_old_key_signs_nothing_after,
+);
+
+/// #16 renewal: nothing is drafted before two thirds of the published list's validity have
+/// passed; after, the same keys are drafted as the next version with a fresh expiry, once;
+/// /admin warns from 14 days out and names an expired list; a host reporting an expired
+/// list in its heartbeat is named on its page's problems.
+async fn renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn(mut w: World) {
+    let clock = byo_server::clock::Clock::manual(chrono::Utc::now());
+    w.app.state = w.app.state.clone().with_clock(clock.clone());
+    w.app.router = byo_server::router(w.app.state.clone());
+    let app_state = w.app.state.clone();
+    w.add(&w.root, "root laptop").await;
+    let body = w.overview().await["draft"]["body"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    w.publish_draft().await;
+    let published = byo_core::keylist::KeyList::from_canonical(&body).unwrap();
+    let validity = published.expires - published.issued_at;
+    clock.advance(validity / 2);
+    assert_eq!(
+        byo_server::app::operator_keys::renew_if_due(&app_state)
+            .await
+            .unwrap(),
+        None
+    );
+    clock.advance(validity / 6 + chrono::Duration::seconds(1));
+    assert_eq!(
+        byo_server::app::operator_keys::renew_if_due(&app_state)
+            .await
+            .unwrap(),
+        Some(2)
+    );
+    assert_eq!(
+        byo_server::app::operator_keys::renew_if_due(&app_state)
+            .await
+            .unwrap(),
+        None,
+        "a draft is waiting: nothing more"
+    );
+    let draft = w.app.db.newest_key_list().await.unwrap().unwrap();
+    let renewed = byo_core::keylist::KeyList::from_canonical(&draft.body).unwrap();
+    assert_eq!(renewed.keys, published.keys);
+    assert!(renewed.expires > published.expires);
+    let changes = w.app.db.key_changes(2).await.unwrap();
+    assert_eq!(changes[0].action, "renew");
+    // The page warns within 14 days, and names an expired list as such. (Sessions from
+    // then: the first ones have lapsed on the test's clock.)
+    let page = |n: u32| {
+        let app = &w.app;
+        async move {
+            let root = app.superadmin(&format!("later-{n}@example.com")).await;
+            root.get("/admin/operator-keys").await.text()
+        }
+    };
+    assert!(!page(1).await.contains("within 14 day"));
+    clock.advance(validity / 3 - chrono::Duration::days(10));
+    assert!(page(2).await.contains("within 14 day(s)"));
+    clock.advance(chrono::Duration::days(11));
+    let text = page(3).await;
+    assert!(
+        text.contains("expired") && text.contains("stops at operator-access"),
+        "{text}"
+    );
+}
+
+with_world!(renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn);

@@ -178,19 +178,34 @@ pub struct OperatorKeysView {
     /// Fingerprints of the signing keys hosts pin.
     pub signing_keys: Vec<String>,
     pub published: Option<KeyListView>,
+    /// The published list's signed envelope, exactly as hosts hold it: `byo keys sign`
+    /// verifies it against the keys it holds before showing a diff against it.
+    #[serde(default)]
+    pub published_envelope: Option<String>,
     /// The version waiting for a signature, with who changed what.
     pub draft: Option<KeyListView>,
     pub draft_changes: Vec<KeyChangeView>,
     pub hosts: Vec<HostKeyStatus>,
 }
 
-/// One key added or removed, by the signed-in operator, for their own keys only.
+/// One change to the draft: an operator adds or removes their own key; a superadmin also
+/// removes anyone's (I: a departure) and names the next signing keys (M.13).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "action", rename_all = "snake_case")]
 pub enum KeyChangeRequest {
-    Add { public_key: String, label: String },
-    Remove { fingerprint: String },
+    Add {
+        public_key: String,
+        label: String,
+    },
+    Remove {
+        fingerprint: String,
+    },
+    /// Superadmin only: every list after the one this drafts is signed by these keys, and
+    /// by them alone. The draft must be signed by the current key and by these.
+    RotateSigningKeys {
+        signing_keys: Vec<String>,
+    },
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -198,6 +213,9 @@ pub enum KeyChangeRequest {
 pub struct SignatureUpload {
     /// An armored SSHSIG (`ssh-keygen -Y sign -n operator-keys@byo`) over the draft's body.
     pub signature: String,
+    /// More signatures over the same body: a rotation carries its successors' too.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub more_signatures: Vec<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,13 +271,23 @@ impl crate::limits::Bounded for KeyChangeRequest {
                 chars("label", label, NAME_CHARS)
             }
             KeyChangeRequest::Remove { fingerprint } => text("fingerprint", fingerprint, SHORT),
+            KeyChangeRequest::RotateSigningKeys { signing_keys } => {
+                crate::limits::count("signing_keys", signing_keys.len(), 8)?;
+                signing_keys
+                    .iter()
+                    .try_for_each(|k| text("signing_keys[]", k, PUBLIC_KEY))
+            }
         }
     }
 }
 
 impl crate::limits::Bounded for SignatureUpload {
     fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
-        crate::limits::text("signature", &self.signature, crate::limits::SIGNATURE)
+        crate::limits::text("signature", &self.signature, crate::limits::SIGNATURE)?;
+        crate::limits::count("more_signatures", self.more_signatures.len(), 8)?;
+        self.more_signatures
+            .iter()
+            .try_for_each(|s| crate::limits::text("more_signatures[]", s, crate::limits::SIGNATURE))
     }
 }
 

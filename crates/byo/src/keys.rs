@@ -88,6 +88,69 @@ pub fn describe(body: &str, published: Option<&KeyList>) -> anyhow::Result<(KeyL
     Ok((list, out))
 }
 
+/// The published list, trusted only once verified (issue #16): its envelope must parse, be
+/// canonical, pass every list check and carry enough valid signatures from the keys the
+/// operator holds right now. A server that sends another list gets no diff shown against
+/// it. Expiry is not held against it: renewing a list that lapsed is exactly when this runs.
+pub fn verified_published(envelope: &str, held: &[PublicKey]) -> anyhow::Result<KeyList> {
+    let signed = keylist::SignedList::from_bytes(envelope.as_bytes())
+        .map_err(|e| anyhow::anyhow!("the published list is not a signed list: {e}"))?;
+    let list = KeyList::from_canonical(&signed.body)
+        .map_err(|e| anyhow::anyhow!("the published list does not parse: {e}"))?;
+    list.check()
+        .map_err(|e| anyhow::anyhow!("the published list is not a valid list: {e}"))?;
+    let valid = keylist::valid_signers(&signed.body, &signed.signatures, held);
+    if valid < list.threshold.max(1) as usize {
+        bail!(
+            "the published list (version {}) is not signed by the key(s) you hold ({valid} of {} \
+             signatures); refusing to compare a draft with a list nobody verified",
+            list.version,
+            list.threshold.max(1)
+        );
+    }
+    Ok(list)
+}
+
+/// A draft only moves forward from the verified published list: a higher version, and an
+/// expiry that does not move back.
+pub fn moves_forward(draft: &KeyList, published: Option<&KeyList>) -> anyhow::Result<()> {
+    let Some(p) = published else {
+        return Ok(());
+    };
+    if draft.version <= p.version {
+        bail!(
+            "the draft's version {} does not follow the published version {}",
+            draft.version,
+            p.version
+        );
+    }
+    if draft.expires < p.expires {
+        bail!(
+            "the draft expires {} — before the published list ({}); refusing to shorten it",
+            draft.expires,
+            p.expires
+        );
+    }
+    Ok(())
+}
+
+/// Split what was pasted into its private keys: a rotation is signed by the current key and
+/// by its successor, pasted one after the other.
+fn private_keys(text: &[u8]) -> Vec<Vec<u8>> {
+    const END: &str = "PRIVATE KEY-----";
+    let text = String::from_utf8_lossy(text);
+    let mut out = Vec::new();
+    let mut current = String::new();
+    for line in text.lines() {
+        current.push_str(line);
+        current.push('\n');
+        if line.starts_with("-----END") && line.ends_with(END) {
+            out.push(std::mem::take(&mut current).into_bytes());
+        }
+    }
+    out
+}
+
 /// An ssh-agent of our own, on a socket in a private temporary directory, killed on drop.
 struct Agent {
     child: Child,
@@ -149,11 +212,18 @@ impl Agent {
         Ok(())
     }
 
-    fn public_key(&self) -> anyhow::Result<PublicKey> {
+    fn public_keys(&self) -> anyhow::Result<Vec<PublicKey>> {
         let out = self.command("ssh-add").arg("-L").output()?;
         let text = String::from_utf8_lossy(&out.stdout);
-        let line = text.lines().next().context("the agent holds no key")?;
-        PublicKey::from_openssh(line).context("the agent's key does not parse")
+        let keys = text
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| PublicKey::from_openssh(l).context("the agent's key does not parse"))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        if keys.is_empty() {
+            bail!("the agent holds no key");
+        }
+        Ok(keys)
     }
 
     /// Sign `body` with the agent's key. ssh-keygen reads the body from a file it is
@@ -291,56 +361,109 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
     let draft = view
         .draft
         .context("there is no draft waiting for a signature")?;
-    let published = view
-        .published
-        .as_ref()
-        .map(|p| KeyList::from_canonical(&p.body))
-        .transpose()
-        .ok()
-        .flatten();
-    // Everything below uses these bytes, not anything else the server sent.
-    let body = draft.body;
-    let (list, text) = describe(&body, published.as_ref())?;
-    print!("{text}");
-    std::io::stdout().flush()?;
-    if !args.yes && !confirm(&format!("Sign version {}?", list.version))? {
-        bail!("not signed");
-    }
-
-    let key = read_private_key(args.from_clipboard)?;
+    // The keys come first: the published list is shown only once they verified it.
+    let pasted = read_private_key(args.from_clipboard)?;
     let agent = Agent::start()?;
-    let added = agent.add(&key);
-    drop(key);
+    let mut added = Ok(());
+    for key in private_keys(&pasted) {
+        added = added.and_then(|()| agent.add(&key));
+    }
+    drop(pasted);
     if args.from_clipboard {
         clipboard(false).context("clearing the clipboard")?;
     }
     added?;
-    let public = agent.public_key()?;
-    let fingerprint = public.fingerprint(ssh_key::HashAlg::Sha256).to_string();
-    if !view.signing_keys.contains(&fingerprint) {
+    let held = agent.public_keys()?;
+    let published = view
+        .published_envelope
+        .as_deref()
+        .map(|e| verified_published(e, &held))
+        .transpose()?;
+    // Everything below uses these bytes, not anything else the server sent.
+    let body = draft.body;
+    let (list, text) = describe(&body, published.as_ref())?;
+    moves_forward(&list, published.as_ref())?;
+    if let Some(p) = &published {
+        let left = p.expires - chrono::Utc::now();
+        if left <= chrono::Duration::days(14) {
+            let step = [0, 1, 7, 14]
+                .into_iter()
+                .find(|d| left <= chrono::Duration::days(*d))
+                .unwrap_or(14);
+            println!(
+                "  ! the published list (version {}) {} {} — {}",
+                p.version,
+                if step == 0 { "expired" } else { "expires" },
+                p.expires,
+                if step == 0 {
+                    "every host refuses operators until this is signed".to_owned()
+                } else {
+                    format!("within {step} day(s)")
+                }
+            );
+        }
+    }
+    print!("{text}");
+    if let Some(next) = &list.next_signing_keys {
+        println!(
+            "  ! this list hands signing to: {}\n    every later list must be signed by it; the keys signing now sign nothing after",
+            next.iter()
+                .filter_map(|k| PublicKey::from_openssh(k).ok())
+                .map(|k| k.fingerprint(ssh_key::HashAlg::Sha256).to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    std::io::stdout().flush()?;
+    if !args.yes && !confirm(&format!("Sign version {}?", list.version))? {
+        bail!("not signed");
+    }
+    // Sign with every key held that the list needs: the trusted ones, and a rotation's
+    // successors.
+    let successors = list.successors().ok().flatten().unwrap_or_default();
+    let fingerprint = |k: &PublicKey| k.fingerprint(ssh_key::HashAlg::Sha256).to_string();
+    let signers: Vec<&PublicKey> = held
+        .iter()
+        .filter(|k| {
+            view.signing_keys.contains(&fingerprint(k))
+                || successors.iter().any(|s| s.key_data() == k.key_data())
+        })
+        .collect();
+    if !held
+        .iter()
+        .any(|k| view.signing_keys.contains(&fingerprint(k)))
+    {
         bail!(
-            "{fingerprint} is not the signing key hosts trust ({})",
+            "{} is not the signing key hosts trust ({})",
+            held.iter().map(fingerprint).collect::<Vec<_>>().join(", "),
             view.signing_keys.join(", ")
         );
     }
-    let signature = agent.sign(&public, body.as_bytes())?;
-    drop(agent);
-
-    // What was signed must be what was shown, whatever happened to the file meanwhile.
-    if keylist::valid_signers(
-        &body,
-        std::slice::from_ref(&signature),
-        std::slice::from_ref(&public),
-    ) == 0
-    {
-        bail!("the signature does not cover the list shown; nothing was uploaded");
+    let mut signatures = Vec::new();
+    for public in &signers {
+        let signature = agent.sign(public, body.as_bytes())?;
+        // What was signed must be what was shown, whatever happened to the file meanwhile.
+        if keylist::valid_signers(
+            &body,
+            std::slice::from_ref(&signature),
+            std::slice::from_ref(*public),
+        ) == 0
+        {
+            bail!("the signature does not cover the list shown; nothing was uploaded");
+        }
+        signatures.push(signature);
     }
+    drop(agent);
+    let signature = signatures.remove(0);
     let resp = client
         .post(format!(
             "{base}/api/admin/operator-keys/{}/signatures",
             list.version
         ))
-        .json(&SignatureUpload { signature })
+        .json(&SignatureUpload {
+            signature,
+            more_signatures: signatures,
+        })
         .send()
         .await?;
     if !resp.status().is_success() {
@@ -380,6 +503,7 @@ mod tests {
             expires: now + Duration::days(1),
             threshold: 1,
             keys: vec![old.clone(), kept.clone()],
+            next_signing_keys: None,
         };
         let added = key("new laptop");
         let draft = KeyList {
@@ -423,5 +547,56 @@ mod tests {
         assert!(err.contains("\\u{1b}[2J"), "{err}");
         // Bytes that are not the canonical form are not shown at all.
         assert!(describe(&draft.to_canonical().replacen(':', ": ", 1), None).is_err());
+    }
+
+    /// Issue #16: the published list is trusted only once the keys the operator holds
+    /// verify it, and a draft only moves forward from it.
+    #[test]
+    fn the_published_list_is_verified_before_a_diff_and_a_draft_only_moves_forward() {
+        use byo_core::keylist_testing as t;
+        let now = Utc::now();
+        let signing = t::private_key();
+        let stranger = t::private_key();
+        let published = t::list("production", 4, vec![key("laptop")], now);
+        let envelope = String::from_utf8(t::envelope(&published, &[&signing])).unwrap();
+        let held = [signing.public_key().clone()];
+        let mut sorted = published.clone();
+        sorted.keys.sort();
+        assert_eq!(verified_published(&envelope, &held).unwrap(), sorted);
+        // Signed by someone else, or not signed: refused.
+        let forged = String::from_utf8(t::envelope(&published, &[&stranger])).unwrap();
+        let err = verified_published(&forged, &held).unwrap_err().to_string();
+        assert!(err.contains("not signed by the key(s) you hold"), "{err}");
+        let unsigned = String::from_utf8(t::envelope(&published, &[])).unwrap();
+        assert!(verified_published(&unsigned, &held).is_err());
+        // A version that does not increase, or an expiry that moves back: refused.
+        let same = t::list("production", 4, vec![key("laptop")], now);
+        assert!(moves_forward(&same, Some(&published)).is_err());
+        let mut shorter = t::list("production", 5, vec![key("laptop")], now);
+        shorter.expires = published.expires - Duration::days(1);
+        let err = moves_forward(&shorter, Some(&published))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("refusing to shorten"), "{err}");
+        let next = t::list(
+            "production",
+            5,
+            vec![key("laptop")],
+            now + Duration::hours(1),
+        );
+        assert!(moves_forward(&next, Some(&published)).is_ok());
+        assert!(moves_forward(&next, None).is_ok());
+    }
+
+    #[test]
+    fn a_rotation_pastes_two_private_keys_one_after_the_other() {
+        use byo_core::keylist_testing as t;
+        let pem =
+            |k: &ssh_key::PrivateKey| k.to_openssh(ssh_key::LineEnding::LF).unwrap().to_string();
+        let (a, b) = (t::private_key(), t::private_key());
+        let pasted = format!("{}{}", pem(&a), pem(&b));
+        let split = private_keys(pasted.as_bytes());
+        assert_eq!(split.len(), 2);
+        assert_eq!(String::from_utf8(split[1].clone()).unwrap(), pem(&b));
     }
 }

@@ -262,9 +262,17 @@ async fn first_operator_key(
         draft.body.as_bytes(),
     )?
     .to_pem(ssh_key::LineEnding::LF)?;
-    operator_keys::publish(state, &admin, draft.version, SignatureUpload { signature })
-        .await
-        .map_err(|e| anyhow::anyhow!("publishing operator-key list v{}: {e}", draft.version))?;
+    operator_keys::publish(
+        state,
+        &admin,
+        draft.version,
+        SignatureUpload {
+            signature,
+            more_signatures: Vec::new(),
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("publishing operator-key list v{}: {e}", draft.version))?;
     Ok(path)
 }
 

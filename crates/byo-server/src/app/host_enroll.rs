@@ -161,7 +161,13 @@ pub async fn redeem(
                 tunnel_hostname,
                 tunnel_connector_token: tunnel_token.and_then(|t| sealer.open(&t).ok()),
                 operator_keys: published.and_then(|p| p.envelope),
-                signing_keys: state.config.operator_keys.signing_keys.clone(),
+                // The trust in force now (M.13): after a rotation the configured keys no
+                // longer sign, and the published list handed over is the successors'.
+                signing_keys: crate::app::operator_keys::signing_trust(state)
+                    .await?
+                    .iter()
+                    .filter_map(|k| k.to_openssh().ok())
+                    .collect(),
                 profile_id: context.profile_id,
                 constants: context.constants,
                 lockout_owner: context.lockout_owner,

@@ -9,8 +9,17 @@ use byo_db::vms::{HostBenchRow, VmRow};
 use chrono::{DateTime, Duration, Utc};
 
 /// A published list this close to its `expires` is named as expiring: time enough to sign
-/// the next one.
-pub const KEY_LIST_EXPIRY_WARNING_DAYS: i64 = 7;
+/// the next one. The warnings step up at 14, 7 and 1 days (#16).
+pub const KEY_LIST_EXPIRY_WARNING_DAYS: i64 = 14;
+
+/// How urgent a list expiring at `expires` is at `now`: `None` beyond
+/// [`KEY_LIST_EXPIRY_WARNING_DAYS`], else the step (14, 7 or 1 days, or 0 once expired).
+pub fn expiry_warning(expires: DateTime<Utc>, now: DateTime<Utc>) -> Option<i64> {
+    let left = expires - now;
+    [0, 1, 7, KEY_LIST_EXPIRY_WARNING_DAYS]
+        .into_iter()
+        .find(|d| left <= Duration::days(*d))
+}
 
 /// One thing wrong, by the name the design gives it, and what was seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +82,21 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
             ),
             _ => {}
         }
+        if let Some(k) = s.details.0.get("operator_keys").filter(|k| !k.is_null())
+            && let Some(expires) = k["expires"]
+                .as_str()
+                .and_then(|e| e.parse::<DateTime<Utc>>().ok())
+            && expires <= now
+        {
+            add(
+                "key list expired",
+                format!(
+                    "the list this host holds (version {}) expired {}: sshd refuses every operator until a newer list reaches it",
+                    k["version"],
+                    expires.format("%Y-%m-%d %H:%M UTC")
+                ),
+            );
+        }
         if let Some(r) = s.details.0.get("rollback").filter(|r| !r.is_null()) {
             add(
                 "rollback fired",
@@ -114,13 +138,14 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
     }
     if let Some(p) = seen.published
         && let Ok(list) = byo_core::keylist::KeyList::from_canonical(&p.body)
-        && list.expires - now < Duration::days(KEY_LIST_EXPIRY_WARNING_DAYS)
+        && let Some(step) = expiry_warning(list.expires, now)
     {
         add(
             "key list expiring",
             format!(
-                "version {} expires {}",
+                "version {} {} {}",
                 p.version,
+                if step == 0 { "expired" } else { "expires" },
                 list.expires.format("%Y-%m-%d %H:%M UTC")
             ),
         );

@@ -81,6 +81,18 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        Job::new(
+            "renew-operator-keys",
+            super::operator_keys::RENEW_EVERY,
+            |state| {
+                Box::pin(async move {
+                    Ok(match super::operator_keys::renew_if_due(state).await? {
+                        Some(v) => format!("drafted renewal version {v}"),
+                        None => "not due".to_owned(),
+                    })
+                })
+            },
+        ),
     ]
 }
 

@@ -19,9 +19,11 @@ use ssh_key::PublicKey;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
+use byo_wire::Role;
 
-/// The signing keys hosts pin, from the configuration (validated at load).
-pub fn signing_keys(state: &AppState) -> Vec<PublicKey> {
+/// The signing keys the configuration names (validated at load): what hosts pinned
+/// before any rotation.
+pub fn configured_signing_keys(state: &AppState) -> Vec<PublicKey> {
     state
         .config
         .operator_keys
@@ -29,6 +31,20 @@ pub fn signing_keys(state: &AppState) -> Vec<PublicKey> {
         .iter()
         .filter_map(|k| PublicKey::from_openssh(k.trim()).ok())
         .collect()
+}
+
+/// The keys the next list must be signed by — what every host holding the published list
+/// trusts (M.13): the successors the published list names, else the configured keys. A new
+/// host pins these at enrolment, so it accepts the published list it then fetches.
+pub async fn signing_trust(state: &AppState) -> AppResult<Vec<PublicKey>> {
+    let published = match state.store.published_key_list().await? {
+        Some(row) => Some(parse_stored(&row.body)?),
+        None => None,
+    };
+    Ok(keylist::trusted_after(
+        &configured_signing_keys(state),
+        published.as_ref(),
+    ))
 }
 
 fn parse_stored(body: &str) -> AppResult<KeyList> {
@@ -93,7 +109,9 @@ pub async fn overview(state: &AppState) -> AppResult<OperatorKeysView> {
         .collect();
     Ok(OperatorKeysView {
         environment: state.config.environment.clone(),
-        signing_keys: signing_keys(state)
+        published_envelope: published.as_ref().and_then(|p| p.envelope.clone()),
+        signing_keys: signing_trust(state)
+            .await?
             .iter()
             .map(|k| k.fingerprint(ssh_key::HashAlg::Sha256).to_string())
             .collect(),
@@ -154,7 +172,8 @@ fn split_pasted_key(text: &str) -> AppResult<PastedKey> {
     })
 }
 
-/// Apply one change — the caller's own key added or removed — to the newest list.
+/// Apply one change to the newest list: an operator's own key added or removed; a
+/// superadmin's removal of anyone's key (I) or naming of the next signing keys (M.13).
 pub async fn change_keys(
     state: &AppState,
     by: &Operator,
@@ -163,7 +182,8 @@ pub async fn change_keys(
     // The API's extractor checked this already; the pages come through here too.
     byo_wire::limits::Bounded::check_bounds(&req).map_err(AppError::out_of_bounds)?;
     let sub = by.0.user.sub.clone();
-    let (change, fingerprint, label) = match req {
+    let superadmin = by.0.has(Role::Superadmin);
+    let (change, action, fingerprint, label) = match req {
         KeyChangeRequest::Add { public_key, label } => {
             let pasted = split_pasted_key(&public_key)?;
             let label = match (label.trim(), pasted.comment) {
@@ -192,25 +212,131 @@ pub async fn change_keys(
                 label: candidate.label.clone(),
                 public_key: candidate.public_key,
             };
-            (change, checked.fingerprint, candidate.label)
+            (change, "add", checked.fingerprint, candidate.label)
         }
+        // A superadmin removes any operator's key: leaving must not depend on the one
+        // who leaves.
+        KeyChangeRequest::Remove { fingerprint } if superadmin => (
+            Change::RemoveAny {
+                fingerprint: fingerprint.clone(),
+            },
+            "remove",
+            fingerprint,
+            String::new(),
+        ),
         KeyChangeRequest::Remove { fingerprint } => (
             Change::Remove {
                 user_sub: sub.clone(),
                 fingerprint: fingerprint.clone(),
             },
+            "remove",
             fingerprint,
             String::new(),
         ),
+        KeyChangeRequest::RotateSigningKeys { .. } if !superadmin => {
+            return Err(AppError::Forbidden(
+                "only a superadmin names the next signing keys",
+            ));
+        }
+        KeyChangeRequest::RotateSigningKeys { signing_keys } => {
+            let parsed: Vec<PublicKey> = signing_keys
+                .iter()
+                .map(|k| PublicKey::from_openssh(k.trim()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| {
+                    AppError::bad_request(
+                        "key_refused",
+                        format!("a signing key does not parse: {e}"),
+                    )
+                })?;
+            if parsed.is_empty() {
+                return Err(AppError::bad_request(
+                    "key_refused",
+                    "name at least one signing key",
+                ));
+            }
+            let fingerprints = parsed
+                .iter()
+                .map(|k| k.fingerprint(ssh_key::HashAlg::Sha256).to_string())
+                .collect::<Vec<_>>()
+                .join(" ");
+            (
+                Change::RotateSigningKeys {
+                    successors: signing_keys,
+                },
+                "rotate",
+                fingerprints,
+                "signing keys".to_owned(),
+            )
+        }
     };
-    let action = if matches!(change, Change::Add { .. }) {
-        "add"
-    } else {
-        "remove"
+    let row = draft_change(state, &sub, &change, action, &fingerprint, &label).await?;
+    list_view(&row)
+}
+
+/// I: "leaving is one action". Revoking someone's operator role drafts the removal of
+/// every key of theirs in the same step; the next signed list leaves them out and its push
+/// takes them off every host. `None` when they had no key on the list.
+pub async fn depart(state: &AppState, by_sub: &str, leaving_sub: &str) -> AppResult<Option<i32>> {
+    let change = Change::Depart {
+        user_sub: leaving_sub.to_owned(),
     };
+    match draft_change(state, by_sub, &change, "depart", "all", leaving_sub).await {
+        Ok(row) => Ok(Some(row.version)),
+        Err(AppError::BadRequest {
+            code: "not_listed", ..
+        }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// How often the renewal job looks.
+pub const RENEW_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Renewal (#16): once two thirds of the published list's validity have passed and no
+/// draft is waiting, the same keys are drafted again with a fresh expiry, for a superadmin
+/// to sign — well before hosts start refusing operators. Attributed to whoever published
+/// the list being renewed. `Some(version)` when a renewal was drafted.
+pub async fn renew_if_due(state: &AppState) -> AppResult<Option<i32>> {
+    let Some(newest) = state.store.newest_key_list().await? else {
+        return Ok(None);
+    };
+    if newest.state == KeyListState::Draft {
+        return Ok(None);
+    }
+    let list = parse_stored(&newest.body)?;
+    let due = list.issued_at + (list.expires - list.issued_at) * 2 / 3;
+    let now = state.clock.now();
+    if now < due {
+        return Ok(None);
+    }
+    let Some(by) = newest.published_by.clone() else {
+        return Ok(None);
+    };
+    let row = draft_change(
+        state,
+        &by,
+        &Change::Renew,
+        "renew",
+        &format!("version {}", newest.version),
+        "automatic renewal before expiry",
+    )
+    .await?;
+    tracing::warn!(version = row.version, expires = %list.expires, "the operator-key list is due for renewal: a draft waits for a signature");
+    Ok(Some(row.version))
+}
+
+/// One change onto the draft, recorded and audited. Two changes racing to open the next
+/// version collide on its key; the loser is applied again on top of the winner.
+async fn draft_change(
+    state: &AppState,
+    by_sub: &str,
+    change: &Change,
+    action: &str,
+    fingerprint: &str,
+    label: &str,
+) -> AppResult<KeyListRow> {
     let validity = chrono::Duration::days(state.config.operator_keys.validity_days);
-    // Two changes racing to open the next version collide on its key; the loser is applied
-    // again on top of the winner.
     for _ in 0..8 {
         let now = state.clock.now();
         let mut refusal = None;
@@ -218,10 +344,10 @@ pub async fn change_keys(
             .store
             .apply_key_change(
                 KeyChange {
-                    user_sub: &sub,
+                    user_sub: by_sub,
                     action,
-                    fingerprint: &fingerprint,
-                    label: &label,
+                    fingerprint,
+                    label,
                 },
                 now,
                 |base, version| {
@@ -230,7 +356,7 @@ pub async fn change_keys(
                     })?;
                     KeyList::with_change(
                         base.as_ref(),
-                        &change,
+                        change,
                         &state.config.environment,
                         version as u64,
                         now,
@@ -248,9 +374,9 @@ pub async fn change_keys(
             Ok(row) => {
                 state
                     .store
-                    .audit(Some(&sub), "operator_keys.change", None, json!({"action": action, "fingerprint": fingerprint, "version": row.version}), now)
+                    .audit(Some(by_sub), "operator_keys.change", None, json!({"action": action, "fingerprint": fingerprint, "label": label, "version": row.version}), now)
                     .await?;
-                return list_view(&row);
+                return Ok(row);
             }
             Err(DbError::Conflict(_)) => continue,
             Err(e) => return Err(refusal.map_or_else(|| e.into(), change_refused)),
@@ -329,7 +455,7 @@ pub async fn publish(
     version: i32,
     upload: SignatureUpload,
 ) -> AppResult<PushOutcome> {
-    let trusted = signing_keys(state);
+    let trusted = signing_trust(state).await?;
     if trusted.is_empty() {
         return Err(AppError::conflict(
             "no_signing_key",
@@ -354,7 +480,9 @@ pub async fn publish(
     };
     let envelope = SignedList {
         body: draft.body.clone(),
-        signatures: vec![upload.signature],
+        signatures: std::iter::once(upload.signature)
+            .chain(upload.more_signatures)
+            .collect(),
     }
     .to_bytes();
     let now = state.clock.now();

@@ -67,6 +67,20 @@ pub async fn change_grant(
                 }
             })?
     };
+    if changed && !grant && matches!(role, Role::Operator | Role::Superadmin) {
+        // I: leaving is one action. Someone who is no longer an operator has their keys
+        // drafted off the list in the same step; the next signed list takes them off
+        // every host.
+        let roles = state.store.roles_of(&target.sub).await?;
+        if !roles
+            .iter()
+            .any(|r| matches!(r, Role::Operator | Role::Superadmin))
+            && let Some(version) =
+                crate::app::operator_keys::depart(state, &by.0.user.sub, &target.sub).await?
+        {
+            tracing::info!(user = %target.sub, version, "operator left: their keys are drafted off the list");
+        }
+    }
     if changed {
         let action = if grant { "role.grant" } else { "role.revoke" };
         state

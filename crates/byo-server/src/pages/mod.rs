@@ -398,6 +398,7 @@ fn list_table(
     list: &byo_wire::api::KeyListView,
     emails: &std::collections::HashMap<String, String>,
     mine: Option<&str>,
+    superadmin: bool,
 ) -> Markup {
     html! {
         p { "Version " (list.version) ", issued " (list.issued_at.format("%Y-%m-%d %H:%M UTC")) ", expires " (list.expires.format("%Y-%m-%d")) "." }
@@ -411,11 +412,11 @@ fn list_table(
                         td { code { (k.fingerprint) } }
                         @if let Some(me) = mine {
                             td {
-                                @if k.user_sub == me {
+                                @if k.user_sub == me || superadmin {
                                     form.inline method="post" action="/admin/operator-keys/changes" {
                                         input type="hidden" name="action" value="remove";
                                         input type="hidden" name="fingerprint" value=(k.fingerprint);
-                                        button type="submit" { "Remove my key" }
+                                        button type="submit" { @if k.user_sub == me { "Remove my key" } @else { "Remove this key" } }
                                     }
                                 }
                             }
@@ -448,6 +449,7 @@ async fn render_keys_page(
         .map(|u| (u.user.sub, u.user.email))
         .collect();
     let me = op.0.user.sub.as_str();
+    let superadmin = op.0.has(byo_wire::Role::Superadmin);
     Ok(layout(
         "Operator keys",
         Some(&op.0),
@@ -456,16 +458,35 @@ async fn render_keys_page(
             p { "Every operator logs in to hosts as " code { "spark" } " with their own key. A change is collected in one draft; a superadmin signs it on their own machine with "
                 code { "byo keys sign --server " (state.config.public_url) " --email you@example.com" } ", which publishes it to every host." }
             @if let Some(e) = top_error { p.error role="alert" { (e) } }
+            @if let Some(p) = &view.published
+                && let Some(step) = crate::app::host_problems::expiry_warning(p.expires, state.clock.now())
+            {
+                p.error role="alert" {
+                    @if step == 0 {
+                        "The published list (version " (p.version) ") expired " (p.expires.format("%Y-%m-%d %H:%M UTC")) ": every host refuses operator logins, and a host enrolling now stops at operator-access. Sign the waiting draft now."
+                    } @else {
+                        "The published list (version " (p.version) ") expires " (p.expires.format("%Y-%m-%d %H:%M UTC")) " — within " (step) " day(s). Sign the renewal draft before then, or every host refuses operator logins."
+                    }
+                }
+            }
             p { "Signing key hosts trust: "
                 @if view.signing_keys.is_empty() { strong.error { "none configured (operator_keys.signing_keys)" } }
                 @for fp in &view.signing_keys { code { (fp) } " " } }
             h2 { "Waiting for a signature" }
             @if let Some(draft) = &view.draft {
-                (list_table(draft, &emails, Some(me)))
+                (list_table(draft, &emails, Some(me), superadmin))
                 h3 { "Who changed what" }
                 ul {
                     @for c in &view.draft_changes {
-                        li { (c.at.format("%Y-%m-%d %H:%M")) " — " (emails.get(&c.user_sub).map_or(c.user_sub.as_str(), String::as_str)) " " (c.action) "ed " code { (c.fingerprint) } @if !c.label.is_empty() { " (" (c.label) ")" } }
+                        li { (c.at.format("%Y-%m-%d %H:%M")) " — " (emails.get(&c.user_sub).map_or(c.user_sub.as_str(), String::as_str)) " "
+                            @match c.action.as_str() {
+                                "add" => { "added " code { (c.fingerprint) } @if !c.label.is_empty() { " (" (c.label) ")" } }
+                                "remove" => { "removed " code { (c.fingerprint) } }
+                                "depart" => { "took every key of " (emails.get(&c.label).map_or(c.label.as_str(), String::as_str)) " off the list (their operator role was revoked)" }
+                                "rotate" => { "handed signing to " code { (c.fingerprint) } }
+                                "renew" => { "renewal of " (c.fingerprint) " drafted (" (c.label) ")" }
+                                other => { (other) " " code { (c.fingerprint) } }
+                            } }
                     }
                 }
                 form.inline method="post" action="/admin/operator-keys/withdraw" { button type="submit" { "Withdraw this draft" } }
@@ -485,7 +506,17 @@ async fn render_keys_page(
                 button type="submit" { "Add to the draft" }
             }
             h2 { "Published" }
-            @if let Some(p) = &view.published { (list_table(p, &emails, Some(me))) } @else { p { "No list has been published yet." } }
+            @if let Some(p) = &view.published { (list_table(p, &emails, Some(me), superadmin)) } @else { p { "No list has been published yet." } }
+            @if superadmin {
+                h2 { "Hand signing to a new key" }
+                p { "When the person holding the signing key leaves, or the key may be known to someone who should not hold it, name its successor here. The draft must then be signed by the current key and by the successor (paste both private keys into " code { "byo keys sign" } "); once hosts apply it, only the successor signs." }
+                form #rotate method="post" action="/admin/operator-keys/changes" {
+                    input type="hidden" name="action" value="rotate_signing_keys";
+                    label { "The successor's public key (one per line)"
+                        textarea name="public_key" rows="2" required spellcheck="false" autocomplete="off" {} }
+                    button type="submit" { "Draft the hand-over" }
+                }
+            }
             h2 { "Hosts" }
             table {
                 thead { tr { th { "Host" } th { "Holds version" } th { "Last attempt" } th { "Failure" } th { "" } } }
@@ -556,6 +587,15 @@ async fn keys_change_submit(
         },
         "remove" => byo_wire::api::KeyChangeRequest::Remove {
             fingerprint: form.fingerprint.clone(),
+        },
+        "rotate_signing_keys" => byo_wire::api::KeyChangeRequest::RotateSigningKeys {
+            signing_keys: form
+                .public_key
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_owned)
+                .collect(),
         },
         _ => {
             return Err(

@@ -289,6 +289,16 @@ pub struct User {
 }
 
 impl User {
+    /// The same signed-in user, against another router (a state with its own clock).
+    pub fn on(&self, router: Router) -> User {
+        User {
+            router,
+            sub: self.sub.clone(),
+            email: self.email.clone(),
+            session: self.session.clone(),
+        }
+    }
+
     pub async fn request(
         &self,
         method: Method,

@@ -75,9 +75,17 @@ pub async fn publish_operator_keys(state: &AppState, staff: &CurrentUser) {
     .await
     .unwrap();
     let signature = byo_core::keylist_testing::sign(&draft.body, signing_key());
-    operator_keys::publish(state, staff, draft.version, SignatureUpload { signature })
-        .await
-        .unwrap();
+    operator_keys::publish(
+        state,
+        staff,
+        draft.version,
+        SignatureUpload {
+            signature,
+            more_signatures: Vec::new(),
+        },
+    )
+    .await
+    .unwrap();
 }
 
 pub async fn user(store: &byo_db::Store, email: &str, role: Role) -> CurrentUser {
