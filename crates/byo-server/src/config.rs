@@ -35,6 +35,8 @@ const KEYS: &[&str] = &[
     "cloudflared",
     "tunnels",
     "ssh_domain",
+    "placement",
+    "rate_limits",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -102,12 +104,37 @@ pub struct Config {
     /// How creates choose among hosts: heartbeat age and benching (issue #12, 6).
     #[serde(default)]
     pub placement: PlacementConfig,
+    /// `[rate_limits]`: sign-in, sign-up, password changes and redeem, per address and per
+    /// account (#16).
+    #[serde(default)]
+    pub rate_limits: RateLimitConfig,
     /// Origins besides `public_url`'s that state-changing requests may come from. Never
     /// read from a file or the environment: only `byo up` sets it, to the other names of
     /// its own loopback listener (`127.0.0.1`, `[::1]`), so a production server accepts
     /// exactly its public URL.
     #[serde(skip)]
     pub loopback_origins: Vec<String>,
+}
+
+/// `[rate_limits]`: how often one address, and one account, may knock on the doors that
+/// check a secret (sign-in, sign-up, password change, redeem). Each is a burst of that many,
+/// refilled evenly over a minute; past it the answer is 429 with `Retry-After`.
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitConfig {
+    #[serde(default = "defaults::per_address_per_minute")]
+    pub per_address_per_minute: u32,
+    #[serde(default = "defaults::per_account_per_minute")]
+    pub per_account_per_minute: u32,
+}
+
+impl Default for RateLimitConfig {
+    fn default() -> Self {
+        RateLimitConfig {
+            per_address_per_minute: defaults::per_address_per_minute(),
+            per_account_per_minute: defaults::per_account_per_minute(),
+        }
+    }
 }
 
 /// `[placement]`: which hosts a create may land on besides the design's rules.
@@ -278,6 +305,14 @@ mod defaults {
         3
     }
 
+    pub fn per_address_per_minute() -> u32 {
+        30
+    }
+
+    pub fn per_account_per_minute() -> u32 {
+        10
+    }
+
     pub fn validity_days() -> i64 {
         90
     }
@@ -305,6 +340,7 @@ impl Default for Config {
             tunnels: TunnelsConfig::default(),
             ssh_domain: None,
             placement: PlacementConfig::default(),
+            rate_limits: RateLimitConfig::default(),
             loopback_origins: Vec::new(),
         }
     }

@@ -43,6 +43,9 @@ pub enum AppError {
         code: &'static str,
         message: String,
     },
+    /// Too many attempts at a door that checks a secret (#16): 429, with when to come back.
+    #[error("too many attempts; try again in {retry_after_secs} s")]
+    TooManyRequests { retry_after_secs: u64 },
     #[error(transparent)]
     Internal(#[from] anyhow::Error),
 }
@@ -121,6 +124,7 @@ impl AppError {
             AppError::NotFound => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
             AppError::Host { status, .. } | AppError::Rejected { status, .. } => *status,
+            AppError::TooManyRequests { .. } => StatusCode::TOO_MANY_REQUESTS,
             AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -135,6 +139,7 @@ impl AppError {
             AppError::InvalidCredentials => "invalid_credentials",
             AppError::Forbidden(_) => "forbidden",
             AppError::NotFound => "not_found",
+            AppError::TooManyRequests { .. } => "too_many_requests",
             AppError::Internal(_) => "internal",
         }
     }
@@ -184,6 +189,16 @@ impl IntoResponse for AppError {
                 None
             },
         };
-        (status, Json(body)).into_response()
+        let retry_after = match &self {
+            AppError::TooManyRequests { retry_after_secs } => Some(*retry_after_secs),
+            _ => None,
+        };
+        let mut response = (status, Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }

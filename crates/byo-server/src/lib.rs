@@ -10,6 +10,7 @@
 pub mod agents;
 pub mod app;
 pub mod auth;
+pub mod billing;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -19,6 +20,7 @@ pub mod pages;
 pub mod password;
 pub mod providers;
 pub mod queue;
+pub mod rate_limit;
 pub mod relay_ca;
 pub mod routes;
 pub mod seal;
@@ -67,14 +69,17 @@ pub async fn serve(
         app::jobs::JobDriver::new(state.clone(), app::jobs::registry()).spawn(stop_rx.clone());
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
     let store = state.store.clone();
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down: finishing requests in flight");
-            let _ = stop_tx.send(true);
-        })
-        .await
-        .context("serving HTTP")?;
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutting down: finishing requests in flight");
+        let _ = stop_tx.send(true);
+    })
+    .await
+    .context("serving HTTP")?;
     for job in jobs {
         let _ = job.await;
     }

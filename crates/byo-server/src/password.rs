@@ -1,6 +1,9 @@
 //! Argon2id password hashes (PHC strings). Hashing is CPU-bound, so it runs on the
-//! blocking pool rather than stalling the async workers.
+//! blocking pool rather than stalling the async workers — and at most [`MAX_CONCURRENT`]
+//! at once: each hash holds `memory_kib` of memory, so a few hundred parallel sign-ins
+//! would otherwise exhaust it (#16). The rest wait their turn.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use anyhow::Context;
@@ -10,9 +13,15 @@ use rand::rngs::OsRng;
 
 use crate::config::PasswordHashing;
 
+/// How many hashes or verifications run at once, whatever the load.
+pub const MAX_CONCURRENT: usize = 4;
+
 #[derive(Clone)]
 pub struct Passwords {
     params: PasswordHashing,
+    turns: Arc<tokio::sync::Semaphore>,
+    /// The most hashes ever seen running at once (measured inside the blocking task).
+    peak: Arc<Counter>,
     /// A hash of nothing anyone knows, verified against when the email is unknown so an
     /// unknown email costs the same time as a wrong password.
     decoy: Arc<OnceLock<String>>,
@@ -22,6 +31,8 @@ impl Passwords {
     pub fn new(params: PasswordHashing) -> Self {
         Passwords {
             params,
+            turns: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
+            peak: Arc::new(Counter::default()),
             decoy: Arc::new(OnceLock::new()),
         }
     }
@@ -45,11 +56,21 @@ impl Passwords {
             .to_string())
     }
 
+    /// The most hashes or verifications that ever ran at once.
+    pub fn peak(&self) -> usize {
+        self.peak.peak.load(Ordering::Relaxed)
+    }
+
     pub async fn hash(&self, password: String) -> anyhow::Result<String> {
         let params = self.params;
-        tokio::task::spawn_blocking(move || Self::hash_blocking(params, &password))
-            .await
-            .context("password hashing task")?
+        let _turn = self.turns.acquire().await.context("password hashing")?;
+        let peak = self.peak.clone();
+        tokio::task::spawn_blocking(move || {
+            let _running = peak.enter();
+            Self::hash_blocking(params, &password)
+        })
+        .await
+        .context("password hashing task")?
     }
 
     /// Check `password` against a stored hash, or against the decoy when there is none.
@@ -57,7 +78,14 @@ impl Passwords {
     pub async fn verify(&self, stored: Option<String>, password: String) -> anyhow::Result<bool> {
         let params = self.params;
         let decoy = self.decoy.clone();
+        let _turn = self
+            .turns
+            .acquire()
+            .await
+            .context("password verification")?;
+        let peak = self.peak.clone();
         tokio::task::spawn_blocking(move || {
+            let _running = peak.enter();
             let known = stored.is_some();
             let phc = match stored {
                 Some(h) => h,
@@ -79,6 +107,29 @@ impl Passwords {
         })
         .await
         .context("password verification task")?
+    }
+}
+
+/// Hashes running now, and the most ever.
+#[derive(Default)]
+struct Counter {
+    now: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+struct Running<'a>(&'a Counter);
+
+impl Counter {
+    fn enter(&self) -> Running<'_> {
+        let n = self.now.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(n, Ordering::Relaxed);
+        Running(self)
+    }
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.now.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -112,6 +163,30 @@ mod tests {
             !p.verify(None, "decoy: no account has this".into())
                 .await
                 .unwrap()
+        );
+    }
+
+    /// #16: a flood of sign-ins runs at most MAX_CONCURRENT hashes at once; the rest wait.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_hashes_are_bounded() {
+        let p = Passwords::new(PasswordHashing {
+            memory_kib: 4096,
+            iterations: 2,
+            parallelism: 1,
+        });
+        let all: Vec<_> = (0..48)
+            .map(|i| {
+                let p = p.clone();
+                tokio::spawn(async move { p.verify(None, format!("guess {i}")).await })
+            })
+            .collect();
+        for h in all {
+            assert!(!h.await.unwrap().unwrap());
+        }
+        assert!(
+            p.peak() >= 1 && p.peak() <= MAX_CONCURRENT,
+            "peak {}",
+            p.peak()
         );
     }
 }

@@ -4,7 +4,7 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{AgentWaits, HostAgents, HttpAgents};
-use crate::app::billing::{BillingGate, BillingOff};
+use crate::billing::{BillingGate, BillingOff};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::queue::{NoQueue, QueueDrain};
@@ -37,6 +37,8 @@ pub struct AppState {
     pub relay_ca: RelayCaSource,
     /// The live billing check (E2): [`BillingOff`] unless Stripe is configured.
     pub billing: Arc<dyn BillingGate>,
+    /// Per-address and per-account limits on the doors that check a secret (#16).
+    pub rate_limits: Arc<crate::rate_limit::RateLimits>,
 }
 
 impl AppState {
@@ -48,6 +50,7 @@ impl AppState {
             .as_ref()
             .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
         let relay_ca = RelayCaSource::new(store.clone(), sealer.clone());
+        let config_limits = config.rate_limits.clone();
         AppState {
             relays: Arc::new(LocalRelays::default()),
             tunnels: Arc::new(LocalTunnels::default()),
@@ -66,6 +69,7 @@ impl AppState {
             waits: AgentWaits::default(),
             drain: Arc::new(NoQueue),
             billing: Arc::new(BillingOff),
+            rate_limits: Arc::new(crate::rate_limit::RateLimits::new(&config_limits)),
         }
     }
 

@@ -44,6 +44,9 @@ async fn signup_then_sign_in_and_logout_ends_the_session(app: TestApp) {
     for attr in ["HttpOnly", "Secure", "SameSite=Lax", "Path=/"] {
         assert!(cookie.contains(attr), "cookie lacks {attr}: {cookie}");
     }
+    // #16: Secure cookies carry the __Host- prefix (no Domain, so no subdomain shadows it).
+    assert!(cookie.starts_with("__Host-byo_session="), "{cookie}");
+    assert!(!cookie.to_ascii_lowercase().contains("domain="), "{cookie}");
     let session = reply.session_cookie().unwrap();
 
     let me = app.get("/api/me", Some(&session)).await;
@@ -179,7 +182,7 @@ async fn a_cross_site_post_is_refused_and_changes_nothing(app: TestApp) {
     let forged = app
         .send(
             Request::post(format!("/admin/users/{target}/roles/community_host/grant"))
-                .header(header::COOKIE, format!("byo_session={op}"))
+                .header(header::COOKIE, format!("__Host-byo_session={op}"))
                 .header(header::ORIGIN, "https://evil.example")
                 .body(Body::empty())
                 .unwrap(),
@@ -191,7 +194,7 @@ async fn a_cross_site_post_is_refused_and_changes_nothing(app: TestApp) {
     let same_site = app
         .send(
             Request::post(format!("/admin/users/{target}/roles/community_host/grant"))
-                .header(header::COOKIE, format!("byo_session={op}"))
+                .header(header::COOKIE, format!("__Host-byo_session={op}"))
                 .header(header::ORIGIN, "http://localhost:8080")
                 .body(Body::empty())
                 .unwrap(),
@@ -299,7 +302,98 @@ async fn pages_sign_in_show_the_home_and_list_users(app: TestApp) {
     );
 }
 
+/// #16: sign-in is limited per account and per address, with Retry-After as the backoff;
+/// past a limit nothing happens — the right password opens no session — while another
+/// account from elsewhere is still answered.
+async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: TestApp) {
+    let mut config = support::test_config();
+    config.rate_limits = byo_server::config::RateLimitConfig {
+        per_address_per_minute: 6,
+        per_account_per_minute: 3,
+    };
+    let backend = app.db.backend();
+    drop(app);
+    let app = TestApp::with_config(backend, config).await.unwrap();
+    app.customer("ana@example.com").await;
+    let sign_in = |email: &'static str, password: &'static str| {
+        let app = &app;
+        async move {
+            app.request(
+                Method::POST,
+                "/api/auth/login",
+                None,
+                Some(json!({"email": email, "password": password})),
+            )
+            .await
+        }
+    };
+    for _ in 0..3 {
+        assert_eq!(
+            sign_in("ana@example.com", "wrong").await.status,
+            StatusCode::UNAUTHORIZED
+        );
+    }
+    // The account's burst is spent: even the right password is refused, and opens nothing.
+    let limited = sign_in("ana@example.com", PASSWORD).await;
+    assert_eq!(
+        limited.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        limited.text()
+    );
+    assert_eq!(limited.json()["error"], "too_many_requests");
+    let wait: u64 = limited.headers[header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert!(limited.session_cookie().is_none());
+    // Another account is still answered (its own 401), until the address's burst is spent.
+    assert_eq!(
+        sign_in("bob@example.com", "wrong").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        sign_in("cy@example.com", "wrong").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    let r = app
+        .request(
+            Method::POST,
+            "/api/auth/signup",
+            None,
+            Some(json!({"email": "dee@example.com", "password": PASSWORD, "display_name": "Dee"})),
+        )
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "the address's sixth: {}",
+        r.text()
+    );
+    assert!(
+        app.db
+            .user_by_email("dee@example.com")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // The page form is the same door.
+    let page = app
+        .send(
+            Request::post("/login")
+                .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+                .body(Body::from("email=bob%40example.com&password=x"))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(page.status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(page.text().contains("<h1>"), "{}", page.text());
+}
+
 on_each_backend!(
+    sign_in_and_sign_up_are_rate_limited_per_account_and_per_address,
     signup_then_sign_in_and_logout_ends_the_session,
     bad_signups_are_refused_and_create_nothing,
     wrong_password_and_unknown_email_get_the_same_answer,

@@ -759,7 +759,7 @@ async fn send(
         .uri(path)
         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
     if let Some(s) = session {
-        req = req.header(header::COOKIE, format!("byo_session={s}"));
+        req = req.header(header::COOKIE, format!("__Host-byo_session={s}"));
     }
     app.send(req.body(Body::from(form)).unwrap()).await
 }

@@ -504,7 +504,7 @@ async fn i4_framework_rejections_answer_in_one_shape(w: World) {
             .method(method)
             .uri(path)
             .header(header::CONTENT_TYPE, ctype)
-            .header(header::COOKIE, format!("byo_session={}", session));
+            .header(header::COOKIE, format!("__Host-byo_session={}", session));
         if path == "/api/enroll" {
             r = r.header(header::AUTHORIZATION, "Bearer byo_enr_x");
         }
@@ -1081,3 +1081,28 @@ with_world!(
     i7_hostile_key_changes_are_never_stored_unbounded_nor_answered_500,
     i7_hostile_instance_requests_are_never_stored_unbounded_nor_answered_500,
 );
+
+/// #16: no page of ours can be framed or run another origin's script, whatever answered —
+/// a page, the API, the framework's 404 or a refusal.
+async fn every_answer_forbids_framing_and_foreign_scripts(w: World) {
+    let answers = [
+        w.owner.get("/hosts").await,
+        w.owner.get("/api/me").await,
+        w.owner.get("/no-such-page").await,
+        w.app.get("/api/me", None).await,
+    ];
+    for r in &answers {
+        for (name, value) in byo_server::routes::SECURITY_HEADERS {
+            assert_eq!(
+                r.headers.get(name).map(|v| v.to_str().unwrap()),
+                Some(*value),
+                "{name} on a {}",
+                r.status
+            );
+        }
+        let csp = r.headers[header::CONTENT_SECURITY_POLICY].to_str().unwrap();
+        assert!(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"));
+    }
+}
+
+with_world!(every_answer_forbids_framing_and_foreign_scripts);

@@ -539,7 +539,10 @@ async fn h_revoking_from_the_page_is_the_apis_revoke(w: World) {
 async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
     let form = |user: &User, path: &str, body: &str| {
         Request::post(path)
-            .header(header::COOKIE, format!("byo_session={}", user.session))
+            .header(
+                header::COOKIE,
+                format!("__Host-byo_session={}", user.session),
+            )
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
             .body(Body::from(body.to_owned()))
             .unwrap()

@@ -249,6 +249,8 @@ pub async fn password_sign_in(state: &AppState, email: &str, password: &str) -> 
     let Ok(email) = normalize_email(email) else {
         return Err(AppError::InvalidCredentials);
     };
+    // Per account, whichever address it comes from: no hash runs past the limit.
+    state.rate_limits.account(&email)?;
     // No password longer than any we accept is hashed (the sign-in form is not the API's
     // extractor): it cannot be anyone's.
     if password.len() > MAX_PASSWORD_BYTES {
@@ -287,6 +289,7 @@ pub async fn change_password(
     current_password: String,
     new_password: String,
 ) -> AppResult<Cookie<'static>> {
+    state.rate_limits.account(&user.sub)?;
     let ok = state
         .passwords
         .verify(Some(user.password_hash.clone()), current_password)

@@ -11,7 +11,6 @@
 pub mod accounts;
 pub mod admin_host_action;
 pub mod admin_vm_action;
-pub mod billing;
 pub mod host_enroll;
 pub mod host_heartbeat;
 pub mod host_lifecycle;

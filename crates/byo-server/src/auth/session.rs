@@ -14,7 +14,20 @@ use byo_wire::Role;
 use crate::error::AppError;
 use crate::state::AppState;
 
+/// The session cookie's name over plain HTTP (`byo up` on an address, tests).
 pub const SESSION_COOKIE: &str = "byo_session";
+/// Its name when cookies are Secure: the `__Host-` prefix makes the browser refuse it unless
+/// it is Secure, has `Path=/` and no `Domain` — so no sibling subdomain can set or shadow it.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-byo_session";
+
+/// The session cookie's name under this configuration.
+pub fn session_cookie(secure: bool) -> &'static str {
+    if secure {
+        SECURE_SESSION_COOKIE
+    } else {
+        SESSION_COOKIE
+    }
+}
 
 /// A signed-in user and their grants.
 #[derive(Clone, Debug)]
@@ -48,7 +61,7 @@ async fn current_user(
     state: &AppState,
 ) -> Result<Option<CurrentUser>, AppError> {
     let jar = CookieJar::from_headers(&parts.headers);
-    let Some(cookie) = jar.get(SESSION_COOKIE) else {
+    let Some(cookie) = jar.get(session_cookie(state.config.cookie_secure)) else {
         return Ok(None);
     };
     let Ok(token) = SecretToken::parse(TokenKind::Session, cookie.value()) else {
@@ -136,27 +149,33 @@ pub async fn start_session(state: &AppState, user_sub: &str) -> Result<Cookie<'s
             now + chrono::Duration::hours(hours),
         )
         .await?;
-    Ok(Cookie::build((SESSION_COOKIE, token.expose().to_owned()))
-        .http_only(true)
-        .secure(state.config.cookie_secure)
-        .same_site(SameSite::Lax)
-        .path("/")
-        .max_age(cookie_time::Duration::hours(hours))
-        .build())
+    Ok(Cookie::build((
+        session_cookie(state.config.cookie_secure),
+        token.expose().to_owned(),
+    ))
+    .http_only(true)
+    .secure(state.config.cookie_secure)
+    .same_site(SameSite::Lax)
+    .path("/")
+    .max_age(cookie_time::Duration::hours(hours))
+    .build())
 }
 
 /// End the session the request carries (if any) and return the cookie that clears it.
 pub async fn end_session(state: &AppState, jar: &CookieJar) -> Result<Cookie<'static>, AppError> {
     if let Some(token) = jar
-        .get(SESSION_COOKIE)
+        .get(session_cookie(state.config.cookie_secure))
         .and_then(|c| SecretToken::parse(TokenKind::Session, c.value()).ok())
     {
         state.store.delete_session(&token.hash()).await?;
     }
-    Ok(Cookie::build((SESSION_COOKIE, ""))
-        .path("/")
-        .max_age(cookie_time::Duration::ZERO)
-        .build())
+    Ok(
+        Cookie::build((session_cookie(state.config.cookie_secure), ""))
+            .secure(state.config.cookie_secure)
+            .path("/")
+            .max_age(cookie_time::Duration::ZERO)
+            .build(),
+    )
 }
 
 use cookie::time as cookie_time;

@@ -40,7 +40,7 @@ pub mod vms;
     info(
         title = "byo control plane",
         description = "The API behind app pages, hosts and operators. Sessions are cookies \
-                       (`byo_session`); errors are `ErrorBody`."
+                       (`__Host-byo_session` when Secure, `byo_session` over plain HTTP); errors are `ErrorBody`."
     ),
     tags(
         (name = "health", description = "Liveness and readiness"),
@@ -120,6 +120,10 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::csrf::refuse_cross_site,
         ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            limit_by_address,
+        ))
         .layer(middleware::from_fn(one_answer_shape))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(middleware::from_fn(telemetry::request_id))
@@ -171,9 +175,58 @@ async fn one_answer_shape(request: Request, next: Next) -> Response {
             }
         }
     }
-    response
-        .headers_mut()
+    let headers = response.headers_mut();
+    headers
         .entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
+    // No page of ours is framed (clickjacking a Revoke or a Sign button), runs a script or a
+    // style from elsewhere, or posts a form elsewhere (#16).
+    for (name, value) in SECURITY_HEADERS {
+        headers.insert(name.clone(), HeaderValue::from_static(value));
+    }
     response
+}
+
+/// Sent on every answer, pages and API alike.
+pub const SECURITY_HEADERS: &[(header::HeaderName, &str)] = &[
+    (
+        header::CONTENT_SECURITY_POLICY,
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+         object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    ),
+    (header::X_FRAME_OPTIONS, "DENY"),
+    (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+    (header::REFERRER_POLICY, "same-origin"),
+];
+
+/// The per-address limit, before any handler: a limited request past its address's burst
+/// is answered 429 in the answer shape of where it was sent (the API's JSON, a page).
+pub async fn limit_by_address(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path();
+    let limited = method == axum::http::Method::POST
+        && crate::rate_limit::LIMITED
+            .iter()
+            .any(|(m, p)| *m == method.as_str() && *p == path);
+    if limited {
+        let address = request
+            .extensions()
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |c| {
+                c.0.ip()
+            });
+        if let Err(e) = state.rate_limits.address(address) {
+            tracing::warn!(%address, path, "rate limited");
+            return if path.starts_with("/api/") {
+                e.into_response()
+            } else {
+                crate::pages::PageError::from(e).into_response()
+            };
+        }
+    }
+    next.run(request).await
 }

@@ -93,7 +93,7 @@ impl Reply {
             .iter()
             .find_map(|v| {
                 let v = v.to_str().ok()?;
-                let rest = v.strip_prefix("byo_session=")?;
+                let rest = v.strip_prefix("__Host-byo_session=")?;
                 let value = rest.split(';').next()?;
                 (!value.is_empty()).then(|| value.to_owned())
             })
@@ -117,6 +117,11 @@ pub fn test_config() -> Config {
             parallelism: 1,
         },
         secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
+        // Tests sign in far more often than a person: the limits have their own test.
+        rate_limits: byo_server::config::RateLimitConfig {
+            per_address_per_minute: 100_000,
+            per_account_per_minute: 100_000,
+        },
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_key().public_key().to_openssh().unwrap()];
@@ -335,7 +340,10 @@ impl User {
     pub async fn post_form(&self, path: &str, pairs: &[(&str, &str)]) -> Reply {
         let req = Request::post(path)
             .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
-            .header(header::COOKIE, format!("byo_session={}", self.session))
+            .header(
+                header::COOKIE,
+                format!("__Host-byo_session={}", self.session),
+            )
             .body(Body::from(form_encode(pairs)))
             .unwrap();
         send(&self.router, req).await
@@ -357,7 +365,7 @@ fn json_request(
 ) -> Request<Body> {
     let mut req = Request::builder().method(method).uri(path);
     if let Some(s) = session {
-        req = req.header(header::COOKIE, format!("byo_session={s}"));
+        req = req.header(header::COOKIE, format!("__Host-byo_session={s}"));
     }
     match body {
         Some(b) => req
