@@ -877,7 +877,7 @@ async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_ver
     assert!(elsewhere.keep(&fetched, chrono::Utc::now()).is_err());
     assert_eq!(std::fs::read(&keys.paths.held).unwrap(), held_before);
 
-    // An unknown token: host-report's one answer, the status and the body.
+    // An unknown token: host-report's one answer, headers and body.
     let unknown = SecretToken::generate(TokenKind::Host).expose().to_owned();
     let ask = |token: &str, method: axum::http::Method, path: &str, body: &str| {
         axum::http::Request::builder()
@@ -907,7 +907,7 @@ async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_ver
         ))
         .await;
     assert_eq!(list.status, StatusCode::UNAUTHORIZED);
-    assert_eq!((list.status, &list.body), (report.status, &report.body));
+    assert_eq!(list.as_seen(), report.as_seen(), "headers included");
     assert!(fetch(unknown).await.unwrap_err().contains("401"));
 }
 
