@@ -624,16 +624,28 @@ async fn the_migrated_schemas_are_the_same_on_both_backends() {
         assert!(a.tables.contains_key(table), "{table} is missing");
     }
     // Spot checks that the comparison sees what matters.
+    // Spot checks that the comparison sees what matters: check expressions, partial
+    // indexes' predicates and triggers' events, not only their names.
     let hosts = &a.tables["hosts"];
-    assert!(hosts.checks.contains("hosts_retired_inactive"));
+    assert_eq!(
+        hosts.checks["hosts_retired_inactive"],
+        "retired_at is null or active = false and dedicated = false"
+    );
     assert!(
         a.tables["host_nodes"]
             .uniques
             .iter()
-            .any(|u| u.columns == ["hardware_id"] && u.partial)
+            .any(|u| u.columns == ["hardware_id"]
+                && u.predicate.as_deref() == Some("retired_at is null"))
+    );
+    assert_eq!(
+        a.tables["vms"].indexes["vms_stuck_deletes"]
+            .predicate
+            .as_deref(),
+        Some("deleted_at is null and delete_requested_at is not null")
     );
     assert_eq!(a.tables["host_nodes"].primary_key, ["host_id", "index"]);
-    assert!(a.tables["hosts"].triggers.contains("hosts_retire_nodes"));
+    assert_eq!(hosts.triggers["hosts_retire_nodes"], "after update");
 }
 
 #[tokio::test]
