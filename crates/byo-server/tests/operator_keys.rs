@@ -917,3 +917,62 @@ with_world!(
     a_host_holds_the_version_it_enrolled_with,
     a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_verifies,
 );
+
+/// M.10 through the route: two operators' changes arrive together when no draft is open,
+/// so both try to open the next version and one loses on its key; the server applies the
+/// loser again on top of the winner. Both are answered 200 and both keys are in the one
+/// draft, with both changes recorded against it. Several rounds (each published before
+/// the next) so the two inserts collide on PostgreSQL, where they run in parallel.
+async fn m10_two_changes_racing_through_the_route_both_end_in_the_draft(w: World) {
+    let mut expected: Vec<String> = Vec::new();
+    for round in 1..=4 {
+        let start = Arc::new(tokio::sync::Barrier::new(2));
+        let racers: Vec<_> = [(&w.root, "root"), (&w.op, "op")]
+            .into_iter()
+            .map(|(user, who)| {
+                let (user, start) = (user.clone(), start.clone());
+                let key = login_key();
+                let label = format!("{who} machine {round}");
+                tokio::spawn(async move {
+                    start.wait().await;
+                    let r = user
+                        .post(
+                            "/api/admin/operator-keys/changes",
+                            json!({"action": "add", "public_key": key, "label": label}),
+                        )
+                        .await;
+                    (r, key)
+                })
+            })
+            .collect();
+        for r in racers {
+            let (r, key) = r.await.unwrap();
+            assert_eq!(r.status, StatusCode::OK, "round {round}: {}", r.text());
+            expected.push(fingerprint(&key));
+        }
+        let o = w.overview().await;
+        assert_eq!(o["draft"]["version"], round, "one draft, the next version");
+        let mut in_draft: Vec<String> = o["draft"]["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| fingerprint(k["public_key"].as_str().unwrap()))
+            .collect();
+        in_draft.sort();
+        let mut want = expected.clone();
+        want.sort();
+        assert_eq!(
+            in_draft, want,
+            "round {round}: every key so far is in the draft"
+        );
+        let changes = o["draft_changes"].as_array().unwrap();
+        assert_eq!(
+            changes.len(),
+            2,
+            "round {round}: both changes, against this draft"
+        );
+        w.publish_draft().await;
+    }
+}
+
+with_world!(m10_two_changes_racing_through_the_route_both_end_in_the_draft,);
