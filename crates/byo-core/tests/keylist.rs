@@ -194,6 +194,26 @@ fn bad_lists_are_refused_even_when_signed() {
     ));
 }
 
+/// `MAX_KEYS` (256) is the bound: a signed list of 256 keys verifies, one of 257 is
+/// refused as too many (not as oversized: its envelope is well within the byte bound).
+#[test]
+fn a_list_holds_at_most_256_keys() {
+    let sk = signing_key();
+    let mut full = list(1, vec![]);
+    full.keys = (0..keylist::MAX_KEYS)
+        .map(|i| login_key(&format!("machine {i}")))
+        .collect();
+    assert_eq!(full.keys.len(), 256);
+    let verified = check(&envelope(&full, &[&sk]), &sk, None).unwrap();
+    assert_eq!(verified.keys.len(), 256);
+    let mut over = full.clone();
+    over.keys.push(login_key("one more"));
+    let bytes = envelope(&over, &[&sk]);
+    assert!(bytes.len() < keylist::MAX_ENVELOPE_BYTES);
+    assert_eq!(check(&bytes, &sk, None), Err(Refusal::TooManyKeys));
+    assert_eq!(over.check().unwrap_err(), Refusal::TooManyKeys);
+}
+
 #[test]
 fn oversized_and_non_canonical_bytes_are_refused() {
     let sk = signing_key();
