@@ -976,3 +976,63 @@ async fn m10_two_changes_racing_through_the_route_both_end_in_the_draft(w: World
 }
 
 with_world!(m10_two_changes_racing_through_the_route_both_end_in_the_draft,);
+
+/// M.10's one publish per version, through the route, made to overlap: eight uploads of
+/// one signature at once, over three versions. Exactly one is answered 200 and pushed to
+/// the hosts; the other seven get 409 `already_published` whether they lost at the draft
+/// check or at the store's guarded write — so a dropped guard (`state = 'draft'`) fails
+/// here on SQLite as on PostgreSQL.
+async fn m10_eight_overlapping_publishes_of_one_version_one_wins_one_push(w: World) {
+    for version in 1..=3 {
+        w.add(&w.op, &format!("machine {version}")).await;
+        let o = w.overview().await;
+        assert_eq!(o["draft"]["version"], version);
+        let sig = w.sign(o["draft"]["body"].as_str().unwrap(), &w.signing);
+        let pushes_before = w.agents.calls(Op::PushKeys).len();
+        let start = Arc::new(tokio::sync::Barrier::new(8));
+        let uploads: Vec<_> = (0..8)
+            .map(|_| {
+                let (root, sig, start) = (w.root.clone(), sig.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    root.post(
+                        &format!("/api/admin/operator-keys/{version}/signatures"),
+                        json!({"signature": sig}),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for u in uploads {
+            let r = u.await.unwrap();
+            match r.status {
+                StatusCode::OK => ok += 1,
+                StatusCode::CONFLICT => {
+                    assert_eq!(r.json()["error"], "already_published", "{}", r.text())
+                }
+                other => panic!("{other}: {}", r.text()),
+            }
+        }
+        assert_eq!(ok, 1, "version {version}: exactly one publish wins");
+        assert_eq!(
+            w.agents.calls(Op::PushKeys).len() - pushes_before,
+            w.hosts.len(),
+            "version {version}: pushed once to each host"
+        );
+        let published = w.app.db.published_key_list().await.unwrap().unwrap();
+        assert_eq!(published.version, version);
+        let publishes = w
+            .app
+            .db
+            .audit_log(1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.action == "operator_keys.publish")
+            .count();
+        assert_eq!(publishes, version as usize, "one publish audited per version");
+    }
+}
+
+with_world!(m10_eight_overlapping_publishes_of_one_version_one_wins_one_push,);
