@@ -1031,7 +1031,10 @@ async fn m10_eight_overlapping_publishes_of_one_version_one_wins_one_push(w: Wor
             .into_iter()
             .filter(|a| a.action == "operator_keys.publish")
             .count();
-        assert_eq!(publishes, version as usize, "one publish audited per version");
+        assert_eq!(
+            publishes, version as usize,
+            "one publish audited per version"
+        );
     }
 }
 

@@ -79,11 +79,31 @@ async fn ssh_keys_refuse_short_rsa_and_control_characters(w: World) {
     let key = public_key_line();
     let before = w.db().ssh_keys_of(&w.customer.sub).await.unwrap().len();
     for (line, error, says) in [
-        (RSA_1024.to_owned(), "invalid_public_key", "at least 2048 bits"),
-        (format!("{key} me\u{1b}[2J@laptop"), "invalid_public_key", "control characters"),
-        (format!("{key}\tme@laptop"), "invalid_public_key", "control characters"),
-        (format!("{key} \u{7}"), "invalid_public_key", "control characters"),
-        (format!("{key}\rssh-ed25519 AAAA"), "invalid_public_key", "control characters"),
+        (
+            RSA_1024.to_owned(),
+            "invalid_public_key",
+            "at least 2048 bits",
+        ),
+        (
+            format!("{key} me\u{1b}[2J@laptop"),
+            "invalid_public_key",
+            "control characters",
+        ),
+        (
+            format!("{key}\tme@laptop"),
+            "invalid_public_key",
+            "control characters",
+        ),
+        (
+            format!("{key} \u{7}"),
+            "invalid_public_key",
+            "control characters",
+        ),
+        (
+            format!("{key}\rssh-ed25519 AAAA"),
+            "invalid_public_key",
+            "control characters",
+        ),
     ] {
         let r = w
             .customer
@@ -95,11 +115,18 @@ async fn ssh_keys_refuse_short_rsa_and_control_characters(w: World) {
             "{line:?}: {}",
             r.text()
         );
-        assert!(r.json()["message"].as_str().unwrap().contains(says), "{}", r.text());
+        assert!(
+            r.json()["message"].as_str().unwrap().contains(says),
+            "{}",
+            r.text()
+        );
     }
     let r = w
         .customer
-        .post("/api/ssh-keys", json!({"name": "k", "public_key": "x", "extra": 1}))
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "k", "public_key": "x", "extra": 1}),
+        )
         .await;
     assert!(r.status.is_client_error());
     assert_eq!(
@@ -110,13 +137,19 @@ async fn ssh_keys_refuse_short_rsa_and_control_characters(w: World) {
     // A name with a control character is refused too.
     let r = w
         .customer
-        .post("/api/ssh-keys", json!({"name": "lap\u{1b}top", "public_key": key}))
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "lap\u{1b}top", "public_key": key}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
     // At the bound, taken.
     let r = w
         .customer
-        .post("/api/ssh-keys", json!({"name": "rsa", "public_key": RSA_2048}))
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "rsa", "public_key": RSA_2048}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     assert_eq!(r.json()["public_key"], RSA_2048);
