@@ -346,3 +346,74 @@ fn authorized_keys_carries_expiry_and_attribution_and_parses_with_ssh_keygen() {
         assert!(listed.contains(&fp), "ssh-keygen lists {fp}: {listed}");
     }
 }
+
+/// Fields are 1 to 128 printable characters: 128 taken, 129 and empty refused as malformed,
+/// a control character refused by name, escaped in the refusal so a terminal showing it is
+/// not driven by it.
+#[test]
+fn fields_are_bounded_and_printable_and_refusals_say_which() {
+    let at = |label: String| {
+        let mut k = login_key("x");
+        k.label = label;
+        keylist::check_key(&k)
+    };
+    assert!(at("l".repeat(128)).is_ok());
+    for bad in [String::new(), "l".repeat(129)] {
+        assert_eq!(
+            at(bad).unwrap_err(),
+            Refusal::Malformed("label must be 1 to 128 characters".into())
+        );
+    }
+    let refused = at("laptop\u{1b}[2J".into()).unwrap_err();
+    assert_eq!(
+        refused,
+        Refusal::ControlCharacters(r#"label "laptop\\u{1b}[2J""#.into())
+    );
+    assert_eq!(
+        refused.to_string(),
+        r#"label "laptop\\u{1b}[2J" contains control characters"#
+    );
+    assert_eq!(keylist::escape_control("a\tb\u{7}c é"), r"a\tb\u{7}c é");
+    // What an operator reads when a list is refused.
+    for (refusal, says) in [
+        (Refusal::TooManyKeys, "the list has more than 256 keys"),
+        (Refusal::Oversized, "the list is larger than 65536 bytes"),
+        (
+            Refusal::Empty,
+            "the list has no keys; it would lock every operator out",
+        ),
+        (
+            Refusal::BadSignature {
+                valid: 0,
+                threshold: 1,
+            },
+            "0 valid signature(s) from trusted keys, 1 needed",
+        ),
+        (
+            Refusal::OlderVersion {
+                held: 3,
+                offered: 2,
+            },
+            "version 2 is older than the held version 3",
+        ),
+    ] {
+        assert_eq!(refusal.to_string(), says);
+    }
+}
+
+/// The body bound is inclusive: a canonical body of exactly `MAX_BODY_BYTES` parses, one
+/// byte more is oversized.
+#[test]
+fn a_body_of_exactly_the_bound_parses() {
+    let mut l = list(1, vec![login_key("x")]);
+    let base = l.to_canonical().len();
+    l.keys[0].label = "x".repeat(keylist::MAX_BODY_BYTES - base + 1);
+    let body = l.to_canonical();
+    assert_eq!(body.len(), keylist::MAX_BODY_BYTES);
+    assert!(KeyList::from_canonical(&body).is_ok());
+    l.keys[0].label.push('x');
+    assert_eq!(
+        KeyList::from_canonical(&l.to_canonical()),
+        Err(Refusal::Oversized)
+    );
+}
