@@ -72,6 +72,9 @@ pub struct TestApp {
     pub router: Router,
 }
 
+/// A whole answer as [`Reply::as_seen`] gives it: status, headers (name, value), body.
+pub type AsSeen = (StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>);
+
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
@@ -89,7 +92,7 @@ impl Reply {
     /// The whole answer as a caller sees it — status, every header (name, value, in order),
     /// body — less `x-request-id`, which is each request's own id by design. What "one
     /// byte-identical answer" compares: a header that told two refusals apart fails it.
-    pub fn as_seen(&self) -> (StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>) {
+    pub fn as_seen(&self) -> AsSeen {
         let headers = self
             .headers
             .iter()
