@@ -417,3 +417,136 @@ fn a_body_of_exactly_the_bound_parses() {
         Err(Refusal::Oversized)
     );
 }
+
+/// M.10's pure step: how one change makes the next list, and every refusal, named.
+#[test]
+fn m10_a_change_makes_the_next_list_or_says_why_not() {
+    use keylist::{Change, ChangeRefusal};
+    let issued = "2026-11-29T12:00:00.123456789Z"
+        .parse::<DateTime<Utc>>()
+        .unwrap();
+    let validity = chrono::Duration::days(30);
+    let (a, b) = (testing::public_key_line(), testing::public_key_line());
+    let add = |who: &str, key: &str| Change::Add {
+        user_sub: who.into(),
+        label: format!("  {who}'s laptop  "),
+        public_key: format!(" {key} "),
+    };
+    let fp = |key: &str| {
+        keylist::check_key(&OperatorKey {
+            user_sub: "x".into(),
+            label: "x".into(),
+            public_key: key.into(),
+        })
+        .unwrap()
+        .fingerprint
+    };
+    let remove = |who: &str, key: &str| Change::Remove {
+        user_sub: who.into(),
+        fingerprint: fp(key),
+    };
+    let next = |base: Option<&KeyList>, change: &Change| {
+        KeyList::with_change(base, change, "prod", 7, issued, validity)
+    };
+
+    let one = next(None, &add("op-1", &a)).unwrap();
+    assert_eq!((one.version, one.environment.as_str()), (7, "prod"));
+    assert_eq!(
+        one.issued_at,
+        "2026-11-29T12:00:00Z".parse::<DateTime<Utc>>().unwrap()
+    );
+    assert_eq!(
+        one.expires,
+        one.issued_at + validity,
+        "valid for `validity` from issue"
+    );
+    assert_eq!(one.threshold, 1);
+    assert_eq!(
+        one.keys,
+        [OperatorKey {
+            user_sub: "op-1".into(),
+            label: "op-1's laptop".into(),
+            public_key: a.clone()
+        }],
+        "label and key trimmed"
+    );
+    // The same key again, whoever adds it: already listed.
+    assert_eq!(
+        next(Some(&one), &add("op-2", &a)),
+        Err(ChangeRefusal::AlreadyListed(fp(&a)))
+    );
+    let two = next(Some(&one), &add("op-2", &b)).unwrap();
+    assert_eq!(two.keys.len(), 2);
+    // Removing: only one's own key, only one that is listed, never the last.
+    assert_eq!(
+        next(Some(&two), &remove("op-2", &a)),
+        Err(ChangeRefusal::NotYours(fp(&a)))
+    );
+    let absent = testing::public_key_line();
+    assert_eq!(
+        next(Some(&two), &remove("op-1", &absent)),
+        Err(ChangeRefusal::NotFound(fp(&absent)))
+    );
+    let left = next(Some(&two), &remove("op-1", &a)).unwrap();
+    assert_eq!(
+        left.keys
+            .iter()
+            .map(|k| k.public_key.as_str())
+            .collect::<Vec<_>>(),
+        [b.as_str()]
+    );
+    assert_eq!(
+        next(Some(&left), &remove("op-2", &b)),
+        Err(ChangeRefusal::NoOperatorLeft)
+    );
+    assert!(matches!(
+        next(None, &add("op-1", "ssh-rsa AAAA")),
+        Err(ChangeRefusal::Key(Refusal::DisallowedKeyType(_)))
+    ));
+    // A base's threshold carries over (never below 1).
+    let mut strict = two.clone();
+    strict.threshold = 2;
+    assert_eq!(
+        next(Some(&strict), &remove("op-1", &a)).unwrap().threshold,
+        2
+    );
+    // What an operator reads.
+    for (refusal, says) in [
+        (
+            ChangeRefusal::AlreadyListed("SHA256:x".into()),
+            "key SHA256:x is already on the list",
+        ),
+        (
+            ChangeRefusal::NotFound("SHA256:x".into()),
+            "key SHA256:x is not on the list",
+        ),
+        (
+            ChangeRefusal::NotYours("SHA256:x".into()),
+            "key SHA256:x belongs to another operator",
+        ),
+        (
+            ChangeRefusal::NoOperatorLeft,
+            "that would leave no operator key: every host would be unadministrable",
+        ),
+        (
+            ChangeRefusal::Key(Refusal::TooManyKeys),
+            "the list has more than 256 keys",
+        ),
+    ] {
+        assert_eq!(refusal.to_string(), says);
+    }
+}
+
+/// The envelope bound is inclusive: exactly `MAX_ENVELOPE_BYTES` is read, one more is not.
+#[test]
+fn an_envelope_of_exactly_the_bound_is_read() {
+    let mut bytes = SignedList {
+        body: String::new(),
+        signatures: vec![],
+    }
+    .to_bytes();
+    bytes.resize(keylist::MAX_ENVELOPE_BYTES, b' ');
+    assert!(SignedList::from_bytes(&bytes).is_ok());
+    bytes.push(b' ');
+    assert_eq!(SignedList::from_bytes(&bytes), Err(Refusal::Oversized));
+}
