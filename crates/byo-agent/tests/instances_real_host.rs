@@ -435,6 +435,14 @@ fn scenario_7_a_delete_of_an_instance_already_gone_answers_404(w: &World) {
     let before = (w.instances(), w.map());
     let (status, body) = w.api("DELETE", "/v1/vms/c1", None);
     assert_eq!(status, 404, "{body}");
+    // The body is what the backend reads as the confirmation (G.5): the wire type's
+    // `not_found`, exactly as the agent words it.
+    assert_eq!(
+        body,
+        json!({"error": "not_found", "message": "no such instance on this host"})
+    );
+    let refusal: byo_wire::vm::AgentRefusal = serde_json::from_value(body).unwrap();
+    assert_eq!(refusal.error, byo_wire::vm::AgentErrorCode::NotFound);
     assert_eq!((w.instances(), w.map()), before);
 }
 

@@ -152,6 +152,36 @@ fn checksum(random: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The checksum is CRC-32 written in base 62, six digits: a fixed vector, so a token
+    /// minted by one build parses in every other.
+    #[test]
+    fn the_checksum_is_crc32_in_base62() {
+        assert_eq!(checksum(&"a".repeat(40)), "3gcfED");
+        assert_eq!(checksum(&"0".repeat(40)), "2kaqcA");
+        let t = format!("byo_enr_{}3gcfED", "a".repeat(40));
+        assert!(SecretToken::parse(TokenKind::Enrollment, &t).is_ok());
+    }
+
+    /// Length and alphabet are checked before the checksum: a short body is refused (not a
+    /// panic), and a body of the right length with a character outside the alphabet is
+    /// refused even when its checksum is right.
+    #[test]
+    fn length_and_alphabet_are_checked_on_their_own() {
+        for short in ["byo_enr_", "byo_enr_abc", "byo_enr_3gcfED"] {
+            assert_eq!(
+                SecretToken::parse(TokenKind::Enrollment, short),
+                Err(MalformedToken)
+            );
+        }
+        let random = format!("{}-", "a".repeat(39));
+        let t = format!("byo_enr_{random}{}", checksum(&random));
+        assert_eq!(
+            SecretToken::parse(TokenKind::Enrollment, &t),
+            Err(MalformedToken)
+        );
+        assert_eq!(MalformedToken.to_string(), "malformed token");
+    }
+
     #[test]
     fn minted_tokens_parse_back_and_are_distinct() {
         for kind in TokenKind::ALL {

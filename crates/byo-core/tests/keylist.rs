@@ -194,6 +194,26 @@ fn bad_lists_are_refused_even_when_signed() {
     ));
 }
 
+/// `MAX_KEYS` (256) is the bound: a signed list of 256 keys verifies, one of 257 is
+/// refused as too many (not as oversized: its envelope is well within the byte bound).
+#[test]
+fn a_list_holds_at_most_256_keys() {
+    let sk = signing_key();
+    let mut full = list(1, vec![]);
+    full.keys = (0..keylist::MAX_KEYS)
+        .map(|i| login_key(&format!("machine {i}")))
+        .collect();
+    assert_eq!(full.keys.len(), 256);
+    let verified = check(&envelope(&full, &[&sk]), &sk, None).unwrap();
+    assert_eq!(verified.keys.len(), 256);
+    let mut over = full.clone();
+    over.keys.push(login_key("one more"));
+    let bytes = envelope(&over, &[&sk]);
+    assert!(bytes.len() < keylist::MAX_ENVELOPE_BYTES);
+    assert_eq!(check(&bytes, &sk, None), Err(Refusal::TooManyKeys));
+    assert_eq!(over.check().unwrap_err(), Refusal::TooManyKeys);
+}
+
 #[test]
 fn oversized_and_non_canonical_bytes_are_refused() {
     let sk = signing_key();
@@ -486,4 +506,207 @@ impl TapComment for PublicKey {
         self.set_comment("");
         self
     }
+}
+/// Fields are 1 to 128 printable characters: 128 taken, 129 and empty refused as malformed,
+/// a control character refused by name, escaped in the refusal so a terminal showing it is
+/// not driven by it.
+#[test]
+fn fields_are_bounded_and_printable_and_refusals_say_which() {
+    let at = |label: String| {
+        let mut k = login_key("x");
+        k.label = label;
+        keylist::check_key(&k)
+    };
+    assert!(at("l".repeat(128)).is_ok());
+    for bad in [String::new(), "l".repeat(129)] {
+        assert_eq!(
+            at(bad).unwrap_err(),
+            Refusal::Malformed("label must be 1 to 128 characters".into())
+        );
+    }
+    let refused = at("laptop\u{1b}[2J".into()).unwrap_err();
+    assert_eq!(
+        refused,
+        Refusal::ControlCharacters(r#"label "laptop\\u{1b}[2J""#.into())
+    );
+    assert_eq!(
+        refused.to_string(),
+        r#"label "laptop\\u{1b}[2J" contains control characters"#
+    );
+    assert_eq!(keylist::escape_control("a\tb\u{7}c é"), r"a\tb\u{7}c é");
+    // What an operator reads when a list is refused.
+    for (refusal, says) in [
+        (Refusal::TooManyKeys, "the list has more than 256 keys"),
+        (Refusal::Oversized, "the list is larger than 65536 bytes"),
+        (
+            Refusal::Empty,
+            "the list has no keys; it would lock every operator out",
+        ),
+        (
+            Refusal::BadSignature {
+                valid: 0,
+                threshold: 1,
+            },
+            "0 valid signature(s) from trusted keys, 1 needed",
+        ),
+        (
+            Refusal::OlderVersion {
+                held: 3,
+                offered: 2,
+            },
+            "version 2 is older than the held version 3",
+        ),
+    ] {
+        assert_eq!(refusal.to_string(), says);
+    }
+}
+
+/// The body bound is inclusive: a canonical body of exactly `MAX_BODY_BYTES` parses, one
+/// byte more is oversized.
+#[test]
+fn a_body_of_exactly_the_bound_parses() {
+    let mut l = list(1, vec![login_key("x")]);
+    let base = l.to_canonical().len();
+    l.keys[0].label = "x".repeat(keylist::MAX_BODY_BYTES - base + 1);
+    let body = l.to_canonical();
+    assert_eq!(body.len(), keylist::MAX_BODY_BYTES);
+    assert!(KeyList::from_canonical(&body).is_ok());
+    l.keys[0].label.push('x');
+    assert_eq!(
+        KeyList::from_canonical(&l.to_canonical()),
+        Err(Refusal::Oversized)
+    );
+}
+
+/// M.10's pure step: how one change makes the next list, and every refusal, named.
+#[test]
+fn m10_a_change_makes_the_next_list_or_says_why_not() {
+    use keylist::{Change, ChangeRefusal};
+    let issued = "2026-11-29T12:00:00.123456789Z"
+        .parse::<DateTime<Utc>>()
+        .unwrap();
+    let validity = chrono::Duration::days(30);
+    let (a, b) = (testing::public_key_line(), testing::public_key_line());
+    let add = |who: &str, key: &str| Change::Add {
+        user_sub: who.into(),
+        label: format!("  {who}'s laptop  "),
+        public_key: format!(" {key} "),
+    };
+    let fp = |key: &str| {
+        keylist::check_key(&OperatorKey {
+            user_sub: "x".into(),
+            label: "x".into(),
+            public_key: key.into(),
+        })
+        .unwrap()
+        .fingerprint
+    };
+    let remove = |who: &str, key: &str| Change::Remove {
+        user_sub: who.into(),
+        fingerprint: fp(key),
+    };
+    let next = |base: Option<&KeyList>, change: &Change| {
+        KeyList::with_change(base, change, "prod", 7, issued, validity)
+    };
+
+    let one = next(None, &add("op-1", &a)).unwrap();
+    assert_eq!((one.version, one.environment.as_str()), (7, "prod"));
+    assert_eq!(
+        one.issued_at,
+        "2026-11-29T12:00:00Z".parse::<DateTime<Utc>>().unwrap()
+    );
+    assert_eq!(
+        one.expires,
+        one.issued_at + validity,
+        "valid for `validity` from issue"
+    );
+    assert_eq!(one.threshold, 1);
+    assert_eq!(
+        one.keys,
+        [OperatorKey {
+            user_sub: "op-1".into(),
+            label: "op-1's laptop".into(),
+            public_key: a.clone()
+        }],
+        "label and key trimmed"
+    );
+    // The same key again, whoever adds it: already listed.
+    assert_eq!(
+        next(Some(&one), &add("op-2", &a)),
+        Err(ChangeRefusal::AlreadyListed(fp(&a)))
+    );
+    let two = next(Some(&one), &add("op-2", &b)).unwrap();
+    assert_eq!(two.keys.len(), 2);
+    // Removing: only one's own key, only one that is listed, never the last.
+    assert_eq!(
+        next(Some(&two), &remove("op-2", &a)),
+        Err(ChangeRefusal::NotYours(fp(&a)))
+    );
+    let absent = testing::public_key_line();
+    assert_eq!(
+        next(Some(&two), &remove("op-1", &absent)),
+        Err(ChangeRefusal::NotFound(fp(&absent)))
+    );
+    let left = next(Some(&two), &remove("op-1", &a)).unwrap();
+    assert_eq!(
+        left.keys
+            .iter()
+            .map(|k| k.public_key.as_str())
+            .collect::<Vec<_>>(),
+        [b.as_str()]
+    );
+    assert_eq!(
+        next(Some(&left), &remove("op-2", &b)),
+        Err(ChangeRefusal::NoOperatorLeft)
+    );
+    assert!(matches!(
+        next(None, &add("op-1", "ssh-rsa AAAA")),
+        Err(ChangeRefusal::Key(Refusal::DisallowedKeyType(_)))
+    ));
+    // A base's threshold carries over (never below 1).
+    let mut strict = two.clone();
+    strict.threshold = 2;
+    assert_eq!(
+        next(Some(&strict), &remove("op-1", &a)).unwrap().threshold,
+        2
+    );
+    // What an operator reads.
+    for (refusal, says) in [
+        (
+            ChangeRefusal::AlreadyListed("SHA256:x".into()),
+            "key SHA256:x is already on the list",
+        ),
+        (
+            ChangeRefusal::NotFound("SHA256:x".into()),
+            "key SHA256:x is not on the list",
+        ),
+        (
+            ChangeRefusal::NotYours("SHA256:x".into()),
+            "key SHA256:x belongs to another operator",
+        ),
+        (
+            ChangeRefusal::NoOperatorLeft,
+            "that would leave no operator key: every host would be unadministrable",
+        ),
+        (
+            ChangeRefusal::Key(Refusal::TooManyKeys),
+            "the list has more than 256 keys",
+        ),
+    ] {
+        assert_eq!(refusal.to_string(), says);
+    }
+}
+
+/// The envelope bound is inclusive: exactly `MAX_ENVELOPE_BYTES` is read, one more is not.
+#[test]
+fn an_envelope_of_exactly_the_bound_is_read() {
+    let mut bytes = SignedList {
+        body: String::new(),
+        signatures: vec![],
+    }
+    .to_bytes();
+    bytes.resize(keylist::MAX_ENVELOPE_BYTES, b' ');
+    assert!(SignedList::from_bytes(&bytes).is_ok());
+    bytes.push(b' ');
+    assert_eq!(SignedList::from_bytes(&bytes), Err(Refusal::Oversized));
 }

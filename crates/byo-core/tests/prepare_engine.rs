@@ -362,3 +362,27 @@ fn the_done_list_is_trusted_only_by_the_build_that_wrote_it() {
     );
     assert!(h.lxd_group, "a newer binary re-checks every step");
 }
+
+/// A step that says nothing about skipping is never skipped: it is checked and applied.
+#[test]
+fn a_step_without_a_skip_rule_runs() {
+    struct Plain;
+    impl Step<Host> for Plain {
+        fn name(&self) -> &'static str {
+            "plain"
+        }
+        fn check(&self, h: &mut Host) -> Result<Check, String> {
+            Ok(needs(h.profile, "the profile"))
+        }
+        fn apply(&self, h: &mut Host) -> Result<(), String> {
+            h.profile = true;
+            Ok(())
+        }
+    }
+    let mut h = spark();
+    let (out, events) = go(&[&Plain], &mut h, "b1", None, Mode::Run);
+    assert!(out.completed, "{out:?}");
+    assert!(h.profile, "applied");
+    assert_eq!(out.done.steps, ["plain"]);
+    assert!(events.iter().all(|e| e.state.state != StepState::Skipped));
+}

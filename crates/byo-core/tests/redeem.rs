@@ -218,3 +218,42 @@ fn a_ring_takes_each_satellite_once_and_fewer_cables_than_rails() {
     req.peers[2].node_index = 1;
     assert_eq!(judge(&p, &req), Err(Rejection::PeerIndex { index: 1 }));
 }
+
+/// The rejection's words are what the owner reads (the enrolment answer's message and
+/// `host_enrollments.reject_reason`): each names what was found against the plan.
+#[test]
+fn a_rejection_says_what_was_found_against_the_plan() {
+    for (rejection, says) in [
+        (
+            Rejection::NotTheProfilesHardware {
+                node: 0,
+                field: "arch",
+                expected: "aarch64".into(),
+                found: "x86_64".into(),
+            },
+            "node 0 is not this profile's hardware: arch is x86_64, expected aarch64",
+        ),
+        (
+            Rejection::NoHardwareId { node: 1 },
+            "node 1 reported no hardware id or machine id",
+        ),
+        (
+            Rejection::WrongNodeIndex { found: 2 },
+            "the enrolling machine must be node 0, not 2",
+        ),
+        (Rejection::NoCable, "no cable to another machine was found"),
+        (
+            Rejection::WrongPeerCount {
+                expected: 1,
+                found: 0,
+            },
+            "0 other machines found, the profile is 1 more",
+        ),
+        (
+            Rejection::SamePeerTwice,
+            "one machine was offered as two peers",
+        ),
+    ] {
+        assert_eq!(rejection.to_string(), says);
+    }
+}

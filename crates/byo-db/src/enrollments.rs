@@ -62,41 +62,4 @@ impl Store {
         .await)
         .map_err(Into::into)
     }
-
-    /// Step 28, the single-use point. The row is locked, so of any number of concurrent
-    /// callers presenting the same token exactly one gets the enrolment; the rest — like an
-    /// unknown, spent or expired token — get `None`, one answer for all of them.
-    pub async fn redeem_enrollment(
-        &self,
-        token_hash: &TokenHash,
-        now: DateTime<Utc>,
-    ) -> Result<Option<EnrollmentRow>> {
-        in_tx!(self, |tx, for_update| {
-            let found = sqlx::query_as::<_, EnrollmentRow>(sqlx::AssertSqlSafe(format!(
-                "select id, host_id, owner_sub, profile_id, state, token_expires_at, created_at, redeemed_at
-                 from host_enrollments
-                 where token_hash = $1 and state in ('pending', 'ready') and token_expires_at > $2
-                 {for_update}"
-            )))
-            .bind(token_hash.as_str())
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await?;
-            match found {
-                None => Ok(None),
-                Some(row) => {
-                    let row = sqlx::query_as::<_, EnrollmentRow>(
-                        "update host_enrollments set state = 'enrolled', redeemed_at = $2
-                         where id = $1
-                         returning id, host_id, owner_sub, profile_id, state, token_expires_at, created_at, redeemed_at",
-                    )
-                    .bind(&row.id)
-                    .bind(now)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                    Ok(Some(row))
-                }
-            }
-        })
-    }
 }

@@ -15,14 +15,22 @@ pub struct Schema {
 pub struct TableSchema {
     pub columns: BTreeMap<String, Column>,
     pub primary_key: Vec<String>,
-    /// Unique indexes and constraints, by columns (names differ by backend).
+    /// Unique indexes and constraints, by columns and predicate (names differ by backend).
     pub uniques: BTreeSet<Unique>,
     pub foreign_keys: BTreeSet<ForeignKey>,
-    /// Named check constraints.
-    pub checks: BTreeSet<String>,
-    /// Non-unique indexes created by name.
-    pub indexes: BTreeSet<String>,
-    pub triggers: BTreeSet<String>,
+    /// Named check constraints: name → the expression, normalised ([`normalise_expr`]).
+    pub checks: BTreeMap<String, String>,
+    /// Non-unique indexes created by name: name → columns and predicate.
+    pub indexes: BTreeMap<String, Index>,
+    /// Triggers: name → when they fire (`before update`, `after insert`, …).
+    pub triggers: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Index {
+    pub columns: Vec<String>,
+    /// A partial index's `where`, normalised.
+    pub predicate: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -36,7 +44,8 @@ pub struct Column {
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Unique {
     pub columns: Vec<String>,
-    pub partial: bool,
+    /// A partial unique index's `where`, normalised.
+    pub predicate: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -76,19 +85,150 @@ fn canonical_on_delete(action: &str) -> String {
     }
 }
 
-/// Names of `constraint <name> check (...)` clauses in a CREATE TABLE statement; SQLite
-/// keeps no catalogue of checks, only the statement.
-fn check_names(create_sql: &str) -> BTreeSet<String> {
-    let words: Vec<String> = create_sql
-        .split(|c: char| c.is_whitespace() || c == ',' || c == '(')
-        .filter(|w| !w.is_empty())
+/// An SQL expression (a check's or a partial index's `where`) as one comparable text, so
+/// SQLite's, kept as written, and PostgreSQL's, deparsed, compare equal exactly when they
+/// say the same thing: lowercase; PostgreSQL's casts (`'a'::text`) dropped; its
+/// `= any (array[…])` read back as `in (…)`; `x between a and b` spelled `x >= a and x <= b`;
+/// then every parenthesis dropped and whitespace collapsed. Grouping is therefore not
+/// compared — operators, operands, literals and their order are.
+pub fn normalise_expr(expr: &str) -> String {
+    let mut s = expr.to_ascii_lowercase().replace("!=", "<>");
+    for cast in [
+        "::timestamp with time zone",
+        "::text[]",
+        "::text",
+        "::integer",
+        "::bigint",
+        "::numeric",
+        "::boolean",
+        "::jsonb",
+        "::date",
+        "::character varying",
+        "::double precision",
+    ] {
+        s = s.replace(cast, "");
+    }
+    // `x = any (array['a', 'b'])` → `x in ('a', 'b')`; `x <> all (…)` → `x not in (…)`.
+    for (from, to) in [("= any (array[", "in ("), ("<> all (array[", "not in (")] {
+        while let Some(at) = s.find(from) {
+            let rest = &s[at + from.len()..];
+            let Some(end) = rest.find("])") else { break };
+            s = format!("{}{to}{}){}", &s[..at], &rest[..end], &rest[end + 2..]);
+        }
+    }
+    let words = |s: &str| -> Vec<String> {
+        s.replace(['(', ')'], " ")
+            .split_whitespace()
+            .map(str::to_owned)
+            .collect()
+    };
+    let mut w = words(&s);
+    // `x between a and b` → `x >= a and x <= b` (operands are single words once
+    // parentheses are gone, which is all our checks use).
+    while let Some(i) = w.iter().position(|t| t == "between") {
+        if i == 0 || i + 3 >= w.len() || w[i + 2] != "and" {
+            break;
+        }
+        let (a, b) = (w[i + 1].clone(), w[i + 3].clone());
+        let mut x_words = vec![w[i - 1].clone()];
+        // A function call lost its parentheses: `length depool_reason` is two words.
+        if i >= 2
+            && w[i - 2]
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !["or", "and", "not", "is"].contains(&w[i - 2].as_str())
+        {
+            x_words.insert(0, w[i - 2].clone());
+        }
+        let start = i - x_words.len();
+        let mut replacement = x_words.clone();
+        replacement.extend([">=".to_owned(), a, "and".to_owned()]);
+        replacement.extend(x_words);
+        replacement.extend(["<=".to_owned(), b]);
+        w.splice(start..i + 4, replacement);
+    }
+    w.join(" ").replace(" ,", ",")
+}
+
+/// `constraint <name> check (<expr>)` clauses in a CREATE TABLE statement, name →
+/// normalised expression; SQLite keeps no catalogue of checks, only the statement.
+fn checks_in(create_sql: &str) -> BTreeMap<String, String> {
+    let lower = create_sql.to_ascii_lowercase();
+    let mut out = BTreeMap::new();
+    let mut from = 0;
+    while let Some(at) = lower[from..].find("constraint") {
+        let at = from + at;
+        from = at + "constraint".len();
+        // A word of its own, not part of a name.
+        let before = lower[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+            continue;
+        }
+        let mut words = lower[from..].split_whitespace();
+        let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+            continue;
+        };
+        if !kind.starts_with("check") {
+            continue;
+        }
+        let Some(open) = lower[from..]
+            .find("check")
+            .map(|i| from + i + "check".len())
+        else {
+            continue;
+        };
+        let Some(open) = lower[open..].find('(').map(|i| open + i) else {
+            continue;
+        };
+        let mut depth = 0;
+        let mut end = open;
+        for (i, c) in lower[open..].char_indices() {
+            match c {
+                '(' => depth += 1,
+                ')' => depth -= 1,
+                _ => {}
+            }
+            if depth == 0 {
+                end = open + i;
+                break;
+            }
+        }
+        out.insert(
+            name.trim_matches('"').to_owned(),
+            normalise_expr(&create_sql[open + 1..end]),
+        );
+        from = end;
+    }
+    out
+}
+
+/// When a CREATE TRIGGER statement fires: `before update`, `after insert`, ….
+fn trigger_event(create_trigger: &str) -> String {
+    let words: Vec<String> = create_trigger
+        .split_whitespace()
         .map(str::to_ascii_lowercase)
         .collect();
-    words
-        .windows(3)
-        .filter(|w| w[0] == "constraint" && w[2] == "check")
-        .map(|w| w[1].clone())
-        .collect()
+    let timing = words
+        .iter()
+        .position(|w| ["before", "after", "instead"].contains(&w.as_str()));
+    match timing {
+        Some(i) => {
+            let event = words[i + 1..]
+                .iter()
+                .find(|w| ["insert", "update", "delete"].contains(&w.as_str()))
+                .cloned()
+                .unwrap_or_default();
+            format!("{} {event}", words[i])
+        }
+        None => String::new(),
+    }
+}
+
+/// The `where` of a CREATE INDEX statement, normalised.
+fn predicate_of(create_index: &str) -> Option<String> {
+    let lower = create_index.to_ascii_lowercase();
+    let at = lower.find(" where ")?;
+    Some(normalise_expr(&create_index[at + " where ".len()..]))
 }
 
 impl Store {
@@ -147,9 +287,9 @@ async fn postgres_schema(p: &sqlx::PgPool) -> Result<Schema> {
             },
         );
     }
-    let indexes: Vec<(String, String, bool, bool, bool, String)> = sqlx::query_as(
+    let indexes: Vec<(String, String, bool, bool, Option<String>, String)> = sqlx::query_as(
         "select t.relname::text, i.relname::text, ix.indisunique, ix.indisprimary,
-                ix.indpred is not null,
+                pg_get_expr(ix.indpred, ix.indrelid),
                 array_to_string(array(
                   select a.attname from unnest(ix.indkey) with ordinality k(attnum, ord)
                   join pg_attribute a on a.attrelid = t.oid and a.attnum = k.attnum
@@ -162,17 +302,18 @@ async fn postgres_schema(p: &sqlx::PgPool) -> Result<Schema> {
     )
     .fetch_all(p)
     .await?;
-    for (table, name, unique, primary, partial, cols) in indexes {
+    for (table, name, unique, primary, predicate, cols) in indexes {
         let Some(t) = schema.tables.get_mut(&table) else {
             continue;
         };
         let columns: Vec<String> = cols.split(',').map(str::to_owned).collect();
+        let predicate = predicate.as_deref().map(normalise_expr);
         if primary {
             t.primary_key = columns;
         } else if unique {
-            t.uniques.insert(Unique { columns, partial });
+            t.uniques.insert(Unique { columns, predicate });
         } else {
-            t.indexes.insert(name);
+            t.indexes.insert(name, Index { columns, predicate });
         }
     }
     let fks: Vec<(String, String, String, String, String)> = sqlx::query_as(
@@ -195,26 +336,40 @@ async fn postgres_schema(p: &sqlx::PgPool) -> Result<Schema> {
             });
         }
     }
-    let checks: Vec<(String, String)> = sqlx::query_as(
-        "select conrelid::regclass::text, conname::text from pg_constraint
+    let checks: Vec<(String, String, String)> = sqlx::query_as(
+        "select conrelid::regclass::text, conname::text, pg_get_constraintdef(oid)
+         from pg_constraint
          where contype = 'c' and connamespace = 'public'::regnamespace",
     )
     .fetch_all(p)
     .await?;
-    for (table, name) in checks {
+    for (table, name, def) in checks {
         if let Some(t) = schema.tables.get_mut(&table) {
-            t.checks.insert(name);
+            let expr = def
+                .strip_prefix("CHECK ")
+                .unwrap_or(&def)
+                .trim_end_matches(" NOT VALID");
+            t.checks.insert(name, normalise_expr(expr));
         }
     }
-    let triggers: Vec<(String, String)> = sqlx::query_as(
-        "select distinct event_object_table::text, trigger_name::text
+    // One row per event; a trigger here fires on one event, as SQLite's can.
+    let triggers: Vec<(String, String, String, String)> = sqlx::query_as(
+        "select event_object_table::text, trigger_name::text, action_timing::text,
+                event_manipulation::text
          from information_schema.triggers where trigger_schema = 'public'",
     )
     .fetch_all(p)
     .await?;
-    for (table, name) in triggers {
+    for (table, name, timing, event) in triggers {
         if let Some(t) = schema.tables.get_mut(&table) {
-            t.triggers.insert(name);
+            t.triggers.insert(
+                name,
+                format!(
+                    "{} {}",
+                    timing.to_ascii_lowercase(),
+                    event.to_ascii_lowercase()
+                ),
+            );
         }
     }
     Ok(schema)
@@ -230,7 +385,7 @@ async fn sqlite_schema(p: &sqlx::SqlitePool) -> Result<Schema> {
     .await?;
     for (table, create_sql) in tables {
         let mut t = TableSchema {
-            checks: check_names(&create_sql),
+            checks: checks_in(&create_sql),
             ..Default::default()
         };
         let columns: Vec<(String, String, bool, bool, i64)> = sqlx::query_as(
@@ -255,12 +410,14 @@ async fn sqlite_schema(p: &sqlx::SqlitePool) -> Result<Schema> {
         }
         pk.sort();
         t.primary_key = pk.into_iter().map(|(_, n)| n).collect();
-        let indexes: Vec<(String, bool, String, bool)> =
-            sqlx::query_as(r#"select name, "unique", origin, partial from pragma_index_list($1)"#)
-                .bind(&table)
-                .fetch_all(p)
-                .await?;
-        for (name, unique, origin, partial) in indexes {
+        let indexes: Vec<(String, bool, String, Option<String>)> = sqlx::query_as(
+            r#"select l.name, l."unique", l.origin, m.sql from pragma_index_list($1) l
+               left join sqlite_master m on m.type = 'index' and m.name = l.name"#,
+        )
+        .bind(&table)
+        .fetch_all(p)
+        .await?;
+        for (name, unique, origin, sql) in indexes {
             if origin == "pk" {
                 continue;
             }
@@ -269,10 +426,11 @@ async fn sqlite_schema(p: &sqlx::SqlitePool) -> Result<Schema> {
                     .bind(&name)
                     .fetch_all(p)
                     .await?;
+            let predicate = sql.as_deref().and_then(predicate_of);
             if unique {
-                t.uniques.insert(Unique { columns, partial });
+                t.uniques.insert(Unique { columns, predicate });
             } else {
-                t.indexes.insert(name);
+                t.indexes.insert(name, Index { columns, predicate });
             }
         }
         let fks: Vec<(String, String, String, String)> = sqlx::query_as(
@@ -291,13 +449,13 @@ async fn sqlite_schema(p: &sqlx::SqlitePool) -> Result<Schema> {
         }
         schema.tables.insert(table, t);
     }
-    let triggers: Vec<(String, String)> =
-        sqlx::query_as("select tbl_name, name from sqlite_master where type = 'trigger'")
+    let triggers: Vec<(String, String, String)> =
+        sqlx::query_as("select tbl_name, name, sql from sqlite_master where type = 'trigger'")
             .fetch_all(p)
             .await?;
-    for (table, name) in triggers {
+    for (table, name, sql) in triggers {
         if let Some(t) = schema.tables.get_mut(&table) {
-            t.triggers.insert(name);
+            t.triggers.insert(name, trigger_event(&sql));
         }
     }
     Ok(schema)
@@ -308,12 +466,60 @@ mod tests {
     use super::*;
 
     #[test]
-    fn check_names_are_read_from_create_statements() {
-        let sql = "create table hosts (id text,\n  constraint hosts_retired_inactive check (x),\n  constraint hosts_slug_key unique (slug), constraint b check(y))";
-        let names: Vec<_> = check_names(sql).into_iter().collect();
+    fn checks_are_read_from_create_statements() {
+        let sql = "create table hosts (id text,\n  constraint hosts_retired_inactive check (x = 1),\n  constraint hosts_slug_key unique (slug), constraint b check(length(y) between 1 and 5))";
+        let checks: Vec<_> = checks_in(sql).into_iter().collect();
         assert_eq!(
-            names,
-            vec!["b".to_owned(), "hosts_retired_inactive".to_owned()]
+            checks,
+            vec![
+                ("b".to_owned(), "length y >= 1 and length y <= 5".to_owned()),
+                ("hosts_retired_inactive".to_owned(), "x = 1".to_owned())
+            ]
+        );
+    }
+
+    #[test]
+    fn sqlite_as_written_and_postgres_deparsed_normalise_alike() {
+        for (sqlite, postgres) in [
+            (
+                "state in ('pending', 'ready')",
+                "(state = ANY (ARRAY['pending'::text, 'ready'::text]))",
+            ),
+            (
+                "depool_reason is null or length(depool_reason) between 1 and 500",
+                "((depool_reason IS NULL) OR ((length(depool_reason) >= 1) AND (length(depool_reason) <= 500)))",
+            ),
+            (
+                "retired_at is null or (active = false and dedicated = false)",
+                "((retired_at IS NULL) OR ((active = false) AND (dedicated = false)))",
+            ),
+            (
+                "state = 'draft' or envelope is not null",
+                "((state = 'draft'::text) OR (envelope IS NOT NULL))",
+            ),
+        ] {
+            assert_eq!(normalise_expr(sqlite), normalise_expr(postgres), "{sqlite}");
+        }
+        // …and a weakened expression does not.
+        assert_ne!(
+            normalise_expr("consecutive_failures > 0"),
+            normalise_expr("(consecutive_failures >= 0)")
+        );
+        assert_ne!(
+            normalise_expr("state in ('pending', 'ready')"),
+            normalise_expr("(state = ANY (ARRAY['pending'::text, 'ready'::text, 'x'::text]))")
+        );
+    }
+
+    #[test]
+    fn trigger_events_are_read_from_create_statements() {
+        assert_eq!(
+            trigger_event("create trigger t before update of placement on hosts begin end"),
+            "before update"
+        );
+        assert_eq!(
+            trigger_event("CREATE TRIGGER t AFTER INSERT ON x"),
+            "after insert"
         );
     }
 }

@@ -4,10 +4,11 @@
 use byo_wire::states::{EnrollmentState, KeyListState};
 use std::sync::Arc;
 
-use byo_core::tokens::{SecretToken, TokenKind};
+use byo_core::tokens::{SecretToken, TokenHash, TokenKind};
 use byo_db::enrollments::NewEnrollment;
 use byo_db::hosts::{NewHost, NewHostNode};
 use byo_db::operator_keys::KeyChange;
+use byo_db::provisioning::{RedeemDecision, RedeemNode, Redeemed};
 use byo_db::testing::{self, TestDb};
 use byo_db::users::NewUser;
 use byo_db::vms::NewVm;
@@ -41,7 +42,7 @@ conformance!(
     d3_activation_refused_until_preparation_finished,
     n7_hardware_id_unique_among_nodes_not_retired,
     step28_single_use_token_redeemed_once_by_32_callers,
-    step28_unknown_spent_and_expired_tokens_get_the_same_none,
+    step28_unknown_spent_rejected_and_expired_tokens_get_the_same_none,
     last_superadmin_cannot_be_revoked,
     sessions_expire_and_end,
     email_is_unique,
@@ -343,63 +344,112 @@ async fn enrollment(db: &Store, owner: &str, slug: &str, expires: DateTime<Utc>)
     token
 }
 
+/// Redeem as host-enroll does — `Store::redeem`, the one path — for a machine whose
+/// hardware id is `hardware_id`, accepted (`accept`) or rejected by the judge.
+async fn redeem(db: &Store, token: &TokenHash, hardware_id: &str, accept: bool) -> Redeemed {
+    let hardware_id = hardware_id.to_owned();
+    db.redeem(token, now(), move |_ctx| {
+        if !accept {
+            return RedeemDecision::Reject {
+                request: json!({"hardware_id": hardware_id}),
+                reason: "arch is x86_64".into(),
+            };
+        }
+        RedeemDecision::Accept {
+            nodes: vec![RedeemNode {
+                index: 0,
+                machine_id: None,
+                hardware_id: hardware_id.clone(),
+                fingerprint: json!({"hardware_id": hardware_id}),
+                rails: json!([]),
+            }],
+            fingerprint: json!({"hardware_id": hardware_id}),
+            host_pubkey: "wg-public".into(),
+            host_token_hash: SecretToken::generate(TokenKind::Host).hash(),
+            sealed_agent_token: "sealed".into(),
+        }
+    })
+    .await
+    .unwrap()
+}
+
 async fn step28_single_use_token_redeemed_once_by_32_callers(db: TestDb) {
     let owner = user(&db, "owner@example.com").await;
     let token = enrollment(&db, &owner, "spark-1", now() + Duration::hours(1)).await;
     let hash = token.hash();
-    let store = db.store.clone();
+    let start = Arc::new(tokio::sync::Barrier::new(32));
     let tasks: Vec<_> = (0..32)
-        .map(|_| {
-            let store = store.clone();
+        .map(|i| {
+            let store = db.store.clone();
             let hash = hash.clone();
-            tokio::spawn(async move { store.redeem_enrollment(&hash, now()).await.unwrap() })
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let hw = format!("hw-{i}");
+                (redeem(&store, &hash, &hw, true).await, hw)
+            })
         })
         .collect();
-    let mut redeemed = Vec::new();
+    let mut enrolled = Vec::new();
     for t in tasks {
-        if let Some(row) = t.await.unwrap() {
-            redeemed.push(row);
+        match t.await.unwrap() {
+            (Redeemed::Enrolled(ctx), hw) => enrolled.push((ctx, hw)),
+            (Redeemed::NoSuchToken, _) => {}
+            (other, _) => panic!("a loser must find no token, not {other:?}"),
         }
     }
-    assert_eq!(redeemed.len(), 1, "exactly one of 32 callers redeems");
-    assert_eq!(redeemed[0].state, EnrollmentState::Enrolled);
-    let stored = db.enrollment(&redeemed[0].id).await.unwrap().unwrap();
+    assert_eq!(enrolled.len(), 1, "exactly one of 32 callers redeems");
+    let (ctx, hw) = &enrolled[0];
+    let stored = db.enrollment(&ctx.enrollment_id).await.unwrap().unwrap();
     assert_eq!(stored.state, EnrollmentState::Enrolled);
-    assert_eq!(stored.redeemed_at, redeemed[0].redeemed_at);
+    assert!(stored.redeemed_at.is_some());
+    let nodes = db.host_nodes(&ctx.host_id).await.unwrap();
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| n.hardware_id.as_str())
+            .collect::<Vec<_>>(),
+        [hw.as_str()],
+        "only the winner's machine is the host"
+    );
 }
 
-async fn step28_unknown_spent_and_expired_tokens_get_the_same_none(db: TestDb) {
+async fn step28_unknown_spent_rejected_and_expired_tokens_get_the_same_none(db: TestDb) {
     let owner = user(&db, "owner@example.com").await;
     let live = enrollment(&db, &owner, "spark-1", now() + Duration::hours(1)).await;
     let expired = enrollment(&db, &owner, "spark-2", now() - Duration::seconds(1)).await;
+    let rejected = enrollment(&db, &owner, "spark-3", now() + Duration::hours(1)).await;
     let unknown = SecretToken::generate(TokenKind::Enrollment);
 
+    assert!(matches!(
+        redeem(&db, &live.hash(), "hw-1", true).await,
+        Redeemed::Enrolled(_)
+    ));
+    assert!(matches!(
+        redeem(&db, &rejected.hash(), "hw-3", false).await,
+        Redeemed::Rejected { .. }
+    ));
+    for (what, token) in [
+        ("spent", &live),
+        ("rejected", &rejected),
+        ("expired", &expired),
+        ("unknown", &unknown),
+    ] {
+        assert!(
+            matches!(
+                redeem(&db, &token.hash(), "hw-9", true).await,
+                Redeemed::NoSuchToken
+            ),
+            "{what}"
+        );
+    }
     assert!(
-        db.redeem_enrollment(&live.hash(), now())
+        db.dump_text()
             .await
             .unwrap()
-            .is_some()
-    );
-    assert!(
-        db.redeem_enrollment(&live.hash(), now())
-            .await
-            .unwrap()
-            .is_none(),
-        "spent"
-    );
-    assert!(
-        db.redeem_enrollment(&expired.hash(), now())
-            .await
-            .unwrap()
-            .is_none(),
-        "expired"
-    );
-    assert!(
-        db.redeem_enrollment(&unknown.hash(), now())
-            .await
-            .unwrap()
-            .is_none(),
-        "unknown"
+            .iter()
+            .all(|v| !v.value.contains("hw-9")),
+        "nothing was written for them"
     );
 }
 
@@ -504,10 +554,10 @@ async fn no_table_holds_a_plaintext_token(db: TestDb) {
         .await
         .unwrap();
     let enr = enrollment(&db, &owner, "spark-1", now() + Duration::hours(1)).await;
-    db.redeem_enrollment(&enr.hash(), now())
-        .await
-        .unwrap()
-        .unwrap();
+    assert!(matches!(
+        redeem(&db, &enr.hash(), "hw-1", true).await,
+        Redeemed::Enrolled(_)
+    ));
     db.audit(Some(&owner), "test.flow", None, json!({"ok": true}), now())
         .await
         .unwrap();
@@ -574,16 +624,28 @@ async fn the_migrated_schemas_are_the_same_on_both_backends() {
         assert!(a.tables.contains_key(table), "{table} is missing");
     }
     // Spot checks that the comparison sees what matters.
+    // Spot checks that the comparison sees what matters: check expressions, partial
+    // indexes' predicates and triggers' events, not only their names.
     let hosts = &a.tables["hosts"];
-    assert!(hosts.checks.contains("hosts_retired_inactive"));
+    assert_eq!(
+        hosts.checks["hosts_retired_inactive"],
+        "retired_at is null or active = false and dedicated = false"
+    );
     assert!(
         a.tables["host_nodes"]
             .uniques
             .iter()
-            .any(|u| u.columns == ["hardware_id"] && u.partial)
+            .any(|u| u.columns == ["hardware_id"]
+                && u.predicate.as_deref() == Some("retired_at is null"))
+    );
+    assert_eq!(
+        a.tables["vms"].indexes["vms_stuck_deletes"]
+            .predicate
+            .as_deref(),
+        Some("deleted_at is null and delete_requested_at is not null")
     );
     assert_eq!(a.tables["host_nodes"].primary_key, ["host_id", "index"]);
-    assert!(a.tables["hosts"].triggers.contains("hosts_retire_nodes"));
+    assert_eq!(hosts.triggers["hosts_retire_nodes"], "after update");
 }
 
 #[tokio::test]

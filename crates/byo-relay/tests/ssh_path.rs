@@ -53,8 +53,9 @@ impl World {
         }
     }
 
-    /// The agent calling ssh_mapd from the host, through the tunnel. Returns (status, body);
-    /// status 0 when nothing answered.
+    /// The agent calling ssh_mapd from the host, through the tunnel (`token` `Some("")`:
+    /// no Authorization header at all). Returns (status, body); status 0 when nothing
+    /// answered.
     fn call(
         &self,
         method: &str,
@@ -62,9 +63,12 @@ impl World {
         body: Option<&str>,
         token: Option<&str>,
     ) -> (u16, String) {
-        let token = token.unwrap_or(self.token.expose());
+        let auth = match token.unwrap_or(self.token.expose()) {
+            "" => String::new(),
+            token => format!("-H 'authorization: Bearer {token}'"),
+        };
         let mut script = format!(
-            "curl -s -m 3 -o /dev/stdout -w '\\n%{{http_code}}' -X {method} -H 'authorization: Bearer {token}' http://10.8.0.1:8754{path}"
+            "curl -s -m 3 -o /dev/stdout -w '\\n%{{http_code}}' -X {method} {auth} http://10.8.0.1:8754{path}"
         );
         if let Some(b) = body {
             script.push_str(&format!(
@@ -295,6 +299,31 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
             400,
         ),
         ("DELETE", "/map/22", None, Some(wrong.expose()), 401),
+        // No token at all.
+        ("GET", "/map", None, Some(""), 401),
+        ("PUT", "/map/22", Some(map_22()), Some(""), 401),
+        ("DELETE", "/map/22", None, Some(""), 401),
+        // Every one of the relay's own ports, one at a time and in a whole map.
+        ("PUT", "/map/80", Some(map_22()), None, 400),
+        ("PUT", "/map/443", Some(map_22()), None, 400),
+        ("PUT", "/map/51820", Some(map_22()), None, 400),
+        (
+            "PUT",
+            "/map",
+            Some(r#"{"mappings":[{"port":443,"target":"10.8.0.2","target_port":2201}]}"#),
+            None,
+            400,
+        ),
+        // One port mapped twice in a whole map.
+        (
+            "PUT",
+            "/map",
+            Some(
+                r#"{"mappings":[{"port":22,"target":"10.8.0.2","target_port":2201},{"port":22,"target":"10.8.0.2","target_port":2202}]}"#,
+            ),
+            None,
+            400,
+        ),
     ] {
         let (status, reply) = w.call(method, path, body, token);
         assert_eq!(status, want, "{method} {path} {body:?}: {reply}");
@@ -310,6 +339,26 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
         .1
         .contains("forwards only to its own host")
     );
+    for port in byo_relay::mapd::RESERVED_PORTS {
+        let (status, reply) = w.call("PUT", &format!("/map/{port}"), Some(map_22()), None);
+        assert_eq!(status, 400, "{port}: {reply}");
+        assert!(reply.contains("one of the relay's own services"), "{reply}");
+    }
+    assert_eq!(
+        w.call(
+            "PUT",
+            "/map",
+            Some(
+                r#"{"mappings":[{"port":2222,"target":"10.8.0.2","target_port":2201},{"port":2222,"target":"10.8.0.2","target_port":2202}]}"#
+            ),
+            None
+        ),
+        (
+            400,
+            r#"{"error":"invalid","message":"a port is mapped twice"}"#.into()
+        )
+    );
+    assert_eq!(w.kernel_map(), kernel, "and the kernel is as it was");
 
     // GET /map is the kernel, across a daemon restart.
     w.stop_mapd();
@@ -428,27 +477,58 @@ fn the_relay_after_bootstrap_holds_exactly_the_seeded_chain() {
         "seeding twice changes nothing"
     );
     let listing = String::from_utf8(relay.sh("nft list table ip lofispark").stdout).unwrap();
-    for line in [
-        "chain LOFISPARK_VMSSH {",
-        "ip saddr 35.235.240.0/20 tcp dport 22 return",
-        "meta l4proto tcp dnat to 10.8.0.2:tcp dport map @vmssh_ports",
-        "tcp dport 22 drop",
-        "type nat hook prerouting priority dstnat; policy accept;",
-        "iifname != \"wg0\" jump LOFISPARK_VMSSH",
-        "oifname \"wg0\" ct status dnat masquerade",
-        "type filter hook forward priority filter; policy accept;",
-        "oifname \"wg0\" ct status dnat accept",
-        "oifname \"wg0\" drop",
-        "iifname \"wg0\" ct state established,related accept",
-        "iifname \"wg0\" drop",
-    ] {
-        assert!(listing.contains(line), "missing {line:?} in:\n{listing}");
-    }
+    // Exactly this, line for line (indentation aside): a rule added, dropped, reordered or
+    // reworded fails, as does one more chain.
+    let lines = |s: &str| -> Vec<String> {
+        s.lines()
+            .map(|l| l.trim().to_owned())
+            .filter(|l| !l.is_empty())
+            .collect()
+    };
+    assert_eq!(
+        lines(&listing),
+        lines(SEEDED_CHAIN),
+        "the relay's table after bootstrap:\n{listing}"
+    );
     // Only our table: nothing else in the ruleset was created or touched.
     let tables = String::from_utf8(relay.sh("nft list tables").stdout).unwrap();
     assert_eq!(tables.trim(), "table ip lofispark");
     write_listing(&listing);
 }
+
+/// The relay's whole table after `byo-relay seed`, as `nft list table ip lofispark` prints
+/// it (docs/relay.md shows the same).
+const SEEDED_CHAIN: &str = r#"
+table ip lofispark {
+	map vmssh_ports {
+		type inet_service : inet_service
+	}
+
+	chain LOFISPARK_VMSSH {
+		ip saddr 35.235.240.0/20 tcp dport 22 return comment "IAP reaches the relay's own sshd"
+		meta l4proto tcp dnat to 10.8.0.2:tcp dport map @vmssh_ports
+		tcp dport 22 drop comment "blackhole: :22 goes nowhere until it is mapped"
+	}
+
+	chain prerouting {
+		type nat hook prerouting priority dstnat; policy accept;
+		iifname != "wg0" jump LOFISPARK_VMSSH
+	}
+
+	chain postrouting {
+		type nat hook postrouting priority srcnat; policy accept;
+		oifname "wg0" ct status dnat masquerade
+	}
+
+	chain forward {
+		type filter hook forward priority filter; policy accept;
+		oifname "wg0" ct status dnat accept comment "into the tunnel: only what the chain DNATs"
+		oifname "wg0" drop
+		iifname "wg0" ct state established,related accept comment "out of the tunnel: replies only"
+		iifname "wg0" drop
+	}
+}
+"#;
 
 /// Keep the exact chain for the closing note and docs.
 fn write_listing(listing: &str) {

@@ -117,7 +117,7 @@ async fn wrong_password_and_unknown_email_get_the_same_answer(app: TestApp) {
         )
         .await;
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
-    assert_eq!((wrong.status, &wrong.body), (unknown.status, &unknown.body));
+    assert_eq!(wrong.as_seen(), unknown.as_seen(), "headers included");
     assert!(wrong.session_cookie().is_none());
 
     let ok = app

@@ -317,7 +317,7 @@ async fn b28_redeem_returns_everything_once_and_then_never_again(w: World) {
         )
         .await;
     for r in [&unknown, &malformed, &other_kind, &expired] {
-        assert_eq!((r.status, &r.body), (spent.status, &spent.body));
+        assert_eq!(r.as_seen(), spent.as_seen(), "headers included");
     }
     assert_eq!(spent.status, StatusCode::UNAUTHORIZED);
     assert_eq!(
@@ -685,8 +685,9 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
     )
     .await;
     assert_eq!(
-        (wrong.status, &wrong.body),
-        (enroll_token_as_host.status, &enroll_token_as_host.body)
+        wrong.as_seen(),
+        enroll_token_as_host.as_seen(),
+        "headers included"
     );
     assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
     let r = report(
@@ -1178,3 +1179,173 @@ async fn a_provisioning_waits_for_a_published_operator_key_list(app: TestApp) {
 }
 
 on_each_backend!(a_provisioning_waits_for_a_published_operator_key_list);
+
+/// Step 28's single use, through `POST /api/enroll` as host-enroll really runs it: eight
+/// machines present one token at once. Exactly one enrols; every other gets the one 401 an
+/// unknown token gets — the whole answer, headers included — and nothing of theirs is
+/// written: no second node, no rejection parking the enrolment (which would send reap after
+/// a host that had just enrolled). On PostgreSQL this is the row lock's test.
+async fn b28_eight_concurrent_enrolls_with_one_token_one_wins_every_loser_the_same_401(w: World) {
+    use http_body_util::BodyExt;
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    let token = p["token"].as_str().unwrap().to_owned();
+    let request = |token: &str, hardware_id: String| {
+        let mut body = spark();
+        body["hardware_id"] = json!(hardware_id);
+        Request::post("/api/enroll")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            // One id for every caller, so the answers can be compared whole.
+            .header("x-request-id", "same-for-every-caller")
+            .body(Body::from(body.to_string()))
+            .unwrap()
+    };
+    let start = Arc::new(tokio::sync::Barrier::new(8));
+    let callers: Vec<_> = (0..8)
+        .map(|i| {
+            let router = w.app.router.clone();
+            let req = request(&token, format!("b41c-{i}"));
+            let start = start.clone();
+            tokio::spawn(async move {
+                start.wait().await;
+                let resp = router.oneshot(req).await.unwrap();
+                let (parts, body) = resp.into_parts();
+                let body = body.collect().await.unwrap().to_bytes().to_vec();
+                (format!("b41c-{i}"), parts.status, parts.headers, body)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for c in callers {
+        answers.push(c.await.unwrap());
+    }
+    let statuses: Vec<_> = answers.iter().map(|a| a.1.as_u16()).collect();
+    let winners: Vec<_> = answers.iter().filter(|a| a.1 == StatusCode::OK).collect();
+    assert_eq!(winners.len(), 1, "one winner: {statuses:?}");
+    let losers: Vec<_> = answers
+        .iter()
+        .filter(|a| a.1 != StatusCode::OK)
+        .map(|a| (a.1, a.2.clone(), a.3.clone()))
+        .collect();
+    assert_eq!(losers.len(), 7);
+    for l in &losers {
+        assert_eq!(
+            l, &losers[0],
+            "every loser gets the same answer, headers included"
+        );
+    }
+    assert_eq!(losers[0].0, StatusCode::UNAUTHORIZED, "{statuses:?}");
+    // …and it is the answer an unknown token gets.
+    let unknown = SecretToken::generate(TokenKind::Enrollment);
+    let resp = w.app.send(request(unknown.expose(), "zz".into())).await;
+    assert_eq!(
+        (resp.status, resp.headers, resp.body),
+        losers[0].clone(),
+        "a loser learns nothing an unknown token does not"
+    );
+
+    // Read back: the winner's machine is the host, and only it.
+    let nodes = w.app.db.host_nodes(&host_id).await.unwrap();
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| n.hardware_id.as_str())
+            .collect::<Vec<_>>(),
+        [winners[0].0.as_str()]
+    );
+    let e = w
+        .app
+        .db
+        .enrollment(p["enrollment_id"].as_str().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(e.state, EnrollmentState::Enrolled);
+    let rejected = w
+        .app
+        .db
+        .audit_log(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.enroll_rejected")
+        .count();
+    assert_eq!(rejected, 0, "no loser parked the enrolment as rejected");
+    assert!(
+        w.app
+            .db
+            .host(&host_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .pubkey
+            .is_some()
+    );
+}
+
+/// H: revoke is for an enrolment that has not redeemed. One that has is refused (409
+/// `not_revocable`), through the API and the page, and nothing changes: the enrolment stays
+/// enrolled, the host keeps its row, node, relay and tunnel, and no revoke is audited.
+async fn h_revoking_a_redeemed_enrolment_is_refused_and_changes_nothing(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let enrollment_id = p["enrollment_id"].as_str().unwrap().to_owned();
+    w.relay_settled(&host_id).await;
+    assert_eq!(
+        w.enroll(p["token"].as_str().unwrap(), spark()).await.status,
+        StatusCode::OK
+    );
+    let before = w.app.db.enrollment(&enrollment_id).await.unwrap().unwrap();
+    let relays = w.relays.relays.lock().unwrap().len();
+    let tunnels = w.tunnels.inner.tunnels.lock().unwrap().len();
+
+    let r =
+        w.op.post_empty(&format!("/api/admin/enrollments/{enrollment_id}/revoke"))
+            .await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("not_revocable"))
+    );
+    let page =
+        w.op.post_form(&format!("/admin/enrollments/{enrollment_id}/revoke"), &[])
+            .await;
+    assert_eq!(page.status, StatusCode::CONFLICT);
+
+    let after = w.app.db.enrollment(&enrollment_id).await.unwrap().unwrap();
+    assert_eq!(
+        (after.state, after.redeemed_at),
+        (EnrollmentState::Enrolled, before.redeemed_at)
+    );
+    let host = w
+        .app
+        .db
+        .host(&host_id)
+        .await
+        .unwrap()
+        .expect("the host stays");
+    assert!(host.pubkey.is_some());
+    assert_eq!(w.app.db.host_nodes(&host_id).await.unwrap().len(), 1);
+    assert_eq!(w.relays.relays.lock().unwrap().len(), relays);
+    assert_eq!(w.tunnels.inner.tunnels.lock().unwrap().len(), tunnels);
+    assert!(
+        w.app
+            .db
+            .audit_log(100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|a| a.action != "enrollment.revoke")
+    );
+    // A sweep after the refusal hands nothing back either.
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
+    assert!(w.app.db.host(&host_id).await.unwrap().is_some());
+}
+
+with_world!(
+    b28_eight_concurrent_enrolls_with_one_token_one_wins_every_loser_the_same_401,
+    h_revoking_a_redeemed_enrolment_is_refused_and_changes_nothing,
+);

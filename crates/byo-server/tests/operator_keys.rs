@@ -877,7 +877,7 @@ async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_ver
     assert!(elsewhere.keep(&fetched, chrono::Utc::now()).is_err());
     assert_eq!(std::fs::read(&keys.paths.held).unwrap(), held_before);
 
-    // An unknown token: host-report's one answer, the status and the body.
+    // An unknown token: host-report's one answer, headers and body.
     let unknown = SecretToken::generate(TokenKind::Host).expose().to_owned();
     let ask = |token: &str, method: axum::http::Method, path: &str, body: &str| {
         axum::http::Request::builder()
@@ -907,7 +907,7 @@ async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_ver
         ))
         .await;
     assert_eq!(list.status, StatusCode::UNAUTHORIZED);
-    assert_eq!((list.status, &list.body), (report.status, &report.body));
+    assert_eq!(list.as_seen(), report.as_seen(), "headers included");
     assert!(fetch(unknown).await.unwrap_err().contains("401"));
 }
 
@@ -1097,3 +1097,124 @@ async fn renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn(mut w: 
 }
 
 with_world!(renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn);
+/// M.10 through the route: two operators' changes arrive together when no draft is open,
+/// so both try to open the next version and one loses on its key; the server applies the
+/// loser again on top of the winner. Both are answered 200 and both keys are in the one
+/// draft, with both changes recorded against it. Several rounds (each published before
+/// the next) so the two inserts collide on PostgreSQL, where they run in parallel.
+async fn m10_two_changes_racing_through_the_route_both_end_in_the_draft(w: World) {
+    let mut expected: Vec<String> = Vec::new();
+    for round in 1..=4 {
+        let start = Arc::new(tokio::sync::Barrier::new(2));
+        let racers: Vec<_> = [(&w.root, "root"), (&w.op, "op")]
+            .into_iter()
+            .map(|(user, who)| {
+                let (user, start) = (user.clone(), start.clone());
+                let key = login_key();
+                let label = format!("{who} machine {round}");
+                tokio::spawn(async move {
+                    start.wait().await;
+                    let r = user
+                        .post(
+                            "/api/admin/operator-keys/changes",
+                            json!({"action": "add", "public_key": key, "label": label}),
+                        )
+                        .await;
+                    (r, key)
+                })
+            })
+            .collect();
+        for r in racers {
+            let (r, key) = r.await.unwrap();
+            assert_eq!(r.status, StatusCode::OK, "round {round}: {}", r.text());
+            expected.push(fingerprint(&key));
+        }
+        let o = w.overview().await;
+        assert_eq!(o["draft"]["version"], round, "one draft, the next version");
+        let mut in_draft: Vec<String> = o["draft"]["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| fingerprint(k["public_key"].as_str().unwrap()))
+            .collect();
+        in_draft.sort();
+        let mut want = expected.clone();
+        want.sort();
+        assert_eq!(
+            in_draft, want,
+            "round {round}: every key so far is in the draft"
+        );
+        let changes = o["draft_changes"].as_array().unwrap();
+        assert_eq!(
+            changes.len(),
+            2,
+            "round {round}: both changes, against this draft"
+        );
+        w.publish_draft().await;
+    }
+}
+
+with_world!(m10_two_changes_racing_through_the_route_both_end_in_the_draft,);
+
+/// M.10's one publish per version, through the route, made to overlap: eight uploads of
+/// one signature at once, over three versions. Exactly one is answered 200 and pushed to
+/// the hosts; the other seven get 409 `already_published` whether they lost at the draft
+/// check or at the store's guarded write — so a dropped guard (`state = 'draft'`) fails
+/// here on SQLite as on PostgreSQL.
+async fn m10_eight_overlapping_publishes_of_one_version_one_wins_one_push(w: World) {
+    for version in 1..=3 {
+        w.add(&w.op, &format!("machine {version}")).await;
+        let o = w.overview().await;
+        assert_eq!(o["draft"]["version"], version);
+        let sig = w.sign(o["draft"]["body"].as_str().unwrap(), &w.signing);
+        let pushes_before = w.agents.calls(Op::PushKeys).len();
+        let start = Arc::new(tokio::sync::Barrier::new(8));
+        let uploads: Vec<_> = (0..8)
+            .map(|_| {
+                let (root, sig, start) = (w.root.clone(), sig.clone(), start.clone());
+                tokio::spawn(async move {
+                    start.wait().await;
+                    root.post(
+                        &format!("/api/admin/operator-keys/{version}/signatures"),
+                        json!({"signature": sig}),
+                    )
+                    .await
+                })
+            })
+            .collect();
+        let mut ok = 0;
+        for u in uploads {
+            let r = u.await.unwrap();
+            match r.status {
+                StatusCode::OK => ok += 1,
+                StatusCode::CONFLICT => {
+                    assert_eq!(r.json()["error"], "already_published", "{}", r.text())
+                }
+                other => panic!("{other}: {}", r.text()),
+            }
+        }
+        assert_eq!(ok, 1, "version {version}: exactly one publish wins");
+        assert_eq!(
+            w.agents.calls(Op::PushKeys).len() - pushes_before,
+            w.hosts.len(),
+            "version {version}: pushed once to each host"
+        );
+        let published = w.app.db.published_key_list().await.unwrap().unwrap();
+        assert_eq!(published.version, version);
+        let publishes = w
+            .app
+            .db
+            .audit_log(1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.action == "operator_keys.publish")
+            .count();
+        assert_eq!(
+            publishes, version as usize,
+            "one publish audited per version"
+        );
+    }
+}
+
+with_world!(m10_eight_overlapping_publishes_of_one_version_one_wins_one_push,);

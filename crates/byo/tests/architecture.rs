@@ -290,3 +290,49 @@ fn server_modules_keep_their_layers_and_form_no_cycle() {
         "top-level modules of byo-server import each other in a cycle: {cycles:#?}"
     );
 }
+
+/// "Skip locally, fail under CI" is read from `CI` in one place, `byo_core::testing`
+/// (issue #19 found two helpers reading it two ways): no other Rust file of the workspace
+/// names the variable in an environment read.
+#[test]
+fn ci_is_read_in_one_place() {
+    use std::path::{Path, PathBuf};
+    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "target") {
+                    rust_files(&path, out);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = Vec::new();
+    rust_files(&crates, &mut files);
+    let the_one = crates
+        .join("byo-core/src/testing.rs")
+        .canonicalize()
+        .unwrap();
+    // Spelled in pieces so this file does not match itself.
+    let reads = [
+        format!("var({q}CI{q})", q = '"'),
+        format!("var_os({q}CI{q})", q = '"'),
+        format!("env!({q}CI{q})", q = '"'),
+        format!("option_env!({q}CI{q})", q = '"'),
+    ];
+    let mut readers = Vec::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap();
+        if reads.iter().any(|r| text.contains(r.as_str())) {
+            readers.push(f.canonicalize().unwrap());
+        }
+    }
+    assert_eq!(
+        readers,
+        [the_one],
+        "CI is read only by byo_core::testing::under_ci"
+    );
+}

@@ -161,5 +161,25 @@ mod tests {
         assert!(r.starts_with("flush map ip lofispark vmssh_ports\n"));
         assert!(r.contains("{ 22 : 2201, 2222 : 2202 }"));
         assert_eq!(reconcile_batch(&[]), "flush map ip lofispark vmssh_ports\n");
+        assert_eq!(
+            clear_batch(22),
+            "delete element ip lofispark vmssh_ports { 22 }\n"
+        );
+    }
+
+    /// The skeleton's every line is compared with what the kernel lists in
+    /// `byo-relay/tests/ssh_path.rs`; here, that it is our one table with the host and
+    /// tunnel filled in.
+    #[test]
+    fn the_skeleton_is_our_table_for_this_host_and_tunnel() {
+        let text = skeleton(&Layout {
+            host: Ipv4Addr::new(10, 8, 0, 9),
+            tunnel: "wg7".into(),
+        });
+        assert!(text.starts_with("table ip lofispark {\n"));
+        assert!(text.contains("meta l4proto tcp dnat to 10.8.0.9 : tcp dport map @vmssh_ports"));
+        assert!(text.contains("iifname != \"wg7\" jump LOFISPARK_VMSSH"));
+        assert!(text.contains("tcp dport 22 drop"));
+        assert_eq!(text.matches("table ip").count(), 1);
     }
 }

@@ -220,3 +220,28 @@ echo "byo relay bootstrap for {slug} done at $(date -u +%FT%TZ)"
         Ok(s)
     }
 }
+
+#[cfg(test)]
+mod value_tests {
+    use super::*;
+
+    /// What may be rendered into the script: the whole refusal suite (each field of a
+    /// `Bootstrap`, through `script()`) is `byo-relay/tests/bootstrap.rs`; here, the rule.
+    #[test]
+    fn only_plain_values_are_rendered() {
+        assert!(safe("spark-7.relay.example.com", "name", ".-").is_ok());
+        for bad in ["", "spark 7", "spark-7;id", "$(id)", "x\n"] {
+            assert!(safe(bad, "name", ".-").is_err(), "{bad:?}");
+        }
+        assert!(
+            safe("a.b", "name", "-").is_err(),
+            "only the extra characters given"
+        );
+        assert_eq!(
+            safe("x y", "slug", "-").unwrap_err(),
+            r#"slug "x y" has characters a bootstrap cannot carry"#
+        );
+        assert_eq!(with_newline("PEM\n\n"), "PEM\n");
+        assert_eq!(with_newline("PEM"), "PEM\n");
+    }
+}

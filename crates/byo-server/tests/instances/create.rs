@@ -235,12 +235,14 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
         w.answer_creates(answer);
         w.clock.advance(TimeDelta::minutes(1));
         let started = w.clock.now();
+        let contacts = w.agents.calls(Op::Create).len();
         // While the host is still working on it, the instance cannot be deleted.
         let meanwhile = async {
             if answer != Answer::Hang {
                 return;
             }
-            tokio::time::sleep(WAIT / 4).await;
+            // The host has been contacted (so the row is written) and is hanging.
+            w.agents.contacted(Op::Create, contacts + 1).await;
             let creating = w
                 .all_vms()
                 .await

@@ -16,6 +16,7 @@ mod http_client;
 mod pages;
 mod placement;
 mod power;
+mod races;
 mod reconcile;
 mod ssh_keys;
 mod world;

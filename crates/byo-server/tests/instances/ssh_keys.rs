@@ -67,4 +67,95 @@ async fn ssh_keys_are_checked_kept_once_and_private_to_their_user(w: World) {
     assert_eq!(w.db().ssh_keys_of(&w.other.sub).await.unwrap().len(), 1);
 }
 
-with_world!(ssh_keys_are_checked_kept_once_and_private_to_their_user,);
+/// A 1024-bit RSA key (`ssh-keygen -t rsa -b 1024`): below `MIN_RSA_BITS`.
+const RSA_1024: &str = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAAAgQCmXGDevye359J5y+3Yk5G80jPUw69Y1O4N0vH55fQZyPvueE9TyFj9oUCVvMFr3prh7BUBYEE4YqcySYqwG2I09RSsjp6V72JRdsITwjV6b7tWhyz/xOITQy+FFyq3krySn05L6Nl9bItNmxRX/52RylXs3gC4P9CePrlCAo4Bjw==";
+/// A 2048-bit RSA key: exactly `MIN_RSA_BITS`, accepted.
+const RSA_2048: &str = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCygbvsvO85UibAPzaoasaBwtllGa6rBBXkE/gYcjRCZxI58Rmjbw53u4cXpZuCUwdTAH2QlDyl4FF9A9s6mG9vUAJOEptTjv9yhj8109cyETIOgoznYzJlFrewYCmW2/klkV+UziAI24C6ftYmbZSTxVs3pRZLj4rfhcxX1Tw+6k37CaURZzK3+0edWDNCa3TK2gSDlaQB9RrEyLQgs5ulnHIxWOEsWKyZVvgDERmk6WxGLO120Q1nY5Mm3OpDRZR9qf+OFZZONJlm/NohWV0B5S1f+bE4uamyotOFEzrdIJO4BoihfQleYP5a23CyipJ0qaVyhOIMBsos9BKdZ5FF";
+
+/// The key rules at their edges: RSA below 2048 bits refused and at 2048 taken; a control
+/// character anywhere in the line (an escape sequence in the comment, a tab, a bell)
+/// refused; each refusal writes nothing.
+async fn ssh_keys_refuse_short_rsa_and_control_characters(w: World) {
+    let key = public_key_line();
+    let before = w.db().ssh_keys_of(&w.customer.sub).await.unwrap().len();
+    for (line, error, says) in [
+        (
+            RSA_1024.to_owned(),
+            "invalid_public_key",
+            "at least 2048 bits",
+        ),
+        (
+            format!("{key} me\u{1b}[2J@laptop"),
+            "invalid_public_key",
+            "control characters",
+        ),
+        (
+            format!("{key}\tme@laptop"),
+            "invalid_public_key",
+            "control characters",
+        ),
+        (
+            format!("{key} \u{7}"),
+            "invalid_public_key",
+            "control characters",
+        ),
+        (
+            format!("{key}\rssh-ed25519 AAAA"),
+            "invalid_public_key",
+            "control characters",
+        ),
+    ] {
+        let r = w
+            .customer
+            .post("/api/ssh-keys", json!({"name": "k", "public_key": line}))
+            .await;
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some(error)),
+            "{line:?}: {}",
+            r.text()
+        );
+        assert!(
+            r.json()["message"].as_str().unwrap().contains(says),
+            "{}",
+            r.text()
+        );
+    }
+    let r = w
+        .customer
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "k", "public_key": "x", "extra": 1}),
+        )
+        .await;
+    assert!(r.status.is_client_error());
+    assert_eq!(
+        w.db().ssh_keys_of(&w.customer.sub).await.unwrap().len(),
+        before,
+        "refusals kept nothing"
+    );
+    // A name with a control character is refused too.
+    let r = w
+        .customer
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "lap\u{1b}top", "public_key": key}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    // At the bound, taken.
+    let r = w
+        .customer
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "rsa", "public_key": RSA_2048}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert_eq!(r.json()["public_key"], RSA_2048);
+}
+
+with_world!(
+    ssh_keys_are_checked_kept_once_and_private_to_their_user,
+    ssh_keys_refuse_short_rsa_and_control_characters,
+);

@@ -114,6 +114,8 @@ pub struct FakeAgents {
     store: Option<Store>,
     scripts: Mutex<HashMap<Op, Script>>,
     calls: Mutex<Vec<Call>>,
+    /// Woken at every recorded call, for tests that wait for a host to be contacted.
+    called: tokio::sync::Notify,
     /// (host id, name) of the containers the hosts run.
     containers: Mutex<HashSet<(String, String)>>,
     gpu_check: Mutex<Advisory>,
@@ -134,6 +136,7 @@ impl FakeAgents {
             store: None,
             scripts: Mutex::new(HashMap::new()),
             calls: Mutex::new(Vec::new()),
+            called: tokio::sync::Notify::new(),
             containers: Mutex::new(HashSet::new()),
             gpu_check: Mutex::new(Advisory {
                 ok: true,
@@ -206,6 +209,26 @@ impl FakeAgents {
             .collect()
     }
 
+    /// Wait (at most 10 s) until the hosts have been contacted `n` times for this kind of
+    /// call, and return the `n`th call: the event itself, never a guess at how long it
+    /// takes.
+    pub async fn contacted(&self, op: Op, n: usize) -> Call {
+        let wait = async {
+            loop {
+                let notified = self.called.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                if let Some(c) = self.calls(op).into_iter().nth(n - 1) {
+                    return c;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), wait)
+            .await
+            .unwrap_or_else(|_| panic!("the hosts were not contacted {n} times for {op:?}"))
+    }
+
     pub fn all_calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
     }
@@ -263,6 +286,7 @@ impl FakeAgents {
             row,
             ..call
         });
+        self.called.notify_waiters();
         let (takes, delay) = self.script(op, |s| (s.takes, s.delay));
         if let Some(clock) = &self.clock {
             clock.advance(takes);

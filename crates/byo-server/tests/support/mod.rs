@@ -72,6 +72,9 @@ pub struct TestApp {
     pub router: Router,
 }
 
+/// A whole answer as [`Reply::as_seen`] gives it: status, headers (name, value), body.
+pub type AsSeen = (StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>);
+
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
@@ -85,6 +88,18 @@ impl Reply {
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
+    }
+    /// The whole answer as a caller sees it — status, every header (name, value, in order),
+    /// body — less `x-request-id`, which is each request's own id by design. What "one
+    /// byte-identical answer" compares: a header that told two refusals apart fails it.
+    pub fn as_seen(&self) -> AsSeen {
+        let headers = self
+            .headers
+            .iter()
+            .filter(|(n, _)| n.as_str() != byo_server::telemetry::REQUEST_ID_HEADER)
+            .map(|(n, v)| (n.as_str().to_owned(), v.as_bytes().to_vec()))
+            .collect();
+        (self.status, headers, self.body.clone())
     }
     /// The value of the session cookie this reply sets, if any.
     pub fn session_cookie(&self) -> Option<String> {
