@@ -93,6 +93,7 @@ async fn g5_deleting_an_instance_the_host_does_not_hold_answers_the_not_found_bo
                 ssh_listen: "10.8.0.2".into(),
                 gpu: false,
                 tunnel: Some(false),
+                operator_keys_held: None,
             },
             relay: Box::new(NoRelay),
             host: Mutex::new(LocalHost {
