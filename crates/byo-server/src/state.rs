@@ -4,7 +4,7 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{AgentWaits, HostAgents, HttpAgents};
-use crate::app::billing::{BillingGate, BillingOff};
+use crate::app::billing::{BillingGate, BillingOff, StripeBilling, StripeGate};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::queue::{NoQueue, QueueDrain};
@@ -37,6 +37,8 @@ pub struct AppState {
     pub relay_ca: RelayCaSource,
     /// The live billing check (E2): [`BillingOff`] unless Stripe is configured.
     pub billing: Arc<dyn BillingGate>,
+    /// Billing on Stripe, when `[billing]` is configured (then also the gate above).
+    pub stripe: Option<Arc<StripeBilling>>,
 }
 
 impl AppState {
@@ -48,6 +50,14 @@ impl AppState {
             .as_ref()
             .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
         let relay_ca = RelayCaSource::new(store.clone(), sealer.clone());
+        let stripe = config
+            .billing
+            .clone()
+            .map(|b| Arc::new(StripeBilling::new(b, store.clone())));
+        let billing: Arc<dyn BillingGate> = match &stripe {
+            Some(s) => Arc::new(StripeGate(s.clone(), Clock::System)),
+            None => Arc::new(BillingOff),
+        };
         AppState {
             relays: Arc::new(LocalRelays::default()),
             tunnels: Arc::new(LocalTunnels::default()),
@@ -65,7 +75,8 @@ impl AppState {
             clock: Clock::System,
             waits: AgentWaits::default(),
             drain: Arc::new(NoQueue),
-            billing: Arc::new(BillingOff),
+            billing,
+            stripe,
         }
     }
 
@@ -95,6 +106,9 @@ impl AppState {
     }
 
     pub fn with_clock(mut self, clock: Clock) -> Self {
+        if let Some(s) = &self.stripe {
+            self.billing = Arc::new(StripeGate(s.clone(), clock.clone()));
+        }
         self.clock = clock;
         self
     }

@@ -1,10 +1,38 @@
 //! Billing (issue #13): whether an account may be charged, asked live by the callers that
 //! act with nobody present (E2's drain re-checks it per attempt rather than trusting the
 //! queued row). `byo up` runs with billing off: every account may be charged and nothing is.
+//!
+//! With `[billing]` configured, [`StripeBilling`] is the gate and the rest of billing runs
+//! on Stripe (`docs/billing.md`):
+//! - the live check: the account's Stripe customer has a usable default payment method,
+//!   asked of Stripe each time (never cached here);
+//! - Checkout: a session in setup mode to add a card, and one in payment mode for a
+//!   pre-booking (`metadata[prebooking_id]`);
+//! - the webhook: `Stripe-Signature` verified ([`verify_signature`]), each event processed
+//!   once by its id; `checkout.session.completed` for a booking is the only writer of
+//!   `paid_at` (E3.1), for a setup session it makes the new card the default;
+//! - usage ([`usage`], the job `bill-usage`): an invoice item per instance per UTC day from
+//!   the four timestamps, and a credit for a stuck delete's time (G.3).
 
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
+use byo_wire::billing::{BillingView, CheckoutView};
+use byo_wire::states::VmStatus;
+use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
+use hmac::{Hmac, Mac};
+use serde_json::Value;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
 
-use crate::error::AppResult;
+use crate::auth::CurrentUser;
+use crate::error::{AppError, AppResult};
+use crate::providers::stripe::{
+    BillingConfig, NewInvoiceItem, PaymentLine, StripeClient, StripeError,
+};
+use crate::state::AppState;
 
 /// The answer to "may this account be charged now?".
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,5 +60,700 @@ impl BillingGate for BillingOff {
     }
     fn enabled(&self) -> bool {
         false
+    }
+}
+
+/// What the pages say when billing is off.
+pub const BILLING_OFF: &str = "Billing is off on this installation: nobody is charged.";
+
+/// How far a webhook's signed timestamp may be from now (Stripe's own default).
+pub const WEBHOOK_TOLERANCE_SECS: i64 = 300;
+
+/// How many unfinished instances one `bill-usage` run reads.
+pub const BILL_BATCH: i64 = 500;
+/// How often `bill-usage` runs.
+pub const BILL_EVERY: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// Billing on Stripe: the live gate, and the client and configuration the rest of billing
+/// uses.
+pub struct StripeBilling {
+    pub client: StripeClient,
+    pub config: BillingConfig,
+    store: byo_db::Store,
+}
+
+impl StripeBilling {
+    pub fn new(config: BillingConfig, store: byo_db::Store) -> Self {
+        StripeBilling {
+            client: StripeClient::new(&config),
+            config,
+            store,
+        }
+    }
+
+    /// The live check. A definite answer from Stripe (no customer, no default payment
+    /// method, the last payment declined, the card expired, the customer gone) is
+    /// `Refused`; an outage (no answer, 5xx, 429) is an error, so a caller leaves its work
+    /// for later instead of placing an instance nobody can bill.
+    pub async fn check(&self, user_sub: &str, now: DateTime<Utc>) -> AppResult<Charge> {
+        let refused = |reason: &str| {
+            Ok(Charge::Refused {
+                reason: reason.to_owned(),
+            })
+        };
+        let Some(customer) = self.store.stripe_customer(user_sub).await? else {
+            return refused("no payment method: add one on the Billing page");
+        };
+        let c = match self.client.retrieve_customer(&customer).await {
+            Ok(c) => c,
+            Err(e) if e.code() == Some("resource_missing") => {
+                return refused(
+                    "the account's Stripe customer no longer exists: add a payment method again",
+                );
+            }
+            Err(e) if e.is_outage() => {
+                return Err(AppError::Internal(anyhow!("the live billing check: {e}")));
+            }
+            Err(e) => return refused(&format!("Stripe refused the billing check: {e}")),
+        };
+        if c.deleted {
+            return refused(
+                "the account's Stripe customer was deleted: add a payment method again",
+            );
+        }
+        let Some(pm) = c
+            .invoice_settings
+            .default_payment_method
+            .filter(|v| !v.is_null())
+        else {
+            return refused("no payment method: add one on the Billing page");
+        };
+        if c.delinquent {
+            return refused("the last payment was declined: add another payment method");
+        }
+        if let Some(card) = pm.get("card") {
+            let (y, m) = (card["exp_year"].as_i64(), card["exp_month"].as_i64());
+            if let (Some(y), Some(m)) = (y, m) {
+                use chrono::Datelike;
+                let (ny, nm) = (i64::from(now.year()), i64::from(now.month()));
+                if (y, m) < (ny, nm) {
+                    return refused("the card on file has expired: add another payment method");
+                }
+            }
+        }
+        Ok(Charge::Allowed)
+    }
+}
+
+/// [`StripeBilling`] as the gate; it reads time from the system clock (the state's clock
+/// is not reachable from the trait).
+pub struct StripeGate(pub Arc<StripeBilling>, pub crate::clock::Clock);
+
+impl BillingGate for StripeGate {
+    fn may_charge<'a>(&'a self, user_sub: &'a str) -> BoxFuture<'a, AppResult<Charge>> {
+        Box::pin(async move { self.0.check(user_sub, self.1.now()).await })
+    }
+    fn enabled(&self) -> bool {
+        true
+    }
+}
+
+/// The caller's billing status (the Billing page and `GET /api/billing`).
+pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingView> {
+    if !state.billing.enabled() {
+        return Ok(BillingView {
+            enabled: false,
+            chargeable: true,
+            reason: None,
+        });
+    }
+    Ok(match state.billing.may_charge(&user.user.sub).await? {
+        Charge::Allowed => BillingView {
+            enabled: true,
+            chargeable: true,
+            reason: None,
+        },
+        Charge::Refused { reason } => BillingView {
+            enabled: true,
+            chargeable: false,
+            reason: Some(reason),
+        },
+    })
+}
+
+fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
+    state.stripe.as_deref().ok_or_else(|| {
+        AppError::conflict(
+            "billing_off",
+            "billing is off on this installation: there is nothing to pay",
+        )
+    })
+}
+
+fn stripe_failed(e: StripeError) -> AppError {
+    AppError::Internal(anyhow!("{e}"))
+}
+
+/// The caller's Stripe customer, made on first use.
+async fn customer_for(state: &AppState, stripe: &StripeBilling, user: &CurrentUser) -> AppResult<String> {
+    if let Some(c) = state.store.stripe_customer(&user.user.sub).await? {
+        return Ok(c);
+    }
+    let made = stripe
+        .client
+        .create_customer(&user.user.sub, &user.user.email)
+        .await
+        .map_err(stripe_failed)?;
+    Ok(state
+        .store
+        .keep_stripe_customer(&user.user.sub, &made.id, state.clock.now())
+        .await?)
+}
+
+fn page_url(state: &AppState, path: &str) -> String {
+    format!("{}{path}", state.config.public_url.trim_end_matches('/'))
+}
+
+/// A Checkout page (setup mode) where the caller adds a card; the webhook makes it the
+/// default payment method.
+pub async fn payment_method_checkout(
+    state: &AppState,
+    user: &CurrentUser,
+) -> AppResult<CheckoutView> {
+    let stripe = stripe_of(state)?;
+    let customer = customer_for(state, stripe, user).await?;
+    let session = stripe
+        .client
+        .checkout_setup(
+            &customer,
+            &page_url(state, "/billing?added=1"),
+            &page_url(state, "/billing"),
+        )
+        .await
+        .map_err(stripe_failed)?;
+    checkout_view(session.url)
+}
+
+fn checkout_view(url: Option<String>) -> AppResult<CheckoutView> {
+    url.map(|url| CheckoutView { url })
+        .ok_or_else(|| AppError::Internal(anyhow!("stripe: a Checkout session without a url")))
+}
+
+/// What a booking costs: the configured hourly price for every started hour of its window.
+pub fn booking_amount(
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+    price_cents_per_hour: u32,
+) -> i64 {
+    let secs = (end - start).num_seconds().max(0);
+    let hours = (secs + 3599) / 3600;
+    hours * i64::from(price_cents_per_hour)
+}
+
+/// A Checkout page (payment mode) for the caller's unpaid, open booking. Someone else's
+/// booking is not found; a paid or closed one is refused.
+pub async fn prebooking_checkout(
+    state: &AppState,
+    user: &CurrentUser,
+    prebooking_id: &str,
+) -> AppResult<CheckoutView> {
+    let stripe = stripe_of(state)?;
+    let booking = state
+        .store
+        .prebooking_for_billing(prebooking_id)
+        .await?
+        .filter(|b| b.user_sub == user.user.sub)
+        .ok_or(AppError::NotFound)?;
+    if booking.paid_at.is_some() {
+        return Err(AppError::conflict(
+            "already_paid",
+            "this booking is paid already",
+        ));
+    }
+    if booking.closed_at.is_some() || booking.end_date <= state.clock.now() {
+        return Err(AppError::conflict(
+            "booking_closed",
+            "this booking is closed: its window has ended or it was cancelled",
+        ));
+    }
+    let amount = booking_amount(
+        booking.start_date,
+        booking.end_date,
+        stripe.config.price_cents_per_hour,
+    );
+    let customer = customer_for(state, stripe, user).await?;
+    let name = format!(
+        "{} from {} to {}",
+        booking.gpu_type,
+        booking.start_date.format("%Y-%m-%d %H:%M UTC"),
+        booking.end_date.format("%Y-%m-%d %H:%M UTC")
+    );
+    let session = stripe
+        .client
+        .checkout_payment(
+            &customer,
+            &PaymentLine {
+                name: &name,
+                amount,
+                currency: &stripe.config.currency,
+            },
+            &[
+                ("prebooking_id", booking.id.as_str()),
+                ("user_sub", booking.user_sub.as_str()),
+            ],
+            &page_url(state, "/billing?paid=1"),
+            &page_url(state, "/billing"),
+        )
+        .await
+        .map_err(stripe_failed)?;
+    checkout_view(session.url)
+}
+
+/// Why a webhook was refused before its payload was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignatureRefusal {
+    /// No `t=`, no `v1=`, or no `v1` that matches.
+    BadSignature,
+    /// A matching signature over a timestamp further than the tolerance from now.
+    Stale,
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Stripe's signature: HMAC-SHA256 with the endpoint's secret over `"{t}.{payload}"`, hex.
+pub fn sign(secret: &[u8], t: i64, payload: &[u8]) -> String {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(payload);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// Verify `Stripe-Signature` (`t=…,v1=…[,v1=…][,v0=…]`): any `v1` matching (compared in
+/// constant time) and `t` within `tolerance_secs` of `now`, either way.
+pub fn verify_signature(
+    header: &str,
+    payload: &[u8],
+    secret: &[u8],
+    now: DateTime<Utc>,
+    tolerance_secs: i64,
+) -> Result<(), SignatureRefusal> {
+    let mut t = None;
+    let mut candidates = Vec::new();
+    for part in header.split(',') {
+        match part.trim().split_once('=') {
+            Some(("t", v)) => t = v.parse::<i64>().ok(),
+            Some(("v1", v)) => {
+                if let Ok(bytes) = hex::decode(v) {
+                    candidates.push(bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+    let t = t.ok_or(SignatureRefusal::BadSignature)?;
+    let expected = hex::decode(sign(secret, t, payload)).expect("our own hex");
+    let matched = candidates
+        .iter()
+        .fold(subtle::Choice::from(0), |acc, c| {
+            acc | if c.len() == expected.len() {
+                c.as_slice().ct_eq(&expected)
+            } else {
+                subtle::Choice::from(0)
+            }
+        });
+    if !bool::from(matched) {
+        return Err(SignatureRefusal::BadSignature);
+    }
+    if (now.timestamp() - t).abs() > tolerance_secs {
+        return Err(SignatureRefusal::Stale);
+    }
+    Ok(())
+}
+
+/// What a verified webhook came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebhookOutcome {
+    /// Processed now (what it did, for the log).
+    Processed(String),
+    /// Seen and processed before: nothing changed.
+    Replayed,
+}
+
+/// `POST /api/stripe/webhook`: verify, then process once by event id. A refusal changes
+/// nothing; a failure part-way (Stripe unreachable) answers 5xx and leaves the event
+/// unfinished, so Stripe's retry processes it again (every effect is itself idempotent).
+pub async fn webhook(
+    state: &AppState,
+    signature: Option<&str>,
+    payload: &[u8],
+) -> AppResult<WebhookOutcome> {
+    let stripe = state.stripe.as_deref().ok_or(AppError::NotFound)?;
+    let now = state.clock.now();
+    use secrecy::ExposeSecret;
+    let secret = stripe.config.stripe_webhook_secret.expose_secret();
+    match verify_signature(
+        signature.unwrap_or(""),
+        payload,
+        secret.as_bytes(),
+        now,
+        WEBHOOK_TOLERANCE_SECS,
+    ) {
+        Ok(()) => {}
+        Err(SignatureRefusal::BadSignature) => {
+            return Err(AppError::bad_request(
+                "bad_signature",
+                "the Stripe-Signature header does not sign this payload",
+            ));
+        }
+        Err(SignatureRefusal::Stale) => {
+            return Err(AppError::bad_request(
+                "stale_signature",
+                format!(
+                    "the signed timestamp is more than {WEBHOOK_TOLERANCE_SECS} s from now: a replayed or delayed request"
+                ),
+            ));
+        }
+    }
+    let event: Value = serde_json::from_slice(payload)
+        .map_err(|_| AppError::bad_request("invalid_event", "the event is not JSON"))?;
+    let (Some(id), Some(kind)) = (event["id"].as_str(), event["type"].as_str()) else {
+        return Err(AppError::bad_request(
+            "invalid_event",
+            "the event has no id or type",
+        ));
+    };
+    if id.is_empty() || id.len() > 255 || kind.len() > 255 {
+        return Err(AppError::bad_request("invalid_event", "the event's id or type is too long"));
+    }
+    if state.store.record_stripe_event(id, kind, now).await? == EventSeen::Processed {
+        tracing::info!(event = %id, kind = %kind, "stripe event replayed: nothing to do");
+        return Ok(WebhookOutcome::Replayed);
+    }
+    let object = &event["data"]["object"];
+    let did = match kind {
+        "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
+            checkout_completed(state, stripe, object, now).await?
+        }
+        other => format!("ignored {other}"),
+    };
+    state.store.mark_stripe_event_processed(id, now).await?;
+    tracing::info!(event = %id, kind = %kind, outcome = %did, "stripe event processed");
+    Ok(WebhookOutcome::Processed(did))
+}
+
+async fn checkout_completed(
+    state: &AppState,
+    stripe: &StripeBilling,
+    session: &Value,
+    now: DateTime<Utc>,
+) -> AppResult<String> {
+    match session["mode"].as_str() {
+        Some("payment") => {
+            let Some(booking_id) = session["metadata"]["prebooking_id"].as_str() else {
+                return Ok("a payment for no booking: nothing to record".into());
+            };
+            if session["payment_status"].as_str() != Some("paid") {
+                return Ok(format!("booking {booking_id}: not paid yet"));
+            }
+            let Some(booking) = state.store.prebooking_for_billing(booking_id).await? else {
+                tracing::warn!(prebooking = %booking_id, "a paid Checkout session for a booking that does not exist: nothing written");
+                return Ok(format!("unknown booking {booking_id}: nothing written"));
+            };
+            if session["metadata"]["user_sub"].as_str() != Some(booking.user_sub.as_str()) {
+                tracing::warn!(prebooking = %booking_id, "a paid Checkout session whose account is not the booking's: nothing written");
+                return Ok(format!("booking {booking_id}: another account's payment, nothing written"));
+            }
+            let w = state.store.mark_prebooking_paid(booking_id, now).await?;
+            Ok(format!("booking {booking_id}: paid ({w:?})"))
+        }
+        Some("setup") => {
+            let (Some(customer), Some(intent)) = (
+                session["customer"].as_str(),
+                session["setup_intent"].as_str(),
+            ) else {
+                return Ok("a setup session without a customer or intent: nothing to do".into());
+            };
+            let intent = stripe
+                .client
+                .retrieve_setup_intent(intent)
+                .await
+                .map_err(stripe_failed)?;
+            let Some(pm) = intent.payment_method else {
+                return Ok(format!("customer {customer}: no payment method set up"));
+            };
+            stripe
+                .client
+                .set_default_payment_method(customer, &pm)
+                .await
+                .map_err(stripe_failed)?;
+            Ok(format!("customer {customer}: default payment method {pm}"))
+        }
+        _ => Ok("a Checkout session of another mode: nothing to do".into()),
+    }
+}
+
+/// The charge as pure computation over the four timestamps, time passed in.
+pub mod usage {
+    use chrono::{DateTime, TimeDelta, Utc};
+
+    /// An instance's billing facts (E1 step 44, G.1).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct VmTimes {
+        pub created_at: DateTime<Utc>,
+        pub creation_failed_at: Option<DateTime<Utc>>,
+        pub delete_requested_at: Option<DateTime<Utc>>,
+        pub deleted_at: Option<DateTime<Utc>>,
+    }
+
+    /// One billing period (a UTC day) of one instance, and the billable seconds in it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Period {
+        pub start: DateTime<Utc>,
+        pub end: DateTime<Utc>,
+        pub seconds: i64,
+    }
+
+    /// The UTC day holding `t`.
+    pub fn day_of(t: DateTime<Utc>) -> DateTime<Utc> {
+        t.date_naive()
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight exists")
+            .and_utc()
+    }
+
+    /// The billable span: [created_at, deleted_at), up to `now` while not deleted; nothing
+    /// for a create that failed.
+    pub fn billable(v: &VmTimes, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+        if v.creation_failed_at.is_some() {
+            return None;
+        }
+        let end = v.deleted_at.unwrap_or(now);
+        (end > v.created_at).then_some((v.created_at, end))
+    }
+
+    /// The periods that are final and not charged yet: a day is final once it has ended,
+    /// or once the instance was deleted (its time can no longer grow). A still-running
+    /// instance's current day waits for midnight.
+    pub fn due_periods(
+        v: &VmTimes,
+        charged: &[DateTime<Utc>],
+        now: DateTime<Utc>,
+    ) -> Vec<Period> {
+        let Some((from, to)) = billable(v, now) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut day = day_of(from);
+        while day < to {
+            let next = day + TimeDelta::days(1);
+            let final_ = next <= now || v.deleted_at.is_some();
+            if !final_ {
+                break;
+            }
+            let seconds = (to.min(next) - from.max(day)).num_seconds();
+            if seconds > 0 && !charged.contains(&day) {
+                out.push(Period {
+                    start: day,
+                    end: next,
+                    seconds,
+                });
+            }
+            day = next;
+        }
+        out
+    }
+
+    /// Seconds at an hourly price, to the nearest cent (half up).
+    pub fn amount_cents(seconds: i64, price_cents_per_hour: u32) -> i64 {
+        (seconds.max(0) * i64::from(price_cents_per_hour) + 1800) / 3600
+    }
+
+    /// A stuck delete's refund (G.3): from delete_requested_at (the customer gave the
+    /// instance up when they asked) to deleted_at, when that took longer than `stuck_after`.
+    pub fn stuck_refund(
+        v: &VmTimes,
+        stuck_after: TimeDelta,
+    ) -> Option<(DateTime<Utc>, DateTime<Utc>, i64)> {
+        if v.creation_failed_at.is_some() {
+            return None;
+        }
+        let (asked, gone) = (v.delete_requested_at?, v.deleted_at?);
+        let from = asked.max(v.created_at);
+        (gone - asked > stuck_after && gone > from)
+            .then(|| (from, gone, (gone - from).num_seconds()))
+    }
+}
+
+/// What one `bill-usage` run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BillReport {
+    pub charged: usize,
+    pub refunded: usize,
+    pub closed: usize,
+    /// Instances of accounts with no Stripe customer: left for a later run.
+    pub no_customer: usize,
+    pub failed: usize,
+}
+
+/// The job `bill-usage`: every unfinished instance's final periods charged (one invoice
+/// item each, Idempotency-Key `usage-<vm>-<day>`), a deleted instance's stuck-delete time
+/// credited back (`refund-<vm>`), then its billing closed. A Stripe failure leaves that
+/// instance for the next run; the keys make the retry charge nothing twice.
+pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
+    let mut report = BillReport::default();
+    let Some(stripe) = state.stripe.as_deref() else {
+        return Ok(report);
+    };
+    let now = state.clock.now();
+    let stuck_after = TimeDelta::minutes(super::notify_stuck_deletes::STUCK_AFTER_MINUTES);
+    let price = stripe.config.price_cents_per_hour;
+    let currency = stripe.config.currency.as_str();
+    let mut first_error = None;
+    for vm in state.store.vms_to_bill(BILL_BATCH).await? {
+        if vm.status == VmStatus::Creating && vm.deleted_at.is_none() {
+            continue; // not settled yet: it may still fail, which bills nothing
+        }
+        let Some(customer) = vm.customer_id.as_deref() else {
+            report.no_customer += 1;
+            continue;
+        };
+        let times = usage::VmTimes {
+            created_at: vm.created_at,
+            creation_failed_at: vm.creation_failed_at,
+            delete_requested_at: vm.delete_requested_at,
+            deleted_at: vm.deleted_at,
+        };
+        let charged = state.store.usage_charges(&vm.id).await?;
+        let starts: Vec<_> = charged.iter().map(|c| c.period_start).collect();
+        let mut total: i64 = charged.iter().map(|c| i64::from(c.amount_cents)).sum();
+        let mut ok = true;
+        for p in usage::due_periods(&times, &starts, now) {
+            let key = format!("usage-{}-{}", vm.id, p.start.format("%Y-%m-%d"));
+            let amount = usage::amount_cents(p.seconds, price);
+            let description = format!("instance {} on {}", vm.id, p.start.format("%Y-%m-%d"));
+            let item = if amount > 0 {
+                match stripe
+                    .client
+                    .create_invoice_item(
+                        &NewInvoiceItem {
+                            customer,
+                            amount,
+                            currency,
+                            description: &description,
+                            period: (p.start.timestamp(), p.end.timestamp()),
+                            metadata: &[("vm_id", vm.id.as_str()), ("kind", "usage")],
+                        },
+                        &key,
+                    )
+                    .await
+                {
+                    Ok(item) => Some(item.id),
+                    Err(e) => {
+                        tracing::warn!(vm = %vm.id, error = %e, "bill-usage: charging a period failed; left for the next run");
+                        first_error.get_or_insert_with(|| e.to_string());
+                        ok = false;
+                        break;
+                    }
+                }
+            } else {
+                None
+            };
+            state
+                .store
+                .record_usage_charge(
+                    &NewUsageCharge {
+                        vm_id: &vm.id,
+                        user_sub: &vm.user_sub,
+                        period_start: p.start,
+                        period_end: p.end,
+                        seconds: i32::try_from(p.seconds).unwrap_or(i32::MAX),
+                        amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
+                        currency,
+                        idempotency_key: &key,
+                        stripe_invoice_item_id: item.as_deref(),
+                    },
+                    now,
+                )
+                .await?;
+            total += amount;
+            report.charged += 1;
+        }
+        if !ok {
+            report.failed += 1;
+            continue;
+        }
+        if vm.deleted_at.is_none() {
+            continue;
+        }
+        if let Some((from, to, seconds)) = usage::stuck_refund(&times, stuck_after)
+            && state.store.refund_for(&vm.id).await?.is_none()
+        {
+            let amount = usage::amount_cents(seconds, price).min(total);
+            let key = format!("refund-{}", vm.id);
+            let description = format!(
+                "refund: instance {} was deleted at {} and its host confirmed only at {}",
+                vm.id,
+                from.format("%Y-%m-%d %H:%M UTC"),
+                to.format("%Y-%m-%d %H:%M UTC")
+            );
+            let credit = if amount > 0 {
+                match stripe
+                    .client
+                    .create_invoice_item(
+                        &NewInvoiceItem {
+                            customer,
+                            amount: -amount,
+                            currency,
+                            description: &description,
+                            period: (from.timestamp(), to.timestamp()),
+                            metadata: &[("vm_id", vm.id.as_str()), ("kind", "stuck_delete_refund")],
+                        },
+                        &key,
+                    )
+                    .await
+                {
+                    Ok(item) => Some(item.id),
+                    Err(e) => {
+                        tracing::warn!(vm = %vm.id, error = %e, "bill-usage: the stuck-delete refund failed; left for the next run");
+                        first_error.get_or_insert_with(|| e.to_string());
+                        report.failed += 1;
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            state
+                .store
+                .record_refund(
+                    &NewRefund {
+                        vm_id: &vm.id,
+                        user_sub: &vm.user_sub,
+                        from_at: from,
+                        to_at: to,
+                        seconds: i32::try_from(seconds).unwrap_or(i32::MAX),
+                        amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
+                        currency,
+                        idempotency_key: &key,
+                        stripe_credit_id: credit.as_deref(),
+                    },
+                    now,
+                )
+                .await?;
+            report.refunded += 1;
+        }
+        state.store.close_billing(&vm.id, now).await?;
+        report.closed += 1;
+    }
+    match first_error {
+        Some(e) => Err(AppError::Internal(anyhow!(
+            "charged {}, refunded {}, closed {}, {} instances failed (first: {e})",
+            report.charged,
+            report.refunded,
+            report.closed,
+            report.failed
+        ))),
+        None => Ok(report),
     }
 }

@@ -81,6 +81,15 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        Job::new("bill-usage", super::billing::BILL_EVERY, |state| {
+            Box::pin(async move {
+                let r = super::billing::bill_usage_once(state).await?;
+                Ok(format!(
+                    "charged {} periods, refunded {}, closed {}, {} without a Stripe customer",
+                    r.charged, r.refunded, r.closed, r.no_customer
+                ))
+            })
+        }),
     ]
 }
 
