@@ -42,8 +42,8 @@ pub struct VmToBillRow {
     pub creation_failed_at: Option<DateTime<Utc>>,
     pub delete_requested_at: Option<DateTime<Utc>>,
     pub deleted_at: Option<DateTime<Utc>>,
-    /// The account's Stripe customer, when it has one.
-    pub customer_id: Option<String>,
+    /// The account's Stripe customer.
+    pub customer_id: String,
 }
 
 /// One period's charge, as recorded once Stripe took it.
@@ -216,21 +216,47 @@ impl Store {
         })?)
     }
 
-    /// Instances whose billing is not finished and that bill at all: not a failed create,
-    /// no `billing_closed` row. Oldest first, at most `limit`.
-    pub async fn vms_to_bill(&self, limit: i64) -> Result<Vec<VmToBillRow>> {
+    /// Instances whose billing is not finished and that can be billed: not a failed
+    /// create, not still being created, no `billing_closed` row, and an account with a
+    /// Stripe customer. In (created_at, id) order after `after`, at most `limit` (a
+    /// keyset page, so a run reaches every instance however many there are).
+    pub async fn vms_to_bill(
+        &self,
+        after: Option<(DateTime<Utc>, String)>,
+        limit: i64,
+    ) -> Result<Vec<VmToBillRow>> {
+        let (at, id) = after.unwrap_or((DateTime::<Utc>::MIN_UTC, String::new()));
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, VmToBillRow>(
                 "select v.id, v.user_sub, v.status, v.created_at, v.creation_failed_at, \
                         v.delete_requested_at, v.deleted_at, c.customer_id \
                  from vms v \
-                 left join stripe_customers c on c.user_sub = v.user_sub \
+                 join stripe_customers c on c.user_sub = v.user_sub \
                  where v.creation_failed_at is null \
+                   and (v.status <> 'creating' or v.deleted_at is not null) \
                    and not exists (select 1 from billing_closed b where b.vm_id = v.id) \
-                 order by v.created_at, v.id limit $1",
+                   and (v.created_at > $1 or (v.created_at = $1 and v.id > $2)) \
+                 order by v.created_at, v.id limit $3",
             )
+            .bind(at)
+            .bind(id)
             .bind(limit)
             .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// Live or unfinished instances of accounts with no Stripe customer: usage bill-usage
+    /// cannot charge yet (it will once the account has one).
+    pub async fn vms_without_customer(&self) -> Result<i64> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_scalar::<_, i64>(
+                "select count(*) from vms v \
+                 where v.creation_failed_at is null \
+                   and not exists (select 1 from stripe_customers c where c.user_sub = v.user_sub) \
+                   and not exists (select 1 from billing_closed b where b.vm_id = v.id)",
+            )
+            .fetch_one(p)
             .await
         })?)
     }

@@ -251,7 +251,10 @@ async fn webhook_with_a_stale_timestamp_is_refused_and_changes_nothing(w: World)
     assert_eq!(w.paid_at("pb-1").await, None);
     // At the edge of the tolerance it is accepted.
     let sig = fake_stripe::signature(WEBHOOK_SECRET, now - 300, &body);
-    assert_eq!(w.webhook_raw(Some(&sig), &body).await.status, StatusCode::OK);
+    assert_eq!(
+        w.webhook_raw(Some(&sig), &body).await.status,
+        StatusCode::OK
+    );
     assert_eq!(w.paid_at("pb-1").await, Some(w.clock.now()));
 }
 
@@ -401,7 +404,10 @@ async fn the_live_check_refuses_declined_expired_and_missing_customers(w: World)
     };
     assert!(reason.contains("declined"), "{reason}");
     let page = w.customer.page("/billing").await;
-    assert!(page.contains("billing-refused") && page.contains("declined"), "{page}");
+    assert!(
+        page.contains("billing-refused") && page.contains("declined"),
+        "{page}"
+    );
     // An expired card.
     {
         let mut f = w.fake.lock().unwrap();
@@ -441,7 +447,10 @@ async fn the_live_check_refuses_declined_expired_and_missing_customers(w: World)
 
 async fn a_booking_checkout_charges_its_window_at_the_hourly_price(w: World) {
     w.booking("pb-1", &w.customer.sub).await;
-    let r = w.customer.post_empty("/api/prebookings/pb-1/checkout").await;
+    let r = w
+        .customer
+        .post_empty("/api/prebookings/pb-1/checkout")
+        .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     {
         let f = w.fake.lock().unwrap();
@@ -463,7 +472,10 @@ async fn a_booking_checkout_charges_its_window_at_the_hourly_price(w: World) {
         .mark_prebooking_paid("pb-1", w.clock.now())
         .await
         .unwrap();
-    let r = w.customer.post_empty("/api/prebookings/pb-1/checkout").await;
+    let r = w
+        .customer
+        .post_empty("/api/prebookings/pb-1/checkout")
+        .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert_eq!(code(&r), "already_paid");
     assert_eq!(w.fake.lock().unwrap().sessions.len(), sessions);
@@ -482,7 +494,10 @@ async fn stripe_errors_keep_their_envelope(w: World) {
         decline_code: Some("insufficient_funds".into()),
         sticky: false,
     });
-    let e = client.create_customer("sub-1", "a@example.com").await.unwrap_err();
+    let e = client
+        .create_customer("sub-1", "a@example.com")
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, StripeError::Api { status: 402, kind, code: Some(c), decline_code: Some(d), .. }
             if kind == "card_error" && c == "card_declined" && d == "insufficient_funds"),
@@ -490,12 +505,21 @@ async fn stripe_errors_keep_their_envelope(w: World) {
     );
     assert!(!e.is_outage());
     // The same Idempotency-Key (a customer per account) replays the first answer …
-    let a = client.create_customer("sub-1", "a@example.com").await.unwrap();
-    let b = client.create_customer("sub-1", "a@example.com").await.unwrap();
+    let a = client
+        .create_customer("sub-1", "a@example.com")
+        .await
+        .unwrap();
+    let b = client
+        .create_customer("sub-1", "a@example.com")
+        .await
+        .unwrap();
     assert_eq!(a.id, b.id);
     assert_eq!(w.fake.lock().unwrap().customers.len(), 1);
     // … and with other parameters is Stripe's idempotency_error.
-    let e = client.create_customer("sub-1", "b@example.com").await.unwrap_err();
+    let e = client
+        .create_customer("sub-1", "b@example.com")
+        .await
+        .unwrap_err();
     assert!(
         matches!(&e, StripeError::Api { status: 400, kind, .. } if kind == "idempotency_error"),
         "{e:?}"

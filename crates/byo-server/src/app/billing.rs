@@ -19,7 +19,6 @@ use std::sync::Arc;
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
 use byo_wire::billing::{BillingView, CheckoutView};
-use byo_wire::states::VmStatus;
 use chrono::{DateTime, TimeDelta, Utc};
 use futures::future::BoxFuture;
 use hmac::{Hmac, Mac};
@@ -195,7 +194,11 @@ fn stripe_failed(e: StripeError) -> AppError {
 }
 
 /// The caller's Stripe customer, made on first use.
-async fn customer_for(state: &AppState, stripe: &StripeBilling, user: &CurrentUser) -> AppResult<String> {
+async fn customer_for(
+    state: &AppState,
+    stripe: &StripeBilling,
+    user: &CurrentUser,
+) -> AppResult<String> {
     if let Some(c) = state.store.stripe_customer(&user.user.sub).await? {
         return Ok(c);
     }
@@ -240,11 +243,7 @@ fn checkout_view(url: Option<String>) -> AppResult<CheckoutView> {
 }
 
 /// What a booking costs: the configured hourly price for every started hour of its window.
-pub fn booking_amount(
-    start: DateTime<Utc>,
-    end: DateTime<Utc>,
-    price_cents_per_hour: u32,
-) -> i64 {
+pub fn booking_amount(start: DateTime<Utc>, end: DateTime<Utc>, price_cents_per_hour: u32) -> i64 {
     let secs = (end - start).num_seconds().max(0);
     let hours = (secs + 3599) / 3600;
     hours * i64::from(price_cents_per_hour)
@@ -353,15 +352,13 @@ pub fn verify_signature(
     }
     let t = t.ok_or(SignatureRefusal::BadSignature)?;
     let expected = hex::decode(sign(secret, t, payload)).expect("our own hex");
-    let matched = candidates
-        .iter()
-        .fold(subtle::Choice::from(0), |acc, c| {
-            acc | if c.len() == expected.len() {
-                c.as_slice().ct_eq(&expected)
-            } else {
-                subtle::Choice::from(0)
-            }
-        });
+    let matched = candidates.iter().fold(subtle::Choice::from(0), |acc, c| {
+        acc | if c.len() == expected.len() {
+            c.as_slice().ct_eq(&expected)
+        } else {
+            subtle::Choice::from(0)
+        }
+    });
     if !bool::from(matched) {
         return Err(SignatureRefusal::BadSignature);
     }
@@ -424,7 +421,10 @@ pub async fn webhook(
         ));
     };
     if id.is_empty() || id.len() > 255 || kind.len() > 255 {
-        return Err(AppError::bad_request("invalid_event", "the event's id or type is too long"));
+        return Err(AppError::bad_request(
+            "invalid_event",
+            "the event's id or type is too long",
+        ));
     }
     if state.store.record_stripe_event(id, kind, now).await? == EventSeen::Processed {
         tracing::info!(event = %id, kind = %kind, "stripe event replayed: nothing to do");
@@ -462,7 +462,9 @@ async fn checkout_completed(
             };
             if session["metadata"]["user_sub"].as_str() != Some(booking.user_sub.as_str()) {
                 tracing::warn!(prebooking = %booking_id, "a paid Checkout session whose account is not the booking's: nothing written");
-                return Ok(format!("booking {booking_id}: another account's payment, nothing written"));
+                return Ok(format!(
+                    "booking {booking_id}: another account's payment, nothing written"
+                ));
             }
             let w = state.store.mark_prebooking_paid(booking_id, now).await?;
             Ok(format!("booking {booking_id}: paid ({w:?})"))
@@ -535,11 +537,7 @@ pub mod usage {
     /// The periods that are final and not charged yet: a day is final once it has ended,
     /// or once the instance was deleted (its time can no longer grow). A still-running
     /// instance's current day waits for midnight.
-    pub fn due_periods(
-        v: &VmTimes,
-        charged: &[DateTime<Utc>],
-        now: DateTime<Utc>,
-    ) -> Vec<Period> {
+    pub fn due_periods(v: &VmTimes, charged: &[DateTime<Utc>], now: DateTime<Utc>) -> Vec<Period> {
         let Some((from, to)) = billable(v, now) else {
             return Vec::new();
         };
@@ -606,146 +604,21 @@ pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
         return Ok(report);
     };
     let now = state.clock.now();
-    let stuck_after = TimeDelta::minutes(super::notify_stuck_deletes::STUCK_AFTER_MINUTES);
-    let price = stripe.config.price_cents_per_hour;
-    let currency = stripe.config.currency.as_str();
     let mut first_error = None;
-    for vm in state.store.vms_to_bill(BILL_BATCH).await? {
-        if vm.status == VmStatus::Creating && vm.deleted_at.is_none() {
-            continue; // not settled yet: it may still fail, which bills nothing
+    let mut after = None;
+    loop {
+        let page = state.store.vms_to_bill(after.clone(), BILL_BATCH).await?;
+        let Some(last) = page.last() else { break };
+        after = Some((last.created_at, last.id.clone()));
+        let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= BILL_BATCH;
+        for vm in page {
+            bill_one(state, stripe, &vm, now, &mut report, &mut first_error).await?;
         }
-        let Some(customer) = vm.customer_id.as_deref() else {
-            report.no_customer += 1;
-            continue;
-        };
-        let times = usage::VmTimes {
-            created_at: vm.created_at,
-            creation_failed_at: vm.creation_failed_at,
-            delete_requested_at: vm.delete_requested_at,
-            deleted_at: vm.deleted_at,
-        };
-        let charged = state.store.usage_charges(&vm.id).await?;
-        let starts: Vec<_> = charged.iter().map(|c| c.period_start).collect();
-        let mut total: i64 = charged.iter().map(|c| i64::from(c.amount_cents)).sum();
-        let mut ok = true;
-        for p in usage::due_periods(&times, &starts, now) {
-            let key = format!("usage-{}-{}", vm.id, p.start.format("%Y-%m-%d"));
-            let amount = usage::amount_cents(p.seconds, price);
-            let description = format!("instance {} on {}", vm.id, p.start.format("%Y-%m-%d"));
-            let item = if amount > 0 {
-                match stripe
-                    .client
-                    .create_invoice_item(
-                        &NewInvoiceItem {
-                            customer,
-                            amount,
-                            currency,
-                            description: &description,
-                            period: (p.start.timestamp(), p.end.timestamp()),
-                            metadata: &[("vm_id", vm.id.as_str()), ("kind", "usage")],
-                        },
-                        &key,
-                    )
-                    .await
-                {
-                    Ok(item) => Some(item.id),
-                    Err(e) => {
-                        tracing::warn!(vm = %vm.id, error = %e, "bill-usage: charging a period failed; left for the next run");
-                        first_error.get_or_insert_with(|| e.to_string());
-                        ok = false;
-                        break;
-                    }
-                }
-            } else {
-                None
-            };
-            state
-                .store
-                .record_usage_charge(
-                    &NewUsageCharge {
-                        vm_id: &vm.id,
-                        user_sub: &vm.user_sub,
-                        period_start: p.start,
-                        period_end: p.end,
-                        seconds: i32::try_from(p.seconds).unwrap_or(i32::MAX),
-                        amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
-                        currency,
-                        idempotency_key: &key,
-                        stripe_invoice_item_id: item.as_deref(),
-                    },
-                    now,
-                )
-                .await?;
-            total += amount;
-            report.charged += 1;
+        if !full {
+            break;
         }
-        if !ok {
-            report.failed += 1;
-            continue;
-        }
-        if vm.deleted_at.is_none() {
-            continue;
-        }
-        if let Some((from, to, seconds)) = usage::stuck_refund(&times, stuck_after)
-            && state.store.refund_for(&vm.id).await?.is_none()
-        {
-            let amount = usage::amount_cents(seconds, price).min(total);
-            let key = format!("refund-{}", vm.id);
-            let description = format!(
-                "refund: instance {} was deleted at {} and its host confirmed only at {}",
-                vm.id,
-                from.format("%Y-%m-%d %H:%M UTC"),
-                to.format("%Y-%m-%d %H:%M UTC")
-            );
-            let credit = if amount > 0 {
-                match stripe
-                    .client
-                    .create_invoice_item(
-                        &NewInvoiceItem {
-                            customer,
-                            amount: -amount,
-                            currency,
-                            description: &description,
-                            period: (from.timestamp(), to.timestamp()),
-                            metadata: &[("vm_id", vm.id.as_str()), ("kind", "stuck_delete_refund")],
-                        },
-                        &key,
-                    )
-                    .await
-                {
-                    Ok(item) => Some(item.id),
-                    Err(e) => {
-                        tracing::warn!(vm = %vm.id, error = %e, "bill-usage: the stuck-delete refund failed; left for the next run");
-                        first_error.get_or_insert_with(|| e.to_string());
-                        report.failed += 1;
-                        continue;
-                    }
-                }
-            } else {
-                None
-            };
-            state
-                .store
-                .record_refund(
-                    &NewRefund {
-                        vm_id: &vm.id,
-                        user_sub: &vm.user_sub,
-                        from_at: from,
-                        to_at: to,
-                        seconds: i32::try_from(seconds).unwrap_or(i32::MAX),
-                        amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
-                        currency,
-                        idempotency_key: &key,
-                        stripe_credit_id: credit.as_deref(),
-                    },
-                    now,
-                )
-                .await?;
-            report.refunded += 1;
-        }
-        state.store.close_billing(&vm.id, now).await?;
-        report.closed += 1;
     }
+    report.no_customer = usize::try_from(state.store.vms_without_customer().await?).unwrap_or(0);
     match first_error {
         Some(e) => Err(AppError::Internal(anyhow!(
             "charged {}, refunded {}, closed {}, {} instances failed (first: {e})",
@@ -755,5 +628,341 @@ pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
             report.failed
         ))),
         None => Ok(report),
+    }
+}
+
+/// One instance's final periods, then (deleted) its refund and its close. A Stripe failure
+/// is counted and leaves the instance for the next run; a database failure ends the run.
+async fn bill_one(
+    state: &AppState,
+    stripe: &StripeBilling,
+    vm: &byo_db::billing::VmToBillRow,
+    now: DateTime<Utc>,
+    report: &mut BillReport,
+    first_error: &mut Option<String>,
+) -> AppResult<()> {
+    let stuck_after = TimeDelta::minutes(super::notify_stuck_deletes::STUCK_AFTER_MINUTES);
+    let price = stripe.config.price_cents_per_hour;
+    let currency = stripe.config.currency.as_str();
+    let customer = vm.customer_id.as_str();
+    let times = usage::VmTimes {
+        created_at: vm.created_at,
+        creation_failed_at: vm.creation_failed_at,
+        delete_requested_at: vm.delete_requested_at,
+        deleted_at: vm.deleted_at,
+    };
+    let charged = state.store.usage_charges(&vm.id).await?;
+    let starts: Vec<_> = charged.iter().map(|c| c.period_start).collect();
+    let mut total: i64 = charged.iter().map(|c| i64::from(c.amount_cents)).sum();
+    let mut ok = true;
+    for p in usage::due_periods(&times, &starts, now) {
+        let key = format!("usage-{}-{}", vm.id, p.start.format("%Y-%m-%d"));
+        let amount = usage::amount_cents(p.seconds, price);
+        let description = format!("instance {} on {}", vm.id, p.start.format("%Y-%m-%d"));
+        let item = if amount > 0 {
+            match stripe
+                .client
+                .create_invoice_item(
+                    &NewInvoiceItem {
+                        customer,
+                        amount,
+                        currency,
+                        description: &description,
+                        period: (p.start.timestamp(), p.end.timestamp()),
+                        metadata: &[("vm_id", vm.id.as_str()), ("kind", "usage")],
+                    },
+                    &key,
+                )
+                .await
+            {
+                Ok(item) => Some(item.id),
+                Err(e) => {
+                    tracing::warn!(vm = %vm.id, error = %e, "bill-usage: charging a period failed; left for the next run");
+                    first_error.get_or_insert_with(|| e.to_string());
+                    ok = false;
+                    break;
+                }
+            }
+        } else {
+            None
+        };
+        state
+            .store
+            .record_usage_charge(
+                &NewUsageCharge {
+                    vm_id: &vm.id,
+                    user_sub: &vm.user_sub,
+                    period_start: p.start,
+                    period_end: p.end,
+                    seconds: i32::try_from(p.seconds).unwrap_or(i32::MAX),
+                    amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
+                    currency,
+                    idempotency_key: &key,
+                    stripe_invoice_item_id: item.as_deref(),
+                },
+                now,
+            )
+            .await?;
+        total += amount;
+        report.charged += 1;
+    }
+    if !ok {
+        report.failed += 1;
+        return Ok(());
+    }
+    if vm.deleted_at.is_none() {
+        return Ok(());
+    }
+    if let Some((from, to, seconds)) = usage::stuck_refund(&times, stuck_after)
+        && state.store.refund_for(&vm.id).await?.is_none()
+    {
+        let amount = usage::amount_cents(seconds, price).min(total);
+        let key = format!("refund-{}", vm.id);
+        let description = format!(
+            "refund: instance {} was deleted at {} and its host confirmed only at {}",
+            vm.id,
+            from.format("%Y-%m-%d %H:%M UTC"),
+            to.format("%Y-%m-%d %H:%M UTC")
+        );
+        let credit = if amount > 0 {
+            match stripe
+                .client
+                .create_invoice_item(
+                    &NewInvoiceItem {
+                        customer,
+                        amount: -amount,
+                        currency,
+                        description: &description,
+                        period: (from.timestamp(), to.timestamp()),
+                        metadata: &[("vm_id", vm.id.as_str()), ("kind", "stuck_delete_refund")],
+                    },
+                    &key,
+                )
+                .await
+            {
+                Ok(item) => Some(item.id),
+                Err(e) => {
+                    tracing::warn!(vm = %vm.id, error = %e, "bill-usage: the stuck-delete refund failed; left for the next run");
+                    first_error.get_or_insert_with(|| e.to_string());
+                    report.failed += 1;
+                    return Ok(());
+                }
+            }
+        } else {
+            None
+        };
+        state
+            .store
+            .record_refund(
+                &NewRefund {
+                    vm_id: &vm.id,
+                    user_sub: &vm.user_sub,
+                    from_at: from,
+                    to_at: to,
+                    seconds: i32::try_from(seconds).unwrap_or(i32::MAX),
+                    amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
+                    currency,
+                    idempotency_key: &key,
+                    stripe_credit_id: credit.as_deref(),
+                },
+                now,
+            )
+            .await?;
+        report.refunded += 1;
+    }
+    state.store.close_billing(&vm.id, now).await?;
+    report.closed += 1;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{TimeZone, Utc};
+    use proptest::prelude::*;
+
+    use super::usage::{VmTimes, amount_cents, billable, day_of, due_periods, stuck_refund};
+    use super::*;
+
+    const SECRET: &[u8] = b"whsec_unit";
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_793_000_000 + secs, 0).unwrap()
+    }
+
+    #[test]
+    fn a_signature_is_stripes_hmac_over_the_timestamp_and_the_payload() {
+        // HMAC-SHA256 of "1.{}" under "key", computed independently (Python's hmac).
+        assert_eq!(
+            sign(b"key", 1, b"{}"),
+            "1ba6b8171186efc613e8bcc0cbdab2748f24984d7c5a84faa2637afa0e40d224"
+        );
+        let now = at(0);
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign(SECRET, now.timestamp(), body);
+        let header = format!("t={},v1={good}", now.timestamp());
+        assert_eq!(verify_signature(&header, body, SECRET, now, 300), Ok(()));
+        // Any one of several v1 (Stripe sends two while a secret is being rolled).
+        let two = format!(
+            "t={},v1={},v1={good},v0=00",
+            now.timestamp(),
+            "ab".repeat(32)
+        );
+        assert_eq!(verify_signature(&two, body, SECRET, now, 300), Ok(()));
+        for bad in [
+            format!("t={},v1={}", now.timestamp(), "ab".repeat(32)),
+            format!("t={}", now.timestamp()),
+            format!("v1={good}"),
+            format!("t=x,v1={good}"),
+            format!("t={},v1={}", now.timestamp() + 1, good),
+            format!("t={},v0={good}", now.timestamp()),
+            String::new(),
+        ] {
+            assert_eq!(
+                verify_signature(&bad, body, SECRET, now, 300),
+                Err(SignatureRefusal::BadSignature),
+                "{bad}"
+            );
+        }
+        // The payload must be byte for byte the one signed.
+        assert_eq!(
+            verify_signature(&header, br#"{"id": "evt_1"}"#, SECRET, now, 300),
+            Err(SignatureRefusal::BadSignature)
+        );
+        // Stale either way past the tolerance; at it, fine.
+        assert_eq!(
+            verify_signature(&header, body, SECRET, now + TimeDelta::seconds(301), 300),
+            Err(SignatureRefusal::Stale)
+        );
+        assert_eq!(
+            verify_signature(&header, body, SECRET, now - TimeDelta::seconds(301), 300),
+            Err(SignatureRefusal::Stale)
+        );
+        assert_eq!(
+            verify_signature(&header, body, SECRET, now + TimeDelta::seconds(300), 300),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_signature_matches_a_known_vector() {
+        // RFC 4231 test case 2: the HMAC-SHA256 `sign` is built on.
+        let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        assert_eq!(
+            hex::encode(mac.finalize().into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    fn vm(created: i64, failed: Option<i64>, asked: Option<i64>, gone: Option<i64>) -> VmTimes {
+        VmTimes {
+            created_at: at(created),
+            creation_failed_at: failed.map(at),
+            delete_requested_at: asked.map(at),
+            deleted_at: gone.map(at),
+        }
+    }
+
+    #[test]
+    fn a_failed_create_bills_nothing() {
+        let v = vm(0, Some(60), None, None);
+        assert_eq!(billable(&v, at(10 * 86_400)), None);
+        assert!(due_periods(&v, &[], at(10 * 86_400)).is_empty());
+        assert_eq!(
+            stuck_refund(
+                &vm(0, Some(60), Some(100), Some(5000)),
+                TimeDelta::minutes(10)
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_running_instances_current_day_waits_for_midnight() {
+        let created = day_of(at(0)) + TimeDelta::hours(20);
+        let v = VmTimes {
+            created_at: created,
+            creation_failed_at: None,
+            delete_requested_at: None,
+            deleted_at: None,
+        };
+        let p = due_periods(&v, &[], created + TimeDelta::hours(7));
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].seconds, 4 * 3600);
+        assert!(due_periods(&v, &[p[0].start], created + TimeDelta::hours(7)).is_empty());
+        assert!(
+            due_periods(&v, &[], created + TimeDelta::hours(3)).is_empty(),
+            "the first day has not ended"
+        );
+    }
+
+    #[test]
+    fn cents_round_half_up() {
+        assert_eq!(amount_cents(3600, 120), 120);
+        assert_eq!(amount_cents(15, 120), 1); // 0.5 cent
+        assert_eq!(amount_cents(14, 120), 0);
+        assert_eq!(amount_cents(-5, 120), 0);
+    }
+
+    #[test]
+    fn a_booking_costs_every_started_hour() {
+        assert_eq!(booking_amount(at(0), at(3600), 100), 100);
+        assert_eq!(booking_amount(at(0), at(3601), 100), 200);
+        assert_eq!(booking_amount(at(10), at(0), 100), 0);
+    }
+
+    proptest! {
+        /// A deleted instance's periods cover exactly [created_at, deleted_at), one per day,
+        /// none overlapping; the refund is never outside it and only past the threshold.
+        #[test]
+        fn periods_cover_exactly_the_billable_time(
+            created in 0i64..400_000,
+            lived in 0i64..900_000,
+            asked_before in 0i64..90_000,
+            after in 0i64..900_000,
+        ) {
+            let gone = created + lived;
+            let asked = (gone - asked_before).max(created);
+            let v = vm(created, None, Some(asked), Some(gone));
+            let now = at(gone + after);
+            let periods = due_periods(&v, &[], now);
+            let total: i64 = periods.iter().map(|p| p.seconds).sum();
+            prop_assert_eq!(total, lived);
+            for w in periods.windows(2) {
+                prop_assert!(w[0].end <= w[1].start);
+            }
+            for p in &periods {
+                prop_assert_eq!(p.end - p.start, TimeDelta::days(1));
+                prop_assert!(p.seconds > 0 && p.seconds <= 86_400);
+            }
+            // Charged periods are not due again.
+            let starts: Vec<_> = periods.iter().map(|p| p.start).collect();
+            prop_assert!(due_periods(&v, &starts, now).is_empty());
+            match stuck_refund(&v, TimeDelta::minutes(10)) {
+                Some((from, to, secs)) => {
+                    prop_assert!(gone - asked > 600);
+                    prop_assert_eq!((from, to), (at(asked), at(gone)));
+                    prop_assert!(secs <= lived);
+                }
+                None => prop_assert!(gone - asked <= 600),
+            }
+        }
+
+        /// A running instance is billed only for days that have ended, never past now.
+        #[test]
+        fn a_running_instance_is_billed_for_ended_days_only(
+            created in 0i64..400_000,
+            elapsed in 0i64..900_000,
+        ) {
+            let v = vm(created, None, None, None);
+            let now = at(created + elapsed);
+            let periods = due_periods(&v, &[], now);
+            let total: i64 = periods.iter().map(|p| p.seconds).sum();
+            prop_assert!(total <= elapsed);
+            prop_assert!(elapsed - total < 86_400, "at most today is unbilled");
+            for p in &periods {
+                prop_assert!(p.end <= now);
+            }
+        }
     }
 }

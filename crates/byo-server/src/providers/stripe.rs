@@ -172,10 +172,9 @@ impl StripeClient {
                 .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
             req = req.header("Idempotency-Key", key).form(form);
         }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| StripeError::Unreachable(format!("{method} {path}: {}", e.without_url())))?;
+        let resp = req.send().await.map_err(|e| {
+            StripeError::Unreachable(format!("{method} {path}: {}", e.without_url()))
+        })?;
         let status = resp.status();
         let body = resp.bytes().await.map_err(|e| {
             StripeError::Unreachable(format!("{method} {path}: {}", e.without_url()))
@@ -199,7 +198,9 @@ impl StripeClient {
             });
         }
         serde_json::from_slice(&body).map_err(|e| {
-            StripeError::Unreachable(format!("{method} {path}: an answer that does not parse: {e}"))
+            StripeError::Unreachable(format!(
+                "{method} {path}: an answer that does not parse: {e}"
+            ))
         })
     }
 

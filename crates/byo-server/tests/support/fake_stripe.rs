@@ -166,7 +166,9 @@ async fn front(State(s): State<Shared>, req: Request, next: Next) -> Response {
         return next.run(req).await;
     }
     let (parts, body) = req.into_parts();
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
     let params = format!("{path}?{}", String::from_utf8_lossy(&bytes));
     if let Some(k) = &key {
         let seen = s.lock().unwrap().idempotency.get(k).cloned();
@@ -176,7 +178,9 @@ async fn front(State(s): State<Shared>, req: Request, next: Next) -> Response {
                     StatusCode::BAD_REQUEST,
                     "idempotency_error",
                     None,
-                    &format!("Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{k}' if you meant to execute a different request."),
+                    &format!(
+                        "Keys for idempotent requests can only be used with the same parameters they were first used with. Try using a key other than '{k}' if you meant to execute a different request."
+                    ),
                 );
             }
             let mut r = (StatusCode::from_u16(status).unwrap(), body).into_response();
@@ -192,7 +196,9 @@ async fn front(State(s): State<Shared>, req: Request, next: Next) -> Response {
         .await;
     let Some(k) = key else { return response };
     let (parts, body) = response.into_parts();
-    let bytes = axum::body::to_bytes(body, 1 << 20).await.unwrap_or_default();
+    let bytes = axum::body::to_bytes(body, 1 << 20)
+        .await
+        .unwrap_or_default();
     // Stripe keeps the result of a request that got as far as running, errors included.
     s.lock()
         .unwrap()
@@ -204,16 +210,17 @@ async fn front(State(s): State<Shared>, req: Request, next: Next) -> Response {
 type Form = axum::Form<Vec<(String, String)>>;
 
 fn param<'a>(form: &'a [(String, String)], key: &str) -> Option<&'a str> {
-    form.iter()
-        .find(|(k, _)| k == key)
-        .map(|(_, v)| v.as_str())
+    form.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
 }
 
 /// `metadata[k]=v` pairs as an object.
 fn metadata(form: &[(String, String)]) -> Value {
     let mut m = serde_json::Map::new();
     for (k, v) in form {
-        if let Some(inner) = k.strip_prefix("metadata[").and_then(|r| r.strip_suffix(']')) {
+        if let Some(inner) = k
+            .strip_prefix("metadata[")
+            .and_then(|r| r.strip_suffix(']'))
+        {
             m.insert(inner.to_owned(), json!(v));
         }
     }
@@ -297,8 +304,8 @@ async fn create_session(State(s): State<Shared>, axum::Form(form): Form) -> Resp
     if !f.customers.contains_key(&customer) {
         return missing("customer", &customer, "customer");
     }
-    let amount = param(&form, "line_items[0][price_data][unit_amount]")
-        .and_then(|a| a.parse::<i64>().ok());
+    let amount =
+        param(&form, "line_items[0][price_data][unit_amount]").and_then(|a| a.parse::<i64>().ok());
     let id = f.id("cs_test");
     let session = json!({"id": id, "object": "checkout.session", "mode": mode,
         "customer": customer, "metadata": metadata(&form), "amount_total": amount,
@@ -345,7 +352,10 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
     let fake: Shared = Default::default();
     let app = Router::new()
         .route("/v1/customers", post(create_customer))
-        .route("/v1/customers/{id}", get(get_customer).post(update_customer))
+        .route(
+            "/v1/customers/{id}",
+            get(get_customer).post(update_customer),
+        )
         .route("/v1/checkout/sessions", post(create_session))
         .route("/v1/setup_intents/{id}", get(get_setup_intent))
         .route("/v1/invoiceitems", post(create_invoice_item))
