@@ -225,7 +225,7 @@ impl Store {
         after: Option<(DateTime<Utc>, String)>,
         limit: i64,
     ) -> Result<Vec<VmToBillRow>> {
-        let (at, id) = after.unwrap_or((DateTime::<Utc>::MIN_UTC, String::new()));
+        let (at, id) = after.unwrap_or((DateTime::<Utc>::UNIX_EPOCH, String::new()));
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, VmToBillRow>(
                 "select v.id, v.user_sub, v.status, v.created_at, v.creation_failed_at, \
