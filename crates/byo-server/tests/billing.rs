@@ -382,12 +382,35 @@ async fn the_live_check_allows_a_customer_with_a_default_card(w: World) {
         session,
         w.clock.now().timestamp(),
     );
-    assert_eq!(w.webhook(&e).await.status, StatusCode::OK);
+    // Stripe is down while the event is processed: 5xx, the event left unfinished …
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::GET,
+        path_prefix: "/v1/setup_intents/".into(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: false,
+    });
+    assert_eq!(
+        w.webhook(&e).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert!(matches!(w.may_charge().await, Charge::Refused { .. }));
+    // … so Stripe's retry processes it.
+    let r = w.webhook(&e).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["replayed"], false);
     assert_eq!(
         w.fake.lock().unwrap().customers[&cus]["invoice_settings"]["default_payment_method"],
         json!(pm)
     );
     assert_eq!(w.may_charge().await, Charge::Allowed);
+    // A replay after that asks nothing of Stripe.
+    let calls = w.fake.lock().unwrap().requests.len();
+    let r = w.webhook(&e).await;
+    assert_eq!(r.json()["replayed"], true);
+    assert_eq!(w.fake.lock().unwrap().requests.len(), calls);
     let view = w.customer.get("/api/billing").await.json();
     assert_eq!(view, json!({"enabled": true, "chargeable": true}));
     let page = w.customer.page("/billing").await;
