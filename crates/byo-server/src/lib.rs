@@ -10,6 +10,7 @@
 pub mod agents;
 pub mod app;
 pub mod auth;
+pub mod billing;
 pub mod clock;
 pub mod config;
 pub mod error;

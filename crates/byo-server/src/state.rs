@@ -4,7 +4,7 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{AgentWaits, HostAgents, HttpAgents};
-use crate::app::billing::{BillingGate, BillingOff, StripeBilling, StripeGate};
+use crate::billing::{BillingGate, BillingOff, StripeBilling, StripeGate};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::queue::{NoQueue, QueueDrain};
