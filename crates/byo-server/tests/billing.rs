@@ -738,3 +738,52 @@ async fn billing_off_pages_say_so(app: TestApp) {
 }
 
 on_each_backend!(billing_off_pages_say_so);
+
+// ---------------------------------------------------------------------- configuration
+
+/// `[billing]` from the file turns billing on; a zero price or a currency that is not a
+/// lower-case ISO code is refused at load; the secrets never print.
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+fn billing_is_configured_by_its_section_and_validated() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "byo.toml",
+            r#"
+            [billing]
+            stripe_secret_key = "sk_test_abc"
+            stripe_webhook_secret = "whsec_abc"
+            price_cents_per_hour = 250
+            "#,
+        )?;
+        let c = Config::load(Some(std::path::Path::new("byo.toml"))).expect("loads");
+        let b = c.billing.as_ref().expect("billing on");
+        assert_eq!(
+            (
+                b.price_cents_per_hour,
+                b.currency.as_str(),
+                b.api_base.as_str()
+            ),
+            (250, "usd", "https://api.stripe.com")
+        );
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("sk_test_abc") && !printed.contains("whsec_abc"));
+        assert!(Config::load(None).unwrap().billing.is_none(), "absent: off");
+        for bad in [
+            "price_cents_per_hour = 0\ncurrency = \"usd\"",
+            "price_cents_per_hour = 1\ncurrency = \"USD\"",
+        ] {
+            jail.create_file(
+                "bad.toml",
+                &format!(
+                    "[billing]\nstripe_secret_key = \"k\"\nstripe_webhook_secret = \"w\"\n{bad}\n"
+                ),
+            )?;
+            assert!(
+                Config::load(Some(std::path::Path::new("bad.toml"))).is_err(),
+                "{bad}"
+            );
+        }
+        Ok(())
+    });
+}
