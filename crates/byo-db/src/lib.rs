@@ -54,6 +54,7 @@ macro_rules! in_tx {
 }
 
 pub mod audit;
+pub mod billing;
 pub mod enrollments;
 mod error;
 pub mod hosts;

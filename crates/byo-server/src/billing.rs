@@ -1,10 +1,20 @@
-//! Billing (issue #13): whether an account may be charged, asked live by the callers that
-//! act with nobody present (E2's drain re-checks it per attempt rather than trusting the
-//! queued row). `byo up` runs with billing off: every account may be charged and nothing is.
+//! Billing's gate (issue #13): whether an account may be charged, asked live by the callers
+//! that act with nobody present (E2's drain re-checks it per attempt rather than trusting
+//! the queued row). `byo up` runs with billing off: every account may be charged and
+//! nothing is. With `[billing]` configured the gate is [`StripeBilling`], which asks Stripe.
+//!
+//! It sits beside `state` rather than in `app` (as `queue` does) because `AppState` holds
+//! it: `state` never imports `app`. The rest of billing (Checkout, the webhook, usage) is
+//! `app::billing`, which re-exports these.
 
+use std::sync::Arc;
+
+use anyhow::anyhow;
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 
-use crate::error::AppResult;
+use crate::error::{AppError, AppResult};
+use crate::providers::stripe::{BillingConfig, StripeClient};
 
 /// The answer to "may this account be charged now?".
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,5 +42,89 @@ impl BillingGate for BillingOff {
     }
     fn enabled(&self) -> bool {
         false
+    }
+}
+
+/// Billing on Stripe: the live gate, and the client and configuration the rest of billing
+/// uses.
+pub struct StripeBilling {
+    pub client: StripeClient,
+    pub config: BillingConfig,
+    store: byo_db::Store,
+}
+
+impl StripeBilling {
+    pub fn new(config: BillingConfig, store: byo_db::Store) -> Self {
+        StripeBilling {
+            client: StripeClient::new(&config),
+            config,
+            store,
+        }
+    }
+
+    /// The live check. A definite answer from Stripe (no customer, no default payment
+    /// method, the last payment declined, the card expired, the customer gone) is
+    /// `Refused`; an outage (no answer, 5xx, 429) is an error, so a caller leaves its work
+    /// for later instead of placing an instance nobody can bill.
+    pub async fn check(&self, user_sub: &str, now: DateTime<Utc>) -> AppResult<Charge> {
+        let refused = |reason: &str| {
+            Ok(Charge::Refused {
+                reason: reason.to_owned(),
+            })
+        };
+        let Some(customer) = self.store.stripe_customer(user_sub).await? else {
+            return refused("no payment method: add one on the Billing page");
+        };
+        let c = match self.client.retrieve_customer(&customer).await {
+            Ok(c) => c,
+            Err(e) if e.code() == Some("resource_missing") => {
+                return refused(
+                    "the account's Stripe customer no longer exists: add a payment method again",
+                );
+            }
+            Err(e) if e.is_outage() => {
+                return Err(AppError::Internal(anyhow!("the live billing check: {e}")));
+            }
+            Err(e) => return refused(&format!("Stripe refused the billing check: {e}")),
+        };
+        if c.deleted {
+            return refused(
+                "the account's Stripe customer was deleted: add a payment method again",
+            );
+        }
+        let Some(pm) = c
+            .invoice_settings
+            .default_payment_method
+            .filter(|v| !v.is_null())
+        else {
+            return refused("no payment method: add one on the Billing page");
+        };
+        if c.delinquent {
+            return refused("the last payment was declined: add another payment method");
+        }
+        if let Some(card) = pm.get("card") {
+            let (y, m) = (card["exp_year"].as_i64(), card["exp_month"].as_i64());
+            if let (Some(y), Some(m)) = (y, m) {
+                use chrono::Datelike;
+                let (ny, nm) = (i64::from(now.year()), i64::from(now.month()));
+                if (y, m) < (ny, nm) {
+                    return refused("the card on file has expired: add another payment method");
+                }
+            }
+        }
+        Ok(Charge::Allowed)
+    }
+}
+
+/// [`StripeBilling`] as the gate; it reads time from the system clock (the state's clock
+/// is not reachable from the trait).
+pub struct StripeGate(pub Arc<StripeBilling>, pub crate::clock::Clock);
+
+impl BillingGate for StripeGate {
+    fn may_charge<'a>(&'a self, user_sub: &'a str) -> BoxFuture<'a, AppResult<Charge>> {
+        Box::pin(async move { self.0.check(user_sub, self.1.now()).await })
+    }
+    fn enabled(&self) -> bool {
+        true
     }
 }

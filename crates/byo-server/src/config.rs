@@ -12,7 +12,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::providers::{
-    ProviderError, Providers, RelayProvider, TunnelProvider, cloudflare, gcp, local,
+    ProviderError, Providers, RelayProvider, TunnelProvider, cloudflare, gcp, local, stripe,
 };
 
 /// The top-level keys, for filtering the environment.
@@ -37,6 +37,7 @@ const KEYS: &[&str] = &[
     "ssh_domain",
     "placement",
     "rate_limits",
+    "billing",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -114,6 +115,9 @@ pub struct Config {
     /// exactly its public URL.
     #[serde(skip)]
     pub loopback_origins: Vec<String>,
+    /// Billing on Stripe (issue #13, 4). Absent, billing is off (`byo up`).
+    #[serde(default)]
+    pub billing: Option<stripe::BillingConfig>,
 }
 
 /// `[rate_limits]`: how often one address, and one account, may knock on the doors that
@@ -342,6 +346,7 @@ impl Default for Config {
             placement: PlacementConfig::default(),
             rate_limits: RateLimitConfig::default(),
             loopback_origins: Vec::new(),
+            billing: None,
         }
     }
 }
@@ -437,6 +442,17 @@ impl Config {
             if !ok {
                 return Err(format!(
                     "ssh_domain must be a DNS name, like ssh.example.com: {d:?}"
+                ));
+            }
+        }
+        if let Some(b) = &self.billing {
+            if b.price_cents_per_hour == 0 {
+                return Err("billing.price_cents_per_hour must be positive".to_owned());
+            }
+            if b.currency.len() != 3 || !b.currency.bytes().all(|c| c.is_ascii_lowercase()) {
+                return Err(format!(
+                    "billing.currency must be a lower-case ISO 4217 code, like usd: {:?}",
+                    b.currency
                 ));
             }
         }

@@ -4,7 +4,7 @@ use byo_db::Store;
 use secrecy::ExposeSecret;
 
 use crate::agents::{AgentWaits, HostAgents, HttpAgents};
-use crate::billing::{BillingGate, BillingOff};
+use crate::billing::{BillingGate, BillingOff, StripeBilling, StripeGate};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
 use crate::queue::{NoQueue, QueueDrain};
@@ -39,6 +39,8 @@ pub struct AppState {
     pub billing: Arc<dyn BillingGate>,
     /// Per-address and per-account limits on the doors that check a secret (#16).
     pub rate_limits: Arc<crate::rate_limit::RateLimits>,
+    /// Billing on Stripe, when `[billing]` is configured (then also the gate above).
+    pub stripe: Option<Arc<StripeBilling>>,
 }
 
 impl AppState {
@@ -51,6 +53,14 @@ impl AppState {
             .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
         let relay_ca = RelayCaSource::new(store.clone(), sealer.clone());
         let config_limits = config.rate_limits.clone();
+        let stripe = config
+            .billing
+            .clone()
+            .map(|b| Arc::new(StripeBilling::new(b, store.clone())));
+        let billing: Arc<dyn BillingGate> = match &stripe {
+            Some(s) => Arc::new(StripeGate(s.clone(), Clock::System)),
+            None => Arc::new(BillingOff),
+        };
         AppState {
             relays: Arc::new(LocalRelays::default()),
             tunnels: Arc::new(LocalTunnels::default()),
@@ -68,7 +78,8 @@ impl AppState {
             clock: Clock::System,
             waits: AgentWaits::default(),
             drain: Arc::new(NoQueue),
-            billing: Arc::new(BillingOff),
+            billing,
+            stripe,
             rate_limits: Arc::new(crate::rate_limit::RateLimits::new(&config_limits)),
         }
     }
@@ -99,6 +110,9 @@ impl AppState {
     }
 
     pub fn with_clock(mut self, clock: Clock) -> Self {
+        if let Some(s) = &self.stripe {
+            self.billing = Arc::new(StripeGate(s.clone(), clock.clone()));
+        }
         self.clock = clock;
         self
     }

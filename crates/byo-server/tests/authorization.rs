@@ -324,6 +324,32 @@ fn api_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        // Billing (issue #13, 4). Stripe's webhook has no session gate: Stripe-Signature is
+        // its gate (400 without a valid one, 404 with billing off; tests/billing.rs).
+        Row {
+            method: Method::POST,
+            path: "/api/stripe/webhook",
+            allowed: EVERYONE,
+            body: |_| Some(json!({"id": "evt_1", "type": "checkout.session.completed"})),
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/billing",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/billing/payment-method",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/prebookings/{prebooking_id}/checkout",
+            allowed: SIGNED_IN,
+            body: none,
+        },
     ]
 }
 
@@ -521,6 +547,19 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/instances",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        // Billing (issue #13, 4).
+        Row {
+            method: Method::GET,
+            path: "/billing",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/billing/payment-method",
             allowed: SIGNED_IN,
             body: none,
         },

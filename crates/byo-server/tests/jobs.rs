@@ -296,7 +296,12 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     let names: Vec<_> = registry().into_iter().map(|j| j.name).collect();
     assert_eq!(
         names,
-        ["reap", "notify-stuck-deletes", "renew-operator-keys"]
+        [
+            "reap",
+            "notify-stuck-deletes",
+            "renew-operator-keys",
+            "bill-usage"
+        ]
     );
     let d = JobDriver::new(app.state.clone(), registry());
     assert_eq!(d.tick("reap").await.unwrap(), Some(Tick::Ran { ok: true }));

@@ -4,6 +4,7 @@
 //! shape has one definition and one spelling. Names follow the design document.
 
 pub mod api;
+pub mod billing;
 pub mod enroll;
 pub mod lifecycle;
 pub mod limits;

@@ -95,6 +95,18 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        Job::new("bill-usage", super::billing::BILL_EVERY, |state| {
+            Box::pin(async move {
+                if state.stripe.is_none() {
+                    return Ok("billing is off: nothing to charge".to_owned());
+                }
+                let r = super::billing::bill_usage_once(state).await?;
+                Ok(format!(
+                    "charged {} periods, refunded {}, closed {}, {} without a Stripe customer",
+                    r.charged, r.refunded, r.closed, r.no_customer
+                ))
+            })
+        }),
     ]
 }
 

@@ -11,6 +11,7 @@
 pub mod accounts;
 pub mod admin_host_action;
 pub mod admin_vm_action;
+pub mod billing;
 pub mod host_enroll;
 pub mod host_heartbeat;
 pub mod host_lifecycle;

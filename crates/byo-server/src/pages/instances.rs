@@ -141,6 +141,7 @@ async fn customer_page(
         Some(v),
         html! {
             h1 { "Your instances" }
+            @if !state.billing.enabled() { p #billing-off role="status" { (crate::app::billing::BILLING_OFF) } }
             @if let Some(e) = s.error { p.error role="alert" { (e) } }
             @if let Some(n) = s.notice { p.notice role="status" { (n) } }
             @if list.is_empty() {

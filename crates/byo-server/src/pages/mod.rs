@@ -23,6 +23,7 @@ use crate::state::AppState;
 
 mod admin_instances;
 mod admin_jobs;
+mod billing;
 mod host_detail;
 mod hosts;
 pub mod install;
@@ -73,6 +74,8 @@ pub fn router() -> Router<AppState> {
         .route("/instances/{vm_id}/state", post(instances::power))
         .route("/admin/instances", get(admin_instances::page))
         .route("/admin/jobs", get(admin_jobs::page))
+        .route("/billing", get(billing::page))
+        .route("/billing/payment-method", post(billing::add_payment_method))
         .route(
             "/admin/instances/{vm_id}/delete",
             get(admin_instances::confirm_delete).post(admin_instances::delete),
@@ -182,6 +185,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                         @if let Some(v) = viewer {
                             a href="/instances" { "Instances" }
                             a href="/hosts" { "Your GPUs" }
+                            a href="/billing" { "Billing" }
                             @if v.is_operator() {
                                 a href="/admin/instances" { "All instances" }
                                 a href="/admin/hosts" { "Hosts" }

@@ -23,6 +23,7 @@ pub mod accounts;
 pub mod admin;
 pub mod admin_host_action;
 pub mod admin_vm_action;
+pub mod billing;
 pub mod health;
 pub mod host_enroll;
 pub mod host_heartbeat;
@@ -49,6 +50,7 @@ pub mod vms;
         (name = "operator-keys", description = "admin-operator-keys: the signed operator-key lists (M)"),
         (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B); host-report, the heartbeat and the operator-key list a preparing host fetches"),
         (name = "instances", description = "Your SSH keys and instances: create (E1) and delete (G)"),
+        (name = "billing", description = "Billing on Stripe: your payment method, paying a booking, Stripe's webhook"),
     )
 )]
 struct ApiDoc;
@@ -94,6 +96,10 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin_vm_action::get_stuck_deletes))
         .routes(routes!(placement::get_placement))
         .routes(routes!(placement::post_clear))
+        .routes(routes!(billing::post_webhook))
+        .routes(routes!(billing::get_billing))
+        .routes(routes!(billing::post_payment_method))
+        .routes(routes!(billing::post_prebooking_checkout))
 }
 
 /// The OpenAPI document, generated from the routes above.

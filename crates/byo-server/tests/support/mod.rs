@@ -5,6 +5,7 @@
 pub mod agents;
 pub mod fake_cloudflare;
 pub mod fake_gcp;
+pub mod fake_stripe;
 pub mod relay_tls;
 
 use axum::Router;

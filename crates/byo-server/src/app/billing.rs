@@ -1,0 +1,852 @@
+//! Billing (issue #13). The gate — whether an account may be charged, asked live — is
+//! [`crate::billing`] (beside `state`, which holds it), re-exported here. `byo up` runs with
+//! billing off: every account may be charged and nothing is.
+//!
+//! With `[billing]` configured, [`StripeBilling`] is the gate and the rest of billing runs
+//! on Stripe (`docs/billing.md`):
+//! - the live check: the account's Stripe customer has a usable default payment method,
+//!   asked of Stripe each time (never cached here);
+//! - Checkout: a session in setup mode to add a card, and one in payment mode for a
+//!   pre-booking (`metadata[prebooking_id]`);
+//! - the webhook: `Stripe-Signature` verified ([`verify_signature`]), each event processed
+//!   once by its id; `checkout.session.completed` for a booking is the only writer of
+//!   `paid_at` (E3.1), for a setup session it makes the new card the default;
+//! - usage ([`usage`], the job `bill-usage`): an invoice item per instance per UTC day from
+//!   the four timestamps, and a credit for a stuck delete's time (G.3).
+
+use anyhow::anyhow;
+use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
+use byo_wire::billing::{BillingView, CheckoutView};
+use chrono::{DateTime, TimeDelta, Utc};
+use hmac::{Hmac, Mac};
+use serde_json::Value;
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use crate::auth::CurrentUser;
+use crate::error::{AppError, AppResult};
+use crate::providers::stripe::{NewInvoiceItem, PaymentLine, StripeError};
+use crate::state::AppState;
+
+pub use crate::billing::{BillingGate, BillingOff, Charge, StripeBilling, StripeGate};
+
+/// What the pages say when billing is off.
+pub const BILLING_OFF: &str = "Billing is off on this installation: nobody is charged.";
+
+/// How far a webhook's signed timestamp may be from now (Stripe's own default).
+pub const WEBHOOK_TOLERANCE_SECS: i64 = 300;
+
+/// How many unfinished instances one `bill-usage` run reads.
+pub const BILL_BATCH: i64 = 500;
+/// How often `bill-usage` runs.
+pub const BILL_EVERY: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// The caller's billing status (the Billing page and `GET /api/billing`).
+pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingView> {
+    if !state.billing.enabled() {
+        return Ok(BillingView {
+            enabled: false,
+            chargeable: true,
+            reason: None,
+        });
+    }
+    Ok(match state.billing.may_charge(&user.user.sub).await? {
+        Charge::Allowed => BillingView {
+            enabled: true,
+            chargeable: true,
+            reason: None,
+        },
+        Charge::Refused { reason } => BillingView {
+            enabled: true,
+            chargeable: false,
+            reason: Some(reason),
+        },
+    })
+}
+
+fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
+    state.stripe.as_deref().ok_or_else(|| {
+        AppError::conflict(
+            "billing_off",
+            "billing is off on this installation: there is nothing to pay",
+        )
+    })
+}
+
+fn stripe_failed(e: StripeError) -> AppError {
+    AppError::Internal(anyhow!("{e}"))
+}
+
+/// The caller's Stripe customer, made on first use.
+async fn customer_for(
+    state: &AppState,
+    stripe: &StripeBilling,
+    user: &CurrentUser,
+) -> AppResult<String> {
+    if let Some(c) = state.store.stripe_customer(&user.user.sub).await? {
+        return Ok(c);
+    }
+    let made = stripe
+        .client
+        .create_customer(&user.user.sub, &user.user.email)
+        .await
+        .map_err(stripe_failed)?;
+    Ok(state
+        .store
+        .keep_stripe_customer(&user.user.sub, &made.id, state.clock.now())
+        .await?)
+}
+
+fn page_url(state: &AppState, path: &str) -> String {
+    format!("{}{path}", state.config.public_url.trim_end_matches('/'))
+}
+
+/// A Checkout page (setup mode) where the caller adds a card; the webhook makes it the
+/// default payment method.
+pub async fn payment_method_checkout(
+    state: &AppState,
+    user: &CurrentUser,
+) -> AppResult<CheckoutView> {
+    let stripe = stripe_of(state)?;
+    let customer = customer_for(state, stripe, user).await?;
+    let session = stripe
+        .client
+        .checkout_setup(
+            &customer,
+            &page_url(state, "/billing?added=1"),
+            &page_url(state, "/billing"),
+        )
+        .await
+        .map_err(stripe_failed)?;
+    checkout_view(session.url)
+}
+
+fn checkout_view(url: Option<String>) -> AppResult<CheckoutView> {
+    url.map(|url| CheckoutView { url })
+        .ok_or_else(|| AppError::Internal(anyhow!("stripe: a Checkout session without a url")))
+}
+
+/// What a booking costs: the configured hourly price for every started hour of its window.
+pub fn booking_amount(start: DateTime<Utc>, end: DateTime<Utc>, price_cents_per_hour: u32) -> i64 {
+    let secs = (end - start).num_seconds().max(0);
+    let hours = (secs + 3599) / 3600;
+    hours * i64::from(price_cents_per_hour)
+}
+
+/// A Checkout page (payment mode) for the caller's unpaid, open booking. Someone else's
+/// booking is not found; a paid or closed one is refused.
+pub async fn prebooking_checkout(
+    state: &AppState,
+    user: &CurrentUser,
+    prebooking_id: &str,
+) -> AppResult<CheckoutView> {
+    let stripe = stripe_of(state)?;
+    let booking = state
+        .store
+        .prebooking_for_billing(prebooking_id)
+        .await?
+        .filter(|b| b.user_sub == user.user.sub)
+        .ok_or(AppError::NotFound)?;
+    if booking.paid_at.is_some() {
+        return Err(AppError::conflict(
+            "already_paid",
+            "this booking is paid already",
+        ));
+    }
+    if booking.closed_at.is_some() || booking.end_date <= state.clock.now() {
+        return Err(AppError::conflict(
+            "booking_closed",
+            "this booking is closed: its window has ended or it was cancelled",
+        ));
+    }
+    let amount = booking_amount(
+        booking.start_date,
+        booking.end_date,
+        stripe.config.price_cents_per_hour,
+    );
+    let customer = customer_for(state, stripe, user).await?;
+    let name = format!(
+        "{} from {} to {}",
+        booking.gpu_type,
+        booking.start_date.format("%Y-%m-%d %H:%M UTC"),
+        booking.end_date.format("%Y-%m-%d %H:%M UTC")
+    );
+    let session = stripe
+        .client
+        .checkout_payment(
+            &customer,
+            &PaymentLine {
+                name: &name,
+                amount,
+                currency: &stripe.config.currency,
+            },
+            &[
+                ("prebooking_id", booking.id.as_str()),
+                ("user_sub", booking.user_sub.as_str()),
+            ],
+            &page_url(state, "/billing?paid=1"),
+            &page_url(state, "/billing"),
+        )
+        .await
+        .map_err(stripe_failed)?;
+    checkout_view(session.url)
+}
+
+/// Why a webhook was refused before its payload was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SignatureRefusal {
+    /// No `t=`, no `v1=`, or no `v1` that matches.
+    BadSignature,
+    /// A matching signature over a timestamp further than the tolerance from now.
+    Stale,
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Stripe's signature: HMAC-SHA256 with the endpoint's secret over `"{t}.{payload}"`, hex.
+pub fn sign(secret: &[u8], t: i64, payload: &[u8]) -> String {
+    let mut mac = HmacSha256::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(t.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(payload);
+    hex::encode(mac.finalize().into_bytes())
+}
+
+/// Verify `Stripe-Signature` (`t=…,v1=…[,v1=…][,v0=…]`): any `v1` matching (compared in
+/// constant time) and `t` within `tolerance_secs` of `now`, either way.
+pub fn verify_signature(
+    header: &str,
+    payload: &[u8],
+    secret: &[u8],
+    now: DateTime<Utc>,
+    tolerance_secs: i64,
+) -> Result<(), SignatureRefusal> {
+    let mut t = None;
+    let mut candidates = Vec::new();
+    for part in header.split(',') {
+        match part.trim().split_once('=') {
+            Some(("t", v)) => t = v.parse::<i64>().ok(),
+            Some(("v1", v)) => {
+                if let Ok(bytes) = hex::decode(v) {
+                    candidates.push(bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+    let t = t.ok_or(SignatureRefusal::BadSignature)?;
+    let expected = hex::decode(sign(secret, t, payload)).expect("our own hex");
+    let matched = candidates.iter().fold(subtle::Choice::from(0), |acc, c| {
+        acc | if c.len() == expected.len() {
+            c.as_slice().ct_eq(&expected)
+        } else {
+            subtle::Choice::from(0)
+        }
+    });
+    if !bool::from(matched) {
+        return Err(SignatureRefusal::BadSignature);
+    }
+    if (now.timestamp() - t).abs() > tolerance_secs {
+        return Err(SignatureRefusal::Stale);
+    }
+    Ok(())
+}
+
+/// What a verified webhook came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WebhookOutcome {
+    /// Processed now (what it did, for the log).
+    Processed(String),
+    /// Seen and processed before: nothing changed.
+    Replayed,
+}
+
+/// `POST /api/stripe/webhook`: verify, then process once by event id. A refusal changes
+/// nothing; a failure part-way (Stripe unreachable) answers 5xx and leaves the event
+/// unfinished, so Stripe's retry processes it again (every effect is itself idempotent).
+pub async fn webhook(
+    state: &AppState,
+    signature: Option<&str>,
+    payload: &[u8],
+) -> AppResult<WebhookOutcome> {
+    let stripe = state.stripe.as_deref().ok_or(AppError::NotFound)?;
+    let now = state.clock.now();
+    use secrecy::ExposeSecret;
+    let secret = stripe.config.stripe_webhook_secret.expose_secret();
+    match verify_signature(
+        signature.unwrap_or(""),
+        payload,
+        secret.as_bytes(),
+        now,
+        WEBHOOK_TOLERANCE_SECS,
+    ) {
+        Ok(()) => {}
+        Err(SignatureRefusal::BadSignature) => {
+            return Err(AppError::bad_request(
+                "bad_signature",
+                "the Stripe-Signature header does not sign this payload",
+            ));
+        }
+        Err(SignatureRefusal::Stale) => {
+            return Err(AppError::bad_request(
+                "stale_signature",
+                format!(
+                    "the signed timestamp is more than {WEBHOOK_TOLERANCE_SECS} s from now: a replayed or delayed request"
+                ),
+            ));
+        }
+    }
+    let event: Value = serde_json::from_slice(payload)
+        .map_err(|_| AppError::bad_request("invalid_event", "the event is not JSON"))?;
+    let (Some(id), Some(kind)) = (event["id"].as_str(), event["type"].as_str()) else {
+        return Err(AppError::bad_request(
+            "invalid_event",
+            "the event has no id or type",
+        ));
+    };
+    if id.is_empty() || id.len() > 255 || kind.len() > 255 {
+        return Err(AppError::bad_request(
+            "invalid_event",
+            "the event's id or type is too long",
+        ));
+    }
+    if state.store.record_stripe_event(id, kind, now).await? == EventSeen::Processed {
+        tracing::info!(event = %id, kind = %kind, "stripe event replayed: nothing to do");
+        return Ok(WebhookOutcome::Replayed);
+    }
+    let object = &event["data"]["object"];
+    let did = match kind {
+        "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
+            checkout_completed(state, stripe, object, now).await?
+        }
+        other => format!("ignored {other}"),
+    };
+    state.store.mark_stripe_event_processed(id, now).await?;
+    tracing::info!(event = %id, kind = %kind, outcome = %did, "stripe event processed");
+    Ok(WebhookOutcome::Processed(did))
+}
+
+async fn checkout_completed(
+    state: &AppState,
+    stripe: &StripeBilling,
+    session: &Value,
+    now: DateTime<Utc>,
+) -> AppResult<String> {
+    match session["mode"].as_str() {
+        Some("payment") => {
+            let Some(booking_id) = session["metadata"]["prebooking_id"].as_str() else {
+                return Ok("a payment for no booking: nothing to record".into());
+            };
+            if session["payment_status"].as_str() != Some("paid") {
+                return Ok(format!("booking {booking_id}: not paid yet"));
+            }
+            let Some(booking) = state.store.prebooking_for_billing(booking_id).await? else {
+                tracing::warn!(prebooking = %booking_id, "a paid Checkout session for a booking that does not exist: nothing written");
+                return Ok(format!("unknown booking {booking_id}: nothing written"));
+            };
+            if session["metadata"]["user_sub"].as_str() != Some(booking.user_sub.as_str()) {
+                tracing::warn!(prebooking = %booking_id, "a paid Checkout session whose account is not the booking's: nothing written");
+                return Ok(format!(
+                    "booking {booking_id}: another account's payment, nothing written"
+                ));
+            }
+            let w = state.store.mark_prebooking_paid(booking_id, now).await?;
+            Ok(format!("booking {booking_id}: paid ({w:?})"))
+        }
+        Some("setup") => {
+            let (Some(customer), Some(intent)) = (
+                session["customer"].as_str(),
+                session["setup_intent"].as_str(),
+            ) else {
+                return Ok("a setup session without a customer or intent: nothing to do".into());
+            };
+            let intent = stripe
+                .client
+                .retrieve_setup_intent(intent)
+                .await
+                .map_err(stripe_failed)?;
+            let Some(pm) = intent.payment_method else {
+                return Ok(format!("customer {customer}: no payment method set up"));
+            };
+            stripe
+                .client
+                .set_default_payment_method(customer, &pm)
+                .await
+                .map_err(stripe_failed)?;
+            Ok(format!("customer {customer}: default payment method {pm}"))
+        }
+        _ => Ok("a Checkout session of another mode: nothing to do".into()),
+    }
+}
+
+/// The charge as pure computation over the four timestamps, time passed in.
+pub mod usage {
+    use chrono::{DateTime, TimeDelta, Utc};
+
+    /// An instance's billing facts (E1 step 44, G.1).
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct VmTimes {
+        pub created_at: DateTime<Utc>,
+        pub creation_failed_at: Option<DateTime<Utc>>,
+        pub delete_requested_at: Option<DateTime<Utc>>,
+        pub deleted_at: Option<DateTime<Utc>>,
+    }
+
+    /// One billing period (a UTC day) of one instance, and the billable seconds in it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Period {
+        pub start: DateTime<Utc>,
+        pub end: DateTime<Utc>,
+        pub seconds: i64,
+    }
+
+    /// The UTC day holding `t`.
+    pub fn day_of(t: DateTime<Utc>) -> DateTime<Utc> {
+        t.date_naive()
+            .and_hms_opt(0, 0, 0)
+            .expect("midnight exists")
+            .and_utc()
+    }
+
+    /// The billable span: [created_at, deleted_at), up to `now` while not deleted; nothing
+    /// for a create that failed.
+    pub fn billable(v: &VmTimes, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+        if v.creation_failed_at.is_some() {
+            return None;
+        }
+        let end = v.deleted_at.unwrap_or(now);
+        (end > v.created_at).then_some((v.created_at, end))
+    }
+
+    /// The periods that are final and not charged yet: a day is final once it has ended,
+    /// or once the instance was deleted (its time can no longer grow). A still-running
+    /// instance's current day waits for midnight.
+    pub fn due_periods(v: &VmTimes, charged: &[DateTime<Utc>], now: DateTime<Utc>) -> Vec<Period> {
+        let Some((from, to)) = billable(v, now) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut day = day_of(from);
+        while day < to {
+            let next = day + TimeDelta::days(1);
+            let final_ = next <= now || v.deleted_at.is_some();
+            if !final_ {
+                break;
+            }
+            let seconds = (to.min(next) - from.max(day)).num_seconds();
+            if seconds > 0 && !charged.contains(&day) {
+                out.push(Period {
+                    start: day,
+                    end: next,
+                    seconds,
+                });
+            }
+            day = next;
+        }
+        out
+    }
+
+    /// Seconds at an hourly price, to the nearest cent (half up).
+    pub fn amount_cents(seconds: i64, price_cents_per_hour: u32) -> i64 {
+        (seconds.max(0) * i64::from(price_cents_per_hour) + 1800) / 3600
+    }
+
+    /// A stuck delete's refund (G.3): from delete_requested_at (the customer gave the
+    /// instance up when they asked) to deleted_at, when that took longer than `stuck_after`.
+    pub fn stuck_refund(
+        v: &VmTimes,
+        stuck_after: TimeDelta,
+    ) -> Option<(DateTime<Utc>, DateTime<Utc>, i64)> {
+        if v.creation_failed_at.is_some() {
+            return None;
+        }
+        let (asked, gone) = (v.delete_requested_at?, v.deleted_at?);
+        let from = asked.max(v.created_at);
+        (gone - asked > stuck_after && gone > from)
+            .then(|| (from, gone, (gone - from).num_seconds()))
+    }
+}
+
+/// What one `bill-usage` run did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BillReport {
+    pub charged: usize,
+    pub refunded: usize,
+    pub closed: usize,
+    /// Instances of accounts with no Stripe customer: left for a later run.
+    pub no_customer: usize,
+    pub failed: usize,
+}
+
+/// The job `bill-usage`: every unfinished instance's final periods charged (one invoice
+/// item each, Idempotency-Key `usage-<vm>-<day>`), a deleted instance's stuck-delete time
+/// credited back (`refund-<vm>`), then its billing closed. A Stripe failure leaves that
+/// instance for the next run; the keys make the retry charge nothing twice.
+pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
+    let mut report = BillReport::default();
+    let Some(stripe) = state.stripe.as_deref() else {
+        return Ok(report);
+    };
+    let now = state.clock.now();
+    let mut first_error = None;
+    let mut after = None;
+    loop {
+        let page = state.store.vms_to_bill(after.clone(), BILL_BATCH).await?;
+        let Some(last) = page.last() else { break };
+        after = Some((last.created_at, last.id.clone()));
+        let full = i64::try_from(page.len()).unwrap_or(i64::MAX) >= BILL_BATCH;
+        for vm in page {
+            bill_one(state, stripe, &vm, now, &mut report, &mut first_error).await?;
+        }
+        if !full {
+            break;
+        }
+    }
+    report.no_customer = usize::try_from(state.store.vms_without_customer().await?).unwrap_or(0);
+    match first_error {
+        Some(e) => Err(AppError::Internal(anyhow!(
+            "charged {}, refunded {}, closed {}, {} instances failed (first: {e})",
+            report.charged,
+            report.refunded,
+            report.closed,
+            report.failed
+        ))),
+        None => Ok(report),
+    }
+}
+
+/// One instance's final periods, then (deleted) its refund and its close. A Stripe failure
+/// is counted and leaves the instance for the next run; a database failure ends the run.
+async fn bill_one(
+    state: &AppState,
+    stripe: &StripeBilling,
+    vm: &byo_db::billing::VmToBillRow,
+    now: DateTime<Utc>,
+    report: &mut BillReport,
+    first_error: &mut Option<String>,
+) -> AppResult<()> {
+    let stuck_after = TimeDelta::minutes(super::notify_stuck_deletes::STUCK_AFTER_MINUTES);
+    let price = stripe.config.price_cents_per_hour;
+    let currency = stripe.config.currency.as_str();
+    let customer = vm.customer_id.as_str();
+    let times = usage::VmTimes {
+        created_at: vm.created_at,
+        creation_failed_at: vm.creation_failed_at,
+        delete_requested_at: vm.delete_requested_at,
+        deleted_at: vm.deleted_at,
+    };
+    let charged = state.store.usage_charges(&vm.id).await?;
+    let starts: Vec<_> = charged.iter().map(|c| c.period_start).collect();
+    let mut total: i64 = charged.iter().map(|c| i64::from(c.amount_cents)).sum();
+    let mut ok = true;
+    for p in usage::due_periods(&times, &starts, now) {
+        let key = format!("usage-{}-{}", vm.id, p.start.format("%Y-%m-%d"));
+        let amount = usage::amount_cents(p.seconds, price);
+        let description = format!("instance {} on {}", vm.id, p.start.format("%Y-%m-%d"));
+        let item = if amount > 0 {
+            match stripe
+                .client
+                .create_invoice_item(
+                    &NewInvoiceItem {
+                        customer,
+                        amount,
+                        currency,
+                        description: &description,
+                        period: (p.start.timestamp(), p.end.timestamp()),
+                        metadata: &[("vm_id", vm.id.as_str()), ("kind", "usage")],
+                    },
+                    &key,
+                )
+                .await
+            {
+                Ok(item) => Some(item.id),
+                Err(e) => {
+                    tracing::warn!(vm = %vm.id, error = %e, "bill-usage: charging a period failed; left for the next run");
+                    first_error.get_or_insert_with(|| e.to_string());
+                    ok = false;
+                    break;
+                }
+            }
+        } else {
+            None
+        };
+        state
+            .store
+            .record_usage_charge(
+                &NewUsageCharge {
+                    vm_id: &vm.id,
+                    user_sub: &vm.user_sub,
+                    period_start: p.start,
+                    period_end: p.end,
+                    seconds: i32::try_from(p.seconds).unwrap_or(i32::MAX),
+                    amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
+                    currency,
+                    idempotency_key: &key,
+                    stripe_invoice_item_id: item.as_deref(),
+                },
+                now,
+            )
+            .await?;
+        total += amount;
+        report.charged += 1;
+    }
+    if !ok {
+        report.failed += 1;
+        return Ok(());
+    }
+    if vm.deleted_at.is_none() {
+        return Ok(());
+    }
+    if let Some((from, to, seconds)) = usage::stuck_refund(&times, stuck_after)
+        && state.store.refund_for(&vm.id).await?.is_none()
+    {
+        let amount = usage::amount_cents(seconds, price).min(total);
+        let key = format!("refund-{}", vm.id);
+        let description = format!(
+            "refund: instance {} was deleted at {} and its host confirmed only at {}",
+            vm.id,
+            from.format("%Y-%m-%d %H:%M UTC"),
+            to.format("%Y-%m-%d %H:%M UTC")
+        );
+        let credit = if amount > 0 {
+            match stripe
+                .client
+                .create_invoice_item(
+                    &NewInvoiceItem {
+                        customer,
+                        amount: -amount,
+                        currency,
+                        description: &description,
+                        period: (from.timestamp(), to.timestamp()),
+                        metadata: &[("vm_id", vm.id.as_str()), ("kind", "stuck_delete_refund")],
+                    },
+                    &key,
+                )
+                .await
+            {
+                Ok(item) => Some(item.id),
+                Err(e) => {
+                    tracing::warn!(vm = %vm.id, error = %e, "bill-usage: the stuck-delete refund failed; left for the next run");
+                    first_error.get_or_insert_with(|| e.to_string());
+                    report.failed += 1;
+                    return Ok(());
+                }
+            }
+        } else {
+            None
+        };
+        state
+            .store
+            .record_refund(
+                &NewRefund {
+                    vm_id: &vm.id,
+                    user_sub: &vm.user_sub,
+                    from_at: from,
+                    to_at: to,
+                    seconds: i32::try_from(seconds).unwrap_or(i32::MAX),
+                    amount_cents: i32::try_from(amount).unwrap_or(i32::MAX),
+                    currency,
+                    idempotency_key: &key,
+                    stripe_credit_id: credit.as_deref(),
+                },
+                now,
+            )
+            .await?;
+        report.refunded += 1;
+    }
+    state.store.close_billing(&vm.id, now).await?;
+    report.closed += 1;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::{TimeZone, Utc};
+    use proptest::prelude::*;
+
+    use super::usage::{VmTimes, amount_cents, billable, day_of, due_periods, stuck_refund};
+    use super::*;
+
+    const SECRET: &[u8] = b"whsec_unit";
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        Utc.timestamp_opt(1_793_000_000 + secs, 0).unwrap()
+    }
+
+    #[test]
+    fn a_signature_is_stripes_hmac_over_the_timestamp_and_the_payload() {
+        // HMAC-SHA256 of "1.{}" under "key", computed independently (Python's hmac).
+        assert_eq!(
+            sign(b"key", 1, b"{}"),
+            "1ba6b8171186efc613e8bcc0cbdab2748f24984d7c5a84faa2637afa0e40d224"
+        );
+        let now = at(0);
+        let body = br#"{"id":"evt_1"}"#;
+        let good = sign(SECRET, now.timestamp(), body);
+        let header = format!("t={},v1={good}", now.timestamp());
+        assert_eq!(verify_signature(&header, body, SECRET, now, 300), Ok(()));
+        // Any one of several v1 (Stripe sends two while a secret is being rolled).
+        let two = format!(
+            "t={},v1={},v1={good},v0=00",
+            now.timestamp(),
+            "ab".repeat(32)
+        );
+        assert_eq!(verify_signature(&two, body, SECRET, now, 300), Ok(()));
+        for bad in [
+            format!("t={},v1={}", now.timestamp(), "ab".repeat(32)),
+            format!("t={}", now.timestamp()),
+            format!("v1={good}"),
+            format!("t=x,v1={good}"),
+            format!("t={},v1={}", now.timestamp() + 1, good),
+            format!("t={},v0={good}", now.timestamp()),
+            String::new(),
+        ] {
+            assert_eq!(
+                verify_signature(&bad, body, SECRET, now, 300),
+                Err(SignatureRefusal::BadSignature),
+                "{bad}"
+            );
+        }
+        // The payload must be byte for byte the one signed.
+        assert_eq!(
+            verify_signature(&header, br#"{"id": "evt_1"}"#, SECRET, now, 300),
+            Err(SignatureRefusal::BadSignature)
+        );
+        // Stale either way past the tolerance; at it, fine.
+        assert_eq!(
+            verify_signature(&header, body, SECRET, now + TimeDelta::seconds(301), 300),
+            Err(SignatureRefusal::Stale)
+        );
+        assert_eq!(
+            verify_signature(&header, body, SECRET, now - TimeDelta::seconds(301), 300),
+            Err(SignatureRefusal::Stale)
+        );
+        assert_eq!(
+            verify_signature(&header, body, SECRET, now + TimeDelta::seconds(300), 300),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn the_signature_matches_a_known_vector() {
+        // RFC 4231 test case 2: the HMAC-SHA256 `sign` is built on.
+        let mut mac = HmacSha256::new_from_slice(b"Jefe").unwrap();
+        mac.update(b"what do ya want for nothing?");
+        assert_eq!(
+            hex::encode(mac.finalize().into_bytes()),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+
+    fn vm(created: i64, failed: Option<i64>, asked: Option<i64>, gone: Option<i64>) -> VmTimes {
+        VmTimes {
+            created_at: at(created),
+            creation_failed_at: failed.map(at),
+            delete_requested_at: asked.map(at),
+            deleted_at: gone.map(at),
+        }
+    }
+
+    #[test]
+    fn a_failed_create_bills_nothing() {
+        let v = vm(0, Some(60), None, None);
+        assert_eq!(billable(&v, at(10 * 86_400)), None);
+        assert!(due_periods(&v, &[], at(10 * 86_400)).is_empty());
+        assert_eq!(
+            stuck_refund(
+                &vm(0, Some(60), Some(100), Some(5000)),
+                TimeDelta::minutes(10)
+            ),
+            None
+        );
+    }
+
+    #[test]
+    fn a_running_instances_current_day_waits_for_midnight() {
+        let created = day_of(at(0)) + TimeDelta::hours(20);
+        let v = VmTimes {
+            created_at: created,
+            creation_failed_at: None,
+            delete_requested_at: None,
+            deleted_at: None,
+        };
+        let p = due_periods(&v, &[], created + TimeDelta::hours(7));
+        assert_eq!(p.len(), 1);
+        assert_eq!(p[0].seconds, 4 * 3600);
+        assert!(due_periods(&v, &[p[0].start], created + TimeDelta::hours(7)).is_empty());
+        assert!(
+            due_periods(&v, &[], created + TimeDelta::hours(3)).is_empty(),
+            "the first day has not ended"
+        );
+    }
+
+    #[test]
+    fn cents_round_half_up() {
+        assert_eq!(amount_cents(3600, 120), 120);
+        assert_eq!(amount_cents(15, 120), 1); // 0.5 cent
+        assert_eq!(amount_cents(14, 120), 0);
+        assert_eq!(amount_cents(-5, 120), 0);
+    }
+
+    #[test]
+    fn a_booking_costs_every_started_hour() {
+        assert_eq!(booking_amount(at(0), at(3600), 100), 100);
+        assert_eq!(booking_amount(at(0), at(3601), 100), 200);
+        assert_eq!(booking_amount(at(10), at(0), 100), 0);
+    }
+
+    proptest! {
+        /// A deleted instance's periods cover exactly [created_at, deleted_at), one per day,
+        /// none overlapping; the refund is never outside it and only past the threshold.
+        #[test]
+        fn periods_cover_exactly_the_billable_time(
+            created in 0i64..400_000,
+            lived in 0i64..900_000,
+            asked_before in 0i64..90_000,
+            after in 0i64..900_000,
+        ) {
+            let gone = created + lived;
+            let asked = (gone - asked_before).max(created);
+            let v = vm(created, None, Some(asked), Some(gone));
+            let now = at(gone + after);
+            let periods = due_periods(&v, &[], now);
+            let total: i64 = periods.iter().map(|p| p.seconds).sum();
+            prop_assert_eq!(total, lived);
+            for w in periods.windows(2) {
+                prop_assert!(w[0].end <= w[1].start);
+            }
+            for p in &periods {
+                prop_assert_eq!(p.end - p.start, TimeDelta::days(1));
+                prop_assert!(p.seconds > 0 && p.seconds <= 86_400);
+            }
+            // Charged periods are not due again.
+            let starts: Vec<_> = periods.iter().map(|p| p.start).collect();
+            prop_assert!(due_periods(&v, &starts, now).is_empty());
+            match stuck_refund(&v, TimeDelta::minutes(10)) {
+                Some((from, to, secs)) => {
+                    prop_assert!(gone - asked > 600);
+                    prop_assert_eq!((from, to), (at(asked), at(gone)));
+                    prop_assert!(secs <= lived);
+                }
+                None => prop_assert!(gone - asked <= 600),
+            }
+        }
+
+        /// A running instance is billed only for days that have ended, never past now.
+        #[test]
+        fn a_running_instance_is_billed_for_ended_days_only(
+            created in 0i64..400_000,
+            elapsed in 0i64..900_000,
+        ) {
+            let v = vm(created, None, None, None);
+            let now = at(created + elapsed);
+            let periods = due_periods(&v, &[], now);
+            let total: i64 = periods.iter().map(|p| p.seconds).sum();
+            prop_assert!(total <= elapsed);
+            prop_assert!(elapsed - total < 86_400, "at most today is unbilled");
+            for p in &periods {
+                prop_assert!(p.end <= now);
+            }
+        }
+    }
+}

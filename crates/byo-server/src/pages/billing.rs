@@ -1,0 +1,62 @@
+//! The customer's Billing page (issue #13, 4): whether this installation bills, whether the
+//! account may be charged now (asked of Stripe live) and the way to add a payment method
+//! (a Stripe Checkout page). With billing off it says so. The rules are
+//! [`crate::app::billing`]'s.
+
+use axum::extract::{Query, State};
+use axum::response::{IntoResponse, Redirect};
+use maud::html;
+use serde::Deserialize;
+
+use super::{PageError, PageResult, layout};
+use crate::app::billing::{self, BILLING_OFF};
+use crate::auth::CurrentUser;
+use crate::error::AppError;
+use crate::state::AppState;
+
+#[derive(Default, Deserialize)]
+pub struct Back {
+    #[serde(default)]
+    added: Option<String>,
+    #[serde(default)]
+    paid: Option<String>,
+}
+
+/// `GET /billing`.
+pub async fn page(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Query(back): Query<Back>,
+) -> PageResult {
+    let v = viewer.ok_or(PageError::from(AppError::Unauthenticated))?;
+    let status = billing::status(&state, &v).await;
+    Ok(layout("Billing", Some(&v), html! {
+        h1 { "Billing" }
+        @match &status {
+            Ok(s) if !s.enabled => { p #billing-off role="status" { (BILLING_OFF) } }
+            Ok(s) => {
+                @if back.added.is_some() { p.notice role="status" { "Thank you: your card is being added. It shows here once Stripe confirms it." } }
+                @if back.paid.is_some() { p.notice role="status" { "Thank you: your payment is being confirmed. Your booking shows it as paid once Stripe confirms it." } }
+                @if s.chargeable {
+                    p #billing-ok { "Your account has a payment method: instances you create are billed by the hour, from creation until the host confirms the delete." }
+                } @else {
+                    p #billing-refused role="alert" { "Your account cannot be charged yet: " (s.reason.as_deref().unwrap_or("")) }
+                }
+                form #add-payment-method method="post" action="/billing/payment-method" {
+                    button type="submit" { (if s.chargeable { "Replace the payment method" } else { "Add a payment method" }) }
+                }
+            }
+            Err(_) => { p.error role="alert" { "Stripe could not be asked just now; try again in a minute." } }
+        }
+    }).into_response())
+}
+
+/// `POST /billing/payment-method`: to Stripe's Checkout page (setup mode).
+pub async fn add_payment_method(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+) -> PageResult {
+    let v = viewer.ok_or(PageError::from(AppError::Unauthenticated))?;
+    let checkout = billing::payment_method_checkout(&state, &v).await?;
+    Ok(Redirect::to(&checkout.url).into_response())
+}
