@@ -6,6 +6,7 @@
 pub mod api;
 pub mod enroll;
 pub mod lifecycle;
+pub mod prebooking;
 pub mod limits;
 pub mod prepare;
 pub mod profile;
