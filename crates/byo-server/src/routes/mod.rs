@@ -32,6 +32,7 @@ pub mod host_relay;
 pub mod host_report;
 pub mod operator_keys;
 pub mod placement;
+pub mod prebookings;
 pub mod ssh_keys;
 pub mod vms;
 
@@ -49,6 +50,7 @@ pub mod vms;
         (name = "operator-keys", description = "admin-operator-keys: the signed operator-key lists (M)"),
         (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B); host-report, the heartbeat and the operator-key list a preparing host fetches"),
         (name = "instances", description = "Your SSH keys and instances: create (E1) and delete (G)"),
+        (name = "prebookings", description = "Pre-bookings (E3): a box for a window, pinned when booked; operators record payment, launch and reassign"),
     )
 )]
 struct ApiDoc;
@@ -94,6 +96,15 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin_vm_action::get_stuck_deletes))
         .routes(routes!(placement::get_placement))
         .routes(routes!(placement::post_clear))
+        .routes(routes!(
+            prebookings::post_prebooking,
+            prebookings::get_prebookings
+        ))
+        .routes(routes!(prebookings::post_cancel))
+        .routes(routes!(prebookings::get_admin_prebookings))
+        .routes(routes!(prebookings::post_paid))
+        .routes(routes!(prebookings::post_launch))
+        .routes(routes!(prebookings::post_reassign))
 }
 
 /// The OpenAPI document, generated from the routes above.
