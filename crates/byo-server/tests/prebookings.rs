@@ -856,6 +856,155 @@ async fn e3_a_booking_holds_one_live_instance(w: World) {
     assert!(w.pickable(&free[0].id).await, "nothing written");
 }
 
+/// The pages: the customer's `/prebookings` (the form, each booking's state in words, the
+/// cancel of an unpaid one) and `/admin/prebookings` (recording payment, launching,
+/// reassigning), both linked from the nav; a refusal is shown in place, nothing changed.
+async fn e3_the_prebooking_pages(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    let html = w.customer.page("/prebookings").await;
+    assert!(html.contains(r#"href="/prebookings""#), "linked from the nav");
+    assert!(html.contains(r#"id="no-prebookings""#));
+    assert!(html.contains(r#"id="needs-key""#), "told to add a key");
+    assert!(html.contains(r#"form id="book""#));
+
+    // A refused window shows in place, with the form as sent; nothing is booked.
+    let r = w
+        .customer
+        .post_form(
+            "/prebookings",
+            &[("gpu_type", "spark-1"), ("start", "2026-11-29T10:00"), ("end", "2026-11-29T16:00")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert!(r.text().contains("a booking starts in the future"), "{}", r.text());
+    assert!(r.text().contains(r#"value="2026-11-29T16:00""#));
+    assert_eq!(count(&w).await, 0);
+    let r = w
+        .customer
+        .post_form(
+            "/prebookings",
+            &[("gpu_type", "spark-1"), ("start", "tomorrow"), ("end", "2026-11-29T16:00")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(count(&w).await, 0);
+
+    let r = w
+        .customer
+        .post_form(
+            "/prebookings",
+            &[("gpu_type", "spark-1"), ("start", "2026-11-29T14:00"), ("end", "2026-11-29T18:00")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    let id = w.db().prebookings_of(&w.customer.sub).await.unwrap()[0].id.clone();
+    let b = row(&w, &id).await;
+    assert_eq!((b.start_date, b.end_date), (at(2), at(6)));
+    let html = w.customer.page("/prebookings").await;
+    let line = row_html(&html, &id);
+    assert!(line.contains("unpaid"), "{line}");
+    assert!(line.contains("payment is collected off-band"), "{line}");
+    assert!(line.contains(&format!(r#"action="/prebookings/{id}/cancel""#)));
+
+    // Operators: the booking with its host and booker; superadmins record payment.
+    let html = w.op.page("/admin/prebookings").await;
+    assert!(html.contains(r#"href="/admin/prebookings""#), "linked from the nav");
+    assert!(html.contains("Billing is off"));
+    let line = row_html(&html, &id);
+    assert!(line.contains("customer@example.com") && line.contains("spark-1"), "{line}");
+    assert!(!line.contains("Record payment"), "an operator is not a superadmin");
+    assert!(line.contains("Reassign"));
+    let html = admin.page("/admin/prebookings").await;
+    assert!(row_html(&html, &id).contains("Record payment"));
+    let r = admin
+        .post_form(&format!("/admin/prebookings/{id}/paid"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    assert!(row(&w, &id).await.paid_at.is_some());
+    let line = row_html(&w.customer.page("/prebookings").await, &id);
+    assert!(line.contains("paid; launches when its window opens"), "{line}");
+    assert!(!line.contains("/cancel"), "a paid booking is not cancelled here");
+
+    // Launch now without force: refused in place, nothing launched.
+    let r = admin
+        .post_form(&format!("/admin/prebookings/{id}/launch"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.text().contains("window has not opened"), "{}", r.text());
+    assert_eq!(row(&w, &id).await.launched_vm_id, None);
+
+    // The window opens with no key: waiting, with the reason.
+    to(&w, 2).await;
+    launcher(&w).await;
+    let line = row_html(&w.customer.page("/prebookings").await, &id);
+    assert!(line.contains("waiting: the booker"), "{line}");
+    assert!(line.contains("no SSH key"), "{line}");
+    w.add_key(&w.customer).await;
+    let r = admin
+        .post_form(&format!("/admin/prebookings/{id}/launch"), &[("force", "true")])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    let vm = row(&w, &id).await.launched_vm_id.unwrap();
+    let line = row_html(&w.customer.page("/prebookings").await, &id);
+    assert!(line.contains("launched"), "{line}");
+    assert!(line.contains(&format!(r#"href="/instances#instance-{vm}""#)), "{line}");
+
+    // Reassigning a live booking: refused in place, the pin kept.
+    let spare = w.host("spark-2", Spec::default()).await;
+    let r = w
+        .op
+        .post_form(
+            &format!("/admin/prebookings/{id}/reassign"),
+            &[("host_id", spare.id.as_str())],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.text().contains("delete it before moving the booking"));
+    assert_ne!(row(&w, &id).await.host_id.as_deref(), Some(spare.id.as_str()));
+
+    // Cancel an unpaid one from the page.
+    let r = w
+        .customer
+        .post_form(
+            "/prebookings",
+            &[("gpu_type", "spark-1"), ("start", "2026-11-30T14:00"), ("end", "2026-11-30T18:00")],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    let second = w
+        .db()
+        .prebookings_of(&w.customer.sub)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|b| b.id != id)
+        .unwrap()
+        .id;
+    let r = w
+        .customer
+        .post_form(&format!("/prebookings/{second}/cancel"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    let line = row_html(&w.customer.page("/prebookings").await, &second);
+    assert!(line.contains("closed: cancelled"), "{line}");
+    let r = w
+        .other
+        .post_form(&format!("/prebookings/{id}/cancel"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(row(&w, &id).await.closed_at, None);
+}
+
+/// The `<tr>` of booking `id` in a page.
+fn row_html(html: &str, id: &str) -> String {
+    let start = html
+        .find(&format!(r#"id="prebooking-{id}""#))
+        .unwrap_or_else(|| panic!("no row for {id} in {html}"));
+    let end = html[start..].find("</tr>").unwrap();
+    html[start..start + end].to_owned()
+}
+
 with_world!(
     e3_booking_pins_a_host_and_says_how_to_pay,
     e3_2_a_host_is_never_pinned_twice_for_overlapping_windows,
@@ -870,4 +1019,5 @@ with_world!(
     e3_the_booker_cancels_an_unpaid_booking,
     e3_2_an_operator_reassigns_the_pin,
     e3_a_booking_holds_one_live_instance,
+    e3_the_prebooking_pages,
 );

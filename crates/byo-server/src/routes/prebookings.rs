@@ -43,16 +43,16 @@ pub async fn get_prebookings(
 }
 
 /// Cancel one of your bookings that is open and not paid.
-#[utoipa::path(post, path = "/api/prebookings/{id}/cancel", tag = "prebookings",
-    params(("id" = String, Path, description = "the booking's id")),
+#[utoipa::path(post, path = "/api/prebookings/{prebooking_id}/cancel", tag = "prebookings",
+    params(("prebooking_id" = String, Path, description = "the booking's id")),
     responses((status = 200, body = PrebookingView), (status = 401, body = ErrorBody),
               (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn post_cancel(
     State(state): State<AppState>,
     user: CurrentUser,
-    Path(id): Path<String>,
+    Path(prebooking_id): Path<String>,
 ) -> AppResult<Json<PrebookingView>> {
-    Ok(Json(prebookings::cancel(&state, &user, &id).await?))
+    Ok(Json(prebookings::cancel(&state, &user, &prebooking_id).await?))
 }
 
 /// Every booking, open ones first, with its host and booker.
@@ -68,24 +68,24 @@ pub async fn get_admin_prebookings(
 
 /// Record a payment collected off-band (E3.1). Billing off only: with billing on, a
 /// booking is marked paid only by its confirmed payment (409 `billing_on`).
-#[utoipa::path(post, path = "/api/admin/prebookings/{id}/paid", tag = "prebookings",
-    params(("id" = String, Path, description = "the booking's id")),
+#[utoipa::path(post, path = "/api/admin/prebookings/{prebooking_id}/paid", tag = "prebookings",
+    params(("prebooking_id" = String, Path, description = "the booking's id")),
     responses((status = 200, body = PrebookingView), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody)))]
 pub async fn post_paid(
     State(state): State<AppState>,
     admin: Superadmin,
-    Path(id): Path<String>,
+    Path(prebooking_id): Path<String>,
 ) -> AppResult<Json<PrebookingView>> {
-    Ok(Json(prebookings::record_payment(&state, &admin, &id).await?))
+    Ok(Json(prebookings::record_payment(&state, &admin, &prebooking_id).await?))
 }
 
 /// Launch a booking now (E0 caller 5). Without force: refused when closed, outside its
 /// window or already live. With force: a booking torn down inside its own window is
 /// revived, and one whose window has not opened starts early. Never after its window.
-#[utoipa::path(post, path = "/api/admin/prebookings/{id}/launch", tag = "prebookings",
-    params(("id" = String, Path, description = "the booking's id")),
+#[utoipa::path(post, path = "/api/admin/prebookings/{prebooking_id}/launch", tag = "prebookings",
+    params(("prebooking_id" = String, Path, description = "the booking's id")),
     request_body = PrebookingLaunch,
     responses((status = 200, body = PrebookingView), (status = 401, body = ErrorBody),
               (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -93,18 +93,18 @@ pub async fn post_paid(
 pub async fn post_launch(
     State(state): State<AppState>,
     admin: Superadmin,
-    Path(id): Path<String>,
+    Path(prebooking_id): Path<String>,
     Checked(req): Checked<PrebookingLaunch>,
 ) -> AppResult<Json<PrebookingView>> {
     Ok(Json(
-        prebookings::launch(&state, &admin, &id, req.force).await?,
+        prebookings::launch(&state, &admin, &prebooking_id, req.force).await?,
     ))
 }
 
 /// Pin an open booking to another host (E3.2): same GPU type, in service, not holding
 /// another open booking for an overlapping window.
-#[utoipa::path(post, path = "/api/admin/prebookings/{id}/reassign", tag = "prebookings",
-    params(("id" = String, Path, description = "the booking's id")),
+#[utoipa::path(post, path = "/api/admin/prebookings/{prebooking_id}/reassign", tag = "prebookings",
+    params(("prebooking_id" = String, Path, description = "the booking's id")),
     request_body = PrebookingReassign,
     responses((status = 200, body = PrebookingView), (status = 400, body = ErrorBody),
               (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -112,10 +112,10 @@ pub async fn post_launch(
 pub async fn post_reassign(
     State(state): State<AppState>,
     op: Operator,
-    Path(id): Path<String>,
+    Path(prebooking_id): Path<String>,
     Checked(req): Checked<PrebookingReassign>,
 ) -> AppResult<Json<PrebookingView>> {
     Ok(Json(
-        prebookings::reassign(&state, &op, &id, &req.host_id).await?,
+        prebookings::reassign(&state, &op, &prebooking_id, &req.host_id).await?,
     ))
 }
