@@ -166,9 +166,11 @@ impl Store {
     }
 
     pub async fn prebooking(&self, id: &str) -> Result<Option<PrebookingRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(sqlx::AssertSqlSafe(
-            format!("select {PREBOOKING_COLUMNS} from prebookings where id = $1")
-        ))
+        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {PREBOOKING_COLUMNS} from prebookings where id = $1"
+            ))
+        )
         .bind(id)
         .fetch_optional(p)
         .await)
@@ -177,12 +179,12 @@ impl Store {
 
     /// One booker's bookings, newest window first.
     pub async fn prebookings_of(&self, user_sub: &str) -> Result<Vec<PrebookingRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(sqlx::AssertSqlSafe(
-            format!(
+        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(
+            sqlx::AssertSqlSafe(format!(
                 "select {PREBOOKING_COLUMNS} from prebookings where user_sub = $1
                  order by start_date desc, id limit 200"
-            )
-        ))
+            ))
+        )
         .bind(user_sub)
         .fetch_all(p)
         .await)
@@ -254,14 +256,14 @@ impl Store {
     /// Open, paid bookings whose window is open at `now` (start ≤ now < end): the
     /// launcher's work, oldest window first.
     pub async fn prebookings_due(&self, now: DateTime<Utc>) -> Result<Vec<PrebookingRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(sqlx::AssertSqlSafe(
-            format!(
+        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(
+            sqlx::AssertSqlSafe(format!(
                 "select {PREBOOKING_COLUMNS} from prebookings
                  where closed_at is null and paid_at is not null
                    and start_date <= $1 and end_date > $1
                  order by start_date, id limit 500"
-            )
-        ))
+            ))
+        )
         .bind(now)
         .fetch_all(p)
         .await)
@@ -270,13 +272,13 @@ impl Store {
 
     /// Open bookings whose window has ended at `now`: expire-prebook's work.
     pub async fn prebookings_ended(&self, now: DateTime<Utc>) -> Result<Vec<PrebookingRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(sqlx::AssertSqlSafe(
-            format!(
+        on_pool!(self, |p| sqlx::query_as::<_, PrebookingRow>(
+            sqlx::AssertSqlSafe(format!(
                 "select {PREBOOKING_COLUMNS} from prebookings
                  where closed_at is null and end_date <= $1
                  order by end_date, id limit 500"
-            )
-        ))
+            ))
+        )
         .bind(now)
         .fetch_all(p)
         .await)

@@ -329,8 +329,10 @@ fn api_table() -> Vec<Row> {
             path: "/api/prebookings",
             allowed: SIGNED_IN,
             body: |_| {
-                Some(json!({"gpu_type": "spark-1", "start_date": "2020-01-01T00:00:00Z",
-                            "end_date": "2020-01-01T01:00:00Z"}))
+                Some(
+                    json!({"gpu_type": "spark-1", "start_date": "2020-01-01T00:00:00Z",
+                            "end_date": "2020-01-01T01:00:00Z"}),
+                )
             },
         },
         Row {
@@ -633,7 +635,11 @@ fn page_table() -> Vec<Row> {
             method: Method::POST,
             path: "/prebookings",
             allowed: SIGNED_IN,
-            body: |_| Some(json!("gpu_type=spark-1&start=2020-01-01T00:00&end=2020-01-01T01:00")),
+            body: |_| {
+                Some(json!(
+                    "gpu_type=spark-1&start=2020-01-01T00:00&end=2020-01-01T01:00"
+                ))
+            },
         },
         Row {
             method: Method::POST,

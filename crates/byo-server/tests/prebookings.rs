@@ -117,14 +117,20 @@ async fn e3_booking_pins_a_host_and_says_how_to_pay(w: World) {
     let id = booked(&w.customer, 2, 6).await;
     let b = row(&w, &id).await;
     assert_eq!(b.host_id.as_deref(), Some(a.id.as_str()), "pinned now");
-    assert_eq!((b.paid_at, b.closed_at, b.launched_vm_id), (None, None, None));
+    assert_eq!(
+        (b.paid_at, b.closed_at, b.launched_vm_id),
+        (None, None, None)
+    );
     let view = mine(&w.customer, &id).await;
     assert_eq!(view["state"], "unpaid");
     assert!(
         view["how_to_pay"].as_str().unwrap().contains("off-band"),
         "{view}"
     );
-    assert!(view.get("host_slug").is_none(), "the booker is not told the box");
+    assert!(
+        view.get("host_slug").is_none(),
+        "the booker is not told the box"
+    );
     assert_eq!(w.audits("prebooking.booked").await.len(), 1);
 
     // The only host is pinned for an overlapping window: nothing is booked.
@@ -138,7 +144,10 @@ async fn e3_booking_pins_a_host_and_says_how_to_pay(w: World) {
     // A second host takes the overlapping window.
     let b2 = w.host("spark-2", Spec::default()).await;
     let third = booked(&w.other, 3, 5).await;
-    assert_eq!(row(&w, &third).await.host_id.as_deref(), Some(b2.id.as_str()));
+    assert_eq!(
+        row(&w, &third).await.host_id.as_deref(),
+        Some(b2.id.as_str())
+    );
     // Hosts that cannot be placed on are never pinned.
     w.host(
         "spark-3",
@@ -165,11 +174,7 @@ async fn e3_booking_pins_a_host_and_says_how_to_pay(w: World) {
     for (start, end, why) in [
         (at(-1), at(3), "in the past"),
         (at(0), at(3), "starting now"),
-        (
-            at(2) + TimeDelta::minutes(30),
-            at(4),
-            "not on a whole hour",
-        ),
+        (at(2) + TimeDelta::minutes(30), at(4), "not on a whole hour"),
         (at(4), at(4), "empty"),
         (at(4), at(3), "backwards"),
         (at(2), at(2 + 31 * 24 + 1), "longer than 31 days"),
@@ -228,10 +233,7 @@ async fn e3_2_a_host_is_never_pinned_twice_for_overlapping_windows(w: World) {
         .execute_unchecked(&insert("x1", 5, 7))
         .await
         .unwrap_err();
-    assert!(
-        e.is_constraint("prebookings_host_not_double_booked"),
-        "{e}"
-    );
+    assert!(e.is_constraint("prebookings_host_not_double_booked"), "{e}");
     w.db().execute_unchecked(&insert("x2", 6, 7)).await.unwrap();
     let e = w
         .db()
@@ -241,10 +243,7 @@ async fn e3_2_a_host_is_never_pinned_twice_for_overlapping_windows(w: World) {
         ))
         .await
         .unwrap_err();
-    assert!(
-        e.is_constraint("prebookings_host_not_double_booked"),
-        "{e}"
-    );
+    assert!(e.is_constraint("prebookings_host_not_double_booked"), "{e}");
     w.db()
         .close_prebooking(&id, ClosedReason::Ended, w.clock.now())
         .await
@@ -334,10 +333,9 @@ async fn e3_1_payment_is_recorded_off_band_only_with_billing_off(mut w: World) {
     assert_eq!(row(&w, &id).await.paid_at, paid, "the first time is kept");
     // An operator is not a superadmin.
     let second = booked(&w.customer, 8, 9).await;
-    let r = w
-        .op
-        .post_empty(&format!("/api/admin/prebookings/{second}/paid"))
-        .await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/prebookings/{second}/paid"))
+            .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(row(&w, &second).await.paid_at, None);
 
@@ -430,17 +428,17 @@ async fn e3_2_legacy_booking_without_pin_falls_back_to_the_pool(w: World) {
         ))
         .await
         .unwrap();
-    w.db()
-        .mark_prebooking_paid("legacy", at(-1))
-        .await
-        .unwrap();
+    w.db().mark_prebooking_paid("legacy", at(-1)).await.unwrap();
     launcher(&w).await;
     let calls = w.agents.calls(Op::Create);
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].host_id, host.id);
     let b = row(&w, "legacy").await;
     assert_eq!(b.host_id, None, "still unpinned");
-    assert_eq!(b.launched_vm_id.as_deref(), Some(calls[0].row.as_ref().unwrap().id.as_str()));
+    assert_eq!(
+        b.launched_vm_id.as_deref(),
+        Some(calls[0].row.as_ref().unwrap().id.as_str())
+    );
 
     // No free host in the pool: open, with the reason.
     w.db()
@@ -463,7 +461,10 @@ async fn e3_2_legacy_booking_without_pin_falls_back_to_the_pool(w: World) {
     assert_eq!(w.agents.calls(Op::Create).len(), 1);
     let b = row(&w, "legacy2").await;
     assert!(
-        b.launch_note.as_deref().unwrap().contains("no spark-1 host is free"),
+        b.launch_note
+            .as_deref()
+            .unwrap()
+            .contains("no spark-1 host is free"),
         "{:?}",
         b.launch_note
     );
@@ -482,7 +483,10 @@ async fn e3_3_step67_relaunches_when_the_launched_vm_is_not_live(w: World) {
     let first = row(&w, &id).await.launched_vm_id.unwrap();
     launcher(&w).await;
     assert_eq!(w.agents.calls(Op::Create).len(), 1, "live: nothing to do");
-    assert_eq!(row(&w, &id).await.launched_vm_id.as_deref(), Some(first.as_str()));
+    assert_eq!(
+        row(&w, &id).await.launched_vm_id.as_deref(),
+        Some(first.as_str())
+    );
 
     // The customer deletes it mid-window: launched_vm_id still names it (soft delete).
     w.clock.advance(TimeDelta::minutes(30));
@@ -503,7 +507,10 @@ async fn e3_3_step67_relaunches_when_the_launched_vm_is_not_live(w: World) {
     let failed = b.launched_vm_id.clone().unwrap();
     assert_eq!(w.vm(&failed).await.status, VmStatus::Failed);
     assert!(
-        b.launch_note.as_deref().unwrap().contains("the host refused"),
+        b.launch_note
+            .as_deref()
+            .unwrap()
+            .contains("the host refused"),
         "{:?}",
         b.launch_note
     );
@@ -574,11 +581,10 @@ async fn e3_4_expire_prebook_closes_and_tears_down_through_g(w: World) {
         "billing continues and the host stays held until it confirms"
     );
     assert_eq!(row(&w, &hung).await.closed_reason.as_deref(), Some("ended"));
-    let stuck = w
-        .op
-        .get("/api/admin/stuck-deletes?older_than_minutes=0")
-        .await
-        .json();
+    let stuck =
+        w.op.get("/api/admin/stuck-deletes?older_than_minutes=0")
+            .await
+            .json();
     assert_eq!(stuck[0]["vm_id"], hung_vm.as_str(), "visible as stuck");
     let closed = w.audits("prebooking.closed").await;
     assert_eq!(closed.len(), 2);
@@ -659,7 +665,10 @@ async fn e0_caller5_operator_launch_with_force(w: World) {
         assert_eq!(r.json()["error"], "already_live", "{}", r.text());
     }
     assert_eq!(w.agents.calls(Op::Create).len(), 1);
-    assert_eq!(row(&w, &id).await.launched_vm_id.as_deref(), Some(first.as_str()));
+    assert_eq!(
+        row(&w, &id).await.launched_vm_id.as_deref(),
+        Some(first.as_str())
+    );
 
     // Torn down inside its own window: its instance deleted and the booking closed.
     to(&w, 3).await;
@@ -782,7 +791,10 @@ async fn e3_2_an_operator_reassigns_the_pin(w: World) {
     }
     // spark-2 is held by another open booking for an overlapping window.
     let theirs = booked(&w.other, 5, 8).await;
-    assert_eq!(row(&w, &theirs).await.host_id.as_deref(), Some(b.id.as_str()));
+    assert_eq!(
+        row(&w, &theirs).await.host_id.as_deref(),
+        Some(b.id.as_str())
+    );
     let r = reassign(&b.id).await;
     assert_eq!(r.json()["error"], "host_booked", "{}", r.text());
     assert_eq!(row(&w, &id).await.host_id.as_deref(), Some(a.id.as_str()));
@@ -863,7 +875,10 @@ async fn e3_the_prebooking_pages(w: World) {
     w.host("spark-1", Spec::default()).await;
     let admin = w.app.superadmin("root@example.com").await;
     let html = w.customer.page("/prebookings").await;
-    assert!(html.contains(r#"href="/prebookings""#), "linked from the nav");
+    assert!(
+        html.contains(r#"href="/prebookings""#),
+        "linked from the nav"
+    );
     assert!(html.contains(r#"id="no-prebookings""#));
     assert!(html.contains(r#"id="needs-key""#), "told to add a key");
     assert!(html.contains(r#"form id="book""#));
@@ -873,18 +888,30 @@ async fn e3_the_prebooking_pages(w: World) {
         .customer
         .post_form(
             "/prebookings",
-            &[("gpu_type", "spark-1"), ("start", "2026-11-29T10:00"), ("end", "2026-11-29T16:00")],
+            &[
+                ("gpu_type", "spark-1"),
+                ("start", "2026-11-29T10:00"),
+                ("end", "2026-11-29T16:00"),
+            ],
         )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
-    assert!(r.text().contains("a booking starts in the future"), "{}", r.text());
+    assert!(
+        r.text().contains("a booking starts in the future"),
+        "{}",
+        r.text()
+    );
     assert!(r.text().contains(r#"value="2026-11-29T16:00""#));
     assert_eq!(count(&w).await, 0);
     let r = w
         .customer
         .post_form(
             "/prebookings",
-            &[("gpu_type", "spark-1"), ("start", "tomorrow"), ("end", "2026-11-29T16:00")],
+            &[
+                ("gpu_type", "spark-1"),
+                ("start", "tomorrow"),
+                ("end", "2026-11-29T16:00"),
+            ],
         )
         .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST);
@@ -894,11 +921,17 @@ async fn e3_the_prebooking_pages(w: World) {
         .customer
         .post_form(
             "/prebookings",
-            &[("gpu_type", "spark-1"), ("start", "2026-11-29T14:00"), ("end", "2026-11-29T18:00")],
+            &[
+                ("gpu_type", "spark-1"),
+                ("start", "2026-11-29T14:00"),
+                ("end", "2026-11-29T18:00"),
+            ],
         )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
-    let id = w.db().prebookings_of(&w.customer.sub).await.unwrap()[0].id.clone();
+    let id = w.db().prebookings_of(&w.customer.sub).await.unwrap()[0]
+        .id
+        .clone();
     let b = row(&w, &id).await;
     assert_eq!((b.start_date, b.end_date), (at(2), at(6)));
     let html = w.customer.page("/prebookings").await;
@@ -909,11 +942,20 @@ async fn e3_the_prebooking_pages(w: World) {
 
     // Operators: the booking with its host and booker; superadmins record payment.
     let html = w.op.page("/admin/prebookings").await;
-    assert!(html.contains(r#"href="/admin/prebookings""#), "linked from the nav");
+    assert!(
+        html.contains(r#"href="/admin/prebookings""#),
+        "linked from the nav"
+    );
     assert!(html.contains("Billing is off"));
     let line = row_html(&html, &id);
-    assert!(line.contains("customer@example.com") && line.contains("spark-1"), "{line}");
-    assert!(!line.contains("Record payment"), "an operator is not a superadmin");
+    assert!(
+        line.contains("customer@example.com") && line.contains("spark-1"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("Record payment"),
+        "an operator is not a superadmin"
+    );
     assert!(line.contains("Reassign"));
     let html = admin.page("/admin/prebookings").await;
     assert!(row_html(&html, &id).contains("Record payment"));
@@ -923,8 +965,14 @@ async fn e3_the_prebooking_pages(w: World) {
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
     assert!(row(&w, &id).await.paid_at.is_some());
     let line = row_html(&w.customer.page("/prebookings").await, &id);
-    assert!(line.contains("paid; launches when its window opens"), "{line}");
-    assert!(!line.contains("/cancel"), "a paid booking is not cancelled here");
+    assert!(
+        line.contains("paid; launches when its window opens"),
+        "{line}"
+    );
+    assert!(
+        !line.contains("/cancel"),
+        "a paid booking is not cancelled here"
+    );
 
     // Launch now without force: refused in place, nothing launched.
     let r = admin
@@ -942,33 +990,45 @@ async fn e3_the_prebooking_pages(w: World) {
     assert!(line.contains("no SSH key"), "{line}");
     w.add_key(&w.customer).await;
     let r = admin
-        .post_form(&format!("/admin/prebookings/{id}/launch"), &[("force", "true")])
+        .post_form(
+            &format!("/admin/prebookings/{id}/launch"),
+            &[("force", "true")],
+        )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
     let vm = row(&w, &id).await.launched_vm_id.unwrap();
     let line = row_html(&w.customer.page("/prebookings").await, &id);
     assert!(line.contains("launched"), "{line}");
-    assert!(line.contains(&format!(r#"href="/instances#instance-{vm}""#)), "{line}");
+    assert!(
+        line.contains(&format!(r#"href="/instances#instance-{vm}""#)),
+        "{line}"
+    );
 
     // Reassigning a live booking: refused in place, the pin kept.
     let spare = w.host("spark-2", Spec::default()).await;
-    let r = w
-        .op
-        .post_form(
+    let r =
+        w.op.post_form(
             &format!("/admin/prebookings/{id}/reassign"),
             &[("host_id", spare.id.as_str())],
         )
         .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.text().contains("delete it before moving the booking"));
-    assert_ne!(row(&w, &id).await.host_id.as_deref(), Some(spare.id.as_str()));
+    assert_ne!(
+        row(&w, &id).await.host_id.as_deref(),
+        Some(spare.id.as_str())
+    );
 
     // Cancel an unpaid one from the page.
     let r = w
         .customer
         .post_form(
             "/prebookings",
-            &[("gpu_type", "spark-1"), ("start", "2026-11-30T14:00"), ("end", "2026-11-30T18:00")],
+            &[
+                ("gpu_type", "spark-1"),
+                ("start", "2026-11-30T14:00"),
+                ("end", "2026-11-30T18:00"),
+            ],
         )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
@@ -996,6 +1056,38 @@ async fn e3_the_prebooking_pages(w: World) {
     assert_eq!(row(&w, &id).await.closed_at, None);
 }
 
+/// The requests' fields are bounded (docs/security.md): a booking's `gpu_type` and a
+/// reassign's `host_id` past `SHORT` are refused naming the field, nothing written.
+async fn e3_requests_are_bounded(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    let long = "a".repeat(129);
+    let r = w
+        .customer
+        .post(
+            "/api/prebookings",
+            json!({"gpu_type": long, "start_date": at(2), "end_date": at(3)}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    let message = r.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        message.contains("gpu_type") && message.contains("128"),
+        "{message}"
+    );
+    assert_eq!(count(&w).await, 0);
+    let id = booked(&w.customer, 2, 3).await;
+    let pinned = row(&w, &id).await.host_id;
+    let r =
+        w.op.post(
+            &format!("/api/admin/prebookings/{id}/reassign"),
+            json!({"host_id": long}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.json()["message"].as_str().unwrap().contains("host_id"));
+    assert_eq!(row(&w, &id).await.host_id, pinned);
+}
+
 /// The `<tr>` of booking `id` in a page.
 fn row_html(html: &str, id: &str) -> String {
     let start = html
@@ -1020,4 +1112,5 @@ with_world!(
     e3_2_an_operator_reassigns_the_pin,
     e3_a_booking_holds_one_live_instance,
     e3_the_prebooking_pages,
+    e3_requests_are_bounded,
 );

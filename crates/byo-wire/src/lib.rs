@@ -6,8 +6,8 @@
 pub mod api;
 pub mod enroll;
 pub mod lifecycle;
-pub mod prebooking;
 pub mod limits;
+pub mod prebooking;
 pub mod prepare;
 pub mod profile;
 pub mod relay;

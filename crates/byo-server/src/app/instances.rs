@@ -240,7 +240,12 @@ async fn place(
         let created_at = state.clock.now();
         let written = match req.prebooking_id.as_deref() {
             None => state.store.create_vm(new, created_at).await,
-            Some(booking) => state.store.create_prebooking_vm(booking, new, created_at).await,
+            Some(booking) => {
+                state
+                    .store
+                    .create_prebooking_vm(booking, new, created_at)
+                    .await
+            }
         };
         let row = match written {
             Ok(row) => row,

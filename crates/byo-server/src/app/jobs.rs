@@ -94,15 +94,19 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
-        Job::new("expire-prebook", super::prebookings::EXPIRE_EVERY, |state| {
-            Box::pin(async move {
-                let s = super::prebookings::expire_once(state).await?;
-                Ok(format!(
-                    "closed {}, delete unconfirmed {}, deferred {}",
-                    s.closed, s.unconfirmed, s.deferred
-                ))
-            })
-        }),
+        Job::new(
+            "expire-prebook",
+            super::prebookings::EXPIRE_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let s = super::prebookings::expire_once(state).await?;
+                    Ok(format!(
+                        "closed {}, delete unconfirmed {}, deferred {}",
+                        s.closed, s.unconfirmed, s.deferred
+                    ))
+                })
+            },
+        ),
     ]
 }
 

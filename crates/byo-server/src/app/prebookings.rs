@@ -220,9 +220,7 @@ pub async fn book(
             {
                 return Err(AppError::conflict(
                     "no_host_for_window",
-                    format!(
-                        "no {gpu_type} host is free for that whole window; nothing was booked"
-                    ),
+                    format!("no {gpu_type} host is free for that whole window; nothing was booked"),
                 ));
             }
             Err(e) => return Err(e.into()),
@@ -385,9 +383,10 @@ pub async fn reassign(
     if row.closed_at.is_some() {
         return Err(closed(&row));
     }
-    let host = state.store.host(host_id).await?.ok_or_else(|| {
-        AppError::bad_request("unknown_host", "there is no host with that id")
-    })?;
+    let host =
+        state.store.host(host_id).await?.ok_or_else(|| {
+            AppError::bad_request("unknown_host", "there is no host with that id")
+        })?;
     if host.gpu_type != row.gpu_type {
         return Err(AppError::conflict(
             "wrong_gpu_type",
@@ -447,7 +446,8 @@ pub enum Launch {
 /// Why the pinned host cannot take the booking now, in words the booker and operators
 /// read.
 async fn unavailable(state: &AppState, row: &PrebookingRow, host_id: &str) -> AppResult<String> {
-    let tail = "the booking stays open, is tried again each minute, and an operator can reassign it";
+    let tail =
+        "the booking stays open, is tried again each minute, and an operator can reassign it";
     let Some(host) = state.store.host(host_id).await? else {
         return Ok(format!("its pinned host no longer exists; {tail}"));
     };
@@ -462,7 +462,7 @@ async fn unavailable(state: &AppState, row: &PrebookingRow, host_id: &str) -> Ap
         let seen = state.store.host_status(host_id).await?.map(|s| s.seen_at);
         let bench = state.store.host_bench(host_id).await?;
         let held = state.store.live_vms_on_host(host_id).await?;
-        if !seen.is_some_and(|s| s >= state.config.placement.seen_since(now)) {
+        if seen.is_none_or(|s| s < state.config.placement.seen_since(now)) {
             match seen {
                 Some(s) => format!(
                     "its pinned host has not been heard from since {}",

@@ -85,7 +85,10 @@ pub fn router() -> Router<AppState> {
             "/admin/operator-keys/hosts/{host_id}/send",
             post(keys_send_submit),
         )
-        .route("/prebookings", get(prebookings::page).post(prebookings::book))
+        .route(
+            "/prebookings",
+            get(prebookings::page).post(prebookings::book),
+        )
         .route(
             "/prebookings/{prebooking_id}/cancel",
             post(prebookings::cancel),

@@ -204,7 +204,9 @@ pub async fn cancel(
 ) -> PageResult {
     let v = signed_in(viewer)?;
     match prebookings::cancel(&state, &v, &prebooking_id).await {
-        Ok(_) => Ok(Redirect::to(&format!("/prebookings#prebooking-{prebooking_id}")).into_response()),
+        Ok(_) => {
+            Ok(Redirect::to(&format!("/prebookings#prebooking-{prebooking_id}")).into_response())
+        }
         Err(e) => customer_refusal(&state, &v, e, None).await,
     }
 }
@@ -322,7 +324,10 @@ pub async fn launch(
     Form(form): Form<LaunchForm>,
 ) -> PageResult {
     let admin = require_superadmin(viewer)?;
-    let force = form.force.as_deref().is_some_and(|f| f == "true" || f == "on");
+    let force = form
+        .force
+        .as_deref()
+        .is_some_and(|f| f == "true" || f == "on");
     match prebookings::launch(&state, &admin, &prebooking_id, force).await {
         Ok(_) => back(&prebooking_id),
         Err(e) => operator_refusal(&state, &Operator(admin.0), e).await,

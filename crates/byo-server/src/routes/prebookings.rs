@@ -52,7 +52,9 @@ pub async fn post_cancel(
     user: CurrentUser,
     Path(prebooking_id): Path<String>,
 ) -> AppResult<Json<PrebookingView>> {
-    Ok(Json(prebookings::cancel(&state, &user, &prebooking_id).await?))
+    Ok(Json(
+        prebookings::cancel(&state, &user, &prebooking_id).await?,
+    ))
 }
 
 /// Every booking, open ones first, with its host and booker.
@@ -78,7 +80,9 @@ pub async fn post_paid(
     admin: Superadmin,
     Path(prebooking_id): Path<String>,
 ) -> AppResult<Json<PrebookingView>> {
-    Ok(Json(prebookings::record_payment(&state, &admin, &prebooking_id).await?))
+    Ok(Json(
+        prebookings::record_payment(&state, &admin, &prebooking_id).await?,
+    ))
 }
 
 /// Launch a booking now (E0 caller 5). Without force: refused when closed, outside its
