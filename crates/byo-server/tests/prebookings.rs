@@ -1088,6 +1088,48 @@ async fn e3_requests_are_bounded(w: World) {
     assert_eq!(row(&w, &id).await.host_id, pinned);
 }
 
+/// Racing bookings: twelve customers book the same window at once over three hosts;
+/// exactly three get one, each a different host, and the rest are told no host is free.
+async fn e3_racing_bookings_never_pin_a_host_twice(w: World) {
+    let mut hosts = HashSet::new();
+    for slug in ["spark-1", "spark-2", "spark-3"] {
+        hosts.insert(w.host(slug, Spec::default()).await.id);
+    }
+    let mut users = Vec::new();
+    for i in 0..12 {
+        users.push(w.app.customer(&format!("racer{i}@example.com")).await);
+    }
+    let replies = futures::future::join_all(users.iter().map(|u| book(u, 2, 6))).await;
+    let mut pinned = HashSet::new();
+    for r in &replies {
+        match r.status {
+            StatusCode::CREATED => {
+                let id = r.json()["id"].as_str().unwrap().to_owned();
+                assert!(pinned.insert(row(&w, &id).await.host_id.unwrap()));
+            }
+            StatusCode::CONFLICT => assert_eq!(r.json()["error"], "no_host_for_window"),
+            other => panic!("{other}: {}", r.text()),
+        }
+    }
+    assert_eq!(pinned, hosts, "every host once");
+    assert_eq!(count(&w).await, 3);
+
+    // One customer racing six bookings of free windows gets exactly the unpaid cap.
+    let greedy = &users[11];
+    let mine = w.db().prebookings_of(&greedy.sub).await.unwrap().len();
+    let replies =
+        futures::future::join_all((0..6).map(|i| book(greedy, 10 + 2 * i, 11 + 2 * i))).await;
+    let created = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::CREATED)
+        .count();
+    assert_eq!(mine + created, 3);
+    for r in replies.iter().filter(|r| r.status != StatusCode::CREATED) {
+        assert_eq!(r.json()["error"], "unpaid_cap", "{}", r.text());
+    }
+    assert_eq!(w.db().prebookings_of(&greedy.sub).await.unwrap().len(), 3);
+}
+
 /// The `<tr>` of booking `id` in a page.
 fn row_html(html: &str, id: &str) -> String {
     let start = html
@@ -1113,4 +1155,5 @@ with_world!(
     e3_a_booking_holds_one_live_instance,
     e3_the_prebooking_pages,
     e3_requests_are_bounded,
+    e3_racing_bookings_never_pin_a_host_twice,
 );
