@@ -12,7 +12,7 @@ use chrono::{DateTime, NaiveDateTime, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::instances::{at, gpu_types, shown};
+use super::instances::{gpu_types, shown};
 use super::{PageError, PageResult, layout, require_operator};
 use crate::app::prebookings;
 use crate::auth::{CurrentUser, Operator, Superadmin};
@@ -60,8 +60,22 @@ fn state_line(b: &PrebookingView) -> Markup {
     }
 }
 
+/// `2026-11-29 14:00 → 18:00` (the end's date only when it differs).
 fn window(b: &PrebookingView) -> Markup {
-    html! { (at(b.start_date)) " → " (at(b.end_date)) }
+    let end = if b.end_date.date_naive() == b.start_date.date_naive() {
+        b.end_date.format("%H:%M")
+    } else {
+        b.end_date.format("%Y-%m-%d %H:%M")
+    };
+    html! {
+        time datetime=(b.start_date.to_rfc3339()) { (b.start_date.format("%Y-%m-%d %H:%M")) }
+        " → "
+        time datetime=(b.end_date.to_rfc3339()) { (end) }
+    }
+}
+
+fn short(t: DateTime<Utc>) -> Markup {
+    html! { time datetime=(t.to_rfc3339()) { (t.format("%Y-%m-%d %H:%M")) } }
 }
 
 #[derive(Default, Deserialize)]
@@ -246,7 +260,7 @@ async fn operator_page(
                             td.host { (b.host_slug.as_deref().unwrap_or("pool (legacy)")) }
                             td.window { (window(b)) }
                             td.state { (state_line(b)) }
-                            td.paid { @if let Some(p) = b.paid_at { (at(p)) } @else { "—" } }
+                            td.paid { @if let Some(p) = b.paid_at { (short(p)) } @else { "—" } }
                             td.actions {
                                 @if b.state != PrebookingState::Closed {
                                     @if superadmin && !billing_on && b.paid_at.is_none() {
