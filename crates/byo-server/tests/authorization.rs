@@ -350,6 +350,53 @@ fn api_table() -> Vec<Row> {
             allowed: SIGNED_IN,
             body: none,
         },
+        Row {
+            method: Method::POST,
+            path: "/api/prebookings",
+            allowed: SIGNED_IN,
+            body: |_| {
+                Some(
+                    json!({"gpu_type": "spark-1", "start_date": "2020-01-01T00:00:00Z",
+                            "end_date": "2020-01-01T01:00:00Z"}),
+                )
+            },
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/prebookings",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/prebookings/{prebooking_id}/cancel",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/admin/prebookings",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/prebookings/{prebooking_id}/paid",
+            allowed: SUPERADMIN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/prebookings/{prebooking_id}/launch",
+            allowed: SUPERADMIN,
+            body: |_| Some(json!({"force": true})),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/prebookings/{prebooking_id}/reassign",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"host_id": "no-such-host"})),
+        },
     ]
 }
 
@@ -617,6 +664,52 @@ fn page_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        Row {
+            method: Method::GET,
+            path: "/prebookings",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/prebookings",
+            allowed: SIGNED_IN,
+            body: |_| {
+                Some(json!(
+                    "gpu_type=spark-1&start=2020-01-01T00:00&end=2020-01-01T01:00"
+                ))
+            },
+        },
+        Row {
+            method: Method::POST,
+            path: "/prebookings/{prebooking_id}/cancel",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/prebookings",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/prebookings/{prebooking_id}/paid",
+            allowed: SUPERADMIN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/prebookings/{prebooking_id}/launch",
+            allowed: SUPERADMIN,
+            body: |_| Some(json!("force=true")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/prebookings/{prebooking_id}/reassign",
+            allowed: OPERATORS,
+            body: |_| Some(json!("host_id=no-such-host")),
+        },
     ]
 }
 
@@ -823,7 +916,8 @@ async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
             .replace("{enrollment_id}", "no-such-enrollment")
             .replace("{file}", "byo-agent-aarch64")
             .replace("{vm_id}", "no-such-vm")
-            .replace("{key_id}", "no-such-key");
+            .replace("{key_id}", "no-such-key")
+            .replace("{prebooking_id}", "no-such-booking");
         for actor in EVERYONE {
             n += 1;
             let session = actors.session(app, *actor).await;

@@ -300,7 +300,9 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
             "reap",
             "notify-stuck-deletes",
             "renew-operator-keys",
-            "bill-usage"
+            "bill-usage",
+            "launch-prebookings",
+            "expire-prebook"
         ]
     );
     let d = JobDriver::new(app.state.clone(), registry());

@@ -116,7 +116,7 @@ pub fn ssh_wildcard(state: &AppState, slug: &str) -> String {
     format!("*.{slug}.ssh.{}", state.config.ssh_domain())
 }
 
-fn valid_gpu_type(gpu_type: &str) -> bool {
+pub(crate) fn valid_gpu_type(gpu_type: &str) -> bool {
     !gpu_type.is_empty()
         && gpu_type.len() <= 64
         && gpu_type
@@ -165,6 +165,7 @@ pub async fn create(
         user_sub: sub.to_owned(),
         gpu_type: gpu_type.to_owned(),
         ssh_public_key: key.public_key,
+        prebooking_id: None,
     };
     let task_state = state.clone();
     tokio::spawn(async move { place(&task_state, request, candidates).await })
@@ -173,10 +174,27 @@ pub async fn create(
 }
 
 /// What one create places, whichever host takes it.
-struct Placing {
-    user_sub: String,
-    gpu_type: String,
-    ssh_public_key: String,
+pub(crate) struct Placing {
+    pub(crate) user_sub: String,
+    pub(crate) gpu_type: String,
+    pub(crate) ssh_public_key: String,
+    /// A booking's launch (E3): the row carries the booking and the booking is stamped
+    /// with the row, in one transaction (`Store::create_prebooking_vm`).
+    pub(crate) prebooking_id: Option<String>,
+}
+
+/// E3's create (the launcher and an operator's launch by booking id): the same walk over
+/// `candidates` as E1's — the pinned host alone, or a legacy booking's pool pick — from
+/// a task the caller awaits.
+pub(crate) async fn place_booking(
+    state: &AppState,
+    request: Placing,
+    candidates: Vec<AgentTargetRow>,
+) -> AppResult<InstanceCreated> {
+    let task_state = state.clone();
+    tokio::spawn(async move { place(&task_state, request, candidates).await })
+        .await
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?
 }
 
 /// How one attempt on one host ended.
@@ -220,8 +238,29 @@ async fn place(
         };
         // Step 44: capacity is committed here, before this host is contacted.
         let created_at = state.clock.now();
-        let row = match state.store.create_vm(new, created_at).await {
+        let written = match req.prebooking_id.as_deref() {
+            None => state.store.create_vm(new, created_at).await,
+            Some(booking) => {
+                state
+                    .store
+                    .create_prebooking_vm(booking, new, created_at)
+                    .await
+            }
+        };
+        let row = match written {
             Ok(row) => row,
+            Err(e) if e.is_constraint("vms_one_live_per_prebooking") => {
+                return Err(AppError::conflict(
+                    "already_live",
+                    "this booking already holds a live instance",
+                ));
+            }
+            Err(e) if e.is_constraint("prebooking_closed") => {
+                return Err(AppError::conflict(
+                    "booking_closed",
+                    "this booking is closed",
+                ));
+            }
             // Another create took this host between the pick and the insert.
             Err(DbError::Conflict(_)) => continue,
             Err(e) => return Err(e.into()),
@@ -232,7 +271,8 @@ async fn place(
                 Some(&req.user_sub),
                 "vm.create",
                 Some(&row.id),
-                json!({"host_id": host.id, "name": row.name, "gpu_type": row.gpu_type}),
+                json!({"host_id": host.id, "name": row.name, "gpu_type": row.gpu_type,
+                       "prebooking_id": req.prebooking_id}),
                 created_at,
             )
             .await?;
@@ -383,12 +423,16 @@ pub enum Deleter<'a> {
     /// The host's owner stopping hosting (issue #12): the instances on their own host,
     /// which the caller has checked.
     HostOwner(&'a CurrentUser),
+    /// A scheduled job, with nobody present (G's triggers 3–5), by its name:
+    /// expire-prebook at a booking's end_date.
+    Job(&'static str),
 }
 
 impl Deleter<'_> {
-    fn sub(&self) -> &str {
+    fn sub(&self) -> Option<&str> {
         match self {
-            Deleter::Owner(u) | Deleter::Operator(u) | Deleter::HostOwner(u) => &u.user.sub,
+            Deleter::Owner(u) | Deleter::Operator(u) | Deleter::HostOwner(u) => Some(&u.user.sub),
+            Deleter::Job(_) => None,
         }
     }
     fn kind(&self) -> &'static str {
@@ -396,6 +440,7 @@ impl Deleter<'_> {
             Deleter::Owner(_) => "owner",
             Deleter::Operator(_) => "operator",
             Deleter::HostOwner(_) => "host_owner",
+            Deleter::Job(name) => name,
         }
     }
 }
@@ -460,7 +505,7 @@ pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult
         state
             .store
             .audit(
-                Some(by.sub()),
+                by.sub(),
                 "vm.delete_requested",
                 Some(&row.id),
                 json!({"by": by.kind(), "host_id": row.host_id}),

@@ -107,6 +107,32 @@ pub fn registry() -> Vec<Job> {
                 ))
             })
         }),
+        Job::new(
+            "launch-prebookings",
+            super::prebookings::LAUNCH_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let s = super::prebookings::launch_once(state).await?;
+                    Ok(format!(
+                        "due {}, launched {}, live {}, waiting {}",
+                        s.due, s.launched, s.live, s.waiting
+                    ))
+                })
+            },
+        ),
+        Job::new(
+            "expire-prebook",
+            super::prebookings::EXPIRE_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let s = super::prebookings::expire_once(state).await?;
+                    Ok(format!(
+                        "closed {}, delete unconfirmed {}, deferred {}",
+                        s.closed, s.unconfirmed, s.deferred
+                    ))
+                })
+            },
+        ),
     ]
 }
 

@@ -24,6 +24,7 @@ pub mod jobs;
 pub mod notify_stuck_deletes;
 pub mod operator_keys;
 pub mod placement;
+pub mod prebookings;
 pub mod reap;
 pub mod ssh_keys;
 pub mod users;

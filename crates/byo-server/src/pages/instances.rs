@@ -115,7 +115,10 @@ struct Shown<'a> {
 
 /// The GPU kinds a user may ask for: those of every profile that is not staff-only, and
 /// the staff-only ones (linux-test) for staff. (gpu_type, description), in profile order.
-async fn gpu_types(state: &AppState, v: &CurrentUser) -> Result<Vec<(String, String)>, PageError> {
+pub(super) async fn gpu_types(
+    state: &AppState,
+    v: &CurrentUser,
+) -> Result<Vec<(String, String)>, PageError> {
     let mut seen = BTreeMap::new();
     let mut out = Vec::new();
     for p in state.store.profiles().await? {

@@ -28,6 +28,7 @@ mod host_detail;
 mod hosts;
 pub mod install;
 mod instances;
+mod prebookings;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -86,6 +87,27 @@ pub fn router() -> Router<AppState> {
         .route(
             "/admin/operator-keys/hosts/{host_id}/send",
             post(keys_send_submit),
+        )
+        .route(
+            "/prebookings",
+            get(prebookings::page).post(prebookings::book),
+        )
+        .route(
+            "/prebookings/{prebooking_id}/cancel",
+            post(prebookings::cancel),
+        )
+        .route("/admin/prebookings", get(prebookings::admin_page))
+        .route(
+            "/admin/prebookings/{prebooking_id}/paid",
+            post(prebookings::record_payment),
+        )
+        .route(
+            "/admin/prebookings/{prebooking_id}/launch",
+            post(prebookings::launch),
+        )
+        .route(
+            "/admin/prebookings/{prebooking_id}/reassign",
+            post(prebookings::reassign),
         )
         .route("/assets/style.css", get(stylesheet))
         .route("/assets/app.js", get(script))
@@ -184,6 +206,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                     nav {
                         @if let Some(v) = viewer {
                             a href="/instances" { "Instances" }
+                            a href="/prebookings" { "Pre-bookings" }
                             a href="/hosts" { "Your GPUs" }
                             a href="/billing" { "Billing" }
                             @if v.is_operator() {
@@ -192,6 +215,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                                 a href="/admin/users" { "Users" }
                                 a href="/admin/operator-keys" { "Operator keys" }
                                 a href="/admin/jobs" { "Jobs" }
+                                a href="/admin/prebookings" { "Bookings" }
                             }
                             span.who { (v.user.email) }
                             form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }

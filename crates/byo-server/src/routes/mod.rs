@@ -33,6 +33,7 @@ pub mod host_relay;
 pub mod host_report;
 pub mod operator_keys;
 pub mod placement;
+pub mod prebookings;
 pub mod ssh_keys;
 pub mod vms;
 
@@ -51,6 +52,7 @@ pub mod vms;
         (name = "hosts", description = "host-provision and host-enroll: adding a GPU and enrolling it (A, B); host-report, the heartbeat and the operator-key list a preparing host fetches"),
         (name = "instances", description = "Your SSH keys and instances: create (E1) and delete (G)"),
         (name = "billing", description = "Billing on Stripe: your payment method, paying a booking, Stripe's webhook"),
+        (name = "prebookings", description = "Pre-bookings (E3): a box for a window, pinned when booked; operators record payment, launch and reassign"),
     )
 )]
 struct ApiDoc;
@@ -100,6 +102,15 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(billing::get_billing))
         .routes(routes!(billing::post_payment_method))
         .routes(routes!(billing::post_prebooking_checkout))
+        .routes(routes!(
+            prebookings::post_prebooking,
+            prebookings::get_prebookings
+        ))
+        .routes(routes!(prebookings::post_cancel))
+        .routes(routes!(prebookings::get_admin_prebookings))
+        .routes(routes!(prebookings::post_paid))
+        .routes(routes!(prebookings::post_launch))
+        .routes(routes!(prebookings::post_reassign))
 }
 
 /// The OpenAPI document, generated from the routes above.
