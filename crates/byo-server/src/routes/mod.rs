@@ -32,6 +32,7 @@ pub mod host_relay;
 pub mod host_report;
 pub mod operator_keys;
 pub mod placement;
+pub mod queue;
 pub mod ssh_keys;
 pub mod vms;
 
@@ -94,6 +95,12 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(admin_vm_action::get_stuck_deletes))
         .routes(routes!(placement::get_placement))
         .routes(routes!(placement::post_clear))
+        // The queue (E2, issue #13).
+        .routes(routes!(queue::get_queue))
+        .routes(routes!(queue::delete_queued))
+        .routes(routes!(queue::get_admin_queue))
+        .routes(routes!(queue::post_place))
+        .routes(routes!(queue::post_close))
 }
 
 /// The OpenAPI document, generated from the routes above.
