@@ -316,20 +316,19 @@ impl Store {
         .map_err(Into::into)
     }
 
-    /// Let a claimed row go, recording why it was not placed (`None` keeps the last reason).
-    pub async fn release_queue_row(
+    /// Record on a row this drainer holds why it was not placed (billing refused, the
+    /// key removed, …). The claim stays: the run lets go of its rows when it ends.
+    pub async fn note_queue_refusal(
         &self,
         id: &str,
         token: &str,
-        why: Option<&str>,
+        why: &str,
         now: DateTime<Utc>,
     ) -> Result<GuardedWrite> {
-        let why: Option<String> = why.map(|w| w.chars().take(300).collect());
+        let why: String = why.chars().take(300).collect();
         let done = on_pool!(self, |p| sqlx::query(
-            "update vm_queue set claimed_until = null, claim_token = null,
-                    last_error = coalesce($3, last_error),
-                    last_error_at = case when $3 is null then last_error_at else $4 end
-             where id = $1 and claim_token = $2"
+            "update vm_queue set last_error = $3, last_error_at = $4
+             where id = $1 and claim_token = $2 and closed_at is null"
         )
         .bind(id)
         .bind(token)

@@ -18,7 +18,7 @@
 //!
 //! `docs/queue.md` has the choices and every refusal's test.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use byo_db::GuardedWrite;
@@ -47,6 +47,8 @@ pub const LEASE_SECS: i64 = 60;
 pub const CLAIM_BATCH: i64 = 32;
 /// Candidates tried per row per run.
 pub const CANDIDATES_PER_ROW: i64 = 8;
+/// Picks per row per run (each of up to [`CANDIDATES_PER_ROW`] hosts).
+pub const PICKS_PER_ROW: usize = 4;
 /// How many open rows a listing shows.
 pub const LIST_LIMIT: i64 = 500;
 
@@ -248,8 +250,10 @@ enum RowOutcome {
     Placed,
     /// A live check refused it: recorded on the row, left queued.
     Held(String),
-    /// No candidate took it this run.
+    /// No host is free for it (the pick came back empty).
     Waiting,
+    /// Candidates were tried and none took it this time.
+    Unplaced,
     /// Its attempt is in flight elsewhere or awaiting its host's heartbeat.
     Pending,
     /// Another drainer or an operator took it meanwhile.
@@ -270,7 +274,7 @@ pub async fn drain_once(state: &AppState) -> AppResult<DrainReport> {
 async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> {
     let mut report = DrainReport::default();
     // Per (gpu_type, user) a pick that came back empty this run: nothing to try again.
-    let mut no_capacity: HashMap<(String, String), ()> = HashMap::new();
+    let mut no_capacity: HashSet<(String, String)> = HashSet::new();
     let mut staff_only: HashMap<String, bool> = HashMap::new();
     loop {
         let now = state.clock.now();
@@ -284,7 +288,7 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
         }
         for row in rows {
             let key = (row.gpu_type.clone(), row.user_sub.clone());
-            if no_capacity.contains_key(&key) {
+            if no_capacity.contains(&key) {
                 report.waiting += 1;
                 continue;
             }
@@ -294,13 +298,14 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
                     report.held += 1;
                     state
                         .store
-                        .release_queue_row(&row.id, token, Some(&why), state.clock.now())
+                        .note_queue_refusal(&row.id, token, &why, state.clock.now())
                         .await?;
                 }
                 RowOutcome::Waiting => {
                     report.waiting += 1;
-                    no_capacity.insert(key, ());
+                    no_capacity.insert(key);
                 }
+                RowOutcome::Unplaced => report.waiting += 1,
                 RowOutcome::Pending => report.pending += 1,
                 RowOutcome::Lost => {}
             }
@@ -365,26 +370,35 @@ async fn drain_row(
                 .into(),
         ));
     };
-    let seen_since = state.config.placement.seen_since(state.clock.now());
-    let candidates = state
-        .store
-        .pick_first_hosts_for_gpu(
-            &row.gpu_type,
-            &row.user_sub,
-            seen_since,
-            CANDIDATES_PER_ROW,
-        )
-        .await?;
-    for host in candidates {
-        match try_host(state, token, row, &host, &key.public_key, 1, QueueClose::Placed).await? {
-            Tried::Placed(_) => return Ok(RowOutcome::Placed),
-            Tried::Refused(_) => report.refused += 1,
-            Tried::Skipped => report.skipped += 1,
-            Tried::Silent(_) => return Ok(RowOutcome::Pending),
-            Tried::Lost => return Ok(RowOutcome::Lost),
+    // Candidates, a few at a time: every one tried is afterwards occupied or benched, so
+    // each pick moves on; concurrent drainers may take some first (skipped).
+    for _ in 0..PICKS_PER_ROW {
+        let seen_since = state.config.placement.seen_since(state.clock.now());
+        let candidates = state
+            .store
+            .pick_first_hosts_for_gpu(
+                &row.gpu_type,
+                &row.user_sub,
+                seen_since,
+                CANDIDATES_PER_ROW,
+            )
+            .await?;
+        if candidates.is_empty() {
+            return Ok(RowOutcome::Waiting);
+        }
+        for host in candidates {
+            match try_host(state, token, row, &host, &key.public_key, 1, QueueClose::Placed)
+                .await?
+            {
+                Tried::Placed(_) => return Ok(RowOutcome::Placed),
+                Tried::Refused(_) => report.refused += 1,
+                Tried::Skipped => report.skipped += 1,
+                Tried::Silent(_) => return Ok(RowOutcome::Pending),
+                Tried::Lost => return Ok(RowOutcome::Lost),
+            }
         }
     }
-    Ok(RowOutcome::Waiting)
+    Ok(RowOutcome::Unplaced)
 }
 
 /// How one candidate came out.

@@ -48,7 +48,7 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
                             td.gpu { (r.queued.gpu_type) }
                             td.position { (r.queued.position) }
                             td.created { (at(r.queued.created_at)) }
-                            td.age { (super::instances::waited((now - r.queued.created_at).num_minutes().max(0))) }
+                            td.age { (super::instances::waited(now.signed_duration_since(r.queued.created_at).num_minutes().max(0))) }
                             td.attempts { (r.queued.attempts) }
                             td.last-error { (r.queued.last_error.as_deref().unwrap_or("—")) }
                             td {
