@@ -223,9 +223,11 @@ impl Store {
     }
 
     pub async fn queue_row(&self, id: &str) -> Result<Option<QueueRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(
-            format!("select {QUEUE_COLUMNS} from vm_queue where id = $1")
-        ))
+        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {QUEUE_COLUMNS} from vm_queue where id = $1"
+            ))
+        )
         .bind(id)
         .fetch_optional(p)
         .await)
@@ -238,16 +240,16 @@ impl Store {
             .split(',')
             .map(|c| format!("q.{}", c.trim()))
             .collect();
-        on_pool!(self, |p| sqlx::query_as::<_, QueuedRow>(sqlx::AssertSqlSafe(
-            format!(
+        on_pool!(self, |p| sqlx::query_as::<_, QueuedRow>(
+            sqlx::AssertSqlSafe(format!(
                 "select {}, {POSITION} as position, u.email
                  from vm_queue q join users u on u.sub = q.user_sub
                  where q.closed_at is null and ($1 is null or q.user_sub = $1)
                  order by q.created_at, q.id
                  limit $2",
                 columns.join(", ")
-            )
-        ))
+            ))
+        )
         .bind(user_sub)
         .bind(limit)
         .fetch_all(p)
@@ -269,7 +271,8 @@ impl Store {
             crate::Backend::Postgres => " for update skip locked",
             crate::Backend::Sqlite => "",
         };
-        let mut rows = on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(
+        let mut rows = on_pool!(self, |p| {
+            sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(
             format!(
                 "update vm_queue set claimed_until = $2, claim_token = $3
                  where id in (select id from vm_queue
@@ -284,7 +287,8 @@ impl Store {
         .bind(token)
         .bind(n)
         .fetch_all(p)
-        .await)?;
+        .await
+        })?;
         rows.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(rows)
     }

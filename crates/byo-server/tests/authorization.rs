@@ -324,6 +324,37 @@ fn api_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: none,
         },
+        // The queue (E2, issue #13).
+        Row {
+            method: Method::GET,
+            path: "/api/queue",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::DELETE,
+            path: "/api/queue/{queue_id}",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/admin/queue",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/queue/{queue_id}/place",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"host_id": "no-such-host"})),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/queue/{queue_id}/close",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"reason": "testing the gate"})),
+        },
     ]
 }
 
@@ -577,6 +608,31 @@ fn page_table() -> Vec<Row> {
             path: "/admin/instances/{vm_id}/delete",
             allowed: OPERATORS,
             body: none,
+        },
+        // The queue (E2, issue #13).
+        Row {
+            method: Method::POST,
+            path: "/instances/queue/{queue_id}/cancel",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/queue",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/queue/{queue_id}/place",
+            allowed: OPERATORS,
+            body: |_| Some(json!("host_id=no-such-host")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/queue/{queue_id}/close",
+            allowed: OPERATORS,
+            body: |_| Some(json!("reason=testing")),
         },
     ]
 }

@@ -88,9 +88,15 @@ async fn e2_step58_a_create_with_no_free_host_queues_with_no_host(w: World) {
     let other = queued(&w, &w.other, "spark-1").await;
     let mine = w.customer.get("/api/queue").await.json();
     assert_eq!(mine.as_array().unwrap().len(), 1);
-    assert_eq!((mine[0]["id"].as_str(), &mine[0]["position"]), (Some(id.as_str()), &json!(1)));
+    assert_eq!(
+        (mine[0]["id"].as_str(), &mine[0]["position"]),
+        (Some(id.as_str()), &json!(1))
+    );
     let theirs = w.other.get("/api/queue").await.json();
-    assert_eq!((theirs[0]["id"].as_str(), &theirs[0]["position"]), (Some(other.as_str()), &json!(2)));
+    assert_eq!(
+        (theirs[0]["id"].as_str(), &theirs[0]["position"]),
+        (Some(other.as_str()), &json!(2))
+    );
     // The customer's page shows it, with its place and a Cancel button.
     let page = w.customer.page("/instances").await;
     assert!(page.contains(&format!("queued-{id}")), "{page}");
@@ -109,7 +115,15 @@ async fn e2_step58_a_create_with_no_free_host_queues_with_no_host(w: World) {
     let row = queue_row(&w, &id).await;
     assert!(row.closed_at.is_some());
     assert_eq!(row.close_reason.as_deref(), Some("cancelled"));
-    assert!(w.customer.get("/api/queue").await.json().as_array().unwrap().is_empty());
+    assert!(
+        w.customer
+            .get("/api/queue")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     assert_eq!(w.other.get("/api/queue").await.json()[0]["position"], 1);
     // Cancelled twice: no longer open, as absent as none.
     let r = w.customer.delete(&format!("/api/queue/{id}")).await;
@@ -159,7 +173,15 @@ async fn e2_step62_the_drain_stamps_host_and_name_once_a_host_accepted(w: World)
     assert_eq!(vm.created_at, at);
     assert_eq!((vm.status, vm.ssh_port), (VmStatus::Running, Some(2201)));
     // The customer sees the instance and no longer the queued row.
-    assert!(w.customer.get("/api/queue").await.json().as_array().unwrap().is_empty());
+    assert!(
+        w.customer
+            .get("/api/queue")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     let mine = w.customer.get("/api/vms").await.json();
     assert_eq!(mine[0]["id"].as_str(), Some(vm.id.as_str()));
     // The second waits, first in line now, with no instance row.
@@ -191,7 +213,12 @@ async fn e2_refused_host_is_benched_and_the_drain_moves_on(w: World) {
 
     // The refusing host: its attempt's row failed at once, so the queued create does not
     // occupy it (step 58's point), and it is benched.
-    let hosts: Vec<String> = w.agents.calls(Op::Create).into_iter().map(|c| c.host_id).collect();
+    let hosts: Vec<String> = w
+        .agents
+        .calls(Op::Create)
+        .into_iter()
+        .map(|c| c.host_id)
+        .collect();
     assert_eq!(hosts, vec![a.id.clone(), b.id.clone()]);
     assert!(w.db().live_vms_on_host(&a.id).await.unwrap().is_empty());
     let bench = w.db().host_bench(&a.id).await.unwrap().expect("benched");
@@ -273,7 +300,11 @@ async fn e2_skipped_host_is_not_benched(w: World) {
         .into_iter()
         .map(|c| c.host_id)
         .collect();
-    assert_eq!(asked.iter().filter(|h| **h == b.id).count(), 1, "only the other customer's create");
+    assert_eq!(
+        asked.iter().filter(|h| **h == b.id).count(),
+        1,
+        "only the other customer's create"
+    );
     assert_eq!(w.vm(&theirs).await.status, VmStatus::Running);
     let row = queue_row(&w, &id).await;
     let vm = w.vm(row.vm_id.as_deref().unwrap()).await;
@@ -297,14 +328,32 @@ async fn e2_billing_is_rechecked_live(mut w: World) {
     assert_eq!((report.placed, report.held), (0, 1), "{report}");
     // Left queued, nothing written, no host asked; why is visible to both.
     let row = queue_row(&w, &id).await;
-    assert_eq!((row.closed_at, row.vm_id.as_deref(), row.attempts), (None, None, 0));
-    assert!(row.last_error.as_deref().unwrap().contains("card was declined"));
+    assert_eq!(
+        (row.closed_at, row.vm_id.as_deref(), row.attempts),
+        (None, None, 0)
+    );
+    assert!(
+        row.last_error
+            .as_deref()
+            .unwrap()
+            .contains("card was declined")
+    );
     assert!(w.all_vms().await.is_empty());
     assert!(w.agents.calls(Op::Create).is_empty());
     let mine = w.customer.get("/api/queue").await.json();
-    assert!(mine[0]["last_error"].as_str().unwrap().contains("card was declined"));
+    assert!(
+        mine[0]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("card was declined")
+    );
     let all = w.op.get("/api/admin/queue").await.json();
-    assert!(all[0]["queued"]["last_error"].as_str().unwrap().contains("declined"));
+    assert!(
+        all[0]["queued"]["last_error"]
+            .as_str()
+            .unwrap()
+            .contains("declined")
+    );
     let page = w.op.page("/admin/queue").await;
     assert!(page.contains("the card was declined"), "{page}");
     // The claim was let go: the next run tries again, and billing now allows it.
@@ -324,7 +373,11 @@ async fn e2_a_silent_host_leaves_the_row_for_its_heartbeat_and_no_other_host_is_
     w.agents.then(Op::Create, agents::Answer::Hang);
     let report = drain(&w).await;
     assert_eq!((report.placed, report.pending), (0, 1), "{report}");
-    assert_eq!(w.agents.calls(Op::Create).len(), 1, "no second instance for one row");
+    assert_eq!(
+        w.agents.calls(Op::Create).len(),
+        1,
+        "no second instance for one row"
+    );
     let row = queue_row(&w, &id).await;
     let vm_id = row.vm_id.clone().unwrap();
     assert_eq!(w.vm(&vm_id).await.status, VmStatus::Creating);
@@ -420,7 +473,12 @@ async fn e2_concurrent_drainers_never_place_twice(w: World) {
     }
     assert_eq!(closed, good);
     // And every instance row belongs to exactly one create call.
-    let names: HashSet<String> = w.agents.calls(Op::Create).into_iter().map(|c| c.name).collect();
+    let names: HashSet<String> = w
+        .agents
+        .calls(Op::Create)
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
     assert_eq!(names.len(), w.agents.calls(Op::Create).len());
     assert_eq!(names.len(), vms.len());
 }
@@ -468,20 +526,38 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
     };
     // Refusals, each with nothing changed.
     for (host, status, code) in [
-        (inactive.id.as_str(), StatusCode::CONFLICT, "host_not_active"),
-        (other_kind.id.as_str(), StatusCode::CONFLICT, "wrong_gpu_type"),
+        (
+            inactive.id.as_str(),
+            StatusCode::CONFLICT,
+            "host_not_active",
+        ),
+        (
+            other_kind.id.as_str(),
+            StatusCode::CONFLICT,
+            "wrong_gpu_type",
+        ),
         ("no-such-host", StatusCode::CONFLICT, "unknown_host"),
     ] {
         let r = place(host).await;
-        assert_eq!((r.status, r.json()["error"].as_str()), (status, Some(code)), "{}", r.text());
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (status, Some(code)),
+            "{}",
+            r.text()
+        );
         unchanged(queue_row(&w, &id).await);
     }
     let r = w
         .customer
-        .post(&format!("/api/admin/queue/{id}/place"), json!({"host_id": boxed.id}))
+        .post(
+            &format!("/api/admin/queue/{id}/place"),
+            json!({"host_id": boxed.id}),
+        )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    let r = w.op.post("/api/admin/queue/nope/place", json!({"host_id": boxed.id})).await;
+    let r =
+        w.op.post("/api/admin/queue/nope/place", json!({"host_id": boxed.id}))
+            .await;
     assert_eq!(r.status, StatusCode::NOT_FOUND);
     unchanged(queue_row(&w, &id).await);
     assert!(w.all_vms().await.is_empty());
@@ -493,13 +569,21 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
     let vm_id = r.json()["id"].as_str().unwrap().to_owned();
     let row = queue_row(&w, &id).await;
     assert_eq!(
-        (row.close_reason.as_deref(), row.vm_id.as_deref(), row.attempts),
+        (
+            row.close_reason.as_deref(),
+            row.vm_id.as_deref(),
+            row.attempts
+        ),
         (Some("placed_by_operator"), Some(vm_id.as_str()), 1)
     );
     let vm = w.vm(&vm_id).await;
     assert_eq!(
         (vm.user_sub.as_str(), vm.host_id.as_deref(), vm.status),
-        (w.customer.sub.as_str(), Some(boxed.id.as_str()), VmStatus::Running)
+        (
+            w.customer.sub.as_str(),
+            Some(boxed.id.as_str()),
+            VmStatus::Running
+        )
     );
     let audit = w.audits("queue.placed_by_operator").await;
     assert_eq!(audit.len(), 1);
@@ -507,11 +591,16 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
 
     // A closed row is refused; so is a host holding a live instance.
     let r = place(&boxed.id).await;
-    assert_eq!((r.status, r.json()["error"].as_str()), (StatusCode::CONFLICT, Some("not_queued")));
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("not_queued"))
+    );
     let second = queued(&w, &w.customer, "spark-1").await;
-    let r = w
-        .op
-        .post(&format!("/api/admin/queue/{second}/place"), json!({"host_id": boxed.id}))
+    let r =
+        w.op.post(
+            &format!("/api/admin/queue/{second}/place"),
+            json!({"host_id": boxed.id}),
+        )
         .await;
     assert_eq!(
         (r.status, r.json()["error"].as_str()),
@@ -520,7 +609,10 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
         r.text()
     );
     let row = queue_row(&w, &second).await;
-    assert_eq!((row.closed_at, row.vm_id, row.claimed_until), (None, None, None));
+    assert_eq!(
+        (row.closed_at, row.vm_id, row.claimed_until),
+        (None, None, None)
+    );
     assert_eq!(w.agents.calls(Op::Create).len(), 1);
     assert_eq!(w.all_vms().await.len(), 1);
 
@@ -532,12 +624,17 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
     let r = w.customer.post(&close, json!({"reason": "mine"})).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert!(queue_row(&w, &second).await.closed_at.is_none());
-    let r = w.op.post(&close, json!({"reason": "placed on spark-9 by hand"})).await;
+    let r =
+        w.op.post(&close, json!({"reason": "placed on spark-9 by hand"}))
+            .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let row = queue_row(&w, &second).await;
     assert_eq!(row.close_reason.as_deref(), Some("closed_by_operator"));
     let r = w.op.post(&close, json!({"reason": "again"})).await;
-    assert_eq!((r.status, r.json()["error"].as_str()), (StatusCode::CONFLICT, Some("not_queued")));
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("not_queued"))
+    );
     let audit = w.audits("queue.closed_by_operator").await;
     assert_eq!(audit.len(), 1);
     assert_eq!(audit[0].details["reason"], "placed on spark-9 by hand");
@@ -550,12 +647,20 @@ async fn admin_queue_page_lists_open_rows_with_place_and_close(w: World) {
     assert!(page.contains("customer@example.com"));
     assert!(page.contains(&format!("/admin/queue/{id}/place")));
     assert!(page.contains(&format!("/admin/queue/{id}/close")));
-    assert!(page.contains("href=\"/admin/queue\""), "linked from the admin nav");
-    assert_eq!(w.customer.get("/admin/queue").await.status, StatusCode::FORBIDDEN);
+    assert!(
+        page.contains("href=\"/admin/queue\""),
+        "linked from the admin nav"
+    );
+    assert_eq!(
+        w.customer.get("/admin/queue").await.status,
+        StatusCode::FORBIDDEN
+    );
     // The forms carry the same rules.
-    let r = w
-        .op
-        .post_form(&format!("/admin/queue/{id}/close"), &[("reason", "duplicate")])
+    let r =
+        w.op.post_form(
+            &format!("/admin/queue/{id}/close"),
+            &[("reason", "duplicate")],
+        )
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
     assert_eq!(
@@ -569,7 +674,10 @@ async fn admin_queue_page_lists_open_rows_with_place_and_close(w: World) {
         .post_form(&format!("/instances/queue/{id}/cancel"), &[])
         .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
-    assert_eq!(queue_row(&w, &id).await.close_reason.as_deref(), Some("cancelled"));
+    assert_eq!(
+        queue_row(&w, &id).await.close_reason.as_deref(),
+        Some("cancelled")
+    );
 }
 
 async fn staff_only_refused_to_customers_at_rent_time(w: World) {
@@ -592,12 +700,23 @@ async fn staff_only_refused_to_customers_at_rent_time(w: World) {
         r.text()
     );
     assert!(w.all_vms().await.is_empty());
-    assert!(w.customer.get("/api/queue").await.json().as_array().unwrap().is_empty());
+    assert!(
+        w.customer
+            .get("/api/queue")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
     assert!(w.agents.calls(Op::Create).is_empty());
     // The page's form posts to the same rule.
     let r = w
         .customer
-        .post_form("/instances", &[("gpu_type", "linux-test"), ("ssh_key_id", &key)])
+        .post_form(
+            "/instances",
+            &[("gpu_type", "linux-test"), ("ssh_key_id", &key)],
+        )
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert!(w.all_vms().await.is_empty());
@@ -610,7 +729,10 @@ async fn staff_only_refused_to_customers_at_rent_time(w: World) {
     // Queued while staff, drained after the grant went: held, not placed.
     let staff = w.app.operator("staff@example.com").await;
     let id = queued(&w, &staff, "linux-test").await;
-    w.db().revoke_role(&staff.sub, Role::Operator).await.unwrap();
+    w.db()
+        .revoke_role(&staff.sub, Role::Operator)
+        .await
+        .unwrap();
     assert_eq!(w.delete(&w.op, &vm_id).await.status, StatusCode::OK);
     let report = drain(&w).await;
     assert_eq!((report.placed, report.held), (0, 1), "{report}");
@@ -637,22 +759,47 @@ async fn per_account_limit_counts_live_and_queued(w: World) {
         r.text()
     );
     assert_eq!(w.all_vms().await.len(), 1);
-    assert_eq!(w.customer.get("/api/queue").await.json().as_array().unwrap().len(), 1);
+    assert_eq!(
+        w.customer
+            .get("/api/queue")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
     assert_eq!(w.db().audit_log(1000).await.unwrap().len(), audits);
     // Another account is not held by it.
-    assert_eq!(w.create(&w.other, "spark-1", &w.add_key(&w.other).await).await.status, StatusCode::ACCEPTED);
+    assert_eq!(
+        w.create(&w.other, "spark-1", &w.add_key(&w.other).await)
+            .await
+            .status,
+        StatusCode::ACCEPTED
+    );
     // Cancelling the queued one makes room; a free host takes a create directly, and
     // that counts too.
-    assert_eq!(w.customer.delete(&format!("/api/queue/{q}")).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        w.customer.delete(&format!("/api/queue/{q}")).await.status,
+        StatusCode::NO_CONTENT
+    );
     w.host("spark-2", Spec::default()).await;
     w.host("spark-3", Spec::default()).await;
     let r = w.create(&w.customer, "spark-1", &key).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
     let r = w.create(&w.customer, "spark-1", &key).await;
-    assert_eq!(r.json()["error"].as_str(), Some("instance_limit"), "{}", r.text());
+    assert_eq!(
+        r.json()["error"].as_str(),
+        Some("instance_limit"),
+        "{}",
+        r.text()
+    );
     assert_eq!(w.agents.calls(Op::Create).len(), 2);
     // A deleted instance no longer counts.
-    assert_eq!(w.delete(&w.customer, &running.id).await.status, StatusCode::OK);
+    assert_eq!(
+        w.delete(&w.customer, &running.id).await.status,
+        StatusCode::OK
+    );
     let r = w.create(&w.customer, "spark-1", &key).await;
     assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
 }
@@ -665,8 +812,11 @@ async fn per_account_limit_holds_under_racing_creates(w: World) {
             let user = w.customer.clone();
             let key = key.clone();
             tokio::spawn(async move {
-                user.post("/api/vms", json!({"gpu_type": "spark-1", "ssh_key_id": key}))
-                    .await
+                user.post(
+                    "/api/vms",
+                    json!({"gpu_type": "spark-1", "ssh_key_id": key}),
+                )
+                .await
             })
         })
         .collect();
@@ -674,18 +824,40 @@ async fn per_account_limit_holds_under_racing_creates(w: World) {
     for t in tasks {
         statuses.push(t.await.unwrap().status);
     }
-    let queued = statuses.iter().filter(|s| **s == StatusCode::ACCEPTED).count();
-    let refused = statuses.iter().filter(|s| **s == StatusCode::CONFLICT).count();
+    let queued = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::ACCEPTED)
+        .count();
+    let refused = statuses
+        .iter()
+        .filter(|s| **s == StatusCode::CONFLICT)
+        .count();
     assert_eq!((queued, refused), (2, 6), "{statuses:?}");
-    assert_eq!(w.customer.get("/api/queue").await.json().as_array().unwrap().len(), 2);
+    assert_eq!(
+        w.customer
+            .get("/api/queue")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 async fn the_drain_is_a_job_nudged_when_capacity_frees(w: World) {
     let jobs = byo_server::app::jobs::registry();
-    let job = jobs.iter().find(|j| j.name == "queue-drain").expect("registered");
+    let job = jobs
+        .iter()
+        .find(|j| j.name == "queue-drain")
+        .expect("registered");
     assert_eq!(job.every, queue_drain::DRAIN_EVERY);
     // The server's own hook (not the test world's recorder) hands out the job's trigger.
-    let state = w.app.state.clone().with_drain(Arc::new(byo_server::queue::NudgeDrain::default()));
+    let state = w
+        .app
+        .state
+        .clone()
+        .with_drain(Arc::new(byo_server::queue::NudgeDrain::default()));
     let driver = byo_server::app::jobs::JobDriver::new(state.clone(), jobs);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let tasks = driver.spawn(stop_rx);
@@ -706,10 +878,20 @@ async fn the_drain_is_a_job_nudged_when_capacity_frees(w: World) {
     for t in tasks {
         let _ = t.await;
     }
-    assert!(placed, "the nudge ran the drain well before its 30 s period");
-    assert_eq!(queue_row(&w, &id).await.close_reason.as_deref(), Some("placed"));
+    assert!(
+        placed,
+        "the nudge ran the drain well before its 30 s period"
+    );
+    assert_eq!(
+        queue_row(&w, &id).await.close_reason.as_deref(),
+        Some("placed")
+    );
     let runs = w.db().job_runs("queue-drain", 10).await.unwrap();
-    assert!(runs.iter().any(|r| r.summary.as_deref().unwrap_or("").starts_with("placed 1")), "{runs:?}");
+    assert!(
+        runs.iter()
+            .any(|r| r.summary.as_deref().unwrap_or("").starts_with("placed 1")),
+        "{runs:?}"
+    );
 }
 
 with_world!(

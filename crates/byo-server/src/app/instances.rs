@@ -23,8 +23,8 @@ use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{NewVm, VmRow};
-use byo_wire::states::VmStatus;
 use byo_wire::Role;
+use byo_wire::states::VmStatus;
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
     InstanceView, VmAction,
@@ -257,7 +257,11 @@ async fn place(
         // Step 44: capacity is committed here, before this host is contacted.
         let created_at = state.clock.now();
         let limit = state.config.instances.max_per_account;
-        let row = match state.store.create_vm_within_limit(new, created_at, limit).await {
+        let row = match state
+            .store
+            .create_vm_within_limit(new, created_at, limit)
+            .await
+        {
             Ok(row) => row,
             // Another create took this host between the pick and the insert.
             Err(DbError::Conflict(_)) => continue,

@@ -75,9 +75,9 @@ pub fn registry() -> Vec<Job> {
             super::queue_drain::QUEUE_DRAIN,
             super::queue_drain::DRAIN_EVERY,
             |state| {
-                Box::pin(async move {
-                    Ok(super::queue_drain::drain_once(state).await?.to_string())
-                })
+                Box::pin(
+                    async move { Ok(super::queue_drain::drain_once(state).await?.to_string()) },
+                )
             },
         ),
         Job::new(

@@ -161,7 +161,13 @@ pub async fn cancel(state: &AppState, by: &CurrentUser, id: &str) -> AppResult<(
     }
     state
         .store
-        .audit(Some(&by.user.sub), "queue.cancelled", Some(id), json!({}), now)
+        .audit(
+            Some(&by.user.sub),
+            "queue.cancelled",
+            Some(id),
+            json!({}),
+            now,
+        )
         .await?;
     Ok(())
 }
@@ -376,19 +382,22 @@ async fn drain_row(
         let seen_since = state.config.placement.seen_since(state.clock.now());
         let candidates = state
             .store
-            .pick_first_hosts_for_gpu(
-                &row.gpu_type,
-                &row.user_sub,
-                seen_since,
-                CANDIDATES_PER_ROW,
-            )
+            .pick_first_hosts_for_gpu(&row.gpu_type, &row.user_sub, seen_since, CANDIDATES_PER_ROW)
             .await?;
         if candidates.is_empty() {
             return Ok(RowOutcome::Waiting);
         }
         for host in candidates {
-            match try_host(state, token, row, &host, &key.public_key, 1, QueueClose::Placed)
-                .await?
+            match try_host(
+                state,
+                token,
+                row,
+                &host,
+                &key.public_key,
+                1,
+                QueueClose::Placed,
+            )
+            .await?
             {
                 Tried::Placed(_) => return Ok(RowOutcome::Placed),
                 Tried::Refused(_) => report.refused += 1,
@@ -508,7 +517,10 @@ pub async fn place_by_operator(
     if !host.active || host.prepared_at.is_none() {
         return Err(AppError::conflict(
             "host_not_active",
-            format!("{} is not active; activate it before placing on it", host.slug),
+            format!(
+                "{} is not active; activate it before placing on it",
+                host.slug
+            ),
         ));
     }
     if host.gpu_type != row.gpu_type {
@@ -568,10 +580,7 @@ pub async fn place_by_operator(
         Tried::Skipped => {
             return Err(AppError::conflict(
                 "host_occupied",
-                format!(
-                    "{} holds a live instance; nothing was placed",
-                    target.slug
-                ),
+                format!("{} holds a live instance; nothing was placed", target.slug),
             ));
         }
         Tried::Lost => return Err(placing_now()),

@@ -27,7 +27,11 @@ pub struct CloseForm {
     reason: String,
 }
 
-async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<Markup, super::PageError> {
+async fn render(
+    state: &AppState,
+    op: &Operator,
+    error: Option<&str>,
+) -> Result<Markup, super::PageError> {
     let rows = queue_drain::open_rows(state).await?;
     let now = state.clock.now();
     Ok(layout(

@@ -348,9 +348,11 @@ pub async fn create(
         ssh_key_id: form.ssh_key_id.clone(),
     };
     match instances::create(&state, &v, &req).await {
-        Ok(CreateOutcome::Created(created)) => Ok(
-            Redirect::to(&format!("/instances#instance-{}", created.instance.id)).into_response(),
-        ),
+        Ok(CreateOutcome::Created(created)) => Ok(Redirect::to(&format!(
+            "/instances#instance-{}",
+            created.instance.id
+        ))
+        .into_response()),
         Ok(CreateOutcome::Queued(q)) => {
             Ok(Redirect::to(&format!("/instances#queued-{}", q.queued.id)).into_response())
         }

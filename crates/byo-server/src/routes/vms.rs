@@ -4,11 +4,10 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use byo_wire::api::ErrorBody;
 use axum::response::{IntoResponse, Response};
+use byo_wire::api::ErrorBody;
 use byo_wire::vm::{
-    InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest, InstanceView,
-    VmStateChange,
+    InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest, InstanceView, VmStateChange,
 };
 
 use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
