@@ -294,7 +294,7 @@ async fn the_driver_runs_the_jobs_on_their_period_and_trigger(app: TestApp) {
 /// `/api/admin/jobs`, an error included, for operators only.
 async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     let names: Vec<_> = registry().into_iter().map(|j| j.name).collect();
-    assert_eq!(names, ["reap", "notify-stuck-deletes"]);
+    assert_eq!(names, ["reap", "notify-stuck-deletes", "queue-drain"]);
     let d = JobDriver::new(app.state.clone(), registry());
     assert_eq!(d.tick("reap").await.unwrap(), Some(Tick::Ran { ok: true }));
     assert_eq!(

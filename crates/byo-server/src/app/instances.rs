@@ -200,7 +200,10 @@ pub async fn create(
             .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?;
         match placed {
             Ok(created) => return Ok(CreateOutcome::Created(Box::new(created))),
-            Err(AppError::Conflict { code, .. }) if code == "no_capacity" => {}
+            Err(AppError::Conflict {
+                code: "no_capacity",
+                ..
+            }) => {}
             Err(e) => return Err(e),
         }
     }

@@ -72,15 +72,6 @@ pub fn registry() -> Vec<Job> {
             })
         }),
         Job::new(
-            super::queue_drain::QUEUE_DRAIN,
-            super::queue_drain::DRAIN_EVERY,
-            |state| {
-                Box::pin(
-                    async move { Ok(super::queue_drain::drain_once(state).await?.to_string()) },
-                )
-            },
-        ),
-        Job::new(
             "notify-stuck-deletes",
             super::notify_stuck_deletes::NOTIFY_EVERY,
             |state| {
@@ -88,6 +79,16 @@ pub fn registry() -> Vec<Job> {
                     let found = super::notify_stuck_deletes::notify_once(state).await?;
                     Ok(format!("{} stuck deletes", found.len()))
                 })
+            },
+        ),
+        // The queue (E2, issue #13): nudged by step 84's hook (`state.drain`).
+        Job::new(
+            super::queue_drain::QUEUE_DRAIN,
+            super::queue_drain::DRAIN_EVERY,
+            |state| {
+                Box::pin(
+                    async move { Ok(super::queue_drain::drain_once(state).await?.to_string()) },
+                )
             },
         ),
     ]
