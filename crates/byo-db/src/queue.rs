@@ -505,3 +505,61 @@ impl Store {
         .map_err(Into::into)
     }
 }
+
+/// What the queue and its instances add up to, for the drain benchmark's checker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueTally {
+    /// Open rows.
+    pub open: i64,
+    /// Rows closed `placed` or `placed_by_operator`.
+    pub placed: i64,
+    /// Distinct instances the placed rows name.
+    pub placed_instances: i64,
+    /// Instance rows of any state.
+    pub instances: i64,
+    /// Hosts holding more than one live instance row (the schema forbids it).
+    pub hosts_with_two_live: i64,
+}
+
+impl Store {
+    /// How many rows are open (the drain benchmark waits for none).
+    pub async fn open_queue_count(&self) -> Result<i64> {
+        on_pool!(self, |p| sqlx::query_scalar(
+            "select count(*) from vm_queue where closed_at is null"
+        )
+        .fetch_one(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// The queue's tally (see [`QueueTally`]).
+    pub async fn queue_tally(&self) -> Result<QueueTally> {
+        let (open, placed, placed_instances, instances, hosts_with_two_live): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) = on_pool!(self, |p| sqlx::query_as(
+            "select
+               (select count(*) from vm_queue where closed_at is null),
+               (select count(*) from vm_queue
+                  where close_reason in ('placed', 'placed_by_operator')),
+               (select count(distinct vm_id) from vm_queue
+                  where close_reason in ('placed', 'placed_by_operator')),
+               (select count(*) from vms),
+               (select count(*) from (select host_id from vms
+                  where deleted_at is null and creation_failed_at is null
+                  group by host_id having count(*) > 1) t)"
+        )
+        .fetch_one(p)
+        .await)?;
+        Ok(QueueTally {
+            open,
+            placed,
+            placed_instances,
+            instances,
+            hosts_with_two_live,
+        })
+    }
+}

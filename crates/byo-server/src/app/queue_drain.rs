@@ -239,14 +239,22 @@ pub struct DrainReport {
     pub waiting: u32,
     /// Rows whose attempt is still being created (a silent host): left for its heartbeat.
     pub pending: u32,
+    /// Rows this run claimed (each at most once per run).
+    pub claimed: u32,
 }
 
 impl std::fmt::Display for DrainReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "placed {}, refused {}, skipped {}, held {}, waiting {}, pending {}",
-            self.placed, self.refused, self.skipped, self.held, self.waiting, self.pending
+            "placed {}, refused {}, skipped {}, held {}, waiting {}, pending {} (claimed {})",
+            self.placed,
+            self.refused,
+            self.skipped,
+            self.held,
+            self.waiting,
+            self.pending,
+            self.claimed
         )
     }
 }
@@ -292,6 +300,7 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
         if rows.is_empty() {
             return Ok(report);
         }
+        report.claimed += u32::try_from(rows.len()).unwrap_or(u32::MAX);
         for row in rows {
             let key = (row.gpu_type.clone(), row.user_sub.clone());
             if no_capacity.contains(&key) {
