@@ -182,7 +182,11 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
         display_name: "",
         password_hash: "$argon2id$bench",
     };
-    let owner = store.create_user(user("owner@example.com"), now).await.unwrap().sub;
+    let owner = store
+        .create_user(user("owner@example.com"), now)
+        .await
+        .unwrap()
+        .sub;
     let customer = store
         .create_user(user("customer@example.com"), now)
         .await
@@ -298,7 +302,8 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
     // row names, each the one create the agents saw for it; no host with two live rows.
     let t = store.queue_tally().await.unwrap();
     let creates = agents.creates.load(Ordering::Relaxed) as i64;
-    let doubles = (t.placed - t.placed_instances) + (t.instances - t.placed) + t.hosts_with_two_live;
+    let doubles =
+        (t.placed - t.placed_instances) + (t.instances - t.placed) + t.hosts_with_two_live;
     let ok = doubles == 0 && t.open == 0 && t.placed == rows as i64 && creates == t.instances;
     println!(
         "{backend:>8}: {rows:>7} rows, {} hosts, {drainers} drainers: filled in {filled:.1} s; \
