@@ -180,6 +180,10 @@ pub async fn close_by_operator(
     reason: &str,
 ) -> AppResult<()> {
     let reason = reason.trim();
+    // The same bound as the API's body, for the page's form too.
+    if let Err(breach) = byo_wire::limits::text("reason", reason, byo_wire::limits::MESSAGE) {
+        return Err(AppError::out_of_bounds(breach));
+    }
     if reason.is_empty() {
         return Err(AppError::bad_request(
             "reason_required",
