@@ -254,12 +254,13 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
                 store
                     .execute_unchecked(&format!(
                         "update vms set deleted_at = '{}', status = 'deleted'
-                         where status = 'running' and deleted_at is null",
+                         where deleted_at is null and creation_failed_at is null
+                           and status = 'running'",
                         chrono::Utc::now().to_rfc3339()
                     ))
                     .await
                     .unwrap();
-                tokio::time::sleep(Duration::from_millis(2)).await;
+                tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
     };
