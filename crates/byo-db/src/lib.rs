@@ -65,6 +65,7 @@ pub mod operator_keys;
 pub mod prebookings;
 pub mod profiles;
 pub mod provisioning;
+pub mod queue;
 pub mod relay_ca;
 pub mod sessions;
 pub mod ssh_keys;

@@ -231,6 +231,19 @@ impl Store {
         user_sub: &str,
         seen_since: DateTime<Utc>,
     ) -> Result<Vec<AgentTargetRow>> {
+        self.pick_first_hosts_for_gpu(gpu_type, user_sub, seen_since, i64::MAX)
+            .await
+    }
+
+    /// [`pick_hosts_for_gpu`](Store::pick_hosts_for_gpu)'s first `n` hosts: the queue's
+    /// drain, which tries a few candidates per row however many hosts are free.
+    pub async fn pick_first_hosts_for_gpu(
+        &self,
+        gpu_type: &str,
+        user_sub: &str,
+        seen_since: DateTime<Utc>,
+        n: i64,
+    ) -> Result<Vec<AgentTargetRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
             "select h.id, h.slug, h.relay_ip, h.agent_token
              from hosts h join host_status s on s.host_id = h.id
@@ -244,11 +257,13 @@ impl Store {
                and (b.benched_at is null or s.seen_at > b.benched_at)
                and not exists (select 1 from vms v where v.host_id = h.id
                                and v.deleted_at is null and v.creation_failed_at is null)
-             order by h.dedicated desc, h.activated_at, h.slug"
+             order by h.dedicated desc, h.activated_at, h.slug
+             limit $4"
         )
         .bind(gpu_type)
         .bind(user_sub)
         .bind(seen_since)
+        .bind(n)
         .fetch_all(p)
         .await)
         .map_err(Into::into)

@@ -25,6 +25,7 @@ const KEYS: &[&str] = &[
     "cookie_secure",
     "session_hours",
     "allow_signup",
+    "instances",
     "password_hashing",
     "environment",
     "secret_key",
@@ -109,6 +110,9 @@ pub struct Config {
     /// account (#16).
     #[serde(default)]
     pub rate_limits: RateLimitConfig,
+    /// `[instances]`: the rules every create shares (issue #13, 5).
+    #[serde(default)]
+    pub instances: InstancesConfig,
     /// Origins besides `public_url`'s that state-changing requests may come from. Never
     /// read from a file or the environment: only `byo up` sets it, to the other names of
     /// its own loopback listener (`127.0.0.1`, `[::1]`), so a production server accepts
@@ -169,6 +173,24 @@ impl PlacementConfig {
     pub fn seen_since(&self, now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
         let age = i64::try_from(self.max_heartbeat_age_secs).unwrap_or(i64::MAX / 2_000);
         now - chrono::Duration::seconds(age.min(100 * 365 * 86_400))
+    }
+}
+
+/// `[instances]`: the rules every create shares, whoever creates (E0).
+#[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct InstancesConfig {
+    /// How many instances one account may hold, live and queued together, so one account
+    /// cannot hold every free host. Counted in the transaction that writes the row.
+    #[serde(default = "defaults::max_per_account")]
+    pub max_per_account: u32,
+}
+
+impl Default for InstancesConfig {
+    fn default() -> Self {
+        InstancesConfig {
+            max_per_account: defaults::max_per_account(),
+        }
     }
 }
 
@@ -317,6 +339,10 @@ mod defaults {
         10
     }
 
+    pub fn max_per_account() -> u32 {
+        2
+    }
+
     pub fn validity_days() -> i64 {
         90
     }
@@ -345,6 +371,7 @@ impl Default for Config {
             ssh_domain: None,
             placement: PlacementConfig::default(),
             rate_limits: RateLimitConfig::default(),
+            instances: InstancesConfig::default(),
             loopback_origins: Vec::new(),
             billing: None,
         }
@@ -418,6 +445,9 @@ impl Config {
                 "placement.max_heartbeat_age_secs and placement.bench_after_failures must be positive"
                     .to_owned(),
             );
+        }
+        if self.instances.max_per_account == 0 {
+            return Err("instances.max_per_account must be positive".to_owned());
         }
         if self.operator_keys.validity_days <= 0 {
             return Err("operator_keys.validity_days must be positive".to_owned());

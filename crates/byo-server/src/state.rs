@@ -7,7 +7,7 @@ use crate::agents::{AgentWaits, HostAgents, HttpAgents};
 use crate::billing::{BillingGate, BillingOff, StripeBilling, StripeGate};
 use crate::providers::local::{LocalRelays, LocalTunnels};
 use crate::providers::{RelayProvider, TunnelProvider};
-use crate::queue::{NoQueue, QueueDrain};
+use crate::queue::{NudgeDrain, QueueDrain};
 use crate::relay_ca::RelayCaSource;
 use crate::seal::Sealer;
 
@@ -77,7 +77,7 @@ impl AppState {
             passwords,
             clock: Clock::System,
             waits: AgentWaits::default(),
-            drain: Arc::new(NoQueue),
+            drain: Arc::new(NudgeDrain::default()),
             billing,
             stripe,
             rate_limits: Arc::new(crate::rate_limit::RateLimits::new(&config_limits)),

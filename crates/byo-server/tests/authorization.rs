@@ -397,6 +397,37 @@ fn api_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: |_| Some(json!({"host_id": "no-such-host"})),
         },
+        // The queue (E2, issue #13).
+        Row {
+            method: Method::GET,
+            path: "/api/queue",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::DELETE,
+            path: "/api/queue/{queue_id}",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/api/admin/queue",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/queue/{queue_id}/place",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"host_id": "no-such-host"})),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/admin/queue/{queue_id}/close",
+            allowed: OPERATORS,
+            body: |_| Some(json!({"reason": "testing the gate"})),
+        },
     ]
 }
 
@@ -710,6 +741,31 @@ fn page_table() -> Vec<Row> {
             allowed: OPERATORS,
             body: |_| Some(json!("host_id=no-such-host")),
         },
+        // The queue (E2, issue #13).
+        Row {
+            method: Method::POST,
+            path: "/instances/queue/{queue_id}/cancel",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/queue",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/queue/{queue_id}/place",
+            allowed: OPERATORS,
+            body: |_| Some(json!("host_id=no-such-host")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/queue/{queue_id}/close",
+            allowed: OPERATORS,
+            body: |_| Some(json!("reason=testing")),
+        },
     ]
 }
 
@@ -917,7 +973,8 @@ async fn check(app: &TestApp, actors: &Actors, rows: &[Row], page: bool) {
             .replace("{file}", "byo-agent-aarch64")
             .replace("{vm_id}", "no-such-vm")
             .replace("{key_id}", "no-such-key")
-            .replace("{prebooking_id}", "no-such-booking");
+            .replace("{prebooking_id}", "no-such-booking")
+            .replace("{queue_id}", "no-such-queued");
         for actor in EVERYONE {
             n += 1;
             let session = actors.session(app, *actor).await;

@@ -302,7 +302,8 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
             "renew-operator-keys",
             "bill-usage",
             "launch-prebookings",
-            "expire-prebook"
+            "expire-prebook",
+            "queue-drain"
         ]
     );
     let d = JobDriver::new(app.state.clone(), registry());

@@ -214,6 +214,55 @@ pub struct InstanceCreated {
     pub startup_script: Option<Advisory>,
 }
 
+/// The answer to a create no host could take now (202): the create is queued (E2, step
+/// 58) with its place in line, and the drain places it once a host frees up.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InstanceQueued {
+    pub queued: QueuedView,
+}
+
+/// A queued create as its customer (and an operator) sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct QueuedView {
+    pub id: String,
+    pub gpu_type: String,
+    /// Its place among the open queued creates of its gpu_type: 1 is next.
+    pub position: i64,
+    pub created_at: DateTime<Utc>,
+    /// Placements tried so far.
+    pub attempts: i32,
+    /// Why the last try did not place it (billing refused, the key removed, …).
+    pub last_error: Option<String>,
+    pub last_error_at: Option<DateTime<Utc>>,
+}
+
+/// A queued create on /admin/queue: the row, whose it is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdminQueuedView {
+    pub queued: QueuedView,
+    pub user_sub: String,
+    pub email: String,
+}
+
+/// An operator places a queued create on a host they name (E0's caller 4).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct QueuePlaceRequest {
+    pub host_id: String,
+}
+
+/// An operator closes a queued create, saying why (kept in the audit log).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct QueueCloseRequest {
+    pub reason: String,
+}
+
 /// Where a delete stands when its caller stops waiting.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -341,6 +390,18 @@ impl crate::limits::Bounded for InstanceRequest {
         use crate::limits::{SHORT, text};
         text("gpu_type", &self.gpu_type, SHORT)?;
         text("ssh_key_id", &self.ssh_key_id, SHORT)
+    }
+}
+
+impl crate::limits::Bounded for QueuePlaceRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::limits::text("host_id", &self.host_id, crate::limits::SHORT)
+    }
+}
+
+impl crate::limits::Bounded for QueueCloseRequest {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::limits::text("reason", &self.reason, crate::limits::MESSAGE)
     }
 }
 

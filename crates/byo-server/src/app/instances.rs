@@ -23,10 +23,11 @@ use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{NewVm, VmRow};
+use byo_wire::Role;
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
-    CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView,
-    VmAction,
+    CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
+    InstanceView, VmAction,
 };
 use rand::Rng;
 use serde_json::json;
@@ -124,12 +125,48 @@ pub(crate) fn valid_gpu_type(gpu_type: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
-/// E1, steps 41–52: a customer's create from the dashboard.
+/// What a create came to: a host took it (201), or none could and it is queued (202).
+#[derive(Clone, Debug)]
+pub enum CreateOutcome {
+    Created(Box<InstanceCreated>),
+    Queued(InstanceQueued),
+}
+
+/// Refuse a staff-only GPU type to anyone who is not staff (issue #13, 5): at rent time,
+/// in every create path (the dashboard's, the queue's drain), not only in the page's menu.
+pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) -> AppResult<()> {
+    let staff = roles
+        .iter()
+        .any(|r| matches!(r, Role::Operator | Role::Superadmin));
+    if !staff && state.store.gpu_type_staff_only(gpu_type).await? {
+        return Err(AppError::Rejected {
+            status: StatusCode::FORBIDDEN,
+            code: "staff_only",
+            message: format!("{gpu_type} is for Enverge staff only; nothing was created or queued"),
+        });
+    }
+    Ok(())
+}
+
+/// The per-account limit's refusal, for every create path.
+pub fn over_limit(state: &AppState) -> AppError {
+    AppError::conflict(
+        "instance_limit",
+        format!(
+            "an account may hold at most {} instances, live and queued together; delete one or \
+             cancel a queued one first. Nothing was created or queued",
+            state.config.instances.max_per_account
+        ),
+    )
+}
+
+/// E1, steps 41–52: a customer's create from the dashboard. With no host free (none
+/// picked, or every one taken by another create first) it queues instead (E2, step 58).
 pub async fn create(
     state: &AppState,
     by: &CurrentUser,
     req: &InstanceRequest,
-) -> AppResult<InstanceCreated> {
+) -> AppResult<CreateOutcome> {
     let sub = by.user.sub.as_str();
     let gpu_type = req.gpu_type.trim();
     if !valid_gpu_type(gpu_type) {
@@ -138,6 +175,7 @@ pub async fn create(
             "a gpu_type is 1 to 64 of lowercase letters, digits and -, like spark-1",
         ));
     }
+    check_may_rent(state, &by.roles, gpu_type).await?;
     let key = state
         .store
         .ssh_key_of(sub, &req.ssh_key_id)
@@ -145,32 +183,33 @@ pub async fn create(
         .ok_or_else(|| {
             AppError::bad_request("unknown_ssh_key", "you have no SSH key with that id")
         })?;
-    let no_capacity = || {
-        AppError::conflict(
-            "no_capacity",
-            format!(
-                "no {gpu_type} host is free right now; nothing was created and nothing is billed"
-            ),
-        )
-    };
     let seen_since = state.config.placement.seen_since(state.clock.now());
     let candidates = state
         .store
         .pick_hosts_for_gpu(gpu_type, sub, seen_since)
         .await?;
-    if candidates.is_empty() {
-        return Err(no_capacity());
+    if !candidates.is_empty() {
+        let request = Placing {
+            user_sub: sub.to_owned(),
+            gpu_type: gpu_type.to_owned(),
+            ssh_public_key: key.public_key,
+            prebooking_id: None,
+        };
+        let task_state = state.clone();
+        let placed = tokio::spawn(async move { place(&task_state, request, candidates).await })
+            .await
+            .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?;
+        match placed {
+            Ok(created) => return Ok(CreateOutcome::Created(Box::new(created))),
+            Err(AppError::Conflict {
+                code: "no_capacity",
+                ..
+            }) => {}
+            Err(e) => return Err(e),
+        }
     }
-    let request = Placing {
-        user_sub: sub.to_owned(),
-        gpu_type: gpu_type.to_owned(),
-        ssh_public_key: key.public_key,
-        prebooking_id: None,
-    };
-    let task_state = state.clone();
-    tokio::spawn(async move { place(&task_state, request, candidates).await })
-        .await
-        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?
+    let queued = crate::app::queue_drain::enqueue(state, sub, gpu_type, &req.ssh_key_id).await?;
+    Ok(CreateOutcome::Queued(queued))
 }
 
 /// What one create places, whichever host takes it.
@@ -198,7 +237,7 @@ pub(crate) async fn place_booking(
 }
 
 /// How one attempt on one host ended.
-enum Attempt {
+pub(crate) enum Attempt {
     /// The host took it.
     Placed(Box<InstanceCreated>),
     /// The host refused or could not be reached: nothing exists there, the attempt's row
@@ -238,8 +277,16 @@ async fn place(
         };
         // Step 44: capacity is committed here, before this host is contacted.
         let created_at = state.clock.now();
+        // A paid booking's launch (E3) is not held to the per-account limit: the booking
+        // already holds its host for its window.
+        let limit = state.config.instances.max_per_account;
         let written = match req.prebooking_id.as_deref() {
-            None => state.store.create_vm(new, created_at).await,
+            None => {
+                state
+                    .store
+                    .create_vm_within_limit(new, created_at, limit)
+                    .await
+            }
             Some(booking) => {
                 state
                     .store
@@ -263,6 +310,9 @@ async fn place(
             }
             // Another create took this host between the pick and the insert.
             Err(DbError::Conflict(_)) => continue,
+            Err(DbError::Refused(rule)) if rule == "instance_limit" => {
+                return Err(over_limit(state));
+            }
             Err(e) => return Err(e.into()),
         };
         state
@@ -281,7 +331,8 @@ async fn place(
             ssh_public_key: req.ssh_public_key.clone(),
             ssh_hostname: row.ssh_hostname.clone(),
         };
-        match attempt(state, &host, row, request, remaining).await? {
+        let bench_after = state.config.placement.bench_after_failures;
+        match attempt(state, &host, row, request, remaining, bench_after).await? {
             Attempt::Placed(created) => return Ok(*created),
             Attempt::Silent(e) => return Err(e),
             Attempt::Failed(e) => last = Some(e),
@@ -298,12 +349,16 @@ async fn place(
     }))
 }
 
-async fn attempt(
+/// One attempt on one host, its row already written: the agent's answer settles the row.
+/// A 2xx is accepted even when its body cannot be read (E2: never a refusal); a refusal or
+/// no connection fails the row and scores the host, benched at `bench_after` in a row.
+pub(crate) async fn attempt(
     state: &AppState,
     host: &AgentTargetRow,
     row: VmRow,
     request: CreateVm,
     wait: Duration,
+    bench_after: u32,
 ) -> AppResult<Attempt> {
     let answer = tokio::time::timeout(wait, state.agents.create_vm(host, &request)).await;
     let e = match answer {
@@ -322,7 +377,7 @@ async fn attempt(
         Ok(Err(e)) => e,
         Err(_) => {
             let why = format!("no answer within {} s", wait.as_secs_f32().ceil());
-            score_failure(state, host, &why).await?;
+            score_failure(state, host, &why, bench_after).await?;
             tracing::warn!(vm = %row.id, host = %host.slug, "create unanswered; the row stays creating until the host's heartbeat settles it");
             state
                 .store
@@ -357,7 +412,7 @@ async fn attempt(
             now,
         )
         .await?;
-    score_failure(state, host, &e.to_string()).await?;
+    score_failure(state, host, &e.to_string(), bench_after).await?;
     Ok(Attempt::Failed(match e {
         AgentError::Unreachable(why) => AppError::host_silent(
             "host_unreachable",
@@ -386,16 +441,16 @@ async fn attempt(
 
 /// A create this host did not take: count it, and bench the host at the configured count
 /// (audited `host.benched`, once per bench).
-async fn score_failure(state: &AppState, host: &AgentTargetRow, why: &str) -> AppResult<()> {
+async fn score_failure(
+    state: &AppState,
+    host: &AgentTargetRow,
+    why: &str,
+    bench_after: u32,
+) -> AppResult<()> {
     let now = state.clock.now();
     let score = state
         .store
-        .record_placement_failure(
-            &host.id,
-            why,
-            state.config.placement.bench_after_failures,
-            now,
-        )
+        .record_placement_failure(&host.id, why, bench_after, now)
         .await?;
     if score.benched {
         tracing::warn!(host = %host.slug, failures = score.consecutive_failures, "host benched: not picked until its next heartbeat or an operator clears it");

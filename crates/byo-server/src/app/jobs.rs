@@ -133,6 +133,16 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        // The queue (E2, issue #13): nudged by step 84's hook (`state.drain`).
+        Job::new(
+            super::queue_drain::QUEUE_DRAIN,
+            super::queue_drain::DRAIN_EVERY,
+            |state| {
+                Box::pin(
+                    async move { Ok(super::queue_drain::drain_once(state).await?.to_string()) },
+                )
+            },
+        ),
     ]
 }
 
@@ -160,11 +170,16 @@ pub struct JobDriver {
 
 impl JobDriver {
     pub fn new(state: AppState, jobs: Vec<Job>) -> JobDriver {
+        // The queue drain runs on the trigger step 84's hook nudges (`state.drain`).
+        let drain_trigger = state.drain.trigger();
         let entries = jobs
             .into_iter()
             .map(|job| Entry {
+                trigger: match &drain_trigger {
+                    Some(t) if job.name == super::queue_drain::QUEUE_DRAIN => t.clone(),
+                    _ => JobTrigger::default(),
+                },
                 job,
-                trigger: JobTrigger::default(),
                 running: tokio::sync::Mutex::new(()),
             })
             .collect();

@@ -25,6 +25,8 @@ pub mod notify_stuck_deletes;
 pub mod operator_keys;
 pub mod placement;
 pub mod prebookings;
+// The queue (E2): issue #13 item 2.
+pub mod queue_drain;
 pub mod reap;
 pub mod ssh_keys;
 pub mod users;

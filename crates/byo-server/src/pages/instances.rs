@@ -9,13 +9,16 @@ use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect};
 use byo_wire::states::VmStatus;
-use byo_wire::vm::{DeletionState, InstanceRequest, InstanceView, NewSshKey, SshKeyView};
+use byo_wire::vm::{
+    DeletionState, InstanceRequest, InstanceView, NewSshKey, QueuedView, SshKeyView,
+};
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{PageError, PageResult, layout};
-use crate::app::instances::{self, Deleter, deletion_status};
+use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
+use crate::app::queue_drain;
 use crate::app::ssh_keys;
 use crate::auth::CurrentUser;
 use crate::error::AppError;
@@ -136,6 +139,7 @@ async fn customer_page(
 ) -> Result<Markup, PageError> {
     let keys = ssh_keys::list(state, v).await?;
     let list = instances::recent(state, v).await?;
+    let queued = queue_drain::mine(state, v).await?;
     let kinds = gpu_types(state, v).await?;
     let picked_gpu = s.create.map(|c| c.gpu_type.as_str());
     let picked_key = s.create.map(|c| c.ssh_key_id.as_str());
@@ -155,6 +159,14 @@ async fn customer_page(
                     tbody { @for i in &list { (instance_row(i)) } }
                 }
                 p { small { "Billing runs from an instance's creation until its host confirms the delete. An instance that was never created is not billed." } }
+            }
+            @if !queued.is_empty() {
+                h2 { "Queued" }
+                p { small { "No host of that kind was free. Each is placed on the next host that frees up, in order; nothing is billed until a host takes it." } }
+                table #queued {
+                    thead { tr { th { "GPU" } th { "Place in line" } th { "Queued" } th { "Last try" } th { "" } } }
+                    tbody { @for q in &queued { (queued_row(q)) } }
+                }
             }
             h2 { "Create an instance" }
             @if keys.is_empty() {
@@ -176,7 +188,7 @@ async fn customer_page(
                     }
                 }
                 button type="submit" { "Create an instance" }
-                small { "It goes on a free host of that kind. If none is free, or the host does not answer, nothing is created and nothing is billed." }
+                small { "It goes on a free host of that kind. If none is free it is queued, and placed when one frees up; if the host does not answer, nothing is created and nothing is billed." }
             }
             h2 { "Your SSH keys" }
             @if keys.is_empty() {
@@ -252,6 +264,35 @@ fn instance_row(i: &InstanceView) -> Markup {
     }
 }
 
+fn queued_row(q: &QueuedView) -> Markup {
+    html! {
+        tr #{ "queued-" (q.id) } {
+            td.gpu { (q.gpu_type) }
+            td.position { (q.position) }
+            td.created { (at(q.created_at)) }
+            td.last-error { (q.last_error.as_deref().unwrap_or("—")) }
+            td.actions {
+                form.inline method="post" action={ "/instances/queue/" (q.id) "/cancel" } {
+                    button type="submit" { "Cancel" }
+                }
+            }
+        }
+    }
+}
+
+/// `POST /instances/queue/{id}/cancel`: as `DELETE /api/queue/{id}`.
+pub async fn cancel_queued(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(queue_id): Path<String>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    match queue_drain::cancel(&state, &v, &queue_id).await {
+        Ok(()) => Ok(Redirect::to("/instances").into_response()),
+        Err(e) => customer_refusal(&state, &v, e, "no such queued create", Shown::default()).await,
+    }
+}
+
 fn key_row(k: &SshKeyView) -> Markup {
     html! {
         tr #{ "key-" (k.id) } {
@@ -311,9 +352,14 @@ pub async fn create(
         ssh_key_id: form.ssh_key_id.clone(),
     };
     match instances::create(&state, &v, &req).await {
-        Ok(created) => Ok(
-            Redirect::to(&format!("/instances#instance-{}", created.instance.id)).into_response(),
-        ),
+        Ok(CreateOutcome::Created(created)) => Ok(Redirect::to(&format!(
+            "/instances#instance-{}",
+            created.instance.id
+        ))
+        .into_response()),
+        Ok(CreateOutcome::Queued(q)) => {
+            Ok(Redirect::to(&format!("/instances#queued-{}", q.queued.id)).into_response())
+        }
         Err(e) => {
             let s = Shown {
                 create: Some(&form),

@@ -24,6 +24,8 @@ use crate::state::AppState;
 mod admin_instances;
 mod admin_jobs;
 mod billing;
+// The queue (E2, issue #13).
+mod admin_queue;
 mod host_detail;
 mod hosts;
 pub mod install;
@@ -73,6 +75,14 @@ pub fn router() -> Router<AppState> {
             get(instances::confirm_delete).post(instances::delete),
         )
         .route("/instances/{vm_id}/state", post(instances::power))
+        // The queue (E2, issue #13).
+        .route(
+            "/instances/queue/{queue_id}/cancel",
+            post(instances::cancel_queued),
+        )
+        .route("/admin/queue", get(admin_queue::page))
+        .route("/admin/queue/{queue_id}/place", post(admin_queue::place))
+        .route("/admin/queue/{queue_id}/close", post(admin_queue::close))
         .route("/admin/instances", get(admin_instances::page))
         .route("/admin/jobs", get(admin_jobs::page))
         .route("/billing", get(billing::page))
@@ -216,6 +226,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                                 a href="/admin/operator-keys" { "Operator keys" }
                                 a href="/admin/jobs" { "Jobs" }
                                 a href="/admin/prebookings" { "Bookings" }
+                                a href="/admin/queue" { "Queue" }
                             }
                             span.who { (v.user.email) }
                             form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }

@@ -34,6 +34,7 @@ pub mod host_report;
 pub mod operator_keys;
 pub mod placement;
 pub mod prebookings;
+pub mod queue;
 pub mod ssh_keys;
 pub mod vms;
 
@@ -111,6 +112,12 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(prebookings::post_paid))
         .routes(routes!(prebookings::post_launch))
         .routes(routes!(prebookings::post_reassign))
+        // The queue (E2, issue #13).
+        .routes(routes!(queue::get_queue))
+        .routes(routes!(queue::delete_queued))
+        .routes(routes!(queue::get_admin_queue))
+        .routes(routes!(queue::post_place))
+        .routes(routes!(queue::post_close))
 }
 
 /// The OpenAPI document, generated from the routes above.

@@ -4,31 +4,37 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
 use byo_wire::api::ErrorBody;
 use byo_wire::vm::{
-    InstanceCreated, InstanceDeletion, InstanceRequest, InstanceView, VmStateChange,
+    InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest, InstanceView, VmStateChange,
 };
 
-use crate::app::instances::{self, Deleter, deletion_status};
+use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
 use crate::auth::CurrentUser;
 use crate::error::AppResult;
 use crate::extract::Checked;
 use crate::state::AppState;
 
-/// Create an instance of `gpu_type` on a free host, reachable with one of your keys. 409
-/// when no host is free (nothing is written); 502 when the host refused and 504 when it
-/// never answered (the instance is marked failed and nothing is billed).
+/// Create an instance of `gpu_type` on a free host, reachable with one of your keys: 201
+/// when a host took it; 202 with `{queued: {id, position}}` when no host is free (it is
+/// queued, nothing is billed until a host takes it); 403 for a staff-only gpu_type; 409
+/// past the per-account limit; 502 when the host refused and 504 when it never answered
+/// (the instance is marked failed and nothing is billed).
 #[utoipa::path(post, path = "/api/vms", tag = "instances", request_body = InstanceRequest,
-    responses((status = 201, body = InstanceCreated), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 409, body = ErrorBody),
+    responses((status = 201, body = InstanceCreated), (status = 202, body = InstanceQueued),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 409, body = ErrorBody),
               (status = 502, body = ErrorBody), (status = 504, body = ErrorBody)))]
 pub async fn post_vm(
     State(state): State<AppState>,
     user: CurrentUser,
     Checked(req): Checked<InstanceRequest>,
-) -> AppResult<(StatusCode, Json<InstanceCreated>)> {
-    let created = instances::create(&state, &user, &req).await?;
-    Ok((StatusCode::CREATED, Json(created)))
+) -> AppResult<Response> {
+    Ok(match instances::create(&state, &user, &req).await? {
+        CreateOutcome::Created(created) => (StatusCode::CREATED, Json(*created)).into_response(),
+        CreateOutcome::Queued(queued) => (StatusCode::ACCEPTED, Json(queued)).into_response(),
+    })
 }
 
 /// Your instances: every live one, and those that ended in the last week.

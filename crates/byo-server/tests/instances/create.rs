@@ -129,20 +129,22 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
     }
     let key = w.add_key(&w.customer).await;
     let audits_before = w.db().audit_log(1000).await.unwrap().len();
+    // No host may take it: it is queued (E2, step 58) with no host, and no instance row.
     let r = w.create(&w.customer, "spark-1", &key).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let queued = r.json()["queued"]["id"].as_str().unwrap().to_owned();
+    assert!(w.all_vms().await.is_empty(), "no instance row was written");
     assert_eq!(
-        (r.status, r.json()["error"].as_str()),
-        (StatusCode::CONFLICT, Some("no_capacity")),
-        "{}",
-        r.text()
+        w.db().audit_log(1000).await.unwrap().len(),
+        audits_before + 1,
+        "only queue.queued"
     );
-    assert!(r.text().contains("nothing was created"));
-    assert!(w.all_vms().await.is_empty(), "nothing was written");
-    assert_eq!(w.db().audit_log(1000).await.unwrap().len(), audits_before);
     assert!(
         w.agents.calls(Op::Create).is_empty(),
         "no host was contacted"
     );
+    let r = w.customer.delete(&format!("/api/queue/{queued}")).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
 
     // A dedicated host serves its own user, first.
     let other_key = w.add_key(&w.other).await;
@@ -169,12 +171,16 @@ async fn e1_a_host_holding_a_live_row_is_never_picked(w: World) {
     assert!(!w.pickable(&free.id).await);
     let live_before = w.all_vms().await.len();
     let r = w.create(&w.customer, "spark-1", &key).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "queued: {}", r.text());
     assert_eq!(
-        (r.status, r.json()["error"].as_str()),
-        (StatusCode::CONFLICT, Some("no_capacity"))
+        w.all_vms().await.len(),
+        live_before,
+        "no instance row was written"
     );
-    assert_eq!(w.all_vms().await.len(), live_before, "nothing was written");
     assert_eq!(w.agents.calls(Op::Create).len(), 2);
+    let queued = r.json()["queued"]["id"].as_str().unwrap().to_owned();
+    let r = w.customer.delete(&format!("/api/queue/{queued}")).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
 
     // The rule binds every writer: a second live row on that host is refused by the schema.
     let err = w
@@ -332,8 +338,8 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
 
 /// One instance per host is the host's rule too: a host that answers `host_occupied` (it
 /// holds a container the database does not call live) is no capacity to the customer —
-/// 409, nothing billed, and not the other customer's instance name — while the operators'
-/// audit keeps the host's reason, which names it.
+/// the create is queued (202), nothing billed, and not the other customer's instance name
+/// — while the operators' audit keeps the host's reason, which names it.
 async fn e1_a_host_that_already_holds_an_instance_is_no_capacity(w: World) {
     let host = w.host("spark-1", Spec::default()).await;
     let key = w.add_key(&w.customer).await;
@@ -344,13 +350,8 @@ async fn e1_a_host_that_already_holds_an_instance_is_no_capacity(w: World) {
         ),
     );
     let r = w.create(&w.customer, "spark-1", &key).await;
-    assert_eq!(
-        (r.status, r.json()["error"].as_str()),
-        (StatusCode::CONFLICT, Some("no_capacity")),
-        "{}",
-        r.text()
-    );
-    assert!(r.text().contains("nothing is billed"), "{}", r.text());
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert!(r.json()["queued"]["id"].is_string(), "{}", r.text());
     assert!(!r.text().contains("vm-orphan1"), "{}", r.text());
     let call = w.agents.calls(Op::Create).pop().unwrap();
     let row = w

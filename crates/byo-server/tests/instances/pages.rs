@@ -166,15 +166,31 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     );
     w.nothing_created(0, 0).await;
 
-    // No free host of that kind; the form keeps the choices.
+    // No free host of that kind: queued (E2), shown with its place and a Cancel button.
     let r = w.create_on_page(&w.customer, "spark-2", &key.id).await;
-    assert_eq!(r.status, StatusCode::CONFLICT);
-    assert_eq!(
-        alert(&r.text()).as_deref(),
-        Some("no spark-2 host is free right now; nothing was created and nothing is billed")
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    let queued = location(&r)
+        .strip_prefix("/instances#queued-")
+        .unwrap()
+        .to_owned();
+    let page = w.customer.page("/instances").await;
+    let listed = row(&page, &format!("queued-{queued}")).unwrap().to_owned();
+    assert!(
+        listed.contains("spark-2") && listed.contains("Cancel"),
+        "{listed}"
     );
-    assert!(r.text().contains("<option value=\"spark-2\" selected>"));
     w.nothing_created(0, 0).await;
+    let r = w
+        .customer
+        .post_form(&format!("/instances/queue/{queued}/cancel"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER);
+    assert!(
+        !w.customer
+            .page("/instances")
+            .await
+            .contains(&format!("queued-{queued}"))
+    );
 
     // A host that never answers, or refuses: its reason, nothing live, the host free.
     for (n, (answer, status, reason)) in [

@@ -57,6 +57,9 @@ pub enum Answer {
     Occupied(String),
     /// No answer at all (no connection).
     Unreachable(String),
+    /// A create answered 2xx with a body that does not parse: the container exists (E2:
+    /// accepted, never a refusal); the backend learns nothing from the body.
+    Unreadable,
     /// Never answers: the backend's own wait runs out.
     Hang,
 }
@@ -329,6 +332,7 @@ async fn failure(answer: Answer) -> Option<AgentError> {
         Answer::Occupied(reason) => Some(AgentError::Occupied(reason)),
         Answer::Unreachable(why) => Some(AgentError::Unreachable(why)),
         Answer::Hang => futures::future::pending().await,
+        Answer::Unreadable => None,
     }
 }
 
@@ -355,6 +359,7 @@ impl HostAgents for FakeAgents {
                 Answer::Occupied(reason) => Err(format!("the agent answered 409: {reason}")),
                 Answer::Unreachable(why) => Err(why),
                 Answer::Hang => futures::future::pending().await,
+                Answer::Unreadable => Ok(()),
             }
         })
     }
@@ -369,13 +374,18 @@ impl HostAgents for FakeAgents {
                 create: Some(req.clone()),
                 ..self.call(Op::Create, host, &req.name)
             };
-            if let Some(e) = failure(self.take_call(call).await).await {
+            let answer = self.take_call(call).await;
+            let unreadable = answer == Answer::Unreadable;
+            if let Some(e) = failure(answer).await {
                 return Err(e);
             }
             self.containers
                 .lock()
                 .unwrap()
                 .insert((host.id.clone(), req.name.clone()));
+            if unreadable {
+                return Ok(None);
+            }
             Ok(Some(VmCreated {
                 name: req.name.clone(),
                 ssh_port: 2201,

@@ -1,0 +1,565 @@
+//! The queue (E2, migration 0011). A queued row is step 58's row with no host: the
+//! customer's intent and nothing else. No `vms` row exists for it until a drain attempt
+//! writes one, with the host it is about to contact, in the same transaction that checks
+//! the drainer still holds its claim (the row is a precondition for dispatch, E0). A
+//! refused attempt's row is closed by `creation_failed_at` at once, so the queued intent
+//! never occupies a host that refused it (E2, step 58's point); the queue row closes
+//! `placed` only once a host took the instance (step 62).
+//!
+//! Drainers claim rows with a lease (`claimed_until`, `claim_token`): on PostgreSQL with
+//! `for update skip locked`, so concurrent drainers take disjoint rows without waiting; on
+//! SQLite inside the write lock. A lease that ran out is anyone's again.
+//!
+//! The per-account limit (live instances plus queued rows without a live instance) is
+//! counted in the transaction that inserts, under the user's row lock, so two racing
+//! creates cannot both pass it.
+
+use chrono::{DateTime, Utc};
+
+use crate::vms::{NewVm, VM_COLUMNS, VmRow};
+use crate::{DbError, GuardedWrite, Result, Store, new_id};
+
+/// The columns every [`QueueRow`] is read with.
+const QUEUE_COLUMNS: &str = "id, user_sub, gpu_type, ssh_key_id, created_at, attempts, claimed_until, \
+     claim_token, vm_id, last_error, last_error_at, closed_at, close_reason";
+
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct QueueRow {
+    pub id: String,
+    pub user_sub: String,
+    pub gpu_type: String,
+    pub ssh_key_id: String,
+    pub created_at: DateTime<Utc>,
+    pub attempts: i32,
+    pub claimed_until: Option<DateTime<Utc>>,
+    pub claim_token: Option<String>,
+    /// The instance of the attempt in flight, of the last attempt, or (closed `placed`)
+    /// the one placed.
+    pub vm_id: Option<String>,
+    /// Why the last attempt did not place it, in words a customer and an operator read.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<DateTime<Utc>>,
+    pub closed_at: Option<DateTime<Utc>>,
+    pub close_reason: Option<String>,
+}
+
+/// An open queued row with its place in its gpu_type's line (1 is next) and its owner's
+/// email, for the customer's list and /admin/queue.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct QueuedRow {
+    #[sqlx(flatten)]
+    pub row: QueueRow,
+    pub position: i64,
+    pub email: String,
+}
+
+/// How a queue row ends (`close_reason`, a closed set in the schema).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueClose {
+    Placed,
+    PlacedByOperator,
+    Cancelled,
+    ClosedByOperator,
+}
+
+impl QueueClose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueClose::Placed => "placed",
+            QueueClose::PlacedByOperator => "placed_by_operator",
+            QueueClose::Cancelled => "cancelled",
+            QueueClose::ClosedByOperator => "closed_by_operator",
+        }
+    }
+}
+
+/// What [`Store::start_queue_attempt`] came to.
+#[derive(Debug)]
+pub enum QueueAttempt {
+    /// The attempt's row is written (host, name, SSH name, `created_at`) and the queue row
+    /// points at it: dispatch may go ahead.
+    Started(Box<VmRow>),
+    /// Another writer holds a live row on that host (`vms_one_live_per_host`): nothing was
+    /// written; the host did nothing wrong (Skipped).
+    HostTaken,
+    /// The claim is no longer this drainer's, or the row closed (cancelled, placed by an
+    /// operator): nothing was written.
+    Lost,
+}
+
+/// The count the per-account limit is taken over: live instances, and open queued rows
+/// whose attempt is not a live instance already (so one instance is never counted twice).
+const COUNT_HELD: &str = "select
+       (select count(*) from vms v where v.user_sub = $1
+          and v.deleted_at is null and v.creation_failed_at is null)
+     + (select count(*) from vm_queue q where q.user_sub = $1 and q.closed_at is null
+          and not exists (select 1 from vms v where v.id = q.vm_id
+                          and v.deleted_at is null and v.creation_failed_at is null))";
+
+/// The line an open row stands in: its gpu_type's open rows, oldest first.
+const POSITION: &str = "(select count(*) from vm_queue o where o.closed_at is null
+       and o.gpu_type = q.gpu_type
+       and (o.created_at < q.created_at or (o.created_at = q.created_at and o.id <= q.id)))";
+
+/// A customer's intent to queue (step 58): what to create, and the key to install.
+#[derive(Clone, Debug)]
+pub struct NewQueued<'a> {
+    pub user_sub: &'a str,
+    pub gpu_type: &'a str,
+    pub ssh_key_id: &'a str,
+}
+
+/// What a cancel or an operator's close came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueCloseOutcome {
+    Closed,
+    /// No open row with that id (for a customer: none of theirs).
+    NotOpen,
+    /// An attempt is in flight (its instance is being created): nothing changed.
+    Placing,
+}
+
+/// An attempt row is live: not deleted, not failed.
+const LIVE_VM: &str = "select cast(1 as bigint) from vms where id = $1
+       and deleted_at is null and creation_failed_at is null";
+
+impl Store {
+    /// Step 58: queue a create with no host, counted against `limit` (live instances and
+    /// queued rows) under the user's row lock. `DbError::Refused("instance_limit")` past it.
+    pub async fn enqueue_vm(
+        &self,
+        new: NewQueued<'_>,
+        now: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<QueueRow> {
+        in_tx!(self, |tx, for_update| {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "select sub from users where sub = $1{for_update}"
+            )))
+            .bind(new.user_sub)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let held: i64 = sqlx::query_scalar(COUNT_HELD)
+                .bind(new.user_sub)
+                .fetch_one(&mut *tx)
+                .await?;
+            if held >= i64::from(limit) {
+                return Err(DbError::Refused("instance_limit".into()));
+            }
+            sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(format!(
+                "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at)
+                 values ($1, $2, $3, $4, $5) returning {QUEUE_COLUMNS}"
+            )))
+            .bind(new_id())
+            .bind(new.user_sub)
+            .bind(new.gpu_type)
+            .bind(new.ssh_key_id)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(DbError::from)
+        })
+    }
+
+    /// [`Store::create_vm`] under the per-account limit: the user's row is locked, their
+    /// live instances and queued rows counted, and the row written in one transaction, so
+    /// two racing creates cannot both pass. `Refused("instance_limit")` past it;
+    /// `Conflict("vms_one_live_per_host")` when the host was taken.
+    pub async fn create_vm_within_limit(
+        &self,
+        new: NewVm<'_>,
+        created_at: DateTime<Utc>,
+        limit: u32,
+    ) -> Result<VmRow> {
+        in_tx!(self, |tx, for_update| {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "select sub from users where sub = $1{for_update}"
+            )))
+            .bind(new.user_sub)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let held: i64 = sqlx::query_scalar(COUNT_HELD)
+                .bind(new.user_sub)
+                .fetch_one(&mut *tx)
+                .await?;
+            if held >= i64::from(limit) {
+                return Err(DbError::Refused("instance_limit".into()));
+            }
+            let inserted = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+                "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
+                 values ($1, $2, $3, $4, $5, $6, $7) returning {VM_COLUMNS}"
+            )))
+            .bind(new_id())
+            .bind(new.user_sub)
+            .bind(new.host_id)
+            .bind(new.name)
+            .bind(new.gpu_type)
+            .bind(new.ssh_hostname)
+            .bind(created_at)
+            .fetch_one(&mut *tx)
+            .await;
+            inserted.map_err(live_row_conflict)
+        })
+    }
+
+    /// How many instances and queued rows `user_sub` holds against the limit.
+    pub async fn instances_held(&self, user_sub: &str) -> Result<i64> {
+        on_pool!(self, |p| sqlx::query_scalar(COUNT_HELD)
+            .bind(user_sub)
+            .fetch_one(p)
+            .await)
+        .map_err(Into::into)
+    }
+
+    /// Whether `gpu_type` is staff-only: a profile of it says so (`host_profiles.staff_only`).
+    pub async fn gpu_type_staff_only(&self, gpu_type: &str) -> Result<bool> {
+        let n: i64 = on_pool!(self, |p| sqlx::query_scalar(
+            "select count(*) from host_profiles where gpu_type = $1 and staff_only = true"
+        )
+        .bind(gpu_type)
+        .fetch_one(p)
+        .await)?;
+        Ok(n > 0)
+    }
+
+    pub async fn queue_row(&self, id: &str) -> Result<Option<QueueRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {QUEUE_COLUMNS} from vm_queue where id = $1"
+            ))
+        )
+        .bind(id)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// Open rows with their place in line, oldest first: one user's, or (`None`) everyone's.
+    pub async fn open_queue(&self, user_sub: Option<&str>, limit: i64) -> Result<Vec<QueuedRow>> {
+        let columns: Vec<String> = QUEUE_COLUMNS
+            .split(',')
+            .map(|c| format!("q.{}", c.trim()))
+            .collect();
+        on_pool!(self, |p| sqlx::query_as::<_, QueuedRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {}, {POSITION} as position, u.email
+                 from vm_queue q join users u on u.sub = q.user_sub
+                 where q.closed_at is null and ($1 is null or q.user_sub = $1)
+                 order by q.created_at, q.id
+                 limit $2",
+                columns.join(", ")
+            ))
+        )
+        .bind(user_sub)
+        .bind(limit)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// A drainer claims up to `n` open rows no one holds (or whose lease ran out), oldest
+    /// first, until `lease_until`, under `token`. PostgreSQL skips rows another drainer is
+    /// claiming (`for update skip locked`); SQLite's statement runs under its write lock.
+    pub async fn claim_queue_rows(
+        &self,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        token: &str,
+        n: i64,
+    ) -> Result<Vec<QueueRow>> {
+        let skip_locked = match self.backend() {
+            crate::Backend::Postgres => " for update skip locked",
+            crate::Backend::Sqlite => "",
+        };
+        let mut rows = on_pool!(self, |p| {
+            sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(
+            format!(
+                "update vm_queue set claimed_until = $2, claim_token = $3
+                 where id in (select id from vm_queue
+                              where closed_at is null and (claimed_until is null or claimed_until <= $1)
+                              order by created_at, id limit $4{skip_locked})
+                   and closed_at is null and (claimed_until is null or claimed_until <= $1)
+                 returning {QUEUE_COLUMNS}"
+            )
+        ))
+        .bind(now)
+        .bind(lease_until)
+        .bind(token)
+        .bind(n)
+        .fetch_all(p)
+        .await
+        })?;
+        rows.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
+        Ok(rows)
+    }
+
+    /// Claim one open row by id (an operator placing it by hand), as [`claim_queue_rows`]
+    /// would: `None` when it is closed or another holds a live lease on it.
+    ///
+    /// [`claim_queue_rows`]: Store::claim_queue_rows
+    pub async fn claim_queue_row(
+        &self,
+        id: &str,
+        now: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+        token: &str,
+    ) -> Result<Option<QueueRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(
+            format!(
+                "update vm_queue set claimed_until = $3, claim_token = $4
+                 where id = $1 and closed_at is null and (claimed_until is null or claimed_until <= $2)
+                 returning {QUEUE_COLUMNS}"
+            )
+        ))
+        .bind(id)
+        .bind(now)
+        .bind(lease_until)
+        .bind(token)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// Record on a row this drainer holds why it was not placed (billing refused, the
+    /// key removed, …). The claim stays: the run lets go of its rows when it ends.
+    pub async fn note_queue_refusal(
+        &self,
+        id: &str,
+        token: &str,
+        why: &str,
+        now: DateTime<Utc>,
+    ) -> Result<GuardedWrite> {
+        let why: String = why.chars().take(300).collect();
+        let done = on_pool!(self, |p| sqlx::query(
+            "update vm_queue set last_error = $3, last_error_at = $4
+             where id = $1 and claim_token = $2 and closed_at is null"
+        )
+        .bind(id)
+        .bind(token)
+        .bind(why)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// E0's precondition and step 59's attempt: in one transaction, check this drainer
+    /// still holds the row and no attempt of it is live, write the attempt's `vms` row
+    /// (host, freshly minted name and SSH name, `created_at`), point the row at it, count
+    /// the attempt and extend the lease. Nothing is written unless all of it is.
+    pub async fn start_queue_attempt(
+        &self,
+        queue_id: &str,
+        token: &str,
+        new: NewVm<'_>,
+        created_at: DateTime<Utc>,
+        lease_until: DateTime<Utc>,
+    ) -> Result<QueueAttempt> {
+        in_tx!(self, |tx, for_update| {
+            let held: Option<QueueRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "select {QUEUE_COLUMNS} from vm_queue
+                 where id = $1 and claim_token = $2 and closed_at is null{for_update}"
+            )))
+            .bind(queue_id)
+            .bind(token)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(held) = held else {
+                return Ok(QueueAttempt::Lost);
+            };
+            if let Some(vm_id) = &held.vm_id {
+                let live: Option<i64> = sqlx::query_scalar(LIVE_VM)
+                    .bind(vm_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if live.is_some() {
+                    return Ok(QueueAttempt::Lost);
+                }
+            }
+            let inserted = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+                "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
+                 values ($1, $2, $3, $4, $5, $6, $7) returning {VM_COLUMNS}"
+            )))
+            .bind(new_id())
+            .bind(held.user_sub.as_str())
+            .bind(new.host_id)
+            .bind(new.name)
+            .bind(held.gpu_type.as_str())
+            .bind(new.ssh_hostname)
+            .bind(created_at)
+            .fetch_one(&mut *tx)
+            .await;
+            let vm = match inserted {
+                Ok(vm) => vm,
+                Err(e) => {
+                    return match live_row_conflict(e) {
+                        DbError::Conflict(_) => Ok(QueueAttempt::HostTaken),
+                        other => Err(other),
+                    };
+                }
+            };
+            sqlx::query(
+                "update vm_queue set vm_id = $2, attempts = attempts + 1, claimed_until = $3
+                 where id = $1",
+            )
+            .bind(queue_id)
+            .bind(&vm.id)
+            .bind(lease_until)
+            .execute(&mut *tx)
+            .await?;
+            Ok(QueueAttempt::Started(Box::new(vm)))
+        })
+    }
+
+    /// Step 62's ending: a host took the attempt's instance, so the row closes naming it.
+    /// Guarded: only an open row whose attempt is `vm_id`.
+    pub async fn close_queue_placed(
+        &self,
+        queue_id: &str,
+        vm_id: &str,
+        how: QueueClose,
+        now: DateTime<Utc>,
+    ) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update vm_queue set closed_at = $3, close_reason = $4, claimed_until = null,
+                    claim_token = null, last_error = null, last_error_at = null
+             where id = $1 and vm_id = $2 and closed_at is null"
+        )
+        .bind(queue_id)
+        .bind(vm_id)
+        .bind(now)
+        .bind(how.as_str())
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// The customer cancels (`user_sub` given: only their own row) or an operator closes a
+    /// queued row. Refused while an attempt of it is live (`Placing`); nothing changes then.
+    pub async fn close_queued(
+        &self,
+        id: &str,
+        user_sub: Option<&str>,
+        how: QueueClose,
+        now: DateTime<Utc>,
+    ) -> Result<QueueCloseOutcome> {
+        in_tx!(self, |tx, for_update| {
+            let held: Option<QueueRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "select {QUEUE_COLUMNS} from vm_queue
+                 where id = $1 and closed_at is null and ($2 is null or user_sub = $2){for_update}"
+            )))
+            .bind(id)
+            .bind(user_sub)
+            .fetch_optional(&mut *tx)
+            .await?;
+            let Some(held) = held else {
+                return Ok(QueueCloseOutcome::NotOpen);
+            };
+            if let Some(vm_id) = &held.vm_id {
+                let live: Option<i64> = sqlx::query_scalar(LIVE_VM)
+                    .bind(vm_id)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                if live.is_some() {
+                    return Ok(QueueCloseOutcome::Placing);
+                }
+            }
+            sqlx::query(
+                "update vm_queue set closed_at = $2, close_reason = $3, claimed_until = null,
+                        claim_token = null
+                 where id = $1",
+            )
+            .bind(id)
+            .bind(now)
+            .bind(how.as_str())
+            .execute(&mut *tx)
+            .await?;
+            Ok(QueueCloseOutcome::Closed)
+        })
+    }
+}
+
+/// The only unique an instance insert can meet is the live-row rule (the id is fresh);
+/// SQLite names columns rather than the index, so name it here.
+fn live_row_conflict(e: sqlx::Error) -> DbError {
+    match DbError::from(e) {
+        DbError::Conflict(_) => DbError::Conflict("vms_one_live_per_host".into()),
+        other => other,
+    }
+}
+
+impl Store {
+    /// Let every row a drain run still holds go (the ones it did not place), in one
+    /// statement, so the next run or another drainer takes them at once.
+    pub async fn release_queue_claims(&self, token: &str) -> Result<u64> {
+        on_pool!(self, |p| sqlx::query(
+            "update vm_queue set claimed_until = null, claim_token = null
+             where claim_token = $1 and closed_at is null"
+        )
+        .bind(token)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))
+        .map_err(Into::into)
+    }
+}
+
+/// What the queue and its instances add up to, for the drain benchmark's checker.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueTally {
+    /// Open rows.
+    pub open: i64,
+    /// Rows closed `placed` or `placed_by_operator`.
+    pub placed: i64,
+    /// Distinct instances the placed rows name.
+    pub placed_instances: i64,
+    /// Instance rows of any state.
+    pub instances: i64,
+    /// Hosts holding more than one live instance row (the schema forbids it).
+    pub hosts_with_two_live: i64,
+}
+
+impl Store {
+    /// How many rows are open (the drain benchmark waits for none).
+    pub async fn open_queue_count(&self) -> Result<i64> {
+        on_pool!(self, |p| sqlx::query_scalar(
+            "select count(*) from vm_queue where closed_at is null"
+        )
+        .fetch_one(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// The queue's tally (see [`QueueTally`]).
+    pub async fn queue_tally(&self) -> Result<QueueTally> {
+        let (open, placed, placed_instances, instances, hosts_with_two_live): (
+            i64,
+            i64,
+            i64,
+            i64,
+            i64,
+        ) = on_pool!(self, |p| sqlx::query_as(
+            "select
+               (select count(*) from vm_queue where closed_at is null),
+               (select count(*) from vm_queue
+                  where close_reason in ('placed', 'placed_by_operator')),
+               (select count(distinct vm_id) from vm_queue
+                  where close_reason in ('placed', 'placed_by_operator')),
+               (select count(*) from vms),
+               (select count(*) from (select host_id from vms
+                  where deleted_at is null and creation_failed_at is null
+                  group by host_id having count(*) > 1) t)"
+        )
+        .fetch_one(p)
+        .await)?;
+        Ok(QueueTally {
+            open,
+            placed,
+            placed_instances,
+            instances,
+            hosts_with_two_live,
+        })
+    }
+}

@@ -1,0 +1,613 @@
+//! E2, the queue: a create no host could take is queued (step 58: the row with no host,
+//! the customer's intent and nothing else), and the drain places it once a host frees up
+//! — on its period and whenever a confirmed delete freed a host (step 84, the
+//! [`QueueDrain`](crate::queue::QueueDrain) hook nudging this job). Operators place a
+//! queued create by hand on a host they name, and close one (E0's caller 4).
+//!
+//! Per queued row the drain re-checks what may have changed since it was queued, live and
+//! never from the row: the staff-only rule against the account's roles now, billing
+//! (`state.billing.may_charge`), the key. Then, per candidate: mint the name for that host
+//! (step 59), write the attempt's `vms` row with that host and name in the transaction
+//! that checks the claim (E0: the row precedes dispatch), call the agent. Three outcomes:
+//! refused (or unreachable) — the attempt's row fails at once, freeing the host, which is
+//! benched, and the next candidate is tried; skipped — the row could not be written (the
+//! host was taken meanwhile), not benched; accepted — including a 2xx whose body does not
+//! parse — the queue row closes `placed` naming the instance (step 62). A host that stays
+//! silent to the deadline leaves the attempt `creating` for its heartbeat to settle; the
+//! queue row waits for that and is never tried elsewhere meanwhile.
+//!
+//! `docs/queue.md` has the choices and every refusal's test.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use byo_db::GuardedWrite;
+use byo_db::queue::{NewQueued, QueueAttempt, QueueClose, QueueCloseOutcome, QueueRow};
+use byo_db::vms::NewVm;
+use byo_db::{DbError, hosts::AgentTargetRow};
+use byo_wire::states::VmStatus;
+use byo_wire::vm::{AdminQueuedView, CreateVm, InstanceQueued, InstanceView, QueuedView};
+use chrono::TimeDelta;
+use serde_json::json;
+
+use crate::app::billing::Charge;
+use crate::app::instances::{self, Attempt, check_may_rent, mint_name, over_limit, ssh_hostname};
+use crate::auth::CurrentUser;
+use crate::error::{AppError, AppResult};
+use crate::state::AppState;
+
+/// The drain's name in the job registry.
+pub const QUEUE_DRAIN: &str = "queue-drain";
+/// The drain runs this often even when nothing nudges it.
+pub const DRAIN_EVERY: Duration = Duration::from_secs(30);
+/// How long a drainer's claim on a row lasts; an attempt extends it. A claim that ran out
+/// is anyone's again (a drainer that died holds nothing for long).
+pub const LEASE_SECS: i64 = 60;
+/// Rows claimed per statement.
+pub const CLAIM_BATCH: i64 = 32;
+/// Candidates tried per row per run.
+pub const CANDIDATES_PER_ROW: i64 = 8;
+/// Picks per row per run (each of up to [`CANDIDATES_PER_ROW`] hosts).
+pub const PICKS_PER_ROW: usize = 4;
+/// How many open rows a listing shows.
+pub const LIST_LIMIT: i64 = 500;
+
+fn queued_view(row: &QueueRow, position: i64) -> QueuedView {
+    QueuedView {
+        id: row.id.clone(),
+        gpu_type: row.gpu_type.clone(),
+        position,
+        created_at: row.created_at,
+        attempts: row.attempts,
+        last_error: row.last_error.clone(),
+        last_error_at: row.last_error_at,
+    }
+}
+
+/// Step 58: queue a create with no host (the caller has checked the gpu_type, the
+/// staff-only rule and the key), under the per-account limit; nudge the drain.
+pub async fn enqueue(
+    state: &AppState,
+    user_sub: &str,
+    gpu_type: &str,
+    ssh_key_id: &str,
+) -> AppResult<InstanceQueued> {
+    let now = state.clock.now();
+    let new = NewQueued {
+        user_sub,
+        gpu_type,
+        ssh_key_id,
+    };
+    let row = match state
+        .store
+        .enqueue_vm(new, now, state.config.instances.max_per_account)
+        .await
+    {
+        Ok(row) => row,
+        Err(DbError::Refused(rule)) if rule == "instance_limit" => return Err(over_limit(state)),
+        Err(e) => return Err(e.into()),
+    };
+    state
+        .store
+        .audit(
+            Some(user_sub),
+            "queue.queued",
+            Some(&row.id),
+            json!({"gpu_type": gpu_type}),
+            now,
+        )
+        .await?;
+    let position = state
+        .store
+        .open_queue(Some(user_sub), LIST_LIMIT)
+        .await?
+        .into_iter()
+        .find(|q| q.row.id == row.id)
+        .map_or(1, |q| q.position);
+    tracing::info!(queue = %row.id, %gpu_type, position, "create queued: no host free");
+    if let Some(trigger) = state.drain.trigger() {
+        trigger.nudge();
+    }
+    Ok(InstanceQueued {
+        queued: queued_view(&row, position),
+    })
+}
+
+/// The customer's open queued creates, with their places in line.
+pub async fn mine(state: &AppState, by: &CurrentUser) -> AppResult<Vec<QueuedView>> {
+    Ok(state
+        .store
+        .open_queue(Some(&by.user.sub), LIST_LIMIT)
+        .await?
+        .iter()
+        .map(|q| queued_view(&q.row, q.position))
+        .collect())
+}
+
+/// Every open queued create, oldest first (/admin/queue).
+pub async fn open_rows(state: &AppState) -> AppResult<Vec<AdminQueuedView>> {
+    Ok(state
+        .store
+        .open_queue(None, LIST_LIMIT)
+        .await?
+        .iter()
+        .map(|q| AdminQueuedView {
+            queued: queued_view(&q.row, q.position),
+            user_sub: q.row.user_sub.clone(),
+            email: q.email.clone(),
+        })
+        .collect())
+}
+
+fn placing_now() -> AppError {
+    AppError::conflict(
+        "placing",
+        "this queued create is being placed on a host right now; wait for it to finish",
+    )
+}
+
+/// The customer cancels one of their queued creates: `closed_at`, `cancelled`. Someone
+/// else's is as absent as none.
+pub async fn cancel(state: &AppState, by: &CurrentUser, id: &str) -> AppResult<()> {
+    let now = state.clock.now();
+    match state
+        .store
+        .close_queued(id, Some(&by.user.sub), QueueClose::Cancelled, now)
+        .await?
+    {
+        QueueCloseOutcome::Closed => {}
+        QueueCloseOutcome::NotOpen => return Err(AppError::NotFound),
+        QueueCloseOutcome::Placing => return Err(placing_now()),
+    }
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "queue.cancelled",
+            Some(id),
+            json!({}),
+            now,
+        )
+        .await?;
+    Ok(())
+}
+
+/// An operator closes a queued create (the row the drain would have closed, E0.1).
+pub async fn close_by_operator(
+    state: &AppState,
+    by: &CurrentUser,
+    id: &str,
+    reason: &str,
+) -> AppResult<()> {
+    let reason = reason.trim();
+    // The same bound as the API's body, for the page's form too.
+    if let Err(breach) = byo_wire::limits::text("reason", reason, byo_wire::limits::MESSAGE) {
+        return Err(AppError::out_of_bounds(breach));
+    }
+    if reason.is_empty() {
+        return Err(AppError::bad_request(
+            "reason_required",
+            "say why the queued create is closed; the customer's record keeps it",
+        ));
+    }
+    let now = state.clock.now();
+    match state
+        .store
+        .close_queued(id, None, QueueClose::ClosedByOperator, now)
+        .await?
+    {
+        QueueCloseOutcome::Closed => {}
+        QueueCloseOutcome::NotOpen => return Err(not_queued(state, id).await),
+        QueueCloseOutcome::Placing => return Err(placing_now()),
+    }
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "queue.closed_by_operator",
+            Some(id),
+            json!({"reason": reason}),
+            now,
+        )
+        .await?;
+    Ok(())
+}
+
+/// 404 for an unknown row, 409 for one that is already closed.
+async fn not_queued(state: &AppState, id: &str) -> AppError {
+    match state.store.queue_row(id).await {
+        Ok(Some(row)) => AppError::conflict(
+            "not_queued",
+            format!(
+                "this queued create is already closed ({})",
+                row.close_reason.as_deref().unwrap_or("closed")
+            ),
+        ),
+        Ok(None) => AppError::NotFound,
+        Err(e) => e.into(),
+    }
+}
+
+/// What one drain run did, for its summary line.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DrainReport {
+    /// Rows placed (closed `placed`).
+    pub placed: u32,
+    /// Attempts a host refused (or could not be reached for): those hosts were benched.
+    pub refused: u32,
+    /// Candidates skipped: the attempt's row could not be written.
+    pub skipped: u32,
+    /// Rows left queued because the live checks refused them (billing, staff-only, key).
+    pub held: u32,
+    /// Rows left queued with no free host this run.
+    pub waiting: u32,
+    /// Rows whose attempt is still being created (a silent host): left for its heartbeat.
+    pub pending: u32,
+    /// Rows this run claimed (each at most once per run).
+    pub claimed: u32,
+}
+
+impl std::fmt::Display for DrainReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "placed {}, refused {}, skipped {}, held {}, waiting {}, pending {} (claimed {})",
+            self.placed,
+            self.refused,
+            self.skipped,
+            self.held,
+            self.waiting,
+            self.pending,
+            self.claimed
+        )
+    }
+}
+
+/// How one row's turn in a run ended.
+enum RowOutcome {
+    Placed,
+    /// A live check refused it: recorded on the row, left queued.
+    Held(String),
+    /// No host is free for it (the pick came back empty).
+    Waiting,
+    /// Candidates were tried and none took it this time.
+    Unplaced,
+    /// Its attempt is in flight elsewhere or awaiting its host's heartbeat.
+    Pending,
+    /// Another drainer or an operator took it meanwhile.
+    Lost,
+}
+
+/// One drain run: claim open rows oldest first in batches, try each, and let go of every
+/// row not placed when no more can be claimed. Rows this run holds stay claimed until its
+/// end, so the run never takes the same row twice.
+pub async fn drain_once(state: &AppState) -> AppResult<DrainReport> {
+    let token = uuid::Uuid::new_v4().to_string();
+    let result = drain_claimed(state, &token).await;
+    // Whatever happened, nothing this run holds stays held.
+    state.store.release_queue_claims(&token).await?;
+    result
+}
+
+async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> {
+    let mut report = DrainReport::default();
+    // Per (gpu_type, user) a pick that came back empty this run: nothing to try again.
+    let mut no_capacity: HashSet<(String, String)> = HashSet::new();
+    let mut staff_only: HashMap<String, bool> = HashMap::new();
+    loop {
+        let now = state.clock.now();
+        let lease = now + TimeDelta::seconds(LEASE_SECS);
+        let rows = state
+            .store
+            .claim_queue_rows(now, lease, token, CLAIM_BATCH)
+            .await?;
+        if rows.is_empty() {
+            return Ok(report);
+        }
+        report.claimed += u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        for row in rows {
+            let key = (row.gpu_type.clone(), row.user_sub.clone());
+            if no_capacity.contains(&key) {
+                report.waiting += 1;
+                continue;
+            }
+            match drain_row(state, token, &row, &mut report, &mut staff_only).await? {
+                RowOutcome::Placed => report.placed += 1,
+                RowOutcome::Held(why) => {
+                    report.held += 1;
+                    state
+                        .store
+                        .note_queue_refusal(&row.id, token, &why, state.clock.now())
+                        .await?;
+                }
+                RowOutcome::Waiting => {
+                    report.waiting += 1;
+                    no_capacity.insert(key);
+                }
+                RowOutcome::Unplaced => report.waiting += 1,
+                RowOutcome::Pending => report.pending += 1,
+                RowOutcome::Lost => {}
+            }
+        }
+    }
+}
+
+/// One queued row's turn.
+async fn drain_row(
+    state: &AppState,
+    token: &str,
+    row: &QueueRow,
+    report: &mut DrainReport,
+    staff_only: &mut HashMap<String, bool>,
+) -> AppResult<RowOutcome> {
+    // An earlier attempt: placed (its host's heartbeat settled it running), still being
+    // created, or failed (try again).
+    if let Some(vm_id) = &row.vm_id
+        && let Some(vm) = state.store.vm(vm_id).await?
+        && vm.deleted_at.is_none()
+        && vm.creation_failed_at.is_none()
+    {
+        if vm.status == VmStatus::Creating {
+            return Ok(RowOutcome::Pending);
+        }
+        let closed = state
+            .store
+            .close_queue_placed(&row.id, vm_id, QueueClose::Placed, state.clock.now())
+            .await?;
+        return Ok(if closed == GuardedWrite::Written {
+            RowOutcome::Placed
+        } else {
+            RowOutcome::Lost
+        });
+    }
+    // The rules, live: the account's roles now, not when it queued.
+    let is_staff_only = match staff_only.get(&row.gpu_type) {
+        Some(s) => *s,
+        None => {
+            let s = state.store.gpu_type_staff_only(&row.gpu_type).await?;
+            staff_only.insert(row.gpu_type.clone(), s);
+            s
+        }
+    };
+    if is_staff_only {
+        let roles = state.store.roles_of(&row.user_sub).await?;
+        if let Err(e) = check_may_rent(state, &roles, &row.gpu_type).await {
+            return Ok(RowOutcome::Held(e.to_string()));
+        }
+    }
+    // Billing, live (E2: an intent may be days old).
+    if let Charge::Refused { reason } = state.billing.may_charge(&row.user_sub).await? {
+        return Ok(RowOutcome::Held(format!("billing refused: {reason}")));
+    }
+    let Some(key) = state
+        .store
+        .ssh_key_of(&row.user_sub, &row.ssh_key_id)
+        .await?
+    else {
+        return Ok(RowOutcome::Held(
+            "the SSH key this create was queued with was removed; cancel it and create again"
+                .into(),
+        ));
+    };
+    // Candidates, a few at a time: every one tried is afterwards occupied or benched, so
+    // each pick moves on; concurrent drainers may take some first (skipped).
+    for _ in 0..PICKS_PER_ROW {
+        let seen_since = state.config.placement.seen_since(state.clock.now());
+        let candidates = state
+            .store
+            .pick_first_hosts_for_gpu(&row.gpu_type, &row.user_sub, seen_since, CANDIDATES_PER_ROW)
+            .await?;
+        if candidates.is_empty() {
+            return Ok(RowOutcome::Waiting);
+        }
+        for host in candidates {
+            match try_host(
+                state,
+                token,
+                row,
+                &host,
+                &key.public_key,
+                1,
+                QueueClose::Placed,
+            )
+            .await?
+            {
+                Tried::Placed(_) => return Ok(RowOutcome::Placed),
+                Tried::Refused(_) => report.refused += 1,
+                Tried::Skipped => report.skipped += 1,
+                Tried::Silent(_) => return Ok(RowOutcome::Pending),
+                Tried::Lost => return Ok(RowOutcome::Lost),
+            }
+        }
+    }
+    Ok(RowOutcome::Unplaced)
+}
+
+/// How one candidate came out.
+enum Tried {
+    Placed(Box<InstanceView>),
+    Refused(AppError),
+    Skipped,
+    Silent(AppError),
+    Lost,
+}
+
+/// Steps 59–62 on one host: mint the name for it, write the attempt's row with it (the
+/// claim checked in the same transaction), call the agent, and close the queue row once
+/// the host took the instance.
+async fn try_host(
+    state: &AppState,
+    token: &str,
+    row: &QueueRow,
+    host: &AgentTargetRow,
+    public_key: &str,
+    bench_after: u32,
+    how: QueueClose,
+) -> AppResult<Tried> {
+    let name = mint_name();
+    let hostname = ssh_hostname(state, &name, &host.slug);
+    let created_at = state.clock.now();
+    let lease = created_at
+        + TimeDelta::seconds(LEASE_SECS)
+        + TimeDelta::from_std(state.waits.create).unwrap_or(TimeDelta::zero());
+    let new = NewVm {
+        user_sub: &row.user_sub,
+        host_id: Some(&host.id),
+        name: &name,
+        gpu_type: &row.gpu_type,
+        ssh_hostname: Some(&hostname),
+    };
+    let vm = match state
+        .store
+        .start_queue_attempt(&row.id, token, new, created_at, lease)
+        .await?
+    {
+        QueueAttempt::Started(vm) => *vm,
+        QueueAttempt::HostTaken => return Ok(Tried::Skipped),
+        QueueAttempt::Lost => return Ok(Tried::Lost),
+    };
+    state
+        .store
+        .audit(
+            None,
+            "vm.create",
+            Some(&vm.id),
+            json!({"host_id": host.id, "name": vm.name, "gpu_type": vm.gpu_type, "queue_id": row.id}),
+            created_at,
+        )
+        .await?;
+    let request = CreateVm {
+        name: vm.name.clone(),
+        ssh_public_key: public_key.to_owned(),
+        ssh_hostname: vm.ssh_hostname.clone(),
+    };
+    let vm_id = vm.id.clone();
+    let task_state = state.clone();
+    let target = host.clone();
+    let wait = state.waits.create;
+    // A spawned task, as the dashboard's create: nothing cuts it between its writes.
+    let outcome = tokio::spawn(async move {
+        instances::attempt(&task_state, &target, vm, request, wait, bench_after).await
+    })
+    .await
+    .map_err(|e| AppError::Internal(anyhow::anyhow!("the drain's create task failed: {e}")))??;
+    match outcome {
+        Attempt::Placed(created) => {
+            state
+                .store
+                .close_queue_placed(&row.id, &vm_id, how, state.clock.now())
+                .await?;
+            Ok(Tried::Placed(Box::new(created.instance)))
+        }
+        // The row stays this run's: the next candidate is tried under the same claim.
+        Attempt::Failed(e) => Ok(Tried::Refused(e)),
+        Attempt::Silent(e) => Ok(Tried::Silent(e)),
+    }
+}
+
+/// E0's caller 4: an operator places a queued create on the host they name — the drain's
+/// steps with the drain's gate (billing) replaced by the operator and its pick by their
+/// choice. The staff-only rule does not apply (the operator chose); the host must be
+/// active, prepared, not retired, of the row's gpu_type and hold no live instance.
+pub async fn place_by_operator(
+    state: &AppState,
+    by: &CurrentUser,
+    id: &str,
+    host_id: &str,
+) -> AppResult<InstanceView> {
+    let Some(row) = state.store.queue_row(id).await? else {
+        return Err(AppError::NotFound);
+    };
+    if row.closed_at.is_some() {
+        return Err(not_queued(state, id).await);
+    }
+    let host = state
+        .store
+        .host(host_id)
+        .await?
+        .filter(|h| h.retired_at.is_none())
+        .ok_or_else(|| AppError::conflict("unknown_host", "no host in service has that id"))?;
+    if !host.active || host.prepared_at.is_none() {
+        return Err(AppError::conflict(
+            "host_not_active",
+            format!(
+                "{} is not active; activate it before placing on it",
+                host.slug
+            ),
+        ));
+    }
+    if host.gpu_type != row.gpu_type {
+        return Err(AppError::conflict(
+            "wrong_gpu_type",
+            format!(
+                "{} is a {} host and this create asked for {}",
+                host.slug, host.gpu_type, row.gpu_type
+            ),
+        ));
+    }
+    let target = state
+        .store
+        .agent_target(host_id)
+        .await?
+        .filter(|t| t.agent_token.is_some() && t.relay_ip.is_some())
+        .ok_or_else(|| {
+            AppError::conflict(
+                "host_unreachable",
+                format!("{} has no agent token or relay yet", host.slug),
+            )
+        })?;
+    let Some(key) = state
+        .store
+        .ssh_key_of(&row.user_sub, &row.ssh_key_id)
+        .await?
+    else {
+        return Err(AppError::conflict(
+            "no_ssh_key",
+            "the SSH key this create was queued with was removed; nothing was placed",
+        ));
+    };
+    let token = format!("operator:{}", uuid::Uuid::new_v4());
+    let now = state.clock.now();
+    if state
+        .store
+        .claim_queue_row(id, now, now + TimeDelta::seconds(LEASE_SECS), &token)
+        .await?
+        .is_none()
+    {
+        return Err(placing_now());
+    }
+    let bench_after = state.config.placement.bench_after_failures;
+    let tried = try_host(
+        state,
+        &token,
+        &row,
+        &target,
+        &key.public_key,
+        bench_after,
+        QueueClose::PlacedByOperator,
+    )
+    .await;
+    state.store.release_queue_claims(&token).await?;
+    let view = match tried? {
+        Tried::Placed(view) => *view,
+        Tried::Skipped => {
+            return Err(AppError::conflict(
+                "host_occupied",
+                format!("{} holds a live instance; nothing was placed", target.slug),
+            ));
+        }
+        Tried::Lost => return Err(placing_now()),
+        Tried::Refused(e) | Tried::Silent(e) => return Err(e),
+    };
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "queue.placed_by_operator",
+            Some(id),
+            json!({"host_id": host_id, "vm_id": view.id}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(view)
+}

@@ -1,0 +1,91 @@
+//! The queue (E2) over HTTP: the customer's queued creates (list, cancel) and the
+//! operators' (list, place by hand, close — E0's caller 4). The rules are
+//! [`crate::app::queue_drain`]'s.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use byo_wire::api::ErrorBody;
+use byo_wire::vm::{
+    AdminQueuedView, InstanceView, QueueCloseRequest, QueuePlaceRequest, QueuedView,
+};
+
+use crate::app::queue_drain;
+use crate::auth::{CurrentUser, Operator};
+use crate::error::AppResult;
+use crate::extract::Checked;
+use crate::state::AppState;
+
+/// Your queued creates, each with its place in line (1 is next) and why the last try did
+/// not place it.
+#[utoipa::path(get, path = "/api/queue", tag = "instances",
+    responses((status = 200, body = Vec<QueuedView>), (status = 401, body = ErrorBody)))]
+pub async fn get_queue(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> AppResult<Json<Vec<QueuedView>>> {
+    Ok(Json(queue_drain::mine(&state, &user).await?))
+}
+
+/// Cancel one of your queued creates (204). 404 for one that is not yours or not open;
+/// 409 while a host is being asked to take it.
+#[utoipa::path(delete, path = "/api/queue/{queue_id}", tag = "instances",
+    params(("queue_id" = String, Path, description = "the queued create's id")),
+    responses((status = 204), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn delete_queued(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(queue_id): Path<String>,
+) -> AppResult<StatusCode> {
+    queue_drain::cancel(&state, &user, &queue_id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Every open queued create, oldest first.
+#[utoipa::path(get, path = "/api/admin/queue", tag = "admin",
+    responses((status = 200, body = Vec<AdminQueuedView>), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+pub async fn get_admin_queue(
+    State(state): State<AppState>,
+    _op: Operator,
+) -> AppResult<Json<Vec<AdminQueuedView>>> {
+    Ok(Json(queue_drain::open_rows(&state).await?))
+}
+
+/// Place a queued create on the host you name (201 with the instance). 409 when the row
+/// is closed or being placed, the host is not active, of another gpu_type, unreachable or
+/// holds a live instance, or the key is gone; 502/504 when the host refused or was silent.
+#[utoipa::path(post, path = "/api/admin/queue/{queue_id}/place", tag = "admin",
+    request_body = QueuePlaceRequest,
+    params(("queue_id" = String, Path, description = "the queued create's id")),
+    responses((status = 201, body = InstanceView), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody),
+              (status = 502, body = ErrorBody), (status = 504, body = ErrorBody)))]
+pub async fn post_place(
+    State(state): State<AppState>,
+    op: Operator,
+    Path(queue_id): Path<String>,
+    Checked(req): Checked<QueuePlaceRequest>,
+) -> AppResult<(StatusCode, Json<InstanceView>)> {
+    let view = queue_drain::place_by_operator(&state, &op.0, &queue_id, &req.host_id).await?;
+    Ok((StatusCode::CREATED, Json(view)))
+}
+
+/// Close a queued create, saying why (204). 404 unknown, 409 already closed or being placed.
+#[utoipa::path(post, path = "/api/admin/queue/{queue_id}/close", tag = "admin",
+    request_body = QueueCloseRequest,
+    params(("queue_id" = String, Path, description = "the queued create's id")),
+    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn post_close(
+    State(state): State<AppState>,
+    op: Operator,
+    Path(queue_id): Path<String>,
+    Checked(req): Checked<QueueCloseRequest>,
+) -> AppResult<StatusCode> {
+    queue_drain::close_by_operator(&state, &op.0, &queue_id, &req.reason).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
