@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod extract;
+pub mod job_trigger;
 pub mod metrics;
 pub mod pages;
 pub mod password;

@@ -1,9 +1,9 @@
 //! The queue (E2) as instances see it: step 84, told when a confirmed delete freed a host.
-//! The drain itself is [`crate::app::queue_drain`], a job on the driver; this hook nudges it.
+//! The drain itself is `app::queue_drain`, a job on the driver; this hook nudges it.
 
 use futures::future::BoxFuture;
 
-use crate::app::jobs::JobTrigger;
+use crate::job_trigger::JobTrigger;
 
 /// Step 84: what runs when a confirmed delete freed a host — the queue drain (E2). It is
 /// called only after `deleted_at` is written, so the host it is told about is pickable.

@@ -29,17 +29,7 @@ pub const MAX_TEXT: usize = 1000;
 pub type JobFn =
     Arc<dyn for<'a> Fn(&'a AppState) -> BoxFuture<'a, AppResult<String>> + Send + Sync>;
 
-/// A handle any code can `nudge()` to run a job now rather than at its next period (the
-/// queue drain's "capacity freed", later). Nudges while a run is in flight coalesce into one
-/// more run.
-#[derive(Clone, Default, Debug)]
-pub struct JobTrigger(Arc<tokio::sync::Notify>);
-
-impl JobTrigger {
-    pub fn nudge(&self) {
-        self.0.notify_one();
-    }
-}
+pub use crate::job_trigger::JobTrigger;
 
 /// One registered job.
 #[derive(Clone)]
@@ -279,7 +269,7 @@ impl JobDriver {
                     loop {
                         tokio::select! {
                             _ = every.tick() => {}
-                            _ = entry.trigger.0.notified() => {}
+                            _ = entry.trigger.notified() => {}
                             changed = stop.changed() => {
                                 if changed.is_err() || *stop.borrow() {
                                     return;
