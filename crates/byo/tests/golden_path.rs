@@ -212,6 +212,13 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     let phase = |what: &str| eprintln!("[{:>6.1} s] {what}", t0.elapsed().as_secs_f64());
     let work = tempfile::tempdir().unwrap();
     let store = db.store.clone();
+    // The Debian host container stands in for a GB10 Spark, which customers rent; its
+    // profile (linux-test) is staff-only everywhere else, and rent time refuses staff-only
+    // types to customers (issue #13, 5).
+    store
+        .execute_unchecked("update host_profiles set staff_only = false where id = 'linux-test'")
+        .await
+        .unwrap();
 
     // The release the installer fetches.
     let arch = std::env::consts::ARCH;
