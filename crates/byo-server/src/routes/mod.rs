@@ -230,12 +230,11 @@ pub async fn limit_by_address(
     request: Request,
     next: Next,
 ) -> Response {
-    let method = request.method().clone();
+    let method = request.method().as_str();
     let path = request.uri().path();
-    let limited = method == axum::http::Method::POST
-        && crate::rate_limit::LIMITED
-            .iter()
-            .any(|(m, p)| *m == method.as_str() && *p == path);
+    let limited = crate::rate_limit::LIMITED
+        .iter()
+        .any(|(m, p)| *m == method && *p == path);
     if limited {
         let address = request
             .extensions()
