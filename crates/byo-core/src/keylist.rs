@@ -53,6 +53,20 @@ pub struct KeyList {
     pub next_signing_keys: Option<Vec<String>>,
 }
 
+/// A list this close to its `expires` is warned about — on /admin, on a host's problems and
+/// by `byo keys sign` — in steps of 14, 7 and 1 days: time enough to sign the next one.
+pub const KEY_LIST_EXPIRY_WARNING_DAYS: i64 = 14;
+
+/// How urgent a list expiring at `expires` is at `now`: `None` beyond
+/// [`KEY_LIST_EXPIRY_WARNING_DAYS`], else the step it is within (14, 7 or 1 days), or 0 once
+/// it has expired.
+pub fn expiry_warning(expires: DateTime<Utc>, now: DateTime<Utc>) -> Option<i64> {
+    let left = expires - now;
+    [0, 1, 7, KEY_LIST_EXPIRY_WARNING_DAYS]
+        .into_iter()
+        .find(|d| left <= chrono::Duration::days(*d))
+}
+
 /// The most successor signing keys a list may name.
 pub const MAX_SIGNING_KEYS: usize = 8;
 

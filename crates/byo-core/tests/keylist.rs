@@ -710,3 +710,22 @@ fn an_envelope_of_exactly_the_bound_is_read() {
     bytes.push(b' ');
     assert_eq!(SignedList::from_bytes(&bytes), Err(Refusal::Oversized));
 }
+
+/// #16: the warning ladder before a list lapses — nothing beyond 14 days, then 14, 7 and 1,
+/// and 0 once expired; each boundary belongs to the nearer step.
+#[test]
+fn expiry_warnings_step_at_14_7_and_1_days_and_name_an_expired_list() {
+    use chrono::Duration;
+    let now = now();
+    let at = |left: Duration| keylist::expiry_warning(now + left, now);
+    assert_eq!(at(Duration::days(30)), None);
+    assert_eq!(at(Duration::days(14) + Duration::seconds(1)), None);
+    assert_eq!(at(Duration::days(14)), Some(14));
+    assert_eq!(at(Duration::days(7) + Duration::seconds(1)), Some(14));
+    assert_eq!(at(Duration::days(7)), Some(7));
+    assert_eq!(at(Duration::days(2)), Some(7));
+    assert_eq!(at(Duration::days(1)), Some(1));
+    assert_eq!(at(Duration::seconds(1)), Some(1));
+    assert_eq!(at(Duration::zero()), Some(0));
+    assert_eq!(at(-Duration::days(3)), Some(0));
+}

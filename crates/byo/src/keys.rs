@@ -383,25 +383,20 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
     let body = draft.body;
     let (list, text) = describe(&body, published.as_ref())?;
     moves_forward(&list, published.as_ref())?;
-    if let Some(p) = &published {
-        let left = p.expires - chrono::Utc::now();
-        if left <= chrono::Duration::days(14) {
-            let step = [0, 1, 7, 14]
-                .into_iter()
-                .find(|d| left <= chrono::Duration::days(*d))
-                .unwrap_or(14);
-            println!(
-                "  ! the published list (version {}) {} {} — {}",
-                p.version,
-                if step == 0 { "expired" } else { "expires" },
-                p.expires,
-                if step == 0 {
-                    "every host refuses operators until this is signed".to_owned()
-                } else {
-                    format!("within {step} day(s)")
-                }
-            );
-        }
+    if let Some(p) = &published
+        && let Some(step) = keylist::expiry_warning(p.expires, chrono::Utc::now())
+    {
+        println!(
+            "  ! the published list (version {}) {} {} — {}",
+            p.version,
+            if step == 0 { "expired" } else { "expires" },
+            p.expires,
+            if step == 0 {
+                "every host refuses operators until this is signed".to_owned()
+            } else {
+                format!("within {step} day(s)")
+            }
+        );
     }
     print!("{text}");
     if let Some(next) = &list.next_signing_keys {

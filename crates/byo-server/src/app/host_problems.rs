@@ -6,20 +6,9 @@
 use byo_db::hosts::{HostRow, HostStatusRow};
 use byo_db::operator_keys::{HostKeyPushRow, KeyListRow};
 use byo_db::vms::{HostBenchRow, VmRow};
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 
-/// A published list this close to its `expires` is named as expiring: time enough to sign
-/// the next one. The warnings step up at 14, 7 and 1 days (#16).
-pub const KEY_LIST_EXPIRY_WARNING_DAYS: i64 = 14;
-
-/// How urgent a list expiring at `expires` is at `now`: `None` beyond
-/// [`KEY_LIST_EXPIRY_WARNING_DAYS`], else the step (14, 7 or 1 days, or 0 once expired).
-pub fn expiry_warning(expires: DateTime<Utc>, now: DateTime<Utc>) -> Option<i64> {
-    let left = expires - now;
-    [0, 1, 7, KEY_LIST_EXPIRY_WARNING_DAYS]
-        .into_iter()
-        .find(|d| left <= Duration::days(*d))
-}
+pub use byo_core::keylist::{KEY_LIST_EXPIRY_WARNING_DAYS, expiry_warning};
 
 /// One thing wrong, by the name the design gives it, and what was seen.
 #[derive(Clone, Debug, PartialEq, Eq)]
