@@ -137,7 +137,11 @@ pub fn parse_journal_line(line: &str) -> Option<JournalEntry> {
 
 /// A login accepted at `at`, attributed against the applied list's checked keys; `None`
 /// when it is not one this module reports (another account, not a key).
-pub fn attribute(accepted: &Accepted, at: DateTime<Utc>, keys: &[CheckedKey]) -> Option<OperatorLogin> {
+pub fn attribute(
+    accepted: &Accepted,
+    at: DateTime<Utc>,
+    keys: &[CheckedKey],
+) -> Option<OperatorLogin> {
     if accepted.user != ACCOUNT || accepted.method != "publickey" {
         return None;
     }
@@ -196,7 +200,8 @@ mod tests {
     use crate::keylist_testing as t;
 
     /// Lines as Debian's sshd (OpenSSH 9.2) writes them, `sshd -e` and the journal alike.
-    const OPERATOR: &str = "Accepted publickey for spark from 10.8.0.1 port 50522 ssh2: ED25519 SHA256:";
+    const OPERATOR: &str =
+        "Accepted publickey for spark from 10.8.0.1 port 50522 ssh2: ED25519 SHA256:";
 
     fn key() -> CheckedKey {
         crate::keylist::check_key(&t::login_key("op-sub-1", "laptop")).unwrap()
@@ -216,7 +221,10 @@ mod tests {
     #[test]
     fn sshds_accepted_lines_are_read_word_for_word() {
         let fp = "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU";
-        let got = parse_message(&format!("Accepted publickey for spark from 10.8.0.1 port 50522 ssh2: ED25519 {fp}")).unwrap();
+        let got = parse_message(&format!(
+            "Accepted publickey for spark from 10.8.0.1 port 50522 ssh2: ED25519 {fp}"
+        ))
+        .unwrap();
         assert_eq!(
             got,
             Accepted {
@@ -229,12 +237,19 @@ mod tests {
             }
         );
         // A security key, an IPv6 source, a certificate (its own fingerprint first).
-        let sk = parse_message(&format!("Accepted publickey for spark from 2001:db8::7 port 22 ssh2: ED25519-SK {fp}")).unwrap();
-        assert_eq!((sk.source.to_string().as_str(), sk.key_type.as_deref()), ("2001:db8::7", Some("ED25519-SK")));
+        let sk = parse_message(&format!(
+            "Accepted publickey for spark from 2001:db8::7 port 22 ssh2: ED25519-SK {fp}"
+        ))
+        .unwrap();
+        assert_eq!(
+            (sk.source.to_string().as_str(), sk.key_type.as_deref()),
+            ("2001:db8::7", Some("ED25519-SK"))
+        );
         let cert = parse_message(&format!("Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519-CERT {fp} ID op (serial 0) CA ED25519 SHA256:abc")).unwrap();
         assert_eq!(cert.fingerprint.as_deref(), Some(fp));
         // A password login has no key.
-        let pw = parse_message("Accepted password for owner from 192.168.1.5 port 40000 ssh2").unwrap();
+        let pw =
+            parse_message("Accepted password for owner from 192.168.1.5 port 40000 ssh2").unwrap();
         assert_eq!((pw.method.as_str(), pw.fingerprint), ("password", None));
         // Not accepted lines.
         for line in [
@@ -275,7 +290,11 @@ mod tests {
     fn a_login_is_its_operator_only_by_the_applied_lists_fingerprint() {
         let k = key();
         let at: DateTime<Utc> = "2026-12-01T01:00:00Z".parse().unwrap();
-        let ours = parse_message(&format!("{OPERATOR}{}", k.fingerprint.trim_start_matches("SHA256:"))).unwrap();
+        let ours = parse_message(&format!(
+            "{OPERATOR}{}",
+            k.fingerprint.trim_start_matches("SHA256:")
+        ))
+        .unwrap();
         assert_eq!(
             attribute(&ours, at, std::slice::from_ref(&k)),
             Some(OperatorLogin {
@@ -291,11 +310,21 @@ mod tests {
         let other = key();
         assert_eq!(attribute(&ours, at, &[other]).unwrap().user_sub, None);
         // Another account, or no key: not ours to report.
-        let owner = Accepted { user: "owner".into(), ..ours.clone() };
+        let owner = Accepted {
+            user: "owner".into(),
+            ..ours.clone()
+        };
         assert_eq!(attribute(&owner, at, std::slice::from_ref(&k)), None);
-        let pw = Accepted { method: "password".into(), fingerprint: None, ..ours.clone() };
+        let pw = Accepted {
+            method: "password".into(),
+            fingerprint: None,
+            ..ours.clone()
+        };
         assert_eq!(attribute(&pw, at, std::slice::from_ref(&k)), None);
-        let keyboard = Accepted { method: "keyboard-interactive/pam".into(), ..ours };
+        let keyboard = Accepted {
+            method: "keyboard-interactive/pam".into(),
+            ..ours
+        };
         assert_eq!(attribute(&keyboard, at, &[k]), None);
     }
 
@@ -303,11 +332,19 @@ mod tests {
     fn the_journals_entries_give_cursor_time_and_message() {
         let e = parse_journal_line(&journal("s=1;i=2", 1_764_550_800_123_456, "hello")).unwrap();
         assert_eq!(e.cursor, "s=1;i=2");
-        assert_eq!(e.at, "2025-12-01T01:00:00.123456Z".parse::<DateTime<Utc>>().unwrap());
+        assert_eq!(
+            e.at,
+            "2025-12-01T01:00:00.123456Z"
+                .parse::<DateTime<Utc>>()
+                .unwrap()
+        );
         assert_eq!(e.message.as_deref(), Some("hello"));
         // A message journald could only give as bytes.
         let bytes = r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":[72,105]}"#;
-        assert_eq!(parse_journal_line(bytes).unwrap().message.as_deref(), Some("Hi"));
+        assert_eq!(
+            parse_journal_line(bytes).unwrap().message.as_deref(),
+            Some("Hi")
+        );
         let not_utf8 = r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":[255,300]}"#;
         assert_eq!(parse_journal_line(not_utf8).unwrap().message, None);
         let no_message = r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1"}"#;
@@ -335,17 +372,32 @@ mod tests {
             journal("c1", 1_000_000, "Server listening on 0.0.0.0 port 22."),
             journal("c2", 2_000_000, &login),
             "not json".to_owned(),
-            journal("c3", 3_000_000, "Accepted publickey for owner from 192.168.1.5 port 2 ssh2: ED25519 SHA256:abc"),
+            journal(
+                "c3",
+                3_000_000,
+                "Accepted publickey for owner from 192.168.1.5 port 2 ssh2: ED25519 SHA256:abc",
+            ),
             journal("c4", 4_000_000, &login.replace("50522", "50523")),
             journal("c5", 5_000_000, &login.replace("50522", "50524")),
-            journal("c6", 6_000_000, "Disconnected from user spark 10.8.0.1 port 50522"),
+            journal(
+                "c6",
+                6_000_000,
+                "Disconnected from user spark 10.8.0.1 port 50522",
+            ),
         ]
         .join("\n");
         let keys = std::slice::from_ref(&k);
         let all = read_batch(&out, keys, 12);
-        assert_eq!(all.logins.iter().map(|l| l.source_port).collect::<Vec<_>>(), [50522, 50523, 50524]);
+        assert_eq!(
+            all.logins.iter().map(|l| l.source_port).collect::<Vec<_>>(),
+            [50522, 50523, 50524]
+        );
         assert_eq!((all.cursor.as_deref(), all.more), (Some("c6"), false));
-        assert!(all.logins.iter().all(|l| l.user_sub.as_deref() == Some("op-sub-1")));
+        assert!(
+            all.logins
+                .iter()
+                .all(|l| l.user_sub.as_deref() == Some("op-sub-1"))
+        );
         // Two per beat: the third waits, and the cursor stops before it.
         let first = read_batch(&out, keys, 2);
         assert_eq!(first.logins.len(), 2);
@@ -353,7 +405,14 @@ mod tests {
         // The next read starts after c4 (journalctl's --after-cursor): the rest, once.
         let after: String = out.lines().skip(5).collect::<Vec<_>>().join("\n");
         let second = read_batch(&after, keys, 2);
-        assert_eq!(second.logins.iter().map(|l| l.source_port).collect::<Vec<_>>(), [50524]);
+        assert_eq!(
+            second
+                .logins
+                .iter()
+                .map(|l| l.source_port)
+                .collect::<Vec<_>>(),
+            [50524]
+        );
         assert_eq!((second.cursor.as_deref(), second.more), (Some("c6"), false));
         // Exactly at the bound: not "more".
         let three = read_batch(&out, keys, 3);
@@ -363,7 +422,10 @@ mod tests {
         assert_eq!(read_batch("-- No entries --", keys, 2).cursor, None);
         // A bound of zero takes no login and stops before the first.
         let none = read_batch(&out, keys, 0);
-        assert_eq!((none.logins.len(), none.cursor.as_deref(), none.more), (0, Some("c1"), true));
+        assert_eq!(
+            (none.logins.len(), none.cursor.as_deref(), none.more),
+            (0, Some("c1"), true)
+        );
     }
 
     mod never_panics {
