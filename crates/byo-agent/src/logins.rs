@@ -62,9 +62,14 @@ pub struct Read {
     pub error: Option<String>,
 }
 
-/// Read the journal after the kept cursor. A journal that cannot be read is named, never
-/// fatal to the beat.
+/// Read the journal after the kept cursor for logins to spark. A journal that cannot be read
+/// is named, never fatal to the beat.
 pub fn read<H: Host + ?Sized>(host: &mut H, keys: &[CheckedKey]) -> Read {
+    read_as(host, byo_core::logins::ACCOUNT, keys)
+}
+
+/// [`read`] for logins to `account` (tests log in to a real sshd as the user they run as).
+pub fn read_as<H: Host + ?Sized>(host: &mut H, account: &str, keys: &[CheckedKey]) -> Read {
     let kept = match host.read(CURSOR) {
         Ok(b) => b
             .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
@@ -80,7 +85,8 @@ pub fn read<H: Host + ?Sized>(host: &mut H, keys: &[CheckedKey]) -> Read {
     let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     match host.run(&argv, None) {
         Ok(out) if out.ok() => {
-            let Batch { logins, cursor, .. } = read_batch(&out.stdout, keys, MAX_LOGINS_PER_BEAT);
+            let Batch { logins, cursor, .. } =
+                read_batch(&out.stdout, account, keys, MAX_LOGINS_PER_BEAT);
             Read {
                 logins,
                 cursor,

@@ -135,14 +135,16 @@ pub fn parse_journal_line(line: &str) -> Option<JournalEntry> {
     })
 }
 
-/// A login accepted at `at`, attributed against the applied list's checked keys; `None`
-/// when it is not one this module reports (another account, not a key).
+/// A login to `account` ([`ACCOUNT`] on a host) accepted at `at`, attributed against the
+/// applied list's checked keys; `None` when it is not one this module reports (another
+/// account, not a key).
 pub fn attribute(
     accepted: &Accepted,
+    account: &str,
     at: DateTime<Utc>,
     keys: &[CheckedKey],
 ) -> Option<OperatorLogin> {
-    if accepted.user != ACCOUNT || accepted.method != "publickey" {
+    if accepted.user != account || accepted.method != "publickey" {
         return None;
     }
     let fingerprint = accepted.fingerprint.clone()?;
@@ -171,17 +173,17 @@ pub struct Batch {
     pub more: bool,
 }
 
-/// Read `journalctl -o json` output: the logins to report, at most `max`, and the cursor of
-/// the last entry taken. Lines that are not entries are skipped; an entry past the `max`-th
-/// login is not taken, so the next read starts with it.
-pub fn read_batch(output: &str, keys: &[CheckedKey], max: usize) -> Batch {
+/// Read `journalctl -o json` output: the logins to `account` to report, at most `max`, and
+/// the cursor of the last entry taken. Lines that are not entries are skipped; an entry past
+/// the `max`-th login is not taken, so the next read starts with it.
+pub fn read_batch(output: &str, account: &str, keys: &[CheckedKey], max: usize) -> Batch {
     let mut batch = Batch::default();
     for entry in output.lines().filter_map(parse_journal_line) {
         let login = entry
             .message
             .as_deref()
             .and_then(parse_message)
-            .and_then(|a| attribute(&a, entry.at, keys));
+            .and_then(|a| attribute(&a, account, entry.at, keys));
         if let Some(login) = login {
             if batch.logins.len() >= max {
                 batch.more = true;
@@ -296,7 +298,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(
-            attribute(&ours, at, std::slice::from_ref(&k)),
+            attribute(&ours, ACCOUNT, at, std::slice::from_ref(&k)),
             Some(OperatorLogin {
                 at,
                 source: "10.8.0.1".into(),
@@ -306,26 +308,32 @@ mod tests {
             })
         );
         // The same key against a list without it: not an operator key, still reported.
-        assert_eq!(attribute(&ours, at, &[]).unwrap().user_sub, None);
+        assert_eq!(attribute(&ours, ACCOUNT, at, &[]).unwrap().user_sub, None);
         let other = key();
-        assert_eq!(attribute(&ours, at, &[other]).unwrap().user_sub, None);
+        assert_eq!(
+            attribute(&ours, ACCOUNT, at, &[other]).unwrap().user_sub,
+            None
+        );
         // Another account, or no key: not ours to report.
         let owner = Accepted {
             user: "owner".into(),
             ..ours.clone()
         };
-        assert_eq!(attribute(&owner, at, std::slice::from_ref(&k)), None);
+        assert_eq!(
+            attribute(&owner, ACCOUNT, at, std::slice::from_ref(&k)),
+            None
+        );
         let pw = Accepted {
             method: "password".into(),
             fingerprint: None,
             ..ours.clone()
         };
-        assert_eq!(attribute(&pw, at, std::slice::from_ref(&k)), None);
+        assert_eq!(attribute(&pw, ACCOUNT, at, std::slice::from_ref(&k)), None);
         let keyboard = Accepted {
             method: "keyboard-interactive/pam".into(),
             ..ours
         };
-        assert_eq!(attribute(&keyboard, at, &[k]), None);
+        assert_eq!(attribute(&keyboard, ACCOUNT, at, &[k]), None);
     }
 
     #[test]
@@ -387,7 +395,7 @@ mod tests {
         ]
         .join("\n");
         let keys = std::slice::from_ref(&k);
-        let all = read_batch(&out, keys, 12);
+        let all = read_batch(&out, ACCOUNT, keys, 12);
         assert_eq!(
             all.logins.iter().map(|l| l.source_port).collect::<Vec<_>>(),
             [50522, 50523, 50524]
@@ -399,12 +407,12 @@ mod tests {
                 .all(|l| l.user_sub.as_deref() == Some("op-sub-1"))
         );
         // Two per beat: the third waits, and the cursor stops before it.
-        let first = read_batch(&out, keys, 2);
+        let first = read_batch(&out, ACCOUNT, keys, 2);
         assert_eq!(first.logins.len(), 2);
         assert_eq!((first.cursor.as_deref(), first.more), (Some("c4"), true));
         // The next read starts after c4 (journalctl's --after-cursor): the rest, once.
         let after: String = out.lines().skip(5).collect::<Vec<_>>().join("\n");
-        let second = read_batch(&after, keys, 2);
+        let second = read_batch(&after, ACCOUNT, keys, 2);
         assert_eq!(
             second
                 .logins
@@ -415,13 +423,16 @@ mod tests {
         );
         assert_eq!((second.cursor.as_deref(), second.more), (Some("c6"), false));
         // Exactly at the bound: not "more".
-        let three = read_batch(&out, keys, 3);
+        let three = read_batch(&out, ACCOUNT, keys, 3);
         assert_eq!((three.logins.len(), three.more), (3, false));
         // Nothing read: the old cursor stands.
-        assert_eq!(read_batch("", keys, 2), Batch::default());
-        assert_eq!(read_batch("-- No entries --", keys, 2).cursor, None);
+        assert_eq!(read_batch("", ACCOUNT, keys, 2), Batch::default());
+        assert_eq!(
+            read_batch("-- No entries --", ACCOUNT, keys, 2).cursor,
+            None
+        );
         // A bound of zero takes no login and stops before the first.
-        let none = read_batch(&out, keys, 0);
+        let none = read_batch(&out, ACCOUNT, keys, 0);
         assert_eq!(
             (none.logins.len(), none.cursor.as_deref(), none.more),
             (0, Some("c1"), true)
@@ -443,7 +454,7 @@ mod tests {
             fn on_arbitrary_journal_lines(s in ".{0,300}", n in any::<i64>()) {
                 let _ = parse_journal_line(&s);
                 let line = journal(&s, n, &format!("Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519 {s}"));
-                let _ = read_batch(&line, &[], 3);
+                let _ = read_batch(&line, ACCOUNT, &[], 3);
             }
         }
     }
