@@ -269,6 +269,9 @@ mod tests {
             "Accepted publickey for spark from 10.8.0.1 gate 1 ssh2: ED25519 SHA256:abc",
             "Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519 SHA256:",
             "Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519 SHA256:a\u{7}b",
+            "Accepted publickey for spark from 10.8.0.1 port 1 ssh2:  SHA256:abc",
+            "Accepted publickey for  from 10.8.0.1 port 1 ssh2: ED25519 SHA256:abc",
+            "Accepted  for spark from 10.8.0.1 port 1 ssh2: ED25519 SHA256:abc",
         ] {
             assert_eq!(parse_message(line), None, "{line:?}");
         }
@@ -355,6 +358,9 @@ mod tests {
         );
         let not_utf8 = r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1","MESSAGE":[255,300]}"#;
         assert_eq!(parse_journal_line(not_utf8).unwrap().message, None);
+        // A cursor as long as journald's (well under 512) is taken; a longer one is not.
+        assert!(parse_journal_line(&journal(&"c".repeat(512), 1, "m")).is_some());
+        assert_eq!(parse_journal_line(&journal(&"c".repeat(513), 1, "m")), None);
         let no_message = r#"{"__CURSOR":"c","__REALTIME_TIMESTAMP":"1"}"#;
         assert_eq!(parse_journal_line(no_message).unwrap().message, None);
         for line in [

@@ -255,9 +255,16 @@ async fn i_a_beat_whose_logins_do_not_read_is_refused_and_changes_nothing(w: Wor
             "{why}: the beat was not recorded"
         );
     }
-    // Exactly a beat's worth is taken.
+    // Exactly a beat's worth is taken, a user sub at its bound among them.
+    let long_sub = "u".repeat(128);
     let full: Vec<Value> = (0..byo_wire::vm::MAX_LOGINS_PER_BEAT as u16)
-        .map(|i| login("2026-12-01T02:00:00Z", 41000 + i, None))
+        .map(|i| {
+            login(
+                "2026-12-01T02:00:00Z",
+                41000 + i,
+                (i == 0).then_some(long_sub.as_str()),
+            )
+        })
         .collect();
     assert_eq!(w.beat(json!(full)).await.status, StatusCode::NO_CONTENT);
     assert_eq!(w.kept().await, 1 + byo_wire::vm::MAX_LOGINS_PER_BEAT);

@@ -140,11 +140,11 @@ pub fn run(args: SshArgs) -> anyhow::Result<()> {
     let argv = match args.via {
         Via::Relay => relay_argv(&args)?,
     };
-    eprintln!("byo: {}", shell_line(&argv));
     if args.print {
         println!("{}", shell_line(&argv));
         return Ok(());
     }
+    eprintln!("byo: {}", shell_line(&argv));
     let status = Command::new(&argv[0])
         .args(&argv[1..])
         .status()
