@@ -97,6 +97,8 @@ struct Observed {
     /// The kept operator-key list's version and expiry (#16: the backend sees a host whose
     /// list is about to lapse, or has).
     operator_keys: Option<serde_json::Value>,
+    /// sshd's accepted logins to spark since the last delivered beat (#16, 5).
+    logins: crate::logins::Read,
 }
 
 fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
@@ -127,14 +129,18 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
         .ok()
         .flatten()
         .and_then(|b| serde_json::from_slice(&b).ok());
-    let operator_keys = config
+    let held_keys = config
         .operator_keys_held
         .as_ref()
-        .and_then(|p| host.read(&p.to_string_lossy()).ok().flatten())
-        .and_then(|b| byo_core::keylist::SignedList::from_bytes(&b).ok())
+        .and_then(|p| host.read(&p.to_string_lossy()).ok().flatten());
+    let operator_keys = held_keys
+        .as_deref()
+        .and_then(|b| byo_core::keylist::SignedList::from_bytes(b).ok())
         .and_then(|s| byo_core::keylist::KeyList::from_canonical(&s.body).ok())
         .map(|l| json!({"version": l.version, "expires": l.expires}));
+    let logins = crate::logins::read(host, &crate::logins::applied_keys(held_keys.as_deref()));
     Observed {
+        logins,
         operator_keys,
         rollback,
         lxd_up,
@@ -147,8 +153,9 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
 }
 
 /// The beat's body: what was observed, and the relay's map compared with what the host
-/// runs (rewritten when it differs; the drift named in the details).
-fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
+/// runs (rewritten when it differs; the drift named in the details). With it, the journal
+/// cursor to keep once the beat is delivered.
+fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
     let (relay, relay_map, drift) = match seen.want {
         None => (Health::Unknown, "unchecked", None),
         Some(want) => match want
@@ -178,7 +185,7 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
         .filter(|v| byo_wire::vm::is_instance_name(&v.name))
         .take(MAX_HELD_VMS)
         .collect();
-    Heartbeat {
+    let beat = Heartbeat {
         agent_version: env!("CARGO_PKG_VERSION").to_owned(),
         lxd: if seen.lxd_up {
             Health::Ok
@@ -197,14 +204,17 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> Heartbeat {
             "gpu": seen.gpu.1,
             "rollback": seen.rollback,
             "operator_keys": seen.operator_keys,
+            (byo_wire::vm::OPERATOR_LOGINS): seen.logins.logins,
+            "operator_logins_error": seen.logins.error,
         }),
         vms,
-    }
+    };
+    (beat, seen.logins.cursor)
 }
 
 /// One beat. LXD is read under the host's lock; the relay is asked after it is released,
 /// so a relay that does not answer never holds up the VM API.
-fn beat(svc: &VmService) -> Heartbeat {
+fn beat(svc: &VmService) -> (Heartbeat, Option<String>) {
     let seen = {
         let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
         observe(&mut *host, &svc.config)
@@ -235,11 +245,20 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
     };
     // The first beat goes out at once: placement picks only hosts it has heard from.
     loop {
-        let body = beat(&svc);
-        if let Some(r) = reporter.as_mut()
-            && let Err(e) = r.heartbeat(&body)
-        {
-            tracing::warn!(error = %e, "heartbeat not delivered");
+        let (body, cursor) = beat(&svc);
+        if let Some(r) = reporter.as_mut() {
+            match r.heartbeat(&body) {
+                Err(e) => tracing::warn!(error = %e, "heartbeat not delivered"),
+                // Delivered: the logins it carried are the backend's now.
+                Ok(()) => {
+                    if let Some(c) = cursor {
+                        let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
+                        if let Err(e) = crate::logins::delivered(&mut *host, &c) {
+                            tracing::warn!(error = %e, "the journal cursor could not be kept");
+                        }
+                    }
+                }
+            }
         }
         std::thread::sleep(every);
     }
@@ -262,6 +281,9 @@ mod tests {
         /// What enverge-agent-rollback left, if anything.
         rolled_back: Option<&'static str>,
         held_keys: Option<Vec<u8>>,
+        /// What `journalctl` prints, and the argv it was last asked with.
+        journal: Option<String>,
+        journal_asked: Vec<String>,
     }
 
     impl Host for FakeHost {
@@ -276,6 +298,13 @@ mod tests {
                     None => Err("no systemctl".into()),
                 },
                 ["nvidia-smi", "-L"] => self.nvidia.clone().ok_or_else(|| "not found".into()),
+                ["journalctl", ..] => {
+                    self.journal_asked = argv.iter().map(|a| a.to_string()).collect();
+                    self.journal
+                        .clone()
+                        .map(Output::success)
+                        .ok_or_else(|| "no journal".into())
+                }
                 _ => Err(format!("unexpected {argv:?}")),
             }
         }
@@ -363,6 +392,8 @@ mod tests {
             nvidia: None,
             rolled_back: None,
             held_keys: None,
+            journal: None,
+            journal_asked: Vec::new(),
         };
         // The relay forwards :22 somewhere stale.
         let relay = Relay {
@@ -375,7 +406,7 @@ mod tests {
             },
             put: RefCell::new(None),
         };
-        let beat = report(observe(&mut host, &config(Some(true), false)), &relay);
+        let (beat, _) = report(observe(&mut host, &config(Some(true), false)), &relay);
         let held: Vec<(&str, &str, Option<u16>)> = beat
             .vms
             .iter()
@@ -408,7 +439,7 @@ mod tests {
             map: relay.put.borrow().clone().unwrap(),
             put: RefCell::new(None),
         };
-        let beat = report(observe(&mut host, &config(Some(true), false)), &relay);
+        let (beat, _) = report(observe(&mut host, &config(Some(true), false)), &relay);
         assert_eq!(beat.details["relay_map"], "in_sync");
         assert!(beat.details["relay_drift"].is_null());
         assert!(relay.put.borrow().is_none());
@@ -474,12 +505,14 @@ mod tests {
                 nvidia,
                 rolled_back: None,
                 held_keys: None,
+                journal: None,
+                journal_asked: Vec::new(),
             };
             let relay = Relay {
                 map: SshMap::default(),
                 put: RefCell::new(None),
             };
-            let beat = report(observe(&mut host, &config(tunnel, gpu)), &relay);
+            let (beat, _) = report(observe(&mut host, &config(tunnel, gpu)), &relay);
             assert_eq!(
                 (beat.tunnel, beat.gpu),
                 (want_tunnel, want_gpu),
@@ -501,12 +534,14 @@ mod tests {
             nvidia: None,
             rolled_back: None,
             held_keys: None,
+            journal: None,
+            journal_asked: Vec::new(),
         };
-        let beat = report(observe(&mut host, &config(None, false)), &relay);
+        let (beat, _) = report(observe(&mut host, &config(None, false)), &relay);
         assert!(beat.details["rollback"].is_null());
         host.rolled_back =
             Some(r#"{"at":"2026-11-30T20:00:00Z","from_sha256":"aa","to_sha256":"bb"}"#);
-        let beat = report(observe(&mut host, &config(None, false)), &relay);
+        let (beat, _) = report(observe(&mut host, &config(None, false)), &relay);
         assert_eq!(beat.details["rollback"]["at"], "2026-11-30T20:00:00Z");
     }
 
@@ -526,17 +561,83 @@ mod tests {
             nvidia: None,
             rolled_back: None,
             held_keys: Some(t::envelope(&list, &[&t::private_key()])),
+            journal: None,
+            journal_asked: Vec::new(),
         };
         let mut with_keys = config(None, false);
         with_keys.operator_keys_held = Some("/var/lib/enverge/operator-keys.signed".into());
-        let beat = report(observe(&mut host, &with_keys), &relay);
+        let (beat, _) = report(observe(&mut host, &with_keys), &relay);
         assert_eq!(beat.details["operator_keys"]["version"], 7);
         assert_eq!(
             beat.details["operator_keys"]["expires"],
             json!(list.expires)
         );
         host.held_keys = None;
-        let beat = report(observe(&mut host, &with_keys), &relay);
+        let (beat, _) = report(observe(&mut host, &with_keys), &relay);
         assert!(beat.details["operator_keys"].is_null());
+    }
+
+    /// #16, 5: the logins to spark since the kept cursor ride on the beat, attributed against
+    /// the applied list; the cursor to keep comes back with it, and a journal that cannot be
+    /// read is named without failing the beat.
+    #[test]
+    fn sshds_logins_to_spark_ride_on_the_beat_attributed_to_their_operator() {
+        use byo_core::keylist_testing as t;
+        let relay = Relay {
+            map: SshMap::default(),
+            put: RefCell::new(None),
+        };
+        let now: chrono::DateTime<chrono::Utc> = "2026-11-30T12:00:00Z".parse().unwrap();
+        let key = t::login_key("op-sub-1", "laptop");
+        let fp = byo_core::keylist::check_key(&key).unwrap().fingerprint;
+        let list = t::list("prod", 7, vec![key], now);
+        let entry = |cursor: &str, port: u16, fp: &str| {
+            json!({"__CURSOR": cursor, "__REALTIME_TIMESTAMP": "1764550800000000",
+                   "MESSAGE": format!("Accepted publickey for spark from 10.8.0.1 port {port} ssh2: ED25519 {fp}")})
+            .to_string()
+        };
+        let mut host = FakeHost {
+            instances: json!([]),
+            cloudflared: None,
+            nvidia: None,
+            rolled_back: None,
+            held_keys: Some(t::envelope(&list, &[&t::private_key()])),
+            journal: Some(format!(
+                "{}\n{}\n",
+                entry("c1", 40001, &fp),
+                entry("c2", 40002, "SHA256:notonthelist")
+            )),
+            journal_asked: Vec::new(),
+        };
+        let mut with_keys = config(None, false);
+        with_keys.operator_keys_held = Some("/var/lib/enverge/operator-keys.signed".into());
+        let (beat, cursor) = report(observe(&mut host, &with_keys), &relay);
+        assert_eq!(cursor.as_deref(), Some("c2"));
+        let logins: Vec<byo_wire::vm::OperatorLogin> =
+            serde_json::from_value(beat.details["operator_logins"].clone()).unwrap();
+        assert_eq!(logins.len(), 2);
+        assert_eq!(logins[0].user_sub.as_deref(), Some("op-sub-1"));
+        assert_eq!(logins[0].fingerprint, fp);
+        assert_eq!(
+            (logins[0].source.as_str(), logins[0].source_port),
+            ("10.8.0.1", 40001)
+        );
+        assert_eq!(logins[1].user_sub, None, "not an operator key");
+        assert!(beat.details["operator_logins_error"].is_null());
+        assert!(
+            !host
+                .journal_asked
+                .iter()
+                .any(|a| a.starts_with("--after-cursor"))
+        );
+        // No journal: named, no logins, no cursor to keep.
+        host.journal = None;
+        let (beat, cursor) = report(observe(&mut host, &with_keys), &relay);
+        assert_eq!(cursor, None);
+        assert_eq!(beat.details["operator_logins"], json!([]));
+        assert_eq!(
+            beat.details["operator_logins_error"],
+            "journalctl: no journal"
+        );
     }
 }

@@ -11,6 +11,7 @@ pub mod detect;
 pub mod enroll;
 pub mod heartbeat;
 pub mod host;
+pub mod logins;
 pub mod lxd;
 pub mod operator_keys;
 pub mod prepare;

@@ -67,6 +67,8 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
         text(SERVING).contains("User=spark")
             && text(SERVING).contains("ReadWritePaths=/home/spark/.ssh")
     );
+    // Serving reads sshd's accepted logins from the journal (#16, 5).
+    assert!(text(SERVING).contains("SupplementaryGroups=systemd-journal"));
 
     if !byo_core::testing::have_tools(&["systemd-analyze"]) {
         return;

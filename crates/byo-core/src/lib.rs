@@ -4,6 +4,7 @@
 pub mod keylist;
 #[cfg(feature = "testing")]
 pub mod keylist_testing;
+pub mod logins;
 pub mod prepare;
 pub mod redeem;
 pub mod render;

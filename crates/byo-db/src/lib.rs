@@ -61,6 +61,7 @@ pub mod hosts;
 pub mod inspect;
 pub mod jobs;
 pub mod lifecycle;
+pub mod logins;
 pub mod operator_keys;
 pub mod prebookings;
 pub mod profiles;

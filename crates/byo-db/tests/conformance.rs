@@ -52,6 +52,7 @@ conformance!(
     m10_one_of_two_concurrent_publishes_wins_and_only_the_newest,
     m12_withdrawing_deletes_the_draft_and_its_changes,
     m6_a_failed_push_keeps_the_version_the_host_held,
+    i_a_login_is_kept_once_bounded_and_newest_first,
 );
 
 /// Microsecond precision: what both backends store.
@@ -904,5 +905,127 @@ async fn m6_a_failed_push_keeps_the_version_the_host_held(db: TestDb) {
             .unwrap()
             .iter()
             .any(|s| s.slug == "spark-2" && s.version.is_none())
+    );
+}
+
+/// #16, 5 (migration 0017): a login a beat sends again is kept once, each host keeps its
+/// newest, the text columns are bounded in the schema, and the read names the operator.
+async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
+    use byo_db::logins::KEEP_LOGINS_PER_HOST;
+    use byo_wire::vm::OperatorLogin;
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let op = store
+        .create_user(
+            NewUser {
+                email: "op@example.com",
+                display_name: "Olga Operator",
+                password_hash: "$argon2id$x",
+            },
+            now(),
+        )
+        .await
+        .unwrap()
+        .sub;
+    let h = host(store, &owner, "spark-1").await;
+    let other = host(store, &owner, "spark-2").await;
+    let t0 = now();
+    let login = |i: i64, who: Option<&str>| OperatorLogin {
+        at: t0 + Duration::seconds(i),
+        source: "10.8.0.1".into(),
+        source_port: 40000,
+        fingerprint: "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU".into(),
+        user_sub: who.map(str::to_owned),
+    };
+    let beat = [login(0, Some(&op)), login(1, None)];
+    assert_eq!(
+        store.record_operator_logins(&h, &beat, t0).await.unwrap(),
+        2
+    );
+    // The same beat again, and then overlapping: only the new one is added.
+    assert_eq!(
+        store.record_operator_logins(&h, &beat, t0).await.unwrap(),
+        0
+    );
+    assert_eq!(
+        store
+            .record_operator_logins(&h, &[login(1, None), login(2, Some(&op))], t0)
+            .await
+            .unwrap(),
+        1
+    );
+    // The same moment and source on another host is another login.
+    assert_eq!(
+        store
+            .record_operator_logins(&other, &beat[..1], t0)
+            .await
+            .unwrap(),
+        1
+    );
+    let rows = store.operator_logins(&h, 10).await.unwrap();
+    assert_eq!(
+        rows.iter()
+            .map(|r| (r.logged_in_at, r.operator_name.as_deref()))
+            .collect::<Vec<_>>(),
+        [
+            (t0 + Duration::seconds(2), Some("Olga Operator")),
+            (t0 + Duration::seconds(1), None),
+            (t0, Some("Olga Operator")),
+        ]
+    );
+    assert_eq!(
+        (rows[0].source.as_str(), rows[0].source_port),
+        ("10.8.0.1", 40000)
+    );
+    assert_eq!(store.operator_logins(&h, 2).await.unwrap().len(), 2);
+    // Bounded in the schema, whoever writes.
+    for bad in [
+        OperatorLogin {
+            source: "x".repeat(46),
+            ..login(10, None)
+        },
+        OperatorLogin {
+            fingerprint: "SHA256".into(),
+            ..login(11, None)
+        },
+        OperatorLogin {
+            fingerprint: "f".repeat(81),
+            ..login(12, None)
+        },
+        OperatorLogin {
+            user_sub: Some(String::new()),
+            ..login(13, None)
+        },
+        OperatorLogin {
+            user_sub: Some("u".repeat(129)),
+            ..login(14, None)
+        },
+    ] {
+        let e = store
+            .record_operator_logins(&h, &[bad.clone()], t0)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("operator_logins_"), "{bad:?}: {e}");
+    }
+    assert_eq!(
+        store.operator_logins(&h, 100).await.unwrap().len(),
+        3,
+        "nothing kept"
+    );
+    // Each host keeps its newest KEEP_LOGINS_PER_HOST.
+    let many: Vec<OperatorLogin> = (100..100 + KEEP_LOGINS_PER_HOST + 5)
+        .map(|i| login(i, None))
+        .collect();
+    store.record_operator_logins(&h, &many, t0).await.unwrap();
+    let kept = store.operator_logins(&h, 1000).await.unwrap();
+    assert_eq!(kept.len() as i64, KEEP_LOGINS_PER_HOST);
+    assert_eq!(
+        kept[0].logged_in_at,
+        t0 + Duration::seconds(104 + KEEP_LOGINS_PER_HOST)
+    );
+    assert_eq!(
+        store.operator_logins(&other, 10).await.unwrap().len(),
+        1,
+        "another host's untouched"
     );
 }

@@ -463,6 +463,108 @@ fn the_relay_forwards_nothing_from_the_host_but_replies() {
     });
 }
 
+/// I, "Why there are two": break glass through the relay. With the operator tunnel down
+/// (no cloudflared anywhere in this world), an operator's key from the signed list logs in
+/// to the host's sshd from the relay over wg0, because LOFISPARK_VMSSH is on PREROUTING and a
+/// connection the relay opens never passes it; the customer's connection to the relay's
+/// public :22 still lands in the container, whoever's key it carries; and with the host's
+/// tenant firewall (the ruleset preparation installs, rendered by byo-core) loaded, nothing
+/// on the tenant's side reaches the host's sshd — which, without that table, it does.
+/// (Logins are as root: the namespaces share this machine's accounts, which have no spark.)
+#[test]
+fn i_break_glass_reaches_the_hosts_sshd_from_the_relay_with_the_tunnel_down() {
+    use byo_core::keylist_testing as keys;
+    use byo_core::render::nft::tenants::{self, Tenants};
+    let Some(w) = world() else { return };
+    assert!(
+        !w.host.try_sh("pgrep -x cloudflared").status.success(),
+        "the operator tunnel is down"
+    );
+
+    // The operator's key, as the host's signed list renders it into authorized_keys.
+    let operator = w.dir.path().join("operator");
+    run(Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "", "-f"])
+        .arg(&operator));
+    let public = std::fs::read_to_string(operator.with_extension("pub")).unwrap();
+    let list = keys::list(
+        "production",
+        1,
+        vec![byo_core::keylist::OperatorKey {
+            user_sub: "op-sub-1".into(),
+            label: "laptop".into(),
+            public_key: public
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" "),
+        }],
+        chrono::Utc::now(),
+    );
+    let authorized = w.dir.path().join("authorized_keys");
+    let mut text = std::fs::read_to_string(&authorized).unwrap();
+    text.push_str(&list.authorized_keys());
+    std::fs::write(&authorized, text).unwrap();
+
+    // The tenant's container is mapped: the customer's path is live.
+    assert_eq!(w.call("PUT", "/map/22", Some(map_22()), None).0, 200);
+
+    // Without the tenant firewall the container reaches the host's sshd: what the table
+    // below must stop.
+    assert_eq!(
+        ssh(&w._container, &w.key, "10.8.0.2", 22).as_deref(),
+        Some("host"),
+        "the world is not the one this test means"
+    );
+    // The host's tenant firewall, as preparation renders and loads it: the bridge is the
+    // host's side of the container's link.
+    let addr = String::from_utf8(w.host.sh("ip -o -4 addr show to 10.20.0.1/32").stdout).unwrap();
+    let bridge = addr
+        .split_whitespace()
+        .nth(1)
+        .expect("the host's side of the link")
+        .to_owned();
+    let ruleset = tenants::ruleset(&Tenants {
+        bridge,
+        bridge_address: "10.20.0.1".parse().unwrap(),
+        host_nets4: vec![
+            ("10.8.0.2".parse().unwrap(), 24),
+            ("192.168.77.2".parse().unwrap(), 24),
+        ],
+        host_nets6: vec![],
+    });
+    let file = w.dir.path().join("tenant-firewall.nft");
+    std::fs::write(&file, &ruleset).unwrap();
+    w.host.sh(&format!("nft -f {}", file.display()));
+
+    // Break glass: from the relay, over wg0, the operator's key, the host's own sshd.
+    assert_eq!(
+        ssh(&w.relay, &operator, "10.8.0.2", 22).as_deref(),
+        Some("host"),
+        "the relay path lands on the host's sshd with the tunnel down"
+    );
+    // The customer's public :22 still lands in the container — with the operator's key too:
+    // the public port never reaches the host's sshd.
+    assert_eq!(w.customer_ssh().as_deref(), Some("container"));
+    assert_eq!(
+        ssh(&w.customer, &operator, PUBLIC, 22).as_deref(),
+        Some("container")
+    );
+    // Nothing from the tenant's side reaches the host's sshd, on any of its addresses.
+    for target in ["10.8.0.2", "10.20.0.1", "192.168.77.2"] {
+        assert_eq!(
+            ssh(&w._container, &w.key, target, 22),
+            None,
+            "the tenant reached the host's sshd at {target}"
+        );
+    }
+    // And the relay still does, after all that.
+    assert_eq!(
+        ssh(&w.relay, &operator, "10.8.0.2", 22).as_deref(),
+        Some("host")
+    );
+}
+
 #[test]
 fn the_relay_after_bootstrap_holds_exactly_the_seeded_chain() {
     if !kernel_parts(&["ip", "nft"]) {

@@ -120,6 +120,31 @@ pub struct Heartbeat {
     pub vms: Vec<HeldVm>,
 }
 
+/// The key in a heartbeat's `details` under which the agent sends the logins to `spark` that
+/// sshd accepted since the last delivered beat (#16, 5): a list of [`OperatorLogin`].
+pub const OPERATOR_LOGINS: &str = "operator_logins";
+/// How many logins one beat carries at most; the rest wait in the journal for the next beat.
+pub const MAX_LOGINS_PER_BEAT: usize = 12;
+
+/// One login to `spark` that the host's sshd accepted, attributed on the host against the
+/// operator-key list it applied: `user_sub` is the list's entry for the key, or absent when the key is on no list the host holds ("not an operator key").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct OperatorLogin {
+    /// When sshd accepted it (the journal's timestamp).
+    pub at: chrono::DateTime<chrono::Utc>,
+    /// The address the connection came from, and its port.
+    pub source: String,
+    pub source_port: u16,
+    /// `SHA256:…`, as sshd logged it.
+    pub fingerprint: String,
+    /// The operator's user sub from the list's entry (the list's `label` is left out: the
+    /// backend knows it by the fingerprint, and the beat's details are bounded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_sub: Option<String>,
+}
+
 /// How many instances a heartbeat may list. One per host is the rule; the slack is for a
 /// host that drifted, so it can still be seen and put right.
 pub const MAX_HELD_VMS: usize = 64;

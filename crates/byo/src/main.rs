@@ -18,6 +18,18 @@ enum Command {
     /// The signed operator-key lists.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// One host, by hand (break glass).
+    #[command(subcommand)]
+    Host(HostCommand),
+}
+
+#[derive(Subcommand)]
+enum HostCommand {
+    /// Log in to a host as spark when the operator tunnel is down: through its relay (IAP to
+    /// the relay, WireGuard to 10.8.0.2), with your own operator key.
+    ///
+    /// Example: byo host ssh spark-7 --via relay --project enverge-prod --zone europe-west4-a
+    Ssh(byo::host_ssh::SshArgs),
 }
 
 #[derive(Subcommand)]
@@ -52,5 +64,6 @@ async fn run() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Up(args) => byo::up::run(args).await,
         Command::Keys(KeysCommand::Sign(args)) => byo::keys::sign(args).await,
+        Command::Host(HostCommand::Ssh(args)) => byo::host_ssh::run(args),
     }
 }

@@ -31,7 +31,7 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             SERVING,
             format!(
-                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n\n[Install]\nWantedBy=multi-user.target\n"
+                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
             ),
         ),
         (

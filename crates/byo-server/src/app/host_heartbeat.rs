@@ -13,7 +13,10 @@
 use byo_core::tokens::SecretToken;
 use byo_db::GuardedWrite;
 use byo_wire::states::VmStatus;
-use byo_wire::vm::{Heartbeat, HeldVm, MAX_HELD_VMS, is_instance_name};
+use byo_wire::vm::{
+    Heartbeat, HeldVm, MAX_HELD_VMS, MAX_LOGINS_PER_BEAT, OPERATOR_LOGINS, OperatorLogin,
+    is_instance_name,
+};
 use serde_json::json;
 
 use crate::app::host_report::HostCall;
@@ -59,6 +62,40 @@ fn check(beat: &Heartbeat) -> AppResult<()> {
     Ok(())
 }
 
+/// Attributable logins (#16, 5): the logins the beat carries in its details, taken out of
+/// them (they are kept in their own table, not in host_status) and checked: at most
+/// [`MAX_LOGINS_PER_BEAT`], each an address, a `SHA256:` fingerprint and, when attributed, a
+/// printable user sub of the list's bound. A list that does not read refuses the whole beat.
+pub fn take_logins(details: &mut serde_json::Value) -> AppResult<Vec<OperatorLogin>> {
+    let refused = |m: &str| AppError::bad_request("invalid_heartbeat", m.to_owned());
+    let Some(value) = details
+        .as_object_mut()
+        .and_then(|d| d.remove(OPERATOR_LOGINS))
+    else {
+        return Ok(Vec::new());
+    };
+    let logins: Vec<OperatorLogin> = serde_json::from_value(value)
+        .map_err(|_| refused("operator_logins is a list of logins"))?;
+    if logins.len() > MAX_LOGINS_PER_BEAT {
+        return Err(refused(&format!(
+            "operator_logins lists at most {MAX_LOGINS_PER_BEAT} logins"
+        )));
+    }
+    for l in &logins {
+        if l.source.parse::<std::net::IpAddr>().is_err()
+            || !byo_core::logins::is_fingerprint(&l.fingerprint)
+            || l.user_sub.as_ref().is_some_and(|u| {
+                u.is_empty() || u.chars().count() > 128 || u.chars().any(char::is_control)
+            })
+        {
+            return Err(refused(
+                "each of operator_logins is an address, a SHA256 fingerprint and the list's user sub",
+            ));
+        }
+    }
+    Ok(logins)
+}
+
 /// Keep the host's health as its host_status row. `beat` is the body, or why it could not
 /// be read; a caller that is not a host hears only that.
 pub async fn record(
@@ -67,11 +104,12 @@ pub async fn record(
     beat: Result<Heartbeat, String>,
 ) -> AppResult<HostCall> {
     let hash = token.hash();
-    let beat = match beat.and_then(|b| {
+    let (beat, logins) = match beat.and_then(|mut b| {
         check(&b).map_err(|e| e.to_string())?;
-        Ok(b)
+        let logins = take_logins(&mut b.details).map_err(|e| e.to_string())?;
+        Ok((b, logins))
     }) {
-        Ok(beat) => beat,
+        Ok(read) => read,
         Err(why) => {
             // A body we cannot use is the host's to hear about only if it is a host.
             if state.store.host_id_by_token(&hash).await?.is_none() {
@@ -87,6 +125,12 @@ pub async fn record(
         .await?
     {
         Some((host_id, holds_live_row)) => {
+            if !logins.is_empty() {
+                state
+                    .store
+                    .record_operator_logins(&host_id, &logins, state.clock.now())
+                    .await?;
+            }
             if holds_live_row || !beat.vms.is_empty() {
                 reconcile(state, &host_id, &beat.vms).await?;
             }

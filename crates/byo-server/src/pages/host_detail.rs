@@ -22,6 +22,8 @@ const SHOWN_CHARS: usize = 200;
 const SHOWN_DETAILS_BYTES: usize = 2048;
 const SHOWN_INSTANCES: i64 = 20;
 const SHOWN_AUDIT: i64 = 50;
+/// Attributable logins shown (#16, 5), newest first.
+pub(crate) const SHOWN_LOGINS: i64 = 20;
 
 /// `s` cut to `n` characters, with an ellipsis when cut.
 pub(crate) fn cut(s: &str, n: usize) -> String {
@@ -73,6 +75,7 @@ async fn page(
     let vms = store.vms_of_host(host_id, SHOWN_INSTANCES).await?;
     let audit = store.audit_of_host(host_id, SHOWN_AUDIT).await?;
     let relay = store.relay_record(host_id).await?;
+    let logins = store.operator_logins(host_id, SHOWN_LOGINS).await?;
     let now = state.clock.now();
     let bench = store.host_bench(host_id).await?;
     let problems = crate::app::host_problems::problems(
@@ -199,6 +202,23 @@ async fn page(
                         @if let Some(e) = &k.error { ", failed: " (cut(e, SHOWN_CHARS)) }
                     }
                     None => "—",
+                }
+            }
+            h2 { "Operator logins" }
+            @if logins.is_empty() { p #logins { "None reported." } } @else {
+                table #logins {
+                    thead { tr { th { "When" } th { "Operator" } th { "Key" } th { "From" } } }
+                    tbody { @for l in &logins { tr {
+                        td { (at(l.logged_in_at)) }
+                        td {
+                            @match &l.user_sub {
+                                Some(sub) => { (cut(l.operator_name.as_deref().unwrap_or("—"), 64)) " (" (cut(sub, 64)) ")" }
+                                None => { strong { "not an operator key" } }
+                            }
+                        }
+                        td { (cut(l.key_label.as_deref().unwrap_or(""), 64)) " " code { (cut(&l.fingerprint, 80)) } }
+                        td { (cut(&l.source, 45)) " port " (l.source_port) }
+                    } } }
                 }
             }
             h2 { "Instances" }

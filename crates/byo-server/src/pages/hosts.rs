@@ -207,6 +207,19 @@ async fn gpus_page(
         }
         rows.push((e, live, after));
     }
+    // Who of the operators logged in to each of the owner's hosts, and when (#16, 5).
+    let mut logins = Vec::new();
+    for e in &enrollments {
+        if let (Some(id), Some(slug)) = (&e.host_id, &e.slug) {
+            let seen = state
+                .store
+                .operator_logins(id, super::host_detail::SHOWN_LOGINS)
+                .await?;
+            if !seen.is_empty() {
+                logins.push((slug.clone(), id.clone(), seen));
+            }
+        }
+    }
     Ok(layout(
         "Your GPUs",
         Some(v),
@@ -283,6 +296,27 @@ async fn gpus_page(
                         }
                         td { (e.created_at.format("%Y-%m-%d %H:%M")) }
                     } } }
+                }
+            }
+            @if !logins.is_empty() {
+                h2 { "Operator logins" }
+                p { "Our operators administer your GPU as " code { "spark" } ", each with their own key. Every login sshd accepted, newest first:" }
+                @for (slug, host_id, seen) in &logins {
+                    h3 { (slug) }
+                    table.logins #{ "logins-" (host_id) } {
+                        thead { tr { th { "When" } th { "Who" } th { "From" } } }
+                        tbody { @for l in seen { tr {
+                            td { (l.logged_in_at.format("%Y-%m-%d %H:%M:%S UTC")) }
+                            td {
+                                @match (&l.user_sub, &l.operator_name) {
+                                    (Some(_), Some(name)) => { (super::host_detail::cut(name, 64)) }
+                                    (Some(_), None) => { "an operator" }
+                                    (None, _) => { strong { "not an operator key" } " (" code { (super::host_detail::cut(&l.fingerprint, 80)) } ")" }
+                                }
+                            }
+                            td { (super::host_detail::cut(&l.source, 45)) }
+                        } } }
+                    }
                 }
             }
         },
