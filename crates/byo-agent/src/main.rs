@@ -39,6 +39,9 @@ enum Command {
         heartbeat_every: u64,
         #[command(flatten)]
         paths: KeyPaths,
+        /// The listener's header, idle, body and connection limits (#16).
+        #[command(flatten)]
+        limits: byo_listen::Limits,
     },
     /// Enrol this machine (step 126): detect it, redeem the token, keep the credentials
     /// root-only under /etc/enverge. A machine that already enrolled reuses them. The token
@@ -200,12 +203,14 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             serving_file,
             heartbeat_every,
             paths,
+            limits,
         } => serve::run(ServeOptions {
             listen,
             agent_token_hash,
             serving_file,
             heartbeat_every,
             operator_keys: keys(paths)?,
+            limits,
         }),
         Command::Enroll {
             server,

@@ -301,6 +301,19 @@ pub struct ServeOptions {
     /// Seconds between heartbeats (at least one).
     pub heartbeat_every: u64,
     pub operator_keys: OperatorKeys,
+    /// The listener's limits (`byo_listen`).
+    pub limits: byo_listen::Limits,
+}
+
+/// Answer the backend on `listener` under `limits` until `shutdown`: the agent's API through
+/// the one limited listener every byo daemon uses (`byo_listen`).
+pub async fn answer_on(
+    listener: tokio::net::TcpListener,
+    state: Serving,
+    limits: byo_listen::Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    byo_listen::serve(listener, router(state), limits, shutdown).await
 }
 
 /// The serving unit (enverge-agent, as spark): bring authorized_keys to the kept operator-key
@@ -313,6 +326,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         serving_file,
         heartbeat_every,
         operator_keys,
+        limits,
     } = options;
     let heartbeat_every = std::time::Duration::from_secs(heartbeat_every.max(1));
     tracing_subscriber::fmt()
@@ -374,11 +388,10 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         if let (Some(svc), Some(handed)) = (service, vms) {
             std::thread::spawn(move || crate::heartbeat::run(svc, handed, heartbeat_every));
         }
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
-            .await?;
+        answer_on(listener, state, limits, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
         Ok(())
     })
 }

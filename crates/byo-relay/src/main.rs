@@ -12,7 +12,7 @@ use byo_relay::mapd::Mapd;
 use byo_relay::nft::NftCli;
 use clap::{Args, Parser, Subcommand};
 
-/// The byo relay daemon. ssh_mapd maps the relay's public :22 (or another port) to one
+/// The byo relay daemon. ssh_mapd maps the relay's public :22 (and no other port) to one
 /// port on the host behind it, through the LOFISPARK_VMSSH nftables chain.
 #[derive(Parser)]
 #[command(version, about, long_about)]
@@ -52,6 +52,9 @@ enum Command {
         token_hash_file: PathBuf,
         #[command(flatten)]
         layout: LayoutArgs,
+        /// The listener's header, idle, body and connection limits (#16).
+        #[command(flatten)]
+        limits: byo_listen::Limits,
     },
     /// Create the table and chain if missing: the IAP exemption and the :22 blackhole.
     Seed {
@@ -65,7 +68,12 @@ enum Command {
     },
 }
 
-fn serve(listen: SocketAddr, token_hash_file: PathBuf, layout: Layout) -> anyhow::Result<()> {
+fn serve(
+    listen: SocketAddr,
+    token_hash_file: PathBuf,
+    layout: Layout,
+    limits: byo_listen::Limits,
+) -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .compact()
@@ -94,8 +102,7 @@ fn serve(listen: SocketAddr, token_hash_file: PathBuf, layout: Layout) -> anyhow
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         tracing::info!(%listen, "ssh_mapd serving");
-        axum::serve(listener, byo_relay::mapd::router(state))
-            .with_graceful_shutdown(async {
+        byo_relay::mapd::serve(listener, state, limits, async {
                 let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
                 tokio::select! {
                     _ = tokio::signal::ctrl_c() => {}
@@ -113,7 +120,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             listen,
             token_hash_file,
             layout,
-        } => serve(listen, token_hash_file, layout.layout()),
+            limits,
+        } => serve(listen, token_hash_file, layout.layout(), limits),
         Command::Seed { layout } => {
             if NftCli.ensure(&layout.layout())? {
                 println!("seeded table ip {}", nft::TABLE);

@@ -9,6 +9,7 @@
 use std::net::Ipv4Addr;
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode, header};
@@ -26,6 +27,17 @@ use crate::nft::{self, NftCli};
 
 /// Ports a mapping may never take: the relay's own services.
 pub const RESERVED_PORTS: &[u16] = &[80, 443, 8754, 51820];
+
+/// The only public ports a mapping may take (#16 item 7). Step 49: a per-host relay
+/// forwards the host's instance SSH on the relay's public :22 — standard port 22, no client
+/// software (F note 1) — to one port on that host, which is all the agent ever asks for
+/// (`byo_agent::vms::PUBLIC_SSH_PORT`). Any other public port would open a hole in the
+/// relay the design never made, so it is refused before the kernel sees it.
+pub const MAPPABLE_PORTS: &[u16] = &[22];
+
+/// The largest body ssh_mapd reads: a whole map of the mappable ports is a few hundred
+/// bytes.
+pub const BODY_LIMIT: usize = 16 * 1024;
 
 #[derive(Clone)]
 pub struct Mapd {
@@ -85,6 +97,11 @@ pub fn validate(
     if RESERVED_PORTS.contains(&port) {
         return Err(format!(
             "port {port} is one of the relay's own services and cannot be mapped"
+        ));
+    }
+    if !MAPPABLE_PORTS.contains(&port) {
+        return Err(format!(
+            "port {port} is not a port this relay maps: only {MAPPABLE_PORTS:?}"
         ));
     }
     let addr: Ipv4Addr = target
@@ -203,5 +220,17 @@ pub fn router(state: Mapd) -> Router {
     Router::new()
         .route("/map", get(get_map).put(put_map))
         .route("/map/{port}", put(put_port).delete(delete_port))
+        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(state)
+}
+
+/// Serve ssh_mapd on `listener` under `limits` (`byo_listen`: header, idle, body and
+/// connection limits) until `shutdown`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Mapd,
+    limits: byo_listen::Limits,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    byo_listen::serve(listener, router(state), limits, shutdown).await
 }

@@ -250,7 +250,11 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
     let kernel = w.kernel_map();
     assert_eq!(kernel, "[Mapping { port: 22, target_port: 2201 }]");
 
-    // Refusals change nothing.
+    // Refusals change nothing: neither the map nor the rest of the table.
+    let table = || {
+        String::from_utf8_lossy(&w.relay.try_sh("nft list table ip lofispark").stdout).into_owned()
+    };
+    let table_before = table();
     let wrong = SecretToken::generate(TokenKind::SshMap);
     for (method, path, body, token, want) in [
         (
@@ -314,6 +318,19 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
             None,
             400,
         ),
+        // #16: no public port but :22 (step 49), alone or in a whole map.
+        ("PUT", "/map/2222", Some(map_22()), None, 400),
+        ("PUT", "/map/8080", Some(map_22()), None, 400),
+        ("PUT", "/map/65535", Some(map_22()), None, 400),
+        (
+            "PUT",
+            "/map",
+            Some(
+                r#"{"mappings":[{"port":22,"target":"10.8.0.2","target_port":2201},{"port":2222,"target":"10.8.0.2","target_port":2202}]}"#,
+            ),
+            None,
+            400,
+        ),
         // One port mapped twice in a whole map.
         (
             "PUT",
@@ -349,7 +366,7 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
             "PUT",
             "/map",
             Some(
-                r#"{"mappings":[{"port":2222,"target":"10.8.0.2","target_port":2201},{"port":2222,"target":"10.8.0.2","target_port":2202}]}"#
+                r#"{"mappings":[{"port":22,"target":"10.8.0.2","target_port":2201},{"port":22,"target":"10.8.0.2","target_port":2202}]}"#
             ),
             None
         ),
@@ -358,7 +375,30 @@ fn f_customer_ssh_through_the_relay_lands_in_the_container_only_while_mapped() {
             r#"{"error":"invalid","message":"a port is mapped twice"}"#.into()
         )
     );
+    // #16: the relay maps its public :22 and nothing else, to the one host.
+    assert_eq!(
+        w.call("PUT", "/map/2222", Some(map_22()), None),
+        (
+            400,
+            r#"{"error":"invalid","message":"port 2222 is not a port this relay maps: only [22]"}"#
+                .into()
+        )
+    );
+    assert_eq!(
+        w.call(
+            "PUT",
+            "/map/22",
+            Some(r#"{"target":"10.8.0.3","target_port":2201}"#),
+            None
+        ),
+        (
+            400,
+            r#"{"error":"invalid","message":"this relay forwards only to its own host 10.8.0.2, not 10.8.0.3"}"#
+                .into()
+        )
+    );
     assert_eq!(w.kernel_map(), kernel, "and the kernel is as it was");
+    assert_eq!(table(), table_before, "and so is the chain");
 
     // GET /map is the kernel, across a daemon restart.
     w.stop_mapd();

@@ -39,6 +39,7 @@ const KEYS: &[&str] = &[
     "placement",
     "rate_limits",
     "billing",
+    "listener",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -122,6 +123,10 @@ pub struct Config {
     /// Billing on Stripe (issue #13, 4). Absent, billing is off (`byo up`).
     #[serde(default)]
     pub billing: Option<stripe::BillingConfig>,
+    /// `[listener]`: the header-read (and idle) timeout, the body-read timeout and the cap on
+    /// concurrent connections of the API's listener (#16, `byo_listen::Limits`).
+    #[serde(default)]
+    pub listener: byo_listen::Limits,
 }
 
 /// `[rate_limits]`: how often one address, and one account, may knock on the doors that
@@ -374,6 +379,7 @@ impl Default for Config {
             instances: InstancesConfig::default(),
             loopback_origins: Vec::new(),
             billing: None,
+            listener: byo_listen::Limits::default(),
         }
     }
 }

@@ -56,12 +56,12 @@ pub async fn serve(
             tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
             let router = metrics::router(state.metrics.clone());
             let mut rx = stop_rx.clone();
+            let limits = state.config.listener;
             Some(tokio::spawn(async move {
-                axum::serve(metrics_listener, router)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|stop| *stop).await;
-                    })
-                    .await
+                byo_listen::serve(metrics_listener, router, limits, async move {
+                    let _ = rx.wait_for(|stop| *stop).await;
+                })
+                .await
             }))
         }
         None => None,
@@ -70,11 +70,8 @@ pub async fn serve(
         app::jobs::JobDriver::new(state.clone(), app::jobs::registry()).spawn(stop_rx.clone());
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
     let store = state.store.clone();
-    axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(async move {
+    let limits = state.config.listener;
+    byo_listen::serve(listener, router(state), limits, async move {
         shutdown.await;
         tracing::info!("shutting down: finishing requests in flight");
         let _ = stop_tx.send(true);

@@ -94,266 +94,488 @@ fn none(_: usize) -> Option<Value> {
     None
 }
 
-/// Every API route. The test fails if the OpenAPI document lists one not here.
-fn api_table() -> Vec<Row> {
+/// Exact statuses, in [`EVERYONE`]'s order: anonymous, customer, owner, community host,
+/// operator, superadmin.
+type Statuses = [u16; 6];
+
+/// One API route and the exact status each actor gets (#16 item 8). `expect` is for the
+/// path with real rows from [`Fixture`] (hosts and an enrolment owned by the owner; an
+/// instance, an SSH key, a booking and a queue row owned by the customer), made afresh for
+/// every request so no answer depends on an earlier one; `missing`, for a path with ids,
+/// is for ids that do not exist. Where a signed-in caller gets 404 for a real row (someone
+/// else's), the whole answer must be the one a row that does not exist gets.
+struct ApiRow {
+    method: Method,
+    path: &'static str,
+    expect: Statuses,
+    missing: Option<Statuses>,
+    body: fn(n: usize) -> Option<Value>,
+}
+
+/// The real rows one request is made against: the owner's host (bookable, never heard
+/// from), the owner's second host with its pending enrolment, and the customer's instance,
+/// SSH key, booking (on the first host) and queue row.
+struct Fixture {
+    host: String,
+    enrollment: String,
+    vm: String,
+    key: String,
+    booking: String,
+    queued: String,
+}
+
+impl Fixture {
+    async fn new(app: &TestApp, actors: &Actors, n: usize) -> Fixture {
+        let now = app.state.clock.now();
+        let owner = actors.sub(Owner);
+        let customer = actors.sub(Customer);
+        let host = app
+            .db
+            .insert_host(
+                byo_db::hosts::NewHost {
+                    slug: &format!("fixture-{n}"),
+                    owner_sub: owner,
+                    profile_id: "gb10-spark-1",
+                    gpu_type: "spark-1",
+                },
+                now,
+            )
+            .await
+            .unwrap()
+            .id;
+        // Bookable (active, prepared, reachable, shared) but never heard from, so no create
+        // is placed on it.
+        let sealed = app.state.sealer.as_ref().unwrap().seal("agent-token");
+        app.db
+            .execute_unchecked(&format!(
+                "update hosts set agent_token = '{sealed}' where id = '{host}'"
+            ))
+            .await
+            .unwrap();
+        app.db
+            .record_relay(
+                &host,
+                Some("10.8.0.1"),
+                byo_wire::states::RelayState::Ready,
+                None,
+            )
+            .await
+            .unwrap();
+        app.db.mark_host_prepared(&host, now).await.unwrap();
+        app.db
+            .activate_host(&host, "shared", None, false, actors.sub(Operator), now)
+            .await
+            .unwrap();
+        // The enrolment is a second host's, still waiting to redeem, as a fresh allocation's.
+        let enrolling = app
+            .db
+            .insert_host(
+                byo_db::hosts::NewHost {
+                    slug: &format!("enrolling-{n}"),
+                    owner_sub: owner,
+                    profile_id: "gb10-spark-1",
+                    gpu_type: "spark-1",
+                },
+                now,
+            )
+            .await
+            .unwrap()
+            .id;
+        let enrollment = app
+            .db
+            .create_enrollment(
+                byo_db::enrollments::NewEnrollment {
+                    host_id: &enrolling,
+                    owner_sub: owner,
+                    profile_id: "gb10-spark-1",
+                    token_hash: &byo_core::tokens::SecretToken::generate(
+                        byo_core::tokens::TokenKind::Enrollment,
+                    )
+                    .hash(),
+                    token_expires_at: now + chrono::Duration::hours(1),
+                },
+                now,
+            )
+            .await
+            .unwrap()
+            .id;
+        let vm = app
+            .db
+            .create_vm(
+                byo_db::vms::NewVm {
+                    user_sub: customer,
+                    host_id: None,
+                    name: &format!("fixture-{n}"),
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                now,
+            )
+            .await
+            .unwrap()
+            .id;
+        let key = app
+            .db
+            .insert_ssh_key(
+                byo_db::ssh_keys::NewSshKey {
+                    user_sub: customer,
+                    name: "laptop",
+                    public_key: FIXTURE_KEY,
+                    fingerprint: &format!("SHA256:fixture{n}"),
+                },
+                now,
+            )
+            .await
+            .unwrap()
+            .id;
+        let booking = app
+            .db
+            .book_prebooking(
+                byo_db::prebookings::NewPrebooking {
+                    user_sub: customer,
+                    gpu_type: "spark-1",
+                    start_date: now + chrono::Duration::days(2),
+                    end_date: now + chrono::Duration::days(4),
+                },
+                1_000,
+                now,
+            )
+            .await
+            .unwrap()
+            .id;
+        let queued = app
+            .db
+            .enqueue_vm(
+                byo_db::queue::NewQueued {
+                    user_sub: customer,
+                    gpu_type: "spark-1",
+                    ssh_key_id: &key,
+                },
+                now,
+                1_000,
+            )
+            .await
+            .unwrap()
+            .id;
+        Fixture {
+            host,
+            enrollment,
+            vm,
+            key,
+            booking,
+            queued,
+        }
+    }
+}
+
+const FIXTURE_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl fixture";
+
+/// Every API route. The test fails if the OpenAPI document lists one not here. Statuses in
+/// the order anonymous, customer, owner, community host, operator, superadmin; `expect` on
+/// the fixture's real rows, `missing` on ids that do not exist. Where a body is refused
+/// (400), the caller got past every gate and the rule judged the body.
+fn api_table() -> Vec<ApiRow> {
     vec![
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/healthz",
-            allowed: EVERYONE,
+            expect: [200, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/auth/signup",
-            allowed: EVERYONE,
+            expect: [202, 202, 202, 202, 202, 202],
+            missing: None,
             body: |n| Some(json!({"email": format!("new{n}@example.com"), "password": PASSWORD})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/auth/login",
-            allowed: EVERYONE,
+            expect: [200, 200, 200, 200, 200, 200],
+            missing: None,
             body: |_| Some(json!({"email": "login@example.com", "password": PASSWORD})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/auth/logout",
-            allowed: SIGNED_IN,
+            expect: [401, 204, 204, 204, 204, 204],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/me",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::PUT,
             path: "/api/me/password",
-            allowed: SIGNED_IN,
+            expect: [401, 204, 204, 204, 204, 204],
+            missing: None,
             body: |_| {
                 Some(
                     json!({"current_password": PASSWORD, "new_password": "a different long password"}),
                 )
             },
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/users",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::PUT,
             path: "/api/admin/users/{sub}/roles/{role}",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: Some([401, 403, 403, 403, 200, 200]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::DELETE,
             path: "/api/admin/users/{sub}/roles/{role}",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: Some([401, 403, 403, 403, 200, 200]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/audit",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/jobs",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/hosts",
-            allowed: HOSTERS,
+            expect: [401, 403, 403, 409, 403, 409],
+            missing: None,
             body: |_| Some(json!({"profile_id": "gb10-spark-1"})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/hosts/{host_id}/activate",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: |_| Some(json!({"placement": "shared"})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/enrollments/{enrollment_id}/revoke",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 204, 204],
+            missing: Some([401, 403, 403, 403, 409, 409]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/hosts/{host_id}/depool",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 204, 204],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: |_| Some(json!({"reason": "maintenance"})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/hosts/{host_id}/revoke",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/hosts/{host_id}/retire",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/hosts/{host_id}/replace-relay",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
         // The gate is a session; whose host it is is the owner-action table's check below.
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/hosts/{host_id}/stop",
-            allowed: SIGNED_IN,
+            expect: [401, 404, 409, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/operator-keys",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/operator-keys/changes",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 400, 400],
+            missing: None,
             body: |_| Some(json!({"action": "remove", "fingerprint": "SHA256:none"})),
         },
-        Row {
+        ApiRow {
             method: Method::DELETE,
             path: "/api/admin/operator-keys/draft",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 400, 400],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/operator-keys/{version}/signatures",
-            allowed: SUPERADMIN,
+            expect: [401, 403, 403, 403, 403, 409],
+            missing: Some([401, 403, 403, 403, 403, 409]),
             body: |_| Some(json!({"signature": "-----BEGIN SSH SIGNATURE-----"})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/operator-keys/hosts/{host_id}/send",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/operator-keys/owner?fingerprint=SHA256:x",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/ssh-keys",
-            allowed: SIGNED_IN,
+            expect: [401, 400, 400, 400, 400, 400],
+            missing: None,
             body: |_| Some(json!({"name": "laptop", "public_key": "ssh-ed25519 not-a-key"})),
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/ssh-keys",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::DELETE,
             path: "/api/ssh-keys/{key_id}",
-            allowed: SIGNED_IN,
+            expect: [401, 204, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/vms",
-            allowed: SIGNED_IN,
+            expect: [401, 400, 400, 400, 400, 400],
+            missing: None,
             body: |_| Some(json!({"gpu_type": "spark-1", "ssh_key_id": "no-such-key"})),
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/vms",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/vms/{vm_id}",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::DELETE,
             path: "/api/vms/{vm_id}",
-            allowed: SIGNED_IN,
+            expect: [401, 409, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/vms/{vm_id}/state",
-            allowed: SIGNED_IN,
+            expect: [401, 409, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: |_| Some(json!({"action": "stop"})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/vms/{vm_id}/delete",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/stuck-deletes",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/hosts/{host_id}/placement",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/hosts/{host_id}/placement/clear",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: none,
         },
         // Billing (issue #13, 4). Stripe's webhook has no session gate: Stripe-Signature is
         // its gate (400 without a valid one, 404 with billing off; tests/billing.rs).
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/stripe/webhook",
-            allowed: EVERYONE,
+            expect: [404, 404, 404, 404, 404, 404],
+            missing: None,
             body: |_| Some(json!({"id": "evt_1", "type": "checkout.session.completed"})),
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/billing",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/billing/payment-method",
-            allowed: SIGNED_IN,
+            expect: [401, 409, 409, 409, 409, 409],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/prebookings/{prebooking_id}/checkout",
-            allowed: SIGNED_IN,
+            expect: [401, 409, 409, 409, 409, 409],
+            missing: Some([401, 409, 409, 409, 409, 409]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/prebookings",
-            allowed: SIGNED_IN,
+            expect: [401, 400, 400, 400, 400, 400],
+            missing: None,
             body: |_| {
                 Some(
                     json!({"gpu_type": "spark-1", "start_date": "2020-01-01T00:00:00Z",
@@ -361,71 +583,82 @@ fn api_table() -> Vec<Row> {
                 )
             },
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/prebookings",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/prebookings/{prebooking_id}/cancel",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/prebookings",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/prebookings/{prebooking_id}/paid",
-            allowed: SUPERADMIN,
+            expect: [401, 403, 403, 403, 403, 200],
+            missing: Some([401, 403, 403, 403, 403, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/prebookings/{prebooking_id}/launch",
-            allowed: SUPERADMIN,
+            expect: [401, 403, 403, 403, 403, 409],
+            missing: Some([401, 403, 403, 403, 403, 404]),
             body: |_| Some(json!({"force": true})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/prebookings/{prebooking_id}/reassign",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 400, 400],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: |_| Some(json!({"host_id": "no-such-host"})),
         },
         // The queue (E2, issue #13).
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/queue",
-            allowed: SIGNED_IN,
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::DELETE,
             path: "/api/queue/{queue_id}",
-            allowed: SIGNED_IN,
+            expect: [401, 204, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::GET,
             path: "/api/admin/queue",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
             body: none,
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/queue/{queue_id}/place",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: |_| Some(json!({"host_id": "no-such-host"})),
         },
-        Row {
+        ApiRow {
             method: Method::POST,
             path: "/api/admin/queue/{queue_id}/close",
-            allowed: OPERATORS,
+            expect: [401, 403, 403, 403, 204, 204],
+            missing: Some([401, 403, 403, 403, 404, 404]),
             body: |_| Some(json!({"reason": "testing the gate"})),
         },
     ]
@@ -922,6 +1155,29 @@ async fn actors(app: &TestApp) -> Actors {
 }
 
 impl Actors {
+    fn sub(&self, actor: Actor) -> &str {
+        &self.subs.iter().find(|(a, _)| *a == actor).unwrap().1
+    }
+
+    /// `path` with its placeholders filled: the fixture's rows, or ids that do not exist.
+    fn path(&self, path: &str, fx: Option<&Fixture>) -> String {
+        let id = |real: fn(&Fixture) -> &str, missing: &'static str| -> String {
+            fx.map_or(missing.to_owned(), |f| real(f).to_owned())
+        };
+        path.replace("{sub}", &self.target)
+            .replace("{role}", "community_host")
+            .replace("{version}", "1")
+            .replace("{host_id}", &id(|f| &f.host, "no-such-host"))
+            .replace(
+                "{enrollment_id}",
+                &id(|f| &f.enrollment, "no-such-enrollment"),
+            )
+            .replace("{vm_id}", &id(|f| &f.vm, "no-such-vm"))
+            .replace("{key_id}", &id(|f| &f.key, "no-such-key"))
+            .replace("{prebooking_id}", &id(|f| &f.booking, "no-such-booking"))
+            .replace("{queue_id}", &id(|f| &f.queued, "no-such-queued"))
+    }
+
     async fn session(&self, app: &TestApp, actor: Actor) -> Option<String> {
         match self.subs.iter().find(|(a, _)| *a == actor) {
             Some((_, sub)) => Some(app.session_for(sub).await),
@@ -1035,11 +1291,12 @@ async fn every_api_route_has_an_authorisation_row(app: TestApp) {
     }
     let tabled: BTreeSet<_> = api_table()
         .iter()
-        .chain(token_table().iter())
-        .map(|r| {
+        .map(|r| (&r.method, r.path))
+        .chain(token_table().iter().map(|r| (&r.method, r.path)))
+        .map(|(method, path)| {
             (
-                r.method.to_string(),
-                r.path.split('?').next().unwrap().to_owned(),
+                method.to_string(),
+                path.split('?').next().unwrap().to_owned(),
             )
         })
         .collect();
@@ -1049,9 +1306,104 @@ async fn every_api_route_has_an_authorisation_row(app: TestApp) {
     );
 }
 
-async fn api_routes_admit_exactly_the_roles_in_the_table(app: TestApp) {
+/// #16 item 8: every API route, every actor, real rows and ids that do not exist, and the
+/// exact status each gets. `BYO_PRINT_MATRIX=1` prints what was seen as the table's arrays.
+async fn api_routes_answer_each_role_exactly_as_the_table_says(app: TestApp) {
     let actors = actors(&app).await;
-    check(&app, &actors, &api_table(), false).await;
+    let mut n = 0;
+    let mut failures = Vec::new();
+    let mut seen_table = String::new();
+    for row in api_table() {
+        let mut seen = [0u16; 6];
+        let mut seen_missing = [0u16; 6];
+        let has_ids = row.path.contains('{');
+        for (i, actor) in EVERYONE.iter().enumerate() {
+            n += 1;
+            let fx = Fixture::new(&app, &actors, n).await;
+            let session = actors.session(&app, *actor).await;
+            let real = actors.path(row.path, Some(&fx));
+            let reply = send(
+                &app,
+                row.method.clone(),
+                &real,
+                session.as_deref(),
+                (row.body)(n),
+            )
+            .await;
+            seen[i] = reply.status.as_u16();
+            if seen[i] != row.expect[i] {
+                failures.push(format!(
+                    "{} {} as {actor:?} on real rows: expected {}, got {} {}",
+                    row.method,
+                    row.path,
+                    row.expect[i],
+                    reply.status,
+                    reply.text()
+                ));
+            }
+            if !has_ids {
+                continue;
+            }
+            n += 1;
+            let missing = send(
+                &app,
+                row.method.clone(),
+                &actors.path(row.path, None),
+                session.as_deref(),
+                (row.body)(n),
+            )
+            .await;
+            seen_missing[i] = missing.status.as_u16();
+            if let Some(want) = row.missing
+                && seen_missing[i] != want[i]
+            {
+                failures.push(format!(
+                    "{} {} as {actor:?} on ids that do not exist: expected {}, got {} {}",
+                    row.method,
+                    row.path,
+                    want[i],
+                    missing.status,
+                    missing.text()
+                ));
+            }
+            if *actor != Anonymous
+                && reply.status == StatusCode::NOT_FOUND
+                && reply.as_seen() != missing.as_seen()
+            {
+                failures.push(format!(
+                    "{} {} as {actor:?}: someone else's row answers {} but one that does not exist {}",
+                    row.method,
+                    row.path,
+                    reply.text(),
+                    missing.text()
+                ));
+            }
+        }
+        if row.missing.is_none() && has_ids {
+            failures.push(format!(
+                "{} {}: no `missing` statuses",
+                row.method, row.path
+            ));
+        }
+        seen_table.push_str(&format!(
+            "{} {} expect: {seen:?}, missing: {}\n",
+            row.method,
+            row.path,
+            if has_ids {
+                format!("Some({seen_missing:?})")
+            } else {
+                "None".into()
+            }
+        ));
+    }
+    if std::env::var_os("BYO_PRINT_MATRIX").is_some() {
+        eprintln!("MATRIX\n{seen_table}MATRIX");
+    }
+    assert!(
+        failures.is_empty(),
+        "the role matrix is violated:\n{}",
+        failures.join("\n")
+    );
 }
 
 async fn pages_admit_exactly_the_roles_in_the_table(app: TestApp) {
@@ -1257,7 +1609,7 @@ async fn operators_cannot_grant_operator_or_superadmin(app: TestApp) {
 
 on_each_backend!(
     every_api_route_has_an_authorisation_row,
-    api_routes_admit_exactly_the_roles_in_the_table,
+    api_routes_answer_each_role_exactly_as_the_table_says,
     pages_admit_exactly_the_roles_in_the_table,
     operators_cannot_grant_operator_or_superadmin,
     token_routes_give_every_session_the_same_answer,

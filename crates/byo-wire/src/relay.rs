@@ -2,8 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
-/// One forwarded port: the relay's public `port` (22, or another) to `target_port` on
-/// `target`, the one host behind the relay.
+/// One forwarded port: the relay's public `port` (22: ssh_mapd refuses any other, #16) to
+/// `target_port` on `target`, the one host behind the relay.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MapEntry {
