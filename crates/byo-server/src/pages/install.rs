@@ -1,10 +1,14 @@
 //! `install.sh`, the one-liner's script, and the agent builds it fetches (place 2), and the
 //! builds a relay and preparation fetch (`byo-relay-<arch>`, `cloudflared-<arch>`).
 //! The script fetches the agent from this server into a temporary directory, checks its
-//! digest, enrols in the foreground (a refusal prints the reason and exits non-zero with
-//! nothing installed), then installs the three units and starts preparation only — whose
-//! `Wants=` starts serving once credentials exist; on an upgrade (already enrolled) it
-//! restarts serving instead (J notes 5–6). `--uninstall [--keep-lxd]` runs the installed
+//! digest, checks it runs here (`--version`), enrols in the foreground (a refusal prints the
+//! reason and exits non-zero with nothing installed), then — detached, as the transient unit
+//! [`INSTALL_UNIT`], so a dropped SSH session cannot cut it short (J note 4) — keeps the
+//! running build as `.previous`, installs the new one, the rollback script and the three
+//! units, and starts preparation only, whose `Wants=` starts serving once credentials exist;
+//! on an upgrade (already enrolled, no token, /etc/enverge left as it is) it resets and
+//! restarts serving instead, and preparation exits at once (J notes 3–6, L1;
+//! `docs/upgrades.md`). `--uninstall [--keep-lxd]` runs the installed
 //! agent's `uninstall` (or, when an uninstall cut short removed it first, fetches it again
 //! to finish), and says so when nothing of byo's is installed (H.3–H.4).
 
@@ -12,14 +16,18 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use byo_core::render::units;
+
 use crate::state::AppState;
 
 pub const AGENT_BIN: &str = "/usr/local/bin/byo-agent";
+/// The transient unit the install's last part runs as, detached from the terminal.
+pub const INSTALL_UNIT: &str = "enverge-agent-install";
 
 pub fn install_script(server: &str) -> String {
     let server = server.trim_end_matches('/');
     let mut units = String::new();
-    for (name, body) in byo_core::render::units::units(AGENT_BIN) {
+    for (name, body) in units::units(AGENT_BIN) {
         units.push_str(&format!(
             "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
         ));
@@ -111,6 +119,12 @@ if ! echo "$expected  $work/byo-agent" | sha256sum -c --quiet - >/dev/null 2>&1;
   exit 1
 fi
 chmod 755 "$work/byo-agent"
+# A build that cannot run here (another architecture, another libc) stops before anything
+# is replaced: the rollback could not save a host from it.
+if ! ran=$("$work/byo-agent" --version 2>&1); then
+  say "the agent from $server does not run on this machine (byo-agent --version: $ran); nothing was installed"
+  exit 1
+fi
 if [ "$uninstall" -eq 1 ]; then
   status=0
   "$work/byo-agent" "${{uninstall_args[@]}}" || status=$?
@@ -118,7 +132,8 @@ if [ "$uninstall" -eq 1 ]; then
 fi
 
 if [ -f /etc/enverge/credentials.json ]; then
-  install -d -m 700 /etc/enverge
+  # An upgrade: no token, and nothing of /etc/enverge changes but the server's address —
+  # its modes are what preparation handed serving (0711), and resetting them stops serving.
   printf '%s\n' "$server" > /etc/enverge/server
   echo "This machine is already enrolled; reusing its credentials."
 else
@@ -134,7 +149,7 @@ else
   # before it succeeds, and a refusal takes away what enrolment created.
   new_etc=0; [ -d /etc/enverge ] || new_etc=1
   new_lib=0; [ -d /var/lib/enverge-agent ] || new_lib=1
-  install -d -m 700 /etc/enverge
+  if [ "$new_etc" -eq 1 ]; then install -d -m 700 /etc/enverge; fi
   enrolled=0
   "$work/byo-agent" enroll --server "$server" --token-file "$work/token" \
     --retry-every 5 --give-up-after 20 </dev/null || enrolled=$?
@@ -155,30 +170,63 @@ if [ -n "${{SUDO_USER:-}}" ] && [ "$SUDO_USER" != root ] && [ ! -f /etc/enverge/
 fi
 
 # From here to the end nothing may be cut short: a dropped SSH session must not land
-# between writing the binary and writing the units (J note 4).
-trap '' HUP INT
-if [ -f {bin} ]; then
-  cp -p {bin} {bin}.previous
+# between writing the binary and writing the units (J note 4). So the rest runs detached,
+# as the transient unit {install_unit}, which this terminal only waits for; one install
+# runs at a time (a second finds the unit there and stops).
+stage=$(mktemp -d /run/enverge-install.XXXXXX)
+mv "$work/byo-agent" "$stage/byo-agent"
+cat > "$stage/finish.sh" <<'FINISH'
+#!/bin/bash
+set -euo pipefail
+stage="$1"
+if [ -f {bin} ] && cmp -s "$stage/byo-agent" {bin}; then
+  echo "This build is already installed; {bin}.previous is left as it was."
+else
+  if [ -f {bin} ]; then
+    cp -p {bin} {bin}.previous
+  fi
+  install -m 755 "$stage/byo-agent" {bin}.new
+  mv -f {bin}.new {bin}
+  # A new build is installed: a rollback recorded before it is history, not news.
+  rm -f {rolled_back}
 fi
-install -m 755 "$work/byo-agent" {bin}.new
-mv -f {bin}.new {bin}
-# A new build is installed: a rollback recorded before it is history, not news.
-rm -f /etc/enverge/rolled-back.json
-
+rm -f "$stage/byo-agent"
+cat > {rollback_script}.new <<'ROLLBACK'
+{rollback}ROLLBACK
+chmod 755 {rollback_script}.new
+mv -f {rollback_script}.new {rollback_script}
 {units}systemctl daemon-reload
 systemctl enable enverge-agent-prepare.service enverge-agent.service
-if systemctl is-active --quiet enverge-agent.service; then
-  # An upgrade: serving is running, so Wants= would start nothing. Restart it; the
-  # preparation it pulls in finds its record and exits at once.
+if [ -f {handed_over} ]; then
+  # An upgrade: serving may be running (then Wants= would start nothing) or down (failed,
+  # at its start limit): either way it is reset and restarted on the new build. The
+  # preparation it pulls in finds its record and exits at once; nothing re-prepares.
+  systemctl reset-failed enverge-agent.service || true
   systemctl restart enverge-agent.service
+  echo "Serving restarted on the new build."
 else
-  # A first install: enrolled above, so preparation finds the kept credentials and only
-  # prepares. Its Wants= starts serving once it succeeds.
+  # A first install (or a preparation that has not completed yet): preparation finds the
+  # kept credentials and prepares. Its Wants= starts serving once it succeeds.
   systemctl start --no-block enverge-agent-prepare.service
 fi
+FINISH
+trap 'rm -rf "$work" "$stage"' EXIT
+if ! systemd-run --unit={install_unit} --collect --quiet --wait \
+  -p StandardOutput=append:"$stage/log" -p StandardError=append:"$stage/log" \
+  /bin/bash "$stage/finish.sh" "$stage"; then
+  cat "$stage/log" 2>/dev/null >&2 || true
+  say "the detached install ({install_unit}) failed or another install is running; see journalctl -u {install_unit}"
+  exit 1
+fi
+cat "$stage/log" 2>/dev/null || true
 echo "byo agent installed. Follow it with: journalctl -fu enverge-agent-prepare"
 "#,
         bin = AGENT_BIN,
+        install_unit = INSTALL_UNIT,
+        rolled_back = units::ROLLED_BACK,
+        rollback_script = units::ROLLBACK_SCRIPT,
+        rollback = units::rollback_script(AGENT_BIN),
+        handed_over = units::HANDED_OVER,
     )
 }
 
