@@ -6,6 +6,7 @@ pub mod keylist;
 pub mod keylist_testing;
 pub mod prepare;
 pub mod redeem;
+pub mod release;
 pub mod render;
 #[cfg(feature = "testing")]
 pub mod testing;

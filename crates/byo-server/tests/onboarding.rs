@@ -1116,14 +1116,27 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
     std::fs::write(dir.path().join("byo-agent-aarch64"), b"binary").unwrap();
     std::fs::write(dir.path().join("cloudflared-aarch64"), b"connector").unwrap();
     std::fs::write(dir.path().join("cloudflared-aarch64.sha256"), b"beside").unwrap();
+    std::fs::write(dir.path().join("byo-agent-aarch64.sig"), b"signature").unwrap();
     std::fs::write(dir.path().join("secret"), b"no").unwrap();
     let mut config = support::test_config();
     config.release_dir = Some(dir.path().to_owned());
+    config.release_key = Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE release".into());
     app.state = byo_server::AppState::new(app.db.store.clone(), config);
     app.router = byo_server::router(app.state.clone());
     assert_eq!(
         app.get("/agent/byo-agent-aarch64", None).await.body,
         b"binary"
+    );
+    // The build's signature beside it; the key it must verify against comes in install.sh.
+    assert_eq!(
+        app.get("/agent/byo-agent-aarch64.sig", None).await.body,
+        b"signature"
+    );
+    assert!(
+        app.get("/install.sh", None)
+            .await
+            .text()
+            .contains("release_key='ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE release'")
     );
     assert_eq!(
         app.get("/cloudflared/cloudflared-aarch64", None).await.body,

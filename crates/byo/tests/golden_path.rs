@@ -248,6 +248,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         },
         secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
         release_dir: Some(releases.clone()),
+        release_key: Some(support::release_public()),
         operator_keys: byo_server::config::OperatorKeysConfig {
             signing_keys: vec![signing_public],
             ..Default::default()
@@ -737,18 +738,10 @@ struct Upgrade<'a> {
     watchful: byo_server::state::AppState,
 }
 
-/// Puts `bytes` in the release directory as the build the one-liner fetches.
+/// Puts `bytes` in the release directory as the build the one-liner fetches, signed with
+/// the release key (publishing: nothing reaches the host until the one-liner runs there).
 fn publish_build(releases: &Path, arch: &str, bytes: &[u8]) {
-    use sha2::Digest;
-    std::fs::write(releases.join(format!("byo-agent-{arch}")), bytes).unwrap();
-    std::fs::write(
-        releases.join(format!("byo-agent-{arch}.sha256")),
-        format!(
-            "{}  byo-agent-{arch}\n",
-            hex::encode(sha2::Sha256::digest(bytes))
-        ),
-    )
-    .unwrap();
+    support::publish_agent(releases, arch, bytes, support::release_key());
 }
 
 /// A build that answers `--version` (so the installer's check passes) and crashes at every

@@ -1,7 +1,8 @@
 //! `install.sh`, the one-liner's script, and the agent builds it fetches (place 2), and the
 //! builds a relay and preparation fetch (`byo-relay-<arch>`, `cloudflared-<arch>`).
 //! The script fetches the agent from this server into a temporary directory, checks its
-//! digest, checks it runs here (`--version`), enrols in the foreground (a refusal prints the
+//! digest and its signature by the release key (pinned on the host at its first install,
+//! `byo_core::release`), checks it runs here (`--version`), enrols in the foreground (a refusal prints the
 //! reason and exits non-zero with nothing installed), then — detached, as the transient unit
 //! [`INSTALL_UNIT`], so a dropped SSH session cannot cut it short (J note 4) — keeps the
 //! running build as `.previous`, installs the new one, the rollback script and the three
@@ -24,8 +25,13 @@ pub const AGENT_BIN: &str = "/usr/local/bin/byo-agent";
 /// The transient unit the install's last part runs as, detached from the terminal.
 pub const INSTALL_UNIT: &str = "enverge-agent-install";
 
-pub fn install_script(server: &str) -> String {
+pub fn install_script(server: &str, release_key: Option<&str>) -> String {
     let server = server.trim_end_matches('/');
+    // One OpenSSH line or nothing: it lands between single quotes.
+    let release_key = release_key
+        .map(str::trim)
+        .filter(|k| !k.contains(['\'', '\n', '\\']))
+        .unwrap_or("");
     let mut units = String::new();
     for (name, body) in units::units(AGENT_BIN) {
         units.push_str(&format!(
@@ -43,10 +49,13 @@ pub fn install_script(server: &str) -> String {
 # A refusal prints its reason, installs nothing and exits with: 1 not root (or another
 # failure), 2 usage, 3 the server refused the token (unknown, spent or expired), 4 the token
 # is malformed, 5 the server turned this machine away, 6 the server could not be reached,
-# 7 no agent build for this architecture.
+# 7 no agent build for this architecture, 8 the build is not signed by the release key.
 set -euo pipefail
 
 server='{server}'
+# The release key, from {server} over TLS: pinned in {pinned} at the first install, and
+# from then on the pinned one is what every build must be signed by.
+release_key='{release_key}'
 token=""
 token_file=""
 peer=0
@@ -118,6 +127,28 @@ if ! echo "$expected  $work/byo-agent" | sha256sum -c --quiet - >/dev/null 2>&1;
   say "the agent from $server does not match its sha256sum -c digest; nothing was installed"
   exit 1
 fi
+# Signed by the release key: the pinned one when this machine has one, else the one above.
+if ! fetch "$server/agent/byo-agent-$arch.sig" "$work/byo-agent.sig"; then
+  say "$server offers byo-agent-$arch without its signature (.sig); nothing was installed"
+  exit 8
+fi
+if [ -s {pinned} ]; then
+  key=$(cat {pinned})
+  key_from="the release key pinned on this machine ({pinned})"
+else
+  key="$release_key"
+  key_from="the release key $server names"
+fi
+if [ -z "$key" ]; then
+  say "$server names no release key and none is pinned here: the build cannot be verified; nothing was installed"
+  exit 8
+fi
+printf '{principal} namespaces="{namespace}" %s\n' "$key" > "$work/allowed_signers"
+if ! ssh-keygen -Y verify -f "$work/allowed_signers" -I {principal} -n {namespace} \
+  -s "$work/byo-agent.sig" < "$work/byo-agent" > "$work/verify.log" 2>&1; then
+  say "the agent from $server is not signed by $key_from: $(tr '\n' ' ' < "$work/verify.log" | cut -c1-300); nothing was installed"
+  exit 8
+fi
 chmod 755 "$work/byo-agent"
 # A build that cannot run here (another architecture, another libc) stops before anything
 # is replaced: the rollback could not save a host from it.
@@ -167,6 +198,13 @@ fi
 # The owner's login: the one owner-lockout removes, when the host says so.
 if [ -n "${{SUDO_USER:-}}" ] && [ "$SUDO_USER" != root ] && [ ! -f /etc/enverge/owner ]; then
   printf '%s\n' "$SUDO_USER" > /etc/enverge/owner
+fi
+
+# Pinned once (a host installed before keys were pinned pins at its next install); later
+# builds must be signed by this key whatever a server names.
+if [ ! -s {pinned} ]; then
+  printf '%s\n' "$key" > {pinned}
+  chmod 644 {pinned}
 fi
 
 # From here to the end nothing may be cut short: a dropped SSH session must not land
@@ -227,6 +265,9 @@ echo "byo agent installed. Follow it with: journalctl -fu enverge-agent-prepare"
         rollback_script = units::ROLLBACK_SCRIPT,
         rollback = units::rollback_script(AGENT_BIN),
         handed_over = units::HANDED_OVER,
+        pinned = byo_core::release::PINNED,
+        principal = byo_core::release::PRINCIPAL,
+        namespace = byo_core::release::NAMESPACE,
     )
 }
 
@@ -236,13 +277,16 @@ pub async fn install_sh(State(state): State<AppState>) -> Response {
             (header::CONTENT_TYPE, "text/x-shellscript; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        install_script(&state.config.public_url),
+        install_script(
+            &state.config.public_url,
+            state.config.release_key.as_deref(),
+        ),
     )
         .into_response()
 }
 
-/// An agent build from the release directory. Only `byo-agent-<arch>[.sha256]` names are
-/// served, so no path can reach outside it.
+/// An agent build from the release directory. Only `byo-agent-<arch>[.sha256|.sig]` names
+/// are served, so no path can reach outside it.
 pub async fn agent_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
     release_file(&state, "byo-agent-", &file, "no such agent build").await
 }
@@ -271,7 +315,11 @@ async fn release_file(
 ) -> Response {
     let allowed = file
         .strip_prefix(prefix)
-        .map(|rest| rest.strip_suffix(".sha256").unwrap_or(rest))
+        .map(|rest| {
+            rest.strip_suffix(".sha256")
+                .or_else(|| rest.strip_suffix(".sig"))
+                .unwrap_or(rest)
+        })
         .is_some_and(|arch| {
             !arch.is_empty() && arch.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         });
