@@ -186,7 +186,7 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
         .take(MAX_HELD_VMS)
         .collect();
     let beat = Heartbeat {
-        agent_version: env!("CARGO_PKG_VERSION").to_owned(),
+        agent_version: crate::prepare::build_version().to_owned(),
         lxd: if seen.lxd_up {
             Health::Ok
         } else {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byo_agent::operator_keys::{self, OperatorKeys, Paths};
 use byo_agent::serve::{self, ServeOptions};
-use byo_agent::{enroll, prepare, rollback, uninstall};
+use byo_agent::{enroll, prepare, uninstall};
 use clap::{Args, Parser, Subcommand};
 
 /// The byo host agent. It is installed by the one-liner from the owner's dashboard and
@@ -76,15 +76,6 @@ enum Command {
         /// Only check: report what each step would change, and change nothing.
         #[arg(long)]
         dry_run: bool,
-    },
-    /// What enverge-agent-rollback runs when serving will not stay up: go back to
-    /// byo-agent.previous once, and never to the build already running (L1).
-    Rollback {
-        #[arg(long, default_value = "/usr/local/bin/byo-agent")]
-        bin: PathBuf,
-        /// The record preparation writes last; without it serving never ran.
-        #[arg(long, default_value = byo_agent::prepare::HANDED_OVER)]
-        handed_over: PathBuf,
     },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
@@ -228,7 +219,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(give_up_after),
         ),
         Command::Prepare { root, dry_run } => prepare::unit::run(&root, dry_run),
-        Command::Rollback { bin, handed_over } => rollback::run(&bin, &handed_over),
         Command::OperatorKeys(cmd) => match cmd {
             KeysCommand::Apply { file, paths } => {
                 operator_keys::apply_command(&keys(paths)?, &file)

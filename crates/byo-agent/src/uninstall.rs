@@ -33,6 +33,7 @@ pub const AGENT_BINS: &[&str] = &[
     "/usr/local/bin/byo-agent",
     "/usr/local/bin/byo-agent.previous",
     "/usr/local/bin/byo-agent.new",
+    byo_core::render::units::ROLLBACK_SCRIPT,
 ];
 /// The agent's own directories: the credentials and records, and serving's state.
 pub const AGENT_DIRS: &[&str] = &["/var/lib/enverge-agent", "/etc/enverge"];

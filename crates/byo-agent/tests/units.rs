@@ -2,7 +2,8 @@
 //! firewall step installs to load the tenant firewall at boot.
 
 use byo_core::render::units::{
-    PREPARE, PREPARE_RETRY_SECS, ROLLBACK, SERVING, TENANT_FIREWALL, tenant_firewall, units,
+    PREPARE, PREPARE_RETRY_SECS, ROLLBACK, ROLLBACK_SCRIPT, SERVING, TENANT_FIREWALL,
+    tenant_firewall, units,
 };
 
 /// The `key=value` lines of `section` in a unit's text.
@@ -21,7 +22,18 @@ fn section(text: &str, name: &str) -> Vec<String> {
 
 #[test]
 fn the_units_verify_and_are_ordered_as_the_design_says() {
-    let mut all = units(env!("CARGO_BIN_EXE_byo-agent"));
+    // The binary and the rollback script beside it, as install.sh lays them out.
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("byo-agent");
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_byo-agent"), &bin).unwrap();
+    let script = dir.path().join("byo-agent-rollback");
+    std::fs::write(
+        &script,
+        byo_core::render::units::rollback_script(bin.to_str().unwrap()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mut all = units(bin.to_str().unwrap());
     let nft = if std::path::Path::new("/usr/sbin/nft").exists() {
         "/usr/sbin/nft"
     } else {
@@ -38,6 +50,18 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
         "preparation starts serving"
     );
     assert!(text(SERVING).contains(&format!("OnFailure={ROLLBACK}")));
+    // The rollback does not run the build it judges: the script install.sh puts beside it.
+    assert!(
+        text(ROLLBACK).contains(&format!("ExecStart={}\n", script.display())),
+        "{}",
+        text(ROLLBACK)
+    );
+    let installed = units("/usr/local/bin/byo-agent");
+    assert!(
+        installed[2]
+            .1
+            .contains(&format!("ExecStart={ROLLBACK_SCRIPT}\n"))
+    );
     // A failed preparation tries again on its own, for as long as it takes; a start limit
     // left at systemd's default would be [Unit]'s to set, so it is set there.
     let prepare_unit = section(&text(PREPARE), "Unit");
@@ -73,7 +97,6 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     if !byo_core::testing::have_tools(&["systemd-analyze"]) {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
     let mut paths = Vec::new();
     for (name, body) in &all {
         let p = dir.path().join(name);
@@ -100,60 +123,94 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     }
 }
 
+/// The rollback script, run as the unit runs it (sh), over files in a directory and a
+/// `systemctl` that records what it was asked: the branches of L1. The same script under the
+/// real systemd: `crates/byo/tests/golden_path.rs`.
 #[test]
 fn the_rollback_goes_back_once_never_to_the_running_build_nor_before_serving_ran() {
+    use byo_core::render::units::rollback_script;
     let dir = tempfile::tempdir().unwrap();
     let bin = dir.path().join("byo-agent");
     let previous = dir.path().join("byo-agent.previous");
     let handed_over = dir.path().join("serving.json");
+    let record = dir.path().join("rolled-back.json");
+    let asked = dir.path().join("systemctl.log");
+    let fake = dir.path().join("path");
+    std::fs::create_dir(&fake).unwrap();
+    std::fs::write(
+        fake.join("systemctl"),
+        format!("#!/bin/sh\necho \"$*\" >> {}\n", asked.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        fake.join("systemctl"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let script = dir.path().join("rollback");
+    std::fs::write(&script, rollback_script("/nonexistent/byo-agent")).unwrap();
     let run = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_byo-agent"))
-            .args(["rollback", "--bin"])
-            .arg(&bin)
-            .arg("--handed-over")
-            .arg(&handed_over)
-            .env("PATH", "/nonexistent")
+        std::process::Command::new("sh")
+            .arg(&script)
+            .env("BYO_AGENT_BIN", &bin)
+            .env("BYO_HANDED_OVER", &handed_over)
+            .env("BYO_ROLLED_BACK", &record)
+            .env("PATH", format!("{}:/usr/bin:/bin", fake.display()))
             .output()
             .unwrap()
     };
+    let said = |out: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    };
+    let asked_for = || std::fs::read_to_string(&asked).unwrap_or_default();
     std::fs::write(&bin, "new build").unwrap();
     std::fs::write(&previous, "old build").unwrap();
     // Serving's start failing because preparation failed (Requires=) fires OnFailure= too:
     // before preparation handed over, serving never ran, and nothing is rolled back.
     let out = run();
     assert!(
-        out.status.success()
-            && String::from_utf8_lossy(&out.stdout).contains("nothing to roll back"),
+        out.status.success() && said(&out).contains("nothing to roll back"),
         "{}",
-        String::from_utf8_lossy(&out.stderr)
+        said(&out)
     );
     assert_eq!(std::fs::read_to_string(&bin).unwrap(), "new build");
     assert!(previous.exists(), ".previous is kept for a real failure");
+    assert_eq!(asked_for(), "", "serving was not touched");
     std::fs::write(&handed_over, "{}").unwrap();
     let out = run();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", said(&out));
     assert_eq!(std::fs::read_to_string(&bin).unwrap(), "old build");
     assert!(!previous.exists(), ".previous is consumed");
+    // Serving reached its start limit to get here: reset first, or the start is refused.
+    assert_eq!(
+        asked_for(),
+        "reset-failed enverge-agent.service\n--no-block restart enverge-agent.service\n"
+    );
     // Told, not hidden: the record the heartbeat reports as `details.rollback`.
-    let told: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.path().join("rolled-back.json")).expect("the rollback is recorded"),
-    )
-    .unwrap();
+    let told: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&record).expect("the rollback is recorded")).unwrap();
     assert!(
         told["at"].as_str().is_some_and(|t| t.ends_with('Z')),
         "{told}"
     );
     assert_ne!(told["from_sha256"], told["to_sha256"]);
-    // Once: a second failure has nothing to go back to.
-    assert!(!run().status.success());
+    // Once: a second failure has nothing to go back to, and serving is left down.
+    std::fs::remove_file(&asked).unwrap();
+    let out = run();
+    assert!(!out.status.success());
+    assert!(said(&out).contains("no previous build"), "{}", said(&out));
     assert_eq!(std::fs::read_to_string(&bin).unwrap(), "old build");
+    assert_eq!(asked_for(), "");
     // Never to the build already running.
     std::fs::write(&previous, "old build").unwrap();
     let out = run();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("already running"));
+    assert!(said(&out).contains("already running"), "{}", said(&out));
+    assert_eq!(std::fs::read_to_string(&bin).unwrap(), "old build");
+    assert!(!previous.exists());
+    assert_eq!(asked_for(), "");
 }

@@ -7,6 +7,7 @@ pub mod keylist_testing;
 pub mod logins;
 pub mod prepare;
 pub mod redeem;
+pub mod release;
 pub mod render;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -33,6 +33,7 @@ const KEYS: &[&str] = &[
     "relay_release",
     "relays",
     "release_dir",
+    "release_key",
     "cloudflared",
     "tunnels",
     "ssh_domain",
@@ -92,6 +93,11 @@ pub struct Config {
     /// `byo-agent-<arch>.sha256` (as `uname -m` names the arch).
     #[serde(default)]
     pub release_dir: Option<std::path::PathBuf>,
+    /// The release key's public half (an OpenSSH line): install.sh carries it, a host pins it
+    /// at its first install, and every build it installs must carry its SSHSIG
+    /// (`byo-agent-<arch>.sig`, `byo_core::release`). The private half never reaches a server.
+    #[serde(default)]
+    pub release_key: Option<String>,
     /// The operator tunnel's connector, which neither DGX OS nor Debian ships: the release
     /// directory may hold `cloudflared-<arch>`, served at /cloudflared/, and this pins its
     /// SHA-256 per arch. Enrolment hands a host the URL and the digest for its arch.
@@ -371,6 +377,7 @@ impl Default for Config {
             relay_release: None,
             relays: RelaysConfig::default(),
             release_dir: None,
+            release_key: None,
             cloudflared: CloudflaredConfig::default(),
             tunnels: TunnelsConfig::default(),
             ssh_domain: None,

@@ -1069,8 +1069,8 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
     assert!(text.contains("server='http://localhost:8080'"), "{text}");
     assert!(text.contains("\"$server/agent/byo-agent-$arch\"") && text.contains("sha256sum -c"));
     assert!(
-        text.contains("trap '' HUP INT"),
-        "the critical section survives a dropped session"
+        text.contains("systemd-run --unit=enverge-agent-install --collect --quiet --wait"),
+        "the critical section runs detached: it survives a dropped session"
     );
     for unit in [
         "enverge-agent-prepare.service",
@@ -1083,33 +1083,60 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
         );
     }
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("install.sh");
-    std::fs::write(&path, &text).unwrap();
-    if byo_core::testing::have_tools(&["shellcheck"]) {
-        let out = std::process::Command::new("shellcheck")
-            .arg("--severity=style")
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+    // The script, and the two it carries in heredocs (which shellcheck reads as text): the
+    // detached finish and the rollback.
+    let inside = |from: &str, to: &str| {
+        let start = text.find(from).unwrap() + from.len();
+        text[start..start + text[start..].find(to).unwrap()].to_owned()
+    };
+    let scripts = [
+        ("install.sh", text.clone()),
+        ("finish.sh", inside("<<'FINISH'\n", "\nFINISH\n")),
+        ("rollback.sh", inside("<<'ROLLBACK'\n", "ROLLBACK\n")),
+    ];
+    for (name, body) in scripts {
+        assert!(body.starts_with("#!/"), "{name}: {body}");
+        let path = dir.path().join(name);
+        std::fs::write(&path, &body).unwrap();
+        if byo_core::testing::have_tools(&["shellcheck"]) {
+            let out = std::process::Command::new("shellcheck")
+                .arg("--severity=style")
+                .arg(&path)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{name}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
     }
 
     // Agent builds come from the release directory, by name only.
     std::fs::write(dir.path().join("byo-agent-aarch64"), b"binary").unwrap();
     std::fs::write(dir.path().join("cloudflared-aarch64"), b"connector").unwrap();
     std::fs::write(dir.path().join("cloudflared-aarch64.sha256"), b"beside").unwrap();
+    std::fs::write(dir.path().join("byo-agent-aarch64.sig"), b"signature").unwrap();
     std::fs::write(dir.path().join("secret"), b"no").unwrap();
     let mut config = support::test_config();
     config.release_dir = Some(dir.path().to_owned());
+    config.release_key = Some("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE release".into());
     app.state = byo_server::AppState::new(app.db.store.clone(), config);
     app.router = byo_server::router(app.state.clone());
     assert_eq!(
         app.get("/agent/byo-agent-aarch64", None).await.body,
         b"binary"
+    );
+    // The build's signature beside it; the key it must verify against comes in install.sh.
+    assert_eq!(
+        app.get("/agent/byo-agent-aarch64.sig", None).await.body,
+        b"signature"
+    );
+    assert!(
+        app.get("/install.sh", None)
+            .await
+            .text()
+            .contains("release_key='ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIE release'")
     );
     assert_eq!(
         app.get("/cloudflared/cloudflared-aarch64", None).await.body,

@@ -18,6 +18,9 @@ pub const ADMIN_EMAIL: &str = "admin@byo.localhost";
 const CREDENTIALS_FILE: &str = "admin-credentials";
 const SECRET_KEY_FILE: &str = "secret-key";
 const SIGNING_KEY_FILE: &str = "operator-signing-key";
+/// The local release key: the agent build `byo up` serves is signed with it, and install.sh
+/// carries its public half (`byo_core::release`).
+const RELEASE_KEY_FILE: &str = "release-signing-key";
 /// The admin's own operator key: what logs in to this installation's hosts as spark.
 const OPERATOR_KEY_FILE: &str = "operator-key";
 
@@ -278,7 +281,7 @@ async fn first_operator_key(
 
 /// Serve the `byo-agent` built beside this binary at /agent/, so the one-liner works
 /// against this machine: copy it into the data directory with its digest.
-fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
+fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<(PathBuf, String)>> {
     use sha2::{Digest, Sha256};
     let exe = std::env::current_exe()?;
     let Some(agent) = exe
@@ -300,7 +303,14 @@ fn publish_local_agent(data_dir: &Path) -> anyhow::Result<Option<PathBuf>> {
             hex::encode(Sha256::digest(&bytes))
         ),
     )?;
-    Ok(Some(releases))
+    let key = ssh_key::PrivateKey::from_openssh(read_or_create(
+        &data_dir.join(RELEASE_KEY_FILE),
+        new_ed25519_key,
+    )?)
+    .context("the release key in the data directory does not parse")?;
+    let sig = byo_core::release::sign(&key, &bytes).map_err(anyhow::Error::msg)?;
+    std::fs::write(releases.join(format!("byo-agent-{arch}.sig")), sig)?;
+    Ok(Some((releases, key.public_key().to_openssh()?)))
 }
 
 /// A `cloudflared-<arch>` the operator put in the release directory is served at
@@ -355,7 +365,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_public];
-    config.release_dir = publish_local_agent(&data_dir)?;
+    if let Some((releases, release_key)) = publish_local_agent(&data_dir)? {
+        config.release_dir = Some(releases);
+        config.release_key = Some(release_key);
+    }
     pin_local_cloudflared(&mut config);
     let (lxd_relays, relays_line) = relays(args.relays, &data_dir, addr)?;
     if lxd_relays.is_some() {

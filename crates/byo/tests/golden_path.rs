@@ -248,6 +248,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         },
         secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
         release_dir: Some(releases.clone()),
+        release_key: Some(support::release_public()),
         operator_keys: byo_server::config::OperatorKeysConfig {
             signing_keys: vec![signing_public],
             ..Default::default()
@@ -269,6 +270,13 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         gate: gate.clone(),
     });
     let _relays_go = RemoveRelays(relays.clone());
+    // /admin as it reads a host whose heartbeat is 10 s old (the threshold shortened, issue
+    // #14, 4): the same database, a second server.
+    let watchful = {
+        let mut c = config.clone();
+        c.placement.max_heartbeat_age_secs = 10;
+        byo_server::state::AppState::new(store.clone(), c)
+    };
     let state = byo_server::state::AppState::new(store.clone(), config)
         .with_providers(gated, Arc::new(LocalTunnels::default()));
     // #12, 7 below: the same backend, impatient — a create waits 700 ms for the host (a
@@ -568,6 +576,24 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     };
     assert_eq!(beat.lxd.as_deref(), Some("ok"));
 
+    // J and L1 (issue #14, 3 and 4) on this host, rented, with the customer's ssh session
+    // open through the relay: the upgrade and every branch of the rollback.
+    upgrades_and_rollbacks(Upgrade {
+        host: &host,
+        store: &store,
+        host_id: &host_id,
+        releases: &releases,
+        arch,
+        server: &base,
+        instance: &name,
+        customer_key: &key_file,
+        relay_public: &relay.public,
+        staff: &staff,
+        watchful,
+    })
+    .await;
+    phase("upgrades and rollbacks done");
+
     // G: the customer deletes; the row closes only once the host confirms, the map is
     // cleared, and ssh gets nowhere.
     let asked = Instant::now();
@@ -695,4 +721,401 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "the agent token crossed the relay's public interface in the clear"
     );
     phase("golden path done");
+}
+
+/// What the upgrade scenarios need of the onboarded, rented host.
+struct Upgrade<'a> {
+    host: &'a HostContainer,
+    store: &'a byo_db::Store,
+    host_id: &'a str,
+    releases: &'a Path,
+    arch: &'a str,
+    server: &'a str,
+    instance: &'a str,
+    customer_key: &'a Path,
+    relay_public: &'a str,
+    staff: &'a str,
+    watchful: byo_server::state::AppState,
+}
+
+/// Puts `bytes` in the release directory as the build the one-liner fetches, signed with
+/// the release key (publishing: nothing reaches the host until the one-liner runs there).
+fn publish_build(releases: &Path, arch: &str, bytes: &[u8]) {
+    support::publish_agent(releases, arch, bytes, support::release_key());
+}
+
+/// A build that answers `--version` (so the installer's check passes) and crashes at every
+/// start of serving: what the rollback exists for.
+fn crashing_build(mark: &str) -> Vec<u8> {
+    format!(
+        "#!/bin/sh\ncase \"$1\" in\n  --version) echo 'byo-agent 0.0.0-{mark}' ;;\n  *) echo 'byo-agent: build {mark} crashes at start' >&2; exit 70 ;;\nesac\n"
+    )
+    .into_bytes()
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// The customer's ssh session, held open: each line written comes back prefixed.
+struct Session {
+    child: std::process::Child,
+    lines: std::io::Lines<std::io::BufReader<std::process::ChildStdout>>,
+}
+
+impl Session {
+    fn open(relay: &str, key: &Path) -> Session {
+        use std::io::BufRead;
+        let mut child = Command::new("ssh")
+            .args(["-F", "/dev/null", "-i"])
+            .arg(key)
+            .args([
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=5",
+                "-o",
+                "LogLevel=ERROR",
+                "-o",
+                "IdentitiesOnly=yes",
+                &format!("root@{relay}"),
+                "while read l; do echo \"$(hostname) $l\"; done",
+            ])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        Session { child, lines }
+    }
+
+    /// Sends `word` and returns the answer line (None when the session is gone).
+    fn echo(&mut self, word: &str) -> Option<String> {
+        use std::io::Write;
+        writeln!(self.child.stdin.as_mut()?, "{word}").ok()?;
+        self.lines.next()?.ok()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Serving's availability seen from the host itself, every 50 ms, into /tmp/poll.log:
+/// "<epoch seconds> <HTTP status>" (401: the agent answered; 000: nothing listening).
+const POLLER: &str = "#!/bin/sh\nwhile :; do c=$(curl -s -m 1 -o /dev/null -w '%{http_code}' http://10.8.0.2:8080/v1/vms); echo \"$(date +%s.%N) $c\" >> /tmp/poll.log; sleep 0.05; done\n";
+
+/// The longest stretch in the poll log with no answer from serving, in seconds.
+fn longest_outage(log: &str) -> f64 {
+    let mut worst = 0.0f64;
+    let mut last_up: Option<f64> = None;
+    let mut down = false;
+    for line in log.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(t), Some(code)) = (it.next().and_then(|t| t.parse::<f64>().ok()), it.next())
+        else {
+            continue;
+        };
+        if code == "401" {
+            if down && let Some(u) = last_up {
+                worst = worst.max(t - u);
+            }
+            down = false;
+            last_up = Some(t);
+        } else {
+            down = true;
+        }
+    }
+    worst
+}
+
+async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
+    const BIN: &str = "/usr/local/bin/byo-agent";
+    let t0 = Instant::now();
+    let host = u.host;
+    let sha_on_host = |path: &str| {
+        host.sh(&format!("sha256sum {path} | cut -d' ' -f1"))
+            .stdout
+            .iter()
+            .map(|&b| b as char)
+            .collect::<String>()
+            .trim()
+            .to_owned()
+    };
+    let one_liner = || {
+        let line = format!("curl -fsSL {}/install.sh | sudo bash -s --", u.server);
+        let out = host.exec(&["runuser", "-u", "owner", "--", "bash", "-c", &line]);
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!(
+            "--- upgrade one-liner exited {:?}:\n{said}",
+            out.status.code()
+        );
+        (out.status.code(), said)
+    };
+    // /etc/enverge as serving needs it: 0711 root, each file with the mode preparation gave it.
+    let modes = || {
+        host.sh_ok("stat -c '%n %a %U:%G' /etc/enverge /etc/enverge/* | grep -v -e /etc/enverge/server -e rolled-back.json")
+    };
+    let prepare_runs = || {
+        host.sh_ok(
+            "systemctl show -p InvocationID --value enverge-agent-prepare.service; \
+             journalctl -u enverge-agent-prepare --no-pager -o cat | grep -c 'preparing spark-' || true",
+        )
+    };
+    let instance_pid = || {
+        host.sh_ok(&format!("lxc info {} | sed -n 's/^PID: //p'", u.instance))
+            .trim()
+            .to_owned()
+    };
+    let beat_version = async || {
+        u.store
+            .host_status(u.host_id)
+            .await
+            .unwrap()
+            .and_then(|s| s.agent_version)
+            .unwrap_or_default()
+    };
+    let journal = || {
+        host.sh_ok("journalctl -u enverge-agent -u enverge-agent-rollback -u enverge-agent-install -n 80 --no-pager -o short-monotonic")
+    };
+    let serving_answers = async |within: Duration| {
+        until("serving to answer on the host", within, async || {
+            let out =
+                host.sh("curl -s -m 1 -o /dev/null -w '%{http_code}' http://10.8.0.2:8080/v1/vms");
+            (String::from_utf8_lossy(&out.stdout) == "401").then_some(())
+        })
+        .await
+    };
+
+    // --- Item 3: the upgrade, for real. ---
+    let mut session = Session::open(u.relay_public, u.customer_key);
+    let answer = session
+        .echo("before")
+        .expect("the customer's session is open");
+    assert_eq!(answer, format!("{} before", u.instance));
+    let old = sha_on_host(BIN);
+    let modes_before = modes();
+    assert!(
+        modes_before.starts_with("/etc/enverge 711 root:root\n"),
+        "{modes_before}"
+    );
+    let prepared_before = prepare_runs();
+    let prepare_row = u
+        .store
+        .host(u.host_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .prepare_state;
+    let pid_before = instance_pid();
+    assert!(!pid_before.is_empty(), "the instance runs");
+    // The new build: the same binary with a marker appended (an ELF ignores trailing bytes),
+    // so its digest — and the build the heartbeat reports — differ from the running one's.
+    let mut new_build = std::fs::read(support::sibling("byo-agent")).unwrap();
+    new_build.extend_from_slice(b"\nbyo test build: upgrade 2\n");
+    let new_sha = sha256_hex(&new_build);
+    let new_version = format!("({})", &new_sha[..12]);
+    publish_build(u.releases, u.arch, &new_build);
+    assert!(!beat_version().await.ends_with(&new_version));
+    host.write("/tmp/poll.sh", POLLER.as_bytes(), 0o755);
+    host.sh_ok("rm -f /tmp/poll.log; systemd-run --unit=byo-test-poll /bin/sh /tmp/poll.sh");
+    until(
+        "the poller's first answer",
+        Duration::from_secs(10),
+        async || {
+            host.read("/tmp/poll.log")
+                .filter(|l| String::from_utf8_lossy(l).contains(" 401"))
+                .map(|_| ())
+        },
+    )
+    .await;
+    let asked = Instant::now();
+    let (code, said) = one_liner();
+    let installed = asked.elapsed();
+    assert_eq!(code, Some(0), "{said}");
+    for says in [
+        "This machine is already enrolled; reusing its credentials.",
+        "Serving restarted on the new build.",
+        "byo agent installed",
+    ] {
+        assert!(said.contains(says), "{says:?} not on the terminal:\n{said}");
+    }
+    serving_answers(Duration::from_secs(30)).await;
+    until(
+        "the heartbeat to report the new build",
+        Duration::from_secs(60),
+        async || beat_version().await.ends_with(&new_version).then_some(()),
+    )
+    .await;
+    let to_beat = asked.elapsed();
+    host.sh_ok("systemctl stop byo-test-poll");
+    let poll = String::from_utf8(host.read("/tmp/poll.log").unwrap()).unwrap();
+    let downtime = longest_outage(&poll);
+    eprintln!(
+        "[upgrade] one-liner {:.1} s; serving down {downtime:.2} s; heartbeat with the new build {:.1} s after the one-liner started",
+        installed.as_secs_f64(),
+        to_beat.as_secs_f64()
+    );
+    assert_eq!(sha_on_host(BIN), new_sha, "the new build is installed");
+    assert_eq!(
+        sha_on_host(&format!("{BIN}.previous")),
+        old,
+        ".previous holds the old build"
+    );
+    assert_eq!(modes(), modes_before, "/etc/enverge as serving needs it");
+    assert_eq!(prepare_runs(), prepared_before, "preparation did not run");
+    assert_eq!(
+        u.store
+            .host(u.host_id)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepare_state,
+        prepare_row
+    );
+    assert_eq!(instance_pid(), pid_before, "the instance kept running");
+    assert_eq!(
+        session.echo("after").as_deref(),
+        Some(format!("{} after", u.instance).as_str()),
+        "the customer's session survived the upgrade"
+    );
+    drop(session);
+
+    // --- Item 4: a build that crashes at start; systemd's OnFailure= fires the rollback. ---
+    let good = new_sha.clone();
+    let bad1 = crashing_build("crash-1");
+    publish_build(u.releases, u.arch, &bad1);
+    let asked = Instant::now();
+    let (code, said) = one_liner();
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(sha_on_host(&format!("{BIN}.previous")), good);
+    until(
+        "the rollback to restore the good build",
+        Duration::from_secs(120),
+        async || (sha_on_host(BIN) == good).then_some(()),
+    )
+    .await;
+    serving_answers(Duration::from_secs(30)).await;
+    let rolled = asked.elapsed();
+    eprintln!(
+        "[rollback] a crashing build installed, rolled back and serving again in {:.1} s",
+        rolled.as_secs_f64()
+    );
+    let said = journal();
+    assert!(
+        said.contains(&format!("restored the previous build at {BIN}")),
+        "{said}"
+    );
+    assert!(
+        host.read(&format!("{BIN}.previous")).is_none(),
+        ".previous is consumed"
+    );
+    assert!(host.read("/etc/enverge/rolled-back.json").is_some());
+    until(
+        "the heartbeat to report the rollback",
+        Duration::from_secs(30),
+        async || {
+            u.store
+                .host_status(u.host_id)
+                .await
+                .unwrap()
+                .filter(|s| !s.details.0["rollback"].is_null())
+                .map(|_| ())
+        },
+    )
+    .await;
+    assert_eq!(instance_pid(), pid_before, "the instance kept running");
+
+    // Both builds bad: the rollback goes back once, to a build that fails too, and then
+    // leaves the host down rather than flipping between them.
+    let bad2 = crashing_build("crash-2");
+    publish_build(u.releases, u.arch, &bad1);
+    let (code, said) = one_liner();
+    assert_eq!(code, Some(0), "{said}");
+    publish_build(u.releases, u.arch, &bad2);
+    let (code, said) = one_liner();
+    assert_eq!(code, Some(0), "{said}");
+    assert_eq!(sha_on_host(&format!("{BIN}.previous")), sha256_hex(&bad1));
+    until(
+        "the rollback to give up",
+        Duration::from_secs(180),
+        async || {
+            journal()
+                .contains("no previous build at /usr/local/bin/byo-agent.previous")
+                .then_some(())
+        },
+    )
+    .await;
+    let said = journal();
+    assert!(
+        said.contains("restored the previous build") && said.contains("crash-1"),
+        "{said}"
+    );
+    assert_eq!(
+        sha_on_host(BIN),
+        sha256_hex(&bad1),
+        "restored once, not again"
+    );
+    assert!(host.read(&format!("{BIN}.previous")).is_none());
+    let state = host.sh("systemctl is-active enverge-agent.service");
+    assert_eq!(String::from_utf8_lossy(&state.stdout).trim(), "failed");
+    // /admin says so once the heartbeat is older than the threshold (10 s here).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let admin = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(byo_server::serve(
+        u.watchful.clone(),
+        listener,
+        std::future::pending(),
+    ));
+    let page = until(
+        "/admin to show the host unreachable",
+        Duration::from_secs(60),
+        async || {
+            let page = reqwest::Client::new()
+                .get(format!("{admin}/admin/hosts/{}", u.host_id))
+                .header("cookie", format!("byo_session={}", u.staff))
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            page.contains("agent unreachable").then_some(page)
+        },
+    )
+    .await;
+    // The second rollback is recorded on the host; the build it restored never beat to say so.
+    assert!(page.contains("agent unreachable"), "{page}");
+    assert!(host.read("/etc/enverge/rolled-back.json").is_some());
+    let down = sha_on_host(BIN);
+    assert_eq!(down, sha256_hex(&bad1));
+    assert_eq!(
+        instance_pid(),
+        pid_before,
+        "the instance runs on with serving down"
+    );
+
+    // An operator's upgrade to a good build brings the downed host back (reset-failed).
+    publish_build(u.releases, u.arch, &new_build);
+    let (code, said) = one_liner();
+    assert_eq!(code, Some(0), "{said}");
+    serving_answers(Duration::from_secs(30)).await;
+    assert_eq!(sha_on_host(BIN), good);
+    assert!(host.read("/etc/enverge/rolled-back.json").is_none());
+    eprintln!(
+        "[upgrades and rollbacks] all branches in {:.1} s",
+        t0.elapsed().as_secs_f64()
+    );
 }

@@ -90,7 +90,7 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
             l.local_addr().unwrap().port()
         )
     };
-    let (down, _) = serve(&store, releases, Some(closed.clone()), &clock).await;
+    let (down, _) = serve(&store, releases.clone(), Some(closed.clone()), &clock).await;
 
     let staff = user(&store, "staff@example.com", Role::Superadmin).await;
     let owner = user(&store, "owner@example.com", Role::CommunityHost).await;
@@ -283,6 +283,91 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
     );
     host.sh_ok("systemctl stop enverge-agent-prepare.service enverge-agent.service");
     assert_eq!(host.read("/etc/enverge/credentials.json"), before);
+
+    // Issue #14, 2: what the installer runs is signed by the release key the first install
+    // pinned (the one install.sh carried). A signed new build upgrades, keeping .previous.
+    let pinned = host
+        .read("/etc/enverge/release-key")
+        .expect("the first install pinned the key");
+    assert_eq!(
+        String::from_utf8(pinned).unwrap().trim(),
+        support::release_public().trim()
+    );
+    let agent = std::fs::read(support::sibling("byo-agent")).unwrap();
+    let build = |mark: &str| {
+        let mut b = agent.clone();
+        b.extend_from_slice(format!("\nbyo test build: {mark}\n").as_bytes());
+        b
+    };
+    support::publish_agent(&releases, &arch, &build("signed"), support::release_key());
+    let ran = one_liner(&host, &server, "", None);
+    assert_eq!(ran.code, Some(0), "{}", ran.terminal);
+    host.sh_ok("systemctl stop enverge-agent-prepare.service enverge-agent.service");
+    let installed = || {
+        host.sh_ok(
+            "cd /usr/local/bin && sha256sum byo-agent byo-agent.previous 2>&1; ls -l --time-style=+%s byo-agent*",
+        )
+    };
+    let kept = installed();
+    assert!(kept.contains("byo-agent.previous"), "{kept}");
+    let other_key = byo_core::keylist_testing::private_key();
+    let refused_build = |case: &str, ran: &Ran, says: &str| {
+        assert_eq!(ran.code, Some(8), "{case}: {}", ran.terminal);
+        assert!(
+            ran.terminal.contains(says),
+            "{case}: {says:?} not in:\n{}",
+            ran.terminal
+        );
+        assert!(!ran.terminal.contains("byo agent installed"), "{case}");
+        assert_eq!(
+            installed(),
+            kept,
+            "{case}: the running build and .previous are untouched"
+        );
+    };
+    let not_signed =
+        "is not signed by the release key pinned on this machine (/etc/enverge/release-key)";
+    // Tampered: new bytes, their own sha256 beside them, the old build's signature.
+    let tampered = build("tampered");
+    let good_sig = std::fs::read(releases.join(format!("byo-agent-{arch}.sig"))).unwrap();
+    support::publish_agent(&releases, &arch, &tampered, support::release_key());
+    std::fs::write(releases.join(format!("byo-agent-{arch}.sig")), &good_sig).unwrap();
+    refused_build(
+        "tampered binary",
+        &one_liner(&host, &server, "", None),
+        not_signed,
+    );
+    // Signed by another key (as a server that named that key would serve it).
+    support::publish_agent(&releases, &arch, &build("other key"), &other_key);
+    refused_build(
+        "wrong key",
+        &one_liner(&host, &server, "", None),
+        not_signed,
+    );
+    // A signature that is not one.
+    support::publish_agent(
+        &releases,
+        &arch,
+        &build("bad signature"),
+        support::release_key(),
+    );
+    std::fs::write(
+        releases.join(format!("byo-agent-{arch}.sig")),
+        "-----BEGIN SSH SIGNATURE-----\nbm90IGEgc2lnbmF0dXJl\n-----END SSH SIGNATURE-----\n",
+    )
+    .unwrap();
+    refused_build(
+        "wrong signature",
+        &one_liner(&host, &server, "", None),
+        not_signed,
+    );
+    // No signature at all.
+    std::fs::remove_file(releases.join(format!("byo-agent-{arch}.sig"))).unwrap();
+    refused_build(
+        "no signature",
+        &one_liner(&host, &server, "", None),
+        &format!("offers byo-agent-{arch} without its signature (.sig); nothing was installed"),
+    );
     eprintln!("all cases in {:.1} s", t0.elapsed().as_secs_f64());
 }
 

@@ -24,7 +24,7 @@ pub use steps::{
 
 /// The last act of a completed preparation hands the credentials to the serving user, and
 /// that hand-over is the record (L, rule 1): a later start that finds it exits at once.
-pub const HANDED_OVER: &str = "/etc/enverge/serving.json";
+pub const HANDED_OVER: &str = byo_core::render::units::HANDED_OVER;
 /// The done list, scoped to the build that wrote it.
 pub const DONE_LIST: &str = "/var/lib/enverge-agent/prepare-done.json";
 /// Who ran the installer: the login owner-lockout removes (when the host says so).
@@ -185,11 +185,22 @@ pub fn plan_from(
 /// Which build this is: the done list is trusted only by the binary that wrote it, and a
 /// version number says nothing about what a step now does, so the binary's own digest.
 pub fn build_id() -> String {
-    use sha2::{Digest, Sha256};
-    let digest = std::fs::read("/proc/self/exe")
-        .map(|b| hex::encode(&Sha256::digest(&b)[..6]))
-        .unwrap_or_else(|_| "unknown".into());
-    format!("byo-agent {} ({digest})", env!("CARGO_PKG_VERSION"))
+    format!("byo-agent {}", build_version())
+}
+
+/// This build as the heartbeat reports it (`agent_version`): the version and the first 12
+/// hex digits of the running binary's SHA-256, so two builds of one version tell apart (an
+/// upgrade shows on the host's row). Read once: after an upgrade replaced the file, the
+/// running process still is the build it started as.
+pub fn build_version() -> &'static str {
+    static BUILD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    BUILD.get_or_init(|| {
+        use sha2::{Digest, Sha256};
+        let digest = std::fs::read("/proc/self/exe")
+            .map(|b| hex::encode(&Sha256::digest(&b)[..6]))
+            .unwrap_or_else(|_| "unknown".into());
+        format!("{} ({digest})", env!("CARGO_PKG_VERSION"))
+    })
 }
 
 /// What serving needs, handed to the serving user: the record of a completed preparation.

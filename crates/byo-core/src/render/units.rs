@@ -2,7 +2,9 @@
 //! and the rollback. Their ordering is J's notes 5–6: serving `Requires=`/`After=`
 //! preparation, so starting serving pulls preparation in; preparation `Wants=` serving, so
 //! a first install that starts only preparation starts serving once it succeeds; a failed
-//! serving start fires the rollback. Besides them, the unit preparation's `firewall` step
+//! serving start fires the rollback. The rollback runs [`rollback_script`], a shell script
+//! beside the binary, never the binary it judges: a build that cannot start cannot be
+//! trusted to put itself back either (L1). Besides them, the unit preparation's `firewall` step
 //! installs to load the tenant firewall at boot ([`TENANT_FIREWALL`]).
 //!
 //! A failed preparation tries again on its own every [`PREPARE_RETRY_SECS`], without end:
@@ -18,6 +20,18 @@ pub const ROLLBACK: &str = "enverge-agent-rollback.service";
 /// How long a failed preparation waits before it tries again (`RestartSec=`). The owner's
 /// page says so.
 pub const PREPARE_RETRY_SECS: u64 = 30;
+
+/// Where install.sh puts [`rollback_script`], the rollback unit's `ExecStart=`: beside the
+/// binary, as `<bin>-rollback`.
+pub const ROLLBACK_SCRIPT: &str = "/usr/local/bin/byo-agent-rollback";
+
+/// What a rollback leaves for the heartbeat to report (`details.rollback`): /admin names
+/// "rollback fired" from it. The next install (an operator's upgrade) removes it.
+pub const ROLLED_BACK: &str = "/etc/enverge/rolled-back.json";
+
+/// The record a completed preparation writes last (the hand-over, L rule 1): without it
+/// serving never ran, and there is nothing to roll back.
+pub const HANDED_OVER: &str = "/etc/enverge/serving.json";
 
 /// (file name, contents) of each unit, running `bin`.
 pub fn units(bin: &str) -> Vec<(&'static str, String)> {
@@ -37,10 +51,61 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             ROLLBACK,
             format!(
-                "[Unit]\nDescription=byo agent: go back to the previous build once, when serving will not stay up\n\n[Service]\nType=oneshot\nExecStart={bin} rollback\n"
+                "[Unit]\nDescription=byo agent: go back to the previous build once, when serving will not stay up\n\n[Service]\nType=oneshot\nExecStart={bin}-rollback\n"
             ),
         ),
     ]
+}
+
+/// What enverge-agent-rollback runs when serving will not stay up (L1), as POSIX sh so it
+/// does not depend on the build it judges. `BYO_AGENT_BIN`, `BYO_HANDED_OVER` and
+/// `BYO_ROLLED_BACK` move its files (tests). In order:
+/// - preparation has not handed over ([`HANDED_OVER`] absent): serving never ran — its
+///   start failed because preparation did (`Requires=`) — so nothing is rolled back, and
+///   `.previous` is kept for a real failure (exit 0);
+/// - no `<bin>.previous`: this is the second failure, nothing to go back to: the host stays
+///   down and is alerted (exit 1);
+/// - `.previous` is the build already running: it is removed, not restored (exit 1);
+/// - otherwise `.previous` is moved over the binary (consumed: once), [`ROLLED_BACK`]
+///   records it, and serving is `reset-failed` — it reached systemd's start limit to get
+///   here, and a start is refused until that is cleared — and restarted.
+pub fn rollback_script(bin: &str) -> String {
+    format!(
+        r#"#!/bin/sh
+# enverge-agent-rollback: go back to the previous build once, when serving will not stay
+# up, and never to the build already running (L1). Installed by install.sh.
+set -u
+bin="${{BYO_AGENT_BIN:-{bin}}}"
+handed_over="${{BYO_HANDED_OVER:-{HANDED_OVER}}}"
+record="${{BYO_ROLLED_BACK:-{ROLLED_BACK}}}"
+previous="$bin.previous"
+if [ ! -e "$handed_over" ]; then
+  echo "preparation has not handed over ($handed_over is absent), so serving never ran: nothing to roll back"
+  exit 0
+fi
+if [ ! -e "$previous" ]; then
+  echo "no previous build at $previous: not rolling back again (the host stays down and is alerted)" >&2
+  exit 1
+fi
+now=$(sha256sum "$bin" | cut -d' ' -f1)
+old=$(sha256sum "$previous" | cut -d' ' -f1)
+if [ "$now" = "$old" ]; then
+  rm -f "$previous"
+  echo "the previous build is the one already running; not restoring it (the host stays down and is alerted)" >&2
+  exit 1
+fi
+# Consumed: a second failure finds nothing to go back to.
+mv -f "$previous" "$bin" || exit 1
+echo "restored the previous build at $bin ($old, replacing $now)"
+# Told, not hidden: serving reports it on every beat until the next install.
+printf '{{"at":"%s","from_sha256":"%s","to_sha256":"%s"}}
+'   "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$now" "$old" > "$record.new" && mv -f "$record.new" "$record" ||
+  echo "could not record the rollback at $record" >&2
+# Serving reached its start limit to get here: systemd refuses a start until it is reset.
+systemctl reset-failed {SERVING} || true
+systemctl --no-block restart {SERVING}
+"#
+    )
 }
 
 /// Loads the tenant firewall ([`crate::render::nft::tenants`]) at every boot: before the

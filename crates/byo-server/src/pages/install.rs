@@ -1,10 +1,15 @@
 //! `install.sh`, the one-liner's script, and the agent builds it fetches (place 2), and the
 //! builds a relay and preparation fetch (`byo-relay-<arch>`, `cloudflared-<arch>`).
 //! The script fetches the agent from this server into a temporary directory, checks its
-//! digest, enrols in the foreground (a refusal prints the reason and exits non-zero with
-//! nothing installed), then installs the three units and starts preparation only — whose
-//! `Wants=` starts serving once credentials exist; on an upgrade (already enrolled) it
-//! restarts serving instead (J notes 5–6). `--uninstall [--keep-lxd]` runs the installed
+//! digest and its signature by the release key (pinned on the host at its first install,
+//! `byo_core::release`), checks it runs here (`--version`), enrols in the foreground (a refusal prints the
+//! reason and exits non-zero with nothing installed), then — detached, as the transient unit
+//! [`INSTALL_UNIT`], so a dropped SSH session cannot cut it short (J note 4) — keeps the
+//! running build as `.previous`, installs the new one, the rollback script and the three
+//! units, and starts preparation only, whose `Wants=` starts serving once credentials exist;
+//! on an upgrade (already enrolled, no token, /etc/enverge left as it is) it resets and
+//! restarts serving instead, and preparation exits at once (J notes 3–6, L1;
+//! `docs/upgrades.md`). `--uninstall [--keep-lxd]` runs the installed
 //! agent's `uninstall` (or, when an uninstall cut short removed it first, fetches it again
 //! to finish), and says so when nothing of byo's is installed (H.3–H.4).
 
@@ -12,14 +17,23 @@ use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
+use byo_core::render::units;
+
 use crate::state::AppState;
 
 pub const AGENT_BIN: &str = "/usr/local/bin/byo-agent";
+/// The transient unit the install's last part runs as, detached from the terminal.
+pub const INSTALL_UNIT: &str = "enverge-agent-install";
 
-pub fn install_script(server: &str) -> String {
+pub fn install_script(server: &str, release_key: Option<&str>) -> String {
     let server = server.trim_end_matches('/');
+    // One OpenSSH line or nothing: it lands between single quotes.
+    let release_key = release_key
+        .map(str::trim)
+        .filter(|k| !k.contains(['\'', '\n', '\\']))
+        .unwrap_or("");
     let mut units = String::new();
-    for (name, body) in byo_core::render::units::units(AGENT_BIN) {
+    for (name, body) in units::units(AGENT_BIN) {
         units.push_str(&format!(
             "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
         ));
@@ -35,10 +49,13 @@ pub fn install_script(server: &str) -> String {
 # A refusal prints its reason, installs nothing and exits with: 1 not root (or another
 # failure), 2 usage, 3 the server refused the token (unknown, spent or expired), 4 the token
 # is malformed, 5 the server turned this machine away, 6 the server could not be reached,
-# 7 no agent build for this architecture.
+# 7 no agent build for this architecture, 8 the build is not signed by the release key.
 set -euo pipefail
 
 server='{server}'
+# The release key, from {server} over TLS: pinned in {pinned} at the first install, and
+# from then on the pinned one is what every build must be signed by.
+release_key='{release_key}'
 token=""
 token_file=""
 peer=0
@@ -110,7 +127,35 @@ if ! echo "$expected  $work/byo-agent" | sha256sum -c --quiet - >/dev/null 2>&1;
   say "the agent from $server does not match its sha256sum -c digest; nothing was installed"
   exit 1
 fi
+# Signed by the release key: the pinned one when this machine has one, else the one above.
+if ! fetch "$server/agent/byo-agent-$arch.sig" "$work/byo-agent.sig"; then
+  say "$server offers byo-agent-$arch without its signature (.sig); nothing was installed"
+  exit 8
+fi
+if [ -s {pinned} ]; then
+  key=$(cat {pinned})
+  key_from="the release key pinned on this machine ({pinned})"
+else
+  key="$release_key"
+  key_from="the release key $server names"
+fi
+if [ -z "$key" ]; then
+  say "$server names no release key and none is pinned here: the build cannot be verified; nothing was installed"
+  exit 8
+fi
+printf '{principal} namespaces="{namespace}" %s\n' "$key" > "$work/allowed_signers"
+if ! ssh-keygen -Y verify -f "$work/allowed_signers" -I {principal} -n {namespace} \
+  -s "$work/byo-agent.sig" < "$work/byo-agent" > "$work/verify.log" 2>&1; then
+  say "the agent from $server is not signed by $key_from: $(tr '\n' ' ' < "$work/verify.log" | cut -c1-300); nothing was installed"
+  exit 8
+fi
 chmod 755 "$work/byo-agent"
+# A build that cannot run here (another architecture, another libc) stops before anything
+# is replaced: the rollback could not save a host from it.
+if ! ran=$("$work/byo-agent" --version 2>&1); then
+  say "the agent from $server does not run on this machine (byo-agent --version: $ran); nothing was installed"
+  exit 1
+fi
 if [ "$uninstall" -eq 1 ]; then
   status=0
   "$work/byo-agent" "${{uninstall_args[@]}}" || status=$?
@@ -118,7 +163,8 @@ if [ "$uninstall" -eq 1 ]; then
 fi
 
 if [ -f /etc/enverge/credentials.json ]; then
-  install -d -m 700 /etc/enverge
+  # An upgrade: no token, and nothing of /etc/enverge changes but the server's address —
+  # its modes are what preparation handed serving (0711), and resetting them stops serving.
   printf '%s\n' "$server" > /etc/enverge/server
   echo "This machine is already enrolled; reusing its credentials."
 else
@@ -134,7 +180,7 @@ else
   # before it succeeds, and a refusal takes away what enrolment created.
   new_etc=0; [ -d /etc/enverge ] || new_etc=1
   new_lib=0; [ -d /var/lib/enverge-agent ] || new_lib=1
-  install -d -m 700 /etc/enverge
+  if [ "$new_etc" -eq 1 ]; then install -d -m 700 /etc/enverge; fi
   enrolled=0
   "$work/byo-agent" enroll --server "$server" --token-file "$work/token" \
     --retry-every 5 --give-up-after 20 </dev/null || enrolled=$?
@@ -154,31 +200,74 @@ if [ -n "${{SUDO_USER:-}}" ] && [ "$SUDO_USER" != root ] && [ ! -f /etc/enverge/
   printf '%s\n' "$SUDO_USER" > /etc/enverge/owner
 fi
 
-# From here to the end nothing may be cut short: a dropped SSH session must not land
-# between writing the binary and writing the units (J note 4).
-trap '' HUP INT
-if [ -f {bin} ]; then
-  cp -p {bin} {bin}.previous
+# Pinned once (a host installed before keys were pinned pins at its next install); later
+# builds must be signed by this key whatever a server names.
+if [ ! -s {pinned} ]; then
+  printf '%s\n' "$key" > {pinned}
+  chmod 644 {pinned}
 fi
-install -m 755 "$work/byo-agent" {bin}.new
-mv -f {bin}.new {bin}
-# A new build is installed: a rollback recorded before it is history, not news.
-rm -f /etc/enverge/rolled-back.json
 
+# From here to the end nothing may be cut short: a dropped SSH session must not land
+# between writing the binary and writing the units (J note 4). So the rest runs detached,
+# as the transient unit {install_unit}, which this terminal only waits for; one install
+# runs at a time (a second finds the unit there and stops).
+stage=$(mktemp -d /run/enverge-install.XXXXXX)
+mv "$work/byo-agent" "$stage/byo-agent"
+cat > "$stage/finish.sh" <<'FINISH'
+#!/bin/bash
+set -euo pipefail
+stage="$1"
+if [ -f {bin} ] && cmp -s "$stage/byo-agent" {bin}; then
+  echo "This build is already installed; {bin}.previous is left as it was."
+else
+  if [ -f {bin} ]; then
+    cp -p {bin} {bin}.previous
+  fi
+  install -m 755 "$stage/byo-agent" {bin}.new
+  mv -f {bin}.new {bin}
+  # A new build is installed: a rollback recorded before it is history, not news.
+  rm -f {rolled_back}
+fi
+rm -f "$stage/byo-agent"
+cat > {rollback_script}.new <<'ROLLBACK'
+{rollback}ROLLBACK
+chmod 755 {rollback_script}.new
+mv -f {rollback_script}.new {rollback_script}
 {units}systemctl daemon-reload
 systemctl enable enverge-agent-prepare.service enverge-agent.service
-if systemctl is-active --quiet enverge-agent.service; then
-  # An upgrade: serving is running, so Wants= would start nothing. Restart it; the
-  # preparation it pulls in finds its record and exits at once.
+if [ -f {handed_over} ]; then
+  # An upgrade: serving may be running (then Wants= would start nothing) or down (failed,
+  # at its start limit): either way it is reset and restarted on the new build. The
+  # preparation it pulls in finds its record and exits at once; nothing re-prepares.
+  systemctl reset-failed enverge-agent.service || true
   systemctl restart enverge-agent.service
+  echo "Serving restarted on the new build."
 else
-  # A first install: enrolled above, so preparation finds the kept credentials and only
-  # prepares. Its Wants= starts serving once it succeeds.
+  # A first install (or a preparation that has not completed yet): preparation finds the
+  # kept credentials and prepares. Its Wants= starts serving once it succeeds.
   systemctl start --no-block enverge-agent-prepare.service
 fi
+FINISH
+trap 'rm -rf "$work" "$stage"' EXIT
+if ! systemd-run --unit={install_unit} --collect --quiet --wait \
+  -p StandardOutput=append:"$stage/log" -p StandardError=append:"$stage/log" \
+  /bin/bash "$stage/finish.sh" "$stage"; then
+  cat "$stage/log" 2>/dev/null >&2 || true
+  say "the detached install ({install_unit}) failed or another install is running; see journalctl -u {install_unit}"
+  exit 1
+fi
+cat "$stage/log" 2>/dev/null || true
 echo "byo agent installed. Follow it with: journalctl -fu enverge-agent-prepare"
 "#,
         bin = AGENT_BIN,
+        install_unit = INSTALL_UNIT,
+        rolled_back = units::ROLLED_BACK,
+        rollback_script = units::ROLLBACK_SCRIPT,
+        rollback = units::rollback_script(AGENT_BIN),
+        handed_over = units::HANDED_OVER,
+        pinned = byo_core::release::PINNED,
+        principal = byo_core::release::PRINCIPAL,
+        namespace = byo_core::release::NAMESPACE,
     )
 }
 
@@ -188,13 +277,16 @@ pub async fn install_sh(State(state): State<AppState>) -> Response {
             (header::CONTENT_TYPE, "text/x-shellscript; charset=utf-8"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
-        install_script(&state.config.public_url),
+        install_script(
+            &state.config.public_url,
+            state.config.release_key.as_deref(),
+        ),
     )
         .into_response()
 }
 
-/// An agent build from the release directory. Only `byo-agent-<arch>[.sha256]` names are
-/// served, so no path can reach outside it.
+/// An agent build from the release directory. Only `byo-agent-<arch>[.sha256|.sig]` names
+/// are served, so no path can reach outside it.
 pub async fn agent_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
     release_file(&state, "byo-agent-", &file, "no such agent build").await
 }
@@ -223,7 +315,11 @@ async fn release_file(
 ) -> Response {
     let allowed = file
         .strip_prefix(prefix)
-        .map(|rest| rest.strip_suffix(".sha256").unwrap_or(rest))
+        .map(|rest| {
+            rest.strip_suffix(".sha256")
+                .or_else(|| rest.strip_suffix(".sig"))
+                .unwrap_or(rest)
+        })
         .is_some_and(|arch| {
             !arch.is_empty() && arch.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
         });

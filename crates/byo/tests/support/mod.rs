@@ -16,10 +16,41 @@ pub fn sibling(name: &str) -> PathBuf {
     bin
 }
 
+/// The release key this test process signs agent builds with (install.sh carries its public
+/// half: `Config::release_key`).
+pub fn release_key() -> &'static ssh_key::PrivateKey {
+    static KEY: std::sync::OnceLock<ssh_key::PrivateKey> = std::sync::OnceLock::new();
+    KEY.get_or_init(byo_core::keylist_testing::private_key)
+}
+
+/// `Config::release_key` for [`release_key`].
+pub fn release_public() -> String {
+    release_key().public_key().to_openssh().unwrap()
+}
+
+/// `bytes` in `dir` as the agent build for `arch`: the binary, its `.sha256` and its `.sig`
+/// by `key`.
+pub fn publish_agent(dir: &Path, arch: &str, bytes: &[u8], key: &ssh_key::PrivateKey) {
+    use sha2::Digest;
+    std::fs::write(dir.join(format!("byo-agent-{arch}")), bytes).unwrap();
+    std::fs::write(
+        dir.join(format!("byo-agent-{arch}.sha256")),
+        format!(
+            "{}  byo-agent-{arch}\n",
+            hex::encode(sha2::Sha256::digest(bytes))
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join(format!("byo-agent-{arch}.sig")),
+        byo_core::release::sign(key, bytes).unwrap(),
+    )
+    .unwrap();
+}
+
 /// A release directory holding the agent for `arches`, and the relay daemon
 /// (`byo-relay-<arch>`, what a relay's first-boot script fetches).
 pub fn release(dir: &Path, arches: &[&str]) -> PathBuf {
-    use sha2::Digest;
     std::fs::create_dir_all(dir).unwrap();
     let relay = std::fs::read(sibling("byo-relay")).unwrap();
     std::fs::write(
@@ -29,15 +60,7 @@ pub fn release(dir: &Path, arches: &[&str]) -> PathBuf {
     .unwrap();
     let agent = std::fs::read(sibling("byo-agent")).unwrap();
     for arch in arches {
-        std::fs::write(dir.join(format!("byo-agent-{arch}")), &agent).unwrap();
-        std::fs::write(
-            dir.join(format!("byo-agent-{arch}.sha256")),
-            format!(
-                "{}  byo-agent-{arch}\n",
-                hex::encode(sha2::Sha256::digest(&agent))
-            ),
-        )
-        .unwrap();
+        publish_agent(dir, arch, &agent, release_key());
     }
     dir.to_owned()
 }

@@ -39,6 +39,7 @@ pub async fn serve(
         },
         secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
         release_dir: Some(release_dir),
+        release_key: Some(crate::support::release_public()),
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_key().public_key().to_openssh().unwrap()];
