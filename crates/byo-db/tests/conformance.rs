@@ -1002,7 +1002,7 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
         },
     ] {
         let e = store
-            .record_operator_logins(&h, &[bad.clone()], t0)
+            .record_operator_logins(&h, std::slice::from_ref(&bad), t0)
             .await
             .unwrap_err();
         assert!(e.to_string().contains("operator_logins_"), "{bad:?}: {e}");
