@@ -6,7 +6,7 @@ mod support;
 use std::process::Command;
 
 use byo_core::render::nft::{Layout, skeleton};
-use byo_core::render::relay_bootstrap::{Bootstrap, TLS_DIR};
+use byo_core::render::relay_bootstrap::{Bootstrap, CADDY_UPSTREAM_KEEPALIVE_SECS, TLS_DIR};
 use support::{Netns, kernel_parts, run, wg_keypair};
 
 /// A certificate and key for the relay's name, as PEM (the server's relay CA issues the
@@ -109,6 +109,13 @@ fn the_caddy_config_validates() {
         caddyfile.contains("https://spark-7.relay.example.com:443")
             && caddyfile.contains("auto_https off")
             && caddyfile.contains("reverse_proxy 10.8.0.2:8080"),
+        "{caddyfile}"
+    );
+    // Caddy drops an idle connection to the agent before the agent does, so it never sends a
+    // request on one the agent is closing.
+    assert!(
+        caddyfile.contains(&format!("keepalive {CADDY_UPSTREAM_KEEPALIVE_SECS}s"))
+            && CADDY_UPSTREAM_KEEPALIVE_SECS < byo_listen::HEADER_READ_TIMEOUT_SECS,
         "{caddyfile}"
     );
     std::fs::write(

@@ -10,6 +10,10 @@ use std::fmt::Write as _;
 
 use crate::render::nft::Layout;
 
+/// How long Caddy keeps an idle connection to the agent: under the agent's idle (header-read)
+/// timeout, 10 s by default (`byo_listen::Limits`).
+pub const CADDY_UPSTREAM_KEEPALIVE_SECS: u64 = 5;
+
 /// Where the relay keeps its certificate and key (readable by Caddy's group only).
 pub const TLS_DIR: &str = "/etc/byo-relay/tls";
 
@@ -106,10 +110,13 @@ impl Bootstrap {
     }
 
     /// Caddy: :443 only, for the relay's name, with its certificate from the relay CA
-    /// (no ACME, no :80), proxying only to the host's agent on the tunnel.
+    /// (no ACME, no :80), proxying only to the host's agent on the tunnel. Caddy keeps an
+    /// idle upstream connection for [`CADDY_UPSTREAM_KEEPALIVE_SECS`], below the agent's idle
+    /// timeout, so Caddy never reuses a connection the agent is closing (a POST sent on it
+    /// would fail, and Caddy does not retry one).
     pub fn caddyfile(&self) -> String {
         format!(
-            "{{\n\tauto_https off\n}}\n\nhttps://{}:443 {{\n\ttls {TLS_DIR}/relay.crt {TLS_DIR}/relay.key\n\treverse_proxy {}:8080\n}}\n",
+            "{{\n\tauto_https off\n}}\n\nhttps://{}:443 {{\n\ttls {TLS_DIR}/relay.crt {TLS_DIR}/relay.key\n\treverse_proxy {}:8080 {{\n\t\ttransport http {{\n\t\t\tkeepalive {CADDY_UPSTREAM_KEEPALIVE_SECS}s\n\t\t}}\n\t}}\n}}\n",
             self.public_name, self.layout.host
         )
     }
