@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
-use byo_db::vms::{NewVm, VmRow};
+use byo_db::vms::{HostPick, NewVm, VmRow};
 use byo_wire::Role;
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
@@ -125,6 +125,28 @@ pub(crate) fn valid_gpu_type(gpu_type: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// The pick every create makes (E1, E2, E3's launch of `booking`): hosts heard from
+/// recently enough, and no host a paid booking holds for a window that has begun or opens
+/// before the launcher's next tick (E3.2), unless it is `booking`'s own.
+pub fn host_pick<'a>(
+    state: &AppState,
+    gpu_type: &'a str,
+    user_sub: &'a str,
+    booking: Option<&'a str>,
+) -> HostPick<'a> {
+    let now = state.clock.now();
+    HostPick {
+        gpu_type,
+        user_sub,
+        seen_since: state.config.placement.seen_since(now),
+        now,
+        pins_from: now
+            + chrono::TimeDelta::from_std(crate::app::prebookings::LAUNCH_EVERY)
+                .unwrap_or(chrono::TimeDelta::zero()),
+        booking,
+    }
+}
+
 /// What a create came to: a host took it (201), or none could and it is queued (202).
 #[derive(Clone, Debug)]
 pub enum CreateOutcome {
@@ -133,7 +155,8 @@ pub enum CreateOutcome {
 }
 
 /// Refuse a staff-only GPU type to anyone who is not staff (issue #13, 5): at rent time,
-/// in every create path (the dashboard's, the queue's drain), not only in the page's menu.
+/// in every create path (the dashboard's, the queue's drain) and at booking time (E3), not
+/// only in the page's menu.
 pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) -> AppResult<()> {
     let staff = roles
         .iter()
@@ -142,7 +165,9 @@ pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) ->
         return Err(AppError::Rejected {
             status: StatusCode::FORBIDDEN,
             code: "staff_only",
-            message: format!("{gpu_type} is for Enverge staff only; nothing was created or queued"),
+            message: format!(
+                "{gpu_type} is for Enverge staff only; nothing was created, queued or booked"
+            ),
         });
     }
     Ok(())
@@ -183,10 +208,9 @@ pub async fn create(
         .ok_or_else(|| {
             AppError::bad_request("unknown_ssh_key", "you have no SSH key with that id")
         })?;
-    let seen_since = state.config.placement.seen_since(state.clock.now());
     let candidates = state
         .store
-        .pick_hosts_for_gpu(gpu_type, sub, seen_since)
+        .pick_hosts_for_gpu(host_pick(state, gpu_type, sub, None))
         .await?;
     if !candidates.is_empty() {
         let request = Placing {

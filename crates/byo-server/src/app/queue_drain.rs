@@ -392,10 +392,12 @@ async fn drain_row(
     // Candidates, a few at a time: every one tried is afterwards occupied or benched, so
     // each pick moves on; concurrent drainers may take some first (skipped).
     for _ in 0..PICKS_PER_ROW {
-        let seen_since = state.config.placement.seen_since(state.clock.now());
         let candidates = state
             .store
-            .pick_first_hosts_for_gpu(&row.gpu_type, &row.user_sub, seen_since, CANDIDATES_PER_ROW)
+            .pick_first_hosts_for_gpu(
+                instances::host_pick(state, &row.gpu_type, &row.user_sub, None),
+                CANDIDATES_PER_ROW,
+            )
             .await?;
         if candidates.is_empty() {
             return Ok(RowOutcome::Waiting);
