@@ -47,6 +47,14 @@ impl<'a> HostPick<'a> {
     }
 }
 
+/// A picked host and whether it is the user's dedicated box (those come first).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct PickedHost {
+    #[sqlx(flatten)]
+    pub target: AgentTargetRow,
+    pub dedicated: bool,
+}
+
 /// The columns every [`VmRow`] is read with.
 pub(crate) const VM_COLUMNS: &str = "id, user_sub, host_id, name, gpu_type, ssh_hostname, ssh_port, status, \
      created_at, creation_failed_at, delete_requested_at, deleted_at";
@@ -266,7 +274,12 @@ impl Store {
     /// boxes come first. Every caller that picks (E1's create, E2's drain, E3's launch)
     /// goes through this one statement.
     pub async fn pick_hosts_for_gpu(&self, pick: HostPick<'_>) -> Result<Vec<AgentTargetRow>> {
-        self.pick_first_hosts_for_gpu(pick, i64::MAX).await
+        Ok(self
+            .pick_first_hosts_for_gpu(pick, i64::MAX)
+            .await?
+            .into_iter()
+            .map(|h| h.target)
+            .collect())
     }
 
     /// [`pick_hosts_for_gpu`](Store::pick_hosts_for_gpu)'s first `n` hosts: the queue's
@@ -275,9 +288,9 @@ impl Store {
         &self,
         pick: HostPick<'_>,
         n: i64,
-    ) -> Result<Vec<AgentTargetRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
-            "select h.id, h.slug, h.relay_ip, h.agent_token
+    ) -> Result<Vec<PickedHost>> {
+        on_pool!(self, |p| sqlx::query_as::<_, PickedHost>(
+            "select h.id, h.slug, h.relay_ip, h.agent_token, h.dedicated
              from hosts h join host_status s on s.host_id = h.id
              left join host_placement b on b.host_id = h.id
              where h.gpu_type = $1

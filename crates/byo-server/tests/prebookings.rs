@@ -1152,9 +1152,15 @@ async fn e3_2_a_paid_pin_is_not_picked_by_a_create_or_the_drain_inside_its_windo
     to(&w, 1).await;
     w.clock
         .advance(TimeDelta::minutes(59) + TimeDelta::seconds(30));
-    assert!(w.pickable(&pinned.id).await, "an unpaid booking holds nothing");
+    assert!(
+        w.pickable(&pinned.id).await,
+        "an unpaid booking holds nothing"
+    );
     pay(&admin, &id).await;
-    assert!(!w.pickable(&pinned.id).await, "paid, opening within the tick");
+    assert!(
+        !w.pickable(&pinned.id).await,
+        "paid, opening within the tick"
+    );
 
     // E1: another customer's create finds no host and queues; the pin is not asked.
     let key = w.add_key(&w.other).await;
@@ -1168,7 +1174,13 @@ async fn e3_2_a_paid_pin_is_not_picked_by_a_create_or_the_drain_inside_its_windo
     assert!(w.agents.calls(Op::Create).is_empty());
     let q = w.db().queue_row(&queued).await.unwrap().unwrap();
     assert_eq!((q.closed_at, q.vm_id), (None, None));
-    assert!(w.db().live_vms_on_host(&pinned.id).await.unwrap().is_empty());
+    assert!(
+        w.db()
+            .live_vms_on_host(&pinned.id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
 
     // The booking launches on its host.
     launcher(&w).await;
@@ -1190,7 +1202,12 @@ async fn e3_2_a_paid_pin_is_not_picked_by_a_create_or_the_drain_inside_its_windo
     tick(&w, "queue-drain").await;
     let q = w.db().queue_row(&queued).await.unwrap().unwrap();
     assert_eq!(q.close_reason.as_deref(), Some("placed"));
-    let placed = w.db().vm(q.vm_id.as_deref().unwrap()).await.unwrap().unwrap();
+    let placed = w
+        .db()
+        .vm(q.vm_id.as_deref().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(
         (placed.host_id.as_deref(), placed.user_sub.as_str()),
         (Some(pinned.id.as_str()), w.other.sub.as_str())
@@ -1244,8 +1261,7 @@ async fn e3_staff_only_gpu_types_are_refused_to_customers_at_booking(w: World) {
         },
     )
     .await;
-    let body =
-        json!({"gpu_type": "linux-test", "start_date": at(2), "end_date": at(6)});
+    let body = json!({"gpu_type": "linux-test", "start_date": at(2), "end_date": at(6)});
     let r = w.customer.post("/api/prebookings", body.clone()).await;
     assert_eq!(
         (r.status, r.json()["error"].as_str()),

@@ -27,7 +27,7 @@ use byo_wire::Role;
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
-    InstanceView, VmAction,
+    InstanceView, VmAction, VmCreated,
 };
 use rand::Rng;
 use serde_json::json;
@@ -373,6 +373,31 @@ async fn place(
     }))
 }
 
+/// What a host answered a create.
+pub(crate) enum Answer {
+    /// A 2xx, its body read (`Some`) or not (`None`): accepted either way (E2: an
+    /// unreadable 2xx is never a refusal).
+    Accepted(Option<VmCreated>),
+    /// A refusal, or no connection.
+    Refused(AgentError),
+    /// No answer within the wait.
+    Silent,
+}
+
+/// Ask `host` to create the instance, waiting at most `wait`.
+pub(crate) async fn ask_create(
+    state: &AppState,
+    host: &AgentTargetRow,
+    request: &CreateVm,
+    wait: Duration,
+) -> Answer {
+    match tokio::time::timeout(wait, state.agents.create_vm(host, request)).await {
+        Ok(Ok(created)) => Answer::Accepted(created),
+        Ok(Err(e)) => Answer::Refused(e),
+        Err(_) => Answer::Silent,
+    }
+}
+
 /// One attempt on one host, its row already written: the agent's answer settles the row.
 /// A 2xx is accepted even when its body cannot be read (E2: never a refusal); a refusal or
 /// no connection fails the row and scores the host, benched at `bench_after` in a row.
@@ -384,9 +409,8 @@ pub(crate) async fn attempt(
     wait: Duration,
     bench_after: u32,
 ) -> AppResult<Attempt> {
-    let answer = tokio::time::timeout(wait, state.agents.create_vm(host, &request)).await;
-    let e = match answer {
-        Ok(Ok(created)) => {
+    let e = match ask_create(state, host, &request, wait).await {
+        Answer::Accepted(created) => {
             let port = created.as_ref().map(|c| i32::from(c.ssh_port));
             state.store.mark_vm_running(&row.id, port).await?;
             state.store.record_placement_success(&host.id).await?;
@@ -398,31 +422,59 @@ pub(crate) async fn attempt(
                 startup_script: created.map(|c| c.startup_script),
             })));
         }
-        Ok(Err(e)) => e,
-        Err(_) => {
-            let why = format!("no answer within {} s", wait.as_secs_f32().ceil());
-            score_failure(state, host, &why, bench_after).await?;
-            tracing::warn!(vm = %row.id, host = %host.slug, "create unanswered; the row stays creating until the host's heartbeat settles it");
-            state
-                .store
-                .audit(
-                    None,
-                    "vm.create_unanswered",
-                    Some(&row.id),
-                    json!({"host_id": host.id, "reason": why}),
-                    state.clock.now(),
-                )
-                .await?;
-            return Ok(Attempt::Silent(AppError::host_silent(
-                "host_silent",
-                format!(
-                    "the host did not answer in time ({why}); the instance stays \"creating\" until the \
-                     host's next heartbeat settles it: running if the host made it, failed and never \
-                     billed if not"
-                ),
-            )));
+        Answer::Refused(e) => e,
+        Answer::Silent => {
+            return Ok(Attempt::Silent(
+                settle_silent(state, host, &row, wait, bench_after).await?,
+            ));
         }
     };
+    Ok(Attempt::Failed(
+        settle_refused(state, host, &row, e, bench_after).await?,
+    ))
+}
+
+/// A host stayed silent to the deadline: the row stays `creating` for the heartbeat to
+/// settle, the host is scored. The error the caller answers with.
+pub(crate) async fn settle_silent(
+    state: &AppState,
+    host: &AgentTargetRow,
+    row: &VmRow,
+    wait: Duration,
+    bench_after: u32,
+) -> AppResult<AppError> {
+    let why = format!("no answer within {} s", wait.as_secs_f32().ceil());
+    score_failure(state, host, &why, bench_after).await?;
+    tracing::warn!(vm = %row.id, host = %host.slug, "create unanswered; the row stays creating until the host's heartbeat settles it");
+    state
+        .store
+        .audit(
+            None,
+            "vm.create_unanswered",
+            Some(&row.id),
+            json!({"host_id": host.id, "reason": why}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(AppError::host_silent(
+        "host_silent",
+        format!(
+            "the host did not answer in time ({why}); the instance stays \"creating\" until the \
+                 host's next heartbeat settles it: running if the host made it, failed and never \
+                 billed if not"
+        ),
+    ))
+}
+
+/// A host refused the create or could not be reached: the row fails (nothing billed),
+/// the host is scored and benched at `bench_after`. The error the customer hears.
+pub(crate) async fn settle_refused(
+    state: &AppState,
+    host: &AgentTargetRow,
+    row: &VmRow,
+    e: AgentError,
+    bench_after: u32,
+) -> AppResult<AppError> {
     let now = state.clock.now();
     state.store.mark_vm_creation_failed(&row.id, now).await?;
     tracing::warn!(vm = %row.id, host = %host.slug, error = %e, "create failed; nothing billed");
@@ -437,7 +489,7 @@ pub(crate) async fn attempt(
         )
         .await?;
     score_failure(state, host, &e.to_string(), bench_after).await?;
-    Ok(Attempt::Failed(match e {
+    Ok(match e {
         AgentError::Unreachable(why) => AppError::host_silent(
             "host_unreachable",
             format!(
@@ -460,7 +512,7 @@ pub(crate) async fn attempt(
                 row.gpu_type
             ),
         ),
-    }))
+    })
 }
 
 /// A create this host did not take: count it, and bench the host at the configured count
