@@ -265,6 +265,7 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
     let churn = {
         let store = store.clone();
         tokio::spawn(async move {
+            let mut beat = 0u64;
             while !*stop_rx.borrow() {
                 store
                     .execute_unchecked(&format!(
@@ -275,6 +276,18 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
                     ))
                     .await
                     .unwrap();
+                // The hosts keep beating (about once a second): placement picks only hosts
+                // heard from lately.
+                beat += 1;
+                if beat % 200 == 0 {
+                    store
+                        .execute_unchecked(&format!(
+                            "update host_status set seen_at = '{}'",
+                            chrono::Utc::now().to_rfc3339()
+                        ))
+                        .await
+                        .unwrap();
+                }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
         })
