@@ -283,9 +283,15 @@ impl Store {
         n: i64,
         skip: &[String],
     ) -> Result<Vec<QueueRow>> {
-        let skip_locked = match self.backend() {
-            crate::Backend::Postgres => " for update skip locked",
-            crate::Backend::Sqlite => "",
+        // On PostgreSQL the locking pick is a materialized CTE: as an `in (subquery)` the
+        // planner may run it more than once and claim past the limit.
+        let (with, skip_locked, pick) = match self.backend() {
+            crate::Backend::Postgres => (
+                "with c as materialized (",
+                " for update skip locked) ",
+                "select id from c",
+            ),
+            crate::Backend::Sqlite => ("", "", ""),
         };
         let not_in = if skip.is_empty() {
             String::new()
@@ -293,14 +299,27 @@ impl Store {
             let marks: Vec<String> = (0..skip.len()).map(|i| format!("${}", i + 5)).collect();
             format!(" and gpu_type not in ({})", marks.join(", "))
         };
-        let sql = format!(
-            "update vm_queue set claimed_until = $2, claim_token = $3
-             where id in (select id from vm_queue
-                          where closed_at is null and (claimed_until is null or claimed_until <= $1){not_in}
-                          order by created_at, id limit $4{skip_locked})
-               and closed_at is null and (claimed_until is null or claimed_until <= $1)
-             returning {QUEUE_COLUMNS}"
+        let picked = format!(
+            "select id from vm_queue
+             where closed_at is null and (claimed_until is null or claimed_until <= $1){not_in}
+             order by created_at, id limit $4"
         );
+        let sql = if with.is_empty() {
+            format!(
+                "update vm_queue set claimed_until = $2, claim_token = $3
+                 where id in ({picked})
+                   and closed_at is null and (claimed_until is null or claimed_until <= $1)
+                 returning {QUEUE_COLUMNS}"
+            )
+        } else {
+            format!(
+                "{with}{picked}{skip_locked}
+                 update vm_queue set claimed_until = $2, claim_token = $3
+                 where id in ({pick})
+                   and closed_at is null and (claimed_until is null or claimed_until <= $1)
+                 returning {QUEUE_COLUMNS}"
+            )
+        };
         let mut rows = on_pool!(self, |p| {
             let mut q = sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(now)
