@@ -279,7 +279,7 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
                 // The hosts keep beating (about once a second): placement picks only hosts
                 // heard from lately.
                 beat += 1;
-                if beat % 200 == 0 {
+                if beat.is_multiple_of(200) {
                     store
                         .execute_unchecked(&format!(
                             "update host_status set seen_at = '{}'",
