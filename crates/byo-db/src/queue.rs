@@ -119,6 +119,20 @@ pub enum QueueCloseOutcome {
     Placing,
 }
 
+/// The queue row's earlier attempt is live (inside a statement on `vm_queue`).
+const LIVE_ATTEMPT: &str = "select 1 from vms v where v.id = vm_queue.vm_id
+       and v.deleted_at is null and v.creation_failed_at is null";
+
+/// What [`Store::settle_queue_placed`] writes: the host took the attempt's instance.
+#[derive(Clone, Copy, Debug)]
+pub struct QueuePlaced<'a> {
+    pub queue_id: &'a str,
+    pub vm_id: &'a str,
+    pub host_id: &'a str,
+    pub ssh_port: Option<i32>,
+    pub how: QueueClose,
+}
+
 /// An attempt row is live: not deleted, not failed.
 const LIVE_VM: &str = "select cast(1 as bigint) from vms where id = $1
        and deleted_at is null and creation_failed_at is null";
@@ -258,36 +272,64 @@ impl Store {
     }
 
     /// A drainer claims up to `n` open rows no one holds (or whose lease ran out), oldest
-    /// first, until `lease_until`, under `token`. PostgreSQL skips rows another drainer is
-    /// claiming (`for update skip locked`); SQLite's statement runs under its write lock.
+    /// first, until `lease_until`, under `token`, leaving out the gpu_types in `skip` (a
+    /// run's kinds with no free host). PostgreSQL skips rows another drainer is claiming
+    /// (`for update skip locked`); SQLite's statement runs under its write lock.
     pub async fn claim_queue_rows(
         &self,
         now: DateTime<Utc>,
         lease_until: DateTime<Utc>,
         token: &str,
         n: i64,
+        skip: &[String],
     ) -> Result<Vec<QueueRow>> {
-        let skip_locked = match self.backend() {
-            crate::Backend::Postgres => " for update skip locked",
-            crate::Backend::Sqlite => "",
+        // On PostgreSQL the locking pick is a materialized CTE: as an `in (subquery)` the
+        // planner may run it more than once and claim past the limit.
+        let (with, skip_locked, pick) = match self.backend() {
+            crate::Backend::Postgres => (
+                "with c as materialized (",
+                " for update skip locked) ",
+                "select id from c",
+            ),
+            crate::Backend::Sqlite => ("", "", ""),
         };
-        let mut rows = on_pool!(self, |p| {
-            sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(
+        let not_in = if skip.is_empty() {
+            String::new()
+        } else {
+            let marks: Vec<String> = (0..skip.len()).map(|i| format!("${}", i + 5)).collect();
+            format!(" and gpu_type not in ({})", marks.join(", "))
+        };
+        let picked = format!(
+            "select id from vm_queue
+             where closed_at is null and (claimed_until is null or claimed_until <= $1){not_in}
+             order by created_at, id limit $4"
+        );
+        let sql = if with.is_empty() {
             format!(
                 "update vm_queue set claimed_until = $2, claim_token = $3
-                 where id in (select id from vm_queue
-                              where closed_at is null and (claimed_until is null or claimed_until <= $1)
-                              order by created_at, id limit $4{skip_locked})
+                 where id in ({picked})
                    and closed_at is null and (claimed_until is null or claimed_until <= $1)
                  returning {QUEUE_COLUMNS}"
             )
-        ))
-        .bind(now)
-        .bind(lease_until)
-        .bind(token)
-        .bind(n)
-        .fetch_all(p)
-        .await
+        } else {
+            format!(
+                "{with}{picked}{skip_locked}
+                 update vm_queue set claimed_until = $2, claim_token = $3
+                 where id in ({pick})
+                   and closed_at is null and (claimed_until is null or claimed_until <= $1)
+                 returning {QUEUE_COLUMNS}"
+            )
+        };
+        let mut rows = on_pool!(self, |p| {
+            let mut q = sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(now)
+                .bind(lease_until)
+                .bind(token)
+                .bind(n);
+            for g in skip {
+                q = q.bind(g.as_str());
+            }
+            q.fetch_all(p).await
         })?;
         rows.sort_by(|a, b| (a.created_at, &a.id).cmp(&(b.created_at, &b.id)));
         Ok(rows)
@@ -344,10 +386,13 @@ impl Store {
         Ok(GuardedWrite::from_rows(done))
     }
 
-    /// E0's precondition and step 59's attempt: in one transaction, check this drainer
-    /// still holds the row and no attempt of it is live, write the attempt's `vms` row
-    /// (host, freshly minted name and SSH name, `created_at`), point the row at it, count
-    /// the attempt and extend the lease. Nothing is written unless all of it is.
+    /// E0's precondition and step 59's attempt, all or nothing: check this drainer still
+    /// holds the row and no attempt of it is live, write the attempt's `vms` row (host,
+    /// freshly minted name and SSH name, `created_at`) with its `vm.create` audit entry
+    /// (`audit`, the entry's details), point the row at it, count the attempt and extend
+    /// the lease. On PostgreSQL one statement (the queue row's update locks it, and a
+    /// unique violation on the host undoes all of it); on SQLite one transaction under the
+    /// write lock.
     pub async fn start_queue_attempt(
         &self,
         queue_id: &str,
@@ -355,65 +400,163 @@ impl Store {
         new: NewVm<'_>,
         created_at: DateTime<Utc>,
         lease_until: DateTime<Utc>,
+        audit: &serde_json::Value,
     ) -> Result<QueueAttempt> {
-        in_tx!(self, |tx, for_update| {
-            let held: Option<QueueRow> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-                "select {QUEUE_COLUMNS} from vm_queue
-                 where id = $1 and claim_token = $2 and closed_at is null{for_update}"
-            )))
-            .bind(queue_id)
-            .bind(token)
-            .fetch_optional(&mut *tx)
-            .await?;
-            let Some(held) = held else {
-                return Ok(QueueAttempt::Lost);
-            };
-            if let Some(vm_id) = &held.vm_id {
-                let live: Option<i64> = sqlx::query_scalar(LIVE_VM)
-                    .bind(vm_id)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                if live.is_some() {
-                    return Ok(QueueAttempt::Lost);
-                }
+        let vm_id = new_id();
+        let started: std::result::Result<Option<VmRow>, sqlx::Error> = match &self.pool {
+            crate::Pool::Postgres(p) => {
+                sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+                    "with q as (
+                       update vm_queue set vm_id = $3, attempts = attempts + 1, claimed_until = $8
+                       where id = $1 and claim_token = $2 and closed_at is null
+                         and not exists ({LIVE_ATTEMPT})
+                       returning user_sub, gpu_type),
+                     v as (
+                       insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
+                       select $3, q.user_sub, $4, $5, q.gpu_type, $6, $7 from q
+                       returning {VM_COLUMNS}),
+                     a as (
+                       insert into audit_log (id, at, actor_sub, action, target, details)
+                       select $9, $7, cast(null as text), 'vm.create', v.id, $10 from v)
+                     select {VM_COLUMNS} from v"
+                )))
+                .bind(queue_id)
+                .bind(token)
+                .bind(&vm_id)
+                .bind(new.host_id)
+                .bind(new.name)
+                .bind(new.ssh_hostname)
+                .bind(created_at)
+                .bind(lease_until)
+                .bind(new_id())
+                .bind(sqlx::types::Json(audit))
+                .fetch_optional(p)
+                .await
             }
-            let inserted = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
-                "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
-                 values ($1, $2, $3, $4, $5, $6, $7) returning {VM_COLUMNS}"
-            )))
-            .bind(new_id())
-            .bind(held.user_sub.as_str())
-            .bind(new.host_id)
-            .bind(new.name)
-            .bind(held.gpu_type.as_str())
-            .bind(new.ssh_hostname)
-            .bind(created_at)
-            .fetch_one(&mut *tx)
-            .await;
-            let vm = match inserted {
-                Ok(vm) => vm,
-                Err(e) => {
-                    return match live_row_conflict(e) {
-                        DbError::Conflict(_) => Ok(QueueAttempt::HostTaken),
-                        other => Err(other),
-                    };
+            crate::Pool::Sqlite(p) => {
+                let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                let inserted = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+                    "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
+                     select $3, vm_queue.user_sub, $4, $5, vm_queue.gpu_type, $6, $7 from vm_queue
+                     where id = $1 and claim_token = $2 and closed_at is null
+                       and not exists ({LIVE_ATTEMPT})
+                     returning {VM_COLUMNS}"
+                )))
+                .bind(queue_id)
+                .bind(token)
+                .bind(&vm_id)
+                .bind(new.host_id)
+                .bind(new.name)
+                .bind(new.ssh_hostname)
+                .bind(created_at)
+                .fetch_optional(&mut *tx)
+                .await;
+                if let Ok(Some(vm)) = &inserted {
+                    sqlx::query(
+                        "update vm_queue set vm_id = $2, attempts = attempts + 1, claimed_until = $3
+                         where id = $1",
+                    )
+                    .bind(queue_id)
+                    .bind(&vm.id)
+                    .bind(lease_until)
+                    .execute(&mut *tx)
+                    .await?;
+                    sqlx::query(
+                        "insert into audit_log (id, at, actor_sub, action, target, details)
+                         values ($1, $2, null, 'vm.create', $3, $4)",
+                    )
+                    .bind(new_id())
+                    .bind(created_at)
+                    .bind(&vm.id)
+                    .bind(sqlx::types::Json(audit))
+                    .execute(&mut *tx)
+                    .await?;
+                    tx.commit().await?;
                 }
-            };
-            sqlx::query(
-                "update vm_queue set vm_id = $2, attempts = attempts + 1, claimed_until = $3
-                 where id = $1",
-            )
-            .bind(queue_id)
-            .bind(&vm.id)
-            .bind(lease_until)
-            .execute(&mut *tx)
-            .await?;
-            Ok(QueueAttempt::Started(Box::new(vm)))
-        })
+                inserted
+            }
+        };
+        match started {
+            Ok(Some(vm)) => Ok(QueueAttempt::Started(Box::new(vm))),
+            Ok(None) => Ok(QueueAttempt::Lost),
+            Err(e) => match live_row_conflict(e) {
+                DbError::Conflict(_) => Ok(QueueAttempt::HostTaken),
+                other => Err(other),
+            },
+        }
     }
 
-    /// Step 62's ending: a host took the attempt's instance, so the row closes naming it.
-    /// Guarded: only an open row whose attempt is `vm_id`.
+    /// Step 62's ending with the host's answer: the attempt's instance runs (`ssh_port` as
+    /// the agent said; guarded by `creating`), the host's failure count is reset, and the
+    /// queue row closes naming the instance (guarded: only an open row whose attempt is
+    /// `vm_id`). One statement on PostgreSQL, one transaction on SQLite. Whether the row
+    /// closed.
+    pub async fn settle_queue_placed(
+        &self,
+        placed: QueuePlaced<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<GuardedWrite> {
+        let closed: i64 = match &self.pool {
+            crate::Pool::Postgres(p) => {
+                sqlx::query_scalar(
+                    "with v as (
+                       update vms set status = 'running', ssh_port = $3
+                       where id = $2 and status = 'creating' and creation_failed_at is null
+                         and deleted_at is null
+                       returning id),
+                     h as (delete from host_placement where host_id = $4),
+                     q as (
+                       update vm_queue set closed_at = $5, close_reason = $6, claimed_until = null,
+                              claim_token = null, last_error = null, last_error_at = null
+                       where id = $1 and vm_id = $2 and closed_at is null
+                       returning id)
+                     select count(*) from q",
+                )
+                .bind(placed.queue_id)
+                .bind(placed.vm_id)
+                .bind(placed.ssh_port)
+                .bind(placed.host_id)
+                .bind(now)
+                .bind(placed.how.as_str())
+                .fetch_one(p)
+                .await?
+            }
+            crate::Pool::Sqlite(p) => {
+                let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                sqlx::query(
+                    "update vms set status = 'running', ssh_port = $2
+                     where id = $1 and status = 'creating' and creation_failed_at is null
+                       and deleted_at is null",
+                )
+                .bind(placed.vm_id)
+                .bind(placed.ssh_port)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query("delete from host_placement where host_id = $1")
+                    .bind(placed.host_id)
+                    .execute(&mut *tx)
+                    .await?;
+                let done = sqlx::query(
+                    "update vm_queue set closed_at = $3, close_reason = $4, claimed_until = null,
+                            claim_token = null, last_error = null, last_error_at = null
+                     where id = $1 and vm_id = $2 and closed_at is null",
+                )
+                .bind(placed.queue_id)
+                .bind(placed.vm_id)
+                .bind(now)
+                .bind(placed.how.as_str())
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                tx.commit().await?;
+                i64::try_from(done).unwrap_or(i64::MAX)
+            }
+        };
+        Ok(GuardedWrite::from_rows(u64::try_from(closed).unwrap_or(0)))
+    }
+
+    /// Step 62's ending for an attempt a heartbeat settled running: the row closes naming
+    /// it. Guarded: only an open row whose attempt is `vm_id`.
     pub async fn close_queue_placed(
         &self,
         queue_id: &str,
@@ -434,6 +577,28 @@ impl Store {
         .await
         .map(|r| r.rows_affected()))?;
         Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// The keys `ids` name, as (id, owner, public key), read once per claimed batch: a
+    /// key no longer on its row's account is absent or another's (the row is held).
+    pub async fn ssh_keys_by_id(&self, ids: &[&str]) -> Result<Vec<(String, String, String)>> {
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "select id, user_sub, public_key from ssh_keys where id in ({})",
+            marks.join(", ")
+        );
+        on_pool!(self, |p| {
+            let mut q =
+                sqlx::query_as::<_, (String, String, String)>(sqlx::AssertSqlSafe(sql.clone()));
+            for id in ids {
+                q = q.bind(*id);
+            }
+            q.fetch_all(p).await
+        })
+        .map_err(Into::into)
     }
 
     /// The customer cancels (`user_sub` given: only their own row) or an operator closes a

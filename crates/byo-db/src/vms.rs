@@ -12,6 +12,49 @@ use chrono::{DateTime, Utc};
 use crate::hosts::AgentTargetRow;
 use crate::{DbError, GuardedWrite, Result, Store, new_id};
 
+/// What a placement pick is for and when ([`Store::pick_hosts_for_gpu`]). Time is the
+/// caller's: `now`, and `pins_from`, the end of the launcher's next tick, so a booking
+/// whose window opens before the launcher runs again already holds its host.
+#[derive(Clone, Copy, Debug)]
+pub struct HostPick<'a> {
+    pub gpu_type: &'a str,
+    pub user_sub: &'a str,
+    /// Only hosts heard from at or after this.
+    pub seen_since: DateTime<Utc>,
+    pub now: DateTime<Utc>,
+    /// A paid booking whose window starts at or before this holds its pinned host.
+    pub pins_from: DateTime<Utc>,
+    /// The booking being launched (E3): its own pin is not held against it.
+    pub booking: Option<&'a str>,
+}
+
+impl<'a> HostPick<'a> {
+    /// A pick at `now` protecting pins whose window has begun by `now` (no lead).
+    pub fn new(
+        gpu_type: &'a str,
+        user_sub: &'a str,
+        seen_since: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        HostPick {
+            gpu_type,
+            user_sub,
+            seen_since,
+            now,
+            pins_from: now,
+            booking: None,
+        }
+    }
+}
+
+/// A picked host and whether it is the user's dedicated box (those come first).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct PickedHost {
+    #[sqlx(flatten)]
+    pub target: AgentTargetRow,
+    pub dedicated: bool,
+}
+
 /// The columns every [`VmRow`] is read with.
 pub(crate) const VM_COLUMNS: &str = "id, user_sub, host_id, name, gpu_type, ssh_hostname, ssh_port, status, \
      created_at, creation_failed_at, delete_requested_at, deleted_at";
@@ -218,34 +261,36 @@ impl Store {
         .map_err(Into::into)
     }
 
-    /// pick_hosts_for_gpu: the hosts a create of `gpu_type` for `user_sub` may land on —
-    /// active (so prepared, D.3), not retired, of that gpu_type, reachable (an agent token
-    /// and a relay address), in the shared placement or dedicated to this user, holding no
-    /// live instance, **heard from**: a heartbeat at or after `seen_since` (we trust the
-    /// absence of a heartbeat; a host that never beat is not picked), and **not benched**
-    /// (a bench holds until a heartbeat later than it, or an operator clears it). The user's
-    /// own dedicated boxes come first.
-    pub async fn pick_hosts_for_gpu(
-        &self,
-        gpu_type: &str,
-        user_sub: &str,
-        seen_since: DateTime<Utc>,
-    ) -> Result<Vec<AgentTargetRow>> {
-        self.pick_first_hosts_for_gpu(gpu_type, user_sub, seen_since, i64::MAX)
-            .await
+    /// pick_hosts_for_gpu: the hosts a create of `pick.gpu_type` for `pick.user_sub` may
+    /// land on — active (so prepared, D.3), not retired, of that gpu_type, reachable (an
+    /// agent token and a relay address), in the shared placement or dedicated to this user,
+    /// holding no live instance, **heard from**: a heartbeat at or after `seen_since` (we
+    /// trust the absence of a heartbeat; a host that never beat is not picked), **not
+    /// benched** (a bench holds until a heartbeat later than it, or an operator clears it),
+    /// and **not pinned by a paid booking in its window** (E3.2): an open, paid pre-booking
+    /// whose window has begun or begins by `pins_from` (now plus the launcher's tick) and
+    /// has not ended at `now` holds its host for its booker's launch alone (`booking`, the
+    /// launch of that booking, is the one pick that sees it). The user's own dedicated
+    /// boxes come first. Every caller that picks (E1's create, E2's drain, E3's launch)
+    /// goes through this one statement.
+    pub async fn pick_hosts_for_gpu(&self, pick: HostPick<'_>) -> Result<Vec<AgentTargetRow>> {
+        Ok(self
+            .pick_first_hosts_for_gpu(pick, i64::MAX)
+            .await?
+            .into_iter()
+            .map(|h| h.target)
+            .collect())
     }
 
     /// [`pick_hosts_for_gpu`](Store::pick_hosts_for_gpu)'s first `n` hosts: the queue's
     /// drain, which tries a few candidates per row however many hosts are free.
     pub async fn pick_first_hosts_for_gpu(
         &self,
-        gpu_type: &str,
-        user_sub: &str,
-        seen_since: DateTime<Utc>,
+        pick: HostPick<'_>,
         n: i64,
-    ) -> Result<Vec<AgentTargetRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, AgentTargetRow>(
-            "select h.id, h.slug, h.relay_ip, h.agent_token
+    ) -> Result<Vec<PickedHost>> {
+        on_pool!(self, |p| sqlx::query_as::<_, PickedHost>(
+            "select h.id, h.slug, h.relay_ip, h.agent_token, h.dedicated
              from hosts h join host_status s on s.host_id = h.id
              left join host_placement b on b.host_id = h.id
              where h.gpu_type = $1
@@ -257,13 +302,20 @@ impl Store {
                and (b.benched_at is null or s.seen_at > b.benched_at)
                and not exists (select 1 from vms v where v.host_id = h.id
                                and v.deleted_at is null and v.creation_failed_at is null)
+               and not exists (select 1 from prebookings pb where pb.host_id = h.id
+                               and pb.closed_at is null and pb.paid_at is not null
+                               and pb.start_date <= $5 and pb.end_date > $6
+                               and ($7 is null or pb.id <> $7))
              order by h.dedicated desc, h.activated_at, h.slug
              limit $4"
         )
-        .bind(gpu_type)
-        .bind(user_sub)
-        .bind(seen_since)
+        .bind(pick.gpu_type)
+        .bind(pick.user_sub)
+        .bind(pick.seen_since)
         .bind(n)
+        .bind(pick.pins_from)
+        .bind(pick.now)
+        .bind(pick.booking)
         .fetch_all(p)
         .await)
         .map_err(Into::into)

@@ -792,7 +792,12 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     while !site
         .app
         .db
-        .pick_hosts_for_gpu("spark-1", &customer_sub, chrono::DateTime::UNIX_EPOCH)
+        .pick_hosts_for_gpu(byo_db::vms::HostPick::new(
+            "spark-1",
+            &customer_sub,
+            chrono::DateTime::UNIX_EPOCH,
+            chrono::Utc::now(),
+        ))
         .await
         .unwrap()
         .iter()
@@ -997,7 +1002,12 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     assert!(
         site.app
             .db
-            .pick_hosts_for_gpu("spark-1", &customer_sub, chrono::DateTime::UNIX_EPOCH)
+            .pick_hosts_for_gpu(byo_db::vms::HostPick::new(
+                "spark-1",
+                &customer_sub,
+                chrono::DateTime::UNIX_EPOCH,
+                chrono::Utc::now(),
+            ))
             .await
             .unwrap()
             .iter()

@@ -564,11 +564,12 @@ impl World {
     /// Whether a create for the customer could land on `host` now.
     async fn pickable(&self, host: &Host) -> bool {
         self.db()
-            .pick_hosts_for_gpu(
+            .pick_hosts_for_gpu(byo_server::app::instances::host_pick(
+                &self.app.state,
                 "spark-1",
                 &self.customer.sub,
-                self.app.state.config.placement.seen_since(self.clock.now()),
-            )
+                None,
+            ))
             .await
             .unwrap()
             .iter()

@@ -845,7 +845,12 @@ async fn e3_a_booking_holds_one_live_instance(w: World) {
     launcher(&w).await;
     let free = w
         .db()
-        .pick_hosts_for_gpu("spark-1", &w.customer.sub, at(-100))
+        .pick_hosts_for_gpu(byo_db::vms::HostPick::new(
+            "spark-1",
+            &w.customer.sub,
+            at(-100),
+            w.clock.now(),
+        ))
         .await
         .unwrap();
     assert_eq!(free.len(), 1);
@@ -1130,6 +1135,148 @@ async fn e3_racing_bookings_never_pin_a_host_twice(w: World) {
     assert_eq!(w.db().prebookings_of(&greedy.sub).await.unwrap().len(), 3);
 }
 
+/// E3.2 with E1 and E2: a paid booking's pinned host is held for it from the launcher's
+/// tick before its window opens until its end: a dashboard create queues rather than take
+/// it, the drain does not place on it; the booking launches there; after `end_date` the
+/// host is anyone's again and the drain places the queued create on it.
+async fn e3_2_a_paid_pin_is_not_picked_by_a_create_or_the_drain_inside_its_window(w: World) {
+    let pinned = w.host("spark-1", Spec::default()).await;
+    w.add_key(&w.customer).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    let id = booked(&w.customer, 2, 6).await;
+    assert_eq!(
+        row(&w, &id).await.host_id.as_deref(),
+        Some(pinned.id.as_str())
+    );
+    // Half a minute before the window, within the launcher's tick: unpaid, nobody holds it.
+    to(&w, 1).await;
+    w.clock
+        .advance(TimeDelta::minutes(59) + TimeDelta::seconds(30));
+    assert!(
+        w.pickable(&pinned.id).await,
+        "an unpaid booking holds nothing"
+    );
+    pay(&admin, &id).await;
+    assert!(
+        !w.pickable(&pinned.id).await,
+        "paid, opening within the tick"
+    );
+
+    // E1: another customer's create finds no host and queues; the pin is not asked.
+    let key = w.add_key(&w.other).await;
+    let r = w.create(&w.other, "spark-1", &key).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let queued = r.json()["queued"]["id"].as_str().unwrap().to_owned();
+    assert!(w.agents.calls(Op::Create).is_empty());
+    // E2: the drain inside the window does not place it there either.
+    to(&w, 2).await;
+    tick(&w, "queue-drain").await;
+    assert!(w.agents.calls(Op::Create).is_empty());
+    let q = w.db().queue_row(&queued).await.unwrap().unwrap();
+    assert_eq!((q.closed_at, q.vm_id), (None, None));
+    assert!(
+        w.db()
+            .live_vms_on_host(&pinned.id)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+
+    // The booking launches on its host.
+    launcher(&w).await;
+    let calls = w.agents.calls(Op::Create);
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].host_id, pinned.id);
+    let vm = row(&w, &id).await.launched_vm_id.unwrap();
+    assert_eq!(
+        w.db().vm(&vm).await.unwrap().unwrap().user_sub,
+        w.customer.sub
+    );
+
+    // After end_date expire-prebook tears it down and the pin is anyone's: the drain
+    // places the queued create there.
+    to(&w, 6).await;
+    expire(&w).await;
+    assert!(row(&w, &id).await.closed_at.is_some());
+    assert!(w.pickable(&pinned.id).await);
+    tick(&w, "queue-drain").await;
+    let q = w.db().queue_row(&queued).await.unwrap().unwrap();
+    assert_eq!(q.close_reason.as_deref(), Some("placed"));
+    let placed = w
+        .db()
+        .vm(q.vm_id.as_deref().unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (placed.host_id.as_deref(), placed.user_sub.as_str()),
+        (Some(pinned.id.as_str()), w.other.sub.as_str())
+    );
+}
+
+/// E3.2: the hold ends with the window (before expire-prebook has closed the booking) and
+/// with the booking's close.
+async fn e3_2_a_pin_is_picked_again_after_end_date_or_once_closed(w: World) {
+    let pinned = w.host("spark-1", Spec::default()).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    // The booker has no key: the launcher leaves both bookings open (E3.5).
+    let first = booked(&w.customer, 2, 4).await;
+    let second = booked(&w.customer, 5, 7).await;
+    pay(&admin, &first).await;
+    pay(&admin, &second).await;
+    for b in [&first, &second] {
+        assert_eq!(
+            row(&w, b).await.host_id.as_deref(),
+            Some(pinned.id.as_str())
+        );
+    }
+    assert!(w.pickable(&pinned.id).await, "before any window");
+    to(&w, 3).await;
+    launcher(&w).await;
+    assert!(!w.pickable(&pinned.id).await, "inside the first window");
+    to(&w, 4).await;
+    assert!(row(&w, &first).await.closed_at.is_none(), "not yet expired");
+    assert!(w.pickable(&pinned.id).await, "its end_date passed");
+    to(&w, 5).await;
+    assert!(!w.pickable(&pinned.id).await, "inside the second window");
+    w.db()
+        .close_prebooking(&second, ClosedReason::Ended, w.clock.now())
+        .await
+        .unwrap();
+    assert!(w.pickable(&pinned.id).await, "closed");
+    let key = w.add_key(&w.other).await;
+    let r = w.create(&w.other, "spark-1", &key).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert_eq!(w.agents.calls(Op::Create)[0].host_id, pinned.id);
+}
+
+/// Issue #13, 5 at booking time: a staff-only GPU type is refused to a customer as at
+/// rent time (one rule, `instances::check_may_rent`); nothing is booked or pinned.
+async fn e3_staff_only_gpu_types_are_refused_to_customers_at_booking(w: World) {
+    w.host(
+        "spark-1",
+        Spec {
+            gpu_type: "linux-test",
+            ..Spec::default()
+        },
+    )
+    .await;
+    let body = json!({"gpu_type": "linux-test", "start_date": at(2), "end_date": at(6)});
+    let r = w.customer.post("/api/prebookings", body.clone()).await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::FORBIDDEN, Some("staff_only")),
+        "{}",
+        r.text()
+    );
+    assert_eq!(count(&w).await, 0, "no prebookings row");
+    assert!(w.audits("prebooking.booked").await.is_empty());
+    // Staff may.
+    let r = w.op.post("/api/prebookings", body).await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert_eq!(count(&w).await, 1);
+}
+
 /// The `<tr>` of booking `id` in a page.
 fn row_html(html: &str, id: &str) -> String {
     let start = html
@@ -1156,4 +1303,7 @@ with_world!(
     e3_the_prebooking_pages,
     e3_requests_are_bounded,
     e3_racing_bookings_never_pin_a_host_twice,
+    e3_2_a_paid_pin_is_not_picked_by_a_create_or_the_drain_inside_its_window,
+    e3_2_a_pin_is_picked_again_after_end_date_or_once_closed,
+    e3_staff_only_gpu_types_are_refused_to_customers_at_booking,
 );

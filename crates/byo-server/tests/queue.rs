@@ -483,6 +483,60 @@ async fn e2_concurrent_drainers_never_place_twice(w: World) {
     assert_eq!(names.len(), vms.len());
 }
 
+/// The drain's cost when no host is free: a run stops claiming a gpu_type once a batch of it
+/// placed nothing and found no host (not O(queue)), and goes on with the other kinds.
+async fn e2_a_run_stops_claiming_a_kind_with_no_free_host(w: World) {
+    let key = w.add_key_once(&w.customer).await;
+    let start = w.clock.now();
+    for i in 0..40 {
+        let new = byo_db::queue::NewQueued {
+            user_sub: &w.customer.sub,
+            gpu_type: "spark-1",
+            ssh_key_id: &key,
+        };
+        w.db()
+            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
+            .await
+            .unwrap();
+    }
+    // Behind them, another kind, queued with no host and then given one.
+    w.clock.advance(TimeDelta::minutes(1));
+    let other = queued(&w, &w.other, "spark-2").await;
+    let host = w
+        .host(
+            "spark-9",
+            Spec {
+                gpu_type: "spark-2",
+                ..Spec::default()
+            },
+        )
+        .await;
+    let report = drain(&w).await;
+    assert_eq!(
+        (report.claimed, report.waiting, report.placed),
+        (
+            u32::try_from(queue_drain::CLAIM_BATCH).unwrap() + 1,
+            u32::try_from(queue_drain::CLAIM_BATCH).unwrap(),
+            1
+        ),
+        "{report}"
+    );
+    let placed = queue_row(&w, &other).await;
+    assert_eq!(placed.close_reason.as_deref(), Some("placed"));
+    assert_eq!(
+        w.vm(placed.vm_id.as_deref().unwrap()).await.host_id,
+        Some(host.id.clone())
+    );
+    // Every spark-1 row still open, let go, never tried.
+    let open = w.db().open_queue(Some(&w.customer.sub), 100).await.unwrap();
+    assert_eq!(open.len(), 40);
+    assert!(
+        open.iter()
+            .all(|q| q.row.claim_token.is_none() && q.row.attempts == 0)
+    );
+    assert_eq!(w.agents.calls(Op::Create).len(), 1);
+}
+
 async fn e0_caller4_operator_places_a_queued_vm(w: World) {
     let id = queued(&w, &w.customer, "spark-1").await;
     // A dedicated owner's box the picker cannot reach for this customer.
@@ -906,6 +960,7 @@ with_world!(
     e0_caller4_operator_places_a_queued_vm,
     admin_queue_page_lists_open_rows_with_place_and_close,
     staff_only_refused_to_customers_at_rent_time,
+    e2_a_run_stops_claiming_a_kind_with_no_free_host,
     per_account_limit_counts_live_and_queued,
     per_account_limit_holds_under_racing_creates,
     the_drain_is_a_job_nudged_when_capacity_frees,

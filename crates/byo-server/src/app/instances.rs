@@ -22,12 +22,12 @@ use axum::http::StatusCode;
 use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
-use byo_db::vms::{NewVm, VmRow};
+use byo_db::vms::{HostPick, NewVm, VmRow};
 use byo_wire::Role;
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
-    InstanceView, VmAction,
+    InstanceView, VmAction, VmCreated,
 };
 use rand::Rng;
 use serde_json::json;
@@ -125,6 +125,28 @@ pub(crate) fn valid_gpu_type(gpu_type: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
 }
 
+/// The pick every create makes (E1, E2, E3's launch of `booking`): hosts heard from
+/// recently enough, and no host a paid booking holds for a window that has begun or opens
+/// before the launcher's next tick (E3.2), unless it is `booking`'s own.
+pub fn host_pick<'a>(
+    state: &AppState,
+    gpu_type: &'a str,
+    user_sub: &'a str,
+    booking: Option<&'a str>,
+) -> HostPick<'a> {
+    let now = state.clock.now();
+    HostPick {
+        gpu_type,
+        user_sub,
+        seen_since: state.config.placement.seen_since(now),
+        now,
+        pins_from: now
+            + chrono::TimeDelta::from_std(crate::app::prebookings::LAUNCH_EVERY)
+                .unwrap_or(chrono::TimeDelta::zero()),
+        booking,
+    }
+}
+
 /// What a create came to: a host took it (201), or none could and it is queued (202).
 #[derive(Clone, Debug)]
 pub enum CreateOutcome {
@@ -133,7 +155,8 @@ pub enum CreateOutcome {
 }
 
 /// Refuse a staff-only GPU type to anyone who is not staff (issue #13, 5): at rent time,
-/// in every create path (the dashboard's, the queue's drain), not only in the page's menu.
+/// in every create path (the dashboard's, the queue's drain) and at booking time (E3), not
+/// only in the page's menu.
 pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) -> AppResult<()> {
     let staff = roles
         .iter()
@@ -142,7 +165,9 @@ pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) ->
         return Err(AppError::Rejected {
             status: StatusCode::FORBIDDEN,
             code: "staff_only",
-            message: format!("{gpu_type} is for Enverge staff only; nothing was created or queued"),
+            message: format!(
+                "{gpu_type} is for Enverge staff only; nothing was created, queued or booked"
+            ),
         });
     }
     Ok(())
@@ -183,10 +208,9 @@ pub async fn create(
         .ok_or_else(|| {
             AppError::bad_request("unknown_ssh_key", "you have no SSH key with that id")
         })?;
-    let seen_since = state.config.placement.seen_since(state.clock.now());
     let candidates = state
         .store
-        .pick_hosts_for_gpu(gpu_type, sub, seen_since)
+        .pick_hosts_for_gpu(host_pick(state, gpu_type, sub, None))
         .await?;
     if !candidates.is_empty() {
         let request = Placing {
@@ -349,6 +373,31 @@ async fn place(
     }))
 }
 
+/// What a host answered a create.
+pub(crate) enum Answer {
+    /// A 2xx, its body read (`Some`) or not (`None`): accepted either way (E2: an
+    /// unreadable 2xx is never a refusal).
+    Accepted(Option<VmCreated>),
+    /// A refusal, or no connection.
+    Refused(AgentError),
+    /// No answer within the wait.
+    Silent,
+}
+
+/// Ask `host` to create the instance, waiting at most `wait`.
+pub(crate) async fn ask_create(
+    state: &AppState,
+    host: &AgentTargetRow,
+    request: &CreateVm,
+    wait: Duration,
+) -> Answer {
+    match tokio::time::timeout(wait, state.agents.create_vm(host, request)).await {
+        Ok(Ok(created)) => Answer::Accepted(created),
+        Ok(Err(e)) => Answer::Refused(e),
+        Err(_) => Answer::Silent,
+    }
+}
+
 /// One attempt on one host, its row already written: the agent's answer settles the row.
 /// A 2xx is accepted even when its body cannot be read (E2: never a refusal); a refusal or
 /// no connection fails the row and scores the host, benched at `bench_after` in a row.
@@ -360,9 +409,8 @@ pub(crate) async fn attempt(
     wait: Duration,
     bench_after: u32,
 ) -> AppResult<Attempt> {
-    let answer = tokio::time::timeout(wait, state.agents.create_vm(host, &request)).await;
-    let e = match answer {
-        Ok(Ok(created)) => {
+    let e = match ask_create(state, host, &request, wait).await {
+        Answer::Accepted(created) => {
             let port = created.as_ref().map(|c| i32::from(c.ssh_port));
             state.store.mark_vm_running(&row.id, port).await?;
             state.store.record_placement_success(&host.id).await?;
@@ -374,31 +422,59 @@ pub(crate) async fn attempt(
                 startup_script: created.map(|c| c.startup_script),
             })));
         }
-        Ok(Err(e)) => e,
-        Err(_) => {
-            let why = format!("no answer within {} s", wait.as_secs_f32().ceil());
-            score_failure(state, host, &why, bench_after).await?;
-            tracing::warn!(vm = %row.id, host = %host.slug, "create unanswered; the row stays creating until the host's heartbeat settles it");
-            state
-                .store
-                .audit(
-                    None,
-                    "vm.create_unanswered",
-                    Some(&row.id),
-                    json!({"host_id": host.id, "reason": why}),
-                    state.clock.now(),
-                )
-                .await?;
-            return Ok(Attempt::Silent(AppError::host_silent(
-                "host_silent",
-                format!(
-                    "the host did not answer in time ({why}); the instance stays \"creating\" until the \
-                     host's next heartbeat settles it: running if the host made it, failed and never \
-                     billed if not"
-                ),
-            )));
+        Answer::Refused(e) => e,
+        Answer::Silent => {
+            return Ok(Attempt::Silent(
+                settle_silent(state, host, &row, wait, bench_after).await?,
+            ));
         }
     };
+    Ok(Attempt::Failed(
+        settle_refused(state, host, &row, e, bench_after).await?,
+    ))
+}
+
+/// A host stayed silent to the deadline: the row stays `creating` for the heartbeat to
+/// settle, the host is scored. The error the caller answers with.
+pub(crate) async fn settle_silent(
+    state: &AppState,
+    host: &AgentTargetRow,
+    row: &VmRow,
+    wait: Duration,
+    bench_after: u32,
+) -> AppResult<AppError> {
+    let why = format!("no answer within {} s", wait.as_secs_f32().ceil());
+    score_failure(state, host, &why, bench_after).await?;
+    tracing::warn!(vm = %row.id, host = %host.slug, "create unanswered; the row stays creating until the host's heartbeat settles it");
+    state
+        .store
+        .audit(
+            None,
+            "vm.create_unanswered",
+            Some(&row.id),
+            json!({"host_id": host.id, "reason": why}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(AppError::host_silent(
+        "host_silent",
+        format!(
+            "the host did not answer in time ({why}); the instance stays \"creating\" until the \
+                 host's next heartbeat settles it: running if the host made it, failed and never \
+                 billed if not"
+        ),
+    ))
+}
+
+/// A host refused the create or could not be reached: the row fails (nothing billed),
+/// the host is scored and benched at `bench_after`. The error the customer hears.
+pub(crate) async fn settle_refused(
+    state: &AppState,
+    host: &AgentTargetRow,
+    row: &VmRow,
+    e: AgentError,
+    bench_after: u32,
+) -> AppResult<AppError> {
     let now = state.clock.now();
     state.store.mark_vm_creation_failed(&row.id, now).await?;
     tracing::warn!(vm = %row.id, host = %host.slug, error = %e, "create failed; nothing billed");
@@ -413,7 +489,7 @@ pub(crate) async fn attempt(
         )
         .await?;
     score_failure(state, host, &e.to_string(), bench_after).await?;
-    Ok(Attempt::Failed(match e {
+    Ok(match e {
         AgentError::Unreachable(why) => AppError::host_silent(
             "host_unreachable",
             format!(
@@ -436,7 +512,7 @@ pub(crate) async fn attempt(
                 row.gpu_type
             ),
         ),
-    }))
+    })
 }
 
 /// A create this host did not take: count it, and bench the host at the configured count

@@ -157,6 +157,8 @@ pub async fn book(
             "a gpu_type is 1 to 64 of lowercase letters, digits and -, like spark-1",
         ));
     }
+    // Staff-only GPU types are refused to customers here as at rent time (one rule).
+    instances::check_may_rent(state, &by.roles, gpu_type).await?;
     let now = state.clock.now();
     let (start, end) = (req.start_date, req.end_date);
     if !whole_hour(start) || !whole_hour(end) {
@@ -498,10 +500,14 @@ async fn launch_one(state: &AppState, row: &PrebookingRow) -> AppResult<Launch> 
                 .to_owned(),
         ));
     };
-    let seen_since = state.config.placement.seen_since(state.clock.now());
     let mut candidates = state
         .store
-        .pick_hosts_for_gpu(&row.gpu_type, &row.user_sub, seen_since)
+        .pick_hosts_for_gpu(instances::host_pick(
+            state,
+            &row.gpu_type,
+            &row.user_sub,
+            Some(&row.id),
+        ))
         .await?;
     match row.host_id.as_deref() {
         // E3.2: the pinned host, never another.

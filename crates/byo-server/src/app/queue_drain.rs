@@ -22,8 +22,11 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use byo_db::GuardedWrite;
-use byo_db::queue::{NewQueued, QueueAttempt, QueueClose, QueueCloseOutcome, QueueRow};
+use byo_db::queue::{
+    NewQueued, QueueAttempt, QueueClose, QueueCloseOutcome, QueuePlaced, QueueRow,
+};
 use byo_db::vms::NewVm;
+use byo_db::vms::PickedHost;
 use byo_db::{DbError, hosts::AgentTargetRow};
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{AdminQueuedView, CreateVm, InstanceQueued, InstanceView, QueuedView};
@@ -31,7 +34,7 @@ use chrono::TimeDelta;
 use serde_json::json;
 
 use crate::app::billing::Charge;
-use crate::app::instances::{self, Attempt, check_may_rent, mint_name, over_limit, ssh_hostname};
+use crate::app::instances::{self, Answer, check_may_rent, mint_name, over_limit, ssh_hostname};
 use crate::auth::CurrentUser;
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
@@ -45,10 +48,12 @@ pub const DRAIN_EVERY: Duration = Duration::from_secs(30);
 pub const LEASE_SECS: i64 = 60;
 /// Rows claimed per statement.
 pub const CLAIM_BATCH: i64 = 32;
-/// Candidates tried per row per run.
+/// Candidates a pick returns at least (more when a batch holds many rows of one kind).
 pub const CANDIDATES_PER_ROW: i64 = 8;
-/// Picks per row per run (each of up to [`CANDIDATES_PER_ROW`] hosts).
+/// Picks per row per run.
 pub const PICKS_PER_ROW: usize = 4;
+/// Candidates tried per row per run.
+pub const MAX_TRIES_PER_ROW: usize = 32;
 /// How many open rows a listing shows.
 pub const LIST_LIMIT: i64 = 500;
 
@@ -289,30 +294,80 @@ pub async fn drain_once(state: &AppState) -> AppResult<DrainReport> {
     result
 }
 
+/// A run's candidates for one (gpu_type, user) within one claimed batch: picked once for
+/// the batch's rows, handed out one by one.
+type Candidates = HashMap<(String, String), (Vec<AgentTargetRow>, usize)>;
+
+/// The spread: past this many free hosts a pick's shared hosts are shuffled, so concurrent
+/// drainers do not all ask for the same first host (each collision is a skipped attempt).
+/// Below it the pick's order holds (a small fleet is where the order matters).
+pub const SPREAD_ABOVE: usize = CLAIM_BATCH as usize;
+
 async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> {
     let mut report = DrainReport::default();
     // Per (gpu_type, user) a pick that came back empty this run: nothing to try again.
     let mut no_capacity: HashSet<(String, String)> = HashSet::new();
+    // gpu_types with no free host: a batch of them placed nothing and found no host. The
+    // run claims none of them again, so an empty pick does not cost O(queue).
+    let mut exhausted: Vec<String> = Vec::new();
     let mut staff_only: HashMap<String, bool> = HashMap::new();
     loop {
         let now = state.clock.now();
         let lease = now + TimeDelta::seconds(LEASE_SECS);
         let rows = state
             .store
-            .claim_queue_rows(now, lease, token, CLAIM_BATCH)
+            .claim_queue_rows(now, lease, token, CLAIM_BATCH, &exhausted)
             .await?;
         if rows.is_empty() {
             return Ok(report);
         }
         report.claimed += u32::try_from(rows.len()).unwrap_or(u32::MAX);
+        // The batch's keys in one read (the key is still checked live, per batch).
+        let ids: Vec<&str> = rows.iter().map(|r| r.ssh_key_id.as_str()).collect();
+        let keys: HashMap<String, (String, String)> = state
+            .store
+            .ssh_keys_by_id(&ids)
+            .await?
+            .into_iter()
+            .map(|(id, owner, public_key)| (id, (owner, public_key)))
+            .collect();
+        let mut wanted: HashMap<(String, String), usize> = HashMap::new();
+        for row in &rows {
+            *wanted
+                .entry((row.gpu_type.clone(), row.user_sub.clone()))
+                .or_default() += 1;
+        }
+        let mut candidates: Candidates = HashMap::new();
+        // Per gpu_type in this batch: (placed one, found no host).
+        let mut kinds: HashMap<String, (bool, bool)> = HashMap::new();
         for row in rows {
-            let key = (row.gpu_type.clone(), row.user_sub.clone());
-            if no_capacity.contains(&key) {
-                report.waiting += 1;
-                continue;
-            }
-            match drain_row(state, token, &row, &mut report, &mut staff_only).await? {
-                RowOutcome::Placed => report.placed += 1,
+            let group = (row.gpu_type.clone(), row.user_sub.clone());
+            let key = keys
+                .get(&row.ssh_key_id)
+                .filter(|(owner, _)| *owner == row.user_sub)
+                .map(|(_, public_key)| public_key.as_str());
+            let outcome = if no_capacity.contains(&group) {
+                RowOutcome::Waiting
+            } else {
+                let want = wanted.get(&group).copied().unwrap_or(1);
+                drain_row(
+                    state,
+                    token,
+                    &row,
+                    key,
+                    want,
+                    &mut candidates,
+                    &mut report,
+                    &mut staff_only,
+                )
+                .await?
+            };
+            let kind = kinds.entry(row.gpu_type.clone()).or_default();
+            match outcome {
+                RowOutcome::Placed => {
+                    report.placed += 1;
+                    kind.0 = true;
+                }
                 RowOutcome::Held(why) => {
                     report.held += 1;
                     state
@@ -322,21 +377,84 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
                 }
                 RowOutcome::Waiting => {
                     report.waiting += 1;
-                    no_capacity.insert(key);
+                    kind.1 = true;
+                    no_capacity.insert(group);
                 }
                 RowOutcome::Unplaced => report.waiting += 1,
                 RowOutcome::Pending => report.pending += 1,
                 RowOutcome::Lost => {}
             }
         }
+        for (gpu_type, (placed, no_host)) in kinds {
+            if !placed && no_host {
+                exhausted.push(gpu_type);
+            }
+        }
     }
 }
 
+/// The next candidate for `row`'s (gpu_type, user), picking (at most [`PICKS_PER_ROW`]
+/// times per row) when the batch's candidates ran out: enough for the batch's `want`
+/// rows of that group and a few over, the shared ones shuffled past [`SPREAD_ABOVE`].
+/// `None`: the pick came back empty.
+async fn next_candidate(
+    state: &AppState,
+    row: &QueueRow,
+    want: usize,
+    candidates: &mut Candidates,
+    picks: &mut usize,
+) -> AppResult<Option<AgentTargetRow>> {
+    let group = (row.gpu_type.clone(), row.user_sub.clone());
+    let (hosts, next) = candidates.entry(group).or_default();
+    if *next >= hosts.len() {
+        if *picks >= PICKS_PER_ROW {
+            return Ok(None);
+        }
+        *picks += 1;
+        let n = i64::try_from(want * 2)
+            .unwrap_or(i64::MAX)
+            .max(CANDIDATES_PER_ROW);
+        let picked = state
+            .store
+            .pick_first_hosts_for_gpu(
+                instances::host_pick(state, &row.gpu_type, &row.user_sub, None),
+                n,
+            )
+            .await?;
+        *hosts = spread(picked);
+        *next = 0;
+    }
+    let host = hosts.get(*next).cloned();
+    *next += 1;
+    Ok(host)
+}
+
+/// The pick's order, the user's dedicated boxes first; past [`SPREAD_ABOVE`] hosts the
+/// shared ones shuffled.
+fn spread(picked: Vec<PickedHost>) -> Vec<AgentTargetRow> {
+    use rand::seq::SliceRandom;
+    let many = picked.len() > SPREAD_ABOVE;
+    let (dedicated, mut shared): (Vec<PickedHost>, Vec<PickedHost>) =
+        picked.into_iter().partition(|h| h.dedicated);
+    if many {
+        shared.shuffle(&mut rand::thread_rng());
+    }
+    dedicated
+        .into_iter()
+        .chain(shared)
+        .map(|h| h.target)
+        .collect()
+}
+
 /// One queued row's turn.
+#[allow(clippy::too_many_arguments)]
 async fn drain_row(
     state: &AppState,
     token: &str,
     row: &QueueRow,
+    key: Option<&str>,
+    want: usize,
+    candidates: &mut Candidates,
     report: &mut DrainReport,
     staff_only: &mut HashMap<String, bool>,
 ) -> AppResult<RowOutcome> {
@@ -379,62 +497,56 @@ async fn drain_row(
     if let Charge::Refused { reason } = state.billing.may_charge(&row.user_sub).await? {
         return Ok(RowOutcome::Held(format!("billing refused: {reason}")));
     }
-    let Some(key) = state
-        .store
-        .ssh_key_of(&row.user_sub, &row.ssh_key_id)
-        .await?
-    else {
+    let Some(key) = key else {
         return Ok(RowOutcome::Held(
             "the SSH key this create was queued with was removed; cancel it and create again"
                 .into(),
         ));
     };
-    // Candidates, a few at a time: every one tried is afterwards occupied or benched, so
-    // each pick moves on; concurrent drainers may take some first (skipped).
-    for _ in 0..PICKS_PER_ROW {
-        let seen_since = state.config.placement.seen_since(state.clock.now());
-        let candidates = state
-            .store
-            .pick_first_hosts_for_gpu(&row.gpu_type, &row.user_sub, seen_since, CANDIDATES_PER_ROW)
-            .await?;
-        if candidates.is_empty() {
-            return Ok(RowOutcome::Waiting);
-        }
-        for host in candidates {
-            match try_host(
-                state,
-                token,
-                row,
-                &host,
-                &key.public_key,
-                1,
-                QueueClose::Placed,
-            )
-            .await?
-            {
-                Tried::Placed(_) => return Ok(RowOutcome::Placed),
-                Tried::Refused(_) => report.refused += 1,
-                Tried::Skipped => report.skipped += 1,
-                Tried::Silent(_) => return Ok(RowOutcome::Pending),
-                Tried::Lost => return Ok(RowOutcome::Lost),
-            }
+    // Candidates from the batch's pick: every one tried is afterwards occupied or benched,
+    // so each moves on; concurrent drainers may take some first (skipped).
+    let mut picks = 0;
+    let mut tried = 0;
+    while tried < MAX_TRIES_PER_ROW {
+        let Some(host) = next_candidate(state, row, want, candidates, &mut picks).await? else {
+            return Ok(if picks > 0 && report_no_host(candidates, row) {
+                RowOutcome::Waiting
+            } else {
+                RowOutcome::Unplaced
+            });
+        };
+        tried += 1;
+        match try_host(state, token, row, &host, key, 1, QueueClose::Placed).await? {
+            Tried::Placed(_) => return Ok(RowOutcome::Placed),
+            Tried::Refused(_) => report.refused += 1,
+            Tried::Skipped => report.skipped += 1,
+            Tried::Silent(_) => return Ok(RowOutcome::Pending),
+            Tried::Lost => return Ok(RowOutcome::Lost),
         }
     }
     Ok(RowOutcome::Unplaced)
 }
 
+/// Whether the group's last pick came back empty (no host free for it at all).
+fn report_no_host(candidates: &Candidates, row: &QueueRow) -> bool {
+    candidates
+        .get(&(row.gpu_type.clone(), row.user_sub.clone()))
+        .is_none_or(|(hosts, _)| hosts.is_empty())
+}
+
 /// How one candidate came out.
 enum Tried {
-    Placed(Box<InstanceView>),
+    /// The host took it: the instance's id.
+    Placed(String),
     Refused(AppError),
     Skipped,
     Silent(AppError),
     Lost,
 }
 
-/// Steps 59–62 on one host: mint the name for it, write the attempt's row with it (the
-/// claim checked in the same transaction), call the agent, and close the queue row once
-/// the host took the instance.
+/// Steps 59–62 on one host: mint the name for it, write the attempt's row with it and its
+/// audit entry (the claim checked in the same statement), call the agent, and once the
+/// host took the instance mark it running and close the queue row, in one write.
 async fn try_host(
     state: &AppState,
     token: &str,
@@ -457,52 +569,56 @@ async fn try_host(
         gpu_type: &row.gpu_type,
         ssh_hostname: Some(&hostname),
     };
+    let audit =
+        json!({"host_id": host.id, "name": name, "gpu_type": row.gpu_type, "queue_id": row.id});
     let vm = match state
         .store
-        .start_queue_attempt(&row.id, token, new, created_at, lease)
+        .start_queue_attempt(&row.id, token, new, created_at, lease, &audit)
         .await?
     {
         QueueAttempt::Started(vm) => *vm,
         QueueAttempt::HostTaken => return Ok(Tried::Skipped),
         QueueAttempt::Lost => return Ok(Tried::Lost),
     };
-    state
-        .store
-        .audit(
-            None,
-            "vm.create",
-            Some(&vm.id),
-            json!({"host_id": host.id, "name": vm.name, "gpu_type": vm.gpu_type, "queue_id": row.id}),
-            created_at,
-        )
-        .await?;
     let request = CreateVm {
         name: vm.name.clone(),
         ssh_public_key: public_key.to_owned(),
         ssh_hostname: vm.ssh_hostname.clone(),
     };
-    let vm_id = vm.id.clone();
     let task_state = state.clone();
     let target = host.clone();
+    let queue_id = row.id.clone();
     let wait = state.waits.create;
     // A spawned task, as the dashboard's create: nothing cuts it between its writes.
-    let outcome = tokio::spawn(async move {
-        instances::attempt(&task_state, &target, vm, request, wait, bench_after).await
+    tokio::spawn(async move {
+        let state = &task_state;
+        Ok(match instances::ask_create(state, &target, &request, wait).await {
+            Answer::Accepted(created) => {
+                let placed = QueuePlaced {
+                    queue_id: &queue_id,
+                    vm_id: &vm.id,
+                    host_id: &target.id,
+                    ssh_port: created.as_ref().map(|c| i32::from(c.ssh_port)),
+                    how,
+                };
+                state
+                    .store
+                    .settle_queue_placed(placed, state.clock.now())
+                    .await?;
+                tracing::info!(vm = %vm.id, host = %target.slug, name = %vm.name, queue = %queue_id, "instance created");
+                Tried::Placed(vm.id)
+            }
+            // The row stays this run's: the next candidate is tried under the same claim.
+            Answer::Refused(e) => Tried::Refused(
+                instances::settle_refused(state, &target, &vm, e, bench_after).await?,
+            ),
+            Answer::Silent => Tried::Silent(
+                instances::settle_silent(state, &target, &vm, wait, bench_after).await?,
+            ),
+        })
     })
     .await
-    .map_err(|e| AppError::Internal(anyhow::anyhow!("the drain's create task failed: {e}")))??;
-    match outcome {
-        Attempt::Placed(created) => {
-            state
-                .store
-                .close_queue_placed(&row.id, &vm_id, how, state.clock.now())
-                .await?;
-            Ok(Tried::Placed(Box::new(created.instance)))
-        }
-        // The row stays this run's: the next candidate is tried under the same claim.
-        Attempt::Failed(e) => Ok(Tried::Refused(e)),
-        Attempt::Silent(e) => Ok(Tried::Silent(e)),
-    }
+    .map_err(|e| AppError::Internal(anyhow::anyhow!("the drain's create task failed: {e}")))?
 }
 
 /// E0's caller 4: an operator places a queued create on the host they name — the drain's
@@ -589,7 +705,10 @@ pub async fn place_by_operator(
     .await;
     state.store.release_queue_claims(&token).await?;
     let view = match tried? {
-        Tried::Placed(view) => *view,
+        Tried::Placed(vm_id) => {
+            let vm = state.store.vm(&vm_id).await?.ok_or(AppError::NotFound)?;
+            instances::view(state, &vm).await?
+        }
         Tried::Skipped => {
             return Err(AppError::conflict(
                 "host_occupied",

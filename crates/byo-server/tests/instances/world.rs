@@ -54,7 +54,12 @@ impl QueueDrain for RecordingDrain {
         Box::pin(async move {
             let pickable = self
                 .store
-                .pick_hosts_for_gpu(gpu_type, "someone-waiting", DateTime::<Utc>::UNIX_EPOCH)
+                .pick_hosts_for_gpu(byo_db::vms::HostPick::new(
+                    gpu_type,
+                    "someone-waiting",
+                    DateTime::<Utc>::UNIX_EPOCH,
+                    DateTime::<Utc>::UNIX_EPOCH,
+                ))
                 .await
                 .unwrap()
                 .iter()
@@ -391,11 +396,12 @@ impl World {
 
     pub(crate) async fn pickable(&self, host_id: &str) -> bool {
         self.db()
-            .pick_hosts_for_gpu(
+            .pick_hosts_for_gpu(byo_server::app::instances::host_pick(
+                &self.app.state,
                 "spark-1",
                 &self.other.sub,
-                self.app.state.config.placement.seen_since(self.clock.now()),
-            )
+                None,
+            ))
             .await
             .unwrap()
             .iter()
