@@ -699,6 +699,89 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
             .contains(&open.name)
     );
 
+    // I, "leaving is one action" (#16, 1), to the real host: revoking the operator's role
+    // drafts their key off the list in the same request; once the list is signed, its push
+    // takes the key off spark's authorized_keys on the host, and it no longer logs in.
+    let operator_sub = store
+        .user_by_email("op@example.com")
+        .await
+        .unwrap()
+        .unwrap()
+        .sub;
+    // A list never goes empty (M.2): the superadmin's own key stays.
+    let kept_key = byo_core::keylist_testing::private_key();
+    let kept = kept_key.public_key().to_openssh().unwrap();
+    let (status, body) = api
+        .call(
+            reqwest::Method::POST,
+            "/api/admin/operator-keys/changes",
+            &staff,
+            Some(json!({"action": "add", "public_key": kept, "label": "staff desk"})),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .call(
+            reqwest::Method::DELETE,
+            &format!("/api/admin/users/{operator_sub}/roles/operator"),
+            &staff,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, overview) = api
+        .call(
+            reqwest::Method::GET,
+            "/api/admin/operator-keys",
+            &staff,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{overview}");
+    assert!(
+        overview["draft_changes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c["action"] == "depart"),
+        "{overview}"
+    );
+    let signature =
+        byo_core::keylist_testing::sign(overview["draft"]["body"].as_str().unwrap(), &signing);
+    let (status, pushed) = api
+        .call(
+            reqwest::Method::POST,
+            &format!(
+                "/api/admin/operator-keys/{}/signatures",
+                overview["draft"]["version"]
+            ),
+            &staff,
+            Some(json!({"signature": signature})),
+        )
+        .await;
+    assert_eq!(
+        (status, &pushed["delivered"], &pushed["failed"]),
+        (200, &json!(1), &json!(0)),
+        "{pushed}"
+    );
+    let departed = op_key.public_key().to_openssh().unwrap();
+    let departed = departed.split_whitespace().nth(1).unwrap();
+    let authorized = host.sh_ok("cat /home/spark/.ssh/authorized_keys");
+    assert!(
+        !authorized.contains(departed)
+            && authorized.contains(kept.split_whitespace().nth(1).unwrap()),
+        "{authorized}"
+    );
+    assert!(
+        ssh(
+            &op_file,
+            &[&format!("spark@{}", host.ipv4()), "sudo -n id -u"]
+        )
+        .is_err(),
+        "the departed operator's key still logs in as spark"
+    );
+    phase("the departed operator's key is off the host");
+
     // No agent token crossed the relay's public interface in the clear: the backend's
     // calls went over TLS to the relay's name (its SNI is the one readable thing).
     let agent_token = sealer
