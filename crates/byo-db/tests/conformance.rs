@@ -53,6 +53,7 @@ conformance!(
     m12_withdrawing_deletes_the_draft_and_its_changes,
     m6_a_failed_push_keeps_the_version_the_host_held,
     i_a_login_is_kept_once_bounded_and_newest_first,
+    e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there,
 );
 
 /// Microsecond precision: what both backends store.
@@ -1028,4 +1029,142 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
         1,
         "another host's untouched"
     );
+}
+
+/// A host every create may land on: active, prepared, on its relay, heard from at `now`.
+async fn pickable_host(store: &Store, owner: &str, slug: &str) -> String {
+    let id = host(store, owner, slug).await;
+    let token = SecretToken::generate(TokenKind::Host);
+    store
+        .execute_unchecked(&format!(
+            "update hosts set token_hash = '{}', agent_token = 'sealed' where id = '{id}'",
+            token.hash().as_str()
+        ))
+        .await
+        .unwrap();
+    store
+        .record_relay(
+            &id,
+            Some("10.8.0.1"),
+            byo_wire::states::RelayState::Ready,
+            None,
+        )
+        .await
+        .unwrap();
+    store.mark_host_prepared(&id, now()).await.unwrap();
+    store
+        .activate_host(&id, "shared", None, false, owner, now())
+        .await
+        .unwrap();
+    let beat = byo_wire::vm::Heartbeat {
+        agent_version: "0.1.0".into(),
+        lxd: byo_wire::vm::Health::Ok,
+        relay: byo_wire::vm::Health::Ok,
+        tunnel: byo_wire::vm::Health::Ok,
+        gpu: byo_wire::vm::Health::Ok,
+        storage: byo_wire::vm::Health::Ok,
+        instances: 0,
+        details: json!({}),
+        vms: Vec::new(),
+    };
+    store
+        .record_heartbeat(&token.hash(), &beat, now())
+        .await
+        .unwrap();
+    id
+}
+
+/// E2 on the Store alone: the one placement pick returns the hosts a create may land on
+/// (and only as many as asked), the claim takes open rows in order under its token and
+/// leaves claimed rows and skipped kinds alone, and a batch's keys are read as stored.
+async fn e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there(db: TestDb) {
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let customer = user(store, "customer@example.com").await;
+    let a = pickable_host(store, &owner, "spark-a").await;
+    let b = pickable_host(store, &owner, "spark-b").await;
+    host(store, &owner, "spark-unprepared").await;
+    let at = now();
+    let pick = || byo_db::vms::HostPick::new("spark-1", &customer, at - Duration::minutes(1), at);
+    let mut picked: Vec<String> = store
+        .pick_hosts_for_gpu(pick())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.id)
+        .collect();
+    picked.sort();
+    let mut expected = vec![a.clone(), b.clone()];
+    expected.sort();
+    assert_eq!(
+        picked, expected,
+        "the two pickable hosts, not the unprepared one"
+    );
+    let first = store.pick_first_hosts_for_gpu(pick(), 1).await.unwrap();
+    assert_eq!(first.len(), 1);
+    assert!(expected.contains(&first[0].target.id));
+
+    let public_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIConformance laptop";
+    let key = store
+        .insert_ssh_key(
+            byo_db::ssh_keys::NewSshKey {
+                user_sub: &customer,
+                name: "laptop",
+                public_key,
+                fingerprint: "SHA256:conformance",
+            },
+            at,
+        )
+        .await
+        .unwrap()
+        .id;
+    assert_eq!(
+        store.ssh_keys_by_id(&[&key, "no-such-key"]).await.unwrap(),
+        vec![(key.clone(), customer.clone(), public_key.to_owned())]
+    );
+
+    let mut queued = Vec::new();
+    for i in 0..2 {
+        let row = store
+            .enqueue_vm(
+                byo_db::queue::NewQueued {
+                    user_sub: &customer,
+                    gpu_type: "spark-1",
+                    ssh_key_id: &key,
+                },
+                at + Duration::milliseconds(i),
+                10,
+            )
+            .await
+            .unwrap();
+        queued.push(row.id);
+    }
+    let lease = at + Duration::minutes(1);
+    let skipped = store
+        .claim_queue_rows(at, lease, "run-0", 10, &["spark-1".to_owned()])
+        .await
+        .unwrap();
+    assert!(
+        skipped.is_empty(),
+        "a skipped kind is not claimed: {skipped:?}"
+    );
+    let claimed = store
+        .claim_queue_rows(at, lease, "run-1", 10, &[])
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed.iter().map(|r| r.id.clone()).collect::<Vec<_>>(),
+        queued,
+        "open rows, oldest first"
+    );
+    assert!(
+        claimed
+            .iter()
+            .all(|r| r.claim_token.as_deref() == Some("run-1") && r.claimed_until == Some(lease))
+    );
+    let again = store
+        .claim_queue_rows(at, lease, "run-2", 10, &[])
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "rows under a live claim: {again:?}");
 }
