@@ -55,3 +55,43 @@ mod tests {
         assert!(have_tools(&["sh"]));
     }
 }
+
+/// The fuzz targets' shared driver (bolero under `cargo test`, `tests/fuzz.rs` of byo-core
+/// and byo-relay): the corpus kept in the repository and how a random input is made of it.
+pub mod fuzz {
+    /// The corpus examples of `target` under `<manifest_dir>/tests/__fuzz__/fuzz__<target>/corpus`.
+    pub fn corpus(manifest_dir: &str, target: &str) -> Vec<Vec<u8>> {
+        let dir = std::path::Path::new(manifest_dir)
+            .join("tests/__fuzz__")
+            .join(format!("fuzz__{target}"))
+            .join("corpus");
+        let mut seeds: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+            .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+            .collect();
+        assert!(!seeds.is_empty(), "{} holds no example", dir.display());
+        seeds.sort();
+        seeds
+    }
+
+    /// One input: raw `bytes`, or (odd first byte) a seed edited by the rest, four bytes an
+    /// edit: what (overwrite, insert, delete), where (two bytes), which byte.
+    pub fn input(seeds: &[Vec<u8>], bytes: &[u8]) -> Vec<u8> {
+        let Some((pick, edits)) = bytes.split_first().filter(|(pick, _)| *pick % 2 == 1) else {
+            return bytes.to_vec();
+        };
+        let mut seed = seeds[usize::from(*pick / 2) % seeds.len()].clone();
+        for edit in edits.chunks_exact(4) {
+            let at = usize::from(u16::from_be_bytes([edit[1], edit[2]])) % (seed.len() + 1);
+            match edit[0] % 3 {
+                0 if at < seed.len() => seed[at] = edit[3],
+                1 => seed.insert(at, edit[3]),
+                2 if at < seed.len() => {
+                    seed.remove(at);
+                }
+                _ => {}
+            }
+        }
+        seed
+    }
+}

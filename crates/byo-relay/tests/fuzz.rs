@@ -8,44 +8,14 @@
 
 use bolero::check;
 use byo_core::render::nft::Layout;
+use byo_core::testing::fuzz::{self, input};
 use byo_relay::mapd::{MAPPABLE_PORTS, validate};
 use byo_wire::relay::{MapTarget, SshMap};
 
 const ITERATIONS: usize = 20_000;
 
 fn corpus(target: &str) -> Vec<Vec<u8>> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/__fuzz__")
-        .join(format!("fuzz__{target}"))
-        .join("corpus");
-    let mut seeds: Vec<_> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
-        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
-        .collect();
-    assert!(!seeds.is_empty(), "{} holds no example", dir.display());
-    seeds.sort();
-    seeds
-}
-
-/// One input: raw `bytes`, or (odd first byte) a seed edited by the rest, four bytes an
-/// edit: what (overwrite, insert, delete), where (two bytes), which byte.
-fn input(seeds: &[Vec<u8>], bytes: &[u8]) -> Vec<u8> {
-    let Some((pick, edits)) = bytes.split_first().filter(|(pick, _)| *pick % 2 == 1) else {
-        return bytes.to_vec();
-    };
-    let mut seed = seeds[usize::from(*pick / 2) % seeds.len()].clone();
-    for edit in edits.chunks_exact(4) {
-        let at = usize::from(u16::from_be_bytes([edit[1], edit[2]])) % (seed.len() + 1);
-        match edit[0] % 3 {
-            0 if at < seed.len() => seed[at] = edit[3],
-            1 => seed.insert(at, edit[3]),
-            2 if at < seed.len() => {
-                seed.remove(at);
-            }
-            _ => {}
-        }
-    }
-    seed
+    fuzz::corpus(env!("CARGO_MANIFEST_DIR"), target)
 }
 
 fn accepted(layout: &Layout, port: u16, target: &str, target_port: u16) -> bool {
