@@ -96,3 +96,70 @@ impl Store {
         Ok(done)
     }
 }
+
+/// A heartbeat from a host whose every part is healthy and which holds no instance.
+pub fn healthy_beat() -> byo_wire::vm::Heartbeat {
+    use byo_wire::vm::Health;
+    byo_wire::vm::Heartbeat {
+        agent_version: "0.1.0".into(),
+        lxd: Health::Ok,
+        relay: Health::Ok,
+        tunnel: Health::Ok,
+        gpu: Health::Ok,
+        storage: Health::Ok,
+        instances: 0,
+        details: serde_json::json!({}),
+        vms: Vec::new(),
+    }
+}
+
+/// A `spark-1` host every create may land on: active and shared, prepared, on its relay,
+/// heard from at `now`. Its id.
+pub async fn pickable_host(
+    store: &Store,
+    owner: &str,
+    slug: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> String {
+    use byo_core::tokens::{SecretToken, TokenKind};
+    let id = store
+        .insert_host(
+            crate::hosts::NewHost {
+                slug,
+                owner_sub: owner,
+                profile_id: "gb10-spark-1",
+                gpu_type: "spark-1",
+            },
+            now,
+        )
+        .await
+        .unwrap()
+        .id;
+    let token = SecretToken::generate(TokenKind::Host);
+    store
+        .execute_unchecked(&format!(
+            "update hosts set token_hash = '{}', agent_token = 'sealed' where id = '{id}'",
+            token.hash().as_str()
+        ))
+        .await
+        .unwrap();
+    store
+        .record_relay(
+            &id,
+            Some("10.8.0.1"),
+            byo_wire::states::RelayState::Ready,
+            None,
+        )
+        .await
+        .unwrap();
+    store.mark_host_prepared(&id, now).await.unwrap();
+    store
+        .activate_host(&id, "shared", None, false, owner, now)
+        .await
+        .unwrap();
+    store
+        .record_heartbeat(&token.hash(), &healthy_beat(), now)
+        .await
+        .unwrap();
+    id
+}

@@ -1031,49 +1031,6 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
     );
 }
 
-/// A host every create may land on: active, prepared, on its relay, heard from at `now`.
-async fn pickable_host(store: &Store, owner: &str, slug: &str) -> String {
-    let id = host(store, owner, slug).await;
-    let token = SecretToken::generate(TokenKind::Host);
-    store
-        .execute_unchecked(&format!(
-            "update hosts set token_hash = '{}', agent_token = 'sealed' where id = '{id}'",
-            token.hash().as_str()
-        ))
-        .await
-        .unwrap();
-    store
-        .record_relay(
-            &id,
-            Some("10.8.0.1"),
-            byo_wire::states::RelayState::Ready,
-            None,
-        )
-        .await
-        .unwrap();
-    store.mark_host_prepared(&id, now()).await.unwrap();
-    store
-        .activate_host(&id, "shared", None, false, owner, now())
-        .await
-        .unwrap();
-    let beat = byo_wire::vm::Heartbeat {
-        agent_version: "0.1.0".into(),
-        lxd: byo_wire::vm::Health::Ok,
-        relay: byo_wire::vm::Health::Ok,
-        tunnel: byo_wire::vm::Health::Ok,
-        gpu: byo_wire::vm::Health::Ok,
-        storage: byo_wire::vm::Health::Ok,
-        instances: 0,
-        details: json!({}),
-        vms: Vec::new(),
-    };
-    store
-        .record_heartbeat(&token.hash(), &beat, now())
-        .await
-        .unwrap();
-    id
-}
-
 /// E2 on the Store alone: the one placement pick returns the hosts a create may land on
 /// (and only as many as asked), the claim takes open rows in order under its token and
 /// leaves claimed rows and skipped kinds alone, and a batch's keys are read as stored.
@@ -1081,8 +1038,8 @@ async fn e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there(db: TestDb
     let store = &db.store;
     let owner = user(store, "owner@example.com").await;
     let customer = user(store, "customer@example.com").await;
-    let a = pickable_host(store, &owner, "spark-a").await;
-    let b = pickable_host(store, &owner, "spark-b").await;
+    let a = testing::pickable_host(store, &owner, "spark-a", now()).await;
+    let b = testing::pickable_host(store, &owner, "spark-b", now()).await;
     host(store, &owner, "spark-unprepared").await;
     let at = now();
     let pick = || byo_db::vms::HostPick::new("spark-1", &customer, at - Duration::minutes(1), at);

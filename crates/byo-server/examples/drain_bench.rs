@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use byo_core::tokens::{SecretToken, TokenKind};
-use byo_db::hosts::{AgentTargetRow, NewHost};
+use byo_db::hosts::AgentTargetRow;
 use byo_db::queue::NewQueued;
 use byo_db::ssh_keys::NewSshKey;
 use byo_db::users::NewUser;
@@ -27,7 +26,6 @@ use byo_server::agents::{AgentError, Gone, HostAgents};
 use byo_server::app::queue_drain;
 use byo_server::config::PasswordHashing;
 use byo_server::{AppState, Config};
-use byo_wire::states::RelayState;
 use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated};
 use futures::future::BoxFuture;
 
@@ -122,51 +120,7 @@ impl HostAgents for Accepting {
 async fn fleet(store: &Store, owner: &str, hosts: usize) {
     let now = chrono::Utc::now();
     for i in 1..=hosts {
-        let id = store
-            .insert_host(
-                NewHost {
-                    slug: &format!("spark-{i}"),
-                    owner_sub: owner,
-                    profile_id: "gb10-spark-1",
-                    gpu_type: "spark-1",
-                },
-                now,
-            )
-            .await
-            .unwrap()
-            .id;
-        let token = SecretToken::generate(TokenKind::Host);
-        store
-            .execute_unchecked(&format!(
-                "update hosts set token_hash = '{}', agent_token = 'sealed' where id = '{id}'",
-                token.hash().as_str()
-            ))
-            .await
-            .unwrap();
-        store
-            .record_relay(&id, Some("10.8.0.1"), RelayState::Ready, None)
-            .await
-            .unwrap();
-        store.mark_host_prepared(&id, now).await.unwrap();
-        store
-            .activate_host(&id, "shared", None, false, owner, now)
-            .await
-            .unwrap();
-        let beat = byo_wire::vm::Heartbeat {
-            agent_version: "0.1.0".into(),
-            lxd: byo_wire::vm::Health::Ok,
-            relay: byo_wire::vm::Health::Ok,
-            tunnel: byo_wire::vm::Health::Ok,
-            gpu: byo_wire::vm::Health::Ok,
-            storage: byo_wire::vm::Health::Ok,
-            instances: 0,
-            details: serde_json::json!({}),
-            vms: Vec::new(),
-        };
-        store
-            .record_heartbeat(&token.hash(), &beat, now)
-            .await
-            .unwrap();
+        byo_db::testing::pickable_host(store, owner, &format!("spark-{i}"), now).await;
     }
 }
 

@@ -285,17 +285,7 @@ impl World {
         }
         if spec.reachable && !spec.retired {
             // Serving beats as soon as it starts; a host never heard from is not picked.
-            let beat = byo_wire::vm::Heartbeat {
-                agent_version: "0.1.0".into(),
-                lxd: byo_wire::vm::Health::Ok,
-                relay: byo_wire::vm::Health::Ok,
-                tunnel: byo_wire::vm::Health::Ok,
-                gpu: byo_wire::vm::Health::Ok,
-                storage: byo_wire::vm::Health::Ok,
-                instances: 0,
-                details: json!({}),
-                vms: Vec::new(),
-            };
+            let beat = byo_db::testing::healthy_beat();
             self.db()
                 .record_heartbeat(&token.hash(), &beat, now)
                 .await
