@@ -372,6 +372,7 @@ mod tests {
             gpu,
             tunnel,
             operator_keys_held: None,
+            prepare_lock: None,
         }
     }
 

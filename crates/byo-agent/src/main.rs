@@ -74,8 +74,23 @@ enum Command {
         #[arg(long, default_value = "/")]
         root: PathBuf,
         /// Only check: report what each step would change, and change nothing.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "again")]
         dry_run: bool,
+        /// Prepare again, deliberately (L, "Host configuration after go-live"): what an
+        /// operator runs as root over the operator tunnel when a newer agent changes what a
+        /// step does. Every step is checked again whatever the done list says, and each is
+        /// reported to /admin as usual; serving is not restarted.
+        ///
+        /// Refused, with the reason and nothing changed, when this host has not completed
+        /// preparation (exit 4), while an instance of ours is running — an instance holds
+        /// the rails (exit 3) — while the VM API is creating or starting one or another run
+        /// holds /var/lib/enverge-agent/prepare.lock (exit 5), or when LXD does not answer
+        /// (exit 6). While it runs, the VM API refuses creates and starts (host_preparing,
+        /// which the backend takes as no capacity). A step that fails is reported, on
+        /// /admin's host page as "re-prepare failed at <step>", and left: nothing is rolled
+        /// back (exit 1).
+        #[arg(long)]
+        again: bool,
     },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
@@ -218,7 +233,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Duration::from_secs(retry_every),
             Duration::from_secs(give_up_after),
         ),
-        Command::Prepare { root, dry_run } => prepare::unit::run(&root, dry_run),
+        Command::Prepare {
+            root,
+            dry_run: _,
+            again: true,
+        } => prepare::unit::run_again(&root),
+        Command::Prepare { root, dry_run, .. } => prepare::unit::run(&root, dry_run),
         Command::OperatorKeys(cmd) => match cmd {
             KeysCommand::Apply { file, paths } => {
                 operator_keys::apply_command(&keys(paths)?, &file)
@@ -255,6 +275,9 @@ fn main() -> ExitCode {
             // enroll's refusals have their own statuses, which install.sh passes on.
             if let Some(stopped) = e.downcast_ref::<uninstall::UninstallError>() {
                 return ExitCode::from(stopped.exit_code());
+            }
+            if let Some(again) = e.downcast_ref::<prepare::again::AgainError>() {
+                return ExitCode::from(again.exit_code());
             }
             match e.downcast_ref::<enroll::EnrollError>() {
                 Some(refusal) if enrolling => ExitCode::from(refusal.exit_code()),

@@ -133,6 +133,7 @@ fn vm_error(e: VmError) -> Response {
         VmError::NotFound => (StatusCode::NOT_FOUND, AgentErrorCode::NotFound),
         VmError::Conflict(_) => (StatusCode::CONFLICT, AgentErrorCode::Conflict),
         VmError::Occupied(_) => (StatusCode::CONFLICT, AgentErrorCode::HostOccupied),
+        VmError::Preparing => (StatusCode::CONFLICT, AgentErrorCode::HostPreparing),
         VmError::Reverted(_) => (StatusCode::BAD_GATEWAY, AgentErrorCode::Reverted),
         VmError::Failed(_) => (StatusCode::INTERNAL_SERVER_ERROR, AgentErrorCode::Failed),
     };
@@ -363,6 +364,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 gpu: handed.gpu,
                 tunnel: handed.tunnel,
                 operator_keys_held: Some(operator_keys.paths.held.clone()),
+                prepare_lock: Some(crate::prepare::again::PREPARE_LOCK.into()),
             },
             relay: Box::new(vms::HttpRelayMap::new(
                 &handed.ssh_map_endpoint,

@@ -39,6 +39,8 @@ pub enum VmError {
     Occupied(String),
     /// Refused after it started: reverted.
     Reverted(String),
+    /// A deliberate re-prepare holds the host (`prepare::again`): nothing was done.
+    Preparing,
     Failed(String),
 }
 
@@ -52,6 +54,9 @@ impl std::fmt::Display for VmError {
                 "this host already holds instance {held} (one instance per host); nothing was created"
             ),
             VmError::Reverted(m) => write!(f, "{m}; the instance was reverted"),
+            VmError::Preparing => f.write_str(
+                "an operator is preparing this host again (make byo-prepare); nothing was done: try another host, or this one when the run has finished",
+            ),
         }
     }
 }
@@ -171,6 +176,25 @@ pub struct VmConfig {
     pub tunnel: Option<bool>,
     /// The kept operator-key list, whose version and expiry the heartbeat reports (#16).
     pub operator_keys_held: Option<std::path::PathBuf>,
+    /// The lock a deliberate re-prepare holds (`prepare::again::PREPARE_LOCK`): creates,
+    /// starts and reboots share it, and are refused while the run holds it.
+    pub prepare_lock: Option<std::path::PathBuf>,
+}
+
+/// Hold the re-prepare lock shared for one operation that makes an instance run, or refuse
+/// (`Preparing`) while a deliberate run holds it. No lock configured: nothing to hold.
+fn not_while_preparing(config: &VmConfig) -> Result<Option<std::fs::File>, VmError> {
+    let Some(path) = &config.prepare_lock else {
+        return Ok(None);
+    };
+    match crate::prepare::again::lock_shared(path) {
+        Ok(Some(held)) => Ok(Some(held)),
+        Ok(None) => Err(VmError::Preparing),
+        Err(e) => Err(VmError::Failed(format!(
+            "the re-prepare lock {} could not be taken: {e}",
+            path.display()
+        ))),
+    }
 }
 
 fn instance_path(name: &str) -> String {
@@ -196,6 +220,15 @@ fn ours<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String, u16, Strin
                     .to_owned(),
             ))
         })
+        .collect())
+}
+
+/// Our instances that hold the rails (rule 5): every one not stopped.
+pub fn live<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<String>> {
+    Ok(ours(h)?
+        .into_iter()
+        .filter(|(_, status, ..)| status != "Stopped")
+        .map(|(name, ..)| name)
         .collect())
 }
 
@@ -237,6 +270,7 @@ pub fn create<H: Host + ?Sized>(
         key.to_openssh()
             .map_err(|e| VmError::Invalid(e.to_string()))?
     );
+    let _held = not_while_preparing(config)?;
     let fail = VmError::Failed;
     let existing = ours(h).map_err(fail)?;
     if existing.iter().any(|(n, ..)| *n == req.name)
@@ -441,6 +475,11 @@ pub fn change_state<H: Host + ?Sized>(
     let Some((_, _, port, _)) = mine.iter().find(|(n, ..)| n == name).cloned() else {
         return Err(VmError::NotFound);
     };
+    // A stop takes nothing the run needs; a start or a reboot makes the instance run.
+    let _held = match action {
+        VmAction::Stop => None,
+        VmAction::Start | VmAction::Reboot => not_while_preparing(config)?,
+    };
     match action {
         VmAction::Stop => {
             lxd::state(h, name, "stop").map_err(fail)?;
@@ -518,11 +557,19 @@ pub fn restore<H: Host + ?Sized>(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    // The journal is the record of the order (L2.3), which the reboot test reads.
+    tracing::info!(
+        waited_ms = started.elapsed().as_millis() as u64,
+        "LXD answers"
+    );
     let mut started_again = Vec::new();
     for (name, status, _, last) in ours(h)? {
         if status != "Running" && last.eq_ignore_ascii_case("running") {
             lxd::state(h, &name, "start")?;
+            tracing::info!(%name, "head started: it was running before");
             started_again.push(name);
+        } else {
+            tracing::info!(%name, %status, last = %last, "left as LXD holds it");
         }
     }
     reassert_map(h, relay, config)?;
@@ -628,6 +675,7 @@ mod tests {
             ssh_listen: "10.8.0.2".into(),
             gpu: false,
             operator_keys_held: None,
+            prepare_lock: None,
         }
     }
 

@@ -6,6 +6,10 @@
 //! that speaks its API (the golden path uses the real one). `tenants` is issue #11's
 //! isolation: from inside the customer's container, the internet and nothing of the owner's.
 
+#[path = "instances_real_host/reboot.rs"]
+mod reboot;
+#[path = "instances_real_host/reprepare.rs"]
+mod reprepare;
 mod support;
 #[path = "instances_real_host/tenants.rs"]
 mod tenants;
@@ -31,6 +35,13 @@ struct FakeMapd {
     map: Arc<Mutex<SshMap>>,
     refuse: Arc<Mutex<bool>>,
     token: String,
+    /// The host container, once known: each whole-map PUT then records what LXD in it
+    /// runs at that moment (L2.3: the head runs before the relay is pointed).
+    host: Arc<Mutex<Option<String>>>,
+    /// Each whole-map PUT: when it arrived, the map, and `lxc list` inside the host then.
+    puts: Arc<Mutex<Vec<(Instant, SshMap, String)>>>,
+    /// The backend's side, in the same fake: every host-report the agent sent.
+    reports: Arc<Mutex<Vec<Value>>>,
 }
 
 fn authorised(m: &FakeMapd, headers: &HeaderMap) -> bool {
@@ -49,7 +60,29 @@ async fn put_map(State(m): State<FakeMapd>, h: HeaderMap, Json(map): Json<SshMap
     if !authorised(&m, &h) {
         return StatusCode::UNAUTHORIZED;
     }
+    let at = Instant::now();
+    let host = m.host.lock().unwrap().clone();
+    // Asked while the agent waits for this answer: what runs as the relay is pointed.
+    let running = host
+        .map(|name| {
+            let out = std::process::Command::new("lxc")
+                .args([
+                    "exec", &name, "--", "lxc", "list", "--format", "csv", "-c", "ns",
+                ])
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        })
+        .unwrap_or_default();
+    m.puts.lock().unwrap().push((at, map.clone(), running));
     *m.map.lock().unwrap() = map;
+    StatusCode::NO_CONTENT
+}
+
+/// host-report, as the backend takes it (recorded, not judged: the server's own tests
+/// judge it).
+async fn post_report(State(m): State<FakeMapd>, Json(report): Json<Value>) -> StatusCode {
+    m.reports.lock().unwrap().push(report);
     StatusCode::NO_CONTENT
 }
 
@@ -108,6 +141,20 @@ fn start_mapd(m: FakeMapd) -> u16 {
             let app = axum::Router::new()
                 .route("/map", get(get_map).put(put_map))
                 .route("/map/{port}", put(put_port).delete(delete_port))
+                .route("/api/host/report", axum::routing::post(post_report))
+                .route(
+                    "/api/host/heartbeat",
+                    axum::routing::post(|| async { StatusCode::NO_CONTENT }),
+                )
+                .route(
+                    "/api/host/relay",
+                    get(|| async { Json(json!({"endpoint": null})) }),
+                )
+                // No list published: preparation goes on with the one the host holds.
+                .route(
+                    "/api/host/operator-keys",
+                    get(|| async { StatusCode::CONFLICT }),
+                )
                 .with_state(m);
             let listener = tokio::net::TcpListener::from_std(listener).unwrap();
             axum::serve(listener, app).await.unwrap();
@@ -385,23 +432,6 @@ fn scenario_5_a_relay_that_refuses_the_map_reverts_the_create(w: &World) {
     assert_eq!((w.instances(), w.map()), before);
 }
 
-fn l2_a_host_restart_restores_the_instance_then_points_the_relay(w: &World) {
-    // The relay restarted meanwhile and came back empty.
-    w.mapd.map.lock().unwrap().mappings.clear();
-    w.host.restart();
-    let port = w.wait_for(
-        "the relay pointed again after the host's restart",
-        Duration::from_secs(120),
-        || w.map().first().map(|e| e.target_port),
-    );
-    assert!(w.instances().contains("c1,RUNNING"), "{}", w.instances());
-    let out = w.wait_for("ssh after the restart", Duration::from_secs(30), || {
-        let o = w.ssh_hostname(port);
-        o.status.success().then_some(o)
-    });
-    assert!(text(&out).starts_with("c1\n"));
-}
-
 fn g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(w: &World) {
     let want = w.map();
     w.mapd.map.lock().unwrap().mappings.clear();
@@ -468,6 +498,13 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     let Some(e) = enrolled("byo-vms", Some(relay)) else {
         return;
     };
+    // The backend is the fake's own: host-report lands there (the deliberate run's steps).
+    e.host.write(
+        "/etc/enverge/server",
+        format!("http://{}:{port}\n", bridge_gateway()).as_bytes(),
+        0o644,
+    );
+    *mapd.host.lock().unwrap() = Some(e.host.name().to_owned());
     let (ok, said) = prepare(&e.host, &[]);
     assert!(ok, "preparation failed:\n{said}");
     install_units(&e.host, 2);
@@ -500,13 +537,18 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     // On an empty host: with an instance held, any other create is refused first.
     scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
     scenario_1_create_publishes_ssh_and_points_the_relay(&w);
+    reprepare::l_prepare_again_is_refused_while_an_instance_holds_the_rails(&w);
     tenants::tenants_see_the_internet_and_nothing_of_the_owners(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);
     scenario_4_a_name_that_exists_is_refused_and_the_instance_untouched(&w);
     a_second_instance_is_refused_while_the_host_holds_one(&w);
     g4_a_relay_that_lost_its_map_is_healed_within_a_heartbeat(&w);
-    l2_a_host_restart_restores_the_instance_then_points_the_relay(&w);
+    reboot::l2_a_reboot_of_the_host_restores_the_running_instance_head_before_relay(&w);
     tenants::still_after_a_reboot(&w);
+    reboot::l2_a_reboot_of_the_host_leaves_a_stopped_instance_stopped(&w);
+    reprepare::l_prepare_again_on_an_idle_host_checks_every_step_and_serving_keeps_answering(&w);
+    reprepare::l_a_failed_step_of_prepare_again_is_reported_and_left(&w);
+    reboot::the_stopped_instance_starts_again_on_its_customers_word(&w);
     // DESIGN §7's figure for serving at rest: its resident memory, with an instance up.
     let rss = w
         .host

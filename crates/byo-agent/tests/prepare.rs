@@ -270,6 +270,95 @@ fn c_the_done_list_is_scoped_to_the_build_that_wrote_it() {
     );
 }
 
+/// Host configuration after go-live, 4: the deliberate run re-checks every step even on the
+/// build that wrote the done list (a name says nothing about what a step now does), and on
+/// a prepared host it changes nothing.
+#[test]
+fn l_the_deliberate_run_checks_every_step_whatever_the_done_list_says() {
+    let mut sim = prepared();
+    let (spawned, changes) = (sim.spawned, sim.changes);
+    let mut events = Vec::new();
+    let out = prepare::run_trusting(&mut sim, &plan(), 0, BUILD, Mode::Run, false, at, |p| {
+        events.push(p)
+    });
+    assert!(out.completed && out.changes.is_empty(), "{out:?}");
+    assert!(sim.spawned > spawned, "nothing was checked");
+    // Nothing applied: the only writes are the done list's, one after each step.
+    assert_eq!(
+        sim.changes - changes,
+        STEP_NAMES.len(),
+        "a prepared host was changed"
+    );
+    let checked: Vec<&str> = events
+        .iter()
+        .filter(|e| e.state.attempt == 1)
+        .map(|e| e.state.step.as_str())
+        .collect();
+    let skipped = events
+        .iter()
+        .filter(|e| e.state.state == StepState::Skipped)
+        .count();
+    assert_eq!(
+        checked.len() + skipped,
+        STEP_NAMES.len(),
+        "every step checked or skipped: {checked:?}"
+    );
+    assert!(
+        events
+            .iter()
+            .all(|e| e.state.attempt == 1 || e.state.state == StepState::Skipped),
+        "a step was taken from the done list"
+    );
+}
+
+/// The deliberate run on a host that never completed preparation is refused (exit 4), with
+/// the reason, before anything is read or written: no lock file, no report, no done list.
+#[test]
+fn l_prepare_again_is_refused_on_a_host_that_has_not_completed_preparation() {
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(root.path().join("etc/enverge")).unwrap();
+    std::fs::create_dir_all(root.path().join("var/lib/enverge-agent")).unwrap();
+    // A backend nobody listens on: a report attempt would be said in the output.
+    std::fs::write(
+        root.path().join("etc/enverge/server"),
+        "http://127.0.0.1:9\n",
+    )
+    .unwrap();
+    let listing = || {
+        let mut all: Vec<String> = walk(root.path());
+        all.sort();
+        all
+    };
+    let before = listing();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_byo-agent"))
+        .args(["prepare", "--again", "--root"])
+        .arg(root.path())
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{said}");
+    assert!(
+        said.contains("this host has not completed preparation")
+            && said.contains("Nothing was changed"),
+        "{said}"
+    );
+    assert_eq!(listing(), before, "a refused run changed the host");
+}
+
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            out.push(format!("{}/", p.display()));
+            out.extend(walk(&p));
+        } else {
+            out.push(format!("{} {:?}", p.display(), std::fs::read(&p).unwrap()));
+        }
+    }
+    out
+}
+
 #[test]
 fn c_killed_after_any_change_then_run_again_converges_to_the_same_prepared_host() {
     let reference = prepared();

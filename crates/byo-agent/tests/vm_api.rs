@@ -94,6 +94,7 @@ async fn g5_deleting_an_instance_the_host_does_not_hold_answers_the_not_found_bo
                 gpu: false,
                 tunnel: Some(false),
                 operator_keys_held: None,
+                prepare_lock: None,
             },
             relay: Box::new(NoRelay),
             host: Mutex::new(LocalHost {
@@ -132,4 +133,100 @@ async fn g5_deleting_an_instance_the_host_does_not_hold_answers_the_not_found_bo
     // It asked LXD what it holds, and deleted nothing.
     let seen = lxd.lock().unwrap().clone();
     assert_eq!(seen, ["GET /1.0/instances?recursion=1"], "{seen:?}");
+}
+
+/// Host configuration after go-live (L): while an operator prepares the host again
+/// (`byo-agent prepare --again` holds the lock exclusively), a create, a start and a reboot
+/// are refused at once with `host_preparing` — which the backend answers as no capacity —
+/// and nothing reaches LXD for them; once the run lets go, the same create is judged as
+/// usual (here: the host holds `other-vm`, host_occupied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn l_creates_and_starts_are_refused_host_preparing_while_a_re_prepare_holds_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("lxd.socket");
+    let lxd = fake_lxd(&socket).await;
+    let lock = dir.path().join("prepare.lock");
+    let token = SecretToken::generate(TokenKind::Agent);
+    let serving = Serving {
+        token_hash: Arc::new(token.hash()),
+        operator_keys: OperatorKeys {
+            paths: Paths {
+                trusted: dir.path().join("signing-keys"),
+                held: dir.path().join("held"),
+                authorized_keys: dir.path().join("authorized_keys"),
+            },
+            environment: "production".into(),
+        },
+        vms: Some(Arc::new(VmService {
+            config: VmConfig {
+                ssh_listen: "10.8.0.2".into(),
+                gpu: false,
+                tunnel: Some(false),
+                operator_keys_held: None,
+                prepare_lock: Some(lock.clone()),
+            },
+            relay: Box::new(NoRelay),
+            host: Mutex::new(LocalHost {
+                root: dir.path().to_owned(),
+                lxd_sockets: vec![socket.clone()],
+                spawned: 0,
+            }),
+        })),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router(serving)).await.unwrap() });
+    let client = reqwest::Client::new();
+    let key = byo_core::keylist_testing::private_key()
+        .public_key()
+        .to_openssh()
+        .unwrap();
+    let create = || {
+        client
+            .post(format!("http://{addr}/v1/vms"))
+            .bearer_auth(token.expose())
+            .json(&json!({"name": "c-new", "ssh_public_key": key, "ssh_hostname": "c-new.example"}))
+            .send()
+    };
+
+    let run = byo_agent::prepare::again::lock_exclusive(&lock).unwrap();
+    let resp = create().await.unwrap();
+    assert_eq!(resp.status().as_u16(), 409);
+    let refusal: AgentRefusal = resp.json().await.unwrap();
+    assert_eq!(refusal.error, AgentErrorCode::HostPreparing);
+    assert!(
+        refusal.message.contains("preparing this host again")
+            && refusal.message.contains("nothing was done"),
+        "{}",
+        refusal.message
+    );
+    assert!(
+        lxd.lock().unwrap().is_empty(),
+        "a refused create reached LXD"
+    );
+    for action in ["start", "reboot"] {
+        let resp = client
+            .post(format!("http://{addr}/v1/vms/other-vm/state"))
+            .bearer_auth(token.expose())
+            .json(&json!({"action": action}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status().as_u16(), 409, "{action}");
+        let refusal: AgentRefusal = resp.json().await.unwrap();
+        assert_eq!(refusal.error, AgentErrorCode::HostPreparing, "{action}");
+    }
+    // Only the reads that found the instance: no state change was asked of LXD.
+    let seen = lxd.lock().unwrap().clone();
+    assert_eq!(seen, ["GET /1.0/instances?recursion=1"; 2], "{seen:?}");
+
+    drop(run);
+    let resp = create().await.unwrap();
+    let refusal: AgentRefusal = resp.json().await.unwrap();
+    assert_eq!(
+        refusal.error,
+        AgentErrorCode::HostOccupied,
+        "{}",
+        refusal.message
+    );
 }

@@ -356,7 +356,8 @@ fn printable(text: &str) -> String {
 
 /// The agent's refusal as the caller is shown it: its `message` when it sent its own
 /// [`AgentRefusal`], else the first printable part of the body. `host_occupied` is told
-/// apart: the backend answers it as no capacity.
+/// apart: the backend answers it as no capacity, and so is `host_preparing` (an operator
+/// is preparing the host again: it is busy, not broken, and must not be benched).
 async fn refusal(resp: reqwest::Response) -> AgentError {
     let status = resp.status().as_u16();
     let body = resp.text().await.unwrap_or_default();
@@ -371,7 +372,10 @@ async fn refusal(resp: reqwest::Response) -> AgentError {
         ),
         Answered::Other(body) => (None, body),
     };
-    if code == Some(AgentErrorCode::HostOccupied) {
+    if matches!(
+        code,
+        Some(AgentErrorCode::HostOccupied | AgentErrorCode::HostPreparing)
+    ) {
         return AgentError::Occupied(printable(&reason));
     }
     AgentError::Refused {

@@ -95,6 +95,7 @@ with_world!(
     a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
+    l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service,
     a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
 );
@@ -1161,6 +1162,73 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
     let named = problems(&op.page(&page_of(&h)).await);
     assert_eq!(named[0], "agent unreachable");
     assert!(named.contains(&"key list expiring".to_owned()), "{named:?}");
+}
+
+/// Host configuration after go-live, 5: the deliberate run (`byo-agent prepare --again`)
+/// reports every step through host-report as the first preparation did. A failed step on a
+/// host in service is named on /admin ("re-prepare failed", its step and reason) and takes
+/// nothing away: the host stays active and prepared, with its instance, its placement and
+/// its audit as they were. A completed run clears the name.
+async fn l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service(w: World) {
+    let h = w.active_host().await;
+    w.instance(&h, "stays").await;
+    let host_row = || async { w.db().host(&h.id).await.unwrap().unwrap() };
+    let before = host_row().await;
+    let facts = snapshot(&w, &h).await;
+    let report = |state: Value, completed: bool| {
+        let token = h.token.clone();
+        let app = &w.app;
+        async move {
+            let r = app
+                .send(
+                    Request::post("/api/host/report")
+                        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(
+                            json!({"node": 0, "state": state, "completed": completed}).to_string(),
+                        ))
+                        .unwrap(),
+                )
+                .await;
+            assert!(r.status.is_success(), "{}", r.text());
+        }
+    };
+    let at = w.clock.now().to_rfc3339();
+    let step = |name: &str, state: &str, error: Option<&str>| json!({"step": name, "state": state, "attempt": 1, "error": error, "final": false, "at": at});
+    report(step("operator-access", "satisfied", None), false).await;
+    report(
+        step(
+            "earlyoom",
+            "failed",
+            Some("apply failed: systemctl enable earlyoom: Unit file earlyoom.service is masked."),
+        ),
+        false,
+    )
+    .await;
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(
+        page.contains(
+            "<strong>re-prepare failed</strong>: at earlyoom: apply failed: systemctl enable earlyoom: Unit file earlyoom.service is masked."
+        ),
+        "{page}"
+    );
+    assert!(!page.contains("prepare stopped"), "{page}");
+    assert!(
+        page.contains("prepared again since, which stopped at: earlyoom failed"),
+        "{page}"
+    );
+    // Nothing taken away: still active, prepared when it was, its instance and the rest.
+    let after = host_row().await;
+    assert!(after.active);
+    assert_eq!(after.prepared_at, before.prepared_at);
+    assert_eq!(after.placement, before.placement);
+    assert_eq!(snapshot(&w, &h).await, facts);
+
+    // Run again to completion: the last step's report carries completed, and the name goes.
+    report(step("self-check", "satisfied", None), true).await;
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(!page.contains("re-prepare failed"), "{page}");
+    assert_eq!(host_row().await.prepared_at, before.prepared_at);
 }
 
 /// Retire refuses a revoke still in progress, replace-relay refuses a host being revoked and a

@@ -899,6 +899,31 @@ async fn c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tr
     for view in [page, fragment] {
         assert!(!view.contains("tries again"), "{view}");
     }
+
+    // Prepared, then an operator's deliberate run failed (L): the same plain words, and
+    // no promise of a retry it will not make.
+    report(failed(
+        "earlyoom",
+        "apply failed: Unit file earlyoom.service is masked.",
+        "2026-11-29T12:00:10Z",
+    ))
+    .await;
+    for view in <[String; 2]>::from(views().await) {
+        assert!(
+            view.contains("earlyoom, which stops a runaway program"),
+            "{view}"
+        );
+        assert!(
+            view.contains(
+                "preparing your machine again after it was ready: it does not try again on its own"
+            ),
+            "{view}"
+        );
+        assert!(
+            !view.contains("tries again on its own about every"),
+            "{view}"
+        );
+    }
 }
 
 /// /admin/hosts says what turned up in a few words — GPU, arch, OS, machine, when — with

@@ -383,6 +383,9 @@ pub enum AgentErrorCode {
     /// A create on a host that already holds an instance (one per host): the message
     /// names it, and nothing was changed.
     HostOccupied,
+    /// A create, start or reboot while an operator prepares the host again (L): nothing
+    /// was done, and the backend answers it as `host_occupied`, no capacity.
+    HostPreparing,
     /// A create failed at a fatal step and was taken back.
     Reverted,
     /// A signed operator-key list refused (M).
@@ -468,6 +471,10 @@ mod name_tests {
         assert_eq!(
             serde_json::to_value(AgentErrorCode::HostOccupied).unwrap(),
             "host_occupied"
+        );
+        assert_eq!(
+            serde_json::to_value(AgentErrorCode::HostPreparing).unwrap(),
+            "host_preparing"
         );
     }
 }

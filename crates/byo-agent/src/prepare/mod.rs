@@ -2,6 +2,7 @@
 //! `byo_core::prepare` over the host adapter. `docs/prepare.md` lists every step with its
 //! check, its apply and why it sits where it does.
 
+pub mod again;
 pub mod peers;
 pub mod steps;
 pub mod unit;
@@ -83,12 +84,32 @@ pub fn run<H: Host>(
     build: &str,
     mode: Mode,
     now: impl FnMut() -> DateTime<Utc>,
+    report: impl FnMut(Progress),
+) -> Outcome {
+    run_trusting(host, plan, node, build, mode, true, now, report)
+}
+
+/// [`run`], choosing whether the kept done list is read at all: the deliberate run (L)
+/// re-checks every step whichever build wrote it (`trust_done_list` false).
+#[allow(clippy::too_many_arguments)] // run's inputs, and the one choice the deliberate run makes
+pub fn run_trusting<H: Host>(
+    host: &mut H,
+    plan: &Plan,
+    node: u32,
+    build: &str,
+    mode: Mode,
+    trust_done_list: bool,
+    now: impl FnMut() -> DateTime<Utc>,
     mut report: impl FnMut(Progress),
 ) -> Outcome {
-    let previous = crate::host::read_string(host, DONE_LIST)
-        .ok()
-        .flatten()
-        .and_then(|s| serde_json::from_str::<DoneList>(&s).ok());
+    let previous = if trust_done_list {
+        crate::host::read_string(host, DONE_LIST)
+            .ok()
+            .flatten()
+            .and_then(|s| serde_json::from_str::<DoneList>(&s).ok())
+    } else {
+        None
+    };
     let cell = RefCell::new(host);
     let mut shared = Shared(&cell);
     let steps = steps::<Shared<'_, '_, H>>(plan);

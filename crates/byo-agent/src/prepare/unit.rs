@@ -16,6 +16,7 @@ use byo_wire::enroll::{EnrollResponse, HostRelay};
 use byo_wire::prepare::HostReport;
 use byo_wire::profile::LxdSource;
 
+use super::again::{self, AgainError};
 use super::{HandOver, build_id, hand_over, handed_over, peers, plan_from};
 use crate::enroll::{EnrollError, EnrollOutcome, EnrollPaths, Enroller, enroll_this_machine};
 use crate::host::LocalHost;
@@ -44,17 +45,57 @@ fn refresh_operator_keys(keys: &OperatorKeys, reporter: &Reporter) {
     }
 }
 
+/// Which run this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum How {
+    /// The unit's: once, until the hand-over; later starts exit at once (rule 1).
+    Unit,
+    /// Checks only: what each step would change, nothing changed.
+    DryRun,
+    /// The deliberate run (L): an operator's, on an idle host that completed preparation,
+    /// every step checked again ([`super::again`]).
+    Again,
+}
+
 /// Prepare the host whose filesystem is at `root` (`/` on a host). `dry_run` only checks,
 /// and prints what each step would change.
 pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
+    prepare(root, if dry_run { How::DryRun } else { How::Unit })
+}
+
+/// `byo-agent prepare --again`: refused (with its reason, nothing changed) on a host that
+/// has not completed preparation, while the VM API or another run holds the lock, or while
+/// an instance holds the rails; otherwise C in full, a failure reported and left.
+pub fn run_again(root: &Path) -> anyhow::Result<()> {
+    prepare(root, How::Again)
+}
+
+fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
+    let dry_run = how == How::DryRun;
     let mut host = LocalHost {
         root: root.to_path_buf(),
         ..Default::default()
     };
-    if handed_over(&mut host).map_err(anyhow::Error::msg)? && !dry_run {
+    let prepared = handed_over(&mut host).map_err(anyhow::Error::msg)?;
+    if prepared && how == How::Unit {
         println!("preparation completed earlier; nothing to do");
         return Ok(());
     }
+    // The deliberate run's refusals come before anything is read from the backend or
+    // written here, and its lock is held to the end (a create cannot start mid-run).
+    let _lock = if how == How::Again {
+        if !prepared {
+            return Err(AgainError::NotPrepared.into());
+        }
+        let lock = again::lock_exclusive(&root.join(again::PREPARE_LOCK.trim_start_matches('/')))?;
+        let held = again::holding(&mut host)?;
+        if !held.is_empty() {
+            return Err(AgainError::Held(held).into());
+        }
+        Some(lock)
+    } else {
+        None
+    };
     let etc = root.join("etc/enverge");
     let server = std::fs::read_to_string(etc.join("server"))
         .ok()
@@ -139,22 +180,38 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
             report: Box::new(move |p| sink(&p)),
         }));
     }
+    if how == How::Again {
+        let held = again::satellites_holding(&plan);
+        if !held.is_empty() {
+            return Err(AgainError::Held(held).into());
+        }
+    }
     let mode = if dry_run { Mode::DryRun } else { Mode::Run };
     println!(
         "preparing {} as {build}{}",
         creds.slug,
-        if dry_run {
-            " (dry run: checks only)"
-        } else {
-            ""
+        match how {
+            How::DryRun => " (dry run: checks only)",
+            How::Again =>
+                " (again, deliberately: every step is checked, whatever the done list says; serving keeps running)",
+            How::Unit => "",
         }
     );
     let mut last = None;
     let started = std::time::Instant::now();
-    let outcome = super::run(&mut host, &plan, 0, &build, mode, chrono::Utc::now, |p| {
-        emit(&p);
-        last = Some(p);
-    });
+    let outcome = super::run_trusting(
+        &mut host,
+        &plan,
+        0,
+        &build,
+        mode,
+        how != How::Again,
+        chrono::Utc::now,
+        |p| {
+            emit(&p);
+            last = Some(p);
+        },
+    );
     println!(
         "took {} ms, {} programs run",
         started.elapsed().as_millis(),
@@ -178,6 +235,11 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
         }
     }
     if let Some((step, error)) = outcome.failed {
+        // Reported (the failed step went to host-report above) and left: nothing is
+        // undone, and serving, which this run never touches, keeps running (L, rule 2).
+        if how == How::Again {
+            return Err(AgainError::Failed { step, error }.into());
+        }
         anyhow::bail!("preparation stopped at {step}: {error}");
     }
     hand_over(
@@ -209,7 +271,13 @@ pub fn run(root: &Path, dry_run: bool) -> anyhow::Result<()> {
             completed: true,
         });
     }
-    println!("prepared: the credentials are handed to serving");
+    match how {
+        How::Again => println!(
+            "prepared again: every step checked, {} changed; serving was not restarted",
+            outcome.changes.len()
+        ),
+        _ => println!("prepared: the credentials are handed to serving"),
+    }
     Ok(())
 }
 

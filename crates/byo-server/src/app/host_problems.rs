@@ -49,14 +49,23 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         ),
         _ => {}
     }
-    if !serving
-        && let Some(p) = &host.prepare_state
+    if let Some(p) = &host.prepare_state
         && p.0["state"].as_str() == Some("failed")
     {
-        add(
-            "prepare stopped",
-            format!("at step {}", p.0["step"].as_str().unwrap_or("?")),
-        );
+        let step = p.0["step"].as_str().unwrap_or("?");
+        if serving {
+            // A failed step on a host that completed preparation is the deliberate run's
+            // (L): reported and left, the host still serving, nothing rolled back.
+            add(
+                "re-prepare failed",
+                format!(
+                    "at {step}: {}",
+                    p.0["error"].as_str().unwrap_or("no reason given")
+                ),
+            );
+        } else {
+            add("prepare stopped", format!("at step {step}"));
+        }
     }
     if let Some(s) = seen.status {
         match s.details.0["relay_map"].as_str() {

@@ -186,6 +186,10 @@ async fn page(
             h2 { "Preparation" }
             p #prepare {
                 @match (&host.prepared_at, &host.prepare_state) {
+                    (Some(t), Some(p)) if p.0["state"].as_str() == Some("failed") => {
+                        "finished " (at(*t)) "; prepared again since, which stopped at: "
+                        (cut(&super::hosts::step_line(&p.0), SHOWN_CHARS))
+                    }
                     (Some(t), _) => { "finished " (at(*t)) }
                     (None, Some(p)) => { "stopped at: " (cut(&super::hosts::step_line(&p.0), SHOWN_CHARS)) }
                     (None, None) => { "not started" }

@@ -102,8 +102,9 @@ pub(super) fn step_line(p: &Value) -> String {
 
 /// Under a failed step, for the owner: what is wrong and who fixes it in plain words, and
 /// that preparation tries again on its own (the unit's `RestartSec=`), with roughly when
-/// the next try is while that is still ahead.
-fn failure_advice_line(p: &Value, now: DateTime<Utc>) -> Markup {
+/// the next try is while that is still ahead. On a machine already prepared the failure is
+/// an operator's deliberate run (L), which does not retry: that is said instead.
+fn failure_advice_line(p: &Value, now: DateTime<Utc>, prepared: bool) -> Markup {
     let advice = failure_advice(p["step"].as_str().unwrap_or_default());
     let every = byo_core::render::units::PREPARE_RETRY_SECS;
     let next = p["at"]
@@ -121,9 +122,13 @@ fn failure_advice_line(p: &Value, now: DateTime<Utc>) -> Markup {
                 Fixer::Us => { " Nothing for you to do: we fix this on our side." }
                 Fixer::ItsOwnLine => { " Its own line below says why." }
             }
-            " Preparation tries again on its own about every " (every) " seconds"
-            @if let Some(next) = next { " (next try about " (next.format("%H:%M:%S")) " UTC)" }
-            ", and carries on by itself once the cause is fixed."
+            @if prepared {
+                " This was byo's operators preparing your machine again after it was ready: it does not try again on its own, and they decide what happens next."
+            } @else {
+                " Preparation tries again on its own about every " (every) " seconds"
+                @if let Some(next) = next { " (next try about " (next.format("%H:%M:%S")) " UTC)" }
+                ", and carries on by itself once the cause is fixed."
+            }
         }
     }
 }
@@ -149,7 +154,7 @@ fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc
                         @if let Some(n) = p["attempt"].as_u64() { ", attempt " (n) }
                         @if let Some(at) = p["at"].as_str() { ", at " (at) }
                     }
-                    @if failed(p) { (failure_advice_line(p, now)) }
+                    @if failed(p) { (failure_advice_line(p, now, facts.prepared_at.is_some())) }
                 }
                 @for n in nodes.iter().filter(|n| n.index > 0 && n.retired_at.is_none()) {
                     br;
@@ -165,7 +170,7 @@ fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc
                         }
                     }
                     @if let Some(p) = n.prepare_state.as_ref().filter(|p| failed(&p.0)) {
-                        (failure_advice_line(&p.0, now))
+                        (failure_advice_line(&p.0, now, facts.prepared_at.is_some()))
                     }
                 }
                 @if let Some(at) = facts.prepared_at {

@@ -38,6 +38,12 @@ async fn the_http_client_speaks_the_agents_vm_api() {
                         json!({"error": "host_occupied", "message": "this host already holds instance vm-first (one instance per host); nothing was created"}).to_string(),
                     );
                 }
+                if name == "vm-preparing" {
+                    return (
+                        StatusCode::CONFLICT,
+                        json!({"error": "host_preparing", "message": "an operator is preparing this host again (make byo-prepare); nothing was done: try another host, or this one when the run has finished"}).to_string(),
+                    );
+                }
                 if name == "vm-taken" {
                     return (
                         StatusCode::CONFLICT,
@@ -133,6 +139,13 @@ async fn the_http_client_speaks_the_agents_vm_api() {
                 .into()
         )),
         "host_occupied is told apart from other refusals"
+    );
+    assert!(
+        matches!(
+            client.create_vm(&target, &create("vm-preparing")).await,
+            Err(AgentError::Occupied(reason)) if reason.contains("preparing this host again")
+        ),
+        "host_preparing (a deliberate re-prepare holds the host) is no capacity, as host_occupied"
     );
     assert_eq!(
         client.delete_vm(&target, "vm-here").await,
