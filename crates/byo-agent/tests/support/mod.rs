@@ -3,3 +3,4 @@ pub mod host_container;
 #[path = "../../../byo-relay/tests/support/mod.rs"]
 pub mod kernel;
 pub mod prepared;
+pub mod cabled;
