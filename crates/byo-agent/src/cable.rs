@@ -184,7 +184,10 @@ impl CableProbe {
 pub fn peer_prep<H: Host + ?Sized>(h: &mut H, ports: &[String]) -> Fallible<Vec<String>> {
     let mut changed = Vec::new();
     let nm = h
-        .run(&["systemctl", "is-active", "--quiet", "NetworkManager"], None)?
+        .run(
+            &["systemctl", "is-active", "--quiet", "NetworkManager"],
+            None,
+        )?
         .ok();
     for iface in ports {
         // A port the kernel does not have (no cable module, a missing cable in the bed) is
@@ -204,9 +207,21 @@ pub fn peer_prep<H: Host + ?Sized>(h: &mut H, ports: &[String]) -> Fallible<Vec<
                     must(
                         h,
                         &[
-                            "nmcli", "connection", "add", "type", "ethernet", "ifname", iface,
-                            "con-name", &name, "ipv4.method", "disabled", "ipv6.method",
-                            "link-local", "ipv6.addr-gen-mode", "eui64",
+                            "nmcli",
+                            "connection",
+                            "add",
+                            "type",
+                            "ethernet",
+                            "ifname",
+                            iface,
+                            "con-name",
+                            &name,
+                            "ipv4.method",
+                            "disabled",
+                            "ipv6.method",
+                            "link-local",
+                            "ipv6.addr-gen-mode",
+                            "eui64",
                         ],
                     )?;
                     must(h, &["nmcli", "connection", "up", &name])?;
@@ -237,7 +252,12 @@ pub fn peer_prep<H: Host + ?Sized>(h: &mut H, ports: &[String]) -> Fallible<Vec<
             if read_string(h, &sys(k))?.as_deref().map(str::trim) != Some(v) {
                 must(
                     h,
-                    &["sysctl", "-q", "-w", &format!("net.ipv6.conf.{iface}.{k}={v}")],
+                    &[
+                        "sysctl",
+                        "-q",
+                        "-w",
+                        &format!("net.ipv6.conf.{iface}.{k}={v}"),
+                    ],
                 )?;
                 changed.push(format!("{iface}: {k}={v}"));
             }
@@ -318,7 +338,9 @@ fn wait_link_local(h: &mut LocalHost, ports: &[String], settle: Duration) {
 pub fn all_nodes<H: Host + ?Sized>(h: &mut H, iface: &str) -> Fallible<Vec<String>> {
     let target = format!("ff02::1%{iface}");
     let out = h.run(
-        &["ping", "-6", "-n", "-c", "3", "-i", "0.2", "-W", "1", &target],
+        &[
+            "ping", "-6", "-n", "-c", "3", "-i", "0.2", "-W", "1", &target,
+        ],
         None,
     )?;
     // "64 bytes from fe80::1%rail0: icmp_seq=1 ttl=64 time=0.1 ms"
@@ -443,6 +465,7 @@ impl Logins {
             // sudo reads the password on stdin even after a key login.
             password_file: self.password_file.clone(),
             host_key_alias: Some("enverge-probe".into()),
+            control_path: Some(self.dir.path().join(format!("cm-{}", self.n))),
         }
     }
 
@@ -454,10 +477,7 @@ impl Logins {
             return Login::Refused;
         }
         let mut local = LocalHost::default();
-        let scan = match local.run(
-            &["ssh-keyscan", "-T", "5", "-t", "ed25519", addr],
-            None,
-        ) {
+        let scan = match local.run(&["ssh-keyscan", "-T", "5", "-t", "ed25519", addr], None) {
             Ok(o) => o,
             Err(e) => return Login::Unreachable(e),
         };
@@ -544,7 +564,8 @@ fn arp_neighbours(h: &mut LocalHost) -> Fallible<Vec<String>> {
             .filter(|a| *a != ip.to_string())
             .collect::<Vec<_>>()
             .join(" ");
-        let script = format!("for a in {hosts}; do ping -c1 -W1 -n \"$a\" >/dev/null 2>&1 & done; wait");
+        let script =
+            format!("for a in {hosts}; do ping -c1 -W1 -n \"$a\" >/dev/null 2>&1 & done; wait");
         h.run(&["sh", "-c", &script], None)?;
     }
     let out = must(h, &["ip", "-j", "-4", "neigh", "show", "dev", &dev])?;

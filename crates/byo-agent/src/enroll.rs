@@ -408,6 +408,16 @@ pub fn read_token(arg: Option<&str>, file: Option<&Path>) -> std::io::Result<Str
     Ok(s.trim().to_owned())
 }
 
+/// How long `enroll` keeps at it: the backend every `retry_every` for `give_up_after`, the
+/// cable probe (a pair) every `probe_every` for `probe_for`.
+#[derive(Clone, Copy, Debug)]
+pub struct Patience {
+    pub retry_every: Duration,
+    pub give_up_after: Duration,
+    pub probe_every: Duration,
+    pub probe_for: Duration,
+}
+
 /// `byo-agent enroll`: enrol this machine once; a machine that already enrolled reuses its
 /// credentials (and needs no token). The token comes from `token`, `token_file`, or
 /// standard input. An unreachable server is tried every `retry_every` for `give_up_after`
@@ -418,17 +428,14 @@ pub fn run(
     token: Option<String>,
     token_file: Option<PathBuf>,
     root: PathBuf,
-    retry_every: Duration,
-    give_up_after: Duration,
-    probe_every: Duration,
-    probe_for: Duration,
+    patience: Patience,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let enroller = Enroller {
-        retry_every,
-        give_up_after,
-        probe_every,
-        probe_for,
+        retry_every: patience.retry_every,
+        give_up_after: patience.give_up_after,
+        probe_every: patience.probe_every,
+        probe_for: patience.probe_for,
         ..Enroller::new(server, EnrollPaths { root })
     };
     let token = if enroller.kept()?.is_some() {

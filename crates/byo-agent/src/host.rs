@@ -429,6 +429,9 @@ pub struct SshHost {
     /// The name the pinned host key is filed under in `known_hosts`, when the address is not
     /// a stable name (a link-local address scoped to one of node0's ports, at step 125).
     pub host_key_alias: Option<String>,
+    /// One SSH connection shared by every command (ControlMaster), for the cable probe's
+    /// many short reads of one machine; it closes itself 10 s after the last.
+    pub control_path: Option<PathBuf>,
 }
 
 /// Set in the environment of ssh when a lent login is used: the agent, started by ssh as
@@ -480,6 +483,20 @@ impl SshHost {
         }
         if let Some(a) = &alias {
             argv.extend(["-o", a.as_str()]);
+        }
+        let control = self
+            .control_path
+            .as_ref()
+            .map(|p| format!("ControlPath={}", p.to_string_lossy()));
+        if let Some(c) = &control {
+            argv.extend([
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                c.as_str(),
+                "-o",
+                "ControlPersist=10",
+            ]);
         }
         argv.extend([target.as_str(), "--", remote]);
         let out = match &self.password_file {

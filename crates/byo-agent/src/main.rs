@@ -240,10 +240,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             token,
             token_file,
             root,
-            Duration::from_secs(retry_every),
-            Duration::from_secs(give_up_after),
-            Duration::from_secs(probe_every),
-            Duration::from_secs(probe_for),
+            enroll::Patience {
+                retry_every: Duration::from_secs(retry_every),
+                give_up_after: Duration::from_secs(give_up_after),
+                probe_every: Duration::from_secs(probe_every),
+                probe_for: Duration::from_secs(probe_for),
+            },
         ),
         Command::ProbeCables { root } => byo_agent::cable::probe_command(&root),
         Command::Prepare { root, dry_run } => prepare::unit::run(&root, dry_run),
@@ -275,7 +277,10 @@ fn main() -> ExitCode {
         };
     }
     let cli = Cli::parse();
-    let enrolling = matches!(cli.command, Command::Enroll { .. } | Command::ProbeCables { .. });
+    let enrolling = matches!(
+        cli.command,
+        Command::Enroll { .. } | Command::ProbeCables { .. }
+    );
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

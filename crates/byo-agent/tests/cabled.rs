@@ -22,7 +22,10 @@ const NODE1_UUID: &str = "1111bbbb-1111-4111-8111-111111111111";
 const NODE0_UUID: &str = "0000aaaa-0000-4000-8000-000000000000";
 
 fn kind(j: &Value, port: &str) -> String {
-    j["ports"][port]["kind"].as_str().unwrap_or("none").to_owned()
+    j["ports"][port]["kind"]
+        .as_str()
+        .unwrap_or("none")
+        .to_owned()
 }
 
 fn rail(j: &Value, port: &str) -> (u64, Option<u64>) {
@@ -118,8 +121,14 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     assert_eq!(code, Some(0), "{said}");
     assert_eq!(j["decision"], "enroll");
     assert_eq!(kind(&j, "rail0"), "link");
-    assert_eq!(j["ports"]["rail0"]["remote"], serde_json::json!(["rail1", "rail1b"]));
-    assert_eq!(j["ports"]["rail1"]["remote"], serde_json::json!(["rail0", "rail0b"]));
+    assert_eq!(
+        j["ports"]["rail0"]["remote"],
+        serde_json::json!(["rail1", "rail1b"])
+    );
+    assert_eq!(
+        j["ports"]["rail1"]["remote"],
+        serde_json::json!(["rail0", "rail0b"])
+    );
     // Machines, not addresses: one per port.
     assert_eq!(rail(&j, "rail0"), (1, Some(0)));
     assert_eq!(rail(&j, "rail1"), (1, Some(1)));
@@ -169,7 +178,10 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     );
     let (code, j, said) = bed.probe(&[]);
     assert_eq!(code, Some(0), "{said}");
-    assert!(!said.contains("peer-prep on"), "a second peer-prep changed something:\n{said}");
+    assert!(
+        !said.contains("peer-prep on"),
+        "a second peer-prep changed something:\n{said}"
+    );
     assert_eq!(rail(&j, "rail0"), (1, Some(1)), "kept from {swapped}");
     assert_eq!(rail(&j, "rail1"), (1, Some(0)));
     lap_done("kept numbering, idempotent peer-prep");
@@ -218,7 +230,11 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
         vec![("rail0".into(), 1, Some(0)), ("rail1".into(), 1, Some(1))]
     );
     assert!(!bodies[0].contains(PASSWORD), "the password was sent");
-    assert!(!bodies[0].contains("fe80"), "a link-local address was sent: {}", bodies[0]);
+    assert!(
+        !bodies[0].contains("fe80"),
+        "a link-local address was sent: {}",
+        bodies[0]
+    );
     lap_done("enrolment evidence");
 
     // --- A cloned identity: node1 reports node0's GPUs. A self-pair is a retry, nothing sent.
@@ -228,7 +244,11 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     let (code, said) = enroll(&bed, &server.url);
     assert_eq!(code, Some(9), "{said}");
     assert!(said.contains("this machine itself"), "{said}");
-    assert_eq!(server.bodies.lock().unwrap().len(), 1, "a self-pair sent something");
+    assert_eq!(
+        server.bodies.lock().unwrap().len(),
+        1,
+        "a self-pair sent something"
+    );
     n1.sh_ok(&format!(
         "sed -i 's/GPU-{NODE0_UUID}/GPU-{NODE1_UUID}/' /usr/local/bin/nvidia-smi"
     ));
@@ -272,14 +292,23 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     n1.sh_ok(
         "sysctl -q -w net.ipv6.conf.rail0.addr_gen_mode=1; ip link set rail0 down; ip link set rail0 up",
     );
-    assert_eq!(Bed::link_local(n1, "rail0"), "", "node1's rail still has link-local");
+    assert_eq!(
+        Bed::link_local(n1, "rail0"),
+        "",
+        "node1's rail still has link-local"
+    );
     let (code, j, said) = bed.probe(&[]);
     assert_eq!(code, Some(0), "{said}");
     assert!(said.contains("over the management LAN"), "{said}");
     assert_eq!(kind(&j, "rail0"), "link");
-    assert_eq!(j["peers"].as_array().unwrap().len(), 1, "the rack neighbour became a peer");
     assert_eq!(
-        n1.sh_ok("sysctl -n net.ipv6.conf.rail0.addr_gen_mode").trim(),
+        j["peers"].as_array().unwrap().len(),
+        1,
+        "the rack neighbour became a peer"
+    );
+    assert_eq!(
+        n1.sh_ok("sysctl -n net.ipv6.conf.rail0.addr_gen_mode")
+            .trim(),
         "0",
         "peer-prep pinned node1's rail"
     );

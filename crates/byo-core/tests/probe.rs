@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use byo_core::probe::{
-    Decision, Found, Login, Machine, Observation, PortSeen, PortVerdict, Retry, decide,
-    judge_port, scoped, self_pair,
+    Decision, Found, Login, Machine, Observation, PortSeen, PortVerdict, Retry, decide, judge_port,
+    scoped, self_pair,
 };
 use byo_core::redeem::{self, Rejection};
 use byo_wire::enroll::{EnrollRequest, NodeReport, RailPort};
@@ -180,10 +180,7 @@ fn k1_125_a_cable_showing_two_addresses_is_one_machine_and_the_pair_enrols() {
     // The crossed cable is a recorded fact: node0's enP2…f0 lands on node1's enp1s0f1np1.
     assert_eq!(
         links,
-        vec![
-            (0, Some(P1), "enp1s0f1np1"),
-            (1, Some(P0), "enp1s0f0np0")
-        ]
+        vec![(0, Some(P1), "enp1s0f1np1"), (1, Some(P0), "enp1s0f0np0")]
     );
     // node1's own rails carry the same rails on its own ports.
     let peer_rails: Vec<(String, Option<u32>)> = f.peers[0]
@@ -289,10 +286,15 @@ fn k1_125_a_missing_cable_leaves_one_rail_and_the_pair_still_enrols() {
 #[test]
 fn k1_125_a_cable_looped_between_node0s_own_ports_finds_nothing() {
     // Each port hears itself and node0's other port: both are node0's own.
-    let obs = node0(vec![port(P0, &["fe80::a1"]), port(P1, &["fe80::a0"])], vec![]);
+    let obs = node0(
+        vec![port(P0, &["fe80::a1"]), port(P1, &["fe80::a0"])],
+        vec![],
+    );
     assert_eq!(
         judge_port(&obs, &obs.ports[0]),
-        PortVerdict::Looped { to: vec![P1.into()] }
+        PortVerdict::Looped {
+            to: vec![P1.into()]
+        }
     );
     let f = found(decide(&obs, &[0, 1], None));
     assert!(f.peers.is_empty());
@@ -439,7 +441,12 @@ fn k1_125_a_self_pair_is_a_retry_and_the_agent_checks_it_again_before_enrolling(
     );
     match decide(&obs, &[0, 1], None) {
         Decision::Retry { retry, .. } => {
-            assert_eq!(retry, Retry::SelfPair { ports: vec![P0.into()] })
+            assert_eq!(
+                retry,
+                Retry::SelfPair {
+                    ports: vec![P0.into()]
+                }
+            )
         }
         d => panic!("{d:?}"),
     }
@@ -516,7 +523,12 @@ fn the_verdicts_read_as_words() {
         (PortVerdict::Lan { machines: 3 }, "3 machines"),
         (PortVerdict::LoginFailed, "refused the login"),
         (PortVerdict::Unreachable, "SSH did not"),
-        (PortVerdict::Looped { to: vec![P1.into()] }, P1),
+        (
+            PortVerdict::Looped {
+                to: vec![P1.into()],
+            },
+            P1,
+        ),
         (PortVerdict::SelfPair, "itself"),
         (PortVerdict::Silent, "nothing answered"),
         (PortVerdict::NoCable, "no cable"),
@@ -533,9 +545,24 @@ fn the_verdicts_read_as_words() {
         assert!(v.to_string().contains(w), "{v}");
     }
     for (r, w) in [
-        (Retry::Unreachable { ports: vec!["a".into()] }, "sshd"),
-        (Retry::SelfPair { ports: vec!["a".into()] }, "two machines"),
-        (Retry::Silent { ports: vec!["a".into()] }, "a has carrier"),
+        (
+            Retry::Unreachable {
+                ports: vec!["a".into()],
+            },
+            "sshd",
+        ),
+        (
+            Retry::SelfPair {
+                ports: vec!["a".into()],
+            },
+            "two machines",
+        ),
+        (
+            Retry::Silent {
+                ports: vec!["a".into()],
+            },
+            "a has carrier",
+        ),
     ] {
         assert!(r.to_string().contains(w), "{r}");
     }

@@ -63,7 +63,10 @@ mod tests {
             "links": [{"index": 0, "local": "enp1s0f0np0", "remote": "enp1s0f0np0", "neighbour_addr": "fe80::1%enp1s0f0np0"}]}"#;
         let ring = r#"{"peers": [{"index": 1, "addr": "fe80::1%enp1s0f0np0", "host_key": "ssh-ed25519 AAAA",
             "links": [{"index": 0, "local": "enp1s0f0np0", "remote": "enp1s0f0np0", "neighbour_addr": "fe80::1%enp1s0f0np0"}]}]}"#;
-        assert_eq!(parse_peer_file(pair).unwrap(), parse_peer_file(ring).unwrap());
+        assert_eq!(
+            parse_peer_file(pair).unwrap(),
+            parse_peer_file(ring).unwrap()
+        );
         assert!(parse_peer_file("{}").is_err());
     }
 }

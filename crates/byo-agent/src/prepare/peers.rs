@@ -138,6 +138,7 @@ impl SshSatellites {
             lxd_socket: self.lxd_socket.clone(),
             password_file: lent.then(|| self.dir.join("peer-login")),
             host_key_alias: None,
+            control_path: None,
         })
     }
 }

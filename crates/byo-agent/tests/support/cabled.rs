@@ -62,8 +62,16 @@ impl Bed {
             plugged: Default::default(),
         };
         for (host, uuid, ports) in [
-            (&bed.node0, "0000aaaa-0000-4000-8000-000000000000", NODE0_PORTS),
-            (&bed.node1, "1111bbbb-1111-4111-8111-111111111111", NODE1_PORTS),
+            (
+                &bed.node0,
+                "0000aaaa-0000-4000-8000-000000000000",
+                NODE0_PORTS,
+            ),
+            (
+                &bed.node1,
+                "1111bbbb-1111-4111-8111-111111111111",
+                NODE1_PORTS,
+            ),
             (&bed.extra, "7777cccc-7777-4777-8777-777777777777", &[][..]),
         ] {
             host.sh_ok(&format!(
@@ -102,7 +110,10 @@ impl Bed {
         // NIC of one container (a QSFP's twin function on the same wire).
         run("ip", &["link", "add", &net, "type", "bridge"]);
         // This machine's side of the cable stays silent: only the machines on it answer.
-        run("sysctl", &["-q", "-w", &format!("net.ipv6.conf.{net}.disable_ipv6=1")]);
+        run(
+            "sysctl",
+            &["-q", "-w", &format!("net.ipv6.conf.{net}.disable_ipv6=1")],
+        );
         run("ip", &["link", "set", &net, "up"]);
         self.cables.borrow_mut().push(net.clone());
         for (host, iface) in ends {
@@ -122,6 +133,17 @@ impl Bed {
                 .push((host.name().to_owned(), (*iface).to_owned()));
             host.sh_ok(&format!(
                 "sysctl -q -w net.ipv6.conf.{iface}.addr_gen_mode=0; ip link set {iface} up"
+            ));
+        }
+        // Plugged in is not answering yet: each end's address leaves duplicate detection
+        // first (a condition, polled inside the container, with a 10 s deadline).
+        for (host, iface) in ends {
+            host.sh_ok(&format!(
+                "for _ in $(seq 100); do
+                   ip -6 -o addr show dev {iface} scope link -tentative | grep -q fe80 && exit 0
+                   sleep 0.1
+                 done
+                 echo '{iface} has no link-local address after 10 s' >&2; exit 1"
             ));
         }
     }
@@ -144,9 +166,9 @@ impl Bed {
     pub fn probe(&self, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value, String) {
         let began = Instant::now();
         let vars: String = env.iter().map(|(k, v)| format!("{k}='{v}' ")).collect();
-        let out = self.node0.sh(&format!(
-            "{vars}/usr/local/bin/byo-agent probe-cables"
-        ));
+        let out = self
+            .node0
+            .sh(&format!("{vars}/usr/local/bin/byo-agent probe-cables"));
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         eprintln!(

@@ -1,6 +1,6 @@
+pub mod cabled;
 pub mod host_container;
 /// Network namespaces, veths, WireGuard keys: the relay's test support, shared.
 #[path = "../../../byo-relay/tests/support/mod.rs"]
 pub mod kernel;
 pub mod prepared;
-pub mod cabled;
