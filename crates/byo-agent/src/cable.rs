@@ -100,33 +100,31 @@ impl CableProbe {
         if let Some(addr) = &self.peer_addr {
             logins.named(addr)?;
         }
-        let mut obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
+        let silent = |d: &Decision| {
+            matches!(
+                d,
+                Decision::Retry {
+                    retry: probe::Retry::Silent { .. },
+                    ..
+                }
+            )
+        };
+        let obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
         let mut decision = probe::decide(&obs, &self.rail_indexes(), self.kept().as_ref());
         // The management LAN only wakes a cabled machine with carrier and no link-local;
-        // then the cables are walked again. ENVERGE_PEER_ADDR skips it.
-        if self.peer_addr.is_none()
-            && let Decision::Retry {
-                retry: probe::Retry::Silent { .. },
-                ..
-            } = &decision
-        {
-            let woken = logins.wake_over_lan(node0)?;
-            // A woken rail's address is tentative for a moment (duplicate detection): look
-            // again until the cable answers or the moment has passed.
-            let deadline = Instant::now() + self.settle;
-            while woken > 0 && Instant::now() < deadline {
-                obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
-                decision = probe::decide(&obs, &self.rail_indexes(), self.kept().as_ref());
-                if !matches!(
-                    decision,
-                    Decision::Retry {
-                        retry: probe::Retry::Silent { .. },
-                        ..
-                    }
-                ) {
-                    break;
-                }
-            }
+        // then the cables are walked again. ENVERGE_PEER_ADDR skips it (its login has already
+        // pinned the named machine's rails).
+        let woken = match (&self.peer_addr, silent(&decision)) {
+            (None, true) => logins.wake_over_lan(node0)?,
+            (Some(_), true) => 1,
+            (_, false) => 0,
+        };
+        // A woken rail's address is tentative for a moment (duplicate detection): look
+        // again until the cable answers or the moment has passed.
+        let deadline = Instant::now() + self.settle;
+        while woken > 0 && silent(&decision) && Instant::now() < deadline {
+            let obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
+            decision = probe::decide(&obs, &self.rail_indexes(), self.kept().as_ref());
         }
         if let Decision::Enroll(found) = &decision {
             self.record(&found.peer_file)?;

@@ -314,6 +314,18 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     );
     lap_done("LAN fallback wakes node1");
 
+    // --- ENVERGE_PEER_ADDR names node1 outright: no LAN scan, and its login pins its rails.
+    n1.sh_ok(
+        "sysctl -q -w net.ipv6.conf.rail0.addr_gen_mode=1; ip link set rail0 down; ip link set rail0 up",
+    );
+    let named = n1.ipv4().to_string();
+    let (code, j, said) = bed.probe(&[("ENVERGE_PEER_ADDR", named.as_str())]);
+    assert_eq!(code, Some(0), "{said}");
+    assert!(!said.contains("over the management LAN"), "{said}");
+    assert_eq!(kind(&j, "rail0"), "link");
+    assert_eq!(j["peers"][0]["hardware_id"], node1_hw.as_str());
+    lap_done("ENVERGE_PEER_ADDR");
+
     bed.uncable();
     eprintln!(
         "k1_125 on the cable bed: {:.1} s in all",

@@ -390,15 +390,18 @@ fn number(
             node_of.insert(hw.clone(), p.index);
         }
     }
-    let mut next_node = 1;
+    // Bounded on purpose: there are never more indexes to hand out than machines.
+    let taken: Vec<u32> = node_of.values().copied().collect();
+    let mut free_nodes = (1..=machines.len() as u32 + taken.len() as u32)
+        .filter(|i| !taken.contains(i))
+        .collect::<Vec<_>>()
+        .into_iter();
     for hw in machines.keys() {
-        if node_of.contains_key(hw) {
-            continue;
+        if !node_of.contains_key(hw)
+            && let Some(i) = free_nodes.next()
+        {
+            node_of.insert(hw.clone(), i);
         }
-        while node_of.values().any(|i| *i == next_node) {
-            next_node += 1;
-        }
-        node_of.insert(hw.clone(), next_node);
     }
     // Rail indexes: a kept link on the same local port to the same machine keeps its index;
     // the rest take the plan's free indexes in order, ports in name order. A link past the

@@ -567,3 +567,19 @@ fn the_verdicts_read_as_words() {
         assert!(r.to_string().contains(w), "{r}");
     }
 }
+
+#[test]
+fn k1_125_one_machine_answering_inconsistently_is_nothing_to_number_by() {
+    // Two logins on one port land on the same GPUs, but the second shows none of the
+    // addresses seen on this port: not a cable node0 can number.
+    let first = machine("node1", &[("enp1s0f0np0", &["fe80::10", "fe80::11"])]);
+    let second = machine("node1", &[("enp1s0f0np0", &["fe80::99"])]);
+    let obs = node0(
+        vec![port(P0, &["fe80::10", "fe80::11"])],
+        vec![
+            ("fe80::10", P0, Login::Machine(Box::new(first))),
+            ("fe80::11", P0, Login::Machine(Box::new(second))),
+        ],
+    );
+    assert_eq!(judge_port(&obs, &obs.ports[0]), PortVerdict::Unreachable);
+}
