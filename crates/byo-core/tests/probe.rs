@@ -583,3 +583,66 @@ fn k1_125_one_machine_answering_inconsistently_is_nothing_to_number_by() {
     );
     assert_eq!(judge_port(&obs, &obs.ports[0]), PortVerdict::Unreachable);
 }
+
+#[test]
+fn k1_125_a_new_link_beside_a_kept_one_takes_the_rail_left_free() {
+    let obs = node0(
+        vec![port(P0, &["fe80::10"]), port(P1, &["fe80::12"])],
+        vec![
+            ("fe80::10", P0, Login::Machine(Box::new(node1()))),
+            ("fe80::12", P1, Login::Machine(Box::new(node1()))),
+        ],
+    );
+    // An earlier run saw only the cable on P0, and numbered it rail 0; by name order P1
+    // would have taken rail 0 now.
+    let kept = PeerFile {
+        peers: vec![byo_wire::peers::Peer {
+            index: 1,
+            addr: None,
+            mgmt_addr: None,
+            host_key: node1().host_key,
+            links: vec![byo_wire::peers::Link {
+                index: 0,
+                local: Some(P0.into()),
+                remote: "enp1s0f0np0".into(),
+                neighbour_addr: None,
+            }],
+        }],
+    };
+    let f = found(decide(&obs, &[0, 1], Some(&kept)));
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P0), idx(P1)), (Some(0), Some(1)));
+    // Each port keeps its own facts.
+    let dev = |i: &str| {
+        f.rails
+            .iter()
+            .find(|r| r.iface == i)
+            .unwrap()
+            .device
+            .clone()
+    };
+    assert_eq!(dev(P0), Some(format!("roce-{P0}")));
+    assert_eq!(dev(P1), Some(format!("roce-{P1}")));
+}
+
+#[test]
+fn k1_125_a_remote_port_detect_did_not_list_is_still_recorded_on_the_peer() {
+    // node1's detect named no RDMA port, but it holds the address on eth5: the cable is
+    // recorded on that port all the same.
+    let mut bare = machine("node1", &[("eth5", &["fe80::10"])]);
+    bare.report.rails.clear();
+    let obs = node0(
+        vec![port(P0, &["fe80::10"])],
+        vec![("fe80::10", P0, Login::Machine(Box::new(bare)))],
+    );
+    let f = found(decide(&obs, &[0, 1], None));
+    assert_eq!(
+        f.peers[0].rails,
+        vec![RailPort {
+            iface: "eth5".into(),
+            neighbours_discovered: 1,
+            index: Some(0),
+            ..RailPort::default()
+        }]
+    );
+}
