@@ -630,7 +630,10 @@ fn k1_125_a_remote_port_detect_did_not_list_is_still_recorded_on_the_peer() {
     // node1's detect named no RDMA port, but it holds the address on eth5: the cable is
     // recorded on that port all the same.
     let mut bare = machine("node1", &[("eth5", &["fe80::10"])]);
-    bare.report.rails.clear();
+    bare.report.rails = vec![RailPort {
+        iface: "eth9".into(),
+        ..RailPort::default()
+    }];
     let obs = node0(
         vec![port(P0, &["fe80::10"])],
         vec![("fe80::10", P0, Login::Machine(Box::new(bare)))],
@@ -638,11 +641,17 @@ fn k1_125_a_remote_port_detect_did_not_list_is_still_recorded_on_the_peer() {
     let f = found(decide(&obs, &[0, 1], None));
     assert_eq!(
         f.peers[0].rails,
-        vec![RailPort {
-            iface: "eth5".into(),
-            neighbours_discovered: 1,
-            index: Some(0),
-            ..RailPort::default()
-        }]
+        vec![
+            RailPort {
+                iface: "eth9".into(),
+                ..RailPort::default()
+            },
+            RailPort {
+                iface: "eth5".into(),
+                neighbours_discovered: 1,
+                index: Some(0),
+                ..RailPort::default()
+            }
+        ]
     );
 }
