@@ -125,7 +125,8 @@ fn the_rails_come_from_the_rdma_devices_or_the_simulated_list() {
         ]),
     };
     let rails = detect(&spark).rails;
-    let seen: Vec<(&str, Option<&str>, Option<u32>, Option<u32>)> = rails
+    type Seen<'a> = (&'a str, Option<&'a str>, Option<u32>, Option<u32>);
+    let seen: Vec<Seen> = rails
         .iter()
         .map(|r| (r.iface.as_str(), r.device.as_deref(), r.mtu, r.active_mtu))
         .collect();
