@@ -48,6 +48,15 @@ fn nvidia_smi(uuid: &str) -> String {
 impl Bed {
     /// Three machines: node0 (with the agent binary), node1, and `extra` on the LAN only.
     pub fn launch(prefix: &str) -> Option<Bed> {
+        // The cables are bridges on this machine: root's to make.
+        let uid = Command::new("id").arg("-u").output().expect("run id");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            byo_core::testing::skip(
+                "cable bed",
+                "the cables are Linux bridges on this machine: run as root (scripts/test does)",
+            );
+            return None;
+        }
         let began = Instant::now();
         let node0 = HostContainer::launch(&format!("{prefix}-n0"))?;
         let node1 = HostContainer::launch(&format!("{prefix}-n1"))?;
