@@ -2,7 +2,7 @@
 //! probe, so the parsing is pure and tested against real command output, and the same
 //! code reads node1 over SSH later.
 
-use byo_wire::enroll::NodeReport;
+use byo_wire::enroll::{NodeReport, RailPort};
 use sha2::{Digest, Sha256};
 
 /// Where facts come from: a command's output, or a file. `None` when the command or file
@@ -103,8 +103,72 @@ fn meminfo_mib(text: &str) -> Option<u64> {
     Some(kb / 1024)
 }
 
-/// node0's report. RDMA ports (the rails) arrive with the pair work; a single Spark and
-/// the test profile judge none.
+/// The simulated GB10 part: a Debian test container has no ConnectX-7, so the test bed lists
+/// which of its interfaces stand for RDMA ports here, one `iface [device]` per line. Read
+/// only where `/sys/class/infiniband` names none (a real Spark always names its own).
+pub const SIMULATED_RDMA_PORTS: &str = "/etc/enverge-sim/rdma-ports";
+
+/// Every RDMA netdev the kernel knows: `<device>/device/net/<iface>` per line.
+const LIST_RDMA: &str = "for n in /sys/class/infiniband/*/device/net/*; do [ -e \"$n\" ] && echo \"${n#/sys/class/infiniband/}\"; done; true";
+
+/// The machine's RDMA ports (the rails), as (iface, device): from /sys/class/infiniband,
+/// else the simulated list.
+pub fn rdma_ports(probe: &dyn Probe) -> Vec<(String, Option<String>)> {
+    let mut ports: Vec<(String, Option<String>)> = probe
+        .run("sh", &["-c", LIST_RDMA])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let (device, rest) = l.trim().split_once("/device/net/")?;
+            Some((rest.to_owned(), Some(device.to_owned())))
+        })
+        .collect();
+    if ports.is_empty() {
+        ports = probe
+            .read(SIMULATED_RDMA_PORTS)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| {
+                let mut w = l.split_whitespace();
+                let iface = w.next().filter(|i| !i.starts_with('#'))?;
+                Some((iface.to_owned(), w.next().map(str::to_owned)))
+            })
+            .collect();
+    }
+    ports.sort();
+    ports.dedup();
+    ports
+}
+
+/// `4096 (5)` from `/sys/class/infiniband/<dev>/ports/1/active_mtu`.
+fn first_number(text: &str) -> Option<u32> {
+    text.split_whitespace().next()?.parse().ok()
+}
+
+/// Each rail port as detect sees it: no neighbours and no rail until the cable probe (125)
+/// says otherwise.
+pub fn rails(probe: &dyn Probe) -> Vec<RailPort> {
+    rdma_ports(probe)
+        .into_iter()
+        .map(|(iface, device)| RailPort {
+            mtu: probe
+                .read(&format!("/sys/class/net/{iface}/mtu"))
+                .and_then(|t| first_number(&t)),
+            active_mtu: device.as_ref().and_then(|d| {
+                probe
+                    .read(&format!("/sys/class/infiniband/{d}/ports/1/active_mtu"))
+                    .and_then(|t| first_number(&t))
+            }),
+            iface,
+            device,
+            neighbours_discovered: 0,
+            index: None,
+        })
+        .collect()
+}
+
+/// A machine's report: node0's own through [`LocalProbe`], a satellite's through a probe
+/// over SSH. Its rails carry no neighbours until the cable probe fills them in.
 pub fn detect(probe: &dyn Probe) -> NodeReport {
     let gpus = probe
         .run("nvidia-smi", NVIDIA_SMI_ARGS)
@@ -136,6 +200,23 @@ pub fn detect(probe: &dyn Probe) -> NodeReport {
         machine_id,
         hardware_id: hardware_id(&gpus.iter().map(|g| g.uuid.clone()).collect::<Vec<_>>()),
         node_index: 0,
-        rails: Vec::new(),
+        rails: rails(probe),
+    }
+}
+
+/// A machine behind the host adapter (node1 over SSH) as a probe.
+pub struct HostProbe<'a, H: crate::host::Host + ?Sized>(pub std::cell::RefCell<&'a mut H>);
+
+impl<H: crate::host::Host + ?Sized> Probe for HostProbe<'_, H> {
+    fn run(&self, program: &str, args: &[&str]) -> Option<String> {
+        let mut argv = vec![program];
+        argv.extend_from_slice(args);
+        let out = self.0.borrow_mut().run(&argv, None).ok()?;
+        out.ok().then_some(out.stdout)
+    }
+    fn read(&self, path: &str) -> Option<String> {
+        crate::host::read_string(&mut **self.0.borrow_mut(), path)
+            .ok()
+            .flatten()
     }
 }

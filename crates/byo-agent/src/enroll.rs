@@ -75,6 +75,10 @@ pub enum EnrollError {
     Rejected(String),
     #[error("{0}")]
     Unreachable(Unreached),
+    /// Step 125 found no pair to enrol for as long as the token lives (node1's login
+    /// refused, node1 silent, a self-pair): nothing was sent, the token is unspent.
+    #[error("the other machines of this host were not found: {0}")]
+    NoPeer(String),
     #[error("the server answered something unexpected: {0}")]
     Protocol(String),
     #[error("{context}: {source}")]
@@ -136,6 +140,7 @@ impl EnrollError {
             EnrollError::InvalidToken(TokenRefusal::Malformed) => 4,
             EnrollError::Rejected(_) => 5,
             EnrollError::Unreachable(_) => 6,
+            EnrollError::NoPeer(_) => 9,
             EnrollError::Protocol(_) | EnrollError::Io { .. } => 1,
         }
     }
@@ -171,6 +176,10 @@ pub struct Enroller {
     pub retry_every: Duration,
     /// How long to keep trying an unreachable backend: the token's lifetime.
     pub give_up_after: Duration,
+    /// How often step 125 looks again while node1 cannot be reached or logged into.
+    pub probe_every: Duration,
+    /// How long it keeps looking: the token's lifetime (the token stays unspent).
+    pub probe_for: Duration,
 }
 
 /// What the backend said in an error body.
@@ -188,6 +197,8 @@ impl Enroller {
             paths,
             retry_every: Duration::from_secs(60),
             give_up_after: Duration::from_secs(3600),
+            probe_every: Duration::from_secs(60),
+            probe_for: Duration::from_secs(3600),
         }
     }
 
@@ -397,6 +408,16 @@ pub fn read_token(arg: Option<&str>, file: Option<&Path>) -> std::io::Result<Str
     Ok(s.trim().to_owned())
 }
 
+/// How long `enroll` keeps at it: the backend every `retry_every` for `give_up_after`, the
+/// cable probe (a pair) every `probe_every` for `probe_for`.
+#[derive(Clone, Copy, Debug)]
+pub struct Patience {
+    pub retry_every: Duration,
+    pub give_up_after: Duration,
+    pub probe_every: Duration,
+    pub probe_for: Duration,
+}
+
 /// `byo-agent enroll`: enrol this machine once; a machine that already enrolled reuses its
 /// credentials (and needs no token). The token comes from `token`, `token_file`, or
 /// standard input. An unreachable server is tried every `retry_every` for `give_up_after`
@@ -407,13 +428,14 @@ pub fn run(
     token: Option<String>,
     token_file: Option<PathBuf>,
     root: PathBuf,
-    retry_every: Duration,
-    give_up_after: Duration,
+    patience: Patience,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     let enroller = Enroller {
-        retry_every,
-        give_up_after,
+        retry_every: patience.retry_every,
+        give_up_after: patience.give_up_after,
+        probe_every: patience.probe_every,
+        probe_for: patience.probe_for,
         ..Enroller::new(server, EnrollPaths { root })
     };
     let token = if enroller.kept()?.is_some() {
@@ -432,16 +454,81 @@ pub fn run(
 }
 
 /// Detect this machine (step 126) and redeem `token`, retrying while the backend is away.
+/// On a pair or a ring (`install.sh --peer --nodes=N` wrote peer-nodes, and step 123 left
+/// node1's login or ENVERGE_PEER_ADDR names it) step 125 runs first, again every
+/// `probe_every` while it finds no pair to enrol, for `probe_for`: the rails and peers it
+/// found are the evidence, and peer.json holds their numbering before anything is sent.
 pub fn enroll_this_machine(
     enroller: &Enroller,
     token: &str,
 ) -> anyhow::Result<Result<EnrollOutcome, EnrollError>> {
-    let report = EnrollRequest {
+    let mut report = EnrollRequest {
         node: crate::detect::detect(&crate::detect::LocalProbe),
         peers: Vec::new(),
     };
+    let cable = crate::cable::CableProbe {
+        root: enroller.paths.root.clone(),
+        ..crate::cable::CableProbe::system()
+    };
+    let pair = cable.nodes() > 1 && (cable.login_file().exists() || cable.peer_addr.is_some());
+    if pair && enroller.kept()?.is_none() {
+        // A token that cannot redeem is refused before minutes of probing.
+        if SecretToken::parse(TokenKind::Enrollment, token.trim()).is_err() {
+            return Ok(Err(EnrollError::InvalidToken(TokenRefusal::Malformed)));
+        }
+        match probe_until(enroller, &cable, &report.node) {
+            Ok(found) => {
+                report.node.rails = found.rails;
+                report.peers = found.peers;
+            }
+            Err(e) => return Ok(Err(e)),
+        }
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
     Ok(rt.block_on(enroller.enroll(token, &report)))
+}
+
+/// Step 125 until it finds a pair to enrol, or the token's lifetime is over.
+fn probe_until(
+    enroller: &Enroller,
+    cable: &crate::cable::CableProbe,
+    me: &byo_wire::enroll::NodeReport,
+) -> Result<byo_core::probe::Found, EnrollError> {
+    use byo_core::probe::Decision;
+    let started = Instant::now();
+    loop {
+        let why = match cable.run_once(&mut crate::host::LocalHost::default()) {
+            Ok(Decision::Enroll(found)) => {
+                for (iface, v) in &found.verdicts {
+                    println!("byo-agent: {iface}: {v}");
+                }
+                // The same comparison redeem makes: a self-pair costs a retry, not the token.
+                if byo_core::probe::self_pair(me, &found.peers) {
+                    "a peer is this machine itself (the same GPUs)".to_owned()
+                } else {
+                    return Ok(found);
+                }
+            }
+            Ok(Decision::Retry { retry, verdicts }) => {
+                for (iface, v) in &verdicts {
+                    println!("byo-agent: {iface}: {v}");
+                }
+                retry.to_string()
+            }
+            Err(e) => e,
+        };
+        if started.elapsed() + enroller.probe_every > enroller.probe_for {
+            return Err(EnrollError::NoPeer(format!(
+                "{why} (looked for {} s; nothing was sent and the token is unspent)",
+                started.elapsed().as_secs()
+            )));
+        }
+        eprintln!(
+            "byo-agent: not enrolling yet: {why}; looking again in {} s",
+            enroller.probe_every.as_secs()
+        );
+        std::thread::sleep(enroller.probe_every);
+    }
 }

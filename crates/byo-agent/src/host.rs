@@ -426,6 +426,12 @@ pub struct SshHost {
     /// A login lent by the owner (peer-login: user, then password): ssh asks the agent
     /// itself for it (SSH_ASKPASS), and sudo reads it first on standard input.
     pub password_file: Option<PathBuf>,
+    /// The name the pinned host key is filed under in `known_hosts`, when the address is not
+    /// a stable name (a link-local address scoped to one of node0's ports, at step 125).
+    pub host_key_alias: Option<String>,
+    /// One SSH connection shared by every command (ControlMaster), for the cable probe's
+    /// many short reads of one machine; it closes itself 10 s after the last.
+    pub control_path: Option<PathBuf>,
 }
 
 /// Set in the environment of ssh when a lent login is used: the agent, started by ssh as
@@ -445,24 +451,54 @@ impl SshHost {
         let key = self.key.to_string_lossy().into_owned();
         let known = format!("UserKnownHostsFile={}", self.known_hosts.to_string_lossy());
         let target = format!("{}@{}", self.user, self.addr);
-        let argv = [
+        let alias = self
+            .host_key_alias
+            .as_ref()
+            .map(|a| format!("HostKeyAlias={a}"));
+        let mut argv = vec![
             "ssh",
             "-p",
             &port,
             "-i",
             &key,
             "-o",
-            "BatchMode=yes",
-            "-o",
             "StrictHostKeyChecking=yes",
             "-o",
             &known,
             "-o",
             "ConnectTimeout=10",
-            &target,
-            "--",
-            remote,
         ];
+        if self.password_file.is_some() {
+            // BatchMode would forbid the password ssh asks SSH_ASKPASS for.
+            argv.extend([
+                "-o",
+                "BatchMode=no",
+                "-o",
+                "NumberOfPasswordPrompts=1",
+                "-o",
+                "PreferredAuthentications=publickey,password,keyboard-interactive",
+            ]);
+        } else {
+            argv.extend(["-o", "BatchMode=yes"]);
+        }
+        if let Some(a) = &alias {
+            argv.extend(["-o", a.as_str()]);
+        }
+        let control = self
+            .control_path
+            .as_ref()
+            .map(|p| format!("ControlPath={}", p.to_string_lossy()));
+        if let Some(c) = &control {
+            argv.extend([
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                c.as_str(),
+                "-o",
+                "ControlPersist=10",
+            ]);
+        }
+        argv.extend([target.as_str(), "--", remote]);
         let out = match &self.password_file {
             None => local.run(&argv, stdin)?,
             Some(file) => {

@@ -7,6 +7,7 @@
 //! dependencies (no database driver, no password hashing, no templates); `crates/byo/tests/architecture.rs`
 //! enforces it. Enrolment, preparation and the serving API arrive with their issues.
 
+pub mod cable;
 pub mod detect;
 pub mod enroll;
 pub mod heartbeat;

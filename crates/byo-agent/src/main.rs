@@ -45,10 +45,13 @@ enum Command {
     },
     /// Enrol this machine (step 126): detect it, redeem the token, keep the credentials
     /// root-only under /etc/enverge. A machine that already enrolled reuses them. The token
-    /// comes from --token, --token-file, or standard input. Exit status: 0 enrolled (or
-    /// already), 3 the server refused the token (unknown, spent or expired), 4 the token is
-    /// malformed (refused here, nothing sent), 5 the server turned this machine away, 6 the
-    /// server could not be reached, 1 anything else.
+    /// comes from --token, --token-file, or standard input. On a pair or ring (install.sh
+    /// --peer --nodes=N wrote /etc/enverge/peer-nodes) the cable probe (step 125, see
+    /// probe-cables) runs first and its rails and peers are the evidence sent. Exit status:
+    /// 0 enrolled (or already), 3 the server refused the token (unknown, spent or expired),
+    /// 4 the token is malformed (refused here, nothing sent), 5 the server turned this
+    /// machine away, 6 the server could not be reached, 9 the other machines were not
+    /// found while the token lived (nothing sent), 1 anything else.
     Enroll {
         /// The control plane, e.g. https://app.enverge.ai.
         #[arg(long, env = "BYO_SERVER")]
@@ -66,6 +69,26 @@ enum Command {
         /// Seconds to keep trying an unreachable server (the default: the token's lifetime).
         #[arg(long, default_value_t = 3600)]
         give_up_after: u64,
+        /// On a pair or ring: seconds between cable probes (step 125) while node1 cannot be
+        /// reached or its login is refused. Nothing is sent meanwhile; the token stays unspent.
+        #[arg(long, default_value_t = 60)]
+        probe_every: u64,
+        /// On a pair or ring: seconds to keep probing (the default: the token's lifetime).
+        /// Exit status 9 when no pair was found by then.
+        #[arg(long, default_value_t = 3600)]
+        probe_for: u64,
+    },
+    /// Step 125 once, as enrolment runs it on a pair or ring (as root, on node0): each rail
+    /// port brought up with link-local eui64 pinned (the one pre-enrol write, on node0 and,
+    /// after a login, on the machine behind the cable), the all-nodes multicast on each, a
+    /// login at each address that answered (the peer user's keys, then the password in
+    /// /etc/enverge/peer-login), and what each port is: a cable to one machine, a LAN, a
+    /// login failure, a loop back to this machine, silence. When a pair would enrol, the
+    /// numbered links are recorded in /etc/enverge/peer.json. Prints JSON; sends nothing
+    /// to the backend. Exit status 0 when the pair would enrol, 9 when enrolment would wait.
+    ProbeCables {
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
     },
     /// What enverge-agent-prepare runs, as root: enrol with the token the installer left
     /// (once), then prepare the host. A completed preparation is recorded, and later starts
@@ -225,14 +248,21 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             root,
             retry_every,
             give_up_after,
+            probe_every,
+            probe_for,
         } => enroll::run(
             &server,
             token,
             token_file,
             root,
-            Duration::from_secs(retry_every),
-            Duration::from_secs(give_up_after),
+            enroll::Patience {
+                retry_every: Duration::from_secs(retry_every),
+                give_up_after: Duration::from_secs(give_up_after),
+                probe_every: Duration::from_secs(probe_every),
+                probe_for: Duration::from_secs(probe_for),
+            },
         ),
+        Command::ProbeCables { root } => byo_agent::cable::probe_command(&root),
         Command::Prepare {
             root,
             dry_run: _,
@@ -267,7 +297,10 @@ fn main() -> ExitCode {
         };
     }
     let cli = Cli::parse();
-    let enrolling = matches!(cli.command, Command::Enroll { .. });
+    let enrolling = matches!(
+        cli.command,
+        Command::Enroll { .. } | Command::ProbeCables { .. }
+    );
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

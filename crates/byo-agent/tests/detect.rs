@@ -103,3 +103,63 @@ fn a_machine_without_nvidia_reports_no_gpu_and_no_hardware_id() {
         (Some("debian".into()), Some("12".into()))
     );
 }
+
+/// K1: the rails appear in every machine's report — a Spark's from /sys/class/infiniband
+/// (device and netdev, the netdev's MTU, the RDMA device's active MTU), a test container's
+/// from the simulated list — with no neighbours and no rail until the cable probe.
+#[test]
+fn the_rails_come_from_the_rdma_devices_or_the_simulated_list() {
+    let spark = Fixture {
+        commands: HashMap::from([(
+            "sh",
+            "roceP2p1s0f0/device/net/enP2p1s0f0np0\nrocep1s0f0/device/net/enp1s0f0np0\n".into(),
+        )]),
+        files: HashMap::from([
+            ("/sys/class/net/enp1s0f0np0/mtu", "9000\n".into()),
+            (
+                "/sys/class/infiniband/rocep1s0f0/ports/1/active_mtu",
+                "4096 (5)\n".into(),
+            ),
+            // Never read while the kernel names RDMA ports.
+            (byo_agent::detect::SIMULATED_RDMA_PORTS, "rail0\n".into()),
+        ]),
+    };
+    let rails = detect(&spark).rails;
+    type Seen<'a> = (&'a str, Option<&'a str>, Option<u32>, Option<u32>);
+    let seen: Vec<Seen> = rails
+        .iter()
+        .map(|r| (r.iface.as_str(), r.device.as_deref(), r.mtu, r.active_mtu))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("enP2p1s0f0np0", Some("roceP2p1s0f0"), None, None),
+            ("enp1s0f0np0", Some("rocep1s0f0"), Some(9000), Some(4096)),
+        ]
+    );
+    assert!(
+        rails
+            .iter()
+            .all(|r| r.neighbours_discovered == 0 && r.index.is_none())
+    );
+
+    let container = Fixture {
+        commands: HashMap::from([("sh", String::new())]),
+        files: HashMap::from([(
+            byo_agent::detect::SIMULATED_RDMA_PORTS,
+            "# the bed's ports\nrail1\nrail0 sim-dev0\nrail0 sim-dev0\n".into(),
+        )]),
+    };
+    let seen: Vec<(String, Option<String>)> = detect(&container)
+        .rails
+        .into_iter()
+        .map(|r| (r.iface, r.device))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("rail0".to_owned(), Some("sim-dev0".to_owned())),
+            ("rail1".to_owned(), None)
+        ]
+    );
+}

@@ -6,6 +6,7 @@ pub mod keylist;
 pub mod keylist_testing;
 pub mod logins;
 pub mod prepare;
+pub mod probe;
 pub mod redeem;
 pub mod release;
 pub mod render;

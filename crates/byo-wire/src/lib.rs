@@ -8,6 +8,7 @@ pub mod billing;
 pub mod enroll;
 pub mod lifecycle;
 pub mod limits;
+pub mod peers;
 pub mod prebooking;
 pub mod prepare;
 pub mod profile;

@@ -208,6 +208,43 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
         &[&format!("install.sh: no agent build for {arch}")],
     );
 
+    // Step 123's refusals (docs/pairs.md): a pair's one-liner with no terminal to ask node1's
+    // login on and no file, a login file others can read, a node count that is no count.
+    let pair = |extra: &str| {
+        format!("curl -fsSL {server}/install.sh | bash -s -- --token '{good}' --peer {extra}")
+    };
+    let ran = onboard::on_terminal(&host, &pair("--nodes=2"), None);
+    refused(
+        &host,
+        "a pair with no terminal and no login file",
+        &ran,
+        2,
+        &["install.sh: no terminal to ask node1's login on: pass --peer-login-file FILE"],
+    );
+    host.sh_ok("printf 'owner\\nsecret\\n' > /root/node1-login && chmod 644 /root/node1-login");
+    let ran = onboard::on_terminal(
+        &host,
+        &pair("--nodes=2 --peer-login-file /root/node1-login"),
+        None,
+    );
+    refused(
+        &host,
+        "a login file others can read",
+        &ran,
+        2,
+        &["--peer-login-file must be a file owned by root and readable by root alone"],
+    );
+    assert!(!ran.terminal.contains("secret"), "{}", ran.terminal);
+    host.sh_ok("rm /root/node1-login");
+    let ran = onboard::on_terminal(&host, &pair("--nodes=one"), None);
+    refused(
+        &host,
+        "a node count that is no count",
+        &ran,
+        2,
+        &["install.sh: --nodes must be the host's number of machines (2 or more), not 'one'"],
+    );
+
     // After every refusal, the good token still enrols.
     let ran = one_liner(&host, &server, &good, None);
     assert_eq!(ran.code, Some(0), "{}", ran.terminal);

@@ -7,7 +7,6 @@
 use std::rc::Rc;
 
 use byo_core::prepare::Progress;
-use serde::{Deserialize, Serialize};
 
 use super::Plan;
 use crate::host::{Fallible, Host, read_string};
@@ -22,48 +21,8 @@ pub fn satellite_steps() -> impl Iterator<Item = &'static str> {
 }
 
 pub const PEER_LOGIN: &str = "/etc/enverge/peer-login";
-pub const PEER_FILE: &str = "/etc/enverge/peer.json";
-
-/// One cable, numbered as a rail of the plan the first time node0 looked (125).
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
-pub struct Link {
-    pub index: u32,
-    /// node0's interface on it, when the cable ends on node0.
-    #[serde(default)]
-    pub local: Option<String>,
-    /// The satellite's interface on it.
-    pub remote: String,
-    #[serde(default)]
-    pub neighbour_addr: Option<String>,
-}
-
-/// A satellite as peer.json pins it.
-#[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
-pub struct Peer {
-    #[serde(alias = "peer_index")]
-    pub index: u32,
-    #[serde(default)]
-    pub addr: Option<String>,
-    #[serde(default)]
-    pub mgmt_addr: Option<String>,
-    pub host_key: String,
-    #[serde(default)]
-    pub links: Vec<Link>,
-}
-
-/// peer.json: `{peers: [...]}`, or the pair-shaped file (flat fields, one peer).
-pub fn parse_peer_file(text: &str) -> Result<Vec<Peer>, String> {
-    #[derive(Deserialize)]
-    struct Ring {
-        peers: Vec<Peer>,
-    }
-    if let Ok(r) = serde_json::from_str::<Ring>(text) {
-        return Ok(r.peers);
-    }
-    serde_json::from_str::<Peer>(text)
-        .map(|p| vec![p])
-        .map_err(|e| format!("{PEER_FILE} does not parse: {e}"))
-}
+/// peer.json's shape is byo-wire's: the pure cable probe (`byo_core::probe`) writes it.
+pub use byo_wire::peers::{Link, PEER_FILE, Peer, parse_peer_file};
 
 /// How node0 reaches its satellites, and where their progress goes.
 pub trait Satellites {
@@ -178,6 +137,8 @@ impl SshSatellites {
             port: 22,
             lxd_socket: self.lxd_socket.clone(),
             password_file: lent.then(|| self.dir.join("peer-login")),
+            host_key_alias: None,
+            control_path: None,
         })
     }
 }

@@ -1,3 +1,4 @@
+pub mod cabled;
 pub mod host_container;
 /// Network namespaces, veths, WireGuard keys: the relay's test support, shared.
 #[path = "../../../byo-relay/tests/support/mod.rs"]

@@ -41,15 +41,20 @@ pub fn install_script(server: &str, release_key: Option<&str>) -> String {
     format!(
         r#"#!/usr/bin/env bash
 # byo host installer, from {server}.
-#   curl -fsSL {server}/install.sh | sudo bash -s -- --token TOKEN [--peer --nodes=N]
+#   curl -fsSL {server}/install.sh | sudo bash -s -- --token TOKEN [--peer --nodes=N [--peer-login-file FILE]]
 #   curl -fsSL {server}/install.sh | sudo bash -s -- --uninstall [--keep-lxd]
 # The token can also come from a file: --token-file PATH. --uninstall hands the machine
 # back: the owner's login restored and proved first, then everything of byo's removed
 # (byo-agent uninstall --help says what, in which order, and what stays).
+# --peer --nodes=N (a pair or ring): node1's login is asked on this terminal, or read from
+# FILE (user on the first line, password on the second; root-only, or it is refused). It is
+# kept root-only on this machine, used to find and prepare node1, then deleted; it is never
+# sent to {server}.
 # A refusal prints its reason, installs nothing and exits with: 1 not root (or another
 # failure), 2 usage, 3 the server refused the token (unknown, spent or expired), 4 the token
 # is malformed, 5 the server turned this machine away, 6 the server could not be reached,
-# 7 no agent build for this architecture, 8 the build is not signed by the release key.
+# 7 no agent build for this architecture, 8 the build is not signed by the release key,
+# 9 the other machines were not found (node1 silent, its login refused) while the token lived.
 set -euo pipefail
 
 server='{server}'
@@ -60,6 +65,7 @@ token=""
 token_file=""
 peer=0
 nodes=1
+peer_login_file=""
 uninstall=0
 keep_lxd=0
 say() {{ echo "install.sh: $*" >&2; }}
@@ -72,7 +78,9 @@ while [ $# -gt 0 ]; do
     --nodes=*) nodes="${{1#*=}}"; shift ;;
     --uninstall) uninstall=1; shift ;;
     --keep-lxd) keep_lxd=1; shift ;;
-    -h|--help) sed -n '2,11p' "$0" 2>/dev/null || true; exit 0 ;;
+    --peer-login-file) peer_login_file="${{2:-}}"; shift; [ $# -eq 0 ] || shift ;;
+    --peer-login-file=*) peer_login_file="${{1#*=}}"; shift ;;
+    -h|--help) sed -n '2,17p' "$0" 2>/dev/null || true; exit 0 ;;
     *) say "unknown option $1"; exit 2 ;;
   esac
 done
@@ -181,19 +189,47 @@ else
   new_etc=0; [ -d /etc/enverge ] || new_etc=1
   new_lib=0; [ -d /var/lib/enverge-agent ] || new_lib=1
   if [ "$new_etc" -eq 1 ]; then install -d -m 700 /etc/enverge; fi
+  undo() {{
+    if [ "$new_etc" -eq 1 ]; then rm -rf /etc/enverge; else rm -f /etc/enverge/peer-login; fi
+    if [ "$new_lib" -eq 1 ]; then rm -rf /var/lib/enverge-agent; fi
+  }}
+  if [ "$peer" -eq 1 ]; then
+    case "$nodes" in
+      ''|*[!0-9]*|0|1) say "--nodes must be the host's number of machines (2 or more), not '$nodes'"; undo; exit 2 ;;
+    esac
+    # Step 123: node1's login, before enrolment, because the cable probe (125) logs in with it.
+    printf '%s\n' "$nodes" > /etc/enverge/peer-nodes
+    if [ -n "$peer_login_file" ]; then
+      if [ ! -f "$peer_login_file" ] || [ -n "$(find "$peer_login_file" -maxdepth 0 -perm /077)" ] ||
+        [ "$(stat -c %u "$peer_login_file")" -ne 0 ]; then
+        say "--peer-login-file must be a file owned by root and readable by root alone (chmod 600): $peer_login_file; nothing was installed"
+        undo; exit 2
+      fi
+      (umask 077 && head -n 2 "$peer_login_file" > /etc/enverge/peer-login)
+    elif [ ! -s /etc/enverge/peer-login ]; then
+      if ! {{ exec 3<>/dev/tty; }} 2>/dev/null; then
+        say "no terminal to ask node1's login on: pass --peer-login-file FILE (user on the first line, password on the second); nothing was installed"
+        undo; exit 2
+      fi
+      printf "node1's login (it stays on this machine, is deleted once node1 is set up, and is never sent to %s)\nuser: " "$server" >&3
+      read -r peer_user <&3
+      printf 'password for %s on node1: ' "$peer_user" >&3
+      read -rs peer_password <&3
+      printf '\n' >&3
+      exec 3>&-
+      (umask 077 && printf '%s\n%s\n' "$peer_user" "$peer_password" > /etc/enverge/peer-login)
+      unset peer_password
+    fi
+  fi
   enrolled=0
   "$work/byo-agent" enroll --server "$server" --token-file "$work/token" \
     --retry-every 5 --give-up-after 20 </dev/null || enrolled=$?
   if [ "$enrolled" -ne 0 ]; then
-    if [ "$new_etc" -eq 1 ]; then rm -rf /etc/enverge; fi
-    if [ "$new_lib" -eq 1 ]; then rm -rf /var/lib/enverge-agent; fi
+    undo
     say "enrolment failed (byo-agent exit $enrolled); nothing was installed"
     exit "$enrolled"
   fi
   printf '%s\n' "$server" > /etc/enverge/server
-fi
-if [ "$peer" -eq 1 ]; then
-  printf '%s\n' "$nodes" > /etc/enverge/peer-nodes
 fi
 # The owner's login: the one owner-lockout removes, when the host says so.
 if [ -n "${{SUDO_USER:-}}" ] && [ "$SUDO_USER" != root ] && [ ! -f /etc/enverge/owner ]; then

@@ -1,0 +1,247 @@
+//! The cable bed (issue #15): Debian host containers like the single-host tests, joined by
+//! cables. A cable is its own Linux bridge with no addresses, no DHCP and IPv6 off on this
+//! machine's side, so it is a point-to-point link between exactly the containers attached to
+//! it, each end with its kernel's eui64 link-local address (`/work/shared/notes/test-hosts.md`,
+//! "A cable between two hosts"). Every container also sits on `byotestbr0`, the management LAN
+//! they share with other machines — among them `extra`, cabled to nothing, which accepts the
+//! same login: the rack of eleven Sparks.
+//!
+//! The simulated GB10 parts, and only those: which interfaces are RDMA ports
+//! (`byo_agent::detect::SIMULATED_RDMA_PORTS`) and the GPU's identity (an `nvidia-smi` stand-in
+//! printing a GB10 with a UUID of the bed's choosing). Ping, ip, sysctl, sshd, sudo and the
+//! agent binary are the real ones.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use super::host_container::HostContainer;
+
+/// The login every machine of the bed accepts (node1's, and the rack neighbour's too).
+pub const USER: &str = "owner";
+pub const PASSWORD: &str = "cable-bed-Pa55word-7f3e";
+
+/// node0's rail ports and node1's: two QSFPs, each two PCIe functions on one wire (rail0 and
+/// its twin rail0b on one cable).
+pub const NODE0_PORTS: &[&str] = &["rail0", "rail1"];
+pub const NODE1_PORTS: &[&str] = &["rail0", "rail0b", "rail1", "rail1b"];
+
+pub struct Bed {
+    pub node0: HostContainer,
+    pub node1: HostContainer,
+    pub extra: HostContainer,
+    /// `p15<pid>` + a cable number: LXD network names are interface names (15 bytes).
+    tag: String,
+    cables: std::cell::RefCell<Vec<String>>,
+    plugged: std::cell::RefCell<Vec<(String, String)>>,
+}
+
+/// A GB10 `nvidia-smi` as `detect` asks it, with `uuid` as the GPU: the simulated identity.
+fn nvidia_smi(uuid: &str) -> String {
+    format!(
+        "#!/bin/sh\n# The simulated GB10 part of the cable bed: a Debian container has no GPU.\n\
+         echo 'NVIDIA GB10, GPU-{uuid}, [N/A], 580.65.06'\n"
+    )
+}
+
+impl Bed {
+    /// Three machines: node0 (with the agent binary), node1, and `extra` on the LAN only.
+    pub fn launch(prefix: &str) -> Option<Bed> {
+        // The cables are bridges on this machine: root's to make.
+        let uid = Command::new("id").arg("-u").output().expect("run id");
+        if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
+            byo_core::testing::skip(
+                "cable bed",
+                "the cables are Linux bridges on this machine: run as root (scripts/test does)",
+            );
+            return None;
+        }
+        let began = Instant::now();
+        let node0 = HostContainer::launch(&format!("{prefix}-n0"))?;
+        let node1 = HostContainer::launch(&format!("{prefix}-n1"))?;
+        let extra = HostContainer::launch(&format!("{prefix}-x"))?;
+        let id = std::process::id() % 100_000;
+        let bed = Bed {
+            node0,
+            node1,
+            extra,
+            tag: format!("p15{id}"),
+            cables: Default::default(),
+            plugged: Default::default(),
+        };
+        for (host, uuid, ports) in [
+            (
+                &bed.node0,
+                "0000aaaa-0000-4000-8000-000000000000",
+                NODE0_PORTS,
+            ),
+            (
+                &bed.node1,
+                "1111bbbb-1111-4111-8111-111111111111",
+                NODE1_PORTS,
+            ),
+            (&bed.extra, "7777cccc-7777-4777-8777-777777777777", &[][..]),
+        ] {
+            host.sh_ok(&format!(
+                "id {USER} >/dev/null 2>&1 || useradd -m -s /bin/bash -G sudo {USER}
+                 echo '{USER}:{PASSWORD}' | chpasswd"
+            ));
+            host.write(
+                "/usr/local/bin/nvidia-smi",
+                nvidia_smi(uuid).as_bytes(),
+                0o755,
+            );
+            let list: String = ports.iter().map(|p| format!("{p}\n")).collect();
+            host.write(
+                byo_agent::detect::SIMULATED_RDMA_PORTS,
+                list.as_bytes(),
+                0o644,
+            );
+        }
+        bed.node0.push(
+            Path::new(env!("CARGO_BIN_EXE_byo-agent")),
+            "/usr/local/bin/byo-agent",
+            0o755,
+        );
+        eprintln!(
+            "cable bed: three machines ready in {:.1} s",
+            began.elapsed().as_secs_f64()
+        );
+        Some(bed)
+    }
+
+    /// A cable between the given ends (a container and the interface name it gets there).
+    /// Each end comes up as a Spark's port does once NetworkManager holds it: up, eui64.
+    pub fn cable(&self, ends: &[(&HostContainer, &str)]) {
+        let net = format!("{}c{}", self.tag, self.cables.borrow().len());
+        // A plain Linux bridge, not an LXD network: LXD's managed networks refuse a second
+        // NIC of one container (a QSFP's twin function on the same wire).
+        run("ip", &["link", "add", &net, "type", "bridge"]);
+        // This machine's side of the cable stays silent: only the machines on it answer.
+        run(
+            "sysctl",
+            &["-q", "-w", &format!("net.ipv6.conf.{net}.disable_ipv6=1")],
+        );
+        run("ip", &["link", "set", &net, "up"]);
+        self.cables.borrow_mut().push(net.clone());
+        for (host, iface) in ends {
+            lxc(&[
+                "config",
+                "device",
+                "add",
+                host.name(),
+                iface,
+                "nic",
+                "nictype=bridged",
+                &format!("parent={net}"),
+                &format!("name={iface}"),
+            ]);
+            self.plugged
+                .borrow_mut()
+                .push((host.name().to_owned(), (*iface).to_owned()));
+            host.sh_ok(&format!(
+                "sysctl -q -w net.ipv6.conf.{iface}.addr_gen_mode=0; ip link set {iface} up"
+            ));
+        }
+        // Plugged in is not answering yet: each end's address leaves duplicate detection
+        // first (a condition, polled inside the container, with a 10 s deadline).
+        for (host, iface) in ends {
+            host.sh_ok(&format!(
+                "for _ in $(seq 100); do
+                   ip -6 -o addr show dev {iface} scope link -tentative | grep -q fe80 && exit 0
+                   sleep 0.1
+                 done
+                 echo '{iface} has no link-local address after 10 s' >&2; exit 1"
+            ));
+        }
+    }
+
+    /// Every cable unplugged and thrown away, for the next variant.
+    pub fn uncable(&self) {
+        for (host, iface) in self.plugged.borrow_mut().drain(..) {
+            lxc(&["config", "device", "remove", &host, &iface]);
+        }
+        for net in self.cables.borrow_mut().drain(..) {
+            run("ip", &["link", "del", &net]);
+        }
+        for h in [&self.node0, &self.node1] {
+            h.sh("rm -f /etc/enverge/peer.json");
+        }
+    }
+
+    /// `byo-agent probe-cables` on node0, with node1's login in peer-login: its exit status
+    /// and its JSON.
+    pub fn probe(&self, env: &[(&str, &str)]) -> (Option<i32>, serde_json::Value, String) {
+        let began = Instant::now();
+        let vars: String = env.iter().map(|(k, v)| format!("{k}='{v}' ")).collect();
+        let out = self
+            .node0
+            .sh(&format!("{vars}/usr/local/bin/byo-agent probe-cables"));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        eprintln!(
+            "probe-cables exited {:?} in {:.1} s:\n{stdout}{stderr}",
+            out.status.code(),
+            began.elapsed().as_secs_f64()
+        );
+        let json_start = stdout.find("{\n").unwrap_or(0);
+        let json = serde_json::from_str(&stdout[json_start..]).unwrap_or(serde_json::Value::Null);
+        (out.status.code(), json, format!("{stdout}{stderr}"))
+    }
+
+    /// node1's login as step 123 keeps it: root-only on node0.
+    pub fn lend_login(&self, password: &str) {
+        self.node0.sh_ok("install -d -m 700 /etc/enverge");
+        self.node0.write(
+            "/etc/enverge/peer-login",
+            format!("{USER}\n{password}\n").as_bytes(),
+            0o600,
+        );
+        self.node0.write("/etc/enverge/peer-nodes", b"2\n", 0o644);
+    }
+
+    /// node1's link-local address on `iface`.
+    pub fn link_local(host: &HostContainer, iface: &str) -> String {
+        let out = host.sh_ok(&format!(
+            "ip -6 -o addr show dev {iface} scope link | awk '{{print $4}}' | cut -d/ -f1"
+        ));
+        out.trim().to_owned()
+    }
+}
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        // The containers go with their own Drop; the cables are ours.
+        for (host, iface) in self.plugged.borrow_mut().drain(..) {
+            let _ = Command::new("lxc")
+                .args(["config", "device", "remove", &host, &iface])
+                .stdin(Stdio::null())
+                .output();
+        }
+        for net in self.cables.borrow_mut().drain(..) {
+            let _ = Command::new("ip")
+                .args(["link", "del", &net])
+                .stdin(Stdio::null())
+                .output();
+        }
+    }
+}
+
+fn lxc(args: &[&str]) {
+    run("lxc", args)
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run a command");
+    assert!(
+        out.status.success(),
+        "`{program} {}` failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

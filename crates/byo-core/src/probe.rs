@@ -1,0 +1,525 @@
+//! Step 125, the cable probe, as a pure decision (K1 note 3, K2 notes 3–5).
+//!
+//! The agent gathers the facts — which link-local addresses answered the all-nodes multicast on
+//! each of node0's rail ports, node0's own addresses, and what logging in at each address showed
+//! (a machine, or a refusal) — and this module decides, per port: a link to one machine, the
+//! owner's LAN (several machines), a login failure, a cable looped back to node0, a self-pair,
+//! silence. It groups addresses into machines by hardware_id (never by address: a ConnectX-7 QSFP
+//! shows two of node1's addresses on one wire), numbers the links as the plan's rails once
+//! (keeping the numbering an earlier run recorded in peer.json), and produces both what node0
+//! records (peer.json) and the evidence step 126 sends (rails and peers), which redeem judges.
+//!
+//! General over the number of machines: a pair is one satellite, a ring more; the walk beyond
+//! node0's own cables (the ring's diagonal) feeds more machines in through [`Observation::beyond`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use byo_wire::enroll::{NodeReport, RailPort};
+use byo_wire::peers::{Link, Peer, PeerFile};
+
+/// One of node0's rail ports, as the agent saw it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PortSeen {
+    pub iface: String,
+    pub device: Option<String>,
+    pub mtu: Option<u32>,
+    pub active_mtu: Option<u32>,
+    /// The kernel sees a link partner (`/sys/class/net/<iface>/carrier`).
+    pub carrier: bool,
+    /// The link-local addresses (unscoped, `fe80::…`) that answered `ff02::1%<iface>`.
+    pub answered: Vec<String>,
+}
+
+/// A machine as logging in showed it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Machine {
+    /// What detect reads on it (hardware_id inside); its `rails` are its own rail ports.
+    pub report: NodeReport,
+    /// Its SSH host key (`ssh-ed25519 …`), read over the cable: later access is held to it.
+    pub host_key: String,
+    /// Its address on the management network, where preparation reaches it.
+    pub mgmt_addr: Option<String>,
+    /// Its ports and the link-local addresses each holds (`ip -j addr`): which of its ports
+    /// holds each address node0 saw.
+    pub ports: Vec<(String, Vec<String>)>,
+}
+
+impl Machine {
+    fn hardware_id(&self) -> Option<&str> {
+        self.report
+            .hardware_id
+            .as_deref()
+            .filter(|h| !h.trim().is_empty())
+    }
+    fn port_of(&self, addr: &str) -> Option<&str> {
+        self.ports
+            .iter()
+            .find(|(_, addrs)| addrs.iter().any(|a| same_addr(a, addr)))
+            .map(|(iface, _)| iface.as_str())
+    }
+}
+
+/// What logging in at one address gave.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Login {
+    Machine(Box<Machine>),
+    /// Every credential was refused (the peer user's keys, then the lent password).
+    Refused,
+    /// No SSH answer (nothing listening, a timeout).
+    Unreachable(String),
+}
+
+/// Everything the agent gathered, keyed by scoped address (`fe80::…%<node0's iface>`, see
+/// [`scoped`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observation {
+    /// node0's own hardware_id.
+    pub hardware_id: String,
+    pub ports: Vec<PortSeen>,
+    /// node0's own link-local addresses on every interface (unscoped): ignored wherever they
+    /// answer, so a cable looped between node0's two ports finds nothing.
+    pub own: Vec<(String, String)>,
+    pub logins: BTreeMap<String, Login>,
+}
+
+/// `addr%iface`: the address as reached through one of node0's ports.
+pub fn scoped(addr: &str, iface: &str) -> String {
+    format!("{}%{iface}", unscoped(addr))
+}
+
+fn unscoped(addr: &str) -> &str {
+    addr.split('%').next().unwrap_or(addr)
+}
+
+fn same_addr(a: &str, b: &str) -> bool {
+    unscoped(a).eq_ignore_ascii_case(unscoped(b))
+}
+
+/// What one of node0's ports is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortVerdict {
+    /// Every neighbour is one other machine: a cable.
+    Link {
+        hardware_id: String,
+        /// Which of that machine's ports hold the addresses seen here (the crossed cable as a
+        /// recorded fact), in order of preference for addressing.
+        remote: Vec<String>,
+        /// The address node0 reaches it at through this port (scoped).
+        addr: String,
+    },
+    /// Several machines answered: the owner's LAN in a QSFP port, left alone.
+    Lan { machines: u32 },
+    /// Every address that answered refused the login.
+    LoginFailed,
+    /// Addresses answered, but none could be logged into or ruled out.
+    Unreachable,
+    /// Only node0's own addresses on its other ports answered: a cable looped between them.
+    Looped { to: Vec<String> },
+    /// The machine behind it is node0 itself (the same hardware_id).
+    SelfPair,
+    /// Carrier, and nothing answered: a machine with no link-local yet (the LAN fallback's
+    /// case).
+    Silent,
+    /// No carrier: no cable.
+    NoCable,
+}
+
+impl PortVerdict {
+    /// How many machines this port counts (host_nodes.rails' neighbours_discovered).
+    pub fn machines(&self) -> u32 {
+        match self {
+            PortVerdict::Link { .. } => 1,
+            PortVerdict::Lan { machines } => *machines,
+            _ => 0,
+        }
+    }
+}
+
+impl fmt::Display for PortVerdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortVerdict::Link { remote, .. } => {
+                write!(f, "a cable to one machine (its {})", remote.join(", "))
+            }
+            PortVerdict::Lan { machines } => {
+                write!(f, "a LAN ({machines} machines answered), left alone")
+            }
+            PortVerdict::LoginFailed => f.write_str("every address refused the login"),
+            PortVerdict::Unreachable => f.write_str("addresses answered but SSH did not"),
+            PortVerdict::Looped { to } => {
+                write!(f, "looped back to this machine's own {}", to.join(", "))
+            }
+            PortVerdict::SelfPair => f.write_str("the machine behind it is this machine itself"),
+            PortVerdict::Silent => f.write_str("carrier, but nothing answered"),
+            PortVerdict::NoCable => f.write_str("no cable"),
+        }
+    }
+}
+
+/// Why the agent does not enrol yet: it retries every minute while the token lives, so the
+/// token stays unspent.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Retry {
+    /// Ports where every address refused the login (node1's login is wrong).
+    LoginFailed { ports: Vec<String> },
+    /// Ports where addresses answered and SSH did not.
+    Unreachable { ports: Vec<String> },
+    /// A port whose machine is node0 itself: a single Spark presented as a pair.
+    SelfPair { ports: Vec<String> },
+    /// No link, and ports with carrier where nothing answered (node1 without link-local).
+    Silent { ports: Vec<String> },
+}
+
+impl fmt::Display for Retry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Retry::LoginFailed { ports } => write!(
+                f,
+                "the login was refused by every address on {}: check node1's user and password \
+                 (/etc/enverge/peer-login)",
+                ports.join(", ")
+            ),
+            Retry::Unreachable { ports } => write!(
+                f,
+                "machines answered on {} but their SSH did not: is sshd running on node1?",
+                ports.join(", ")
+            ),
+            Retry::SelfPair { ports } => write!(
+                f,
+                "the machine on {} is this machine itself (the same GPUs): a pair is two machines",
+                ports.join(", ")
+            ),
+            Retry::Silent { ports } => write!(
+                f,
+                "{} {} carrier but nothing answered: node1 is not reachable yet",
+                ports.join(", "),
+                if ports.len() == 1 { "has" } else { "have" }
+            ),
+        }
+    }
+}
+
+/// What the probe found, ready to record and to send.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Found {
+    pub verdicts: Vec<(String, PortVerdict)>,
+    /// peer.json as it is to be recorded on the spot.
+    pub peer_file: PeerFile,
+    /// node0's rail ports for step 126, each with the machines that answered and its rail.
+    pub rails: Vec<RailPort>,
+    /// The machines on the cables for step 126, each at its own node_index.
+    pub peers: Vec<NodeReport>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Decision {
+    Enroll(Found),
+    Retry {
+        retry: Retry,
+        verdicts: Vec<(String, PortVerdict)>,
+    },
+}
+
+/// Judge one port.
+pub fn judge_port(obs: &Observation, port: &PortSeen) -> PortVerdict {
+    let own_here: Vec<&(String, String)> = obs
+        .own
+        .iter()
+        .filter(|(_, a)| port.answered.iter().any(|b| same_addr(a, b)))
+        .collect();
+    let others: Vec<&String> = port
+        .answered
+        .iter()
+        .filter(|a| !obs.own.iter().any(|(_, o)| same_addr(o, a)))
+        .collect();
+    if others.is_empty() {
+        let mut to: Vec<String> = own_here
+            .iter()
+            .filter(|(iface, _)| *iface != port.iface)
+            .map(|(iface, _)| iface.clone())
+            .collect();
+        to.sort();
+        to.dedup();
+        return if !to.is_empty() {
+            PortVerdict::Looped { to }
+        } else if port.carrier {
+            PortVerdict::Silent
+        } else {
+            PortVerdict::NoCable
+        };
+    }
+    // Group the addresses into machines: an address belongs to a machine logged into here
+    // when that machine holds it, whichever address the login went through.
+    let known: Vec<&Machine> = others
+        .iter()
+        .filter_map(|a| match obs.logins.get(&scoped(a, &port.iface)) {
+            Some(Login::Machine(m)) => Some(m.as_ref()),
+            _ => None,
+        })
+        .collect();
+    let mut machines: BTreeMap<String, &Machine> = BTreeMap::new();
+    let mut unidentified = 0u32;
+    for m in &known {
+        match m.hardware_id() {
+            Some(hw) => {
+                machines.insert(hw.to_owned(), *m);
+            }
+            None => unidentified += 1,
+        }
+    }
+    let mut refused = 0usize;
+    let mut strangers = 0usize;
+    for a in &others {
+        if known.iter().any(|m| m.port_of(a).is_some()) {
+            continue;
+        }
+        strangers += 1;
+        if obs.logins.get(&scoped(a, &port.iface)) == Some(&Login::Refused) {
+            refused += 1;
+        }
+    }
+    if machines.is_empty() && unidentified == 0 {
+        return if refused == strangers {
+            PortVerdict::LoginFailed
+        } else {
+            PortVerdict::Unreachable
+        };
+    }
+    // Strangers (addresses no machine logged into here holds) are at least one more machine.
+    let count = machines.len() as u32 + unidentified + u32::from(strangers > 0);
+    if count > 1 {
+        return PortVerdict::Lan { machines: count };
+    }
+    let Some((hw, m)) = machines.into_iter().next() else {
+        // One machine that reports no identity: nothing to tell it from node0 by.
+        return PortVerdict::Unreachable;
+    };
+    if hw == obs.hardware_id {
+        return PortVerdict::SelfPair;
+    }
+    let mut remote: Vec<(String, String)> = others
+        .iter()
+        .filter_map(|a| m.port_of(a).map(|p| (p.to_owned(), (*a).clone())))
+        .collect();
+    // The PCI-domain-0 function first (enp…), its enP2 twin after (K2 note 8).
+    remote.sort_by(|(a, _), (b, _)| (a.starts_with("enP"), a).cmp(&(b.starts_with("enP"), b)));
+    remote.dedup_by(|x, y| x.0 == y.0);
+    let Some((_, first)) = remote.first() else {
+        // It answered a login but owns none of the addresses seen: nothing to number by.
+        return PortVerdict::Unreachable;
+    };
+    let addr = scoped(first, &port.iface);
+    PortVerdict::Link {
+        hardware_id: hw,
+        remote: remote.into_iter().map(|(p, _)| p).collect(),
+        addr,
+    }
+}
+
+/// Decide step 125: per port, then the links numbered as `rails` (the plan's rail indexes)
+/// — keeping the numbering of `kept` (peer.json from an earlier run) for a machine it pins
+/// (by host key) on the same port — and the machines at node indexes 1.. (kept ones keep
+/// theirs; new ones by hardware_id, K2 note 4).
+pub fn decide(obs: &Observation, rails: &[u32], kept: Option<&PeerFile>) -> Decision {
+    let mut ports: Vec<&PortSeen> = obs.ports.iter().collect();
+    ports.sort_by(|a, b| a.iface.cmp(&b.iface));
+    let verdicts: Vec<(String, PortVerdict)> = ports
+        .iter()
+        .map(|p| (p.iface.clone(), judge_port(obs, p)))
+        .collect();
+    let named = |want: fn(&PortVerdict) -> bool| -> Vec<String> {
+        verdicts
+            .iter()
+            .filter(|(_, v)| want(v))
+            .map(|(i, _)| i.clone())
+            .collect()
+    };
+    let retry = {
+        let login = named(|v| matches!(v, PortVerdict::LoginFailed));
+        let selfp = named(|v| matches!(v, PortVerdict::SelfPair));
+        let unreachable = named(|v| matches!(v, PortVerdict::Unreachable));
+        let silent = named(|v| matches!(v, PortVerdict::Silent));
+        let linked = verdicts
+            .iter()
+            .any(|(_, v)| matches!(v, PortVerdict::Link { .. }));
+        if !selfp.is_empty() {
+            Some(Retry::SelfPair { ports: selfp })
+        } else if !login.is_empty() {
+            Some(Retry::LoginFailed { ports: login })
+        } else if !unreachable.is_empty() {
+            Some(Retry::Unreachable { ports: unreachable })
+        } else if !linked && !silent.is_empty() {
+            Some(Retry::Silent { ports: silent })
+        } else {
+            None
+        }
+    };
+    if let Some(retry) = retry {
+        return Decision::Retry { retry, verdicts };
+    }
+    Decision::Enroll(number(obs, rails, kept, verdicts))
+}
+
+fn number(
+    obs: &Observation,
+    rails: &[u32],
+    kept: Option<&PeerFile>,
+    verdicts: Vec<(String, PortVerdict)>,
+) -> Found {
+    // The machines on the cables, each once.
+    let mut machines: BTreeMap<String, Machine> = BTreeMap::new();
+    for login in obs.logins.values() {
+        if let Login::Machine(m) = login
+            && let Some(hw) = m.hardware_id()
+            && verdicts.iter().any(
+                |(_, v)| matches!(v, PortVerdict::Link { hardware_id, .. } if hardware_id == hw),
+            )
+        {
+            machines
+                .entry(hw.to_owned())
+                .or_insert_with(|| m.as_ref().clone());
+        }
+    }
+    let kept_peers: &[Peer] = kept.map_or(&[], |k| &k.peers);
+    let kept_for = |m: &Machine| kept_peers.iter().find(|p| p.host_key == m.host_key);
+    // Node indexes: kept ones first, the rest by hardware_id.
+    let mut node_of: BTreeMap<String, u32> = BTreeMap::new();
+    for (hw, m) in &machines {
+        if let Some(p) = kept_for(m) {
+            node_of.insert(hw.clone(), p.index);
+        }
+    }
+    // Bounded on purpose: there are never more indexes to hand out than machines.
+    let taken: Vec<u32> = node_of.values().copied().collect();
+    let mut free_nodes = (1..=machines.len() as u32 + taken.len() as u32)
+        .filter(|i| !taken.contains(i))
+        .collect::<Vec<_>>()
+        .into_iter();
+    for hw in machines.keys() {
+        if !node_of.contains_key(hw)
+            && let Some(i) = free_nodes.next()
+        {
+            node_of.insert(hw.clone(), i);
+        }
+    }
+    // Rail indexes: a kept link on the same local port to the same machine keeps its index;
+    // the rest take the plan's free indexes in order, ports in name order. A link past the
+    // plan's rails gets none (redeem refuses more cables than rails).
+    let mut rail_of: BTreeMap<String, u32> = BTreeMap::new();
+    for (iface, v) in &verdicts {
+        if let PortVerdict::Link { hardware_id, .. } = v
+            && let Some(p) = kept_for(&machines[hardware_id])
+            && let Some(l) = p
+                .links
+                .iter()
+                .find(|l| l.local.as_deref() == Some(iface.as_str()))
+            && rails.contains(&l.index)
+        {
+            rail_of.insert(iface.clone(), l.index);
+        }
+    }
+    let mut plan: Vec<u32> = rails.to_vec();
+    plan.sort_unstable();
+    let mut free = plan
+        .into_iter()
+        .filter(|i| !rail_of.values().any(|u| u == i))
+        .collect::<Vec<_>>()
+        .into_iter();
+    for (iface, v) in &verdicts {
+        if matches!(v, PortVerdict::Link { .. })
+            && !rail_of.contains_key(iface)
+            && let Some(i) = free.next()
+        {
+            rail_of.insert(iface.clone(), i);
+        }
+    }
+
+    let port = |iface: &str| obs.ports.iter().find(|p| p.iface == iface);
+    let rails_out: Vec<RailPort> = verdicts
+        .iter()
+        .map(|(iface, v)| {
+            let p = port(iface);
+            RailPort {
+                iface: iface.clone(),
+                device: p.and_then(|p| p.device.clone()),
+                mtu: p.and_then(|p| p.mtu),
+                active_mtu: p.and_then(|p| p.active_mtu),
+                neighbours_discovered: v.machines(),
+                index: rail_of.get(iface).copied(),
+            }
+        })
+        .collect();
+
+    let mut peers_file = Vec::new();
+    let mut peers_out = Vec::new();
+    for (hw, m) in &machines {
+        let index = node_of[hw];
+        let mut links = Vec::new();
+        let mut remote_index: BTreeMap<String, u32> = BTreeMap::new();
+        for (iface, v) in &verdicts {
+            if let PortVerdict::Link {
+                hardware_id,
+                remote,
+                addr,
+            } = v
+                && hardware_id == hw
+                && let Some(i) = rail_of.get(iface)
+            {
+                links.push(Link {
+                    index: *i,
+                    local: Some(iface.clone()),
+                    remote: remote[0].clone(),
+                    neighbour_addr: Some(addr.clone()),
+                });
+                remote_index.insert(remote[0].clone(), *i);
+            }
+        }
+        links.sort_by_key(|l| l.index);
+        let mut report = m.report.clone();
+        report.node_index = index;
+        for r in &mut report.rails {
+            r.index = remote_index.get(&r.iface).copied();
+            r.neighbours_discovered = u32::from(r.index.is_some());
+        }
+        for (remote, i) in &remote_index {
+            if !report.rails.iter().any(|r| &r.iface == remote) {
+                report.rails.push(RailPort {
+                    iface: remote.clone(),
+                    neighbours_discovered: 1,
+                    index: Some(*i),
+                    ..RailPort::default()
+                });
+            }
+        }
+        peers_file.push(Peer {
+            index,
+            addr: links.first().and_then(|l| l.neighbour_addr.clone()),
+            mgmt_addr: m.mgmt_addr.clone(),
+            host_key: m.host_key.clone(),
+            links,
+        });
+        peers_out.push(report);
+    }
+    peers_file.sort_by_key(|p| p.index);
+    peers_out.sort_by_key(|p| p.node_index);
+    Found {
+        verdicts,
+        peer_file: PeerFile { peers: peers_file },
+        rails: rails_out,
+        peers: peers_out,
+    }
+}
+
+/// What the agent checks before it enrols: a peer whose identity is node0's own is a retry,
+/// not a spent token (K1 note 10).
+pub fn self_pair(node0: &NodeReport, peers: &[NodeReport]) -> bool {
+    let id = |n: &NodeReport| {
+        n.hardware_id
+            .clone()
+            .or_else(|| n.machine_id.clone())
+            .filter(|h| !h.trim().is_empty())
+    };
+    let mine = id(node0);
+    mine.is_some() && peers.iter().any(|p| id(p) == mine)
+}
