@@ -219,13 +219,22 @@ pub fn judge(plan: &ProfilePlan, req: &EnrollRequest) -> Result<Vec<NodeRow>, Re
         // A single Spark: nothing here fires; its rails are a few more fields.
         return Ok(rows);
     }
-    let cabled: Vec<&RailPort> = node0
+    // A port several machines answer on that the probe left unnumbered is the owner's LAN in
+    // a QSFP port (125), left alone: not a cable. With no cable at all, though, such a port is
+    // why — a lone Spark on a switch fails the one-neighbour rule (K1 note 10).
+    let (lans, cabled): (Vec<&RailPort>, Vec<&RailPort>) = node0
         .rails
         .iter()
         .filter(|p| p.neighbours_discovered > 0)
-        .collect();
+        .partition(|p| p.index.is_none() && p.neighbours_discovered > 1);
     if cabled.is_empty() {
-        return Err(Rejection::NoCable);
+        return Err(match lans.first() {
+            Some(lan) => Rejection::SeveralMachinesOnACable {
+                iface: lan.iface.clone(),
+                neighbours: lan.neighbours_discovered,
+            },
+            None => Rejection::NoCable,
+        });
     }
     if cabled.len() > plan.rails.len() {
         return Err(Rejection::MoreCablesThanRails {

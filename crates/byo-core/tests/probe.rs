@@ -338,6 +338,9 @@ fn k1_125_several_machines_on_a_port_are_a_lan_left_alone() {
     assert_eq!(f.peers.len(), 1);
     assert_eq!(f.peers[0].hardware_id.as_deref(), Some("node1"));
     assert_eq!(f.peer_file.peers[0].links.len(), 1);
+    // Left alone at redeem too: the pair enrols on its one cable.
+    let rows = redeem::judge(&pair_plan(), &evidence(&f)).expect("the pair enrols");
+    assert_eq!(rows.len(), 2);
 }
 
 #[test]

@@ -126,6 +126,36 @@ fn the_designs_pair_is_accepted_with_the_plans_addresses_stamped() {
 }
 
 #[test]
+fn k1_125_a_lan_in_a_qsfp_port_is_left_alone_and_a_lone_spark_on_a_switch_is_refused() {
+    let p = plan(2);
+    // The owner's uplink in node0's spare QSFP port: three machines, no rail number.
+    let mut req = pair_request();
+    req.node.rails[2].neighbours_discovered = 3;
+    let rows = judge(&p, &req).expect("a LAN the probe left alone is not a cable");
+    assert!(
+        rows[0].rails["enp1s0f1np1"].get("address").is_none(),
+        "the LAN port is given no rail address"
+    );
+    assert_eq!(rows[0].rails["enp1s0f1np1"]["neighbours_discovered"], 3);
+
+    // A lone Spark whose rails sit on the owner's switch, offered as a pair: nothing is a
+    // cable, and the port with several machines is named (K1 note 10).
+    let mut req = pair_request();
+    for port in &mut req.node.rails {
+        port.index = None;
+        port.neighbours_discovered = 0;
+    }
+    req.node.rails[1].neighbours_discovered = 4;
+    assert_eq!(
+        judge(&p, &req),
+        Err(Rejection::SeveralMachinesOnACable {
+            iface: "enP2p1s0f0np0".into(),
+            neighbours: 4
+        })
+    );
+}
+
+#[test]
 fn what_a_pair_must_show_is_refused_when_it_does_not() {
     let p = plan(2);
     let mut req = pair_request();
