@@ -137,8 +137,43 @@ pub struct Beat {
     pub build: Option<String>,
     /// What placement needs: LXD and the relay's map `ok`.
     pub healthy: bool,
-    /// `enverge-agent-rollback` put the previous build back (`details.rollback`).
-    pub rolled_back: bool,
+    /// What `enverge-agent-rollback` recorded (`details.rollback`), which the host reports on
+    /// every beat until its next install.
+    pub rollback: Option<Rollback>,
+}
+
+/// A rollback as the heartbeat reports it: the build it went back from, and when (the
+/// host's clock).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rollback {
+    pub from_build: Option<String>,
+    pub at: Option<DateTime<Utc>>,
+}
+
+impl Rollback {
+    /// Read `details.rollback` (`{"at", "from_sha256", "to_sha256"}`); `None` when absent.
+    pub fn from_details(details: &serde_json::Value) -> Option<Rollback> {
+        let r = details.get("rollback").filter(|r| !r.is_null())?;
+        Some(Rollback {
+            from_build: r
+                .get("from_sha256")
+                .and_then(|v| v.as_str())
+                .map(crate::release::build_id),
+            at: r
+                .get("at")
+                .and_then(|v| v.as_str())
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&Utc)),
+        })
+    }
+
+    /// Whether this rollback undid the upgrade to `build` started at `started_at`: it went
+    /// back from that build (or does not say from which), no earlier than the start. A record
+    /// left from before (the host reports it until its next install) is not this upgrade's.
+    fn undid(&self, build: &str, started_at: DateTime<Utc>) -> bool {
+        self.from_build.as_deref().is_none_or(|b| b == build)
+            && self.at.is_none_or(|at| at >= started_at)
+    }
 }
 
 /// An upgrading host's verdict.
@@ -159,7 +194,7 @@ pub fn judge(
 ) -> Verdict {
     let fresh = beat.filter(|b| b.seen_at >= started_at);
     if let Some(b) = fresh {
-        if b.rolled_back {
+        if b.rollback.as_ref().is_some_and(|r| r.undid(build, started_at)) {
             return Verdict::Failed(format!(
                 "it rolled back (enverge-agent-rollback fired at {}): serving did not stay up on build {build}",
                 b.seen_at.format("%H:%M:%S UTC")
@@ -383,7 +418,10 @@ mod tests {
             seen_at: t0 + Duration::seconds(at),
             build: Some(build.into()),
             healthy,
-            rolled_back,
+            rollback: rolled_back.then(|| Rollback {
+                from_build: Some(B.into()),
+                at: Some(t0 + Duration::seconds(at)),
+            }),
         };
         let now = t0 + Duration::seconds(10);
         assert_eq!(
@@ -414,6 +452,23 @@ mod tests {
             judge(B, t0, Some(&beat(-5, "old", true, true)), now, wait),
             Verdict::Pending
         );
+        // A record the host still reports from before this upgrade, or a rollback from
+        // another build, is not this upgrade's; one that does not say from which or when is.
+        let mut stale = beat(5, "old", true, true);
+        stale.rollback.as_mut().unwrap().at = Some(t0 - Duration::seconds(1));
+        assert_eq!(judge(B, t0, Some(&stale), now, wait), Verdict::Pending);
+        let mut other = beat(5, "old", true, true);
+        other.rollback.as_mut().unwrap().from_build = Some("bbbbbbbbbbbb".into());
+        assert_eq!(judge(B, t0, Some(&other), now, wait), Verdict::Pending);
+        let mut vague = beat(5, "old", true, true);
+        vague.rollback = Some(Rollback {
+            from_build: None,
+            at: None,
+        });
+        assert!(matches!(
+            judge(B, t0, Some(&vague), now, wait),
+            Verdict::Failed(_)
+        ));
         // At the deadline: failed, saying what the last beat said.
         let late = t0 + wait;
         assert_eq!(
@@ -483,6 +538,31 @@ mod tests {
         for s in [Waiting, Upgrading, Healthy, Skipped] {
             assert_eq!(resumed(s), s);
         }
+    }
+
+    #[test]
+    fn a_rollback_is_read_from_the_heartbeats_details() {
+        let details = serde_json::json!({"rollback": {
+            "at": "2030-03-17T17:46:40Z",
+            "from_sha256": "AAAAAAAAAAAAbbbb",
+            "to_sha256": "cccc"
+        }});
+        assert_eq!(
+            Rollback::from_details(&details),
+            Some(Rollback {
+                from_build: Some(B.into()),
+                at: Some(DateTime::from_timestamp(1_900_000_000, 0).unwrap()),
+            })
+        );
+        assert_eq!(Rollback::from_details(&serde_json::json!({})), None);
+        assert_eq!(Rollback::from_details(&serde_json::json!({"rollback": null})), None);
+        assert_eq!(
+            Rollback::from_details(&serde_json::json!({"rollback": {"at": "yesterday"}})),
+            Some(Rollback {
+                from_build: None,
+                at: None
+            })
+        );
     }
 
     #[test]

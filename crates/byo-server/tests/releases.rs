@@ -257,7 +257,6 @@ async fn j_a_server_without_a_release_key_publishes_nothing(w: World) {
 
 struct Host {
     id: String,
-    slug: String,
     token: String,
 }
 
@@ -267,18 +266,22 @@ async fn hosts(w: &World, n: usize) -> Vec<Host> {
         let slug = format!("spark-{i}");
         let (id, token) =
             byo_db::testing::fleet_host(&w.app.db, &w.admin.sub, &slug, ARCH, w.now).await;
-        out.push(Host { id, slug, token });
+        out.push(Host { id, token });
     }
     out
 }
 
 impl World {
     /// A heartbeat from `h` reporting `build` (12 hex), healthy or not, rolled back or not.
-    async fn beat(&self, h: &Host, build: &str, lxd: &str, rollback: bool) {
-        let details = if rollback {
-            json!({"rollback": {"at": "2030-01-01T00:00:00Z", "restored": "old"}})
-        } else {
-            json!({})
+    /// `rollback`: what the rollback recorded — from the build of that sha256, at that time.
+    async fn beat(&self, h: &Host, build: &str, lxd: &str, rollback: Option<(&str, DateTime<Utc>)>) {
+        let details = match rollback {
+            Some((from, at)) => json!({"rollback": {
+                "at": at.to_rfc3339(),
+                "from_sha256": from,
+                "to_sha256": "0".repeat(64),
+            }}),
+            None => json!({}),
         };
         let r = self
             .app
@@ -384,14 +387,14 @@ async fn j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats(w: World) {
     // The canary: started, then judged by its heartbeat only.
     let v = w.advance(&run, upgrading(&hs[0].id)).await.json();
     assert_eq!(v["next"], json!({"kind": "wait", "hosts": [hs[0].id]}));
-    w.beat(&hs[0], "000000000000", "ok", false).await;
+    w.beat(&hs[0], "000000000000", "ok", None).await;
     w.clock.advance(Duration::seconds(2));
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"]["kind"], "wait", "a beat with the old build is not it");
-    w.beat(&hs[0], &b, "down", false).await;
+    w.beat(&hs[0], &b, "down", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"]["kind"], "wait", "the build, but not healthy");
-    w.beat(&hs[0], &b, "ok", false).await;
+    w.beat(&hs[0], &b, "ok", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["hosts"][0]["state"], "healthy");
     assert_eq!(v["next"], json!({"kind": "upgrade", "hosts": [hs[1].id, hs[2].id]}));
@@ -401,8 +404,8 @@ async fn j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats(w: World) {
     let v = w.advance(&run, upgrading(&hs[2].id)).await.json();
     assert_eq!(v["next"], json!({"kind": "wait", "hosts": [hs[1].id, hs[2].id]}));
     w.clock.advance(Duration::seconds(1));
-    w.beat(&hs[1], &b, "ok", false).await;
-    w.beat(&hs[2], &b, "ok", false).await;
+    w.beat(&hs[1], &b, "ok", None).await;
+    w.beat(&hs[2], &b, "ok", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"], json!({"kind": "done"}));
     assert_eq!(v["state"], "closed");
@@ -449,24 +452,30 @@ async fn j9_the_first_failure_halts_and_a_resume_picks_it_up(w: World) {
     assert_eq!(v["next"], json!({"kind": "upgrade", "hosts": [hs[0].id]}));
     w.advance(&run, upgrading(&hs[0].id)).await;
     w.clock.advance(Duration::seconds(5));
-    w.beat(&hs[0], "000000000000", "ok", true).await;
+    let rolled_back_at = w.clock.now();
+    w.beat(&hs[0], "000000000000", "ok", Some((&sha(&bytes), rolled_back_at))).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["state"], "halted");
     assert!(
         v["halt_reason"].as_str().unwrap().contains("spark-1: it rolled back"),
         "{v}"
     );
-    // Resumed again, the canary becomes healthy; the next wave's silence past the wait halts.
+    // Resumed again, the canary becomes healthy (the rollback it still reports until its
+    // next install is from before this attempt); the next wave's silence past the wait halts.
+    w.clock.advance(Duration::seconds(1));
     w.start(json!({"build": b, "resume": true})).await;
     w.advance(&run, upgrading(&hs[0].id)).await;
+    w.beat(&hs[0], "000000000000", "ok", Some((&sha(&bytes), rolled_back_at))).await;
+    let v = w.advance(&run, json!({})).await.json();
+    assert_eq!(v["next"]["kind"], "wait", "{v}");
     w.clock.advance(Duration::seconds(1));
-    w.beat(&hs[0], &b, "ok", false).await;
+    w.beat(&hs[0], &b, "ok", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"], json!({"kind": "upgrade", "hosts": [hs[1].id, hs[2].id]}));
     w.advance(&run, upgrading(&hs[1].id)).await;
     w.advance(&run, upgrading(&hs[2].id)).await;
     w.clock.advance(Duration::seconds(30));
-    w.beat(&hs[1], &b, "ok", false).await;
+    w.beat(&hs[1], &b, "ok", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"], json!({"kind": "wait", "hosts": [hs[2].id]}));
     w.clock.advance(Duration::seconds(30));

@@ -285,7 +285,7 @@ async fn step(state: &AppState, by: &Superadmin, run: &FleetRunRow) -> AppResult
                 .and_then(release::build_of_version)
                 .map(str::to_owned),
             healthy: s.lxd.as_deref() == Some("ok") && s.relay.as_deref() == Some("ok"),
-            rolled_back: s.details.0.get("rollback").is_some_and(|r| !r.is_null()),
+            rollback: fleet::Rollback::from_details(&s.details.0),
         });
         let (to, reason) = match fleet::judge(&run.build, started_at, beat.as_ref(), now, wait) {
             Verdict::Pending => continue,
