@@ -319,6 +319,7 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                         .hosts
                         .iter()
                         .find(|h| &h.host_id == id)
+                        .cloned()
                         .context("the server named a host outside the run")?;
                     // Recorded before the one-liner starts, so a heartbeat it brings is judged.
                     run = driver
