@@ -102,7 +102,11 @@ pub fn plan(
         let (wave, state, reason) = if let Some(why) = skip_reason(c) {
             (-1, State::Skipped, Some(why.to_owned()))
         } else if c.build.as_deref() == Some(build) {
-            (-1, State::Healthy, Some(format!("already on build {build}")))
+            (
+                -1,
+                State::Healthy,
+                Some(format!("already on build {build}")),
+            )
         } else {
             let arch = c.arch.as_deref().unwrap_or("an unknown architecture");
             if !served_arches.iter().any(|a| a == arch) {
@@ -194,7 +198,10 @@ pub fn judge(
 ) -> Verdict {
     let fresh = beat.filter(|b| b.seen_at >= started_at);
     if let Some(b) = fresh {
-        if b.rollback.as_ref().is_some_and(|r| r.undid(build, started_at)) {
+        if b.rollback
+            .as_ref()
+            .is_some_and(|r| r.undid(build, started_at))
+        {
             return Verdict::Failed(format!(
                 "it rolled back (enverge-agent-rollback fired at {}): serving did not stay up on build {build}",
                 b.seen_at.format("%H:%M:%S UTC")
@@ -375,7 +382,10 @@ mod tests {
         );
         assert!(p[1].reason.as_deref().unwrap().contains("being created"));
         assert!(p[2].reason.as_deref().unwrap().starts_with("de-pooled"));
-        assert_eq!(p[3].reason.as_deref(), Some("already on build aaaaaaaaaaaa"));
+        assert_eq!(
+            p[3].reason.as_deref(),
+            Some("already on build aaaaaaaaaaaa")
+        );
         assert_eq!(p[0].reason, None);
     }
 
@@ -487,7 +497,10 @@ mod tests {
         let why = reason(Some(&beat(5, "bbbbbbbbbbbb", true, false)));
         assert!(why.ends_with("reports build bbbbbbbbbbbb"), "{why}");
         let why = reason(Some(&beat(-30, "old", true, false)));
-        assert!(why.contains("no heartbeat since the upgrade started"), "{why}");
+        assert!(
+            why.contains("no heartbeat since the upgrade started"),
+            "{why}"
+        );
         assert!(reason(None).contains("never sent a heartbeat"));
         assert_eq!(
             judge(B, t0, None, late - Duration::seconds(1), wait),
@@ -555,7 +568,10 @@ mod tests {
             })
         );
         assert_eq!(Rollback::from_details(&serde_json::json!({})), None);
-        assert_eq!(Rollback::from_details(&serde_json::json!({"rollback": null})), None);
+        assert_eq!(
+            Rollback::from_details(&serde_json::json!({"rollback": null})),
+            None
+        );
         assert_eq!(
             Rollback::from_details(&serde_json::json!({"rollback": {"at": "yesterday"}})),
             Some(Rollback {

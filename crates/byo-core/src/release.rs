@@ -107,8 +107,14 @@ mod tests {
     fn a_build_is_named_by_its_digest_and_read_back_from_the_heartbeat() {
         let sha = "0123456789ABcdef0123456789abcdef0123456789abcdef0123456789abcdef";
         assert_eq!(build_id(sha), "0123456789ab");
-        assert_eq!(build_of_version("0.1.0 (0123456789ab)"), Some("0123456789ab"));
-        assert_eq!(build_of_version(" 0.1.0 (0123456789ab) "), Some("0123456789ab"));
+        assert_eq!(
+            build_of_version("0.1.0 (0123456789ab)"),
+            Some("0123456789ab")
+        );
+        assert_eq!(
+            build_of_version(" 0.1.0 (0123456789ab) "),
+            Some("0123456789ab")
+        );
         for no in [
             "0.1.0",
             "0.1.0 (unknown)",

@@ -101,12 +101,14 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<ReleaseRow> {
         let build = byo_core::release::build_id(new.sha256);
-        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(sqlx::AssertSqlSafe(format!(
-            "insert into agent_releases
+        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(
+            sqlx::AssertSqlSafe(format!(
+                "insert into agent_releases
                (id, arch, version, sha256, build, signature, size_bytes, published_by, published_at)
              values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
              returning {RELEASE_COLUMNS}"
-        )))
+            ))
+        )
         .bind(new_id())
         .bind(new.arch)
         .bind(new.version)
@@ -123,10 +125,12 @@ impl Store {
 
     /// Every published build, newest first.
     pub async fn releases(&self, limit: i64) -> Result<Vec<ReleaseRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(sqlx::AssertSqlSafe(format!(
-            "select {RELEASE_COLUMNS} from agent_releases
+        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {RELEASE_COLUMNS} from agent_releases
              order by published_at desc, id desc limit $1"
-        )))
+            ))
+        )
         .bind(limit)
         .fetch_all(p)
         .await)
@@ -135,10 +139,12 @@ impl Store {
 
     /// The build the installer serves for `arch`: the newest published.
     pub async fn newest_release(&self, arch: &str) -> Result<Option<ReleaseRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(sqlx::AssertSqlSafe(format!(
-            "select {RELEASE_COLUMNS} from agent_releases where arch = $1
+        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {RELEASE_COLUMNS} from agent_releases where arch = $1
              order by published_at desc, id desc limit 1"
-        )))
+            ))
+        )
         .bind(arch)
         .fetch_optional(p)
         .await)
@@ -147,9 +153,11 @@ impl Store {
 
     /// The releases of one build (its 12-hex name), one per arch it was published for.
     pub async fn releases_of_build(&self, build: &str) -> Result<Vec<ReleaseRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(sqlx::AssertSqlSafe(format!(
-            "select {RELEASE_COLUMNS} from agent_releases where build = $1 order by arch"
-        )))
+        on_pool!(self, |p| sqlx::query_as::<_, ReleaseRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {RELEASE_COLUMNS} from agent_releases where build = $1 order by arch"
+            ))
+        )
         .bind(build)
         .fetch_all(p)
         .await)
@@ -229,18 +237,22 @@ impl Store {
 
     /// The open run (running or halted), if there is one.
     pub async fn open_fleet_run_row(&self) -> Result<Option<FleetRunRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, FleetRunRow>(sqlx::AssertSqlSafe(format!(
-            "select {RUN_COLUMNS} from fleet_upgrades where open_marker = 'open'"
-        )))
+        on_pool!(self, |p| sqlx::query_as::<_, FleetRunRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {RUN_COLUMNS} from fleet_upgrades where open_marker = 'open'"
+            ))
+        )
         .fetch_optional(p)
         .await)
         .map_err(Into::into)
     }
 
     pub async fn fleet_run(&self, id: &str) -> Result<Option<FleetRunRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, FleetRunRow>(sqlx::AssertSqlSafe(format!(
-            "select {RUN_COLUMNS} from fleet_upgrades where id = $1"
-        )))
+        on_pool!(self, |p| sqlx::query_as::<_, FleetRunRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {RUN_COLUMNS} from fleet_upgrades where id = $1"
+            ))
+        )
         .bind(id)
         .fetch_optional(p)
         .await)
@@ -249,12 +261,14 @@ impl Store {
 
     /// The newest runs, newest first.
     pub async fn fleet_runs(&self, limit: i64) -> Result<Vec<FleetRunRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, FleetRunRow>(sqlx::AssertSqlSafe(format!(
+        on_pool!(self, |p| {
+            sqlx::query_as::<_, FleetRunRow>(sqlx::AssertSqlSafe(format!(
             "select {RUN_COLUMNS} from fleet_upgrades order by started_at desc, id desc limit $1"
         )))
         .bind(limit)
         .fetch_all(p)
-        .await)
+        .await
+        })
         .map_err(Into::into)
     }
 
@@ -321,7 +335,9 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<bool> {
         if from == FleetRunState::Closed {
-            return Err(DbError::Refused("fleet_upgrades_closed_stays_closed".into()));
+            return Err(DbError::Refused(
+                "fleet_upgrades_closed_stays_closed".into(),
+            ));
         }
         let closing = to == FleetRunState::Closed;
         let rows = on_pool!(self, |p| sqlx::query(

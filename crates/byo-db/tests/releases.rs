@@ -66,7 +66,10 @@ async fn j_releases_are_kept_once_and_the_newest_of_an_arch_is_served(db: TestDb
     let by = user(&db).await;
     assert!(db.newest_release("x86_64").await.unwrap().is_none());
     let (a, b, c) = (sha(1), sha(2), sha(3));
-    let first = db.insert_release(new_release("x86_64", &a, &by), t0()).await.unwrap();
+    let first = db
+        .insert_release(new_release("x86_64", &a, &by), t0())
+        .await
+        .unwrap();
     assert_eq!(first.build, a[..12]);
     assert_eq!((first.arch.as_str(), first.size_bytes), ("x86_64", 42));
     assert_eq!(first.published_at, t0());
@@ -82,8 +85,14 @@ async fn j_releases_are_kept_once_and_the_newest_of_an_arch_is_served(db: TestDb
         .await
         .unwrap_err();
     assert!(matches!(again, DbError::Conflict(_)), "{again:?}");
-    assert_eq!(db.newest_release("x86_64").await.unwrap().unwrap().sha256, b);
-    assert_eq!(db.newest_release("aarch64").await.unwrap().unwrap().sha256, a);
+    assert_eq!(
+        db.newest_release("x86_64").await.unwrap().unwrap().sha256,
+        b
+    );
+    assert_eq!(
+        db.newest_release("aarch64").await.unwrap().unwrap().sha256,
+        a
+    );
     assert!(db.newest_release("riscv64").await.unwrap().is_none());
     let all: Vec<_> = db
         .releases(10)
@@ -118,7 +127,10 @@ async fn j_releases_are_kept_once_and_the_newest_of_an_arch_is_served(db: TestDb
         ))
         .await
         .unwrap_err();
-    assert!(refused.is_constraint("agent_releases_build_prefix"), "{refused:?}");
+    assert!(
+        refused.is_constraint("agent_releases_build_prefix"),
+        "{refused:?}"
+    );
 }
 
 async fn j9_the_fleet_covers_prepared_hosts_with_their_facts(db: TestDb) {
@@ -143,14 +155,22 @@ async fn j9_the_fleet_covers_prepared_hosts_with_their_facts(db: TestDb) {
         )
         .await
         .unwrap();
-    db.execute_unchecked(&format!("update hosts set retired_at = '2030-01-01T00:00:00Z', active = false where id = '{e}'"))
-        .await
-        .unwrap();
+    db.execute_unchecked(&format!(
+        "update hosts set retired_at = '2030-01-01T00:00:00Z', active = false where id = '{e}'"
+    ))
+    .await
+    .unwrap();
     let mut beat = testing::healthy_beat();
     beat.agent_version = "0.1.0 (0123456789ab)".into();
-    db.record_heartbeat(&byo_core::tokens::SecretToken::parse(byo_core::tokens::TokenKind::Host, &tb).unwrap().hash(), &beat, now)
-        .await
-        .unwrap();
+    db.record_heartbeat(
+        &byo_core::tokens::SecretToken::parse(byo_core::tokens::TokenKind::Host, &tb)
+            .unwrap()
+            .hash(),
+        &beat,
+        now,
+    )
+    .await
+    .unwrap();
     // A host that never finished preparing is not covered.
     db.insert_host(
         byo_db::hosts::NewHost {
@@ -175,16 +195,25 @@ async fn j9_the_fleet_covers_prepared_hosts_with_their_facts(db: TestDb) {
         seen,
         [
             ("spark-a".into(), v("aarch64"), false, false, v("0.1.0")),
-            ("spark-b".into(), v("x86_64"), false, false, v("0.1.0 (0123456789ab)")),
+            (
+                "spark-b".into(),
+                v("x86_64"),
+                false,
+                false,
+                v("0.1.0 (0123456789ab)")
+            ),
             ("spark-c".into(), v("x86_64"), true, false, v("0.1.0")),
             ("spark-d".into(), v("x86_64"), false, true, v("0.1.0")),
         ]
     );
     assert_eq!(a.len(), b.len());
     // A running instance is not mid-create; its delete requested and unconfirmed is.
-    db.execute_unchecked(&format!("update vms set status = 'running' where id = '{}'", vm.id))
-        .await
-        .unwrap();
+    db.execute_unchecked(&format!(
+        "update vms set status = 'running' where id = '{}'",
+        vm.id
+    ))
+    .await
+    .unwrap();
     let mid = |db: Store| async move {
         db.fleet_candidates()
             .await
@@ -258,11 +287,23 @@ async fn j9_one_run_is_open_and_its_moves_are_guarded(db: TestDb) {
         (run.state, run.canary, run.growth, run.wait_secs),
         (R::Running, 1, 2, 300)
     );
-    assert_eq!((run.started_at, run.updated_at, run.closed_at), (now, now, None));
+    assert_eq!(
+        (run.started_at, run.updated_at, run.closed_at),
+        (now, now, None)
+    );
     let rows = db.fleet_run_hosts(&run.id).await.unwrap();
     let seen: Vec<_> = rows
         .iter()
-        .map(|h| (h.slug.as_str(), h.position, h.wave, h.state, h.reason.as_deref(), h.judged_at))
+        .map(|h| {
+            (
+                h.slug.as_str(),
+                h.position,
+                h.wave,
+                h.state,
+                h.reason.as_deref(),
+                h.judged_at,
+            )
+        })
         .collect();
     assert_eq!(
         seen,
@@ -276,26 +317,51 @@ async fn j9_one_run_is_open_and_its_moves_are_guarded(db: TestDb) {
         .open_fleet_run("0123456789ab", (1, 2, 300), &hosts, &by, now)
         .await
         .unwrap_err();
-    assert!(second.is_constraint("open_marker") || second.is_constraint("fleet_upgrades_one_open"), "{second:?}");
+    assert!(
+        second.is_constraint("open_marker") || second.is_constraint("fleet_upgrades_one_open"),
+        "{second:?}"
+    );
     assert_eq!(db.fleet_runs(10).await.unwrap().len(), 1);
     assert_eq!(db.open_fleet_run_row().await.unwrap().unwrap().id, run.id);
 
     // Host moves happen only from the state named.
     let later = now + Duration::seconds(5);
-    assert!(!db.move_fleet_host(&run.id, &b, H::Upgrading, H::Failed, Some("x"), later).await.unwrap());
-    assert!(db.move_fleet_host(&run.id, &b, H::Waiting, H::Upgrading, None, later).await.unwrap());
+    assert!(
+        !db.move_fleet_host(&run.id, &b, H::Upgrading, H::Failed, Some("x"), later)
+            .await
+            .unwrap()
+    );
+    assert!(
+        db.move_fleet_host(&run.id, &b, H::Waiting, H::Upgrading, None, later)
+            .await
+            .unwrap()
+    );
     let h = &db.fleet_run_hosts(&run.id).await.unwrap()[0];
-    assert_eq!((h.state, h.started_at, h.judged_at), (H::Upgrading, Some(later), None));
+    assert_eq!(
+        (h.state, h.started_at, h.judged_at),
+        (H::Upgrading, Some(later), None)
+    );
     let judged = later + Duration::seconds(5);
-    assert!(db.move_fleet_host(&run.id, &b, H::Upgrading, H::Failed, Some("why"), judged).await.unwrap());
+    assert!(
+        db.move_fleet_host(&run.id, &b, H::Upgrading, H::Failed, Some("why"), judged)
+            .await
+            .unwrap()
+    );
     let h = &db.fleet_run_hosts(&run.id).await.unwrap()[0];
     assert_eq!(
         (h.state, h.reason.as_deref(), h.started_at, h.judged_at),
         (H::Failed, Some("why"), Some(later), Some(judged))
     );
-    assert!(db.move_fleet_host(&run.id, &b, H::Failed, H::Waiting, None, judged).await.unwrap());
+    assert!(
+        db.move_fleet_host(&run.id, &b, H::Failed, H::Waiting, None, judged)
+            .await
+            .unwrap()
+    );
     let h = &db.fleet_run_hosts(&run.id).await.unwrap()[0];
-    assert_eq!((h.state, h.reason.as_deref(), h.judged_at), (H::Waiting, None, None));
+    assert_eq!(
+        (h.state, h.reason.as_deref(), h.judged_at),
+        (H::Waiting, None, None)
+    );
     // The schema: upgrading needs its start.
     let refused = db
         .execute_unchecked(&format!(
@@ -303,33 +369,70 @@ async fn j9_one_run_is_open_and_its_moves_are_guarded(db: TestDb) {
         ))
         .await
         .unwrap_err();
-    assert!(refused.is_constraint("fleet_upgrade_hosts_upgrading_started"), "{refused:?}");
+    assert!(
+        refused.is_constraint("fleet_upgrade_hosts_upgrading_started"),
+        "{refused:?}"
+    );
 
     // Run moves: halted with its reason, running again, closed once.
-    assert!(!db.move_fleet_run(&run.id, R::Halted, R::Running, None, later).await.unwrap());
-    assert!(db.move_fleet_run(&run.id, R::Running, R::Halted, Some("spark-b: why"), later).await.unwrap());
+    assert!(
+        !db.move_fleet_run(&run.id, R::Halted, R::Running, None, later)
+            .await
+            .unwrap()
+    );
+    assert!(
+        db.move_fleet_run(&run.id, R::Running, R::Halted, Some("spark-b: why"), later)
+            .await
+            .unwrap()
+    );
     let r = db.fleet_run(&run.id).await.unwrap().unwrap();
-    assert_eq!((r.state, r.halt_reason.as_deref(), r.updated_at), (R::Halted, Some("spark-b: why"), later));
-    assert!(db.move_fleet_run(&run.id, R::Halted, R::Running, None, judged).await.unwrap());
+    assert_eq!(
+        (r.state, r.halt_reason.as_deref(), r.updated_at),
+        (R::Halted, Some("spark-b: why"), later)
+    );
+    assert!(
+        db.move_fleet_run(&run.id, R::Halted, R::Running, None, judged)
+            .await
+            .unwrap()
+    );
     let r = db.fleet_run(&run.id).await.unwrap().unwrap();
-    assert_eq!((r.state, r.halt_reason.as_deref()), (R::Running, Some("spark-b: why")), "the last halt's reason is kept");
-    assert!(db.move_fleet_run(&run.id, R::Running, R::Closed, None, judged).await.unwrap());
+    assert_eq!(
+        (r.state, r.halt_reason.as_deref()),
+        (R::Running, Some("spark-b: why")),
+        "the last halt's reason is kept"
+    );
+    assert!(
+        db.move_fleet_run(&run.id, R::Running, R::Closed, None, judged)
+            .await
+            .unwrap()
+    );
     let r = db.fleet_run(&run.id).await.unwrap().unwrap();
     assert_eq!((r.state, r.closed_at), (R::Closed, Some(judged)));
     assert!(db.open_fleet_run_row().await.unwrap().is_none());
     assert!(matches!(
-        db.move_fleet_run(&run.id, R::Closed, R::Running, None, judged).await,
+        db.move_fleet_run(&run.id, R::Closed, R::Running, None, judged)
+            .await,
         Err(DbError::Refused(_))
     ));
     // A closed run's hosts do not move.
-    assert!(!db.move_fleet_host(&run.id, &b, H::Waiting, H::Upgrading, None, judged).await.unwrap());
+    assert!(
+        !db.move_fleet_host(&run.id, &b, H::Waiting, H::Upgrading, None, judged)
+            .await
+            .unwrap()
+    );
     assert!(db.fleet_run("nope").await.unwrap().is_none());
     // Closed: another may open; the newest is listed first.
     let next = db
         .open_fleet_run("0123456789ab", (2, 3, 60), &[], &by, judged)
         .await
         .unwrap();
-    let runs: Vec<_> = db.fleet_runs(10).await.unwrap().into_iter().map(|r| r.id).collect();
+    let runs: Vec<_> = db
+        .fleet_runs(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     assert_eq!(runs, [next.id.clone(), run.id.clone()]);
     assert_eq!(db.fleet_runs(1).await.unwrap().len(), 1);
 }

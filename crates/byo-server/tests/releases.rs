@@ -23,7 +23,11 @@ fn release_key() -> &'static ssh_key::PrivateKey {
 const ARCH: &str = std::env::consts::ARCH;
 
 fn other_arch() -> &'static str {
-    if ARCH == "x86_64" { "aarch64" } else { "x86_64" }
+    if ARCH == "x86_64" {
+        "aarch64"
+    } else {
+        "x86_64"
+    }
 }
 
 /// A build: this test binary, with `marker` appended so each marker is another build.
@@ -78,16 +82,23 @@ impl World {
         bytes: &[u8],
         signature: Option<&str>,
     ) -> Reply {
-        let mut req = Request::post(format!("/api/admin/releases/{arch}?version=byo-agent%200.1.0"))
-            .header(header::COOKIE, format!("__Host-byo_session={}", who.session))
-            .header(header::CONTENT_TYPE, "application/octet-stream");
+        let mut req = Request::post(format!(
+            "/api/admin/releases/{arch}?version=byo-agent%200.1.0"
+        ))
+        .header(
+            header::COOKIE,
+            format!("__Host-byo_session={}", who.session),
+        )
+        .header(header::CONTENT_TYPE, "application/octet-stream");
         if let Some(s) = signature {
             req = req.header(
                 SIGNATURE_HEADER,
                 base64::engine::general_purpose::STANDARD.encode(s),
             );
         }
-        self.app.send(req.body(Body::from(bytes.to_vec())).unwrap()).await
+        self.app
+            .send(req.body(Body::from(bytes.to_vec())).unwrap())
+            .await
     }
 
     async fn publish(&self, arch: &str, bytes: &[u8]) -> Reply {
@@ -106,12 +117,13 @@ impl World {
             .into_iter()
             .map(|r| format!("{} {}", r.arch, r.sha256))
             .collect();
-        let mut files: Vec<String> = std::fs::read_dir(self.release_dir.path().join("agent-builds"))
-            .map(|d| {
-                d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let mut files: Vec<String> =
+            std::fs::read_dir(self.release_dir.path().join("agent-builds"))
+                .map(|d| {
+                    d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                        .collect()
+                })
+                .unwrap_or_default();
         files.sort();
         let audit = self.app.db.audit_log(1000).await.unwrap().len();
         (rows, files, audit)
@@ -127,8 +139,15 @@ impl World {
 /// /admin/releases say which one is served. Before any is published, the release directory's
 /// own files are served as before.
 async fn j_a_published_build_is_what_the_installers_path_serves(w: World) {
-    std::fs::write(w.release_dir.path().join(format!("byo-agent-{ARCH}")), b"flat file").unwrap();
-    assert_eq!(w.agent(&format!("byo-agent-{ARCH}")).await.body, b"flat file");
+    std::fs::write(
+        w.release_dir.path().join(format!("byo-agent-{ARCH}")),
+        b"flat file",
+    )
+    .unwrap();
+    assert_eq!(
+        w.agent(&format!("byo-agent-{ARCH}")).await.body,
+        b"flat file"
+    );
 
     let first = build("first");
     let r = w.publish(ARCH, &first).await;
@@ -149,7 +168,11 @@ async fn j_a_published_build_is_what_the_installers_path_serves(w: World) {
     w.clock.advance(Duration::seconds(1));
     let second = build("second");
     assert_eq!(w.publish(ARCH, &second).await.status, StatusCode::CREATED);
-    assert_eq!(w.agent(&format!("byo-agent-{ARCH}")).await.body, second, "the newest");
+    assert_eq!(
+        w.agent(&format!("byo-agent-{ARCH}")).await.body,
+        second,
+        "the newest"
+    );
     // Another arch's path is untouched by it.
     assert_eq!(
         w.agent(&format!("byo-agent-{}", other_arch())).await.status,
@@ -174,6 +197,16 @@ async fn j_a_published_build_is_what_the_installers_path_serves(w: World) {
     );
 }
 
+/// One refused publish: what, the arch, the bytes, the signature, the answer and its code.
+type Case<'a> = (
+    &'a str,
+    &'a str,
+    &'a [u8],
+    Option<&'a str>,
+    StatusCode,
+    &'a str,
+);
+
 /// J: every refusal of a publish names what is wrong and changes nothing — no row, no
 /// kept file, no audit line: a signature that is not one, by another key, over other bytes,
 /// or missing; a build of another arch than the one claimed, or no ELF at all; the same
@@ -189,20 +222,75 @@ async fn j_a_publish_is_refused_with_nothing_changed(w: World) {
     let script = b"#!/bin/sh\necho byo-agent 0.1.0\n".to_vec();
     let script_sig = byo_core::release::sign(release_key(), &script).unwrap();
     let other_sig = byo_core::release::sign(release_key(), &other_bytes).unwrap();
-    let cases: Vec<(&str, &str, &[u8], Option<&str>, StatusCode, &str)> = vec![
-        ("garbage", ARCH, &other_bytes, Some("not a signature"), StatusCode::BAD_REQUEST, "bad_signature"),
-        ("another key", ARCH, &other_bytes, Some(&by_other), StatusCode::BAD_REQUEST, "bad_signature"),
-        ("other bytes", ARCH, &other_bytes, Some(&over_other), StatusCode::BAD_REQUEST, "bad_signature"),
-        ("no signature", ARCH, &other_bytes, None, StatusCode::BAD_REQUEST, "bad_signature"),
-        ("another arch", other_arch(), &other_bytes, Some(&other_sig), StatusCode::BAD_REQUEST, "wrong_arch"),
-        ("not an ELF", ARCH, &script, Some(&script_sig), StatusCode::BAD_REQUEST, "wrong_arch"),
-        ("bad arch", "x86-64", &other_bytes, Some(&other_sig), StatusCode::BAD_REQUEST, "bad_arch"),
+    let cases: Vec<Case<'_>> = vec![
+        (
+            "garbage",
+            ARCH,
+            &other_bytes,
+            Some("not a signature"),
+            StatusCode::BAD_REQUEST,
+            "bad_signature",
+        ),
+        (
+            "another key",
+            ARCH,
+            &other_bytes,
+            Some(&by_other),
+            StatusCode::BAD_REQUEST,
+            "bad_signature",
+        ),
+        (
+            "other bytes",
+            ARCH,
+            &other_bytes,
+            Some(&over_other),
+            StatusCode::BAD_REQUEST,
+            "bad_signature",
+        ),
+        (
+            "no signature",
+            ARCH,
+            &other_bytes,
+            None,
+            StatusCode::BAD_REQUEST,
+            "bad_signature",
+        ),
+        (
+            "another arch",
+            other_arch(),
+            &other_bytes,
+            Some(&other_sig),
+            StatusCode::BAD_REQUEST,
+            "wrong_arch",
+        ),
+        (
+            "not an ELF",
+            ARCH,
+            &script,
+            Some(&script_sig),
+            StatusCode::BAD_REQUEST,
+            "wrong_arch",
+        ),
+        (
+            "bad arch",
+            "x86-64",
+            &other_bytes,
+            Some(&other_sig),
+            StatusCode::BAD_REQUEST,
+            "bad_arch",
+        ),
     ];
     for (what, arch, bytes, sig, status, code) in cases {
         let r = w.publish_as(&w.admin, arch, bytes, sig).await;
         assert_eq!(r.status, status, "{what}: {}", r.text());
         assert_eq!(r.json()["error"], code, "{what}: {}", r.text());
-        assert!(r.json()["message"].as_str().unwrap().contains("nothing was published"), "{what}");
+        assert!(
+            r.json()["message"]
+                .as_str()
+                .unwrap()
+                .contains("nothing was published"),
+            "{what}"
+        );
         assert_eq!(w.kept().await, before, "{what} changed nothing");
     }
     let sig = byo_core::release::sign(release_key(), &good).unwrap();
@@ -214,14 +302,27 @@ async fn j_a_publish_is_refused_with_nothing_changed(w: World) {
         .app
         .send(
             Request::post(format!("/api/admin/releases/{ARCH}?version=%01"))
-                .header(header::COOKIE, format!("__Host-byo_session={}", w.admin.session))
-                .header(SIGNATURE_HEADER, base64::engine::general_purpose::STANDARD.encode(&other_sig))
+                .header(
+                    header::COOKIE,
+                    format!("__Host-byo_session={}", w.admin.session),
+                )
+                .header(
+                    SIGNATURE_HEADER,
+                    base64::engine::general_purpose::STANDARD.encode(&other_sig),
+                )
                 .body(Body::from(other_bytes.clone()))
                 .unwrap(),
         )
         .await;
-    assert_eq!(bad_version.json()["error"], "bad_version", "{}", bad_version.text());
-    let r = w.publish_as(&w.op, ARCH, &other_bytes, Some(&other_sig)).await;
+    assert_eq!(
+        bad_version.json()["error"],
+        "bad_version",
+        "{}",
+        bad_version.text()
+    );
+    let r = w
+        .publish_as(&w.op, ARCH, &other_bytes, Some(&other_sig))
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(w.kept().await, before, "an operator changed nothing");
     assert_eq!(w.agent(&format!("byo-agent-{ARCH}")).await.body, good);
@@ -242,8 +343,14 @@ async fn j_a_server_without_a_release_key_publishes_nothing(w: World) {
     let r = keyless
         .send(
             Request::post(format!("/api/admin/releases/{ARCH}?version=v"))
-                .header(header::COOKIE, format!("__Host-byo_session={}", w.admin.session))
-                .header(SIGNATURE_HEADER, base64::engine::general_purpose::STANDARD.encode(&sig))
+                .header(
+                    header::COOKIE,
+                    format!("__Host-byo_session={}", w.admin.session),
+                )
+                .header(
+                    SIGNATURE_HEADER,
+                    base64::engine::general_purpose::STANDARD.encode(&sig),
+                )
                 .body(Body::from(bytes))
                 .unwrap(),
         )
@@ -274,7 +381,13 @@ async fn hosts(w: &World, n: usize) -> Vec<Host> {
 impl World {
     /// A heartbeat from `h` reporting `build` (12 hex), healthy or not, rolled back or not.
     /// `rollback`: what the rollback recorded — from the build of that sha256, at that time.
-    async fn beat(&self, h: &Host, build: &str, lxd: &str, rollback: Option<(&str, DateTime<Utc>)>) {
+    async fn beat(
+        &self,
+        h: &Host,
+        build: &str,
+        lxd: &str,
+        rollback: Option<(&str, DateTime<Utc>)>,
+    ) {
         let details = match rollback {
             Some((from, at)) => json!({"rollback": {
                 "at": at.to_rfc3339(),
@@ -380,8 +493,18 @@ async fn j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats(w: World) {
             ("spark-5".into(), -1, "skipped".into()),
         ]
     );
-    assert!(v["hosts"][3]["reason"].as_str().unwrap().starts_with("de-pooled"));
-    assert!(v["hosts"][4]["reason"].as_str().unwrap().contains("being created"));
+    assert!(
+        v["hosts"][3]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("de-pooled")
+    );
+    assert!(
+        v["hosts"][4]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("being created")
+    );
     assert_eq!(v["next"], json!({"kind": "upgrade", "hosts": [hs[0].id]}));
 
     // The canary: started, then judged by its heartbeat only.
@@ -390,19 +513,28 @@ async fn j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats(w: World) {
     w.beat(&hs[0], "000000000000", "ok", None).await;
     w.clock.advance(Duration::seconds(2));
     let v = w.advance(&run, json!({})).await.json();
-    assert_eq!(v["next"]["kind"], "wait", "a beat with the old build is not it");
+    assert_eq!(
+        v["next"]["kind"], "wait",
+        "a beat with the old build is not it"
+    );
     w.beat(&hs[0], &b, "down", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"]["kind"], "wait", "the build, but not healthy");
     w.beat(&hs[0], &b, "ok", None).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["hosts"][0]["state"], "healthy");
-    assert_eq!(v["next"], json!({"kind": "upgrade", "hosts": [hs[1].id, hs[2].id]}));
+    assert_eq!(
+        v["next"],
+        json!({"kind": "upgrade", "hosts": [hs[1].id, hs[2].id]})
+    );
 
     // The second wave: both start, both report.
     w.advance(&run, upgrading(&hs[1].id)).await;
     let v = w.advance(&run, upgrading(&hs[2].id)).await.json();
-    assert_eq!(v["next"], json!({"kind": "wait", "hosts": [hs[1].id, hs[2].id]}));
+    assert_eq!(
+        v["next"],
+        json!({"kind": "wait", "hosts": [hs[1].id, hs[2].id]})
+    );
     w.clock.advance(Duration::seconds(1));
     w.beat(&hs[1], &b, "ok", None).await;
     w.beat(&hs[2], &b, "ok", None).await;
@@ -410,7 +542,10 @@ async fn j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats(w: World) {
     assert_eq!(v["next"], json!({"kind": "done"}));
     assert_eq!(v["state"], "closed");
     let page = w.op.page("/admin/releases").await;
-    assert!(page.contains(&format!("fleet-{run}-spark-3")) && page.contains("healthy"), "{page}");
+    assert!(
+        page.contains(&format!("fleet-{run}-spark-3")) && page.contains("healthy"),
+        "{page}"
+    );
     // A new run may start now; every host is on the build, so none waits.
     let again = w.start(json!({"build": b})).await;
     assert_eq!(again.status, StatusCode::OK, "{}", again.text());
@@ -453,11 +588,20 @@ async fn j9_the_first_failure_halts_and_a_resume_picks_it_up(w: World) {
     w.advance(&run, upgrading(&hs[0].id)).await;
     w.clock.advance(Duration::seconds(5));
     let rolled_back_at = w.clock.now();
-    w.beat(&hs[0], "000000000000", "ok", Some((&sha(&bytes), rolled_back_at))).await;
+    w.beat(
+        &hs[0],
+        "000000000000",
+        "ok",
+        Some((&sha(&bytes), rolled_back_at)),
+    )
+    .await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["state"], "halted");
     assert!(
-        v["halt_reason"].as_str().unwrap().contains("spark-1: it rolled back"),
+        v["halt_reason"]
+            .as_str()
+            .unwrap()
+            .contains("spark-1: it rolled back"),
         "{v}"
     );
     // Resumed again, the canary becomes healthy (the rollback it still reports until its
@@ -465,13 +609,22 @@ async fn j9_the_first_failure_halts_and_a_resume_picks_it_up(w: World) {
     w.clock.advance(Duration::seconds(1));
     w.start(json!({"build": b, "resume": true})).await;
     w.advance(&run, upgrading(&hs[0].id)).await;
-    w.beat(&hs[0], "000000000000", "ok", Some((&sha(&bytes), rolled_back_at))).await;
+    w.beat(
+        &hs[0],
+        "000000000000",
+        "ok",
+        Some((&sha(&bytes), rolled_back_at)),
+    )
+    .await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(v["next"]["kind"], "wait", "{v}");
     w.clock.advance(Duration::seconds(1));
     w.beat(&hs[0], &b, "ok", None).await;
     let v = w.advance(&run, json!({})).await.json();
-    assert_eq!(v["next"], json!({"kind": "upgrade", "hosts": [hs[1].id, hs[2].id]}));
+    assert_eq!(
+        v["next"],
+        json!({"kind": "upgrade", "hosts": [hs[1].id, hs[2].id]})
+    );
     w.advance(&run, upgrading(&hs[1].id)).await;
     w.advance(&run, upgrading(&hs[2].id)).await;
     w.clock.advance(Duration::seconds(30));
@@ -483,16 +636,23 @@ async fn j9_the_first_failure_halts_and_a_resume_picks_it_up(w: World) {
     assert_eq!(v["state"], "halted");
     let reason = v["halt_reason"].as_str().unwrap();
     assert!(
-        reason.starts_with("spark-3: no heartbeat reporting build") && reason.contains("within 60 s"),
+        reason.starts_with("spark-3: no heartbeat reporting build")
+            && reason.contains("within 60 s"),
         "{reason}"
     );
     assert_eq!(
-        World::states(&v).iter().map(|s| s.2.as_str()).collect::<Vec<_>>(),
+        World::states(&v)
+            .iter()
+            .map(|s| s.2.as_str())
+            .collect::<Vec<_>>(),
         ["healthy", "healthy", "failed"]
     );
     let resumed = w.start(json!({"build": b, "resume": true})).await.json();
     assert_eq!(
-        World::states(&resumed).iter().map(|s| s.2.as_str()).collect::<Vec<_>>(),
+        World::states(&resumed)
+            .iter()
+            .map(|s| s.2.as_str())
+            .collect::<Vec<_>>(),
         ["healthy", "healthy", "waiting"],
         "only the failed host is tried again"
     );
@@ -511,11 +671,29 @@ async fn j9_a_fleet_upgrade_is_refused_with_nothing_started(w: World) {
         assert_eq!(r.status, status, "{code}: {}", r.text());
         assert_eq!(r.json()["error"], code, "{}", r.text());
     };
-    refused(w.start(json!({"build": "abcdefabcdef"})).await, StatusCode::CONFLICT, "unknown_build");
-    refused(w.start(json!({"build": "abc"})).await, StatusCode::BAD_REQUEST, "bad_build");
-    refused(w.start(json!({"build": "xyzxyzxyzxyz"})).await, StatusCode::BAD_REQUEST, "bad_build");
-    refused(w.start(json!({"build": b, "resume": true})).await, StatusCode::CONFLICT, "no_open_run");
-    let r = w.op.post("/api/admin/fleet-upgrades", json!({"build": b})).await;
+    refused(
+        w.start(json!({"build": "abcdefabcdef"})).await,
+        StatusCode::CONFLICT,
+        "unknown_build",
+    );
+    refused(
+        w.start(json!({"build": "abc"})).await,
+        StatusCode::BAD_REQUEST,
+        "bad_build",
+    );
+    refused(
+        w.start(json!({"build": "xyzxyzxyzxyz"})).await,
+        StatusCode::BAD_REQUEST,
+        "bad_build",
+    );
+    refused(
+        w.start(json!({"build": b, "resume": true})).await,
+        StatusCode::CONFLICT,
+        "no_open_run",
+    );
+    let r =
+        w.op.post("/api/admin/fleet-upgrades", json!({"build": b}))
+            .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // A newer build served for the arch: the older one is not what the one-liner installs.
     w.clock.advance(Duration::seconds(1));
@@ -524,60 +702,153 @@ async fn j9_a_fleet_upgrade_is_refused_with_nothing_started(w: World) {
     let r = w.start(json!({"build": b})).await;
     refused(r, StatusCode::CONFLICT, "not_served");
     // A host of another arch with no build served for it.
-    let (_, _) = byo_db::testing::fleet_host(&w.app.db, &w.admin.sub, "spark-9", other_arch(), w.now).await;
+    let (_, _) =
+        byo_db::testing::fleet_host(&w.app.db, &w.admin.sub, "spark-9", other_arch(), w.now).await;
     let r = w.start(json!({"build": sha(&newer)})).await;
     assert_eq!(r.status, StatusCode::CONFLICT);
-    assert!(r.json()["message"].as_str().unwrap().contains(&format!("for {}, which spark-9 runs on", other_arch())), "{}", r.text());
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("for {}, which spark-9 runs on", other_arch())),
+        "{}",
+        r.text()
+    );
     assert_eq!(w.runs().await, 0, "nothing was started");
-    w.app.db.depool_host(&w.app.db.fleet_candidates().await.unwrap().iter().find(|c| c.slug == "spark-9").unwrap().host_id, "gone", &w.admin.sub, w.now).await.unwrap();
+    w.app
+        .db
+        .depool_host(
+            &w.app
+                .db
+                .fleet_candidates()
+                .await
+                .unwrap()
+                .iter()
+                .find(|c| c.slug == "spark-9")
+                .unwrap()
+                .host_id,
+            "gone",
+            &w.admin.sub,
+            w.now,
+        )
+        .await
+        .unwrap();
 
     let v = w.start(json!({"build": sha(&newer)})).await.json();
     let run = v["id"].as_str().unwrap().to_owned();
-    refused(w.start(json!({"build": sha(&newer)})).await, StatusCode::CONFLICT, "run_in_progress");
-    refused(w.start(json!({"build": b, "resume": true})).await, StatusCode::CONFLICT, "other_build");
+    refused(
+        w.start(json!({"build": sha(&newer)})).await,
+        StatusCode::CONFLICT,
+        "run_in_progress",
+    );
+    refused(
+        w.start(json!({"build": b, "resume": true})).await,
+        StatusCode::CONFLICT,
+        "other_build",
+    );
     assert_eq!(w.runs().await, 1);
     // Reports the host's state does not allow: nothing recorded.
     refused(
-        w.advance(&run, json!({"report": {"host_id": hs[1].id, "state": "failed", "reason": "x"}})).await,
+        w.advance(
+            &run,
+            json!({"report": {"host_id": hs[1].id, "state": "failed", "reason": "x"}}),
+        )
+        .await,
         StatusCode::CONFLICT,
         "host_not_in_that_state",
     );
     refused(
-        w.advance(&run, json!({"report": {"host_id": hs[0].id, "state": "healthy"}})).await,
+        w.advance(
+            &run,
+            json!({"report": {"host_id": hs[0].id, "state": "healthy"}}),
+        )
+        .await,
         StatusCode::BAD_REQUEST,
         "bad_report",
     );
     w.advance(&run, upgrading(&hs[0].id)).await;
     refused(
-        w.advance(&run, json!({"report": {"host_id": hs[0].id, "state": "failed", "reason": " "}})).await,
+        w.advance(
+            &run,
+            json!({"report": {"host_id": hs[0].id, "state": "failed", "reason": " "}}),
+        )
+        .await,
         StatusCode::BAD_REQUEST,
         "bad_report",
     );
-    let r = w.op.post(&format!("/api/admin/fleet-upgrades/{run}/advance"), json!({})).await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/fleet-upgrades/{run}/advance"),
+            json!({}),
+        )
+        .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(
-        World::states(&w.advance(&run, json!({})).await.json()).iter().map(|s| s.2.as_str()).collect::<Vec<_>>(),
+        World::states(&w.advance(&run, json!({})).await.json())
+            .iter()
+            .map(|s| s.2.as_str())
+            .collect::<Vec<_>>(),
         ["upgrading", "waiting", "skipped"]
     );
-    assert_eq!(w.admin.post("/api/admin/fleet-upgrades/nope/advance", json!({})).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        w.admin
+            .post("/api/admin/fleet-upgrades/nope/advance", json!({}))
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
 
     // /admin/releases: an operator may look, not halt; a superadmin halts, then closes.
-    let r = w.op.post_form(&format!("/admin/fleet-upgrades/{run}/halt"), &[]).await;
+    let r =
+        w.op.post_form(&format!("/admin/fleet-upgrades/{run}/halt"), &[])
+            .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    let r = w.admin.post_form(&format!("/admin/fleet-upgrades/{run}/halt"), &[]).await;
+    let r = w
+        .admin
+        .post_form(&format!("/admin/fleet-upgrades/{run}/halt"), &[])
+        .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
     let v = w.advance(&run, json!({})).await.json();
-    assert_eq!(v["next"], json!({"kind": "halted", "reason": "halted by root@example.com on /admin/releases"}));
-    let r = w.admin.post_form(&format!("/admin/fleet-upgrades/{run}/halt"), &[]).await;
-    assert_eq!(r.status, StatusCode::CONFLICT, "halting a halted run: {}", r.text());
-    let r = w.admin.post_form(&format!("/admin/fleet-upgrades/{run}/close"), &[]).await;
+    assert_eq!(
+        v["next"],
+        json!({"kind": "halted", "reason": "halted by root@example.com on /admin/releases"})
+    );
+    let r = w
+        .admin
+        .post_form(&format!("/admin/fleet-upgrades/{run}/halt"), &[])
+        .await;
+    assert_eq!(
+        r.status,
+        StatusCode::CONFLICT,
+        "halting a halted run: {}",
+        r.text()
+    );
+    let r = w
+        .admin
+        .post_form(&format!("/admin/fleet-upgrades/{run}/close"), &[])
+        .await;
     assert_eq!(r.status, StatusCode::SEE_OTHER);
-    assert_eq!(w.advance(&run, json!({})).await.json()["next"], json!({"kind": "done"}));
-    let r = w.admin.post_form(&format!("/admin/fleet-upgrades/{run}/close"), &[]).await;
+    assert_eq!(
+        w.advance(&run, json!({})).await.json()["next"],
+        json!({"kind": "done"})
+    );
+    let r = w
+        .admin
+        .post_form(&format!("/admin/fleet-upgrades/{run}/close"), &[])
+        .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
-    assert_eq!(w.admin.post_form("/admin/fleet-upgrades/nope/close", &[]).await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        w.admin
+            .post_form("/admin/fleet-upgrades/nope/close", &[])
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
     // Closed: a new run may start.
-    assert_eq!(w.start(json!({"build": sha(&newer)})).await.status, StatusCode::OK);
+    assert_eq!(
+        w.start(json!({"build": sha(&newer)})).await.status,
+        StatusCode::OK
+    );
     assert_eq!(w.runs().await, 2);
 }
 

@@ -192,7 +192,9 @@ fn run_one_liner(argv: &[String]) -> Result<f64, String> {
         .map_or_else(|| "a signal".to_owned(), |c| c.to_string());
     let mut reason = format!("the one-liner exited {code}: {tail}");
     if out.status.code() == Some(255) {
-        reason.push_str(" (ssh could not reach the host: is it on the network, is your key on the list?)");
+        reason.push_str(
+            " (ssh could not reach the host: is it on the network, is your key on the list?)",
+        );
     }
     Err(reason.chars().take(1500).collect())
 }
@@ -203,10 +205,17 @@ struct Driver {
 }
 
 impl Driver {
-    async fn advance(&self, run_id: &str, report: Option<FleetReport>) -> anyhow::Result<FleetRunView> {
+    async fn advance(
+        &self,
+        run_id: &str,
+        report: Option<FleetReport>,
+    ) -> anyhow::Result<FleetRunView> {
         let resp = self
             .client
-            .post(format!("{}/api/admin/fleet-upgrades/{run_id}/advance", self.base))
+            .post(format!(
+                "{}/api/admin/fleet-upgrades/{run_id}/advance",
+                self.base
+            ))
             .json(&FleetAdvance { report })
             .send()
             .await
@@ -266,18 +275,31 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                 continue;
             }
             printed.insert(h.host_id.clone(), h.state);
-            let reason = h.reason.as_deref().map(|r| format!(": {r}")).unwrap_or_default();
+            let reason = h
+                .reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default();
             match h.state {
                 FleetHostState::Healthy => {
                     let took = one_liner_at
                         .get(&h.host_id)
-                        .map(|t| format!(", {:.1} s after its one-liner started", t.elapsed().as_secs_f64()))
+                        .map(|t| {
+                            format!(
+                                ", {:.1} s after its one-liner started",
+                                t.elapsed().as_secs_f64()
+                            )
+                        })
                         .unwrap_or_default();
                     println!(
                         "  {}: healthy on build {}{took}{}",
                         h.slug,
                         run.build,
-                        if took.is_empty() { reason } else { String::new() }
+                        if took.is_empty() {
+                            reason
+                        } else {
+                            String::new()
+                        }
                     );
                 }
                 FleetHostState::Skipped => println!("  {}: skipped{reason}", h.slug),
@@ -337,14 +359,18 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                     let slug = h.slug.clone();
                     let id = id.clone();
                     tasks.push(tokio::task::spawn_blocking(move || {
-                        let outcome = argv.map_err(|e| format!("{e:#}")).and_then(|a| run_one_liner(&a));
+                        let outcome = argv
+                            .map_err(|e| format!("{e:#}"))
+                            .and_then(|a| run_one_liner(&a));
                         (id, slug, outcome)
                     }));
                 }
                 for task in tasks {
                     let (id, slug, outcome) = task.await?;
                     match outcome {
-                        Ok(secs) => println!("  {slug}: one-liner done in {secs:.1} s; waiting for its heartbeat"),
+                        Ok(secs) => println!(
+                            "  {slug}: one-liner done in {secs:.1} s; waiting for its heartbeat"
+                        ),
                         Err(reason) => {
                             run = driver
                                 .advance(
@@ -399,8 +425,17 @@ mod tests {
     #[test]
     fn the_one_liner_runs_as_spark_over_each_access_path() {
         let cmd = one_liner("https://app.example.com/");
-        assert_eq!(cmd, "curl -fsSL https://app.example.com/install.sh | sudo bash -s --");
-        let tunnel = ssh_argv(&args(Via::Tunnel), "spark-7", Some("spark-7.ssh.example.com"), &cmd).unwrap();
+        assert_eq!(
+            cmd,
+            "curl -fsSL https://app.example.com/install.sh | sudo bash -s --"
+        );
+        let tunnel = ssh_argv(
+            &args(Via::Tunnel),
+            "spark-7",
+            Some("spark-7.ssh.example.com"),
+            &cmd,
+        )
+        .unwrap();
         assert_eq!(
             shell_line(&tunnel),
             "ssh -o 'ProxyCommand=cloudflared access ssh --hostname %h' -o HostKeyAlias=spark-7 -o BatchMode=yes -o ConnectTimeout=20 -i /home/op/.ssh/id_ed25519 -o IdentitiesOnly=yes spark@spark-7.ssh.example.com -- 'curl -fsSL https://app.example.com/install.sh | sudo bash -s --'"

@@ -193,9 +193,16 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
             sig.display()
         )
     })?;
-    let arch = match args.arch.clone().or_else(|| release::elf_arch(&bytes).map(str::to_owned)) {
+    let arch = match args
+        .arch
+        .clone()
+        .or_else(|| release::elf_arch(&bytes).map(str::to_owned))
+    {
         Some(a) => a,
-        None => bail!("{} is not an ELF executable this command can read the arch of: pass --arch", args.build.display()),
+        None => bail!(
+            "{} is not an ELF executable this command can read the arch of: pass --arch",
+            args.build.display()
+        ),
     };
     let version = match args.version.clone() {
         Some(v) => v,
@@ -228,7 +235,10 @@ pub async fn publish(args: PublishArgs) -> anyhow::Result<()> {
         "No host changed build. Check the path owners follow: byo release check --server {base} --arch {}",
         r.arch
     );
-    println!("Deliver it: byo fleet upgrade --server {base} --build {}", r.build);
+    println!(
+        "Deliver it: byo fleet upgrade --server {base} --build {}",
+        r.build
+    );
     Ok(())
 }
 
@@ -256,8 +266,8 @@ pub fn installer_path(script: &str, arch: &str) -> Result<InstallerPath, String>
     if !script.starts_with("#!") || !script.contains("byo host installer") {
         return Err("it is not the byo installer (no shebang and installer banner)".into());
     }
-    let server = quoted_assignment(script, "server")
-        .ok_or("it names no server (no server='…' line)")?;
+    let server =
+        quoted_assignment(script, "server").ok_or("it names no server (no server='…' line)")?;
     let release_key = quoted_assignment(script, "release_key").unwrap_or_default();
     let mut build = None;
     let mut digest = None;
@@ -376,7 +386,9 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
     let pinned = args
         .key
         .as_deref()
-        .map(|k| ssh_key::PublicKey::from_openssh(k.trim()).context("--key is not an OpenSSH public key"))
+        .map(|k| {
+            ssh_key::PublicKey::from_openssh(k.trim()).context("--key is not an OpenSSH public key")
+        })
         .transpose()?;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(120))
@@ -450,7 +462,10 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
                 .unwrap_or("")
                 .to_ascii_lowercase();
             if expected == actual {
-                links.ok(&format!("digest matches (sha256 {actual}, build {})", release::build_id(&actual)));
+                links.ok(&format!(
+                    "digest matches (sha256 {actual}, build {})",
+                    release::build_id(&actual)
+                ));
             } else {
                 links.broken(format!(
                     "digest mismatch: {} says {expected:?}, the build is {actual}; install.sh refuses it",
@@ -473,10 +488,15 @@ pub async fn check(args: CheckArgs) -> anyhow::Result<()> {
         if arch == std::env::consts::ARCH {
             match tokio::task::spawn_blocking(move || runs(&build)).await? {
                 Ok(said) => links.ok(&format!("runs: byo-agent --version says {said:?}")),
-                Err(e) => links.broken(format!("the build does not run: {e}; install.sh refuses it")),
+                Err(e) => links.broken(format!(
+                    "the build does not run: {e}; install.sh refuses it"
+                )),
             }
         } else {
-            println!("  --    not run: it is for {arch}, this machine is {}", std::env::consts::ARCH);
+            println!(
+                "  --    not run: it is for {arch}, this machine is {}",
+                std::env::consts::ARCH
+            );
         }
     }
     finish(links, started)
@@ -521,8 +541,16 @@ mod tests {
         let moved = script.replace("\"$server/agent/", "\"https://blobs.example.net/agent/");
         let p = installer_path(&moved, "x86_64").unwrap();
         assert_eq!(p.build, "https://blobs.example.net/agent/byo-agent-x86_64");
-        assert!(installer_path("<html>404</html>", "x86_64").unwrap_err().contains("not the byo installer"));
+        assert!(
+            installer_path("<html>404</html>", "x86_64")
+                .unwrap_err()
+                .contains("not the byo installer")
+        );
         let no_sig = script.replace("byo-agent-$arch.sig", "byo-agent.sig");
-        assert!(installer_path(&no_sig, "x86_64").unwrap_err().contains(".sig"));
+        assert!(
+            installer_path(&no_sig, "x86_64")
+                .unwrap_err()
+                .contains(".sig")
+        );
     }
 }

@@ -117,8 +117,7 @@ curl -fsS -o /dev/null -X POST -H 'Authorization: Bearer {token}' -H 'Content-Ty
         ),
     )
     .unwrap();
-    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
-        .unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     script
 }
 
@@ -138,7 +137,12 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let up = ByoUp::start(
-        &["--listen", "127.0.0.1:0", "--data-dir", &data.to_string_lossy()],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data.to_string_lossy(),
+        ],
         dir.path(),
     );
     let url = up.url.clone();
@@ -156,7 +160,10 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
     )
     .unwrap();
     let sig = byo_core::release::sign(&key, &bytes).unwrap();
-    let client = reqwest::Client::builder().cookie_store(true).build().unwrap();
+    let client = reqwest::Client::builder()
+        .cookie_store(true)
+        .build()
+        .unwrap();
     let login = client
         .post(format!("{url}/api/auth/login"))
         .json(&serde_json::json!({"email": up.email, "password": up.password}))
@@ -166,7 +173,9 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
     assert!(login.status().is_success());
     use base64::Engine;
     let published = client
-        .post(format!("{url}/api/admin/releases/{ARCH}?version=byo-agent%200.1.0"))
+        .post(format!(
+            "{url}/api/admin/releases/{ARCH}?version=byo-agent%200.1.0"
+        ))
         .header(
             byo_wire::fleet::SIGNATURE_HEADER,
             base64::engine::general_purpose::STANDARD.encode(&sig),
@@ -175,7 +184,12 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
         .send()
         .await
         .unwrap();
-    assert_eq!(published.status(), 201, "{}", published.text().await.unwrap());
+    assert_eq!(
+        published.status(),
+        201,
+        "{}",
+        published.text().await.unwrap()
+    );
     let build = published.json::<serde_json::Value>().await.unwrap()["build"]
         .as_str()
         .unwrap()
@@ -226,12 +240,14 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
 
     let fleet = |resume: bool| {
         let mut cmd = Command::new(support::sibling("byo"));
-        cmd.args(["fleet", "upgrade", "--server", &url, "--email", &up.email, "--build", &build])
-            .args(["--via", "ssh-config", "--ssh-config"])
-            .arg(&config)
-            .args(["--wait-secs", "30"])
-            .env("BYO_PASSWORD", &up.password)
-            .stdin(Stdio::null());
+        cmd.args([
+            "fleet", "upgrade", "--server", &url, "--email", &up.email, "--build", &build,
+        ])
+        .args(["--via", "ssh-config", "--ssh-config"])
+        .arg(&config)
+        .args(["--wait-secs", "30"])
+        .env("BYO_PASSWORD", &up.password)
+        .stdin(Stdio::null());
         if resume {
             cmd.arg("--resume");
         }
@@ -244,10 +260,22 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
     println!("{text}");
     assert!(!out.status.success(), "the failure halts the run:\n{text}");
     assert!(text.contains("4 host(s), 2 wave(s)"), "{text}");
-    assert!(text.contains("wave 0: upgrading spark-1\n"), "the canary first:\n{text}");
-    assert!(text.contains(&format!("spark-1: healthy on build {build}")), "{text}");
-    assert!(text.contains("wave 1: upgrading spark-2, spark-3"), "{text}");
-    assert!(text.contains("spark-4: skipped: an instance is being created"), "{text}");
+    assert!(
+        text.contains("wave 0: upgrading spark-1\n"),
+        "the canary first:\n{text}"
+    );
+    assert!(
+        text.contains(&format!("spark-1: healthy on build {build}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("wave 1: upgrading spark-2, spark-3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("spark-4: skipped: an instance is being created"),
+        "{text}"
+    );
     assert!(
         text.contains("halted: spark-2: the one-liner exited 1: ")
             && text.contains("does not run on this machine")
@@ -259,7 +287,11 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
         let id = id.to_owned();
         async move { store.host_status(&id).await.unwrap().unwrap().agent_version }
     };
-    assert_eq!(version(&ids[1]).await.as_deref(), Some("0.1.0"), "spark-2 kept its build");
+    assert_eq!(
+        version(&ids[1]).await.as_deref(),
+        Some("0.1.0"),
+        "spark-2 kept its build"
+    );
     assert_eq!(
         version(&ids[3]).await.as_deref(),
         Some("0.1.0"),
@@ -274,8 +306,14 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
     println!("{text}");
     assert!(out.status.success(), "{text}");
     assert!(text.contains("resumed"), "{text}");
-    assert!(text.contains(&format!("spark-2: healthy on build {build}")), "{text}");
-    assert!(text.contains("done in") && text.contains("3 healthy"), "{text}");
+    assert!(
+        text.contains(&format!("spark-2: healthy on build {build}")),
+        "{text}"
+    );
+    assert!(
+        text.contains("done in") && text.contains("3 healthy"),
+        "{text}"
+    );
     for (n, id) in ids.iter().enumerate().take(3) {
         assert_eq!(
             version(id).await,

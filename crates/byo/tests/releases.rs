@@ -47,7 +47,10 @@ fn said(out: &Output) -> String {
 fn broken(url: &str, link: &str) -> String {
     let out = byo(&["release", "check", "--server", url], None, None);
     let text = said(&out);
-    assert!(!out.status.success(), "a broken link must fail the check:\n{text}");
+    assert!(
+        !out.status.success(),
+        "a broken link must fail the check:\n{text}"
+    );
     assert!(text.contains(link), "the check names {link:?}:\n{text}");
     text
 }
@@ -60,7 +63,11 @@ fn sha(bytes: &[u8]) -> String {
 /// What the server serves at `url` (as the installer's curl fetches it).
 fn fetch(url: &str) -> String {
     let out = Command::new("curl").args(["-fsS", url]).output().unwrap();
-    assert!(out.status.success(), "{url}: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{url}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8(out.stdout).unwrap()
 }
 
@@ -77,7 +84,12 @@ fn j_release_check_follows_the_installers_path_and_names_each_broken_link() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let up = ByoUp::start(
-        &["--listen", "127.0.0.1:0", "--data-dir", &data.to_string_lossy()],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data.to_string_lossy(),
+        ],
         dir.path(),
     );
     let url = up.url.clone();
@@ -90,26 +102,45 @@ fn j_release_check_follows_the_installers_path_and_names_each_broken_link() {
     let good_check = started.elapsed();
     assert!(out.status.success(), "{}", said(&out));
     let text = said(&out);
-    for line in ["ok    install.sh", "digest matches", "signed by the release key", "runs: byo-agent --version says \"byo-agent "] {
+    for line in [
+        "ok    install.sh",
+        "digest matches",
+        "signed by the release key",
+        "runs: byo-agent --version says \"byo-agent ",
+    ] {
         assert!(text.contains(line), "{line}:\n{text}");
     }
 
     // install.sh missing (a public URL that serves something else).
-    broken(&format!("{url}/nowhere"), &format!("install.sh: {url}/nowhere/install.sh answered 404"));
+    broken(
+        &format!("{url}/nowhere"),
+        &format!("install.sh: {url}/nowhere/install.sh answered 404"),
+    );
     // The signature missing, then by another key.
     {
         let _back = Restore(&file(".sig"), std::fs::read(file(".sig")).unwrap());
         std::fs::remove_file(file(".sig")).unwrap();
-        broken(&url, &format!("signature: {url}/agent/byo-agent-{ARCH}.sig answered 404"));
+        broken(
+            &url,
+            &format!("signature: {url}/agent/byo-agent-{ARCH}.sig answered 404"),
+        );
         let other = byo_core::keylist_testing::private_key();
         let agent = std::fs::read(file("")).unwrap();
-        std::fs::write(file(".sig"), byo_core::release::sign(&other, &agent).unwrap()).unwrap();
+        std::fs::write(
+            file(".sig"),
+            byo_core::release::sign(&other, &agent).unwrap(),
+        )
+        .unwrap();
         broken(&url, "signature: not the release key's");
     }
     // A digest that does not match.
     {
         let _back = Restore(&file(".sha256"), std::fs::read(file(".sha256")).unwrap());
-        std::fs::write(file(".sha256"), format!("{}  byo-agent-{ARCH}\n", "0".repeat(64))).unwrap();
+        std::fs::write(
+            file(".sha256"),
+            format!("{}  byo-agent-{ARCH}\n", "0".repeat(64)),
+        )
+        .unwrap();
         broken(&url, "digest mismatch");
     }
     // A build that cannot run here, with its own digest and a good signature.
@@ -123,19 +154,33 @@ fn j_release_check_follows_the_installers_path_and_names_each_broken_link() {
         let _bin = Restore(&file(""), std::fs::read(file("")).unwrap());
         let not_a_program = b"\x7fELF but not really a program".to_vec();
         std::fs::write(file(""), &not_a_program).unwrap();
-        std::fs::write(file(".sha256"), format!("{}  byo-agent-{ARCH}\n", sha(&not_a_program))).unwrap();
-        std::fs::write(file(".sig"), byo_core::release::sign(&key, &not_a_program).unwrap()).unwrap();
+        std::fs::write(
+            file(".sha256"),
+            format!("{}  byo-agent-{ARCH}\n", sha(&not_a_program)),
+        )
+        .unwrap();
+        std::fs::write(
+            file(".sig"),
+            byo_core::release::sign(&key, &not_a_program).unwrap(),
+        )
+        .unwrap();
         broken(&url, "the build does not run: does not start here");
     }
     // The build missing.
     {
         let _back = Restore(&file(""), std::fs::read(file("")).unwrap());
         std::fs::remove_file(file("")).unwrap();
-        broken(&url, &format!("build: {url}/agent/byo-agent-{ARCH} answered 404"));
+        broken(
+            &url,
+            &format!("build: {url}/agent/byo-agent-{ARCH} answered 404"),
+        );
     }
     let out = byo(&["release", "check", "--server", &url], None, None);
     assert!(out.status.success(), "restored: {}", said(&out));
-    println!("figure: byo release check, every link good, {:.2} s", good_check.as_secs_f64());
+    println!(
+        "figure: byo release check, every link good, {:.2} s",
+        good_check.as_secs_f64()
+    );
 }
 
 #[test]
@@ -143,7 +188,12 @@ fn j_a_build_signed_off_server_is_published_and_served_and_refusals_change_nothi
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let up = ByoUp::start(
-        &["--listen", "127.0.0.1:0", "--data-dir", &data.to_string_lossy()],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &data.to_string_lossy(),
+        ],
         dir.path(),
     );
     let url = up.url.clone();
@@ -157,15 +207,25 @@ fn j_a_build_signed_off_server_is_published_and_served_and_refusals_change_nothi
 
     // Signed on "the operator's machine", with the release key on standard input.
     let key = std::fs::read(data.join("release-signing-key")).unwrap();
-    let out = byo(&["release", "sign", "--build", &build_arg], None, Some(&key));
+    let out = byo(
+        &["release", "sign", "--build", &build_arg],
+        None,
+        Some(&key),
+    );
     assert!(out.status.success(), "{}", said(&out));
     assert!(said(&out).contains(&sha(&bytes)), "{}", said(&out));
-    let no_key = byo(&["release", "sign", "--build", &build_arg], None, Some(b"nothing"));
+    let no_key = byo(
+        &["release", "sign", "--build", &build_arg],
+        None,
+        Some(b"nothing"),
+    );
     assert!(!no_key.status.success());
     assert!(said(&no_key).contains("no private key on standard input"));
 
     let publish = |sig: Option<&str>| {
-        let mut args = vec!["release", "publish", "--server", &url, "--email", &up.email, "--build", &build_arg];
+        let mut args = vec![
+            "release", "publish", "--server", &url, "--email", &up.email, "--build", &build_arg,
+        ];
         if let Some(s) = sig {
             args.extend(["--sig", s]);
         }
@@ -180,7 +240,8 @@ fn j_a_build_signed_off_server_is_published_and_served_and_refusals_change_nothi
     let out = publish(Some(&forged.to_string_lossy()));
     assert!(!out.status.success());
     assert!(
-        said(&out).contains("not signed by this server's release key") && said(&out).contains("nothing was published"),
+        said(&out).contains("not signed by this server's release key")
+            && said(&out).contains("nothing was published"),
         "{}",
         said(&out)
     );
@@ -191,12 +252,23 @@ fn j_a_build_signed_off_server_is_published_and_served_and_refusals_change_nothi
     let took = started.elapsed();
     assert!(out.status.success(), "{}", said(&out));
     let text = said(&out);
-    assert!(text.contains(&format!("published byo-agent-{ARCH} byo-agent ")), "{text}");
+    assert!(
+        text.contains(&format!("published byo-agent-{ARCH} byo-agent ")),
+        "{text}"
+    );
     assert!(text.contains("No host changed build"), "{text}");
-    assert_eq!(served(), format!("{}  byo-agent-{ARCH}\n", sha(&bytes)), "the installer serves it");
+    assert_eq!(
+        served(),
+        format!("{}  byo-agent-{ARCH}\n", sha(&bytes)),
+        "the installer serves it"
+    );
     let out = byo(&["release", "check", "--server", &url], None, None);
     assert!(out.status.success(), "{}", said(&out));
-    assert!(said(&out).contains(&sha(&bytes)), "the check saw the published build: {}", said(&out));
+    assert!(
+        said(&out).contains(&sha(&bytes)),
+        "the check saw the published build: {}",
+        said(&out)
+    );
     // The same build again: refused.
     let out = publish(None);
     assert!(!out.status.success());

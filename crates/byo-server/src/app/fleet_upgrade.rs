@@ -59,7 +59,9 @@ async fn resolve(state: &AppState, named: &str) -> AppResult<(String, Vec<String
     if releases.is_empty() {
         return Err(AppError::conflict(
             "unknown_build",
-            format!("no published build is named {named}: publish it first (byo release publish); nothing was started"),
+            format!(
+                "no published build is named {named}: publish it first (byo release publish); nothing was started"
+            ),
         ));
     }
     let mut served = Vec::new();
@@ -108,9 +110,22 @@ pub async fn start(state: &AppState, by: &Superadmin, req: FleetStart) -> AppRes
         }
         state
             .store
-            .move_fleet_run(&run.id, FleetRunState::Halted, FleetRunState::Running, None, now)
+            .move_fleet_run(
+                &run.id,
+                FleetRunState::Halted,
+                FleetRunState::Running,
+                None,
+                now,
+            )
             .await?;
-        audit(state, by, "fleet.upgrade_resumed", &run.id, json!({"build": build})).await?;
+        audit(
+            state,
+            by,
+            "fleet.upgrade_resumed",
+            &run.id,
+            json!({"build": build}),
+        )
+        .await?;
         return advance(state, by, &run.id, FleetAdvance::default()).await;
     }
     if let Some(run) = open {
@@ -221,7 +236,10 @@ pub async fn advance(
         if run.state != FleetRunState::Running {
             return Err(AppError::conflict(
                 "run_not_running",
-                format!("fleet upgrade {run_id} is {}: nothing was recorded", run.state),
+                format!(
+                    "fleet upgrade {run_id} is {}: nothing was recorded",
+                    run.state
+                ),
             ));
         }
         let from = match report.state {
@@ -230,7 +248,9 @@ pub async fn advance(
             other => {
                 return Err(AppError::bad_request(
                     "bad_report",
-                    format!("a host is reported upgrading or failed, not {other}; its heartbeat says the rest"),
+                    format!(
+                        "a host is reported upgrading or failed, not {other}; its heartbeat says the rest"
+                    ),
                 ));
             }
         };
@@ -318,8 +338,14 @@ async fn step(state: &AppState, by: &Superadmin, run: &FleetRunRow) -> AppResult
                         now,
                     )
                     .await?;
-                audit(state, by, "fleet.upgrade_halted", &run.id, json!({"reason": reason}))
-                    .await?;
+                audit(
+                    state,
+                    by,
+                    "fleet.upgrade_halted",
+                    &run.id,
+                    json!({"reason": reason}),
+                )
+                .await?;
                 return Ok(());
             }
             Next::Done => {
@@ -456,7 +482,14 @@ pub async fn halt(state: &AppState, by: &Superadmin, run_id: &str) -> AppResult<
     {
         return Err(not_in(state, run_id, "running").await);
     }
-    audit(state, by, "fleet.upgrade_halted", run_id, json!({"reason": reason})).await
+    audit(
+        state,
+        by,
+        "fleet.upgrade_halted",
+        run_id,
+        json!({"reason": reason}),
+    )
+    .await
 }
 
 /// A superadmin closes an open run (running or halted): nothing more is done in it, and a
@@ -481,7 +514,10 @@ async fn not_in(state: &AppState, run_id: &str, wanted: &str) -> AppError {
     match state.store.fleet_run(run_id).await {
         Ok(Some(run)) => AppError::conflict(
             "run_not_open",
-            format!("fleet upgrade {run_id} is {}, not {wanted}: nothing changed", run.state),
+            format!(
+                "fleet upgrade {run_id} is {}, not {wanted}: nothing changed",
+                run.state
+            ),
         ),
         Ok(None) => AppError::NotFound,
         Err(e) => e.into(),

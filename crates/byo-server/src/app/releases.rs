@@ -101,7 +101,8 @@ pub async fn publish(
             format!(
                 "the build is {}, not an {arch} executable",
                 found_arch.map_or_else(
-                    || "not a 64-bit little-endian ELF executable of a known architecture".to_owned(),
+                    || "not a 64-bit little-endian ELF executable of a known architecture"
+                        .to_owned(),
                     |a| format!("an {a} executable")
                 )
             ),
@@ -128,7 +129,10 @@ pub async fn publish(
             tokio::fs::rename(&tmp, &path).await
         };
         write.await.map_err(|e| {
-            AppError::Internal(anyhow::anyhow!("keeping the build in {}: {e}", dir.display()))
+            AppError::Internal(anyhow::anyhow!(
+                "keeping the build in {}: {e}",
+                dir.display()
+            ))
         })?;
     }
     let now = state.clock.now();
@@ -150,7 +154,9 @@ pub async fn publish(
             if e.is_constraint("agent_releases_once") || matches!(e, byo_db::DbError::Conflict(_)) {
                 AppError::conflict(
                     "already_published",
-                    format!("build {sha256} is already published for {arch}; nothing was published"),
+                    format!(
+                        "build {sha256} is already published for {arch}; nothing was published"
+                    ),
                 )
             } else {
                 e.into()

@@ -91,5 +91,7 @@ pub async fn post_advance(
     Path(run_id): Path<String>,
     Checked(req): Checked<FleetAdvance>,
 ) -> AppResult<Json<FleetRunView>> {
-    Ok(Json(fleet_upgrade::advance(&state, &admin, &run_id, req).await?))
+    Ok(Json(
+        fleet_upgrade::advance(&state, &admin, &run_id, req).await?,
+    ))
 }
