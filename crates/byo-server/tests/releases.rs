@@ -320,12 +320,41 @@ async fn j_a_publish_is_refused_with_nothing_changed(w: World) {
         "{}",
         bad_version.text()
     );
+    // An empty build; a version past 128 characters (128 is accepted, below).
+    let empty_sig = byo_core::release::sign(release_key(), b"").unwrap();
+    let r = w.publish_as(&w.admin, ARCH, b"", Some(&empty_sig)).await;
+    assert_eq!(r.json()["error"], "empty_build", "{}", r.text());
+    let versioned = |version: String| {
+        Request::post(format!("/api/admin/releases/{ARCH}?version={version}"))
+            .header(
+                header::COOKIE,
+                format!("__Host-byo_session={}", w.admin.session),
+            )
+            .header(
+                SIGNATURE_HEADER,
+                base64::engine::general_purpose::STANDARD.encode(&other_sig),
+            )
+            .body(Body::from(other_bytes.clone()))
+            .unwrap()
+    };
+    let r = w.app.send(versioned("v".repeat(129))).await;
+    assert_eq!(r.json()["error"], "bad_version", "{}", r.text());
+    let r = w.app.send(versioned(String::new())).await;
+    assert_eq!(r.json()["error"], "bad_version", "{}", r.text());
+    assert_eq!(w.kept().await, before, "nothing changed");
     let r = w
         .publish_as(&w.op, ARCH, &other_bytes, Some(&other_sig))
         .await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert_eq!(w.kept().await, before, "an operator changed nothing");
     assert_eq!(w.agent(&format!("byo-agent-{ARCH}")).await.body, good);
+    let r = w.app.send(versioned("v".repeat(128))).await;
+    assert_eq!(
+        r.status,
+        StatusCode::CREATED,
+        "128 characters: {}",
+        r.text()
+    );
 }
 
 /// Without a release key configured, nothing can be verified, so nothing is published.
@@ -844,11 +873,21 @@ async fn j9_a_fleet_upgrade_is_refused_with_nothing_started(w: World) {
             .status,
         StatusCode::NOT_FOUND
     );
-    // Closed: a new run may start.
+    // Closed: a new run may start; its settings are kept within their bounds.
+    let r = w
+        .start(json!({"build": sha(&newer), "canary": 0, "growth": 3, "wait_secs": 999_999}))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let v = r.json();
     assert_eq!(
-        w.start(json!({"build": sha(&newer)})).await.status,
-        StatusCode::OK
+        (
+            v["canary"].as_i64(),
+            v["growth"].as_i64(),
+            v["wait_secs"].as_i64()
+        ),
+        (Some(1), Some(3), Some(86_400))
     );
+    assert_eq!(v["build"], sha(&newer)[..12]);
     assert_eq!(w.runs().await, 2);
 }
 
