@@ -68,6 +68,7 @@ pub mod profiles;
 pub mod provisioning;
 pub mod queue;
 pub mod relay_ca;
+pub mod releases;
 pub mod sessions;
 pub mod ssh_keys;
 #[cfg(feature = "testing")]

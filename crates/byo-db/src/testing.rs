@@ -163,3 +163,39 @@ pub async fn pickable_host(
         .unwrap();
     id
 }
+
+/// A host a fleet upgrade covers: a [`pickable_host`] whose node0 enrolled as `arch`. Its
+/// id and its host token (plaintext), for heartbeats sent as the host.
+pub async fn fleet_host(
+    store: &Store,
+    owner: &str,
+    slug: &str,
+    arch: &str,
+    now: chrono::DateTime<chrono::Utc>,
+) -> (String, String) {
+    use byo_core::tokens::{SecretToken, TokenKind};
+    let id = pickable_host(store, owner, slug, now).await;
+    let token = SecretToken::generate(TokenKind::Host);
+    store
+        .execute_unchecked(&format!(
+            "update hosts set token_hash = '{}' where id = '{id}'",
+            token.hash().as_str()
+        ))
+        .await
+        .unwrap();
+    store
+        .insert_host_node(
+            crate::hosts::NewHostNode {
+                host_id: &id,
+                index: 0,
+                machine_id: Some(slug),
+                hardware_id: slug,
+                fingerprint: &serde_json::json!({"arch": arch, "gpu_model": "GB10"}),
+                rails: &serde_json::json!({}),
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    (id, token.expose().to_owned())
+}

@@ -358,6 +358,37 @@ fn api_table() -> Vec<ApiRow> {
             missing: None,
             body: none,
         },
+        // Releases and the fleet upgrade (issue #14, 1 and 5): publishing and upgrading are a
+        // superadmin's; operators read the list. Past the gate: a publish without its
+        // version is 400, a build nobody published 409, a run that does not exist 404.
+        ApiRow {
+            method: Method::POST,
+            path: "/api/admin/releases/{arch}",
+            expect: [401, 403, 403, 403, 403, 400],
+            missing: Some([401, 403, 403, 403, 403, 400]),
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
+            path: "/api/admin/releases",
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::POST,
+            path: "/api/admin/fleet-upgrades",
+            expect: [401, 403, 403, 403, 403, 409],
+            missing: None,
+            body: |_| Some(json!({"build": "abcdefabcdef"})),
+        },
+        ApiRow {
+            method: Method::POST,
+            path: "/api/admin/fleet-upgrades/{run_id}/advance",
+            expect: [401, 403, 403, 403, 403, 404],
+            missing: Some([401, 403, 403, 403, 403, 404]),
+            body: |_| Some(json!({})),
+        },
         ApiRow {
             method: Method::POST,
             path: "/api/hosts",
@@ -751,6 +782,24 @@ fn page_table() -> Vec<Row> {
             method: Method::GET,
             path: "/admin/jobs",
             allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/releases",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/fleet-upgrades/{run_id}/halt",
+            allowed: SUPERADMIN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/fleet-upgrades/{run_id}/close",
+            allowed: SUPERADMIN,
             body: none,
         },
         Row {
@@ -1167,6 +1216,8 @@ impl Actors {
         path.replace("{sub}", &self.target)
             .replace("{role}", "community_host")
             .replace("{version}", "1")
+            .replace("{arch}", "x86_64")
+            .replace("{run_id}", "no-such-run")
             .replace("{host_id}", &id(|f| &f.host, "no-such-host"))
             .replace(
                 "{enrollment_id}",

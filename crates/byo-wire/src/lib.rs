@@ -6,6 +6,7 @@
 pub mod api;
 pub mod billing;
 pub mod enroll;
+pub mod fleet;
 pub mod lifecycle;
 pub mod limits;
 pub mod peers;

@@ -164,7 +164,34 @@ mod tests {
         round_trip(RelayState::ALL);
         round_trip(KeyListState::ALL);
         round_trip(RevokeStep::ALL);
+        round_trip(FleetRunState::ALL);
+        round_trip(FleetHostState::ALL);
         assert!("Running".parse::<VmStatus>().is_err());
         assert!(VmStatus::try_from("unknown".to_owned()).is_err());
+    }
+}
+
+text_enum! {
+    /// `fleet_upgrades.state` (issue #14, 5): a fleet upgrade runs, is halted (by its first
+    /// failure or by a superadmin; `byo fleet upgrade --resume` picks it up again), or is
+    /// closed (every host judged, or closed by hand). One run is open at a time.
+    pub enum FleetRunState {
+        Running = "running",
+        Halted = "halted",
+        Closed = "closed",
+    }
+}
+
+text_enum! {
+    /// `fleet_upgrade_hosts.state`: one host's place in a fleet upgrade. `waiting` for its
+    /// wave, `upgrading` from the moment the one-liner was started on it until its heartbeat
+    /// judges it, then `healthy` (the heartbeat reports the build, healthy), `failed` (with
+    /// the reason; the run halts) or `skipped` (mid-create, de-pooled: the reason says which).
+    pub enum FleetHostState {
+        Waiting = "waiting",
+        Upgrading = "upgrading",
+        Healthy = "healthy",
+        Failed = "failed",
+        Skipped = "skipped",
     }
 }

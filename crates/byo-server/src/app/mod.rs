@@ -12,6 +12,7 @@ pub mod accounts;
 pub mod admin_host_action;
 pub mod admin_vm_action;
 pub mod billing;
+pub mod fleet_upgrade;
 pub mod host_enroll;
 pub mod host_heartbeat;
 pub mod host_lifecycle;
@@ -28,5 +29,6 @@ pub mod prebookings;
 // The queue (E2): issue #13 item 2.
 pub mod queue_drain;
 pub mod reap;
+pub mod releases;
 pub mod ssh_keys;
 pub mod users;

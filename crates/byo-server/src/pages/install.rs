@@ -323,8 +323,16 @@ pub async fn install_sh(State(state): State<AppState>) -> Response {
 
 /// An agent build from the release directory. Only `byo-agent-<arch>[.sha256|.sig]` names
 /// are served, so no path can reach outside it.
+/// When a build of the arch is published (`agent_releases`), the newest one is served
+/// (`crate::app::releases::served_file`); otherwise the release directory's own files.
 pub async fn agent_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
-    release_file(&state, "byo-agent-", &file, "no such agent build").await
+    match crate::app::releases::served_file(&state, &file).await {
+        Ok(Some(bytes)) => {
+            ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
+        }
+        Ok(None) => release_file(&state, "byo-agent-", &file, "no such agent build").await,
+        Err(e) => e.into_response(),
+    }
 }
 
 /// A relay daemon build from the release directory (`byo-relay-<arch>`), which a relay's

@@ -26,6 +26,7 @@ mod admin_jobs;
 mod billing;
 // The queue (E2, issue #13).
 mod admin_queue;
+mod admin_releases;
 mod host_detail;
 mod hosts;
 pub mod install;
@@ -85,6 +86,15 @@ pub fn router() -> Router<AppState> {
         .route("/admin/queue/{queue_id}/close", post(admin_queue::close))
         .route("/admin/instances", get(admin_instances::page))
         .route("/admin/jobs", get(admin_jobs::page))
+        .route("/admin/releases", get(admin_releases::page))
+        .route(
+            "/admin/fleet-upgrades/{run_id}/halt",
+            post(admin_releases::halt),
+        )
+        .route(
+            "/admin/fleet-upgrades/{run_id}/close",
+            post(admin_releases::close),
+        )
         .route("/billing", get(billing::page))
         .route("/billing/payment-method", post(billing::add_payment_method))
         .route(
@@ -225,6 +235,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                                 a href="/admin/users" { "Users" }
                                 a href="/admin/operator-keys" { "Operator keys" }
                                 a href="/admin/jobs" { "Jobs" }
+                                a href="/admin/releases" { "Releases" }
                                 a href="/admin/prebookings" { "Bookings" }
                                 a href="/admin/queue" { "Queue" }
                             }

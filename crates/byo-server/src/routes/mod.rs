@@ -35,6 +35,7 @@ pub mod operator_keys;
 pub mod placement;
 pub mod prebookings;
 pub mod queue;
+pub mod releases;
 pub mod ssh_keys;
 pub mod vms;
 
@@ -118,6 +119,15 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(queue::get_admin_queue))
         .routes(routes!(queue::post_place))
         .routes(routes!(queue::post_close))
+        .routes(routes!(releases::get_releases))
+        .routes(routes!(releases::post_fleet_upgrade))
+        .routes(routes!(releases::post_advance))
+        // A build is far larger than any other body: its own limit, on its route only.
+        .merge(
+            OpenApiRouter::new()
+                .routes(routes!(releases::post_release))
+                .layer(DefaultBodyLimit::max(crate::app::releases::MAX_BUILD_BYTES)),
+        )
 }
 
 /// The OpenAPI document, generated from the routes above.
