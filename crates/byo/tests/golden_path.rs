@@ -590,6 +590,9 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         relay_public: &relay.public,
         staff: &staff,
         watchful,
+        slug: provisioned["slug"].as_str().unwrap(),
+        operator_key: &op_file,
+        work: work.path(),
     })
     .await;
     phase("upgrades and rollbacks done");
@@ -819,6 +822,73 @@ struct Upgrade<'a> {
     relay_public: &'a str,
     staff: &'a str,
     watchful: byo_server::state::AppState,
+    /// The host's name, as `byo fleet upgrade` reaches it through an ssh config.
+    slug: &'a str,
+    /// The operator's private key, signed into the list the host received at enrolment.
+    operator_key: &'a Path,
+    work: &'a Path,
+}
+
+/// A superadmin who signs in with a password, as `byo release publish` and `byo fleet
+/// upgrade` do (BYO_PASSWORD).
+async fn password_user(store: &byo_db::Store, email: &str, password: &str) {
+    let hash = byo_server::password::Passwords::new(byo_server::config::PasswordHashing {
+        memory_kib: 256,
+        iterations: 1,
+        parallelism: 1,
+    })
+    .hash(password.to_owned())
+    .await
+    .unwrap();
+    let now = chrono::Utc::now();
+    let user = store
+        .create_user(
+            NewUser {
+                email,
+                display_name: "",
+                password_hash: &hash,
+            },
+            now,
+        )
+        .await
+        .unwrap();
+    store
+        .grant_role(&user.sub, Role::Superadmin, None, now)
+        .await
+        .unwrap();
+}
+
+/// Runs the `byo` binary as an operator does (the password in BYO_PASSWORD, `stdin` piped
+/// in): whether it exited 0, and what it printed.
+fn byo_cli(args: &[&str], password: &str, stdin: Option<&[u8]>) -> (bool, String) {
+    use std::io::Write;
+    use std::process::Stdio;
+    tokio::task::block_in_place(|| {
+        let mut child = Command::new(support::sibling("byo"))
+            .args(args)
+            .env("BYO_PASSWORD", password)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        if let Some(bytes) = stdin {
+            child.stdin.take().unwrap().write_all(bytes).unwrap();
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    })
 }
 
 /// Puts `bytes` in the release directory as the build the one-liner fetches, signed with
@@ -1009,8 +1079,42 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
     let mut new_build = std::fs::read(support::sibling("byo-agent")).unwrap();
     new_build.extend_from_slice(b"\nbyo test build: upgrade 2\n");
     let new_sha = sha256_hex(&new_build);
-    let new_version = format!("({})", &new_sha[..12]);
-    publish_build(u.releases, u.arch, &new_build);
+    let new_id = &new_sha[..12];
+    let new_version = format!("({new_id})");
+    // Published as an operator publishes (J, "publishing is not delivery"): signed where the
+    // release key is (`byo release sign`, the key on standard input), uploaded as a
+    // superadmin (`byo release publish`); the server verifies it against its release_key.
+    const PASSWORD: &str = "release-desk-password";
+    let email = "release@example.com";
+    password_user(u.store, email, PASSWORD).await;
+    let build_file = u.work.join("byo-agent-upgrade-2");
+    std::fs::write(&build_file, &new_build).unwrap();
+    std::fs::set_permissions(
+        &build_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let build_arg = build_file.to_string_lossy().into_owned();
+    let release_private = support::release_key()
+        .to_openssh(ssh_key::LineEnding::LF)
+        .unwrap();
+    let (ok, said) = byo_cli(
+        &["release", "sign", "--build", &build_arg],
+        PASSWORD,
+        Some(release_private.as_bytes()),
+    );
+    assert!(ok && said.contains(&format!("build {new_id}")), "{said}");
+    let (ok, said) = byo_cli(
+        &[
+            "release", "publish", "--server", u.server, "--email", email, "--build", &build_arg,
+        ],
+        PASSWORD,
+        None,
+    );
+    assert!(
+        ok && said.contains(&format!("build {new_id}")) && said.contains("No host changed build"),
+        "{said}"
+    );
     assert!(!beat_version().await.ends_with(&new_version));
     host.write("/tmp/poll.sh", POLLER.as_bytes(), 0o755);
     host.sh_ok("rm -f /tmp/poll.log; systemd-run --unit=byo-test-poll /bin/sh /tmp/poll.sh");
@@ -1024,17 +1128,89 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
         },
     )
     .await;
+    // Delivered as an operator delivers it (issue #14, 5): `byo fleet upgrade` over the
+    // operator's access path — here an ssh config naming the host by its slug, as spark with
+    // the operator's key from the signed list — runs the one-liner and waits for the
+    // heartbeat to report the build, healthy.
+    let ssh_config = u.work.join("fleet-ssh-config");
+    std::fs::write(
+        &ssh_config,
+        format!(
+            "Host {slug}\n  HostName {ip}\n  User spark\n  IdentityFile {key}\n  IdentitiesOnly yes\n  \
+             StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n",
+            slug = u.slug,
+            ip = host.ipv4(),
+            key = u.operator_key.display()
+        ),
+    )
+    .unwrap();
     let asked = Instant::now();
-    let (code, said) = one_liner();
+    let (ok, said) = byo_cli(
+        &[
+            "fleet",
+            "upgrade",
+            "--server",
+            u.server,
+            "--email",
+            email,
+            "--build",
+            new_id,
+            "--via",
+            "ssh-config",
+            "--ssh-config",
+            &ssh_config.to_string_lossy(),
+            "--wait-secs",
+            "120",
+        ],
+        PASSWORD,
+        None,
+    );
     let installed = asked.elapsed();
-    assert_eq!(code, Some(0), "{said}");
+    eprintln!("--- byo fleet upgrade:\n{said}");
+    assert!(ok, "byo fleet upgrade failed:\n{said}");
     for says in [
-        "This machine is already enrolled; reusing its credentials.",
-        "Serving restarted on the new build.",
-        "byo agent installed",
+        "1 host(s), 1 wave(s)".to_owned(),
+        format!("wave 0: upgrading {}\n", u.slug),
+        format!("{}: one-liner done in", u.slug),
+        format!("{}: healthy on build {new_id}", u.slug),
+        format!("1 healthy on build {new_id}, 0 skipped"),
     ] {
-        assert!(said.contains(says), "{says:?} not on the terminal:\n{said}");
+        assert!(said.contains(&says), "{says:?} not printed:\n{said}");
     }
+    // The run, as /admin/releases shows it: closed, the host healthy on the build.
+    let run = u.store.fleet_runs(1).await.unwrap().remove(0);
+    assert_eq!(run.state, byo_wire::states::FleetRunState::Closed);
+    assert_eq!(run.build, new_id);
+    let page = reqwest::Client::new()
+        .get(format!("{}/admin/releases", u.server))
+        .header("cookie", format!("byo_session={}", u.staff))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let section = page
+        .split(&format!("id=\"run-{}\"", run.id))
+        .nth(1)
+        .unwrap_or_else(|| panic!("run {} not on /admin/releases:\n{page}", run.id));
+    assert!(
+        section.contains("<span class=\"state\">closed</span>"),
+        "{section}"
+    );
+    let row = section
+        .split(&format!("id=\"fleet-{}-{}\"", run.id, u.slug))
+        .nth(1)
+        .and_then(|r| r.split("</tr>").next())
+        .unwrap_or_else(|| panic!("{} not in the run:\n{section}", u.slug));
+    assert!(
+        row.contains("<td class=\"state\">healthy</td>") && row.contains(&new_version),
+        "{row}"
+    );
+    println!(
+        "figure: byo fleet upgrade of the rented golden-path host (ssh-config, real install.sh under systemd): started to healthy in {:.1} s",
+        installed.as_secs_f64()
+    );
     serving_answers(Duration::from_secs(30)).await;
     until(
         "the heartbeat to report the new build",
@@ -1047,7 +1223,7 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
     let poll = String::from_utf8(host.read("/tmp/poll.log").unwrap()).unwrap();
     let downtime = longest_outage(&poll);
     eprintln!(
-        "[upgrade] one-liner {:.1} s; serving down {downtime:.2} s; heartbeat with the new build {:.1} s after the one-liner started",
+        "[upgrade] byo fleet upgrade {:.1} s; serving down {downtime:.2} s; heartbeat with the new build {:.1} s after the one-liner started",
         installed.as_secs_f64(),
         to_beat.as_secs_f64()
     );
@@ -1075,6 +1251,13 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
         "the customer's session survived the upgrade"
     );
     drop(session);
+    // The branches below install crashing builds — shell scripts, which publishing refuses
+    // (not an executable of the arch) — by putting them in the release directory, whose
+    // files the installer serves only while no build of the arch is published as a row.
+    u.store
+        .execute_unchecked("delete from agent_releases")
+        .await
+        .unwrap();
 
     // --- Item 4: a build that crashes at start; systemd's OnFailure= fires the rollback. ---
     let good = new_sha.clone();
@@ -1190,10 +1373,18 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
         "the instance runs on with serving down"
     );
 
-    // An operator's upgrade to a good build brings the downed host back (reset-failed).
+    // An operator's upgrade to a good build brings the downed host back (reset-failed); the
+    // owner's terminal says what happened.
     publish_build(u.releases, u.arch, &new_build);
     let (code, said) = one_liner();
     assert_eq!(code, Some(0), "{said}");
+    for says in [
+        "This machine is already enrolled; reusing its credentials.",
+        "Serving restarted on the new build.",
+        "byo agent installed",
+    ] {
+        assert!(said.contains(says), "{says:?} not on the terminal:\n{said}");
+    }
     serving_answers(Duration::from_secs(30)).await;
     assert_eq!(sha_on_host(BIN), good);
     assert!(host.read("/etc/enverge/rolled-back.json").is_none());
