@@ -136,15 +136,7 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
     }
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let up = ByoUp::start(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &data.to_string_lossy(),
-        ],
-        dir.path(),
-    );
+    let up = ByoUp::on_loopback(&data, dir.path());
     let url = up.url.clone();
     let store = byo_db::Store::connect(&format!("sqlite://{}", data.join("byo.db").display()))
         .await

@@ -83,15 +83,7 @@ impl Drop for Restore<'_> {
 fn j_release_check_follows_the_installers_path_and_names_each_broken_link() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let up = ByoUp::start(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &data.to_string_lossy(),
-        ],
-        dir.path(),
-    );
+    let up = ByoUp::on_loopback(&data, dir.path());
     let url = up.url.clone();
     let releases = data.join("releases");
     let file = |suffix: &str| releases.join(format!("byo-agent-{ARCH}{suffix}"));
@@ -187,15 +179,7 @@ fn j_release_check_follows_the_installers_path_and_names_each_broken_link() {
 fn j_a_build_signed_off_server_is_published_and_served_and_refusals_change_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let up = ByoUp::start(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &data.to_string_lossy(),
-        ],
-        dir.path(),
-    );
+    let up = ByoUp::on_loopback(&data, dir.path());
     let url = up.url.clone();
     // A new build: the real agent with a marker appended (an ELF ignores trailing bytes).
     let mut bytes = std::fs::read(support::sibling("byo-agent")).unwrap();

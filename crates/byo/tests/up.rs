@@ -7,15 +7,7 @@ use serde_json::json;
 use support::ByoUp;
 
 fn start(data_dir: &std::path::Path) -> ByoUp {
-    ByoUp::start(
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--data-dir",
-            &data_dir.to_string_lossy(),
-        ],
-        data_dir,
-    )
+    ByoUp::on_loopback(data_dir, data_dir)
 }
 
 fn interrupt(mut r: ByoUp) {

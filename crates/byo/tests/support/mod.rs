@@ -119,6 +119,19 @@ pub struct ByoUp {
 }
 
 impl ByoUp {
+    /// `byo up` on a free loopback port over `data_dir`, run from `cwd`.
+    pub fn on_loopback(data_dir: &Path, cwd: &Path) -> ByoUp {
+        ByoUp::start(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--data-dir",
+                &data_dir.to_string_lossy(),
+            ],
+            cwd,
+        )
+    }
+
     pub fn start(args: &[&str], cwd: &Path) -> ByoUp {
         use std::io::BufRead;
         let mut child = std::process::Command::new(sibling("byo"))
