@@ -166,6 +166,30 @@ pub(super) async fn e3_1_paid_at_is_written_once_and_cancel_is_only_the_bookers_
         db.prebooking(&booking.id).await.unwrap().unwrap().paid_at,
         Some(t)
     );
+    // What its checkout and its payment webhook read.
+    let bill = db
+        .prebooking_for_billing(&booking.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (
+            bill.id.as_str(),
+            bill.user_sub.as_str(),
+            bill.gpu_type.as_str()
+        ),
+        (booking.id.as_str(), a.as_str(), "spark-1")
+    );
+    assert_eq!(
+        (bill.start_date, bill.end_date, bill.paid_at, bill.closed_at),
+        (booking.start_date, booking.end_date, Some(t), None)
+    );
+    assert!(
+        db.prebooking_for_billing("no-such-booking")
+            .await
+            .unwrap()
+            .is_none()
+    );
     // A paid booking is not cancelled.
     assert_eq!(
         db.cancel_prebooking(&booking.id, &a, t).await.unwrap(),
