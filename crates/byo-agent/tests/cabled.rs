@@ -105,7 +105,7 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     let Some(bed) = Bed::launch("p15-cable") else {
         return;
     };
-    let (n0, n1, x) = (&bed.node0, &bed.node1, &bed.extra);
+    let (n0, n1, x) = (&bed.node0, &bed.node1, bed.extra());
     let node1_hw = hardware_id(NODE1_UUID);
     let mut lap = Instant::now();
     let mut lap_done = |name: &str| {

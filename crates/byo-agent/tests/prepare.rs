@@ -1003,6 +1003,50 @@ fn k_rail_verify_sends_traffic_across_every_cable_from_both_ends() {
 }
 
 #[test]
+fn k_node0s_self_check_asserts_node1() {
+    let mut p = pair(dgx_os());
+    assert!(run(&mut p.node0, &p.plan, Mode::Run).0.completed);
+    let self_check = |p: &mut Pair| {
+        let steps = byo_agent::prepare::steps::<SimSpark>(&p.plan);
+        let step = steps.iter().find(|s| s.name() == "self-check").unwrap();
+        step.check(&mut p.node0)
+    };
+    assert_eq!(self_check(&mut p), Ok(byo_core::prepare::Check::Satisfied));
+    // node1's earlyoom dies: node0 is as it was, and its self-check names node1.
+    p.node1
+        .lock()
+        .unwrap()
+        .state
+        .active
+        .remove("earlyoom.service");
+    assert_eq!(
+        self_check(&mut p),
+        Err("node1: earlyoom is not running".to_owned())
+    );
+}
+
+#[test]
+fn k_rail_verify_names_a_cable_end_that_does_not_carry_the_rails_mtu() {
+    let mut p = pair(dgx_os());
+    p.node0
+        .wire
+        .lock()
+        .unwrap()
+        .small_mtu
+        .insert("enP2p1s0f1np1".into());
+    let (out, _) = run(&mut p.node0, &p.plan, Mode::Run);
+    failed_at(
+        &out,
+        "rail-verify",
+        "rail 1: node1 enP2p1s0f1np1 → node0 192.168.101.10 does not carry the rail's MTU 9000 unfragmented",
+    );
+    // The other cable passes: only the one with a short end is named.
+    let (_, why) = out.failed.unwrap();
+    assert!(!why.contains("rail 0"), "{why}");
+    owner_untouched(&p.node0);
+}
+
+#[test]
 fn the_docs_list_exactly_the_registrys_steps_in_order() {
     let doc = include_str!("../../../docs/prepare.md");
     let listed: Vec<&str> = doc

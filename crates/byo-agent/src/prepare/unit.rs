@@ -168,7 +168,12 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
         let peers = std::fs::read_to_string(etc.join("peer.json"))
             .context("reading /etc/enverge/peer.json (the satellites found at enrolment)")?;
         plan.peers = peers::parse_peer_file(&peers).map_err(anyhow::Error::msg)?;
-        plan.peer_public_key = std::fs::read_to_string(etc.join("peer.key.pub")).ok();
+        // A dry run writes nothing: it reads the key if one was made.
+        plan.peer_public_key = if dry_run {
+            std::fs::read_to_string(etc.join(format!("{}.pub", peers::PEER_KEY))).ok()
+        } else {
+            Some(peers::ensure_peer_key(&etc).map_err(anyhow::Error::msg)?)
+        };
         let sink = emit.clone();
         plan.satellites = Some(Rc::new(peers::SshSatellites {
             dir: etc.clone(),

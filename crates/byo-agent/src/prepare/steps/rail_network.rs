@@ -1,10 +1,15 @@
 //! `rail-network` (130): step 16 of the list in `docs/prepare.md`.
 //!
 //! **Check:** `/etc/netplan/60-enverge-rails.yaml` on every machine holds the plan's address per
-//! cable (subnet's tenth host + node index), the rail MTU, eui64 link-local.
+//! cable (subnet's tenth host + node index), the rail MTU, eui64 link-local; and
+//! `/etc/sysctl.d/60-enverge-rails.conf` has every RDMA port answer ARP only for its own address.
 //! **Apply:** write, `netplan generate` (the validator; a refused file is taken back), `netplan
-//! apply`.
-//! **Why here:** Addresses on the ports the cables were recorded on at 125.
+//! apply`; the sysctl file written and loaded.
+//! **Why here:** Addresses on the ports the cables were recorded on at 125. A QSFP is two
+//! functions on one wire, and only one of them is addressed: with Linux's default ARP the bare
+//! twin answers for its sibling's address, the far end sends there, and a reply to a socket
+//! bound to the addressed port never arrives (rail-verify's ping, and any rail traffic bound
+//! to its device).
 
 use byo_core::prepare::Check;
 
@@ -15,6 +20,13 @@ use crate::prepare::peers::{Peer, satellites, render_rails};
 use crate::prepare::Plan;
 
 const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
+const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
+
+/// What one machine's rails should be: its netplan file and its ARP settings.
+struct Rails {
+    netplan: String,
+    sysctl: String,
+}
 
 pub(crate) struct RailNetwork;
 
@@ -29,12 +41,14 @@ impl StepDef for RailNetwork {
     fn check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
         let sats = satellites(plan)?;
         let mut needs = Vec::new();
-        if !rails_on(h, &render_rails(plan, 0, &node0_ports(plan))?)? {
+        let mine = wanted(h, plan, 0, &node0_ports(plan))?;
+        if !rails_on(h, &mine)? {
             needs.push("address node0's rails".to_owned());
         }
         for peer in &plan.peers {
-            let want = render_rails(plan, peer.index, &peer_ports(peer))?;
-            if !rails_on(&mut sats.spark(peer)?, &want)? {
+            let mut node = sats.spark(peer)?;
+            let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
+            if !rails_on(&mut node, &want)? {
                 needs.push(format!("address node{}'s rails", peer.index));
             }
         }
@@ -43,19 +57,51 @@ impl StepDef for RailNetwork {
 
     fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
         let sats = satellites(plan)?;
-        let mine = render_rails(plan, 0, &node0_ports(plan))?;
+        let mine = wanted(h, plan, 0, &node0_ports(plan))?;
         if !rails_on(h, &mine)? {
             apply_rails(h, &mine)?;
         }
         for peer in &plan.peers {
-            let want = render_rails(plan, peer.index, &peer_ports(peer))?;
             let mut node = sats.spark(peer)?;
+            let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
             if !rails_on(&mut node, &want)? {
                 apply_rails(&mut node, &want)?;
             }
         }
         Ok(())
     }
+}
+
+/// One machine's rails as the plan wants them: the cabled ports addressed, and every RDMA
+/// port (the cabled ones, and the twins and spares detect lists) answering ARP for itself only.
+fn wanted<H: Host + ?Sized>(
+    h: &mut H,
+    plan: &Plan,
+    node: u32,
+    cabled: &[(String, u32)],
+) -> Fallible<Rails> {
+    let mut ports: Vec<String> = crate::detect::rdma_ports(&crate::detect::HostProbe(
+        std::cell::RefCell::new(h),
+    ))
+    .into_iter()
+    .map(|(iface, _)| iface)
+    .chain(cabled.iter().map(|(iface, _)| iface.clone()))
+    .collect();
+    ports.sort();
+    ports.dedup();
+    let mut sysctl = String::from(
+        "# Written by enverge preparation (rail-network): a QSFP's two functions share one wire,\n\
+         # so each answers ARP only for the address it holds.\n",
+    );
+    for p in &ports {
+        sysctl.push_str(&format!(
+            "net.ipv4.conf.{p}.arp_ignore = 1\nnet.ipv4.conf.{p}.arp_announce = 2\n"
+        ));
+    }
+    Ok(Rails {
+        netplan: render_rails(plan, node, cabled)?,
+        sysctl,
+    })
 }
 
 fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
@@ -73,12 +119,15 @@ fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
         .collect()
 }
 
-fn rails_on<H: Host + ?Sized>(h: &mut H, want: &str) -> Fallible<bool> {
-    Ok(read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want))
+fn rails_on<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<bool> {
+    Ok(read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want.netplan.as_str())
+        && read_string(h, SYSCTL_RAILS)?.as_deref() == Some(want.sysctl.as_str()))
 }
 
-fn apply_rails<H: Host + ?Sized>(h: &mut H, want: &str) -> Fallible<()> {
-    h.write(NETPLAN_RAILS, want.as_bytes(), 0o600, "root:root")?;
+fn apply_rails<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<()> {
+    h.write(SYSCTL_RAILS, want.sysctl.as_bytes(), 0o644, "root:root")?;
+    crate::host::must(h, &["sysctl", "-q", "-p", SYSCTL_RAILS])?;
+    h.write(NETPLAN_RAILS, want.netplan.as_bytes(), 0o600, "root:root")?;
     // netplan generate is the validator; a file it refuses is taken back.
     if let Err(e) = crate::host::must(h, &["netplan", "generate"]) {
         h.remove(NETPLAN_RAILS)?;
