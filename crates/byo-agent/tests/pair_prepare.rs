@@ -100,6 +100,20 @@ fn k1_129_132_node0_prepares_node1_over_ssh_and_proves_every_cable() {
         );
     }
 
+    // 130–132: each machine's rails as host-report's rails carry them to the backend,
+    // after rail-network and again once rail-verify proved every cable.
+    for line in [
+        "node0 rails: rail0 192.168.100.10/24, rail1 192.168.101.10/24",
+        "node1 rails: rail0 192.168.101.11/24, rail1 192.168.100.11/24",
+        "node0 rails: rail0 192.168.100.10/24, rail1 192.168.101.10/24, verified",
+        "node1 rails: rail0 192.168.101.11/24, rail1 192.168.100.11/24, verified",
+    ] {
+        assert!(
+            said.lines().any(|l| l.trim() == line),
+            "no {line:?} in:\n{said}"
+        );
+    }
+
     // 129, peer-access: the lent login is gone from node0 and refused on node1; node1 admits
     // spark with node0's peer key (made by node0, root-only) and with the operator's key.
     assert_eq!(

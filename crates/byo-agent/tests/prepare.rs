@@ -755,6 +755,7 @@ struct SimSatellites {
     node1: Arc<Mutex<SimSpark>>,
     lent: Arc<Mutex<bool>>,
     events: Mutex<Vec<Progress>>,
+    rails: Mutex<Vec<byo_wire::prepare::NodeRails>>,
 }
 
 struct Handle {
@@ -832,6 +833,9 @@ impl Satellites for SimSatellites {
     fn report(&self, p: Progress) {
         self.events.lock().unwrap().push(p);
     }
+    fn rails(&self, rails: byo_wire::prepare::NodeRails) {
+        self.rails.lock().unwrap().push(rails);
+    }
 }
 
 struct Pair {
@@ -854,6 +858,7 @@ fn pair(node1_state: State) -> Pair {
         node1: node1.clone(),
         lent: Arc::new(Mutex::new(true)),
         events: Mutex::default(),
+        rails: Mutex::default(),
     });
     let peer: Peer = serde_json::from_value(serde_json::json!({
         "addr": "fe80::1%enp1s0f0np0", "host_key": "ssh-ed25519 AAAAnode1hostkey", "peer_index": 1,
@@ -928,6 +933,57 @@ fn k_a_pair_prepares_node1_from_node0_reported_with_index_1() {
         n1.state
             .addresses
             .contains(&("enP2p1s0f1np1".into(), "192.168.101.11/24".into()))
+    );
+    // 130–132: each machine's rails reported once rail-network set them, then again once
+    // rail-verify proved every cable — the cabled ports with their rail and address.
+    /// A port as reported: its interface, rail and address.
+    type Port = (String, Option<u32>, Option<String>);
+    let reported: Vec<(u32, bool, Vec<Port>)> = p
+        .sats
+        .rails
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let ports = r
+                .ports
+                .iter()
+                .map(|p| (p.iface.clone(), p.index, p.address.clone()));
+            (r.node, r.verified, ports.collect())
+        })
+        .collect();
+    let node0 = vec![
+        (
+            "enp1s0f0np0".to_owned(),
+            Some(0),
+            Some("192.168.100.10/24".to_owned()),
+        ),
+        (
+            "enP2p1s0f0np0".to_owned(),
+            Some(1),
+            Some("192.168.101.10/24".to_owned()),
+        ),
+    ];
+    let node1 = vec![
+        (
+            "enp1s0f0np0".to_owned(),
+            Some(0),
+            Some("192.168.100.11/24".to_owned()),
+        ),
+        (
+            "enP2p1s0f1np1".to_owned(),
+            Some(1),
+            Some("192.168.101.11/24".to_owned()),
+        ),
+    ];
+    assert_eq!(
+        reported,
+        vec![
+            (0, false, node0.clone()),
+            (1, false, node1.clone()),
+            (0, true, node0),
+            (1, true, node1)
+        ]
     );
     // node0's own track keeps its shape: the pair steps completed, self-check last.
     let node0_steps: Vec<&str> = events

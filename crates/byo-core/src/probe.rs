@@ -447,6 +447,7 @@ fn number(
                 active_mtu: p.and_then(|p| p.active_mtu),
                 neighbours_discovered: v.machines(),
                 index: rail_of.get(iface).copied(),
+                address: None,
             }
         })
         .collect();

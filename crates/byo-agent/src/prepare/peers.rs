@@ -7,6 +7,7 @@
 use std::rc::Rc;
 
 use byo_core::prepare::Progress;
+use byo_wire::prepare::NodeRails;
 
 use super::Plan;
 use crate::host::{Fallible, Host, read_string};
@@ -74,6 +75,41 @@ pub trait Satellites {
     fn owner_login(&self, peer: &Peer) -> Fallible<Option<Box<dyn Host + '_>>>;
     /// A satellite step's progress, tagged with its index.
     fn report(&self, progress: Progress);
+    /// A machine's rails (node0's or a satellite's) as a rail step left them (130–132).
+    fn rails(&self, rails: NodeRails);
+}
+
+/// One machine's rail ports as they are now: what detect reads there (device, MTUs), each
+/// cabled port with the rail it carries, its one neighbour and the plan's address on it
+/// (what rail-network set; rail-verify has proved it when `verified`).
+pub fn node_rails<H: Host + ?Sized>(
+    h: &mut H,
+    plan: &Plan,
+    node: u32,
+    cabled: &[(String, u32)],
+    verified: bool,
+) -> Fallible<NodeRails> {
+    let mut ports = crate::detect::rails(&crate::detect::HostProbe(std::cell::RefCell::new(h)));
+    for (iface, rail) in cabled {
+        if !ports.iter().any(|p| &p.iface == iface) {
+            ports.push(byo_wire::enroll::RailPort {
+                iface: iface.clone(),
+                ..Default::default()
+            });
+        }
+        let (subnet, _) = rail_plan(plan, *rail)?;
+        let (addr, len) = rail_address(&subnet, node).ok_or("a rail subnet does not parse")?;
+        if let Some(p) = ports.iter_mut().find(|p| &p.iface == iface) {
+            p.index = Some(*rail);
+            p.neighbours_discovered = 1;
+            p.address = Some(format!("{addr}/{len}"));
+        }
+    }
+    Ok(NodeRails {
+        node,
+        ports,
+        verified,
+    })
 }
 
 pub(super) fn satellites(plan: &Plan) -> Fallible<&Rc<dyn Satellites>> {
@@ -157,6 +193,7 @@ pub struct SshSatellites {
     pub dir: std::path::PathBuf,
     pub lxd_socket: String,
     pub report: Box<dyn Fn(Progress)>,
+    pub report_rails: Box<dyn Fn(NodeRails)>,
 }
 
 impl SshSatellites {
@@ -200,5 +237,8 @@ impl Satellites for SshSatellites {
     }
     fn report(&self, progress: Progress) {
         (self.report)(progress)
+    }
+    fn rails(&self, rails: NodeRails) {
+        (self.report_rails)(rails)
     }
 }

@@ -175,6 +175,7 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
             Some(peers::ensure_peer_key(&etc).map_err(anyhow::Error::msg)?)
         };
         let sink = emit.clone();
+        let rails_to = reporter.clone();
         plan.satellites = Some(Rc::new(peers::SshSatellites {
             dir: etc.clone(),
             lxd_socket: if plan.profile.prepare.lxd == LxdSource::Apt {
@@ -183,6 +184,22 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
                 "/var/snap/lxd/common/lxd/unix.socket".into()
             },
             report: Box::new(move |p| sink(&p)),
+            report_rails: Box::new(move |rails| {
+                let verified = if rails.verified { ", verified" } else { "" };
+                println!(
+                    "  node{} rails: {}{verified}",
+                    rails.node,
+                    rails
+                        .ports
+                        .iter()
+                        .filter_map(|p| Some(format!("{} {}", p.iface, p.address.as_deref()?)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if let Some(r) = rails_to.borrow_mut().as_mut() {
+                    r.send_rails_or_log(&rails);
+                }
+            }),
         }));
     }
     if how == How::Again {

@@ -16,7 +16,7 @@ use byo_core::prepare::Check;
 use super::shared::{single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host, read_string};
-use crate::prepare::peers::{Peer, satellites, render_rails};
+use crate::prepare::peers::{Peer, node_rails, render_rails, satellites};
 use crate::prepare::Plan;
 
 const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
@@ -55,17 +55,21 @@ impl StepDef for RailNetwork {
         Ok(verdict(needs))
     }
 
+    /// Each machine whose rails changed says so at once (130–131): host_nodes.rails is the
+    /// fact beside the plan.
     fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
         let sats = satellites(plan)?;
         let mine = wanted(h, plan, 0, &node0_ports(plan))?;
         if !rails_on(h, &mine)? {
             apply_rails(h, &mine)?;
+            sats.rails(node_rails(h, plan, 0, &node0_ports(plan), false)?);
         }
         for peer in &plan.peers {
             let mut node = sats.spark(peer)?;
             let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
             if !rails_on(&mut node, &want)? {
                 apply_rails(&mut node, &want)?;
+                sats.rails(node_rails(&mut node, plan, peer.index, &peer_ports(peer), false)?);
             }
         }
         Ok(())
@@ -104,7 +108,7 @@ fn wanted<H: Host + ?Sized>(
     })
 }
 
-fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
+pub(super) fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
     plan.peers
         .iter()
         .flat_map(|p| p.links.iter())
@@ -112,7 +116,7 @@ fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
         .collect()
 }
 
-fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
+pub(super) fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
     peer.links
         .iter()
         .map(|l| (l.remote.clone(), l.index))

@@ -10,7 +10,8 @@ use byo_core::prepare::Check;
 use super::shared::single;
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host};
-use crate::prepare::peers::{rail_address, rail_plan, satellites};
+use super::rail_network::{node0_ports, peer_ports};
+use crate::prepare::peers::{node_rails, rail_address, rail_plan, satellites};
 use crate::prepare::Plan;
 
 pub(crate) struct RailVerify;
@@ -43,11 +44,16 @@ impl StepDef for RailVerify {
                 }
             }
         }
-        if wrong.is_empty() {
-            Ok(Check::Satisfied)
-        } else {
-            Err(wrong.join("; "))
+        if !wrong.is_empty() {
+            return Err(wrong.join("; "));
         }
+        // 132: every machine's rails, proved; the backend stamps verified_at.
+        sats.rails(node_rails(h, plan, 0, &node0_ports(plan), true)?);
+        for peer in &plan.peers {
+            let mut node = sats.spark(peer)?;
+            sats.rails(node_rails(&mut node, plan, peer.index, &peer_ports(peer), true)?);
+        }
+        Ok(Check::Satisfied)
     }
 }
 
