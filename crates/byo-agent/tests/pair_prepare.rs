@@ -232,6 +232,17 @@ fn k1_129_132_node0_prepares_node1_over_ssh_and_proves_every_cable() {
     );
     let checked_in = lap.elapsed().as_secs_f64();
 
+    // L rule 5: node1 is asked too. An instance running there holds the rails, and the
+    // deliberate run refuses, naming it, before touching either machine.
+    n1.sh_ok("lxc launch lofispark-base w1-test --profile lofispark-base >/dev/null");
+    let (ok, said) = prepared::prepare(n0, &["--again"]);
+    assert!(
+        !ok && said.contains("an instance holds the rails: w1-test on node1")
+            && said.contains("Nothing was changed"),
+        "a worker running on node1 holds the rails: {said}"
+    );
+    n1.sh_ok("lxc delete --force w1-test");
+
     // A cable end left at 1500 (a port that lost its netplan MTU): the deliberate run
     // names that cable and changes nothing — the addresses stay, nothing is rolled back.
     n1.sh_ok("ip link set rail0 mtu 1500");

@@ -1058,6 +1058,35 @@ fn k_rail_verify_sends_traffic_across_every_cable_from_both_ends() {
     owner_untouched(&p.node0);
 }
 
+/// L rule 5 on a pair: node1 is asked too. A running instance there holds the rails; a
+/// stopped one, or the image build, does not; a node1 that cannot be asked leaves node0's
+/// answer to stand.
+#[test]
+fn l_rule_5_asks_node1_whether_an_instance_holds_the_rails() {
+    use byo_agent::prepare::again::satellites_holding;
+    let mut p = pair(dgx_os());
+    assert!(run(&mut p.node0, &p.plan, Mode::Run).0.completed);
+    assert!(satellites_holding(&p.plan).is_empty());
+    let instance = |status: &str| (status.to_owned(), String::new(), Default::default());
+    {
+        let mut n1 = p.node1.lock().unwrap();
+        let lxd = n1.state.lxd.as_mut().unwrap();
+        lxd.instances.insert("c1-w1".into(), instance("Running"));
+        lxd.instances.insert("old-w1".into(), instance("Stopped"));
+        lxd.instances.insert(
+            byo_agent::prepare::BUILD_INSTANCE.into(),
+            instance("Running"),
+        );
+    }
+    assert_eq!(
+        satellites_holding(&p.plan),
+        vec!["c1-w1 on node1".to_owned()]
+    );
+    // node1's LXD silent (node1 down): node0's answer is enough.
+    p.node1.lock().unwrap().state.lxd = None;
+    assert!(satellites_holding(&p.plan).is_empty());
+}
+
 #[test]
 fn k_node0s_self_check_asserts_node1() {
     let mut p = pair(dgx_os());

@@ -1132,6 +1132,14 @@ impl SimSpark {
                 lxd.images.insert(fp.clone(), props);
                 return Ok(self.op_ok(json!({"fingerprint": fp})));
             }
+            ("GET", ["instances"]) => sync(json!(
+                lxd.instances
+                    .iter()
+                    .map(
+                        |(name, (status, ..))| json!({"name": name, "status": status, "config": {}})
+                    )
+                    .collect::<Vec<_>>()
+            )),
             ("GET", ["instances", name]) => match lxd.instances.get(*name) {
                 Some((status, ..)) => sync(json!({"name": name, "status": status})),
                 None => lxd_error(404, "Instance not found"),
