@@ -3,7 +3,8 @@
 //! address with the login the owner lent (129), node1's subset of the steps over SSH as
 //! spark with node0's peer key (130–131), the rail plan's addresses on the ports the probe
 //! recorded (rail-network, netplan), and traffic of the rail's whole MTU across every cable
-//! from both ends (rail-verify, 132). The probe (125) that records peer.json is the real one,
+//! from both ends (rail-verify, 132), and serving's heartbeat counting the machines on each rail
+//! under its own unit (133). The probe (125) that records peer.json is the real one,
 //! run by the same binary first. What no container has (a GB10, ConnectX-7 RDMA) is the bed's
 //! only simulated part, as in `cabled.rs`.
 
@@ -12,7 +13,7 @@ mod support;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use support::cabled::{Bed, PASSWORD, USER};
+use support::cabled::{Bed, Capture, PASSWORD, USER};
 use support::host_container::HostContainer;
 use support::prepared::{self, public_line, ssh, text};
 
@@ -56,6 +57,20 @@ fn whole_mtu_passes(host: &HostContainer, iface: &str, addr: &str, mtu: u32) -> 
     ))
     .status
     .success()
+}
+
+/// `seen()`'s first answer, polled every half second until `within` is over.
+fn wait_for<T>(within: std::time::Duration, mut seen: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = seen() {
+            return Some(t);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
 }
 
 #[test]
@@ -221,6 +236,43 @@ fn k1_129_132_node0_prepares_node1_over_ssh_and_proves_every_cable() {
             from.name()
         );
     }
+
+    // 133: serving, as its unit runs it (spark, no new privileges), counts the machines on
+    // each of node0's rails in every beat — node1's two functions on a cable are one machine,
+    // by the addresses the probe saw node1 hold, handed over with the rail ports.
+    let handed_path = byo_core::render::units::HANDED_OVER;
+    let mut handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
+    assert_eq!(handed["rail_ports"], json!(["rail0", "rail1"]));
+    for iface in ["rail0", "rail0b", "rail1", "rail1b"] {
+        let addr = Bed::link_local(n1, iface);
+        assert_eq!(
+            handed["rail_neighbours"][&addr], 1,
+            "{iface} {addr}: {handed}"
+        );
+    }
+    let beats = Capture::on("/api/host/heartbeat", 204, "");
+    let kept_as = n0.sh_ok(&format!("stat -c '%U:%G %a' {handed_path}"));
+    let (owner, mode) = kept_as.trim().split_once(' ').unwrap();
+    handed["server"] = json!(beats.url);
+    n0.write(handed_path, handed.to_string().as_bytes(), 0o600);
+    n0.sh_ok(&format!(
+        "chown {owner} {handed_path} && chmod {mode} {handed_path}"
+    ));
+    prepared::install_units(n0, 2);
+    n0.sh_ok("systemctl start enverge-agent.service");
+    let counted = wait_for(std::time::Duration::from_secs(90), || {
+        beats.bodies.lock().unwrap().iter().find_map(|b| {
+            let beat: Value = serde_json::from_str(b).ok()?;
+            let n = beat["details"]["rail_neighbours"].clone();
+            n.is_object().then_some(n)
+        })
+    });
+    let Some(counted) = counted else {
+        let journal = n0.sh("journalctl -u enverge-agent.service -n 40 --no-pager");
+        panic!("no beat counted the rails in 90 s:\n{}", text(&journal));
+    };
+    assert_eq!(counted, json!({"rail0": 1, "rail1": 1}));
+    n0.sh_ok("systemctl stop enverge-agent.service");
 
     // The deliberate run (L) re-checks every step on both machines, whatever the done list
     // says: nothing changes on a prepared pair.

@@ -985,6 +985,13 @@ fn k_a_pair_prepares_node1_from_node0_reported_with_index_1() {
             (1, true, node1)
         ]
     );
+    // 133: node0's serving may ping its rails without privilege; node1 has no serving.
+    let ping = "/etc/sysctl.d/60-enverge-ping.conf";
+    assert!(
+        String::from_utf8_lossy(&p.node0.state.files[ping])
+            .contains("net.ipv4.ping_group_range = 1000 1000")
+    );
+    assert!(!n1.state.files.contains_key(ping));
     // node0's own track keeps its shape: the pair steps completed, self-check last.
     let node0_steps: Vec<&str> = events
         .iter()

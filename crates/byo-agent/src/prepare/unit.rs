@@ -283,6 +283,19 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
             gpu: plan.profile.gpu_count.unwrap_or(0) > 0,
             build,
             tunnel: Some(plan.tunnel_token.is_some()),
+            rail_ports: if plan.peers.is_empty() {
+                Vec::new()
+            } else {
+                crate::detect::rdma_ports(&crate::detect::LocalProbe)
+                    .into_iter()
+                    .map(|(iface, _)| iface)
+                    .collect()
+            },
+            rail_neighbours: plan
+                .peers
+                .iter()
+                .flat_map(|p| p.link_local.iter().map(move |a| (a.clone(), p.index)))
+                .collect(),
         },
     )
     .map_err(anyhow::Error::msg)?;

@@ -851,9 +851,19 @@ impl SimSpark {
             },
             ["uname", "-m"] => ok("aarch64\n"),
             ["sysctl", "-q", "-p", file] => {
-                if self.file_text(file).is_empty() {
+                let text = self.file_text(file);
+                if text.is_empty() {
                     fail(255, &format!("sysctl: cannot open \"{file}\""))
                 } else {
+                    // The one setting a step reads back: the kernel takes it as written.
+                    for line in text.lines() {
+                        if let Some(v) = line.strip_prefix("net.ipv4.ping_group_range = ") {
+                            let proc = "/proc/sys/net/ipv4/ping_group_range".to_owned();
+                            self.state
+                                .files
+                                .insert(proc, v.replace(' ', "\t").into_bytes());
+                        }
+                    }
                     ok("")
                 }
             }

@@ -14,9 +14,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::host_container::HostContainer;
+use super::host_container::{HostContainer, bridge_gateway};
 
 /// The login every machine of the bed accepts (node1's, and the rack neighbour's too).
 pub const USER: &str = "owner";
@@ -280,6 +281,53 @@ impl Drop for Bed {
                 .args(["link", "del", &net])
                 .stdin(Stdio::null())
                 .output();
+        }
+    }
+}
+
+/// A stand-in for one backend route that keeps every body it is sent and answers each the
+/// same, so a test reads exactly what the agent on the bed sends (step 126's evidence, 133's
+/// beats). Listening on every address of this machine; the bed reaches it through its LAN's
+/// gateway (`url`).
+pub struct Capture {
+    pub url: String,
+    pub bodies: Arc<Mutex<Vec<String>>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Capture {
+    pub fn on(path: &'static str, status: u16, answer: &'static str) -> Capture {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("0.0.0.0:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let status = axum::http::StatusCode::from_u16(status).unwrap();
+        let app = axum::Router::new().route(
+            path,
+            axum::routing::post(move |body: String| {
+                let kept = kept.clone();
+                async move {
+                    kept.lock().unwrap().push(body);
+                    (
+                        status,
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        answer,
+                    )
+                }
+            }),
+        );
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Capture {
+            url: format!("http://{}:{port}", bridge_gateway()),
+            bodies,
+            _rt: rt,
         }
     }
 }

@@ -3,8 +3,10 @@
 //! **Check:** `/etc/netplan/60-enverge-rails.yaml` on every machine holds the plan's address per
 //! cable (subnet's tenth host + node index), the rail MTU, eui64 link-local; and
 //! `/etc/sysctl.d/60-enverge-rails.conf` has every RDMA port answer ARP only for its own address.
+//! On node0, spark's group may open ICMP datagram sockets (`ping_group_range`), for the
+//! heartbeat's unprivileged count of the machines on each rail (133).
 //! **Apply:** write, `netplan generate` (the validator; a refused file is taken back), `netplan
-//! apply`; the sysctl file written and loaded.
+//! apply`; the sysctl files written and loaded.
 //! **Why here:** Addresses on the ports the cables were recorded on at 125. A QSFP is two
 //! functions on one wire, and only one of them is addressed: with Linux's default ARP the bare
 //! twin answers for its sibling's address, the far end sends there, and a reply to a socket
@@ -13,7 +15,7 @@
 
 use byo_core::prepare::Check;
 
-use super::shared::{single, verdict};
+use super::shared::{SPARK, single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host, read_string};
 use crate::prepare::peers::{Peer, node_rails, render_rails, satellites};
@@ -21,6 +23,12 @@ use crate::prepare::Plan;
 
 const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
 const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
+/// node0's serving counts the machines on each rail every beat (133) with an unprivileged
+/// multicast ping: an ICMP datagram socket, which the kernel allows only to the groups in
+/// `net.ipv4.ping_group_range` (IPv6's too). DGX OS admits every group; a host that does not
+/// admit spark's gets it, and only it.
+const SYSCTL_PING: &str = "/etc/sysctl.d/60-enverge-ping.conf";
+const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
 
 /// What one machine's rails should be: its netplan file and its ARP settings.
 struct Rails {
@@ -45,6 +53,11 @@ impl StepDef for RailNetwork {
         if !rails_on(h, &mine)? {
             needs.push("address node0's rails".to_owned());
         }
+        if let Some(gid) = ping_not_granted(h)? {
+            needs.push(format!(
+                "let spark's group ({gid}) ping without privilege, for the heartbeat's count"
+            ));
+        }
         for peer in &plan.peers {
             let mut node = sats.spark(peer)?;
             let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
@@ -64,6 +77,14 @@ impl StepDef for RailNetwork {
             apply_rails(h, &mine)?;
             sats.rails(node_rails(h, plan, 0, &node0_ports(plan), false)?);
         }
+        if let Some(gid) = ping_not_granted(h)? {
+            let line = format!(
+                "# Written by enverge preparation (rail-network): serving counts the machines on each\n\
+                 # rail with an unprivileged ping (133).\nnet.ipv4.ping_group_range = {gid} {gid}\n"
+            );
+            h.write(SYSCTL_PING, line.as_bytes(), 0o644, "root:root")?;
+            crate::host::must(h, &["sysctl", "-q", "-p", SYSCTL_PING])?;
+        }
         for peer in &plan.peers {
             let mut node = sats.spark(peer)?;
             let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
@@ -74,6 +95,23 @@ impl StepDef for RailNetwork {
         }
         Ok(())
     }
+}
+
+/// spark's group, when the kernel's `ping_group_range` does not admit it.
+fn ping_not_granted<H: Host + ?Sized>(h: &mut H) -> Fallible<Option<u32>> {
+    let passwd = crate::host::must(h, &["getent", "passwd", SPARK])?;
+    let gid: u32 = passwd
+        .split(':')
+        .nth(3)
+        .and_then(|g| g.trim().parse().ok())
+        .ok_or_else(|| format!("{SPARK}'s group does not read in `{}`", passwd.trim()))?;
+    let range = read_string(h, PING_GROUP_RANGE)?.unwrap_or_default();
+    let mut bounds = range.split_whitespace().map(|n| n.parse::<u64>().ok());
+    let admitted = match (bounds.next().flatten(), bounds.next().flatten()) {
+        (Some(lo), Some(hi)) => (lo..=hi).contains(&u64::from(gid)),
+        _ => false,
+    };
+    Ok((!admitted).then_some(gid))
 }
 
 /// One machine's rails as the plan wants them: the cabled ports addressed, and every RDMA
