@@ -178,11 +178,33 @@ async fn k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current(w: World) {
         "kept on the node, not here"
     );
 
+    // At the bounds: as many ports as a machine may have, a name of the longest, the most
+    // machines a count may say.
+    let longest = "p".repeat(byo_wire::limits::SHORT);
+    let mut most: serde_json::Map<String, Value> =
+        (0..7).map(|i| (format!("spare{i}"), json!(0))).collect();
+    most.insert(longest.clone(), json!(byo_wire::vm::MAX_RAIL_NEIGHBOURS));
+    let r = heartbeat(&w, Some(&bearer), &with(Value::Object(most))).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let at_bounds = rails().await;
+    assert_eq!(
+        at_bounds[0][&longest]["neighbours_discovered"],
+        byo_wire::vm::MAX_RAIL_NEIGHBOURS
+    );
+    assert_eq!(at_bounds[0]["spare6"]["neighbours_discovered"], 0);
+    assert_eq!(
+        at_bounds[0]["rail0"], want["rail0"],
+        "a port the beat left out stays"
+    );
+    let want = at_bounds[0].clone();
+
     for bad in [
         json!("two"),
         json!({"rail0": -1}),
-        json!({"rail0": 1025}),
+        json!({"rail0": byo_wire::vm::MAX_RAIL_NEIGHBOURS + 1}),
         json!({"": 1}),
+        json!({format!("{longest}p"): 1}),
+        json!({"rail\n0": 1}),
         Value::Object((0..9).map(|i| (format!("rail{i}"), json!(1))).collect()),
     ] {
         let r = heartbeat(&w, Some(&bearer), &with(bad.clone())).await;
