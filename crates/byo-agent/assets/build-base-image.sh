@@ -31,9 +31,10 @@ case "$flavour" in
     # busybox's own resolver (a static glibc getaddrinfo has no NSS modules here).
     ns=$(sed -n 's/^nameserver //p' /etc/resolv.conf | head -n 1)
     # Any HTTP answer proves the way out and back (busybox wget's --header crashes). A
-    # bridge that has just come up may drop the first packets: three tries.
+    # bridge that has just come up may drop the first packets, and a busy uplink the odd
+    # connection: five tries.
     addr="" status=""
-    for try in 1 2 3; do
+    for try in 1 2 3 4 5; do
       [ -n "$addr" ] ||
         addr=$(nslookup deb.debian.org "$ns" 2>/dev/null | sed -n 's/^Address: *\([0-9.]*\)$/\1/p' | head -n 1)
       if [ -n "$addr" ]; then
@@ -43,7 +44,7 @@ case "$flavour" in
       case "$status" in
         HTTP/*) break ;;
       esac
-      [ "$try" -eq 3 ] || sleep 2
+      [ "$try" -eq 5 ] || sleep "$try"
     done
     if [ -z "$addr" ]; then
       say "no egress: could not resolve deb.debian.org through ${ns:-no nameserver}"
@@ -52,7 +53,7 @@ case "$flavour" in
     case "$status" in
       HTTP/*) ;;
       *)
-        say "no egress: deb.debian.org ($addr) did not answer over HTTP"
+        say "no egress: deb.debian.org ($addr) did not answer over HTTP${status:+ (it said: $status)}"
         exit 4
         ;;
     esac

@@ -332,7 +332,8 @@ fn wait_link_local(h: &mut LocalHost, ports: &[String], settle: Duration) {
     }
 }
 
-/// Who answers the all-nodes multicast on `iface` (unscoped addresses, each once).
+/// Who answers the all-nodes multicast on `iface` (unscoped addresses, each once): three
+/// echoes 0.2 s apart, as root does at step 125.
 pub fn all_nodes<H: Host + ?Sized>(h: &mut H, iface: &str) -> Fallible<Vec<String>> {
     let target = format!("ff02::1%{iface}");
     let out = h.run(
@@ -341,9 +342,21 @@ pub fn all_nodes<H: Host + ?Sized>(h: &mut H, iface: &str) -> Fallible<Vec<Strin
         ],
         None,
     )?;
-    // "64 bytes from fe80::1%rail0: icmp_seq=1 ttl=64 time=0.1 ms"
-    let mut found: Vec<String> = out
-        .stdout
+    Ok(answering(&out.stdout))
+}
+
+/// [`all_nodes`] as serving asks it (133): unprivileged, over an ICMP datagram socket (the
+/// `ping_group_range` rail-network grants spark's group), which allows a multicast echo once
+/// a second, so every echo of two seconds is listened to.
+pub fn all_nodes_unprivileged<H: Host + ?Sized>(h: &mut H, iface: &str) -> Fallible<Vec<String>> {
+    let target = format!("ff02::1%{iface}");
+    let out = h.run(&["ping", "-6", "-n", "-w", "2", &target], None)?;
+    Ok(answering(&out.stdout))
+}
+
+/// The addresses in ping's replies: "64 bytes from fe80::1%rail0: icmp_seq=1 ttl=64 …".
+fn answering(stdout: &str) -> Vec<String> {
+    let mut found: Vec<String> = stdout
         .lines()
         .filter_map(|l| l.split(" from ").nth(1)?.split_whitespace().next())
         .filter_map(|a| a.trim_end_matches(':').split('%').next())
@@ -352,7 +365,7 @@ pub fn all_nodes<H: Host + ?Sized>(h: &mut H, iface: &str) -> Fallible<Vec<Strin
         .collect();
     found.sort();
     found.dedup();
-    Ok(found)
+    found
 }
 
 /// A private directory for one probe's known_hosts files, removed with it.

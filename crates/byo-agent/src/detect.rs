@@ -163,6 +163,7 @@ pub fn rails(probe: &dyn Probe) -> Vec<RailPort> {
             device,
             neighbours_discovered: 0,
             index: None,
+            address: None,
         })
         .collect()
 }

@@ -222,6 +222,33 @@ fn beat(svc: &VmService) -> (Heartbeat, Option<String>) {
     report(seen, svc.relay.as_ref())
 }
 
+/// Step 133 on a pair or a ring: how many machines answer on each of node0's rail ports
+/// (the all-nodes multicast; node0's own addresses left out; a satellite's addresses counted
+/// as the one machine they are, `known`), for node0's host_nodes.rails. Reads zero on a port
+/// whose netdev an instance holds, which is why L3 asks node1's LXD instead. `None` on a
+/// single Spark, or when node0's own addresses cannot be read.
+pub fn rail_neighbours<H: Host + ?Sized>(
+    host: &mut H,
+    ports: &[String],
+    known: &std::collections::BTreeMap<String, u32>,
+) -> Option<serde_json::Value> {
+    if ports.is_empty() {
+        return None;
+    }
+    let own: Vec<String> = crate::cable::link_local(host)
+        .ok()?
+        .into_values()
+        .flatten()
+        .collect();
+    let mut counts = serde_json::Map::new();
+    for port in ports {
+        let answered = crate::cable::all_nodes_unprivileged(host, port).unwrap_or_default();
+        let n = byo_core::probe::machines_answering(&answered, &own, known);
+        counts.insert(port.clone(), json!(n));
+    }
+    Some(serde_json::Value::Object(counts))
+}
+
 /// The schedule, on a thread of its own (every call it makes blocks: LXD, the relay, the
 /// backend); the async workers only answer the API.
 pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
@@ -245,7 +272,15 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
     };
     // The first beat goes out at once: placement picks only hosts it has heard from.
     loop {
-        let (body, cursor) = beat(&svc);
+        let (mut body, cursor) = beat(&svc);
+        // Outside the host's lock: a multicast ping waits up to a second a port.
+        if let Some(rails) = rail_neighbours(
+            &mut crate::host::LocalHost::default(),
+            &handed.rail_ports,
+            &handed.rail_neighbours,
+        ) {
+            body.details[byo_wire::vm::RAIL_NEIGHBOURS] = rails;
+        }
         if let Some(r) = reporter.as_mut() {
             match r.heartbeat(&body) {
                 Err(e) => tracing::warn!(error = %e, "heartbeat not delivered"),
@@ -639,6 +674,71 @@ mod tests {
         assert_eq!(
             beat.details["operator_logins_error"],
             "journalctl: no journal"
+        );
+    }
+
+    /// node0 of a pair: its rails, a twin each, and what answers on them.
+    struct Rails;
+
+    impl Host for Rails {
+        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
+            let out = |stdout: &str| Output {
+                code: 0,
+                stdout: stdout.into(),
+                stderr: String::new(),
+            };
+            Ok(match argv {
+                ["ip", "-j", "-6", "addr", "show", "scope", "link"] => out(
+                    r#"[{"ifname": "rail0", "addr_info": [{"local": "fe80::a0"}]},
+                        {"ifname": "rail1", "addr_info": [{"local": "fe80::a1"}]}]"#,
+                ),
+                // node1's two functions on rail0's cable, and node0's own rail1 (a loop).
+                ["ping", "-6", .., "ff02::1%rail0"] => out(
+                    "64 bytes from fe80::a0%rail0: icmp_seq=1\n64 bytes from fe80::10%rail0: icmp_seq=1\n64 bytes from fe80::11%rail0: icmp_seq=1\n",
+                ),
+                ["ping", "-6", .., "ff02::1%rail1"] => out(
+                    "64 bytes from fe80::a1%rail1: icmp_seq=1\n64 bytes from fe80::a0%rail1: icmp_seq=1\n",
+                ),
+                // An instance holds rail2's netdev: silence.
+                ["ping", ..] => Output {
+                    code: 1,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                },
+                other => panic!("unexpected {other:?}"),
+            })
+        }
+        fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        fn write(&mut self, _: &str, _: &[u8], _: u32, _: &str) -> crate::host::Fallible<()> {
+            Ok(())
+        }
+        fn remove(&mut self, _: &str) -> crate::host::Fallible<()> {
+            Ok(())
+        }
+        fn lxd(&mut self, _: &str, _: &str, _: LxdBody<'_>) -> crate::host::Fallible<LxdReply> {
+            Err("no LXD here".into())
+        }
+        fn describe(&self) -> String {
+            "node0".into()
+        }
+    }
+
+    #[test]
+    fn k_133_a_pairs_beat_counts_the_machines_on_each_rail() {
+        let known = [("fe80::10".to_owned(), 1), ("fe80::11".to_owned(), 1)]
+            .into_iter()
+            .collect();
+        let ports = ["rail0".to_owned(), "rail1".to_owned(), "rail2".to_owned()];
+        assert_eq!(
+            rail_neighbours(&mut Rails, &ports, &known),
+            Some(json!({"rail0": 1, "rail1": 0, "rail2": 0}))
+        );
+        assert_eq!(
+            rail_neighbours(&mut Rails, &[], &known),
+            None,
+            "a single Spark"
         );
     }
 }

@@ -557,11 +557,23 @@ impl Host for SshHost {
     fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
         let q = shell_quote(path);
         let out = self.run(
-            &["sh", "-c", &format!("test -e {q} || exit 3; exec cat {q}")],
+            // Base64 over the wire: what ssh prints comes back as text, and a file can be a
+            // binary (base-image reads busybox from the satellite it builds on).
+            &[
+                "sh",
+                "-c",
+                &format!("test -e {q} || exit 3; exec base64 -w 0 {q}"),
+            ],
             None,
         )?;
         match out.code {
-            0 => Ok(Some(out.stdout.into_bytes())),
+            0 => {
+                use base64::Engine as _;
+                base64::engine::general_purpose::STANDARD
+                    .decode(out.stdout.trim())
+                    .map(Some)
+                    .map_err(|e| format!("reading {path} on node{}: {e}", self.node))
+            }
             3 => Ok(None),
             _ => Err(format!(
                 "reading {path} on node{}: {}",

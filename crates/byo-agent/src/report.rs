@@ -122,6 +122,18 @@ impl Reporter {
         }
     }
 
+    /// One machine's rails as a rail step left them (130–132), logged when it does not
+    /// land: like progress, a view of the host's state, not a condition of preparing it.
+    pub fn send_rails_or_log(&mut self, rails: &byo_wire::prepare::NodeRails) {
+        let url = self.url.replace("/api/host/report", "/api/host/rails");
+        if let Err(e) = self.post(&url, rails) {
+            eprintln!(
+                "byo-agent: node{}'s rails not reported ({e}); preparation goes on",
+                rails.node
+            );
+        }
+    }
+
     /// Send, and log (once per outage) when it does not land.
     pub fn send_or_log(&mut self, report: &HostReport) {
         if let Err(e) = self.send(report) {

@@ -6,13 +6,11 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use byo_core::tokens::{SecretToken, TokenKind};
 use serde_json::Value;
-use support::cabled::{Bed, PASSWORD};
-use support::host_container::bridge_gateway;
+use support::cabled::{Bed, Capture, PASSWORD};
 
 fn hardware_id(uuid: &str) -> String {
     byo_agent::detect::hardware_id(&[format!("GPU-{uuid}")]).unwrap()
@@ -41,48 +39,6 @@ fn rail(j: &Value, port: &str) -> (u64, Option<u64>) {
     )
 }
 
-/// A stand-in for host-enroll that keeps every body it is sent and turns each away (422),
-/// so a test can read exactly what the agent sends at step 126.
-struct Capture {
-    url: String,
-    bodies: Arc<Mutex<Vec<String>>>,
-    _rt: tokio::runtime::Runtime,
-}
-
-fn capture() -> Capture {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()
-        .unwrap();
-    let bodies = Arc::new(Mutex::new(Vec::new()));
-    let kept = bodies.clone();
-    let listener = rt
-        .block_on(tokio::net::TcpListener::bind("0.0.0.0:0"))
-        .unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let app = axum::Router::new().route(
-        "/api/enroll",
-        axum::routing::post(move |body: String| {
-            let kept = kept.clone();
-            async move {
-                kept.lock().unwrap().push(body);
-                (
-                    axum::http::StatusCode::UNPROCESSABLE_ENTITY,
-                    [(axum::http::header::CONTENT_TYPE, "application/json")],
-                    r#"{"error":"rejected","message":"captured by the test"}"#,
-                )
-            }
-        }),
-    );
-    rt.spawn(async move { axum::serve(listener, app).await });
-    Capture {
-        url: format!("http://{}:{port}", bridge_gateway()),
-        bodies,
-        _rt: rt,
-    }
-}
-
 fn enroll(bed: &Bed, server: &str) -> (Option<i32>, String) {
     let token = SecretToken::generate(TokenKind::Enrollment);
     let out = bed.node0.sh(&format!(
@@ -105,7 +61,7 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
     let Some(bed) = Bed::launch("p15-cable") else {
         return;
     };
-    let (n0, n1, x) = (&bed.node0, &bed.node1, &bed.extra);
+    let (n0, n1, x) = (&bed.node0, &bed.node1, bed.extra());
     let node1_hw = hardware_id(NODE1_UUID);
     let mut lap = Instant::now();
     let mut lap_done = |name: &str| {
@@ -200,7 +156,12 @@ fn k1_125_the_cable_probe_on_cabled_debian_hosts() {
 
     // --- Enrolment with the wrong login sends nothing (the token stays unspent); with the
     // right one it sends the rails and node1, and never the password nor a link-local address.
-    let server = capture();
+    // A stand-in for host-enroll that keeps every body and turns each away (422).
+    let server = Capture::on(
+        "/api/enroll",
+        422,
+        r#"{"error":"rejected","message":"captured by the test"}"#,
+    );
     let (code, said) = enroll(&bed, &server.url);
     assert_eq!(code, Some(9), "{said}");
     assert!(server.bodies.lock().unwrap().is_empty());

@@ -512,12 +512,13 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     let customer = private_key();
     let key_path = key_file(e.dir.path(), "customer", &customer);
     e.host.push(&key_path, "/root/customer", 0o600);
+    let token = e.agent_token.clone();
     let w = World {
         host: e.host,
         mapd,
         mapd_host: bridge_gateway(),
         mapd_port: port,
-        token: e.agent_token.clone(),
+        token,
         customer_key: public_line(&customer),
     };
     let started = Instant::now();
@@ -532,7 +533,7 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     assert_eq!(who.trim(), "spark", "serving runs unprivileged");
 
     unauthenticated_calls_are_refused(&w);
-    m_serving_takes_lists_for_the_environment_it_enrolled_into(&w, &e.signing);
+    m_serving_takes_lists_for_the_environment_it_enrolled_into(&w, &e.enrollment.signing);
     scenario_2_the_gpu_check_and_startup_script_are_advisory(&w);
     // On an empty host: with an instance held, any other create is refused first.
     scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
@@ -556,5 +557,5 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     eprintln!("serving, idle with one instance: {}", rss.trim());
     scenario_6_delete_removes_the_container_and_clears_the_map(&w);
     scenario_7_a_delete_of_an_instance_already_gone_answers_404(&w);
-    let _ = e.dir;
+    let _ = e.enrollment.dir;
 }

@@ -755,6 +755,7 @@ struct SimSatellites {
     node1: Arc<Mutex<SimSpark>>,
     lent: Arc<Mutex<bool>>,
     events: Mutex<Vec<Progress>>,
+    rails: Mutex<Vec<byo_wire::prepare::NodeRails>>,
 }
 
 struct Handle {
@@ -832,6 +833,9 @@ impl Satellites for SimSatellites {
     fn report(&self, p: Progress) {
         self.events.lock().unwrap().push(p);
     }
+    fn rails(&self, rails: byo_wire::prepare::NodeRails) {
+        self.rails.lock().unwrap().push(rails);
+    }
 }
 
 struct Pair {
@@ -854,6 +858,7 @@ fn pair(node1_state: State) -> Pair {
         node1: node1.clone(),
         lent: Arc::new(Mutex::new(true)),
         events: Mutex::default(),
+        rails: Mutex::default(),
     });
     let peer: Peer = serde_json::from_value(serde_json::json!({
         "addr": "fe80::1%enp1s0f0np0", "host_key": "ssh-ed25519 AAAAnode1hostkey", "peer_index": 1,
@@ -929,6 +934,64 @@ fn k_a_pair_prepares_node1_from_node0_reported_with_index_1() {
             .addresses
             .contains(&("enP2p1s0f1np1".into(), "192.168.101.11/24".into()))
     );
+    // 130–132: each machine's rails reported once rail-network set them, then again once
+    // rail-verify proved every cable — the cabled ports with their rail and address.
+    /// A port as reported: its interface, rail and address.
+    type Port = (String, Option<u32>, Option<String>);
+    let reported: Vec<(u32, bool, Vec<Port>)> = p
+        .sats
+        .rails
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let ports = r
+                .ports
+                .iter()
+                .map(|p| (p.iface.clone(), p.index, p.address.clone()));
+            (r.node, r.verified, ports.collect())
+        })
+        .collect();
+    let node0 = vec![
+        (
+            "enp1s0f0np0".to_owned(),
+            Some(0),
+            Some("192.168.100.10/24".to_owned()),
+        ),
+        (
+            "enP2p1s0f0np0".to_owned(),
+            Some(1),
+            Some("192.168.101.10/24".to_owned()),
+        ),
+    ];
+    let node1 = vec![
+        (
+            "enp1s0f0np0".to_owned(),
+            Some(0),
+            Some("192.168.100.11/24".to_owned()),
+        ),
+        (
+            "enP2p1s0f1np1".to_owned(),
+            Some(1),
+            Some("192.168.101.11/24".to_owned()),
+        ),
+    ];
+    assert_eq!(
+        reported,
+        vec![
+            (0, false, node0.clone()),
+            (1, false, node1.clone()),
+            (0, true, node0),
+            (1, true, node1)
+        ]
+    );
+    // 133: node0's serving may ping its rails without privilege; node1 has no serving.
+    let ping = "/etc/sysctl.d/60-enverge-ping.conf";
+    assert!(
+        String::from_utf8_lossy(&p.node0.state.files[ping])
+            .contains("net.ipv4.ping_group_range = 1000 1000")
+    );
+    assert!(!n1.state.files.contains_key(ping));
     // node0's own track keeps its shape: the pair steps completed, self-check last.
     let node0_steps: Vec<&str> = events
         .iter()
@@ -999,6 +1062,79 @@ fn k_rail_verify_sends_traffic_across_every_cable_from_both_ends() {
         "rail-verify",
         "rail 1: node0 enP2p1s0f0np0 → node1 192.168.101.11",
     );
+    owner_untouched(&p.node0);
+}
+
+/// L rule 5 on a pair: node1 is asked too. A running instance there holds the rails; a
+/// stopped one, or the image build, does not; a node1 that cannot be asked leaves node0's
+/// answer to stand.
+#[test]
+fn l_rule_5_asks_node1_whether_an_instance_holds_the_rails() {
+    use byo_agent::prepare::again::satellites_holding;
+    let mut p = pair(dgx_os());
+    assert!(run(&mut p.node0, &p.plan, Mode::Run).0.completed);
+    assert!(satellites_holding(&p.plan).is_empty());
+    let instance = |status: &str| (status.to_owned(), String::new(), Default::default());
+    {
+        let mut n1 = p.node1.lock().unwrap();
+        let lxd = n1.state.lxd.as_mut().unwrap();
+        lxd.instances.insert("c1-w1".into(), instance("Running"));
+        lxd.instances.insert("old-w1".into(), instance("Stopped"));
+        lxd.instances.insert(
+            byo_agent::prepare::BUILD_INSTANCE.into(),
+            instance("Running"),
+        );
+    }
+    assert_eq!(
+        satellites_holding(&p.plan),
+        vec!["c1-w1 on node1".to_owned()]
+    );
+    // node1's LXD silent (node1 down): node0's answer is enough.
+    p.node1.lock().unwrap().state.lxd = None;
+    assert!(satellites_holding(&p.plan).is_empty());
+}
+
+#[test]
+fn k_node0s_self_check_asserts_node1() {
+    let mut p = pair(dgx_os());
+    assert!(run(&mut p.node0, &p.plan, Mode::Run).0.completed);
+    let self_check = |p: &mut Pair| {
+        let steps = byo_agent::prepare::steps::<SimSpark>(&p.plan);
+        let step = steps.iter().find(|s| s.name() == "self-check").unwrap();
+        step.check(&mut p.node0)
+    };
+    assert_eq!(self_check(&mut p), Ok(byo_core::prepare::Check::Satisfied));
+    // node1's earlyoom dies: node0 is as it was, and its self-check names node1.
+    p.node1
+        .lock()
+        .unwrap()
+        .state
+        .active
+        .remove("earlyoom.service");
+    assert_eq!(
+        self_check(&mut p),
+        Err("node1: earlyoom is not running".to_owned())
+    );
+}
+
+#[test]
+fn k_rail_verify_names_a_cable_end_that_does_not_carry_the_rails_mtu() {
+    let mut p = pair(dgx_os());
+    p.node0
+        .wire
+        .lock()
+        .unwrap()
+        .small_mtu
+        .insert("enP2p1s0f1np1".into());
+    let (out, _) = run(&mut p.node0, &p.plan, Mode::Run);
+    failed_at(
+        &out,
+        "rail-verify",
+        "rail 1: node1 enP2p1s0f1np1 → node0 192.168.101.10 does not carry the rail's MTU 9000 unfragmented",
+    );
+    // The other cable passes: only the one with a short end is named.
+    let (_, why) = out.failed.unwrap();
+    assert!(!why.contains("rail 0"), "{why}");
     owner_untouched(&p.node0);
 }
 

@@ -447,6 +447,7 @@ fn number(
                 active_mtu: p.and_then(|p| p.active_mtu),
                 neighbours_discovered: v.machines(),
                 index: rail_of.get(iface).copied(),
+                address: None,
             }
         })
         .collect();
@@ -492,12 +493,20 @@ fn number(
                 });
             }
         }
+        let mut link_local: Vec<String> = m
+            .ports
+            .iter()
+            .flat_map(|(_, addrs)| addrs.iter().map(|a| unscoped(a).to_ascii_lowercase()))
+            .collect();
+        link_local.sort();
+        link_local.dedup();
         peers_file.push(Peer {
             index,
             addr: links.first().and_then(|l| l.neighbour_addr.clone()),
             mgmt_addr: m.mgmt_addr.clone(),
             host_key: m.host_key.clone(),
             links,
+            link_local,
         });
         peers_out.push(report);
     }
@@ -509,6 +518,30 @@ fn number(
         rails: rails_out,
         peers: peers_out,
     }
+}
+
+/// Step 133's count on one of node0's rail ports: how many machines answered the all-nodes
+/// multicast, not how many addresses — node0's own addresses left out (a looped cable), the
+/// addresses a satellite showed when node0 logged in (`known`: address → node index, from
+/// peer.json) counted as that one machine, and any other address as a machine of its own.
+/// Zero on a port whose netdev an instance holds (the host sees no answer there).
+pub fn machines_answering(
+    answered: &[String],
+    own: &[String],
+    known: &std::collections::BTreeMap<String, u32>,
+) -> u32 {
+    let mut machines = std::collections::BTreeSet::new();
+    for a in answered {
+        if own.iter().any(|o| same_addr(o, a)) {
+            continue;
+        }
+        let addr = unscoped(a).to_ascii_lowercase();
+        machines.insert(match known.get(&addr) {
+            Some(node) => format!("node{node}"),
+            None => addr,
+        });
+    }
+    machines.len() as u32
 }
 
 /// What the agent checks before it enrols: a peer whose identity is node0's own is a retry,

@@ -156,18 +156,41 @@ pub fn rail_address(rail: &RailPlan, node: u32) -> Option<String> {
 }
 
 fn rails_value(plan: &ProfilePlan, ports: &[RailPort], node: u32) -> Value {
+    node_rails(
+        ports,
+        |p| {
+            let i = p.index?;
+            plan.rails
+                .iter()
+                .find(|r| r.index == i)
+                .and_then(|r| rail_address(r, node))
+        },
+        None,
+    )
+}
+
+/// `host_nodes.rails` from a machine's ports, keyed by its own interface: the rail each
+/// cable carries and the address on it (`address_of`: the plan's at 127, the port's own once
+/// rail-network set it), device, MTUs and neighbours as seen; `verified_at` on every port
+/// that carries a rail once rail-verify proved them (132).
+pub fn node_rails(
+    ports: &[RailPort],
+    address_of: impl Fn(&RailPort) -> Option<String>,
+    verified_at: Option<chrono::DateTime<chrono::Utc>>,
+) -> Value {
     let mut out = Map::new();
     for p in ports {
         let mut v = Map::new();
         if let Some(i) = p.index {
             v.insert("index".into(), json!(i));
-            if let Some(addr) = plan
-                .rails
-                .iter()
-                .find(|r| r.index == i)
-                .and_then(|r| rail_address(r, node))
-            {
+            if let Some(addr) = address_of(p) {
                 v.insert("address".into(), json!(addr));
+            }
+            if let Some(at) = verified_at {
+                v.insert(
+                    "verified_at".into(),
+                    json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                );
             }
         }
         if let Some(d) = &p.device {

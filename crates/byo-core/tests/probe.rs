@@ -182,6 +182,11 @@ fn k1_125_a_cable_showing_two_addresses_is_one_machine_and_the_pair_enrols() {
         links,
         vec![(0, Some(P1), "enp1s0f1np1"), (1, Some(P0), "enp1s0f0np0")]
     );
+    // Every address node1 showed is recorded as node1's: what the heartbeat groups by (133).
+    assert_eq!(
+        p.link_local,
+        ["fe80::10", "fe80::11", "fe80::12", "fe80::13"]
+    );
     // node1's own rails carry the same rails on its own ports.
     let peer_rails: Vec<(String, Option<u32>)> = f.peers[0]
         .rails
@@ -252,6 +257,7 @@ fn k1_125_a_kept_node_index_stays_with_its_machine() {
             mgmt_addr: None,
             host_key: node1().host_key,
             links: Vec::new(),
+            link_local: Vec::new(),
         }],
     };
     let f = found(decide(&obs, &[0, 1], Some(&kept)));
@@ -610,6 +616,7 @@ fn k1_125_a_new_link_beside_a_kept_one_takes_the_rail_left_free() {
                 remote: "enp1s0f0np0".into(),
                 neighbour_addr: None,
             }],
+            link_local: Vec::new(),
         }],
     };
     let f = found(decide(&obs, &[0, 1], Some(&kept)));
@@ -657,4 +664,35 @@ fn k1_125_a_remote_port_detect_did_not_list_is_still_recorded_on_the_peer() {
             }
         ]
     );
+}
+
+/// 133: the heartbeat counts machines on a rail, not addresses. node1's two functions on one
+/// cable are one machine; node0's own addresses (a looped cable) are none; an address nobody
+/// logged into is one machine more; silence (an instance holds the netdev) is zero.
+#[test]
+fn k_133_the_heartbeat_counts_machines_on_a_rail_not_addresses() {
+    use byo_core::probe::machines_answering;
+    let known: BTreeMap<String, u32> = [("fe80::10", 1), ("fe80::11", 1), ("fe80::20", 2)]
+        .into_iter()
+        .map(|(a, n)| (a.to_owned(), n))
+        .collect();
+    let own = ["fe80::1".to_owned(), "fe80::2".to_owned()];
+    let seen = |a: &[&str]| a.iter().map(|a| format!("{a}%{P0}")).collect::<Vec<_>>();
+    assert_eq!(
+        machines_answering(&seen(&["fe80::10", "FE80::11"]), &own, &known),
+        1
+    );
+    assert_eq!(
+        machines_answering(&seen(&["fe80::1", "fe80::2"]), &own, &known),
+        0
+    );
+    assert_eq!(
+        machines_answering(&seen(&["fe80::10", "fe80::11", "fe80::99"]), &own, &known),
+        2
+    );
+    assert_eq!(
+        machines_answering(&seen(&["fe80::10", "fe80::20"]), &own, &known),
+        2
+    );
+    assert_eq!(machines_answering(&[], &own, &known), 0);
 }

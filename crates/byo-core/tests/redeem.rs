@@ -287,3 +287,38 @@ fn a_rejection_says_what_was_found_against_the_plan() {
         assert_eq!(rejection.to_string(), says);
     }
 }
+
+/// 130–132: a machine's rails refreshed after rail-network, as host-report's rails write
+/// them — its own address on each cabled port, a bare port as found, and `verified_at` only
+/// once rail-verify proved the cables, only on the ports that carry a rail.
+#[test]
+fn k_131_132_a_machines_rails_are_refreshed_with_its_own_addresses_then_verified() {
+    use byo_core::redeem::node_rails;
+    use byo_wire::enroll::RailPort;
+    let ports: Vec<RailPort> = serde_json::from_value(json!([
+        {"iface": "enp1s0f0np0", "device": "rocep1s0f0", "mtu": 9000, "active_mtu": 4096,
+         "neighbours_discovered": 1, "index": 0, "address": "192.168.100.11/24"},
+        {"iface": "enP2p1s0f1np1", "device": "roceP2p1s0f1", "mtu": 9000, "active_mtu": null,
+         "neighbours_discovered": 1, "index": 1, "address": "192.168.101.11/24"},
+        {"iface": "enP2p1s0f0np0", "device": "roceP2p1s0f0", "mtu": 1500, "active_mtu": null,
+         "neighbours_discovered": 0, "index": null}
+    ]))
+    .unwrap();
+    let own = |p: &RailPort| p.address.clone();
+    let configured = json!({
+        "enp1s0f0np0": {"index": 0, "device": "rocep1s0f0", "mtu": 9000, "active_mtu": 4096,
+                        "address": "192.168.100.11/24", "neighbours_discovered": 1},
+        "enP2p1s0f1np1": {"index": 1, "device": "roceP2p1s0f1", "mtu": 9000,
+                          "address": "192.168.101.11/24", "neighbours_discovered": 1},
+        "enP2p1s0f0np0": {"device": "roceP2p1s0f0", "mtu": 1500, "neighbours_discovered": 0}
+    });
+    assert_eq!(node_rails(&ports, own, None), configured);
+    let at = chrono::DateTime::parse_from_rfc3339("2026-09-08T14:20:03Z")
+        .unwrap()
+        .to_utc();
+    let mut verified = configured.clone();
+    for port in ["enp1s0f0np0", "enP2p1s0f1np1"] {
+        verified[port]["verified_at"] = json!("2026-09-08T14:20:03Z");
+    }
+    assert_eq!(node_rails(&ports, own, Some(at)), verified);
+}

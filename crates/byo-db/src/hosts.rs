@@ -387,6 +387,25 @@ impl Store {
     }
 }
 
+impl Store {
+    /// One machine's `host_nodes.rails` as a rail step left them (130–132): the whole value
+    /// replaced. Returns false when the host (live, not retired) has no such node.
+    pub async fn record_node_rails(&self, host_id: &str, node: i32, rails: &Value) -> Result<bool> {
+        let rows = on_pool!(self, |p| sqlx::query(
+            r#"update host_nodes set rails = $3
+               where host_id = $1 and "index" = $2
+                 and host_id in (select id from hosts where retired_at is null)"#
+        )
+        .bind(host_id)
+        .bind(node)
+        .bind(Json(rails))
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(rows == 1)
+    }
+}
+
 /// node0's host_status row, as the last heartbeat left it (133).
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct HostStatusRow {

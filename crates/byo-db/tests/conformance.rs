@@ -41,6 +41,7 @@ conformance!(
     n6_retired_host_is_held_inactive_and_undedicated,
     d3_activation_refused_until_preparation_finished,
     n7_hardware_id_unique_among_nodes_not_retired,
+    k_131_a_nodes_rails_are_replaced_whole_on_a_live_host_only,
     step28_single_use_token_redeemed_once_by_32_callers,
     step28_unknown_spent_rejected_and_expired_tokens_get_the_same_none,
     last_superadmin_cannot_be_revoked,
@@ -356,6 +357,50 @@ async fn n7_hardware_id_unique_among_nodes_not_retired(db: TestDb) {
         db.insert_host_node(node(c_id), now()).await,
         Err(DbError::Conflict(_))
     ));
+}
+
+async fn k_131_a_nodes_rails_are_replaced_whole_on_a_live_host_only(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let h = host(&db, &owner, "spark-1").await;
+    let at_127 = json!({"rail0": {"index": 0, "address": "192.168.100.11/24", "neighbours_discovered": 1},
+                        "rail0b": {"neighbours_discovered": 1}});
+    for (index, hardware_id) in [(0, "hw-node0"), (1, "hw-node1")] {
+        db.insert_host_node(
+            NewHostNode {
+                host_id: &h,
+                index,
+                machine_id: None,
+                hardware_id,
+                fingerprint: &json!({}),
+                rails: &at_127,
+            },
+            now(),
+        )
+        .await
+        .unwrap();
+    }
+    async fn rails(db: &Store, h: String) -> Vec<serde_json::Value> {
+        let nodes = db.host_nodes(&h).await.unwrap();
+        nodes.iter().map(|n| n.rails.0.clone()).collect()
+    }
+    let refreshed = json!({"rail0": {"index": 0, "address": "192.168.100.11/24", "mtu": 9000,
+                                     "neighbours_discovered": 1, "verified_at": "2026-09-08T14:20:03Z"}});
+    assert!(db.record_node_rails(&h, 1, &refreshed).await.unwrap());
+    assert_eq!(
+        rails(&db, h.clone()).await,
+        vec![at_127.clone(), refreshed.clone()],
+        "node1's rails replaced whole (its twin gone with them), node0's untouched"
+    );
+    assert!(
+        !db.record_node_rails(&h, 2, &json!({})).await.unwrap(),
+        "no such node"
+    );
+    db.retire_host(&h, now()).await.unwrap();
+    assert!(
+        !db.record_node_rails(&h, 0, &refreshed).await.unwrap(),
+        "a retired host's nodes keep what they last said"
+    );
+    assert_eq!(rails(&db, h).await, vec![at_127, refreshed]);
 }
 
 async fn enrollment(db: &Store, owner: &str, slug: &str, expires: DateTime<Utc>) -> SecretToken {

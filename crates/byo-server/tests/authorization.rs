@@ -57,6 +57,12 @@ fn token_table() -> Vec<Row> {
             body: |_| Some(json!({"node": 0})),
         },
         Row {
+            method: Method::POST,
+            path: "/api/host/rails",
+            allowed: &[],
+            body: |_| Some(json!({"node": 0, "ports": []})),
+        },
+        Row {
             method: Method::GET,
             path: "/api/host/relay",
             allowed: &[],

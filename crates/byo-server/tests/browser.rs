@@ -227,24 +227,6 @@ fn spark(hardware_id: &str) -> Value {
     })
 }
 
-/// The design's example request at 126: a pair, node1 reported by node0.
-fn pair() -> Value {
-    json!({
-        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
-        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
-        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0,
-        "rails": [
-            { "device": "rocep1s0f0", "iface": "enp1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 0 },
-            { "device": "roceP2p1s0f0", "iface": "enP2p1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 1 },
-            { "device": "rocep1s0f1", "iface": "enp1s0f1np1", "mtu": 1500, "neighbours_discovered": 0 }
-        ],
-        "peers": [
-            { "gpu_model": "GB10", "gpu_count": 1, "arch": "aarch64", "machine_id": "9c17", "hardware_id": "7e08", "os_id": "ubuntu", "node_index": 1,
-              "rails": [ { "iface": "enp1s0f0np0", "index": 0, "neighbours_discovered": 1 }, { "iface": "enP2p1s0f1np1", "index": 1, "neighbours_discovered": 1 } ] }
-        ]
-    })
-}
-
 /// "expires in mm:ss" as seconds.
 fn seconds_left(text: &str) -> u32 {
     let rest = text
@@ -548,7 +530,7 @@ async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
         json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
     )
     .await;
-    let mut x86_pair = pair();
+    let mut x86_pair = support::pair_request();
     x86_pair["arch"] = json!("x86_64");
     let rejected = provision().await;
     let r = site
@@ -666,7 +648,7 @@ async fn c_the_owners_page_follows_preparation_live() {
     site.mark_document().await;
 
     // The box runs the one-liner.
-    let enrolled = site.enroll(&token, pair()).await;
+    let enrolled = site.enroll(&token, support::pair_request()).await;
     assert_eq!(enrolled.status, StatusCode::OK, "{}", enrolled.text());
     let enrolled = enrolled.json();
     let host_token = enrolled["host_token"].as_str().unwrap();

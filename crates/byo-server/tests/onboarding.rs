@@ -736,6 +736,104 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
     assert_eq!(act().await.status, StatusCode::NO_CONTENT);
 }
 
+/// 130–132: host-report's rails. What rail-network configured on a machine replaces its
+/// host_nodes.rails whole; once rail-verify proved the cables, verified_at is stamped (by the
+/// backend's clock) on each port carrying a rail. Refusals change nothing.
+async fn k_131_132_host_report_rails_refresh_a_nodes_rails_then_stamp_verified_at(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-2").await.json();
+    let host_id = p["host_id"].as_str().unwrap().to_owned();
+    let r = w
+        .enroll(p["token"].as_str().unwrap(), support::pair_request())
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
+    let post = |token: String, body: Value| {
+        let app = &w.app;
+        async move {
+            app.send(
+                Request::post("/api/host/rails")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await
+        }
+    };
+    let rails = async || -> Vec<Value> {
+        let nodes = w.app.db.host_nodes(&host_id).await.unwrap();
+        nodes.into_iter().map(|n| n.rails.0).collect()
+    };
+    let at_127 = rails().await;
+    assert_eq!(
+        at_127[1]["enP2p1s0f1np1"]["address"], "192.168.101.11/24",
+        "redeem stamped the plan's address"
+    );
+    let node1 = |verified: bool| {
+        json!({"node": 1, "verified": verified, "ports": [
+            {"iface": "enp1s0f0np0", "device": "rocep1s0f0", "mtu": 9000, "active_mtu": 4096,
+             "neighbours_discovered": 1, "index": 0, "address": "192.168.100.11/24"},
+            {"iface": "enP2p1s0f1np1", "device": "roceP2p1s0f1", "mtu": 9000, "active_mtu": 4096,
+             "neighbours_discovered": 1, "index": 1, "address": "192.168.101.11/24"},
+            {"iface": "enP2p1s0f0np0", "device": "roceP2p1s0f0", "mtu": 1500, "active_mtu": null,
+             "neighbours_discovered": 0, "index": null}]})
+    };
+    let configured = json!({
+        "enp1s0f0np0": {"index": 0, "device": "rocep1s0f0", "mtu": 9000, "active_mtu": 4096,
+                        "address": "192.168.100.11/24", "neighbours_discovered": 1},
+        "enP2p1s0f1np1": {"index": 1, "device": "roceP2p1s0f1", "mtu": 9000, "active_mtu": 4096,
+                          "address": "192.168.101.11/24", "neighbours_discovered": 1},
+        "enP2p1s0f0np0": {"device": "roceP2p1s0f0", "mtu": 1500, "neighbours_discovered": 0}
+    });
+
+    // 130–131: after rail-network, node1's ports as they are now; node0's row untouched.
+    let r = post(host_token.clone(), node1(false)).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    assert_eq!(rails().await, vec![at_127[0].clone(), configured.clone()]);
+
+    // 132: rail-verify proved the cables; the backend's clock stamps the cabled ports.
+    let r = post(host_token.clone(), node1(true)).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let stamp = w
+        .clock
+        .now()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut verified = configured.clone();
+    verified["enp1s0f0np0"]["verified_at"] = json!(stamp);
+    verified["enP2p1s0f1np1"]["verified_at"] = json!(stamp);
+    let after = rails().await;
+    assert_eq!(after, vec![at_127[0].clone(), verified]);
+
+    // Refusals change nothing: a token that is no host's (the one 401, headers included), a
+    // node the host does not have, a body that is not rails, more ports than a machine has.
+    let wrong = post(
+        SecretToken::generate(TokenKind::Host).expose().to_owned(),
+        node1(true),
+    )
+    .await;
+    let enroll_token_as_host = post(p["token"].as_str().unwrap().to_owned(), node1(true)).await;
+    assert_eq!(wrong.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(wrong.as_seen(), enroll_token_as_host.as_seen());
+    let mut other = node1(false);
+    other["node"] = json!(2);
+    let r = post(host_token.clone(), other).await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("unknown_node"))
+    );
+    let r = post(host_token.clone(), json!({"node": 1})).await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("invalid_rails"))
+    );
+    let mut many = node1(false);
+    many["ports"] = json!(vec![json!({"iface": "x", "neighbours_discovered": 0}); 9]);
+    let r = post(host_token.clone(), many).await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    assert!(r.text().contains("ports"), "{}", r.text());
+    assert_eq!(rails().await, after);
+}
+
 async fn b28_a_fault_on_our_side_leaves_the_token_good(w: World) {
     let p = w.provision(&w.owner, "gb10-spark-1").await.json();
     let token = p["token"].as_str().unwrap();
@@ -784,6 +882,7 @@ with_world!(
     h_revoking_from_the_page_is_the_apis_revoke,
     pages_let_an_owner_add_a_gpu_and_an_operator_activate_it,
     c_host_report_records_progress_and_completion_gates_activation,
+    k_131_132_host_report_rails_refresh_a_nodes_rails_then_stamp_verified_at,
     b28_a_fault_on_our_side_leaves_the_token_good,
     c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan,
     the_operators_hosts_page_summarises_what_turned_up,

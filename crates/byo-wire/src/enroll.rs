@@ -38,6 +38,10 @@ pub struct RailPort {
     pub neighbours_discovered: u32,
     /// The rail this port's cable carries, numbered once at step 125.
     pub index: Option<u32>,
+    /// The address it holds on that rail, once rail-network set it (130–131); never sent
+    /// at enrolment, where the plan's address is stamped instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
 }
 
 /// Step 126.
@@ -162,7 +166,7 @@ impl std::fmt::Debug for EnrollResponse {
 
 impl NodeReport {
     fn check_bounds_at(&self, at: &str) -> Result<(), OutOfBounds> {
-        use crate::limits::{RAILS, SHORT, count, opt_text};
+        use crate::limits::{SHORT, opt_text};
         let f = |name: &str| format!("{at}{name}");
         opt_text(&f("gpu_model"), &self.gpu_model, SHORT)?;
         opt_text(&f("arch"), &self.arch, SHORT)?;
@@ -171,13 +175,20 @@ impl NodeReport {
         opt_text(&f("driver_version"), &self.driver_version, SHORT)?;
         opt_text(&f("machine_id"), &self.machine_id, SHORT)?;
         opt_text(&f("hardware_id"), &self.hardware_id, SHORT)?;
-        count(&f("rails"), self.rails.len(), RAILS)?;
-        for (i, rail) in self.rails.iter().enumerate() {
-            crate::limits::text(&f(&format!("rails[{i}].iface")), &rail.iface, SHORT)?;
-            opt_text(&f(&format!("rails[{i}].device")), &rail.device, SHORT)?;
-        }
-        Ok(())
+        rail_ports_in_bounds(&f("rails"), &self.rails)
     }
+}
+
+/// A machine's rail ports, wherever they are sent: how many, and each one's words.
+pub(crate) fn rail_ports_in_bounds(at: &str, ports: &[RailPort]) -> Result<(), OutOfBounds> {
+    use crate::limits::{RAILS, SHORT, count, opt_text};
+    count(at, ports.len(), RAILS)?;
+    for (i, rail) in ports.iter().enumerate() {
+        crate::limits::text(&format!("{at}[{i}].iface"), &rail.iface, SHORT)?;
+        opt_text(&format!("{at}[{i}].device"), &rail.device, SHORT)?;
+        opt_text(&format!("{at}[{i}].address"), &rail.address, SHORT)?;
+    }
+    Ok(())
 }
 
 impl Bounded for EnrollRequest {

@@ -35,6 +35,11 @@ pub struct Peer {
     pub host_key: String,
     #[serde(default)]
     pub links: Vec<Link>,
+    /// Every link-local address (unscoped, `fe80::…`) the machine showed on its rail ports
+    /// when node0 logged in: how node0's heartbeat counts machines, not addresses, on a rail
+    /// (133) — a QSFP's two functions are one machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub link_local: Vec<String>,
 }
 
 /// The whole file, `{peers: [...]}`; the pair-shaped file (flat fields, one peer) reads too.

@@ -49,6 +49,26 @@ impl crate::limits::Bounded for HostReport {
     }
 }
 
+/// host-report's rails: one machine's ports as they are now, sent when a rail step changed
+/// or proved them — after rail-network configured that machine (130–131), and once
+/// rail-verify passed across every cable (132, `verified`: the backend stamps `verified_at`
+/// on each port that carries a rail). Written to that machine's `host_nodes.rails`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NodeRails {
+    pub node: u32,
+    pub ports: Vec<crate::enroll::RailPort>,
+    #[serde(default)]
+    pub verified: bool,
+}
+
+impl crate::limits::Bounded for NodeRails {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::enroll::rail_ports_in_bounds("ports", &self.ports)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -123,6 +123,12 @@ pub struct Heartbeat {
 /// The key in a heartbeat's `details` under which the agent sends the logins to `spark` that
 /// sshd accepted since the last delivered beat (#16, 5): a list of [`OperatorLogin`].
 pub const OPERATOR_LOGINS: &str = "operator_logins";
+/// The key in a heartbeat's `details` under which node0 of a pair or a ring sends, per rail
+/// port, how many machines answered on it (133): `{iface: count}`, at most
+/// [`crate::limits::RAILS`] ports, each count at most [`MAX_RAIL_NEIGHBOURS`].
+pub const RAIL_NEIGHBOURS: &str = "rail_neighbours";
+/// More machines than this on one port is a LAN, whatever the number.
+pub const MAX_RAIL_NEIGHBOURS: u64 = 1024;
 /// How many logins one beat carries at most; the rest wait in the journal for the next beat.
 pub const MAX_LOGINS_PER_BEAT: usize = 12;
 

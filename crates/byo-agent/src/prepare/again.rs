@@ -115,11 +115,31 @@ pub fn holding<H: Host + ?Sized>(host: &mut H) -> Result<Vec<String>, AgainError
     crate::vms::live(host).map_err(AgainError::Unknown)
 }
 
-/// Rule 5 on a pair: node1 is asked over the management network, and when it cannot be
-/// reached node0's answer is enough. Pairs cannot enrol yet (docs/prepare.md, "Pairs and
-/// rings"), so there is nothing to ask; this is where that question goes.
-pub fn satellites_holding(_plan: &super::Plan) -> Vec<String> {
-    Vec::new()
+/// Rule 5 on a pair or a ring: each satellite is asked over the management network (as
+/// spark, its LXD through the host adapter) what it runs; one that cannot be reached, or
+/// whose LXD does not answer, is not waited for — node0's answer is enough then. A satellite
+/// runs nothing but the workers of node0's instances (and, while preparing, the image
+/// build), so every other instance there that is not stopped holds the rails.
+pub fn satellites_holding(plan: &super::Plan) -> Vec<String> {
+    let Some(sats) = plan.satellites.as_ref() else {
+        return Vec::new();
+    };
+    let mut held = Vec::new();
+    for peer in &plan.peers {
+        let Ok(mut node) = sats.spark(peer) else {
+            continue;
+        };
+        let Ok(Some(list)) = crate::lxd::get(&mut node, "/1.0/instances?recursion=1") else {
+            continue;
+        };
+        for i in list.as_array().into_iter().flatten() {
+            let name = i["name"].as_str().unwrap_or_default();
+            if i["status"] != "Stopped" && name != super::BUILD_INSTANCE {
+                held.push(format!("{name} on node{}", peer.index));
+            }
+        }
+    }
+    held
 }
 
 #[cfg(test)]

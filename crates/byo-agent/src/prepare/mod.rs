@@ -242,6 +242,14 @@ pub struct HandOver {
     /// absent in a hand-over written before this was recorded.
     #[serde(default)]
     pub tunnel: Option<bool>,
+    /// A pair's or a ring's rail ports on node0, and which machine each link-local address
+    /// node0 saw on its satellites belongs to (peer.json, root-only, which serving cannot
+    /// read): what the heartbeat counts each port's neighbours with (133). Empty on a single
+    /// Spark, whose heartbeat counts nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rail_ports: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rail_neighbours: std::collections::BTreeMap<String, u32>,
 }
 
 impl std::fmt::Debug for HandOver {

@@ -7,6 +7,7 @@
 use std::rc::Rc;
 
 use byo_core::prepare::Progress;
+use byo_wire::prepare::NodeRails;
 
 use super::Plan;
 use crate::host::{Fallible, Host, read_string};
@@ -21,8 +22,50 @@ pub fn satellite_steps() -> impl Iterator<Item = &'static str> {
 }
 
 pub const PEER_LOGIN: &str = "/etc/enverge/peer-login";
+/// node0's peer key (K: peer.key), Ed25519, root-only; its public half beside it.
+pub const PEER_KEY: &str = "peer.key";
 /// peer.json's shape is byo-wire's: the pure cable probe (`byo_core::probe`) writes it.
 pub use byo_wire::peers::{Link, PEER_FILE, Peer, parse_peer_file};
+
+/// node0's peer key in `dir` (`/etc/enverge`), made the first time a pair prepares: what the
+/// satellites admit `spark` with from peer-access (129) on, so node0 needs the lent login only
+/// once. A key already there is kept, so a run again changes nothing. Returns the public line.
+pub fn ensure_peer_key(dir: &std::path::Path) -> Fallible<String> {
+    use ssh_key::{Algorithm, LineEnding, PrivateKey, rand_core::OsRng};
+    let private = dir.join(PEER_KEY);
+    let public = dir.join(format!("{PEER_KEY}.pub"));
+    let key = match std::fs::read_to_string(&private) {
+        Ok(text) => PrivateKey::from_openssh(&text)
+            .map_err(|e| format!("{} does not parse: {e}", private.display()))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut key = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
+                .map_err(|e| format!("making node0's peer key: {e}"))?;
+            key.set_comment("enverge-node0-peer");
+            let text = key
+                .to_openssh(LineEnding::LF)
+                .map_err(|e| format!("encoding node0's peer key: {e}"))?;
+            crate::operator_keys::write_atomic(&private, text.as_bytes(), 0o600)
+                .map_err(|e| format!("writing {}: {e}", private.display()))?;
+            key
+        }
+        Err(e) => return Err(format!("reading {}: {e}", private.display())),
+    };
+    let mut line = key.public_key().clone();
+    line.set_comment("");
+    let line = line
+        .to_openssh()
+        .map_err(|e| format!("encoding node0's peer key: {e}"))?;
+    if std::fs::read_to_string(&public)
+        .ok()
+        .as_deref()
+        .map(str::trim)
+        != Some(line.as_str())
+    {
+        crate::operator_keys::write_atomic(&public, format!("{line}\n").as_bytes(), 0o644)
+            .map_err(|e| format!("writing {}: {e}", public.display()))?;
+    }
+    Ok(line)
+}
 
 /// How node0 reaches its satellites, and where their progress goes.
 pub trait Satellites {
@@ -32,6 +75,41 @@ pub trait Satellites {
     fn owner_login(&self, peer: &Peer) -> Fallible<Option<Box<dyn Host + '_>>>;
     /// A satellite step's progress, tagged with its index.
     fn report(&self, progress: Progress);
+    /// A machine's rails (node0's or a satellite's) as a rail step left them (130–132).
+    fn rails(&self, rails: NodeRails);
+}
+
+/// One machine's rail ports as they are now: what detect reads there (device, MTUs), each
+/// cabled port with the rail it carries, its one neighbour and the plan's address on it
+/// (what rail-network set; rail-verify has proved it when `verified`).
+pub fn node_rails<H: Host + ?Sized>(
+    h: &mut H,
+    plan: &Plan,
+    node: u32,
+    cabled: &[(String, u32)],
+    verified: bool,
+) -> Fallible<NodeRails> {
+    let mut ports = crate::detect::rails(&crate::detect::HostProbe(std::cell::RefCell::new(h)));
+    for (iface, rail) in cabled {
+        if !ports.iter().any(|p| &p.iface == iface) {
+            ports.push(byo_wire::enroll::RailPort {
+                iface: iface.clone(),
+                ..Default::default()
+            });
+        }
+        let (subnet, _) = rail_plan(plan, *rail)?;
+        let (addr, len) = rail_address(&subnet, node).ok_or("a rail subnet does not parse")?;
+        if let Some(p) = ports.iter_mut().find(|p| &p.iface == iface) {
+            p.index = Some(*rail);
+            p.neighbours_discovered = 1;
+            p.address = Some(format!("{addr}/{len}"));
+        }
+    }
+    Ok(NodeRails {
+        node,
+        ports,
+        verified,
+    })
 }
 
 pub(super) fn satellites(plan: &Plan) -> Fallible<&Rc<dyn Satellites>> {
@@ -115,6 +193,7 @@ pub struct SshSatellites {
     pub dir: std::path::PathBuf,
     pub lxd_socket: String,
     pub report: Box<dyn Fn(Progress)>,
+    pub report_rails: Box<dyn Fn(NodeRails)>,
 }
 
 impl SshSatellites {
@@ -132,13 +211,14 @@ impl SshSatellites {
             node: peer.index,
             user: user.to_owned(),
             addr,
-            key: self.dir.join("peer.key"),
+            key: self.dir.join(PEER_KEY),
             known_hosts: known,
             port: 22,
             lxd_socket: self.lxd_socket.clone(),
             password_file: lent.then(|| self.dir.join("peer-login")),
             host_key_alias: None,
-            control_path: None,
+            // A satellite's subset is hundreds of short commands: one connection per login.
+            control_path: Some(self.dir.join(format!("peer-{}-{user}.ctl", peer.index))),
         })
     }
 }
@@ -157,5 +237,8 @@ impl Satellites for SshSatellites {
     }
     fn report(&self, progress: Progress) {
         (self.report)(progress)
+    }
+    fn rails(&self, rails: NodeRails) {
+        (self.report_rails)(rails)
     }
 }

@@ -168,8 +168,14 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
         let peers = std::fs::read_to_string(etc.join("peer.json"))
             .context("reading /etc/enverge/peer.json (the satellites found at enrolment)")?;
         plan.peers = peers::parse_peer_file(&peers).map_err(anyhow::Error::msg)?;
-        plan.peer_public_key = std::fs::read_to_string(etc.join("peer.key.pub")).ok();
+        // A dry run writes nothing: it reads the key if one was made.
+        plan.peer_public_key = if dry_run {
+            std::fs::read_to_string(etc.join(format!("{}.pub", peers::PEER_KEY))).ok()
+        } else {
+            Some(peers::ensure_peer_key(&etc).map_err(anyhow::Error::msg)?)
+        };
         let sink = emit.clone();
+        let rails_to = reporter.clone();
         plan.satellites = Some(Rc::new(peers::SshSatellites {
             dir: etc.clone(),
             lxd_socket: if plan.profile.prepare.lxd == LxdSource::Apt {
@@ -178,6 +184,22 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
                 "/var/snap/lxd/common/lxd/unix.socket".into()
             },
             report: Box::new(move |p| sink(&p)),
+            report_rails: Box::new(move |rails| {
+                let verified = if rails.verified { ", verified" } else { "" };
+                println!(
+                    "  node{} rails: {}{verified}",
+                    rails.node,
+                    rails
+                        .ports
+                        .iter()
+                        .filter_map(|p| Some(format!("{} {}", p.iface, p.address.as_deref()?)))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+                if let Some(r) = rails_to.borrow_mut().as_mut() {
+                    r.send_rails_or_log(&rails);
+                }
+            }),
         }));
     }
     if how == How::Again {
@@ -261,6 +283,19 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
             gpu: plan.profile.gpu_count.unwrap_or(0) > 0,
             build,
             tunnel: Some(plan.tunnel_token.is_some()),
+            rail_ports: if plan.peers.is_empty() {
+                Vec::new()
+            } else {
+                crate::detect::rdma_ports(&crate::detect::LocalProbe)
+                    .into_iter()
+                    .map(|(iface, _)| iface)
+                    .collect()
+            },
+            rail_neighbours: plan
+                .peers
+                .iter()
+                .flat_map(|p| p.link_local.iter().map(move |a| (a.clone(), p.index)))
+                .collect(),
         },
     )
     .map_err(anyhow::Error::msg)?;

@@ -70,9 +70,23 @@ fn reboot(w: &World) -> (Instant, Duration) {
     let started = Instant::now();
     w.host.restart();
     let booted = started.elapsed();
-    w.wait_for("serving after the reboot", Duration::from_secs(120), || {
-        (w.api("GET", "/v1/vms", None).0 == 200).then_some(())
-    });
+    let deadline = started + Duration::from_secs(120);
+    while w.api("GET", "/v1/vms", None).0 != 200 {
+        if Instant::now() > deadline {
+            // What the units said since the boot, to tell a slow boot from a serving that
+            // did not come back.
+            let said = w.host.sh(
+                "systemctl status enverge-agent.service enverge-agent-prepare.service enverge-agent-rollback.service lxd.service lxd.socket --no-pager; \
+                 journalctl -b -n 80 --no-pager; tail -n 30 /var/log/lxd/lxd.log",
+            );
+            panic!(
+                "serving after the reboot did not answer within 120 s:\n{}{}",
+                String::from_utf8_lossy(&said.stdout),
+                String::from_utf8_lossy(&said.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
     eprintln!(
         "L2 reboot: the container booted in {:.1} s, serving answered {:.1} s after the restart began",
         booted.as_secs_f64(),

@@ -204,6 +204,8 @@ pub struct SimSpark {
 pub struct Wire {
     pub addresses: BTreeSet<String>,
     pub dead: BTreeSet<String>,
+    /// Interfaces left below their rail's MTU: small packets pass, a whole one does not.
+    pub small_mtu: BTreeSet<String>,
 }
 
 fn reply(status: u16, v: Value) -> LxdReply {
@@ -848,6 +850,23 @@ impl SimSpark {
                 None => fail(127, ""),
             },
             ["uname", "-m"] => ok("aarch64\n"),
+            ["sysctl", "-q", "-p", file] => {
+                let text = self.file_text(file);
+                if text.is_empty() {
+                    fail(255, &format!("sysctl: cannot open \"{file}\""))
+                } else {
+                    // The one setting a step reads back: the kernel takes it as written.
+                    for line in text.lines() {
+                        if let Some(v) = line.strip_prefix("net.ipv4.ping_group_range = ") {
+                            let proc = "/proc/sys/net/ipv4/ping_group_range".to_owned();
+                            self.state
+                                .files
+                                .insert(proc, v.replace(' ', "\t").into_bytes());
+                        }
+                    }
+                    ok("")
+                }
+            }
             ["netplan", "generate"] => {
                 let t = self.file_text("/etc/netplan/60-enverge-rails.yaml");
                 if t.contains("network:") {
@@ -879,13 +898,47 @@ impl SimSpark {
                 }
                 ok("")
             }
-            ["ping", "-c", _, "-W", _, "-I", iface, target] => {
+            [
+                "ping",
+                "-n",
+                "-q",
+                "-c",
+                _,
+                "-i",
+                _,
+                "-W",
+                _,
+                "-I",
+                iface,
+                target,
+            ]
+            | [
+                "ping",
+                "-n",
+                "-q",
+                "-c",
+                _,
+                "-W",
+                _,
+                "-M",
+                "do",
+                "-s",
+                _,
+                "-I",
+                iface,
+                target,
+            ] => {
                 let configured = s.addresses.iter().any(|(i, a)| {
                     i == iface
                         && a.rsplit_once('.').map(|x| x.0) == target.rsplit_once('.').map(|x| x.0)
                 });
                 let wire = self.wire.lock().unwrap();
-                if configured && !wire.dead.contains(*iface) && wire.addresses.contains(*target) {
+                let whole = argv.contains(&"do");
+                if configured
+                    && !wire.dead.contains(*iface)
+                    && !(whole && wire.small_mtu.contains(*iface))
+                    && wire.addresses.contains(*target)
+                {
                     ok("3 packets transmitted, 3 received")
                 } else {
                     fail(1, "3 packets transmitted, 0 received, 100% packet loss")
@@ -1089,6 +1142,14 @@ impl SimSpark {
                 lxd.images.insert(fp.clone(), props);
                 return Ok(self.op_ok(json!({"fingerprint": fp})));
             }
+            ("GET", ["instances"]) => sync(json!(
+                lxd.instances
+                    .iter()
+                    .map(
+                        |(name, (status, ..))| json!({"name": name, "status": status, "config": {}})
+                    )
+                    .collect::<Vec<_>>()
+            )),
             ("GET", ["instances", name]) => match lxd.instances.get(*name) {
                 Some((status, ..)) => sync(json!({"name": name, "status": status})),
                 None => lxd_error(404, "Instance not found"),

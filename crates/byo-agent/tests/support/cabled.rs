@@ -14,9 +14,10 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::host_container::HostContainer;
+use super::host_container::{HostContainer, bridge_gateway};
 
 /// The login every machine of the bed accepts (node1's, and the rack neighbour's too).
 pub const USER: &str = "owner";
@@ -30,7 +31,8 @@ pub const NODE1_PORTS: &[&str] = &["rail0", "rail0b", "rail1", "rail1b"];
 pub struct Bed {
     pub node0: HostContainer,
     pub node1: HostContainer,
-    pub extra: HostContainer,
+    /// The rack neighbour, on the LAN only (not on a pair's preparation bed).
+    extra: Option<HostContainer>,
     /// `p15<pid>` + a cable number: LXD network names are interface names (15 bytes).
     tag: String,
     cables: std::cell::RefCell<Vec<String>>,
@@ -48,6 +50,39 @@ fn nvidia_smi(uuid: &str) -> String {
 impl Bed {
     /// Three machines: node0 (with the agent binary), node1, and `extra` on the LAN only.
     pub fn launch(prefix: &str) -> Option<Bed> {
+        Self::machines(prefix, true)
+    }
+
+    /// A pair to prepare: node0 (with the agent binary) and node1, each with netplan, as DGX
+    /// OS has it (rail-network writes netplan; Debian's image has none).
+    pub fn pair(prefix: &str) -> Option<Bed> {
+        let bed = Self::machines(prefix, false)?;
+        let began = Instant::now();
+        std::thread::scope(|s| {
+            for h in [&bed.node0, &bed.node1] {
+                s.spawn(move || {
+                    h.sh_ok(
+                        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io >/tmp/netplan-install.log 2>&1 ||
+                         { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io; }",
+                    );
+                });
+            }
+        });
+        eprintln!(
+            "cable bed: netplan on both machines in {:.1} s",
+            began.elapsed().as_secs_f64()
+        );
+        Some(bed)
+    }
+
+    /// The rack neighbour.
+    pub fn extra(&self) -> &HostContainer {
+        self.extra
+            .as_ref()
+            .expect("a bed launched with its rack neighbour")
+    }
+
+    fn machines(prefix: &str, with_extra: bool) -> Option<Bed> {
         // The cables are bridges on this machine: root's to make.
         let uid = Command::new("id").arg("-u").output().expect("run id");
         if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
@@ -60,7 +95,10 @@ impl Bed {
         let began = Instant::now();
         let node0 = HostContainer::launch(&format!("{prefix}-n0"))?;
         let node1 = HostContainer::launch(&format!("{prefix}-n1"))?;
-        let extra = HostContainer::launch(&format!("{prefix}-x"))?;
+        let extra = match with_extra {
+            true => Some(HostContainer::launch(&format!("{prefix}-x"))?),
+            false => None,
+        };
         let id = std::process::id() % 100_000;
         let bed = Bed {
             node0,
@@ -81,8 +119,13 @@ impl Bed {
                 "1111bbbb-1111-4111-8111-111111111111",
                 NODE1_PORTS,
             ),
-            (&bed.extra, "7777cccc-7777-4777-8777-777777777777", &[][..]),
-        ] {
+        ]
+        .into_iter()
+        .chain(
+            bed.extra
+                .iter()
+                .map(|x| (x, "7777cccc-7777-4777-8777-777777777777", &[][..])),
+        ) {
             host.sh_ok(&format!(
                 "id {USER} >/dev/null 2>&1 || useradd -m -s /bin/bash -G sudo {USER}
                  echo '{USER}:{PASSWORD}' | chpasswd"
@@ -105,7 +148,8 @@ impl Bed {
             0o755,
         );
         eprintln!(
-            "cable bed: three machines ready in {:.1} s",
+            "cable bed: {} machines ready in {:.1} s",
+            if with_extra { 3 } else { 2 },
             began.elapsed().as_secs_f64()
         );
         Some(bed)
@@ -114,10 +158,19 @@ impl Bed {
     /// A cable between the given ends (a container and the interface name it gets there).
     /// Each end comes up as a Spark's port does once NetworkManager holds it: up, eui64.
     pub fn cable(&self, ends: &[(&HostContainer, &str)]) {
+        self.cable_with_mtu(ends, None)
+    }
+
+    /// A cable whose every end (and the wire between) takes frames of `mtu`, as a QSFP does
+    /// 9000; without one, Linux's 1500.
+    pub fn cable_with_mtu(&self, ends: &[(&HostContainer, &str)], mtu: Option<u32>) {
         let net = format!("{}c{}", self.tag, self.cables.borrow().len());
         // A plain Linux bridge, not an LXD network: LXD's managed networks refuse a second
         // NIC of one container (a QSFP's twin function on the same wire).
         run("ip", &["link", "add", &net, "type", "bridge"]);
+        if let Some(mtu) = mtu {
+            run("ip", &["link", "set", &net, "mtu", &mtu.to_string()]);
+        }
         // This machine's side of the cable stays silent: only the machines on it answer.
         run(
             "sysctl",
@@ -126,7 +179,9 @@ impl Bed {
         run("ip", &["link", "set", &net, "up"]);
         self.cables.borrow_mut().push(net.clone());
         for (host, iface) in ends {
-            lxc(&[
+            let (parent, name) = (format!("parent={net}"), format!("name={iface}"));
+            let mtu = mtu.map(|m| format!("mtu={m}"));
+            let mut args = vec![
                 "config",
                 "device",
                 "add",
@@ -134,9 +189,11 @@ impl Bed {
                 iface,
                 "nic",
                 "nictype=bridged",
-                &format!("parent={net}"),
-                &format!("name={iface}"),
-            ]);
+                &parent,
+                &name,
+            ];
+            args.extend(mtu.as_deref());
+            lxc(&args);
             self.plugged
                 .borrow_mut()
                 .push((host.name().to_owned(), (*iface).to_owned()));
@@ -224,6 +281,53 @@ impl Drop for Bed {
                 .args(["link", "del", &net])
                 .stdin(Stdio::null())
                 .output();
+        }
+    }
+}
+
+/// A stand-in for one backend route that keeps every body it is sent and answers each the
+/// same, so a test reads exactly what the agent on the bed sends (step 126's evidence, 133's
+/// beats). Listening on every address of this machine; the bed reaches it through its LAN's
+/// gateway (`url`).
+pub struct Capture {
+    pub url: String,
+    pub bodies: Arc<Mutex<Vec<String>>>,
+    _rt: tokio::runtime::Runtime,
+}
+
+impl Capture {
+    pub fn on(path: &'static str, status: u16, answer: &'static str) -> Capture {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let kept = bodies.clone();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("0.0.0.0:0"))
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let status = axum::http::StatusCode::from_u16(status).unwrap();
+        let app = axum::Router::new().route(
+            path,
+            axum::routing::post(move |body: String| {
+                let kept = kept.clone();
+                async move {
+                    kept.lock().unwrap().push(body);
+                    (
+                        status,
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        answer,
+                    )
+                }
+            }),
+        );
+        rt.spawn(async move { axum::serve(listener, app).await });
+        Capture {
+            url: format!("http://{}:{port}", bridge_gateway()),
+            bodies,
+            _rt: rt,
         }
     }
 }

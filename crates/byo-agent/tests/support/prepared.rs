@@ -73,8 +73,21 @@ pub struct RelayView {
     pub ssh_map_token: String,
 }
 
+/// A host container and what enrolment left on it.
 pub struct Enrolled {
     pub host: HostContainer,
+    pub enrollment: Enrollment,
+}
+
+impl std::ops::Deref for Enrolled {
+    type Target = Enrollment;
+    fn deref(&self) -> &Enrollment {
+        &self.enrollment
+    }
+}
+
+/// What enrolment left on a host container, and the keys the test holds against it.
+pub struct Enrollment {
     pub ip: String,
     pub dir: tempfile::TempDir,
     pub owner_key: PathBuf,
@@ -85,9 +98,29 @@ pub struct Enrolled {
     pub signing: ssh_key::PrivateKey,
 }
 
+/// The staff-only single-host test profile's constants (`linux-test`, migration 0004).
+pub fn linux_test() -> serde_json::Value {
+    json!({"gpu_model": null, "gpu_count": null, "gpu_mem_mib": null, "arch": null,
+           "cuda_repo_arch": "x86_64", "node_count": 1, "rails": [],
+           "prepare": {"lxd": "apt", "storage_driver": "dir", "pool_size": "20GiB",
+                       "zfs_arc_max": 1073741824, "base_image": "minimal"}})
+}
+
 /// A fresh host container holding what enrolment keeps, with the agent binary installed.
 pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
     let host = HostContainer::launch(prefix)?;
+    let enrollment = enroll_into(&host, relay, "linux-test", linux_test());
+    Some(Enrolled { host, enrollment })
+}
+
+/// What enrolment keeps, written into `host` (node0) as enrolment with `profile_id` and its
+/// `constants` would leave it, with the agent binary installed.
+pub fn enroll_into(
+    host: &HostContainer,
+    relay: Option<RelayView>,
+    profile_id: &str,
+    constants: serde_json::Value,
+) -> Enrollment {
     let name = host.name().to_owned();
     // wg-quick falls back to wireguard-go here, which needs the tun device.
     let tun = Command::new("lxc")
@@ -148,11 +181,7 @@ pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
         "relay_name": "real-test-relay", "ssh_map_endpoint": relay.ssh_map_endpoint,
         "ssh_map_token": relay.ssh_map_token,
         "tunnel_hostname": null, "tunnel_connector_token": null, "operator_keys": null,
-        "signing_keys": [], "profile_id": "linux-test",
-        "constants": {"gpu_model": null, "gpu_count": null, "gpu_mem_mib": null, "arch": null,
-                      "cuda_repo_arch": "x86_64", "node_count": 1, "rails": [],
-                      "prepare": {"lxd": "apt", "storage_driver": "dir", "pool_size": "20GiB",
-                                  "zfs_arc_max": 1073741824, "base_image": "minimal"}},
+        "signing_keys": [], "profile_id": profile_id, "constants": constants,
         "lockout_owner": true
     });
     host.write(
@@ -187,8 +216,7 @@ pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
         "/usr/local/bin/byo-agent",
         0o755,
     );
-    Some(Enrolled {
-        host,
+    Enrollment {
         ip,
         dir,
         owner_key,
@@ -196,7 +224,7 @@ pub fn enrolled(prefix: &str, relay: Option<RelayView>) -> Option<Enrolled> {
         agent_token: agent_token.expose().to_owned(),
         wg_private,
         signing,
-    })
+    }
 }
 
 /// `byo-agent prepare` with `args`: whether it succeeded, and everything it said.

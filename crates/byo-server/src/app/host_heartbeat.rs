@@ -14,8 +14,8 @@ use byo_core::tokens::SecretToken;
 use byo_db::GuardedWrite;
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
-    Heartbeat, HeldVm, MAX_HELD_VMS, MAX_LOGINS_PER_BEAT, OPERATOR_LOGINS, OperatorLogin,
-    is_instance_name,
+    Heartbeat, HeldVm, MAX_HELD_VMS, MAX_LOGINS_PER_BEAT, MAX_RAIL_NEIGHBOURS, OPERATOR_LOGINS,
+    OperatorLogin, RAIL_NEIGHBOURS, is_instance_name,
 };
 use serde_json::json;
 
@@ -96,6 +96,67 @@ pub fn take_logins(details: &mut serde_json::Value) -> AppResult<Vec<OperatorLog
     Ok(logins)
 }
 
+/// Step 133 on a pair or a ring: the machines that answered on each of node0's rail ports,
+/// taken out of the beat's details (node0's host_nodes.rails is where they are kept) and
+/// checked: at most `limits::RAILS` ports, each a short printable name with a count of at most
+/// [`MAX_RAIL_NEIGHBOURS`]. A map that does not read refuses the whole beat.
+pub fn take_rail_neighbours(
+    details: &mut serde_json::Value,
+) -> AppResult<std::collections::BTreeMap<String, u64>> {
+    let refused = |m: &str| AppError::bad_request("invalid_heartbeat", m.to_owned());
+    let Some(value) = details
+        .as_object_mut()
+        .and_then(|d| d.remove(RAIL_NEIGHBOURS))
+    else {
+        return Ok(Default::default());
+    };
+    let counts: std::collections::BTreeMap<String, u64> = serde_json::from_value(value)
+        .map_err(|_| refused("rail_neighbours maps each rail port to a count"))?;
+    if counts.len() > byo_wire::limits::RAILS
+        || counts.iter().any(|(iface, n)| {
+            iface.is_empty()
+                || iface.chars().count() > byo_wire::limits::SHORT
+                || iface.chars().any(char::is_control)
+                || *n > MAX_RAIL_NEIGHBOURS
+        })
+    {
+        return Err(refused(&format!(
+            "rail_neighbours lists at most {} ports, each a name and at most {MAX_RAIL_NEIGHBOURS} machines",
+            byo_wire::limits::RAILS
+        )));
+    }
+    Ok(counts)
+}
+
+/// Keep node0's `neighbours_discovered` per rail port as the beat counted it (133): the other
+/// fields of host_nodes.rails stay as the rail steps left them; a port the row does not list
+/// yet is added with its count alone. Written only when a count changed.
+async fn keep_rail_neighbours(
+    state: &AppState,
+    host_id: &str,
+    counts: &std::collections::BTreeMap<String, u64>,
+) -> AppResult<()> {
+    let nodes = state.store.host_nodes(host_id).await?;
+    let Some(node0) = nodes.iter().find(|n| n.index == 0) else {
+        return Ok(());
+    };
+    let mut rails = node0.rails.0.clone();
+    if !rails.is_object() {
+        rails = json!({});
+    }
+    for (iface, n) in counts {
+        let port = &mut rails[iface.as_str()];
+        if !port.is_object() {
+            *port = json!({});
+        }
+        port["neighbours_discovered"] = json!(n);
+    }
+    if rails != node0.rails.0 {
+        state.store.record_node_rails(host_id, 0, &rails).await?;
+    }
+    Ok(())
+}
+
 /// Keep the host's health as its host_status row. `beat` is the body, or why it could not
 /// be read; a caller that is not a host hears only that.
 pub async fn record(
@@ -104,10 +165,11 @@ pub async fn record(
     beat: Result<Heartbeat, String>,
 ) -> AppResult<HostCall> {
     let hash = token.hash();
-    let (beat, logins) = match beat.and_then(|mut b| {
+    let (beat, logins, rail_neighbours) = match beat.and_then(|mut b| {
         check(&b).map_err(|e| e.to_string())?;
         let logins = take_logins(&mut b.details).map_err(|e| e.to_string())?;
-        Ok((b, logins))
+        let rails = take_rail_neighbours(&mut b.details).map_err(|e| e.to_string())?;
+        Ok((b, logins, rails))
     }) {
         Ok(read) => read,
         Err(why) => {
@@ -130,6 +192,9 @@ pub async fn record(
                     .store
                     .record_operator_logins(&host_id, &logins, state.clock.now())
                     .await?;
+            }
+            if !rail_neighbours.is_empty() {
+                keep_rail_neighbours(state, &host_id, &rail_neighbours).await?;
             }
             if holds_live_row || !beat.vms.is_empty() {
                 reconcile(state, &host_id, &beat.vms).await?;

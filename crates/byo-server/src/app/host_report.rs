@@ -3,7 +3,7 @@
 //! watches and what the operator reads before approving (D).
 
 use byo_core::tokens::SecretToken;
-use byo_wire::prepare::HostReport;
+use byo_wire::prepare::{HostReport, NodeRails};
 
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
@@ -39,6 +39,36 @@ pub async fn record(
         return Err(AppError::bad_request(
             "unknown_node",
             format!("this host has no node {}", report.node),
+        ));
+    }
+    Ok(HostCall::Recorded)
+}
+
+/// Record one machine's rails as a rail step left them (130–132): that node's
+/// `host_nodes.rails`, replaced whole, with `verified_at` stamped by this clock on every port
+/// that carries a rail when rail-verify proved them. The host's own words, like its progress:
+/// the addresses are what it configured, not a claim anything grants on.
+pub async fn record_rails(
+    state: &AppState,
+    token: &SecretToken,
+    rails: Result<NodeRails, String>,
+) -> AppResult<HostCall> {
+    let Some(host_id) = state.store.host_id_by_token(&token.hash()).await? else {
+        return Ok(HostCall::InvalidToken);
+    };
+    let rails = rails.map_err(|why| AppError::bad_request("invalid_rails", why))?;
+    let node = i32::try_from(rails.node)
+        .map_err(|_| AppError::bad_request("invalid_rails", "no such node"))?;
+    let verified_at = rails.verified.then(|| state.clock.now());
+    let value = byo_core::redeem::node_rails(&rails.ports, |p| p.address.clone(), verified_at);
+    if !state
+        .store
+        .record_node_rails(&host_id, node, &value)
+        .await?
+    {
+        return Err(AppError::bad_request(
+            "unknown_node",
+            format!("this host has no node {}", rails.node),
         ));
     }
     Ok(HostCall::Recorded)

@@ -124,4 +124,100 @@ async fn heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically(w:
     assert_eq!((after.seen_at, after.lxd), (before.seen_at, before.lxd));
 }
 
-with_world!(heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically,);
+/// 133: node0 of a pair counts the machines on each of its rail ports, and the beat keeps
+/// node0's host_nodes.rails `neighbours_discovered` current — the rest of each port as the
+/// rail steps left it, node1's row untouched, nothing of it in host_status. A map that does
+/// not read refuses the beat and changes nothing.
+async fn k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current(w: World) {
+    let host = w.host("spark-1", Spec::default()).await;
+    let rails0 = json!({"rail0": {"index": 0, "address": "192.168.100.10/24", "mtu": 9000,
+                                  "neighbours_discovered": 1, "verified_at": "2026-09-08T14:20:03Z"},
+                        "rail1": {"index": 1, "address": "192.168.101.10/24", "neighbours_discovered": 1}});
+    let rails1 = json!({"rail0": {"index": 1, "neighbours_discovered": 1}});
+    for (index, hardware_id, rails) in [(0, "hw0", &rails0), (1, "hw1", &rails1)] {
+        w.db()
+            .insert_host_node(
+                byo_db::hosts::NewHostNode {
+                    host_id: &host.id,
+                    index,
+                    machine_id: None,
+                    hardware_id,
+                    fingerprint: &json!({}),
+                    rails,
+                },
+                w.clock.now(),
+            )
+            .await
+            .unwrap();
+    }
+    let rails = async || -> Vec<Value> {
+        let nodes = w.db().host_nodes(&host.id).await.unwrap();
+        nodes.into_iter().map(|n| n.rails.0).collect()
+    };
+    let bearer = format!("Bearer {}", host.token);
+    let with = |counts: Value| {
+        let mut b = beat();
+        b["details"]["rail_neighbours"] = counts;
+        b.to_string()
+    };
+    // An instance holds rail1's netdev (it reads zero), and a spare port answers nobody.
+    let r = heartbeat(
+        &w,
+        Some(&bearer),
+        &with(json!({"rail0": 1, "rail1": 0, "rail2": 0})),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let mut want = rails0.clone();
+    want["rail1"]["neighbours_discovered"] = json!(0);
+    want["rail2"] = json!({"neighbours_discovered": 0});
+    assert_eq!(rails().await, vec![want.clone(), rails1.clone()]);
+    let status = w.db().host_status(&host.id).await.unwrap().unwrap();
+    assert!(
+        status.details.0.get("rail_neighbours").is_none(),
+        "kept on the node, not here"
+    );
+
+    // At the bounds: as many ports as a machine may have, a name of the longest, the most
+    // machines a count may say.
+    let longest = "p".repeat(byo_wire::limits::SHORT);
+    let mut most: serde_json::Map<String, Value> =
+        (0..7).map(|i| (format!("spare{i}"), json!(0))).collect();
+    most.insert(longest.clone(), json!(byo_wire::vm::MAX_RAIL_NEIGHBOURS));
+    let r = heartbeat(&w, Some(&bearer), &with(Value::Object(most))).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let at_bounds = rails().await;
+    assert_eq!(
+        at_bounds[0][&longest]["neighbours_discovered"],
+        byo_wire::vm::MAX_RAIL_NEIGHBOURS
+    );
+    assert_eq!(at_bounds[0]["spare6"]["neighbours_discovered"], 0);
+    assert_eq!(
+        at_bounds[0]["rail0"], want["rail0"],
+        "a port the beat left out stays"
+    );
+    let want = at_bounds[0].clone();
+
+    for bad in [
+        json!("two"),
+        json!({"rail0": -1}),
+        json!({"rail0": byo_wire::vm::MAX_RAIL_NEIGHBOURS + 1}),
+        json!({"": 1}),
+        json!({format!("{longest}p"): 1}),
+        json!({"rail\n0": 1}),
+        Value::Object((0..9).map(|i| (format!("rail{i}"), json!(1))).collect()),
+    ] {
+        let r = heartbeat(&w, Some(&bearer), &with(bad.clone())).await;
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (StatusCode::BAD_REQUEST, Some("invalid_heartbeat")),
+            "{bad}"
+        );
+    }
+    assert_eq!(rails().await, vec![want, rails1]);
+}
+
+with_world!(
+    heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically,
+    k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current,
+);

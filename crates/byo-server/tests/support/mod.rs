@@ -411,6 +411,24 @@ async fn send(router: &Router, req: Request<Body>) -> Reply {
 }
 
 /// A form as a browser sends it (`application/x-www-form-urlencoded`).
+/// The design's example request at 126: a pair, node1 reported by node0.
+pub fn pair_request() -> serde_json::Value {
+    serde_json::json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0,
+        "rails": [
+            { "device": "rocep1s0f0", "iface": "enp1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 0 },
+            { "device": "roceP2p1s0f0", "iface": "enP2p1s0f0np0", "mtu": 1500, "active_mtu": 1024, "neighbours_discovered": 1, "index": 1 },
+            { "device": "rocep1s0f1", "iface": "enp1s0f1np1", "mtu": 1500, "neighbours_discovered": 0 }
+        ],
+        "peers": [
+            { "gpu_model": "GB10", "gpu_count": 1, "arch": "aarch64", "machine_id": "9c17", "hardware_id": "7e08", "os_id": "ubuntu", "node_index": 1,
+              "rails": [ { "iface": "enp1s0f0np0", "index": 0, "neighbours_discovered": 1 }, { "iface": "enP2p1s0f1np1", "index": 1, "neighbours_discovered": 1 } ] }
+        ]
+    })
+}
+
 pub fn form_encode(pairs: &[(&str, &str)]) -> String {
     let encode = |s: &str| {
         s.bytes()

@@ -1,20 +1,40 @@
 //! `rail-network` (130): step 16 of the list in `docs/prepare.md`.
 //!
 //! **Check:** `/etc/netplan/60-enverge-rails.yaml` on every machine holds the plan's address per
-//! cable (subnet's tenth host + node index), the rail MTU, eui64 link-local.
+//! cable (subnet's tenth host + node index), the rail MTU, eui64 link-local; and
+//! `/etc/sysctl.d/60-enverge-rails.conf` has every RDMA port answer ARP only for its own address.
+//! On node0, spark's group may open ICMP datagram sockets (`ping_group_range`), for the
+//! heartbeat's unprivileged count of the machines on each rail (133).
 //! **Apply:** write, `netplan generate` (the validator; a refused file is taken back), `netplan
-//! apply`.
-//! **Why here:** Addresses on the ports the cables were recorded on at 125.
+//! apply`; the sysctl files written and loaded.
+//! **Why here:** Addresses on the ports the cables were recorded on at 125. A QSFP is two
+//! functions on one wire, and only one of them is addressed: with Linux's default ARP the bare
+//! twin answers for its sibling's address, the far end sends there, and a reply to a socket
+//! bound to the addressed port never arrives (rail-verify's ping, and any rail traffic bound
+//! to its device).
 
 use byo_core::prepare::Check;
 
-use super::shared::{single, verdict};
+use super::shared::{SPARK, single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host, read_string};
-use crate::prepare::peers::{Peer, satellites, render_rails};
+use crate::prepare::peers::{Peer, node_rails, render_rails, satellites};
 use crate::prepare::Plan;
 
 const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
+const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
+/// node0's serving counts the machines on each rail every beat (133) with an unprivileged
+/// multicast ping: an ICMP datagram socket, which the kernel allows only to the groups in
+/// `net.ipv4.ping_group_range` (IPv6's too). DGX OS admits every group; a host that does not
+/// admit spark's gets it, and only it.
+const SYSCTL_PING: &str = "/etc/sysctl.d/60-enverge-ping.conf";
+const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
+
+/// What one machine's rails should be: its netplan file and its ARP settings.
+struct Rails {
+    netplan: String,
+    sysctl: String,
+}
 
 pub(crate) struct RailNetwork;
 
@@ -29,36 +49,104 @@ impl StepDef for RailNetwork {
     fn check<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Check> {
         let sats = satellites(plan)?;
         let mut needs = Vec::new();
-        if !rails_on(h, &render_rails(plan, 0, &node0_ports(plan))?)? {
+        let mine = wanted(h, plan, 0, &node0_ports(plan))?;
+        if !rails_on(h, &mine)? {
             needs.push("address node0's rails".to_owned());
         }
+        if let Some(gid) = ping_not_granted(h)? {
+            needs.push(format!(
+                "let spark's group ({gid}) ping without privilege, for the heartbeat's count"
+            ));
+        }
         for peer in &plan.peers {
-            let want = render_rails(plan, peer.index, &peer_ports(peer))?;
-            if !rails_on(&mut sats.spark(peer)?, &want)? {
+            let mut node = sats.spark(peer)?;
+            let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
+            if !rails_on(&mut node, &want)? {
                 needs.push(format!("address node{}'s rails", peer.index));
             }
         }
         Ok(verdict(needs))
     }
 
+    /// Each machine whose rails changed says so at once (130–131): host_nodes.rails is the
+    /// fact beside the plan.
     fn apply<H: Host>(h: &mut H, plan: &Plan) -> Fallible<()> {
         let sats = satellites(plan)?;
-        let mine = render_rails(plan, 0, &node0_ports(plan))?;
+        let mine = wanted(h, plan, 0, &node0_ports(plan))?;
         if !rails_on(h, &mine)? {
             apply_rails(h, &mine)?;
+            sats.rails(node_rails(h, plan, 0, &node0_ports(plan), false)?);
+        }
+        if let Some(gid) = ping_not_granted(h)? {
+            let line = format!(
+                "# Written by enverge preparation (rail-network): serving counts the machines on each\n\
+                 # rail with an unprivileged ping (133).\nnet.ipv4.ping_group_range = {gid} {gid}\n"
+            );
+            h.write(SYSCTL_PING, line.as_bytes(), 0o644, "root:root")?;
+            crate::host::must(h, &["sysctl", "-q", "-p", SYSCTL_PING])?;
         }
         for peer in &plan.peers {
-            let want = render_rails(plan, peer.index, &peer_ports(peer))?;
             let mut node = sats.spark(peer)?;
+            let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
             if !rails_on(&mut node, &want)? {
                 apply_rails(&mut node, &want)?;
+                sats.rails(node_rails(&mut node, plan, peer.index, &peer_ports(peer), false)?);
             }
         }
         Ok(())
     }
 }
 
-fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
+/// spark's group, when the kernel's `ping_group_range` does not admit it.
+fn ping_not_granted<H: Host + ?Sized>(h: &mut H) -> Fallible<Option<u32>> {
+    let passwd = crate::host::must(h, &["getent", "passwd", SPARK])?;
+    let gid: u32 = passwd
+        .split(':')
+        .nth(3)
+        .and_then(|g| g.trim().parse().ok())
+        .ok_or_else(|| format!("{SPARK}'s group does not read in `{}`", passwd.trim()))?;
+    let range = read_string(h, PING_GROUP_RANGE)?.unwrap_or_default();
+    let mut bounds = range.split_whitespace().map(|n| n.parse::<u64>().ok());
+    let admitted = match (bounds.next().flatten(), bounds.next().flatten()) {
+        (Some(lo), Some(hi)) => (lo..=hi).contains(&u64::from(gid)),
+        _ => false,
+    };
+    Ok((!admitted).then_some(gid))
+}
+
+/// One machine's rails as the plan wants them: the cabled ports addressed, and every RDMA
+/// port (the cabled ones, and the twins and spares detect lists) answering ARP for itself only.
+fn wanted<H: Host + ?Sized>(
+    h: &mut H,
+    plan: &Plan,
+    node: u32,
+    cabled: &[(String, u32)],
+) -> Fallible<Rails> {
+    let mut ports: Vec<String> = crate::detect::rdma_ports(&crate::detect::HostProbe(
+        std::cell::RefCell::new(h),
+    ))
+    .into_iter()
+    .map(|(iface, _)| iface)
+    .chain(cabled.iter().map(|(iface, _)| iface.clone()))
+    .collect();
+    ports.sort();
+    ports.dedup();
+    let mut sysctl = String::from(
+        "# Written by enverge preparation (rail-network): a QSFP's two functions share one wire,\n\
+         # so each answers ARP only for the address it holds.\n",
+    );
+    for p in &ports {
+        sysctl.push_str(&format!(
+            "net.ipv4.conf.{p}.arp_ignore = 1\nnet.ipv4.conf.{p}.arp_announce = 2\n"
+        ));
+    }
+    Ok(Rails {
+        netplan: render_rails(plan, node, cabled)?,
+        sysctl,
+    })
+}
+
+pub(super) fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
     plan.peers
         .iter()
         .flat_map(|p| p.links.iter())
@@ -66,19 +154,22 @@ fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
         .collect()
 }
 
-fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
+pub(super) fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
     peer.links
         .iter()
         .map(|l| (l.remote.clone(), l.index))
         .collect()
 }
 
-fn rails_on<H: Host + ?Sized>(h: &mut H, want: &str) -> Fallible<bool> {
-    Ok(read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want))
+fn rails_on<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<bool> {
+    Ok(read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want.netplan.as_str())
+        && read_string(h, SYSCTL_RAILS)?.as_deref() == Some(want.sysctl.as_str()))
 }
 
-fn apply_rails<H: Host + ?Sized>(h: &mut H, want: &str) -> Fallible<()> {
-    h.write(NETPLAN_RAILS, want.as_bytes(), 0o600, "root:root")?;
+fn apply_rails<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<()> {
+    h.write(SYSCTL_RAILS, want.sysctl.as_bytes(), 0o644, "root:root")?;
+    crate::host::must(h, &["sysctl", "-q", "-p", SYSCTL_RAILS])?;
+    h.write(NETPLAN_RAILS, want.netplan.as_bytes(), 0o600, "root:root")?;
     // netplan generate is the validator; a file it refuses is taken back.
     if let Err(e) = crate::host::must(h, &["netplan", "generate"]) {
         h.remove(NETPLAN_RAILS)?;

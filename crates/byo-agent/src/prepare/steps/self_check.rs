@@ -1,7 +1,7 @@
 //! `self-check`: step 19 of the list in `docs/prepare.md`.
 //!
 //! **Check:** LXD, pool, bridge, profile, alias, earlyoom, no swap, wg0, spark's sudo, and
-//! `nvidia-smi` showing the profile's GPU.
+//! `nvidia-smi` showing the profile's GPU; on a pair or a ring, the same on every satellite.
 //! **Apply:** nothing to apply.
 //! **Why here:** The host as a whole.
 
@@ -13,6 +13,7 @@ use super::shared::{SPARK, PROFILE_NAME, POOL, BRIDGE, WG_UNIT, lxd_answers, swa
 use crate::host::{Fallible, Host, unit_active};
 use crate::lxd;
 use crate::prepare::Plan;
+use crate::prepare::peers::{satellite_plan, satellites};
 
 pub(crate) struct SelfCheck;
 
@@ -61,6 +62,17 @@ impl StepDef for SelfCheck {
             )?;
             if !out.ok() || !out.stdout.contains(model.as_str()) {
                 wrong.push(format!("nvidia-smi does not show the {model}"));
+            }
+        }
+        // On a pair or a ring, node0's self-check asserts its satellites (K1 note 7): each
+        // one's own self-check, run there as spark. A satellite's plan pins no peers.
+        if !plan.peers.is_empty() {
+            let sats = satellites(plan)?;
+            for peer in &plan.peers {
+                let sub = satellite_plan(plan, peer, None);
+                if let Err(e) = sats.spark(peer).and_then(|mut n| Self::check(&mut n, &sub)) {
+                    wrong.push(format!("node{}: {e}", peer.index));
+                }
             }
         }
         if wrong.is_empty() {
