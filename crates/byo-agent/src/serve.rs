@@ -365,6 +365,12 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 tunnel: handed.tunnel,
                 operator_keys_held: Some(operator_keys.paths.held.clone()),
                 prepare_lock: Some(crate::prepare::again::PREPARE_LOCK.into()),
+                pair: (!handed.pair.is_empty()).then(|| crate::workers::Pair {
+                    nodes: handed.pair.clone(),
+                    hosts: Arc::new(crate::workers::SshSatelliteHosts {
+                        dir: crate::workers::SERVING_STATE.into(),
+                    }),
+                }),
             },
             relay: Box::new(vms::HttpRelayMap::new(
                 &handed.ssh_map_endpoint,
