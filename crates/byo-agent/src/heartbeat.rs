@@ -434,6 +434,7 @@ mod tests {
             operator_keys_held: None,
             prepare_lock: None,
             pair: None,
+            reboot_flag: None,
         }
     }
 

@@ -185,6 +185,39 @@ pub struct VmConfig {
     pub prepare_lock: Option<std::path::PathBuf>,
     /// A pair's or a ring's machines (`None` on a single Spark): the workers go with the head.
     pub pair: Option<crate::workers::Pair>,
+    /// Where serving asks root's `enverge-agent-reboot.path` for this machine's reboot (L4);
+    /// `None`: this host is not rebooted from here.
+    pub reboot_flag: Option<std::path::PathBuf>,
+}
+
+/// L4, a reboot of the host (a pair's: the customer's button and /admin's are this one
+/// call): each satellite's deferred reboot first, one that does not answer not waited for,
+/// then node0's, a moment later, through root's path unit. Refused while a deliberate
+/// re-prepare holds the host.
+pub fn reboot_host(config: &VmConfig) -> Result<byo_wire::vm::HostRebooting, VmError> {
+    let Some(flag) = &config.reboot_flag else {
+        return Err(VmError::Failed(
+            "this host's reboot is not set up here".into(),
+        ));
+    };
+    let _held = not_while_preparing(config)?;
+    let defer = byo_core::render::units::REBOOT_DEFER_SECS;
+    let satellites = config
+        .pair
+        .as_ref()
+        .map(|pair| crate::workers::reboot_satellites(pair, defer))
+        .unwrap_or_default();
+    std::fs::write(flag, b"requested by the backend\n").map_err(|e| {
+        VmError::Failed(format!(
+            "asking for node0's reboot ({}): {e}",
+            flag.display()
+        ))
+    })?;
+    tracing::info!(in_secs = defer, "rebooting: node0 goes down shortly");
+    Ok(byo_wire::vm::HostRebooting {
+        node0_in_secs: defer,
+        satellites,
+    })
 }
 
 /// Hold the re-prepare lock shared for one operation that makes an instance run, or refuse
@@ -383,11 +416,11 @@ pub fn create<H: Host + ?Sized>(
     }
     // A pair: the head's rails and launcher key, then a worker on every satellite, which
     // must start (one GPU sold as two is not an instance).
-    if let (Some(pair), Some((private, public))) = (&config.pair, &launcher) {
-        if let Err(e) = crate::workers::prepare_head(h, pair, &req.name, private) {
+    if let (Some(pair), Some(launcher)) = (&config.pair, &launcher) {
+        if let Err(e) = crate::workers::prepare_head(h, pair, &req.name, launcher) {
             return Err(revert(h, format!("the head's rails could not be set: {e}")));
         }
-        if let Err(e) = crate::workers::launch(pair, &req.name, public) {
+        if let Err(e) = crate::workers::launch(pair, &req.name, &launcher.public) {
             return Err(revert(h, e));
         }
     }
@@ -771,6 +804,7 @@ mod tests {
             operator_keys_held: None,
             prepare_lock: None,
             pair: None,
+            reboot_flag: None,
         }
     }
 

@@ -70,6 +70,9 @@ pub trait SatelliteHosts: Send + Sync + std::fmt::Debug {
 pub struct Pair {
     pub nodes: Vec<PairNode>,
     pub hosts: Arc<dyn SatelliteHosts>,
+    /// Where serving asks root's `enverge-agent-rails.path` to address node0's rails again
+    /// (`byo_core::render::units::RAILS_FLAG`); `None`: nobody to ask.
+    pub rails_flag: Option<PathBuf>,
 }
 
 impl Pair {
@@ -215,20 +218,51 @@ fn mkdir<H: Host + ?Sized>(h: &mut H, instance: &str, path: &str, mode: u32) -> 
     Ok(())
 }
 
-/// A launcher key for one instance: (private half in OpenSSH's format, public line).
-pub fn mint_launcher(head: &str) -> Fallible<(String, String)> {
+/// A launcher key for one instance.
+pub struct Launcher {
+    /// The private half in OpenSSH's format (`/root/.ssh/id_ed25519`, for OpenSSH's client).
+    pub openssh: String,
+    /// The private half in dropbear's format (`/root/.ssh/id_dropbear`: the minimal image's
+    /// client, dbclient, reads no OpenSSH private key).
+    pub dropbear: Vec<u8>,
+    /// The public line each worker's `user` trusts alone.
+    pub public: String,
+}
+
+pub fn mint_launcher(head: &str) -> Fallible<Launcher> {
     use ssh_key::{Algorithm, LineEnding, PrivateKey, rand_core::OsRng};
     let mut key = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
         .map_err(|e| format!("making the launcher key: {e}"))?;
     key.set_comment(format!("enverge-launcher-{head}"));
-    let private = key
+    let openssh = key
         .to_openssh(LineEnding::LF)
-        .map_err(|e| format!("encoding the launcher key: {e}"))?;
+        .map_err(|e| format!("encoding the launcher key: {e}"))?
+        .to_string();
     let public = key
         .public_key()
         .to_openssh()
         .map_err(|e| format!("encoding the launcher key: {e}"))?;
-    Ok((private.to_string(), public))
+    Ok(Launcher {
+        openssh,
+        dropbear: dropbear_private(&key)?,
+        public,
+    })
+}
+
+/// An Ed25519 private key as dropbear keeps it: the key type, then the 32-byte seed and the
+/// 32-byte public key as one 64-byte string (dropbear's `buf_put_ed25519_priv_key`).
+pub fn dropbear_private(key: &ssh_key::PrivateKey) -> Fallible<Vec<u8>> {
+    let pair = key
+        .key_data()
+        .ed25519()
+        .ok_or("dropbear's format is written for Ed25519 keys only")?;
+    let mut out = Vec::with_capacity(4 + 11 + 4 + 64);
+    out.extend_from_slice(&11u32.to_be_bytes());
+    out.extend_from_slice(b"ssh-ed25519");
+    out.extend_from_slice(&64u32.to_be_bytes());
+    out.extend_from_slice(&pair.private.to_bytes());
+    out.extend_from_slice(pair.public.as_ref());
+    Ok(out)
 }
 
 /// The head's side of a pair: the launcher key's private half for root, its rails, and
@@ -237,16 +271,17 @@ pub fn prepare_head<H: Host + ?Sized>(
     h: &mut H,
     pair: &Pair,
     head: &str,
-    launcher_private: &str,
+    launcher: &Launcher,
 ) -> Fallible<()> {
     mkdir(h, head, "/root/.ssh", 0o700)?;
     lxd::push(
         h,
         head,
         "/root/.ssh/id_ed25519",
-        launcher_private.as_bytes(),
+        launcher.openssh.as_bytes(),
         0o600,
     )?;
+    lxd::push(h, head, "/root/.ssh/id_dropbear", &launcher.dropbear, 0o600)?;
     address_rails(h, head, pair.node0_rails())?;
     lxd::push(
         h,
@@ -477,26 +512,65 @@ pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
     failed
 }
 
+/// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left
+/// to tell it once node0 is down). One that does not answer does not block (L4.3).
+pub fn reboot_satellites(pair: &Pair, in_secs: u64) -> Vec<byo_wire::vm::SatelliteRebooting> {
+    pair.satellites()
+        .map(|n| {
+            let delay = format!("--on-active={in_secs}");
+            let done = pair.hosts.host(n).and_then(|mut h| {
+                crate::host::must(
+                    &mut *h,
+                    &["systemd-run", &delay, "--unit=enverge-pair-reboot", "--collect", "systemctl", "reboot"],
+                )
+                .map(drop)
+            });
+            if let Err(e) = &done {
+                tracing::warn!(node = n.index, error = %e, "a satellite could not be told to reboot; node0 reboots all the same");
+            }
+            byo_wire::vm::SatelliteRebooting {
+                node: n.index,
+                rebooting: done.is_ok(),
+                error: done.err().map(|e| e.chars().take(300).collect()),
+            }
+        })
+        .collect()
+}
+
 /// Once a pair's containers are gone, each machine's rails are the host's again: LXD moves
-/// the ports back, and the host's network configuration (netplan) addresses them. A
-/// satellite whose ports came back bare is addressed again (`netplan apply`, over sudo);
-/// node0's serving cannot, and says so.
+/// the ports back, down and bare (networkd does not raise a port someone else took down), and
+/// the host's own network configuration addresses them again — `netplan apply`, as
+/// rail-network did: on a satellite over sudo, on node0 by root's `enverge-agent-rails.path`,
+/// which serving asks through its flag (serving itself holds no privilege). What is still
+/// bare after that is named.
 pub fn rails_restored<H: Host + ?Sized>(h0: &mut H, pair: &Pair) -> Vec<String> {
     let mut missing = Vec::new();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
-    loop {
-        let bare = bare_rails(h0, pair.node0_rails());
-        if bare.is_empty() {
-            break;
+    let node0 = pair.node0_rails();
+    if !bare_rails(h0, node0).is_empty() {
+        let asked = pair
+            .rails_flag
+            .as_ref()
+            .map(|flag| std::fs::write(flag, b"requested by serving\n"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let bare = bare_rails(h0, node0);
+            if bare.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline || !matches!(asked, Some(Ok(()))) {
+                missing.push(format!(
+                    "node0's {} came back without its rail address{}",
+                    bare.join(", "),
+                    match &asked {
+                        Some(Err(e)) => format!(" (asking root to apply the network configuration failed: {e})"),
+                        None => " (nobody to ask to apply the network configuration)".to_owned(),
+                        Some(Ok(())) => " within 30 s of asking root to apply the network configuration".to_owned(),
+                    }
+                ));
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
         }
-        if std::time::Instant::now() > deadline {
-            missing.push(format!(
-                "node0's {} came back without its rail address",
-                bare.join(", ")
-            ));
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(250));
     }
     for n in pair.satellites() {
         let fixed = pair.hosts.host(n).and_then(|mut h| {
@@ -568,13 +642,20 @@ mod tests {
 
     #[test]
     fn the_launcher_key_is_fresh_per_instance_and_names_its_head() {
-        let (a_private, a_public) = mint_launcher("vm-a").unwrap();
-        let (_, b_public) = mint_launcher("vm-a").unwrap();
-        assert_ne!(a_public, b_public);
+        let a = mint_launcher("vm-a").unwrap();
+        let b = mint_launcher("vm-a").unwrap();
+        assert_ne!(a.public, b.public);
         assert!(
-            a_public.starts_with("ssh-ed25519 ") && a_public.ends_with("enverge-launcher-vm-a")
+            a.public.starts_with("ssh-ed25519 ") && a.public.ends_with("enverge-launcher-vm-a")
         );
-        let parsed = ssh_key::PrivateKey::from_openssh(&a_private).unwrap();
-        assert_eq!(parsed.public_key().to_openssh().unwrap(), a_public);
+        let parsed = ssh_key::PrivateKey::from_openssh(&a.openssh).unwrap();
+        assert_eq!(parsed.public_key().to_openssh().unwrap(), a.public);
+        // dropbear's form: the type, then seed and public key; the public key is the line's.
+        let d = &a.dropbear;
+        assert_eq!(d.len(), 4 + 11 + 4 + 64);
+        assert_eq!(&d[4..15], b"ssh-ed25519");
+        assert_eq!(&d[15..19], &64u32.to_be_bytes());
+        let public = parsed.public_key().key_data().ed25519().unwrap().0;
+        assert_eq!(&d[51..], &public[..]);
     }
 }

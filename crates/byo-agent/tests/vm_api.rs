@@ -96,6 +96,7 @@ async fn g5_deleting_an_instance_the_host_does_not_hold_answers_the_not_found_bo
                 operator_keys_held: None,
                 prepare_lock: None,
                 pair: None,
+                reboot_flag: None,
             },
             relay: Box::new(NoRelay),
             host: Mutex::new(LocalHost {
@@ -166,6 +167,7 @@ async fn l_creates_and_starts_are_refused_host_preparing_while_a_re_prepare_hold
                 operator_keys_held: None,
                 prepare_lock: Some(lock.clone()),
                 pair: None,
+                reboot_flag: None,
             },
             relay: Box::new(NoRelay),
             host: Mutex::new(LocalHost {

@@ -68,4 +68,120 @@ async fn e1_power_changes_reach_the_host_and_move_the_row_only_when_done(w: Worl
     assert_eq!(w.vm(&vm.id).await.status, VmStatus::Deleted);
 }
 
-with_world!(e1_power_changes_reach_the_host_and_move_the_row_only_when_done,);
+/// L4: on a pair the customer's reboot is the pair's reboot — the agent's one host call
+/// (node1 first, both deferred: 202), not the container's restart — and /admin's button is
+/// the same call; a single Spark's reboot stays the container's. Audited as `host.reboot`
+/// with who pressed it; a host that does not answer changes nothing and records nothing.
+async fn l4_a_pairs_reboot_is_one_call_for_the_customer_and_admin(w: World) {
+    let h = w.host("spark-1", Spec::default()).await;
+    let vm = w.running().await;
+    // A single Spark: the container's restart.
+    let r = w
+        .customer
+        .post(
+            &format!("/api/vms/{}/state", vm.id),
+            json!({"action": "reboot"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(
+        (
+            w.agents.calls(Op::Power).len(),
+            w.agents.calls(Op::Reboot).len()
+        ),
+        (1, 0)
+    );
+    // The same host as a pair: node1 is a second host_nodes row.
+    for index in [0, 1] {
+        w.db()
+            .insert_host_node(
+                byo_db::hosts::NewHostNode {
+                    host_id: &h.id,
+                    index,
+                    machine_id: None,
+                    hardware_id: &format!("hw-{index}"),
+                    fingerprint: &json!({}),
+                    rails: &json!({}),
+                },
+                w.clock.now(),
+            )
+            .await
+            .unwrap();
+    }
+    let r = w
+        .customer
+        .post(
+            &format!("/api/vms/{}/state", vm.id),
+            json!({"action": "reboot"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["status"], "running");
+    assert_eq!(
+        (
+            w.agents.calls(Op::Power).len(),
+            w.agents.calls(Op::Reboot).len()
+        ),
+        (1, 1)
+    );
+    // A stop is still the instance's own.
+    let r = w
+        .customer
+        .post(
+            &format!("/api/vms/{}/state", vm.id),
+            json!({"action": "stop"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.agents.calls(Op::Power).len(), 2);
+    let r = w
+        .customer
+        .post(
+            &format!("/api/vms/{}/state", vm.id),
+            json!({"action": "start"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    // /admin's button: the same call, and the page says what happens.
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/reboot", h.id), &[])
+            .await;
+    assert!(
+        r.status.is_success() || r.status.is_redirection(),
+        "{}",
+        r.text()
+    );
+    assert_eq!(w.agents.calls(Op::Reboot).len(), 2);
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(
+        page.contains("/reboot\""),
+        "the button is on the host's page"
+    );
+    let audits = w.audits("host.reboot").await;
+    let by: Vec<&str> = audits
+        .iter()
+        .map(|a| a.details.0["by"].as_str().unwrap())
+        .collect();
+    assert_eq!(by, ["customer", "operator"]);
+    assert_eq!(audits[0].details.0["satellites"][0]["node"], 1);
+    // A host that does not answer: 504, the row as it was, nothing audited.
+    w.agents.answer(
+        Op::Reboot,
+        agents::Answer::unreachable("connection refused"),
+    );
+    let r = w
+        .customer
+        .post(
+            &format!("/api/vms/{}/state", vm.id),
+            json!({"action": "reboot"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::GATEWAY_TIMEOUT, "{}", r.text());
+    assert_eq!(w.vm(&vm.id).await.status, VmStatus::Running);
+    assert_eq!(w.audits("host.reboot").await.len(), 2);
+}
+
+with_world!(
+    e1_power_changes_reach_the_host_and_move_the_row_only_when_done,
+    l4_a_pairs_reboot_is_one_call_for_the_customer_and_admin,
+);

@@ -24,7 +24,7 @@ use crate::host::{Fallible, Host, read_string};
 use crate::prepare::peers::{Peer, node_rails, render_rails, satellites};
 use crate::prepare::Plan;
 
-const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
+use byo_core::render::units::NETPLAN_RAILS;
 const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
 /// node0's serving counts the machines on each rail every beat (133) with an unprivileged
 /// multicast ping: an ICMP datagram socket, which the kernel allows only to the groups in
