@@ -623,3 +623,36 @@ pub fn rebooting_message(r: &byo_wire::vm::HostRebooting) -> String {
     ));
     parts.join("; ")
 }
+
+#[cfg(test)]
+mod tests {
+    use byo_wire::vm::{HostRebooting, SatelliteRebooting};
+
+    use super::rebooting_message;
+
+    #[test]
+    fn a_reboots_message_names_each_satellite_and_node0() {
+        let sat = |rebooting, error: Option<&str>| SatelliteRebooting {
+            node: 1,
+            rebooting,
+            error: error.map(str::to_owned),
+        };
+        let said = |satellites| {
+            rebooting_message(&HostRebooting {
+                node0_in_secs: 3,
+                satellites,
+            })
+        };
+        assert_eq!(
+            said(vec![]),
+            "node0 goes down in 3 s; the instance comes back as it was"
+        );
+        assert!(
+            said(vec![sat(true, None)]).starts_with("node1 is rebooting; node0 goes down in 3 s")
+        );
+        assert!(said(vec![sat(false, Some("timed out"))]).starts_with(
+            "node1 could not be told (timed out); it reboots when it next can; node0"
+        ));
+        assert!(said(vec![sat(false, None)]).starts_with("node1 could not be told; node0"));
+    }
+}
