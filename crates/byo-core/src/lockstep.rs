@@ -318,7 +318,15 @@ mod tests {
             assert_eq!(m.to_string(), *said);
             assert!(said.contains(m.worker()) && said.ends_with(&format!("node{}", m.node())));
         }
-        assert_eq!(moves.map(|(m, _)| m.node()), [2, 3, 1]);
+        let [a, b, c] = moves.map(|(m, _)| (m.node(), m.worker().to_owned()));
+        assert_eq!(
+            [a, b, c],
+            [
+                (2, "vm-a-w2".into()),
+                (3, "vm-a-w3".into()),
+                (1, "vm-b-w1".into())
+            ]
+        );
     }
 
     #[test]
@@ -327,6 +335,9 @@ mod tests {
         assert_eq!(longest_head(1), 63);
         assert_eq!(longest_head(2), 60);
         assert_eq!(longest_head(4), 60);
+        // A tenth machine's worker is `-w9`; an eleventh's `-w10`, one character longer.
+        assert_eq!(longest_head(10), 60);
+        assert_eq!(longest_head(11), 59);
         let longest = "a".repeat(longest_head(2));
         assert_eq!(worker_name(&longest, 1).len(), 63);
     }

@@ -162,3 +162,38 @@ pub fn tenant_firewall(nft: &str) -> String {
         "[Unit]\nDescription=byo: tenants on lxdbr0 see the internet and nothing of the owner's\nDefaultDependencies=no\nWants=network-pre.target\nBefore=network-pre.target lxd.service lxd.socket snap.lxd.daemon.service shutdown.target\nAfter=local-fs.target nftables.service\nPartOf=nftables.service\nConflicts=shutdown.target\nConditionPathExists={path}\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={nft} -f {path}\nExecReload={nft} -f {path}\n\n[Install]\nWantedBy=multi-user.target\n"
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What install.sh writes, by name and in order: the three units J names, then what
+    /// serving may ask root for (L4's reboot, a pair's rails), each running what it says.
+    /// `systemd-analyze verify` and the real hosts run them (byo-agent's tests); this pins
+    /// the list itself, which install.sh, the uninstaller and the tests all read.
+    #[test]
+    fn the_units_install_sh_writes_each_run_what_they_say() {
+        let all = units("/opt/byo-agent");
+        let names: Vec<&str> = all.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                PREPARE,
+                SERVING,
+                ROLLBACK,
+                REBOOT_PATH,
+                REBOOT,
+                RAILS_PATH,
+                RAILS
+            ]
+        );
+        let text = |name: &str| &all.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert!(text(PREPARE).contains("ExecStart=/opt/byo-agent prepare\n"));
+        assert!(text(SERVING).contains("ExecStart=/opt/byo-agent serve\n"));
+        assert!(text(ROLLBACK).contains("ExecStart=/opt/byo-agent-rollback\n"));
+        assert!(text(REBOOT_PATH).contains(&format!("Unit={REBOOT}\n")));
+        assert!(text(REBOOT).contains("SuccessAction=reboot\n"));
+        assert!(text(RAILS_PATH).contains(&format!("Unit={RAILS}\n")));
+        assert!(text(RAILS).contains("exec netplan apply"));
+    }
+}
