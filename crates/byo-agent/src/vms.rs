@@ -586,6 +586,11 @@ pub fn change_state<H: Host + ?Sized>(
         VmAction::Stop => {
             lxd::state(h, name, "stop").map_err(fail)?;
             workers("stop");
+            // A stopped instance does not hold the rails (rule 5): they are the hosts' again,
+            // addressed, so a deliberate run on the idle pair finds its cables.
+            if let Some(pair) = &config.pair {
+                crate::workers::rails_restored(h, pair);
+            }
             clear_map(relay, config, port).map_err(fail)
         }
         VmAction::Start => {

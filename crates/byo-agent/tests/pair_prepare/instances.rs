@@ -258,6 +258,9 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
         containers(n0),
         containers(n1)
     );
+    // A stopped instance holds no rail: the hosts have their cables back, addressed.
+    assert_eq!(ipv4(n0, "rail0").0, vec!["192.168.100.10/24".to_owned()]);
+    assert_eq!(ipv4(n1, "rail1").0, vec!["192.168.100.11/24".to_owned()]);
     let (status, body) = api(
         n0,
         &token,
