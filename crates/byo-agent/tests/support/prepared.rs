@@ -259,5 +259,6 @@ pub fn install_units(host: &HostContainer, heartbeat_every: u64) {
         .as_bytes(),
         0o644,
     );
-    host.sh_ok("systemctl daemon-reload && systemctl enable enverge-agent-prepare.service enverge-agent.service");
+    // As install.sh does: preparation and serving enabled, root's reboot path watching (L4).
+    host.sh_ok("systemctl daemon-reload && systemctl enable enverge-agent-prepare.service enverge-agent.service && systemctl enable --now enverge-agent-reboot.path enverge-agent-rails.path");
 }

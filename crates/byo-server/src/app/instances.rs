@@ -756,6 +756,18 @@ pub async fn change_power(
         ));
     }
     let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
+    // L4.4: on a pair (or a ring) the customer's reboot is the pair's reboot, the same call
+    // as /admin's: node1 first, both machines, the instance back as it was.
+    if action == VmAction::Reboot && state.store.host_nodes(host_id).await?.len() > 1 {
+        crate::app::host_lifecycle::reboot_host(
+            state,
+            crate::app::host_lifecycle::Rebooter::Customer(by),
+            host_id,
+        )
+        .await?;
+        let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
+        return view(state, &row).await;
+    }
     let target = state.store.agent_target(host_id).await?.ok_or_else(|| {
         AppError::conflict("host_gone", "this instance's host is no longer in service")
     })?;

@@ -21,6 +21,7 @@ pub use base_image::{
     BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, UDHCPC_SCRIPT, recipe_digest,
 };
 pub use profiles::render_base_profile;
+pub use rail_network::{DUAL_PROFILE, render_dual_profile};
 pub use relay_peer::render_wireguard;
 pub use shared::{PROFILE_NAME, SPARK};
 
