@@ -433,10 +433,16 @@ fn remove_units(h: &mut dyn Host, units: &[&str]) -> Fallible<()> {
 }
 
 fn units_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
-    unit_leftovers(h, AGENT_UNITS).map(verdict)
+    let mut left = unit_leftovers(h, AGENT_UNITS)?;
+    if exists(h, APT_LXD_DROP_IN)? {
+        left.push(format!("remove {APT_LXD_DROP_IN}"));
+    }
+    Ok(verdict(left))
 }
 
 fn units_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
+    // lxd-install's drop-in for Debian's lxd.service goes with the units, whoever's LXD it is.
+    must(h, &["rm", "-f", APT_LXD_DROP_IN])?;
     remove_units(h, AGENT_UNITS)
 }
 

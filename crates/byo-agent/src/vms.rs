@@ -242,11 +242,8 @@ fn instance_path(name: &str) -> String {
 
 /// Our instances: name, LXD status, published port, last power state.
 fn ours<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String, u16, String)>> {
-    let list = lxd::get(h, "/1.0/instances?recursion=1")?.unwrap_or(json!([]));
-    Ok(list
-        .as_array()
-        .into_iter()
-        .flatten()
+    Ok(lxd::instances(h)?
+        .iter()
         .filter_map(|i| {
             let port = i["config"][PORT_KEY].as_str()?.parse().ok()?;
             Some((

@@ -316,11 +316,8 @@ pub fn cluster_md(pair: &Pair, head: &str) -> String {
 
 /// Our containers on one satellite (those recording a head).
 fn workers_on(h: &mut dyn Host) -> Fallible<Vec<Worker>> {
-    let list = lxd::get(h, "/1.0/instances?recursion=1")?.unwrap_or(json!([]));
-    Ok(list
-        .as_array()
-        .into_iter()
-        .flatten()
+    Ok(lxd::instances(h)?
+        .iter()
         .filter_map(|i| {
             Some(Worker {
                 name: i["name"].as_str()?.to_owned(),
@@ -478,38 +475,39 @@ fn launch_one(h: &mut dyn Host, n: &PairNode, head: &str, launcher_public: &str)
     inside(h).map_err(|e| format!("the worker {name} on node{}: {e}", n.index))
 }
 
+/// `op` on `head`'s worker on every satellite: the ones it failed on, with why.
+fn each_worker(
+    pair: &Pair,
+    head: &str,
+    op: impl Fn(&mut dyn Host, &str) -> Fallible<()>,
+) -> Vec<(String, u32, String)> {
+    pair.satellites()
+        .filter_map(|n| {
+            let name = lockstep::worker_name(head, n.index);
+            let done = pair.hosts.host(n).and_then(|mut h| op(&mut *h, &name));
+            done.err().map(|e| (name, n.index, e))
+        })
+        .collect()
+}
+
 /// Remove `head`'s workers (a delete, or a create reverted). A satellite that cannot be
 /// reached keeps its worker until lockstep removes it (its head is gone): named, not fatal.
 pub fn remove(pair: &Pair, head: &str) -> Vec<String> {
-    let mut left = Vec::new();
-    for n in pair.satellites() {
-        let name = lockstep::worker_name(head, n.index);
-        let done = pair
-            .hosts
-            .host(n)
-            .and_then(|mut h| lxd::delete_instance(&mut *h, &name));
-        if let Err(e) = done {
-            tracing::warn!(%name, node = n.index, error = %e, "the worker stays until its node answers (lockstep removes it)");
-            left.push(format!("{name} on node{}: {e}", n.index));
-        }
-    }
-    left
+    each_worker(pair, head, |h, name| lxd::delete_instance(h, name))
+        .into_iter()
+        .map(|(name, node, e)| {
+            tracing::warn!(%name, node, error = %e, "the worker stays until its node answers (lockstep removes it)");
+            format!("{name} on node{node}: {e}")
+        })
+        .collect()
 }
 
 /// Start or stop `head`'s workers with it (a customer's start, stop or reboot).
 pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
-    let mut failed = Vec::new();
-    for n in pair.satellites() {
-        let name = lockstep::worker_name(head, n.index);
-        let done = pair
-            .hosts
-            .host(n)
-            .and_then(|mut h| lxd::state(&mut *h, &name, action));
-        if let Err(e) = done {
-            failed.push(format!("{action} {name} on node{}: {e}", n.index));
-        }
-    }
-    failed
+    each_worker(pair, head, |h, name| lxd::state(h, name, action))
+        .into_iter()
+        .map(|(name, node, e)| format!("{action} {name} on node{node}: {e}"))
+        .collect()
 }
 
 /// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left

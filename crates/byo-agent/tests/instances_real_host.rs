@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use support::host_container::{HostContainer, bridge_gateway};
 use support::mapd::{FakeMapd, start_mapd};
 use support::prepared::{
-    RelayView, enrolled, install_units, key_file, prepare, public_line, text, wg_keypair,
+    RelayView, agent_api, enrolled, install_units, key_file, prepare, public_line, text, wg_keypair,
 };
 
 struct World {
@@ -39,34 +39,7 @@ struct World {
 impl World {
     /// Call the agent's API from inside the host, as the relay's Caddy would: (status, body).
     fn api(&self, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-        let auth = format!("Authorization: Bearer {}", self.token);
-        let url = format!("http://10.8.0.2:8080{path}");
-        let data = body.map(|b| b.to_string()).unwrap_or_default();
-        let mut argv = vec![
-            "curl",
-            "-s",
-            "-m",
-            "120",
-            "-X",
-            method,
-            "-H",
-            &auth,
-            "-H",
-            "Content-Type: application/json",
-            "-w",
-            "\n%{http_code}",
-        ];
-        if !data.is_empty() {
-            argv.extend(["--data-binary", &data]);
-        }
-        argv.push(&url);
-        let out = self.host.exec(&argv);
-        let said = String::from_utf8_lossy(&out.stdout).into_owned();
-        let (body, status) = said.rsplit_once('\n').unwrap_or(("", "0"));
-        (
-            status.trim().parse().unwrap_or(0),
-            serde_json::from_str(body).unwrap_or(Value::Null),
-        )
+        agent_api(&self.host, &self.token, method, path, body)
     }
 
     fn instances(&self) -> String {

@@ -15,46 +15,8 @@ use serde_json::{Value, json};
 use crate::support::cabled::Bed;
 use crate::support::host_container::{HostContainer, bridge_gateway};
 use crate::support::mapd::{FakeMapd, start_mapd};
-use crate::support::prepared::{Enrollment, key_file, public_line, text};
+use crate::support::prepared::{Enrollment, agent_api, key_file, public_line, text};
 use crate::{ipv4, wait_for};
-
-/// The VM API as the backend calls it (through the relay's Caddy: here from node0 itself).
-fn api(
-    n0: &HostContainer,
-    token: &str,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
-    let auth = format!("Authorization: Bearer {token}");
-    let url = format!("http://10.8.0.2:8080{path}");
-    let data = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut argv = vec![
-        "curl",
-        "-s",
-        "-m",
-        "180",
-        "-X",
-        method,
-        "-H",
-        &auth,
-        "-H",
-        "Content-Type: application/json",
-        "-w",
-        "\n%{http_code}",
-    ];
-    if !data.is_empty() {
-        argv.extend(["--data-binary", &data]);
-    }
-    argv.push(&url);
-    let out = n0.exec(&argv);
-    let said = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, status) = said.rsplit_once('\n').unwrap_or(("", "0"));
-    (
-        status.trim().parse().unwrap_or(0),
-        serde_json::from_str(body).unwrap_or(Value::Null),
-    )
-}
 
 /// `lxc list`'s names and states on one machine, as `name,STATE` lines.
 fn containers(host: &HostContainer) -> String {
@@ -147,7 +109,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     let token = e.agent_token.clone();
     n0.sh_ok("systemctl start enverge-agent.service");
     let up = wait_for(Duration::from_secs(30), || {
-        (api(n0, &token, "GET", "/v1/vms", None).0 == 200).then_some(())
+        (agent_api(n0, &token, "GET", "/v1/vms", None).0 == 200).then_some(())
     });
     assert!(up.is_some(), "serving answers");
     // A whole idle pair beats lxd ok.
@@ -164,7 +126,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     let customer_path = key_file(e.dir.path(), "pair-customer", &customer);
     n0.push(&customer_path, "/root/customer", 0o600);
     let lap = Instant::now();
-    let (status, body) = api(
+    let (status, body) = agent_api(
         n0,
         &token,
         "POST",
@@ -244,7 +206,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
 
     // Lockstep through the customer's buttons: stop takes both, start brings both back,
     // the worker's rails addressed again by its own boot (L3.2).
-    let (status, body) = api(
+    let (status, body) = agent_api(
         n0,
         &token,
         "POST",
@@ -261,7 +223,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     // A stopped instance holds no rail: the hosts have their cables back, addressed.
     assert_eq!(ipv4(n0, "rail0").0, vec!["192.168.100.10/24".to_owned()]);
     assert_eq!(ipv4(n1, "rail1").0, vec!["192.168.100.11/24".to_owned()]);
-    let (status, body) = api(
+    let (status, body) = agent_api(
         n0,
         &token,
         "POST",
@@ -320,7 +282,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     );
 
     // Delete takes the worker with the head, and both machines' rails are the hosts' again.
-    let (status, body) = api(n0, &token, "DELETE", "/v1/vms/c1", None);
+    let (status, body) = agent_api(n0, &token, "DELETE", "/v1/vms/c1", None);
     assert_eq!(status, 200, "{body}");
     assert!(!containers(n0).contains("c1"), "{}", containers(n0));
     assert!(!containers(n1).contains("c1-w1"), "{}", containers(n1));
@@ -349,7 +311,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     // A worker that will not start fails the create: the head goes with it, node0's rails
     // come back, and nothing is left on either machine.
     n1.sh_ok("lxc profile device set lofispark-dual rail1 parent nosuchport");
-    let (status, body) = api(
+    let (status, body) = agent_api(
         n0,
         &token,
         "POST",
@@ -394,7 +356,7 @@ fn l4_a_reboot_of_the_pair(
     mapd: &FakeMapd,
 ) {
     let (n0, n1) = (&bed.node0, &bed.node1);
-    let (status, body) = api(
+    let (status, body) = agent_api(
         n0,
         token,
         "POST",
@@ -404,7 +366,7 @@ fn l4_a_reboot_of_the_pair(
     assert_eq!(status, 201, "{body}");
     let before = (boot_id(n0).unwrap(), boot_id(n1).unwrap());
     let lap = Instant::now();
-    let (status, body) = api(n0, token, "POST", "/v1/host/reboot", None);
+    let (status, body) = agent_api(n0, token, "POST", "/v1/host/reboot", None);
     let answered_in = lap.elapsed().as_secs_f64();
     assert_eq!(status, 202, "{body}");
     assert_eq!(
@@ -417,7 +379,7 @@ fn l4_a_reboot_of_the_pair(
     });
     assert!(rebooted.is_some(), "both machines rebooted");
     let up = wait_for(Duration::from_secs(120), || {
-        (api(n0, token, "GET", "/v1/vms", None).0 == 200).then_some(())
+        (agent_api(n0, token, "GET", "/v1/vms", None).0 == 200).then_some(())
     });
     assert!(up.is_some(), "serving answers after the reboot");
     // L2 then L3: the head as it was, then the worker, and the rail between them.
@@ -439,7 +401,7 @@ fn l4_a_reboot_of_the_pair(
     let node0_ip = n0.ipv4();
     n1.sh_ok(&format!("ip route add blackhole {node0_ip}/32"));
     let before = boot_id(n0).unwrap();
-    let (status, body) = api(n0, token, "POST", "/v1/host/reboot", None);
+    let (status, body) = agent_api(n0, token, "POST", "/v1/host/reboot", None);
     assert_eq!(status, 202, "{body}");
     assert_eq!(body["satellites"][0]["rebooting"], json!(false), "{body}");
     assert!(
@@ -457,7 +419,7 @@ fn l4_a_reboot_of_the_pair(
     assert!(half.is_some(), "half a pair after node0's reboot alone");
     let whole = beat_where(mapd, Duration::from_secs(120), |b| b["lxd"] == "ok");
     assert!(whole.is_some(), "the pair is whole once node1 answers");
-    let (status, body) = api(n0, token, "DELETE", "/v1/vms/c3", None);
+    let (status, body) = agent_api(n0, token, "DELETE", "/v1/vms/c3", None);
     assert_eq!(status, 200, "{body}");
     eprintln!(
         "figure: L4 pair reboot answered in {answered_in:.1} s; head reaching its worker again {back_in:.1} s after the call"

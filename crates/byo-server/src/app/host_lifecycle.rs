@@ -15,7 +15,6 @@ use byo_wire::vm::DeletionState;
 use chrono::{DateTime, Utc};
 use serde_json::json;
 
-use crate::agents::AgentError;
 use crate::app::host_provision::{self, wireguard_endpoint};
 use crate::app::instances::{self, Deleter};
 use crate::app::reap::release_outside;
@@ -557,35 +556,7 @@ pub async fn reboot_host(
             "this host is not in service: nothing to reboot",
         )
     })?;
-    let rebooting = match tokio::time::timeout(
-        instances::POWER_WAIT,
-        state.agents.reboot_host(&target),
-    )
-    .await
-    {
-        Ok(Ok(r)) => r,
-        Ok(Err(AgentError::Refused { reason, .. } | AgentError::Occupied(reason))) => {
-            return Err(AppError::host_refused(
-                "host_refused",
-                format!("the host refused: {reason}"),
-            ));
-        }
-        Ok(Err(AgentError::Unreachable(why))) => {
-            return Err(AppError::host_silent(
-                "host_silent",
-                format!("the host did not answer: {why}"),
-            ));
-        }
-        Err(_) => {
-            return Err(AppError::host_silent(
-                "host_silent",
-                format!(
-                    "the host did not answer within {} s",
-                    instances::POWER_WAIT.as_secs()
-                ),
-            ));
-        }
-    };
+    let rebooting = instances::within_power_wait(state.agents.reboot_host(&target)).await?;
     let (sub, role) = match by {
         Rebooter::Customer(u) => (&u.user.sub, "customer"),
         Rebooter::Operator(o) => (&o.0.user.sub, "operator"),
