@@ -161,6 +161,72 @@ pub fn rail_address(subnet: &str, node: u32) -> Option<(String, u32)> {
     Some((host.to_string(), len.parse().ok()?))
 }
 
+/// Where LXD answers on a machine this plan prepares (Debian's package, or the snap).
+pub fn lxd_socket(plan: &Plan) -> &'static str {
+    if plan.profile.prepare.lxd == byo_wire::profile::LxdSource::Apt {
+        "/var/lib/lxd/unix.socket"
+    } else {
+        "/var/snap/lxd/common/lxd/unix.socket"
+    }
+}
+
+/// What serving knows of a pair's machines (`HandOver::pair`): each one's cables with the
+/// plan's address and MTU, a satellite's management address and pinned host key. Empty on a
+/// single Spark.
+pub fn pair_nodes(plan: &Plan) -> Fallible<Vec<crate::workers::PairNode>> {
+    if plan.peers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rails = |node: u32,
+                 cabled: Vec<(String, u32)>|
+     -> Fallible<Vec<crate::workers::RailAddr>> {
+        let mut out = Vec::new();
+        for (port, rail) in cabled {
+            let (subnet, mtu) = rail_plan(plan, rail)?;
+            let (addr, len) = rail_address(&subnet, node).ok_or("a rail subnet does not parse")?;
+            out.push((
+                rail,
+                crate::workers::RailAddr {
+                    port,
+                    address: format!("{addr}/{len}"),
+                    mtu,
+                },
+            ));
+        }
+        out.sort_by_key(|(rail, _)| *rail);
+        Ok(out.into_iter().map(|(_, r)| r).collect())
+    };
+    let node0: Vec<(String, u32)> = plan
+        .peers
+        .iter()
+        .flat_map(|p| p.links.iter())
+        .filter_map(|l| l.local.clone().map(|i| (i, l.index)))
+        .collect();
+    let mut nodes = vec![crate::workers::PairNode {
+        index: 0,
+        mgmt_addr: None,
+        host_key: None,
+        lxd_socket: None,
+        rails: rails(0, node0)?,
+    }];
+    for peer in &plan.peers {
+        nodes.push(crate::workers::PairNode {
+            index: peer.index,
+            mgmt_addr: peer.mgmt_addr.clone().or_else(|| peer.addr.clone()),
+            host_key: Some(peer.host_key.clone()),
+            lxd_socket: Some(lxd_socket(plan).to_owned()),
+            rails: rails(
+                peer.index,
+                peer.links
+                    .iter()
+                    .map(|l| (l.remote.clone(), l.index))
+                    .collect(),
+            )?,
+        });
+    }
+    Ok(nodes)
+}
+
 pub(super) fn rail_plan(plan: &Plan, index: u32) -> Fallible<(String, u32)> {
     plan.profile
         .rails
