@@ -693,10 +693,8 @@ pub fn restore<H: Host + ?Sized>(
     // L2.3: the workers after the head, before the relay. A satellite that does not answer
     // does not stop node0 serving (L2.4); the heartbeat keeps asking (L3).
     if let Some(pair) = &config.pair {
-        let (moves, half) = crate::workers::keep(pair, head(h)?.as_ref());
-        for m in moves {
-            tracing::info!(%m, "worker brought in step with its head");
-        }
+        // Each move is logged where it is made.
+        let (_, half) = crate::workers::keep(pair, head(h)?.as_ref());
         for why in half {
             tracing::warn!(%why, "half a pair at start");
         }

@@ -124,7 +124,7 @@ impl SatelliteHosts for SshSatelliteHosts {
             lxd_socket: node
                 .lxd_socket
                 .clone()
-                .unwrap_or_else(|| "/var/snap/lxd/common/lxd/unix.socket".into()),
+                .ok_or_else(|| format!("node{} has no LXD socket in the hand-over", node.index))?,
             password_file: None,
             host_key_alias: None,
             control_path: Some(self.dir.join(format!("peer-{}.ctl", node.index))),
@@ -397,27 +397,12 @@ pub fn clear(pair: &Pair) -> Fallible<()> {
 }
 
 /// Launch `head`'s worker on every satellite, each trusting `launcher_public` alone. A worker
-/// that will not start fails it (one GPU sold as two is not an instance); every worker
-/// already launched is removed again before the error is returned.
+/// that will not start fails it (one GPU sold as two is not an instance); the caller's revert
+/// ([`remove`], with the head) takes back every worker launched.
 pub fn launch(pair: &Pair, head: &str, launcher_public: &str) -> Fallible<()> {
-    let mut launched: Vec<&PairNode> = Vec::new();
     for n in pair.satellites() {
-        let result = pair
-            .hosts
-            .host(n)
-            .and_then(|mut h| launch_one(&mut *h, n, head, launcher_public));
-        launched.push(n);
-        if let Err(e) = result {
-            for done in launched {
-                if let Ok(mut h) = pair.hosts.host(done) {
-                    let name = lockstep::worker_name(head, done.index);
-                    if let Err(e) = lxd::delete_instance(&mut *h, &name) {
-                        tracing::warn!(%name, error = %e, "a worker could not be reverted");
-                    }
-                }
-            }
-            return Err(e);
-        }
+        let mut h = pair.hosts.host(n)?;
+        launch_one(&mut *h, n, head, launcher_public)?;
     }
     Ok(())
 }

@@ -306,12 +306,11 @@ pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
             let (Some(addr), Some(key)) = (&n.mgmt_addr, &n.host_key) else {
                 continue;
             };
-            let host_part = addr.split('%').next().unwrap_or(addr);
             host.write(
                 &state
                     .join(crate::workers::known_hosts_file(n.index))
                     .to_string_lossy(),
-                format!("{host_part} {}\n", key.trim()).as_bytes(),
+                peers::known_hosts_line(addr, key).as_bytes(),
                 0o644,
                 "spark:spark",
             )?;

@@ -21,7 +21,7 @@ use byo_core::prepare::Check;
 use super::shared::{SPARK, single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host, read_string};
-use crate::prepare::peers::{Peer, node_rails, render_rails, satellites};
+use crate::prepare::peers::{node_rails, node0_ports, peer_ports, render_rails, satellites};
 use crate::prepare::Plan;
 
 use byo_core::render::units::NETPLAN_RAILS;
@@ -153,21 +153,6 @@ fn wanted<H: Host + ?Sized>(
         sysctl,
         dual: render_dual_profile(cabled),
     })
-}
-
-pub(super) fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
-    plan.peers
-        .iter()
-        .flat_map(|p| p.links.iter())
-        .filter_map(|l| l.local.clone().map(|i| (i, l.index)))
-        .collect()
-}
-
-pub(super) fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
-    peer.links
-        .iter()
-        .map(|l| (l.remote.clone(), l.index))
-        .collect()
 }
 
 /// lofispark-dual for a node whose cables land on `cabled` (port, rail): each port a physical
