@@ -99,6 +99,10 @@ struct Observed {
     operator_keys: Option<serde_json::Value>,
     /// sshd's accepted logins to spark since the last delivered beat (#16, 5).
     logins: crate::logins::Read,
+    /// A pair's or a ring's lockstep this beat (L3): why it is half a pair (empty: whole,
+    /// or a single Spark), and the moves that brought a worker back in step.
+    half: Vec<String>,
+    moved: Vec<String>,
 }
 
 fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
@@ -139,7 +143,25 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
         .and_then(|s| byo_core::keylist::KeyList::from_canonical(&s.body).ok())
         .map(|l| json!({"version": l.version, "expires": l.expires}));
     let logins = crate::logins::read(host, &crate::logins::applied_keys(held_keys.as_deref()));
+    // L3: each satellite's LXD asked over the management network, its worker brought in
+    // step with the head. Under the host's lock, so it never crosses a create or a delete.
+    let (mut half, mut moved) = (Vec::new(), Vec::new());
+    if let (Some(pair), true) = (&config.pair, lxd_up) {
+        match crate::vms::head(host) {
+            Ok(head) => {
+                let (moves, why) = crate::workers::keep(pair, head.as_ref());
+                moved = moves.iter().map(ToString::to_string).collect();
+                half = why
+                    .into_iter()
+                    .map(|w| w.chars().take(300).collect())
+                    .collect();
+            }
+            Err(e) => half.push(format!("node0's instances could not be read: {e}")),
+        }
+    }
     Observed {
+        half,
+        moved,
         logins,
         operator_keys,
         rollback,
@@ -187,10 +209,11 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
         .collect();
     let beat = Heartbeat {
         agent_version: crate::prepare::build_version().to_owned(),
-        lxd: if seen.lxd_up {
-            Health::Ok
-        } else {
-            Health::Down
+        // Half a pair lands on lxd (L3.3: host_status has no column for a pair).
+        lxd: match (seen.lxd_up, seen.half.is_empty()) {
+            (false, _) => Health::Down,
+            (true, false) => Health::Degraded,
+            (true, true) => Health::Ok,
         },
         relay,
         tunnel: seen.tunnel.0,
@@ -206,6 +229,8 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
             "operator_keys": seen.operator_keys,
             (byo_wire::vm::OPERATOR_LOGINS): seen.logins.logins,
             "operator_logins_error": seen.logins.error,
+            "half_a_pair": (!seen.half.is_empty()).then_some(&seen.half),
+            "lockstep": (!seen.moved.is_empty()).then_some(&seen.moved),
         }),
         vms,
     };
@@ -408,6 +433,8 @@ mod tests {
             tunnel,
             operator_keys_held: None,
             prepare_lock: None,
+            pair: None,
+            reboot_flag: None,
         }
     }
 

@@ -467,6 +467,12 @@ impl SshHost {
             &known,
             "-o",
             "ConnectTimeout=10",
+            // A satellite that goes away mid-connection (a reboot, a cable pulled from the
+            // LAN) must fail the call, not hang it: serving asks on every beat (L3).
+            "-o",
+            "ServerAliveInterval=5",
+            "-o",
+            "ServerAliveCountMax=2",
         ];
         if self.password_file.is_some() {
             // BatchMode would forbid the password ssh asks SSH_ASKPASS for.

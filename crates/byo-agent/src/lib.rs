@@ -21,3 +21,4 @@ pub mod rollback;
 pub mod serve;
 pub mod uninstall;
 pub mod vms;
+pub mod workers;

@@ -76,6 +76,14 @@ pub struct Exec {
     pub stderr: String,
 }
 
+/// Every instance LXD holds, with its config and status (`?recursion=1`).
+pub fn instances<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<Value>> {
+    Ok(match get(h, "/1.0/instances?recursion=1")? {
+        Some(Value::Array(list)) => list,
+        _ => Vec::new(),
+    })
+}
+
 /// Run a command in an instance and collect its output (no websockets: LXD records it).
 pub fn exec<H: Host + ?Sized>(h: &mut H, instance: &str, command: &[&str]) -> Fallible<Exec> {
     let body = json!({

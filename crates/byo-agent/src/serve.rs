@@ -281,12 +281,30 @@ async fn post_vm_state(
     }
 }
 
+/// L4: a reboot of this host (and, on a pair, of node1 first): 202 before anything goes down.
+async fn post_host_reboot(State(state): State<Serving>, headers: HeaderMap) -> Response {
+    let svc = match vm_service(&state, &headers) {
+        Ok(s) => s,
+        Err(r) => return r.into_response(),
+    };
+    match svc.with(|_, _, config| vms::reboot_host(config)).await {
+        Ok(Ok(rebooting)) => (StatusCode::ACCEPTED, axum::Json(rebooting)).into_response(),
+        Ok(Err(e)) => vm_error(e),
+        Err(e) => answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            AgentErrorCode::Failed,
+            &e,
+        ),
+    }
+}
+
 pub fn router(state: Serving) -> Router {
     Router::new()
         .route("/v1/operator-keys", put(put_operator_keys))
         .route("/v1/vms", post(post_vm).get(get_vms))
         .route("/v1/vms/{name}", delete(delete_vm))
         .route("/v1/vms/{name}/state", post(post_vm_state))
+        .route("/v1/host/reboot", post(post_host_reboot))
         .layer(DefaultBodyLimit::max(MAX_ENVELOPE_BYTES))
         .with_state(state)
 }
@@ -365,6 +383,14 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 tunnel: handed.tunnel,
                 operator_keys_held: Some(operator_keys.paths.held.clone()),
                 prepare_lock: Some(crate::prepare::again::PREPARE_LOCK.into()),
+                reboot_flag: Some(byo_core::render::units::REBOOT_FLAG.into()),
+                pair: (!handed.pair.is_empty()).then(|| crate::workers::Pair {
+                    nodes: handed.pair.clone(),
+                    hosts: Arc::new(crate::workers::SshSatelliteHosts {
+                        dir: crate::workers::SERVING_STATE.into(),
+                    }),
+                    rails_flag: Some(byo_core::render::units::RAILS_FLAG.into()),
+                }),
             },
             relay: Box::new(vms::HttpRelayMap::new(
                 &handed.ssh_map_endpoint,

@@ -16,7 +16,9 @@ use std::io::IsTerminal;
 
 use byo_core::prepare::{Check, Mode, Outcome, Progress, Step};
 use byo_core::render::nft::tenants;
-use byo_core::render::units::{PREPARE, ROLLBACK, SERVING, TENANT_FIREWALL};
+use byo_core::render::units::{
+    PREPARE, RAILS, RAILS_PATH, REBOOT, REBOOT_PATH, ROLLBACK, SERVING, TENANT_FIREWALL,
+};
 use byo_wire::prepare::StepState;
 use serde_json::Value;
 
@@ -392,7 +394,15 @@ fn owner_apply(h: &mut dyn Host, plan: &Plan) -> Fallible<()> {
 
 // agent-units ---------------------------------------------------------------------------
 
-const AGENT_UNITS: &[&str] = &[SERVING, PREPARE, ROLLBACK];
+const AGENT_UNITS: &[&str] = &[
+    SERVING,
+    PREPARE,
+    ROLLBACK,
+    REBOOT_PATH,
+    REBOOT,
+    RAILS_PATH,
+    RAILS,
+];
 
 fn unit_leftovers(h: &mut dyn Host, units: &[&str]) -> Fallible<Vec<String>> {
     let mut left = Vec::new();
@@ -423,10 +433,16 @@ fn remove_units(h: &mut dyn Host, units: &[&str]) -> Fallible<()> {
 }
 
 fn units_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
-    unit_leftovers(h, AGENT_UNITS).map(verdict)
+    let mut left = unit_leftovers(h, AGENT_UNITS)?;
+    if exists(h, APT_LXD_DROP_IN)? {
+        left.push(format!("remove {APT_LXD_DROP_IN}"));
+    }
+    Ok(verdict(left))
 }
 
 fn units_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
+    // lxd-install's drop-in for Debian's lxd.service goes with the units, whoever's LXD it is.
+    must(h, &["rm", "-f", APT_LXD_DROP_IN])?;
     remove_units(h, AGENT_UNITS)
 }
 

@@ -12,6 +12,10 @@
 //! - At start, serving waits for LXD, restores each instance to its last state, and only
 //!   then points the relay (head, then relay: forwarding before the head runs sends :22
 //!   nowhere).
+//! - On a pair (or a ring) the instance is the head here and a worker on each satellite
+//!   (`crate::workers`): created, deleted, started and stopped together, the workers first
+//!   cleared at a create, a worker that will not start failing the create, and at serving's
+//!   start LXD, the head, the workers, then the relay (L2.3).
 
 use std::time::Duration;
 
@@ -179,6 +183,41 @@ pub struct VmConfig {
     /// The lock a deliberate re-prepare holds (`prepare::again::PREPARE_LOCK`): creates,
     /// starts and reboots share it, and are refused while the run holds it.
     pub prepare_lock: Option<std::path::PathBuf>,
+    /// A pair's or a ring's machines (`None` on a single Spark): the workers go with the head.
+    pub pair: Option<crate::workers::Pair>,
+    /// Where serving asks root's `enverge-agent-reboot.path` for this machine's reboot (L4);
+    /// `None`: this host is not rebooted from here.
+    pub reboot_flag: Option<std::path::PathBuf>,
+}
+
+/// L4, a reboot of the host (a pair's: the customer's button and /admin's are this one
+/// call): each satellite's deferred reboot first, one that does not answer not waited for,
+/// then node0's, a moment later, through root's path unit. Refused while a deliberate
+/// re-prepare holds the host.
+pub fn reboot_host(config: &VmConfig) -> Result<byo_wire::vm::HostRebooting, VmError> {
+    let Some(flag) = &config.reboot_flag else {
+        return Err(VmError::Failed(
+            "this host's reboot is not set up here".into(),
+        ));
+    };
+    let _held = not_while_preparing(config)?;
+    let defer = byo_core::render::units::REBOOT_DEFER_SECS;
+    let satellites = config
+        .pair
+        .as_ref()
+        .map(|pair| crate::workers::reboot_satellites(pair, defer))
+        .unwrap_or_default();
+    std::fs::write(flag, b"requested by the backend\n").map_err(|e| {
+        VmError::Failed(format!(
+            "asking for node0's reboot ({}): {e}",
+            flag.display()
+        ))
+    })?;
+    tracing::info!(in_secs = defer, "rebooting: node0 goes down shortly");
+    Ok(byo_wire::vm::HostRebooting {
+        node0_in_secs: defer,
+        satellites,
+    })
 }
 
 /// Hold the re-prepare lock shared for one operation that makes an instance run, or refuse
@@ -203,11 +242,8 @@ fn instance_path(name: &str) -> String {
 
 /// Our instances: name, LXD status, published port, last power state.
 fn ours<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<(String, String, u16, String)>> {
-    let list = lxd::get(h, "/1.0/instances?recursion=1")?.unwrap_or(json!([]));
-    Ok(list
-        .as_array()
-        .into_iter()
-        .flatten()
+    Ok(lxd::instances(h)?
+        .iter()
         .filter_map(|i| {
             let port = i["config"][PORT_KEY].as_str()?.parse().ok()?;
             Some((
@@ -270,6 +306,16 @@ pub fn create<H: Host + ?Sized>(
         key.to_openssh()
             .map_err(|e| VmError::Invalid(e.to_string()))?
     );
+    if let Some(pair) = &config.pair {
+        let longest = byo_core::lockstep::longest_head(pair.machines());
+        if req.name.len() > longest {
+            return Err(VmError::Invalid(format!(
+                "{:?} is too long for a host of {} machines: its workers' names must fit LXD's 63 characters (at most {longest} here)",
+                req.name,
+                pair.machines()
+            )));
+        }
+    }
     let _held = not_while_preparing(config)?;
     let fail = VmError::Failed;
     let existing = ours(h).map_err(fail)?;
@@ -292,22 +338,50 @@ pub fn create<H: Host + ?Sized>(
     let port = (FIRST_SSH_PORT..)
         .find(|p| !existing.iter().any(|(_, _, q, _)| q == p))
         .ok_or_else(|| VmError::Failed("no port left".into()))?;
+    // A pair: whatever worker a satellite still holds goes first (K1 11.1); a satellite
+    // that cannot be reached fails the create before anything is made.
+    let launcher = match &config.pair {
+        None => None,
+        Some(pair) => {
+            crate::workers::clear(pair)
+                .map_err(|e| VmError::Failed(format!("{e}; nothing was created")))?;
+            Some(crate::workers::mint_launcher(&req.name).map_err(VmError::Failed)?)
+        }
+    };
+    let mut profiles = vec![PROFILE_NAME];
+    if config.pair.is_some() {
+        profiles.push(crate::prepare::steps::DUAL_PROFILE);
+    }
     let body = json!({
         "name": req.name,
         "type": "container",
         "source": {"type": "image", "alias": BASE_ALIAS},
-        "profiles": [PROFILE_NAME],
+        "profiles": profiles,
         "config": {PORT_KEY: port.to_string()},
         "devices": {"ssh": {"type": "proxy", "listen": format!("tcp:{}:{port}", config.ssh_listen),
                             "connect": "tcp:127.0.0.1:22"}},
     });
     lxd::json_call(h, "POST", "/1.0/instances", &body)
         .map_err(|e| VmError::Failed(format!("the container could not be created: {e}")))?;
-    // From here on, a refusal takes the container back with it.
+    // From here on, a refusal takes the container back with it — on a pair the workers
+    // too, and both machines' rails are the hosts' again.
     let revert = |h: &mut H, why: String| -> VmError {
-        match lxd::delete_instance(h, &req.name) {
-            Ok(()) => VmError::Reverted(why),
-            Err(e) => VmError::Failed(format!("{why}; and reverting failed too: {e}")),
+        let mut left = Vec::new();
+        if let Some(pair) = &config.pair {
+            left.extend(crate::workers::remove(pair, &req.name));
+        }
+        if let Err(e) = lxd::delete_instance(h, &req.name) {
+            left.push(e);
+        }
+        if let Some(pair) = &config.pair {
+            left.extend(crate::workers::rails_restored(h, pair));
+        }
+        match left.is_empty() {
+            true => VmError::Reverted(why),
+            false => VmError::Failed(format!(
+                "{why}; and reverting failed too: {}",
+                left.join("; ")
+            )),
         }
     };
     if let Err(e) = lxd::state(h, &req.name, "start") {
@@ -336,6 +410,16 @@ pub fn create<H: Host + ?Sized>(
             h,
             format!("the login banner could not be put in: {e}"),
         ));
+    }
+    // A pair: the head's rails and launcher key, then a worker on every satellite, which
+    // must start (one GPU sold as two is not an instance).
+    if let (Some(pair), Some(launcher)) = (&config.pair, &launcher) {
+        if let Err(e) = crate::workers::prepare_head(h, pair, &req.name, launcher) {
+            return Err(revert(h, format!("the head's rails could not be set: {e}")));
+        }
+        if let Err(e) = crate::workers::launch(pair, &req.name, &launcher.public) {
+            return Err(revert(h, e));
+        }
     }
     let gpu_check = advisory(h, &req.name, config.gpu);
     let startup_script = startup(h, &req.name);
@@ -448,6 +532,12 @@ pub fn delete<H: Host + ?Sized>(
     };
     lxd::delete_instance(h, name)
         .map_err(|e| VmError::Failed(format!("the container could not be deleted: {e}")))?;
+    // The workers go with the head; one a satellite that does not answer still holds is
+    // removed by lockstep when it does (its head is gone). Then the rails are the hosts'.
+    if let Some(pair) = &config.pair {
+        crate::workers::remove(pair, name);
+        crate::workers::rails_restored(h, pair);
+    }
     clear_map(relay, config, port).map_err(VmError::Failed)
 }
 
@@ -480,24 +570,52 @@ pub fn change_state<H: Host + ?Sized>(
         VmAction::Stop => None,
         VmAction::Start | VmAction::Reboot => not_while_preparing(config)?,
     };
+    // Lockstep (L rule 4): the workers follow the head. A satellite that does not answer
+    // does not hold the customer's button; the heartbeat brings its worker in step.
+    let workers = |action: &str| {
+        if let Some(pair) = &config.pair {
+            for e in crate::workers::power(pair, name, action) {
+                tracing::warn!(error = %e, "a worker did not follow its head; the heartbeat tries again");
+            }
+        }
+    };
     match action {
         VmAction::Stop => {
             lxd::state(h, name, "stop").map_err(fail)?;
+            workers("stop");
+            // A stopped instance does not hold the rails (rule 5): they are the hosts' again,
+            // addressed, so a deliberate run on the idle pair finds its cables.
+            if let Some(pair) = &config.pair {
+                crate::workers::rails_restored(h, pair);
+            }
             clear_map(relay, config, port).map_err(fail)
         }
         VmAction::Start => {
             lxd::state(h, name, "start").map_err(fail)?;
+            workers("start");
             relay
                 .put_port(PUBLIC_SSH_PORT, &target(config, port))
                 .map_err(fail)
         }
         VmAction::Reboot => {
             lxd::state(h, name, "restart").map_err(fail)?;
+            workers("restart");
             relay
                 .put_port(PUBLIC_SSH_PORT, &target(config, port))
                 .map_err(fail)
         }
     }
+}
+
+/// node0's instance for lockstep: the one of ours, and whether it runs.
+pub fn head<H: Host + ?Sized>(h: &mut H) -> Fallible<Option<byo_core::lockstep::Head>> {
+    Ok(ours(h)?
+        .into_iter()
+        .next()
+        .map(|(name, status, ..)| byo_core::lockstep::Head {
+            name,
+            running: status == "Running",
+        }))
 }
 
 /// What the relay's map should hold for what this host runs now.
@@ -570,6 +688,15 @@ pub fn restore<H: Host + ?Sized>(
             started_again.push(name);
         } else {
             tracing::info!(%name, %status, last = %last, "left as LXD holds it");
+        }
+    }
+    // L2.3: the workers after the head, before the relay. A satellite that does not answer
+    // does not stop node0 serving (L2.4); the heartbeat keeps asking (L3).
+    if let Some(pair) = &config.pair {
+        // Each move is logged where it is made.
+        let (_, half) = crate::workers::keep(pair, head(h)?.as_ref());
+        for why in half {
+            tracing::warn!(%why, "half a pair at start");
         }
     }
     reassert_map(h, relay, config)?;
@@ -676,6 +803,8 @@ mod tests {
             gpu: false,
             operator_keys_held: None,
             prepare_lock: None,
+            pair: None,
+            reboot_flag: None,
         }
     }
 

@@ -8,6 +8,8 @@
 //! run by the same binary first. What no container has (a GB10, ConnectX-7 RDMA) is the bed's
 //! only simulated part, as in `cabled.rs`.
 
+#[path = "pair_prepare/instances.rs"]
+mod instances;
 mod support;
 
 use std::time::Instant;
@@ -311,6 +313,10 @@ fn k1_129_132_node0_prepares_node1_over_ssh_and_proves_every_cable() {
     );
     assert_eq!(ipv4(n1, "rail0").0, vec!["192.168.101.11/24".to_owned()]);
     assert_eq!(ipv4(n0, "rail1").0, vec!["192.168.101.10/24".to_owned()]);
+
+    // K1 note 11 and lockstep on the prepared pair (the cable's MTU back first).
+    n1.sh_ok("ip link set rail0 mtu 9000");
+    instances::k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(&bed, &e);
 
     eprintln!(
         "figure: pair preparation from node0 {prepared_in:.1} s; every step checked again {checked_in:.1} s; whole scenario {:.1} s",

@@ -2,8 +2,8 @@
 //! firewall step installs to load the tenant firewall at boot.
 
 use byo_core::render::units::{
-    PREPARE, PREPARE_RETRY_SECS, ROLLBACK, ROLLBACK_SCRIPT, SERVING, TENANT_FIREWALL,
-    tenant_firewall, units,
+    NETPLAN_RAILS, PREPARE, PREPARE_RETRY_SECS, RAILS, RAILS_FLAG, RAILS_PATH, REBOOT, REBOOT_FLAG,
+    REBOOT_PATH, ROLLBACK, ROLLBACK_SCRIPT, SERVING, TENANT_FIREWALL, tenant_firewall, units,
 };
 
 /// The `key=value` lines of `section` in a unit's text.
@@ -73,8 +73,42 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
         "preparation retries on its own: {prepare_unit:?} {prepare_service:?}"
     );
     assert!((30..=60).contains(&PREPARE_RETRY_SECS));
-    // No timer: nothing on a host runs on a schedule of its own but this retry (I).
-    assert!(all.iter().all(|(name, _)| name.ends_with(".service")));
+    // No timer: nothing on a host runs on a schedule of its own but this retry (I). The one
+    // path unit waits for serving's reboot request (L4), which is no schedule.
+    assert!(
+        all.iter()
+            .all(|(name, _)| name.ends_with(".service") || [REBOOT_PATH, RAILS_PATH].contains(name))
+    );
+    // L4: root's side of the reboot serving asks for: the flag is in serving's own state
+    // directory, removed before the reboot, and the machine goes down a moment later.
+    assert!(text(REBOOT_PATH).contains(&format!("PathExists={REBOOT_FLAG}\nUnit={REBOOT}\n")));
+    let reboot = text(REBOOT);
+    let rm = reboot
+        .find(&format!("ExecStart=/bin/rm -f {REBOOT_FLAG}"))
+        .expect("the flag removed");
+    assert!(
+        rm < reboot.find("ExecStart=/bin/sleep").unwrap()
+            && reboot.contains("SuccessAction=reboot")
+    );
+    assert!(
+        REBOOT_FLAG.starts_with("/var/lib/enverge-agent/"),
+        "serving may write it"
+    );
+    // A pair's rails addressed again on serving's word: the flag first, then the host's own
+    // network configuration, and nothing on a host with no rails file.
+    assert!(text(RAILS_PATH).contains(&format!("PathExists={RAILS_FLAG}\nUnit={RAILS}\n")));
+    let rails = text(RAILS);
+    let rm = rails
+        .find(&format!("ExecStart=/bin/rm -f {RAILS_FLAG}"))
+        .expect("the flag removed");
+    assert!(
+        rm < rails.find("netplan apply").unwrap()
+            && rails.contains(&format!("test -e {NETPLAN_RAILS} || exit 0"))
+    );
+    assert!(
+        RAILS_FLAG.starts_with("/var/lib/enverge-agent/"),
+        "serving may write it"
+    );
     // The tenant firewall is in the kernel before LXD restores an instance, and comes back
     // after an nftables.service whose `flush ruleset` would take it away.
     let tenants = text(TENANT_FIREWALL);

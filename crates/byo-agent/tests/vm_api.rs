@@ -95,6 +95,8 @@ async fn g5_deleting_an_instance_the_host_does_not_hold_answers_the_not_found_bo
                 tunnel: Some(false),
                 operator_keys_held: None,
                 prepare_lock: None,
+                pair: None,
+                reboot_flag: None,
             },
             relay: Box::new(NoRelay),
             host: Mutex::new(LocalHost {
@@ -164,6 +166,8 @@ async fn l_creates_and_starts_are_refused_host_preparing_while_a_re_prepare_hold
                 tunnel: Some(false),
                 operator_keys_held: None,
                 prepare_lock: Some(lock.clone()),
+                pair: None,
+                reboot_flag: None,
             },
             relay: Box::new(NoRelay),
             host: Mutex::new(LocalHost {

@@ -5,6 +5,7 @@ pub mod fleet;
 pub mod keylist;
 #[cfg(feature = "testing")]
 pub mod keylist_testing;
+pub mod lockstep;
 pub mod logins;
 pub mod prepare;
 pub mod probe;

@@ -114,6 +114,17 @@ impl HostAgents for Accepting {
     ) -> BoxFuture<'a, Result<(), AgentError>> {
         Box::pin(async { Ok(()) })
     }
+    fn reboot_host<'a>(
+        &'a self,
+        _: &'a AgentTargetRow,
+    ) -> BoxFuture<'a, Result<byo_wire::vm::HostRebooting, AgentError>> {
+        Box::pin(async {
+            Ok(byo_wire::vm::HostRebooting {
+                node0_in_secs: 3,
+                satellites: Vec::new(),
+            })
+        })
+    }
 }
 
 /// `hosts` hosts every create may land on: active, prepared, reachable, heard from.

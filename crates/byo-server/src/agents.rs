@@ -111,6 +111,12 @@ pub trait HostAgents: Send + Sync {
         name: &'a str,
         action: VmAction,
     ) -> BoxFuture<'a, Result<(), AgentError>>;
+
+    /// `POST /v1/host/reboot` (L4): 202, each satellite told first, node0 going down shortly.
+    fn reboot_host<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+    ) -> BoxFuture<'a, Result<byo_wire::vm::HostRebooting, AgentError>>;
 }
 
 /// The real client: HTTPS to the host's relay, which proxies only to the agent on the
@@ -278,6 +284,13 @@ impl HostAgents for HttpAgents {
         action: VmAction,
     ) -> BoxFuture<'a, Result<(), AgentError>> {
         Box::pin(self.action(host, name, action))
+    }
+
+    fn reboot_host<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+    ) -> BoxFuture<'a, Result<byo_wire::vm::HostRebooting, AgentError>> {
+        Box::pin(self.reboot(host))
     }
 }
 
@@ -470,6 +483,30 @@ impl HttpAgents {
         } else {
             Err(refusal(resp).await)
         }
+    }
+}
+
+impl HttpAgents {
+    async fn reboot(
+        &self,
+        host: &AgentTargetRow,
+    ) -> Result<byo_wire::vm::HostRebooting, AgentError> {
+        let resp = self
+            .vm_call(
+                host,
+                reqwest::Method::POST,
+                "/v1/host/reboot",
+                None,
+                ACTION_TIMEOUT,
+            )
+            .await?;
+        if resp.status() != reqwest::StatusCode::ACCEPTED {
+            return Err(refusal(resp).await);
+        }
+        resp.json().await.map_err(|e| AgentError::Refused {
+            status: 202,
+            reason: format!("the reboot's answer does not parse: {}", without_url(&e)),
+        })
     }
 }
 

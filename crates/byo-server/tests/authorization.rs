@@ -876,6 +876,12 @@ fn page_table() -> Vec<Row> {
         },
         Row {
             method: Method::POST,
+            path: "/admin/hosts/{host_id}/reboot",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
             path: "/admin/hosts/{host_id}/retire",
             allowed: OPERATORS,
             body: none,

@@ -1100,6 +1100,14 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
     );
     beat(json!({"relay_map": "in_sync", "rollback": {"at": "2026-11-29T12:00:05Z"}})).await;
     assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["rollback fired"]);
+    // L3.3: a pair whose node1 does not answer is named half a pair, with the agent's words.
+    beat(json!({"relay_map": "in_sync", "half_a_pair": ["node1 cannot be reached over the management network: timed out"]})).await;
+    let page = w.op.page(&page_of(&h)).await;
+    assert_eq!(problems(&page), ["half a pair"]);
+    assert!(
+        page.contains("node1 cannot be reached over the management network"),
+        "{page}"
+    );
     // #16: the host reports the list it holds; one past its expiry is named.
     beat(json!({"relay_map": "in_sync", "operator_keys": {"version": 1, "expires": "2026-11-01T00:00:00Z"}})).await;
     assert_eq!(

@@ -1200,6 +1200,10 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
         "enverge-agent-prepare.service",
         "enverge-agent.service",
         "enverge-agent-rollback.service",
+        "enverge-agent-reboot.path",
+        "enverge-agent-reboot.service",
+        "enverge-agent-rails.path",
+        "enverge-agent-rails.service",
     ] {
         assert!(
             text.contains(&format!("/etc/systemd/system/{unit}")),

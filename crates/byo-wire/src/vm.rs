@@ -62,6 +62,27 @@ pub struct VmStateChange {
     pub action: VmAction,
 }
 
+/// The agent's answer to a reboot of its host (`POST /v1/host/reboot`, 202; L4): each
+/// satellite told first (or why it could not be), node0 going down a moment later.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostRebooting {
+    /// Seconds until node0 goes down.
+    pub node0_in_secs: u64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub satellites: Vec<SatelliteRebooting>,
+}
+
+/// One satellite's part of a reboot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SatelliteRebooting {
+    pub node: u32,
+    /// Its deferred reboot was accepted; otherwise `error` says why not (it reboots when it
+    /// next can, and the heartbeat reports half a pair until it answers: L4.3).
+    pub rebooting: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// One instance as the agent sees it (`GET /v1/vms`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VmStatus {

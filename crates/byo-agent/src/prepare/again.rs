@@ -129,10 +129,10 @@ pub fn satellites_holding(plan: &super::Plan) -> Vec<String> {
         let Ok(mut node) = sats.spark(peer) else {
             continue;
         };
-        let Ok(Some(list)) = crate::lxd::get(&mut node, "/1.0/instances?recursion=1") else {
+        let Ok(list) = crate::lxd::instances(&mut node) else {
             continue;
         };
-        for i in list.as_array().into_iter().flatten() {
+        for i in &list {
             let name = i["name"].as_str().unwrap_or_default();
             if i["status"] != "Stopped" && name != super::BUILD_INSTANCE {
                 held.push(format!("{name} on node{}", peer.index));

@@ -250,6 +250,12 @@ pub struct HandOver {
     pub rail_ports: Vec<String>,
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub rail_neighbours: std::collections::BTreeMap<String, u32>,
+    /// A pair's or a ring's machines, node0 first: each one's cables with the plan's
+    /// addresses, and a satellite's management address and pinned host key — what serving
+    /// creates, deletes and keeps the workers with (K1 note 11, `crate::workers`). Empty on a
+    /// single Spark.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pair: Vec<crate::workers::PairNode>,
 }
 
 impl std::fmt::Debug for HandOver {
@@ -281,6 +287,35 @@ pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
             "/var/lib/enverge-agent",
         ],
     )?;
+    // A pair's serving reaches its satellites as spark (the workers, L3): its own copy of
+    // node0's peer key, and each satellite's host key pinned, in its state directory.
+    if !serving.pair.is_empty() {
+        let key = host
+            .read(&format!("/etc/enverge/{}", peers::PEER_KEY))?
+            .ok_or("a pair's preparation made no peer key")?;
+        let state = std::path::Path::new(crate::workers::SERVING_STATE);
+        host.write(
+            &state
+                .join(crate::workers::SERVING_PEER_KEY)
+                .to_string_lossy(),
+            &key,
+            0o600,
+            "spark:spark",
+        )?;
+        for n in serving.pair.iter().filter(|n| n.index > 0) {
+            let (Some(addr), Some(key)) = (&n.mgmt_addr, &n.host_key) else {
+                continue;
+            };
+            host.write(
+                &state
+                    .join(crate::workers::known_hosts_file(n.index))
+                    .to_string_lossy(),
+                peers::known_hosts_line(addr, key).as_bytes(),
+                0o644,
+                "spark:spark",
+            )?;
+        }
+    }
     host.write(HANDED_OVER, &bytes, 0o600, "spark:spark")
 }
 

@@ -97,12 +97,11 @@ pub fn node_rails<H: Host + ?Sized>(
                 ..Default::default()
             });
         }
-        let (subnet, _) = rail_plan(plan, *rail)?;
-        let (addr, len) = rail_address(&subnet, node).ok_or("a rail subnet does not parse")?;
+        let (address, _) = planned_address(plan, *rail, node)?;
         if let Some(p) = ports.iter_mut().find(|p| &p.iface == iface) {
             p.index = Some(*rail);
             p.neighbours_discovered = 1;
-            p.address = Some(format!("{addr}/{len}"));
+            p.address = Some(address);
         }
     }
     Ok(NodeRails {
@@ -161,6 +160,82 @@ pub fn rail_address(subnet: &str, node: u32) -> Option<(String, u32)> {
     Some((host.to_string(), len.parse().ok()?))
 }
 
+/// Where LXD answers on a machine this plan prepares (Debian's package, or the snap).
+pub fn lxd_socket(plan: &Plan) -> &'static str {
+    if plan.profile.prepare.lxd == byo_wire::profile::LxdSource::Apt {
+        "/var/lib/lxd/unix.socket"
+    } else {
+        "/var/snap/lxd/common/lxd/unix.socket"
+    }
+}
+
+/// What serving knows of a pair's machines (`HandOver::pair`): each one's cables with the
+/// plan's address and MTU, a satellite's management address and pinned host key. Empty on a
+/// single Spark.
+pub fn pair_nodes(plan: &Plan) -> Fallible<Vec<crate::workers::PairNode>> {
+    if plan.peers.is_empty() {
+        return Ok(Vec::new());
+    }
+    let rails = |node: u32, mut cabled: Vec<(String, u32)>| {
+        cabled.sort_by_key(|(_, rail)| *rail);
+        cabled
+            .into_iter()
+            .map(|(port, rail)| {
+                let (address, mtu) = planned_address(plan, rail, node)?;
+                Ok(crate::workers::RailAddr { port, address, mtu })
+            })
+            .collect::<Fallible<Vec<_>>>()
+    };
+    let mut nodes = vec![crate::workers::PairNode {
+        index: 0,
+        mgmt_addr: None,
+        host_key: None,
+        lxd_socket: None,
+        rails: rails(0, node0_ports(plan))?,
+    }];
+    for peer in &plan.peers {
+        nodes.push(crate::workers::PairNode {
+            index: peer.index,
+            mgmt_addr: peer.mgmt_addr.clone().or_else(|| peer.addr.clone()),
+            host_key: Some(peer.host_key.clone()),
+            lxd_socket: Some(lxd_socket(plan).to_owned()),
+            rails: rails(peer.index, peer_ports(peer))?,
+        });
+    }
+    Ok(nodes)
+}
+
+/// node0's cabled ports, each with the rail it carries (peer.json's links).
+pub fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
+    plan.peers
+        .iter()
+        .flat_map(|p| p.links.iter())
+        .filter_map(|l| l.local.clone().map(|i| (i, l.index)))
+        .collect()
+}
+
+/// A satellite's cabled ports, each with the rail it carries.
+pub fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
+    peer.links
+        .iter()
+        .map(|l| (l.remote.clone(), l.index))
+        .collect()
+}
+
+/// The plan's address of `node` on `rail` (`a.b.c.d/len`: the subnet's tenth host plus the
+/// node's index) and the rail's MTU.
+pub fn planned_address(plan: &Plan, rail: u32, node: u32) -> Fallible<(String, u32)> {
+    let (subnet, mtu) = rail_plan(plan, rail)?;
+    let (addr, len) = rail_address(&subnet, node).ok_or("a rail subnet does not parse")?;
+    Ok((format!("{addr}/{len}"), mtu))
+}
+
+/// A pinned host key as `known_hosts` files it: the address without a link-local scope.
+pub fn known_hosts_line(addr: &str, host_key: &str) -> String {
+    let host = addr.split('%').next().unwrap_or(addr);
+    format!("{host} {}\n", host_key.trim())
+}
+
 pub(super) fn rail_plan(plan: &Plan, index: u32) -> Fallible<(String, u32)> {
     plan.profile
         .rails
@@ -177,10 +252,9 @@ pub fn render_rails(plan: &Plan, node: u32, ports: &[(String, u32)]) -> Fallible
         "# Written by enverge preparation (rail-network).\nnetwork:\n  version: 2\n  ethernets:\n",
     );
     for (iface, rail) in ports {
-        let (subnet, mtu) = rail_plan(plan, *rail)?;
-        let (addr, len) = rail_address(&subnet, node).ok_or("a rail subnet does not parse")?;
+        let (address, mtu) = planned_address(plan, *rail, node)?;
         s.push_str(&format!(
-            "    {iface}:\n      mtu: {mtu}\n      addresses: [\"{addr}/{len}\"]\n      link-local: [ipv6]\n      ipv6-address-generation: eui64\n"
+            "    {iface}:\n      mtu: {mtu}\n      addresses: [\"{address}\"]\n      link-local: [ipv6]\n      ipv6-address-generation: eui64\n"
         ));
     }
     Ok(s)
@@ -204,8 +278,7 @@ impl SshSatellites {
             .or_else(|| peer.addr.clone())
             .ok_or_else(|| format!("node{} has no address in {PEER_FILE}", peer.index))?;
         let known = self.dir.join(format!("peer-{}.known_hosts", peer.index));
-        let host = addr.split('%').next().unwrap_or(&addr).to_owned();
-        std::fs::write(&known, format!("{host} {}\n", peer.host_key.trim()))
+        std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
             .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
         Ok(crate::host::SshHost {
             node: peer.index,

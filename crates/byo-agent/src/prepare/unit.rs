@@ -14,7 +14,6 @@ use anyhow::Context;
 use byo_core::prepare::{Mode, Progress};
 use byo_wire::enroll::{EnrollResponse, HostRelay};
 use byo_wire::prepare::HostReport;
-use byo_wire::profile::LxdSource;
 
 use super::again::{self, AgainError};
 use super::{HandOver, build_id, hand_over, handed_over, peers, plan_from};
@@ -178,11 +177,7 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
         let rails_to = reporter.clone();
         plan.satellites = Some(Rc::new(peers::SshSatellites {
             dir: etc.clone(),
-            lxd_socket: if plan.profile.prepare.lxd == LxdSource::Apt {
-                "/var/lib/lxd/unix.socket".into()
-            } else {
-                "/var/snap/lxd/common/lxd/unix.socket".into()
-            },
+            lxd_socket: peers::lxd_socket(&plan).into(),
             report: Box::new(move |p| sink(&p)),
             report_rails: Box::new(move |rails| {
                 let verified = if rails.verified { ", verified" } else { "" };
@@ -296,6 +291,7 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
                 .iter()
                 .flat_map(|p| p.link_local.iter().map(move |a| (a.clone(), p.index)))
                 .collect(),
+            pair: peers::pair_nodes(&plan).map_err(anyhow::Error::msg)?,
         },
     )
     .map_err(anyhow::Error::msg)?;

@@ -259,5 +259,45 @@ pub fn install_units(host: &HostContainer, heartbeat_every: u64) {
         .as_bytes(),
         0o644,
     );
-    host.sh_ok("systemctl daemon-reload && systemctl enable enverge-agent-prepare.service enverge-agent.service");
+    // As install.sh does: preparation and serving enabled, root's reboot path watching (L4).
+    host.sh_ok("systemctl daemon-reload && systemctl enable enverge-agent-prepare.service enverge-agent.service && systemctl enable --now enverge-agent-reboot.path enverge-agent-rails.path");
+}
+
+/// The agent's API called from inside the host on its tunnel address, as the relay's Caddy
+/// calls it, with the agent token: (status, body; `Null` when it is not JSON).
+pub fn agent_api(
+    host: &HostContainer,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let auth = format!("Authorization: Bearer {token}");
+    let url = format!("http://10.8.0.2:8080{path}");
+    let data = body.map(|b| b.to_string()).unwrap_or_default();
+    let mut argv = vec![
+        "curl",
+        "-s",
+        "-m",
+        "180",
+        "-X",
+        method,
+        "-H",
+        &auth,
+        "-H",
+        "Content-Type: application/json",
+        "-w",
+        "\n%{http_code}",
+    ];
+    if !data.is_empty() {
+        argv.extend(["--data-binary", &data]);
+    }
+    argv.push(&url);
+    let out = host.exec(&argv);
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = said.rsplit_once('\n').unwrap_or(("", "0"));
+    (
+        status.trim().parse().unwrap_or(0),
+        serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
+    )
 }

@@ -16,6 +16,24 @@
 pub const PREPARE: &str = "enverge-agent-prepare.service";
 pub const SERVING: &str = "enverge-agent.service";
 pub const ROLLBACK: &str = "enverge-agent-rollback.service";
+/// L4: serving (unprivileged) asks for this machine's reboot by creating [`REBOOT_FLAG`] in
+/// its own state directory; this path unit, root's, sees it and starts [`REBOOT`], which
+/// removes the flag and reboots, a moment later (deferred, so the caller hears its 202 first).
+/// No polkit rule and no setuid program: serving's `NoNewPrivileges` stays whole.
+pub const REBOOT_PATH: &str = "enverge-agent-reboot.path";
+pub const REBOOT: &str = "enverge-agent-reboot.service";
+pub const REBOOT_FLAG: &str = "/var/lib/enverge-agent/reboot-requested";
+/// A pair's rail ports come back from a deleted head down and bare (LXD returns a physical
+/// NIC down; networkd does not raise it again): serving asks root's [`RAILS_PATH`] to apply
+/// the host's network configuration (`netplan apply`, as rail-network does) by creating
+/// [`RAILS_FLAG`]. A single Spark has no rails file, and the service does nothing there.
+pub const RAILS_PATH: &str = "enverge-agent-rails.path";
+pub const RAILS: &str = "enverge-agent-rails.service";
+pub const RAILS_FLAG: &str = "/var/lib/enverge-agent/rails-requested";
+/// The rails' netplan file rail-network writes (130).
+pub const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
+/// How long after serving asks this machine goes down.
+pub const REBOOT_DEFER_SECS: u64 = 3;
 
 /// How long a failed preparation waits before it tries again (`RestartSec=`). The owner's
 /// page says so.
@@ -52,6 +70,30 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
             ROLLBACK,
             format!(
                 "[Unit]\nDescription=byo agent: go back to the previous build once, when serving will not stay up\n\n[Service]\nType=oneshot\nExecStart={bin}-rollback\n"
+            ),
+        ),
+        (
+            REBOOT_PATH,
+            format!(
+                "[Unit]\nDescription=byo agent: reboot this machine when serving asks (L4)\n\n[Path]\nPathExists={REBOOT_FLAG}\nUnit={REBOOT}\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            REBOOT,
+            format!(
+                "[Unit]\nDescription=byo agent: the reboot serving asked for (L4)\nSuccessAction=reboot\n\n[Service]\nType=oneshot\n# The flag goes first: a machine never reboots twice for one request.\nExecStart=/bin/rm -f {REBOOT_FLAG}\nExecStart=/bin/sleep {REBOOT_DEFER_SECS}\n"
+            ),
+        ),
+        (
+            RAILS_PATH,
+            format!(
+                "[Unit]\nDescription=byo agent: address a pair's rails again when serving asks (K1 note 11)\n\n[Path]\nPathExists={RAILS_FLAG}\nUnit={RAILS}\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            RAILS,
+            format!(
+                "[Unit]\nDescription=byo agent: a pair's rails addressed again, once its containers gave them back\n\n[Service]\nType=oneshot\n# The flag goes first; a host with no rails file (a single Spark) has nothing to apply.\nExecStart=/bin/rm -f {RAILS_FLAG}\nExecStart=/bin/sh -c 'test -e {NETPLAN_RAILS} || exit 0; exec netplan apply'\n"
             ),
         ),
     ]
@@ -119,4 +161,39 @@ pub fn tenant_firewall(nft: &str) -> String {
     format!(
         "[Unit]\nDescription=byo: tenants on lxdbr0 see the internet and nothing of the owner's\nDefaultDependencies=no\nWants=network-pre.target\nBefore=network-pre.target lxd.service lxd.socket snap.lxd.daemon.service shutdown.target\nAfter=local-fs.target nftables.service\nPartOf=nftables.service\nConflicts=shutdown.target\nConditionPathExists={path}\n\n[Service]\nType=oneshot\nRemainAfterExit=yes\nExecStart={nft} -f {path}\nExecReload={nft} -f {path}\n\n[Install]\nWantedBy=multi-user.target\n"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What install.sh writes, by name and in order: the three units J names, then what
+    /// serving may ask root for (L4's reboot, a pair's rails), each running what it says.
+    /// `systemd-analyze verify` and the real hosts run them (byo-agent's tests); this pins
+    /// the list itself, which install.sh, the uninstaller and the tests all read.
+    #[test]
+    fn the_units_install_sh_writes_each_run_what_they_say() {
+        let all = units("/opt/byo-agent");
+        let names: Vec<&str> = all.iter().map(|(n, _)| *n).collect();
+        assert_eq!(
+            names,
+            [
+                PREPARE,
+                SERVING,
+                ROLLBACK,
+                REBOOT_PATH,
+                REBOOT,
+                RAILS_PATH,
+                RAILS
+            ]
+        );
+        let text = |name: &str| &all.iter().find(|(n, _)| *n == name).unwrap().1;
+        assert!(text(PREPARE).contains("ExecStart=/opt/byo-agent prepare\n"));
+        assert!(text(SERVING).contains("ExecStart=/opt/byo-agent serve\n"));
+        assert!(text(ROLLBACK).contains("ExecStart=/opt/byo-agent-rollback\n"));
+        assert!(text(REBOOT_PATH).contains(&format!("Unit={REBOOT}\n")));
+        assert!(text(REBOOT).contains("SuccessAction=reboot\n"));
+        assert!(text(RAILS_PATH).contains(&format!("Unit={RAILS}\n")));
+        assert!(text(RAILS).contains("exec netplan apply"));
+    }
 }

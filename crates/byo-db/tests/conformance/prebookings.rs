@@ -281,13 +281,34 @@ pub(super) async fn e3_4_due_ended_close_reopen_and_the_launchers_write(db: Test
     let row = db.prebooking(&booking.id).await.unwrap().unwrap();
     assert_eq!(row.launched_vm_id.as_deref(), Some(vm.id.as_str()));
     assert_eq!((row.launch_note, row.launch_note_at), (None, None));
-    // A second live instance for the booking is refused, and nothing is written.
+    // A second live instance for the booking is refused, and nothing is written: named by
+    // the rule it breaks, on either backend (SQLite names the columns, PostgreSQL the index)
+    // — on another, free host the booking's own rule; on the host holding the first, the host's.
+    let elsewhere = pickable_host(&db, &owner, "due-2", t).await;
     let twice = db
-        .create_prebooking_vm(&booking.id, new("booked-2"), inside)
+        .create_prebooking_vm(
+            &booking.id,
+            NewVm {
+                host_id: Some(&elsewhere),
+                ..new("booked-2")
+            },
+            inside,
+        )
         .await;
     assert!(
-        matches!(&twice, Err(DbError::Conflict(n)) if n == "vms_one_live_per_prebooking" || n == "vms_one_live_per_host"),
+        matches!(&twice, Err(DbError::Conflict(n)) if n == "vms_one_live_per_prebooking"),
         "{twice:?}"
+    );
+    let later = db
+        .book_prebooking(window(&a, t + Duration::hours(10), 1), 5, t)
+        .await
+        .unwrap();
+    let on_held_host = db
+        .create_prebooking_vm(&later.id, new("walk-in"), inside)
+        .await;
+    assert!(
+        matches!(&on_held_host, Err(DbError::Conflict(n)) if n == "vms_one_live_per_host"),
+        "{on_held_host:?}"
     );
     assert_eq!(
         db.prebooking(&booking.id)
@@ -355,7 +376,10 @@ pub(super) async fn e3_4_due_ended_close_reopen_and_the_launchers_write(db: Test
     db.cancel_prebooking(&other.id, &a, t).await.unwrap();
     let all = db.prebookings_overview(10).await.unwrap();
     let ids: Vec<_> = all.iter().map(|r| r.booking.id.as_str()).collect();
-    assert_eq!(ids, [booking.id.as_str(), other.id.as_str()]);
+    assert_eq!(
+        ids,
+        [booking.id.as_str(), later.id.as_str(), other.id.as_str()]
+    );
     assert_eq!(all[0].host_slug.as_deref(), Some("due-1"));
     assert_eq!(all[0].booker_email, "a@example.com");
     assert_eq!(db.prebookings_overview(1).await.unwrap().len(), 1);

@@ -534,3 +534,96 @@ pub fn uninstall_commands(state: &AppState) -> [String; 2] {
         ),
     ]
 }
+
+/// Who pressed reboot (L4.4: the customer's button and /admin's are this one call).
+pub enum Rebooter<'a> {
+    Customer(&'a CurrentUser),
+    Operator(&'a Operator),
+}
+
+/// L4, a reboot of a host's machines through its agent: on a pair node1 first, both
+/// deferred, so the answer (202) comes before anything goes down; a node1 that does not
+/// answer does not block, and is named. Audited as `host.reboot`. What comes back after is
+/// L2 then L3: nothing about the instance is rebuilt.
+pub async fn reboot_host(
+    state: &AppState,
+    by: Rebooter<'_>,
+    host_id: &str,
+) -> AppResult<byo_wire::vm::HostRebooting> {
+    let target = state.store.agent_target(host_id).await?.ok_or_else(|| {
+        AppError::conflict(
+            "host_gone",
+            "this host is not in service: nothing to reboot",
+        )
+    })?;
+    let rebooting = instances::within_power_wait(state.agents.reboot_host(&target)).await?;
+    let (sub, role) = match by {
+        Rebooter::Customer(u) => (&u.user.sub, "customer"),
+        Rebooter::Operator(o) => (&o.0.user.sub, "operator"),
+    };
+    state
+        .store
+        .audit(
+            Some(sub),
+            "host.reboot",
+            Some(host_id),
+            json!({"by": role, "node0_in_secs": rebooting.node0_in_secs, "satellites": rebooting.satellites}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(rebooting)
+}
+
+/// What a reboot's answer says, for a page.
+pub fn rebooting_message(r: &byo_wire::vm::HostRebooting) -> String {
+    let mut parts: Vec<String> = r
+        .satellites
+        .iter()
+        .map(|s| match (&s.error, s.rebooting) {
+            (_, true) => format!("node{} is rebooting", s.node),
+            (Some(e), false) => format!(
+                "node{} could not be told ({e}); it reboots when it next can",
+                s.node
+            ),
+            (None, false) => format!("node{} could not be told", s.node),
+        })
+        .collect();
+    parts.push(format!(
+        "node0 goes down in {} s; the instance comes back as it was",
+        r.node0_in_secs
+    ));
+    parts.join("; ")
+}
+
+#[cfg(test)]
+mod tests {
+    use byo_wire::vm::{HostRebooting, SatelliteRebooting};
+
+    use super::rebooting_message;
+
+    #[test]
+    fn a_reboots_message_names_each_satellite_and_node0() {
+        let sat = |rebooting, error: Option<&str>| SatelliteRebooting {
+            node: 1,
+            rebooting,
+            error: error.map(str::to_owned),
+        };
+        let said = |satellites| {
+            rebooting_message(&HostRebooting {
+                node0_in_secs: 3,
+                satellites,
+            })
+        };
+        assert_eq!(
+            said(vec![]),
+            "node0 goes down in 3 s; the instance comes back as it was"
+        );
+        assert!(
+            said(vec![sat(true, None)]).starts_with("node1 is rebooting; node0 goes down in 3 s")
+        );
+        assert!(said(vec![sat(false, Some("timed out"))]).starts_with(
+            "node1 could not be told (timed out); it reboots when it next can; node0"
+        ));
+        assert!(said(vec![sat(false, None)]).starts_with("node1 could not be told; node0"));
+    }
+}

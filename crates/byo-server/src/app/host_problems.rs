@@ -95,6 +95,14 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
                 ),
             );
         }
+        // L3.3: half a pair, named; de-pooling stays the operator's decision.
+        if let Some(half) = s.details.0["half_a_pair"]
+            .as_array()
+            .filter(|h| !h.is_empty())
+        {
+            let why: Vec<&str> = half.iter().filter_map(|w| w.as_str()).collect();
+            add("half a pair", why.join("; ").chars().take(300).collect());
+        }
         if let Some(r) = s.details.0.get("rollback").filter(|r| !r.is_null()) {
             add(
                 "rollback fired",

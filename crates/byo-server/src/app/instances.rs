@@ -756,35 +756,22 @@ pub async fn change_power(
         ));
     }
     let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
+    // L4.4: on a pair (or a ring) the customer's reboot is the pair's reboot, the same call
+    // as /admin's: node1 first, both machines, the instance back as it was.
+    if action == VmAction::Reboot && state.store.host_nodes(host_id).await?.len() > 1 {
+        crate::app::host_lifecycle::reboot_host(
+            state,
+            crate::app::host_lifecycle::Rebooter::Customer(by),
+            host_id,
+        )
+        .await?;
+        let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
+        return view(state, &row).await;
+    }
     let target = state.store.agent_target(host_id).await?.ok_or_else(|| {
         AppError::conflict("host_gone", "this instance's host is no longer in service")
     })?;
-    match tokio::time::timeout(
-        POWER_WAIT,
-        state.agents.vm_action(&target, &row.name, action),
-    )
-    .await
-    {
-        Ok(Ok(())) => {}
-        Ok(Err(AgentError::Refused { reason, .. } | AgentError::Occupied(reason))) => {
-            return Err(AppError::host_refused(
-                "host_refused",
-                format!("the host refused: {reason}"),
-            ));
-        }
-        Ok(Err(AgentError::Unreachable(why))) => {
-            return Err(AppError::host_silent(
-                "host_silent",
-                format!("the host did not answer: {why}"),
-            ));
-        }
-        Err(_) => {
-            return Err(AppError::host_silent(
-                "host_silent",
-                format!("the host did not answer within {} s", POWER_WAIT.as_secs()),
-            ));
-        }
-    }
+    within_power_wait(state.agents.vm_action(&target, &row.name, action)).await?;
     let status = if action == VmAction::Stop {
         VmStatus::Stopped
     } else {
@@ -808,3 +795,24 @@ pub async fn change_power(
 
 /// How long a start, stop or reboot may take the host.
 pub const POWER_WAIT: Duration = Duration::from_secs(60);
+
+/// A power call to a host (an instance's start, stop or reboot, a host's reboot) within
+/// [`POWER_WAIT`]: a refusal is 502 with the host's reason, silence 504; nothing changed.
+pub(crate) async fn within_power_wait<T>(
+    call: impl std::future::Future<Output = Result<T, AgentError>>,
+) -> AppResult<T> {
+    match tokio::time::timeout(POWER_WAIT, call).await {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(AgentError::Refused { reason, .. } | AgentError::Occupied(reason))) => Err(
+            AppError::host_refused("host_refused", format!("the host refused: {reason}")),
+        ),
+        Ok(Err(AgentError::Unreachable(why))) => Err(AppError::host_silent(
+            "host_silent",
+            format!("the host did not answer: {why}"),
+        )),
+        Err(_) => Err(AppError::host_silent(
+            "host_silent",
+            format!("the host did not answer within {} s", POWER_WAIT.as_secs()),
+        )),
+    }
+}

@@ -275,6 +275,10 @@ async fn page(
                         button type="submit" { "Retire" }
                     }
                     p.what { "Releases its relay and address, tunnel and every DNS record (with *." (host.slug) ".ssh), then stamps it retired for good; its machines may enrol again. Refused while active, dedicated, holding a live instance or an unended pre-booking, or never enrolled." }
+                    form.inline method="post" action=(action("reboot")) {
+                        button type="submit" { "Reboot" }
+                    }
+                    p.what { "Reboots the host's machines (a pair's node1 first, then node0), as the customer's reboot of a pair's instance does. The instance comes back as it was; a node1 that does not answer does not block it." }
                     @if enrolled && revoke.is_none() {
                         form.inline method="post" action=(action("replace-relay")) {
                             button type="submit" { "Replace relay" }
@@ -383,6 +387,20 @@ pub async fn retire(
     let out = host_lifecycle::retire(&state, &op, &host_id)
         .await
         .map(|()| None);
+    answer(&state, &op, &host_id, out).await
+}
+
+/// L4: the host's machines rebooted (a pair's node1 first), the same call as the customer's.
+pub async fn reboot(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    let out =
+        host_lifecycle::reboot_host(&state, host_lifecycle::Rebooter::Operator(&op), &host_id)
+            .await
+            .map(|r| Some(host_lifecycle::rebooting_message(&r)));
     answer(&state, &op, &host_id, out).await
 }
 

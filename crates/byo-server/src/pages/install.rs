@@ -271,6 +271,9 @@ chmod 755 {rollback_script}.new
 mv -f {rollback_script}.new {rollback_script}
 {units}systemctl daemon-reload
 systemctl enable enverge-agent-prepare.service enverge-agent.service
+# What serving may ask root for, watching from now on: the host's reboot (L4), a pair's
+# rails addressed again once its containers gave them back.
+systemctl enable --now enverge-agent-reboot.path enverge-agent-rails.path
 if [ -f {handed_over} ]; then
   # An upgrade: serving may be running (then Wants= would start nothing) or down (failed,
   # at its start limit): either way it is reset and restarted on the new build. The

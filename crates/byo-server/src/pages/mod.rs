@@ -55,6 +55,7 @@ pub fn router() -> Router<AppState> {
         .route("/admin/hosts/{host_id}/depool", post(host_detail::depool))
         .route("/admin/hosts/{host_id}/revoke", post(host_detail::revoke))
         .route("/admin/hosts/{host_id}/retire", post(host_detail::retire))
+        .route("/admin/hosts/{host_id}/reboot", post(host_detail::reboot))
         .route(
             "/admin/hosts/{host_id}/replace-relay",
             post(host_detail::replace_relay),

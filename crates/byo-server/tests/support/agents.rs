@@ -27,6 +27,8 @@ pub enum Op {
     Delete,
     /// `vm_action` (start, stop, reboot)
     Power,
+    /// `reboot_host` (L4)
+    Reboot,
 }
 
 impl Op {
@@ -36,6 +38,7 @@ impl Op {
             Op::Create => "create",
             Op::Delete => "delete",
             Op::Power => "power",
+            Op::Reboot => "reboot",
         }
     }
 }
@@ -432,6 +435,26 @@ impl HostAgents for FakeAgents {
             };
             match failure(self.take_call(call).await).await {
                 None => Ok(()),
+                Some(e) => Err(e),
+            }
+        })
+    }
+
+    /// A pair's agent: node1 told first (one satellite), node0 in 3 s.
+    fn reboot_host<'a>(
+        &'a self,
+        host: &'a AgentTargetRow,
+    ) -> BoxFuture<'a, Result<byo_wire::vm::HostRebooting, AgentError>> {
+        Box::pin(async move {
+            match failure(self.take_call(self.call(Op::Reboot, host, "")).await).await {
+                None => Ok(byo_wire::vm::HostRebooting {
+                    node0_in_secs: 3,
+                    satellites: vec![byo_wire::vm::SatelliteRebooting {
+                        node: 1,
+                        rebooting: true,
+                        error: None,
+                    }],
+                }),
                 Some(e) => Err(e),
             }
         })

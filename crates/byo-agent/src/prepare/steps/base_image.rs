@@ -28,6 +28,15 @@ pub const LOGIN_BANNER: &str = include_str!("../../../assets/login-banner.txt");
 pub const UDHCPC_SCRIPT: &str = include_str!("../../../assets/udhcpc.script");
 const RECIPE_PROPERTY: &str = "enverge.recipe";
 const SCRATCH_DESCRIPTION: &str = "enverge minimal source (busybox)";
+/// The minimal image's init: lo up (the proxy device reaches sshd on 127.0.0.1), a lease in
+/// the background, a pair's rails inside the container when it holds them (the script node0's
+/// agent writes at create: `workers::RAILS_SCRIPT`, so a restarted head or worker comes back
+/// addressed, L3.2), and the customer's sshd (host keys made at first start; keys only).
+pub const MINIMAL_INITTAB: &str = "::sysinit:/bin/busybox --install -s\n\
+                                   ::sysinit:/bin/busybox ip link set lo up\n\
+                                   ::sysinit:/bin/sh -c 'test ! -x /etc/enverge/rails.sh || /etc/enverge/rails.sh'\n\
+                                   ::sysinit:/bin/busybox udhcpc -b -q -i eth0 -s /usr/share/udhcpc/default.script\n\
+                                   ::respawn:/usr/sbin/dropbear -F -R -E -s -p 22\n";
 
 pub(crate) struct BaseImage;
 
@@ -104,6 +113,7 @@ pub fn recipe_digest(plan: &Plan) -> String {
         BUILDER_SCRIPT,
         LOGIN_BANNER,
         UDHCPC_SCRIPT,
+        MINIMAL_INITTAB,
         plan.profile.prepare.base_image.as_str(),
         cuda_arch(plan),
     ] {
@@ -239,18 +249,28 @@ fn import_minimal<H: Host>(h: &mut H) -> Fallible<String> {
     let busybox = h
         .read("/bin/busybox")?
         .ok_or("busybox-static is installed but /bin/busybox is missing")?;
-    // The customer's sshd: dropbear and the libraries it links, as the host has them.
-    let mut extra = vec![(
-        "usr/sbin/dropbear".to_owned(),
-        h.read("/usr/sbin/dropbear")?
-            .ok_or("dropbear-bin is installed but /usr/sbin/dropbear is missing")?,
-    )];
-    for lib in must(h, &["ldd", "/usr/sbin/dropbear"])?
-        .split_whitespace()
-        .filter(|w| w.starts_with('/'))
-    {
-        let bytes = h.read(lib)?.ok_or_else(|| format!("{lib} is missing"))?;
-        extra.push((lib.trim_start_matches('/').to_owned(), bytes));
+    // The customer's sshd, and the client a pair's head reaches its worker with (dbclient,
+    // with the launcher key: K1 note 11), and the libraries they link, as the host has them.
+    let mut extra = Vec::new();
+    for bin in ["/usr/sbin/dropbear", "/usr/bin/dbclient"] {
+        extra.push((
+            bin.trim_start_matches('/').to_owned(),
+            h.read(bin)?
+                .ok_or_else(|| format!("dropbear-bin is installed but {bin} is missing"))?,
+        ));
+        for lib in must(h, &["ldd", bin])?
+            .split_whitespace()
+            .filter(|w| w.starts_with('/'))
+        {
+            let lib = lib.trim_start_matches('/').to_owned();
+            if extra.iter().any(|(p, _)| *p == lib) {
+                continue;
+            }
+            let bytes = h
+                .read(&format!("/{lib}"))?
+                .ok_or_else(|| format!("/{lib} is missing"))?;
+            extra.push((lib, bytes));
+        }
     }
     let arch = must(h, &["uname", "-m"])?.trim().to_owned();
     let tarball =
@@ -350,13 +370,7 @@ fn minimal_rootfs(
     for (path, bytes) in extra {
         file(&mut tar, &format!("rootfs/{path}"), bytes, 0o755)?;
     }
-    // lo up (the proxy device reaches sshd on 127.0.0.1), a lease in the background, and
-    // the customer's sshd (host keys made at first start; keys only).
-    let inittab = "::sysinit:/bin/busybox --install -s\n\
-                   ::sysinit:/bin/busybox ip link set lo up\n\
-                   ::sysinit:/bin/busybox udhcpc -b -q -i eth0 -s /usr/share/udhcpc/default.script\n\
-                   ::respawn:/usr/sbin/dropbear -F -R -E -s -p 22\n";
-    file(&mut tar, "rootfs/etc/inittab", inittab.as_bytes(), 0o644)?;
+    file(&mut tar, "rootfs/etc/inittab", MINIMAL_INITTAB.as_bytes(), 0o644)?;
     file(
         &mut tar,
         "rootfs/etc/passwd",

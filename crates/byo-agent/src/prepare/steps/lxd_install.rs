@@ -1,7 +1,9 @@
 //! `lxd-install`: step 7 of the list in `docs/prepare.md`.
 //!
-//! **Check:** LXD answers `GET /1.0`; spark is in `lxd`.
-//! **Apply:** snap (`5.21/stable`) or Debian's package, `lxd waitready`; `usermod -aG lxd spark`.
+//! **Check:** LXD answers `GET /1.0`; spark is in `lxd`; with Debian's package, its unit waits
+//! for the daemon a short while ([`APT_DROP_IN`]).
+//! **Apply:** snap (`5.21/stable`) or Debian's package (and the drop-in, `daemon-reload`), `lxd
+//! waitready`; `usermod -aG lxd spark`.
 //! **Why here:** `lxd init` is deliberately never run: the pool and the bridge are their own steps.
 
 use byo_core::prepare::Check;
@@ -15,6 +17,14 @@ use crate::prepare::Plan;
 /// Written when lxd-install installed LXD (its source: apt or snap); an LXD that was already
 /// here is the owner's, and uninstall leaves it.
 pub(crate) const LXD_INSTALLED: &str = "/etc/enverge/lxd-installed";
+
+/// Debian's `lxd.service` waits for its daemon for ten minutes after starting it
+/// (`ExecStartPost=lxd waitready --timeout=600`). A daemon killed during that wait (seen on the
+/// nested test hosts at boot, right after it brought lxdbr0 up) leaves the unit in start-post
+/// for those ten minutes, and its `Restart=on-failure` never fires: serving, which restores the
+/// instance only once LXD answers (L2), waits with it. Half a minute, then systemd's restart.
+pub(crate) const APT_DROP_IN: &str = "/etc/systemd/system/lxd.service.d/10-enverge.conf";
+pub(crate) const APT_DROP_IN_TEXT: &str = "# Written by enverge preparation (lxd-install): a daemon that dies while starting is\n# started again within a minute, not left in start-post for ten.\n[Service]\nExecStartPost=\nExecStartPost=/usr/bin/lxd waitready --timeout=30\n";
 
 pub(crate) struct LxdInstall;
 
@@ -31,6 +41,13 @@ impl StepDef for LxdInstall {
         }
         if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
             needs.push("add spark to the lxd group (serving talks to LXD as spark)".to_owned());
+        }
+        if plan.profile.prepare.lxd == LxdSource::Apt
+            && crate::host::read_string(h, APT_DROP_IN)?.as_deref() != Some(APT_DROP_IN_TEXT)
+        {
+            needs.push(format!(
+                "write {APT_DROP_IN} (a daemon that dies while starting is restarted within a minute)"
+            ));
         }
         Ok(verdict(needs))
     }
@@ -65,6 +82,12 @@ impl StepDef for LxdInstall {
         }
         if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
             must(h, &["usermod", "-aG", "lxd", SPARK])?;
+        }
+        if plan.profile.prepare.lxd == LxdSource::Apt
+            && crate::host::read_string(h, APT_DROP_IN)?.as_deref() != Some(APT_DROP_IN_TEXT)
+        {
+            h.write(APT_DROP_IN, APT_DROP_IN_TEXT.as_bytes(), 0o644, "root:root")?;
+            must(h, &["systemctl", "daemon-reload"])?;
         }
         Ok(())
     }

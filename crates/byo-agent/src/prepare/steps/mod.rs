@@ -21,13 +21,14 @@ pub use base_image::{
     BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, UDHCPC_SCRIPT, recipe_digest,
 };
 pub use profiles::render_base_profile;
+pub use rail_network::{DUAL_PROFILE, render_dual_profile};
 pub use relay_peer::render_wireguard;
 pub use shared::{PROFILE_NAME, SPARK};
 
 /// What uninstall (`crate::uninstall`) must know of what the steps write.
 pub(crate) mod written {
     pub(crate) use super::firewall::{UFW_RULES, UNIT_PATH as TENANT_FIREWALL_UNIT};
-    pub(crate) use super::lxd_install::LXD_INSTALLED;
+    pub(crate) use super::lxd_install::{APT_DROP_IN as APT_LXD_DROP_IN, LXD_INSTALLED};
     pub(crate) use super::operator_access::{
         CLOUDFLARED_BIN, CLOUDFLARED_INSTALLED, SPARK_CREATED, SUDOERS, TUNNEL_UNIT,
     };

@@ -7,6 +7,9 @@
 //! heartbeat's unprivileged count of the machines on each rail (133).
 //! **Apply:** write, `netplan generate` (the validator; a refused file is taken back), `netplan
 //! apply`; the sysctl files written and loaded.
+//! lofispark-dual on every machine: the node's cabled ports as physical NICs, which move into a
+//! pair's head (node0) or worker (a satellite) when it starts (K1 note 11, K2 note 7); its
+//! description carries a digest of its content, like lofispark-base's.
 //! **Why here:** Addresses on the ports the cables were recorded on at 125. A QSFP is two
 //! functions on one wire, and only one of them is addressed: with Linux's default ARP the bare
 //! twin answers for its sibling's address, the far end sends there, and a reply to a socket
@@ -18,10 +21,10 @@ use byo_core::prepare::Check;
 use super::shared::{SPARK, single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host, read_string};
-use crate::prepare::peers::{Peer, node_rails, render_rails, satellites};
+use crate::prepare::peers::{node_rails, node0_ports, peer_ports, render_rails, satellites};
 use crate::prepare::Plan;
 
-const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
+use byo_core::render::units::NETPLAN_RAILS;
 const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
 /// node0's serving counts the machines on each rail every beat (133) with an unprivileged
 /// multicast ping: an ICMP datagram socket, which the kernel allows only to the groups in
@@ -34,7 +37,12 @@ const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
 struct Rails {
     netplan: String,
     sysctl: String,
+    /// lofispark-dual as this node renders it.
+    dual: serde_json::Value,
 }
+
+/// The profile a pair's containers add to lofispark-base: the node's cables.
+pub const DUAL_PROFILE: &str = "lofispark-dual";
 
 pub(crate) struct RailNetwork;
 
@@ -143,30 +151,52 @@ fn wanted<H: Host + ?Sized>(
     Ok(Rails {
         netplan: render_rails(plan, node, cabled)?,
         sysctl,
+        dual: render_dual_profile(cabled),
     })
 }
 
-pub(super) fn node0_ports(plan: &Plan) -> Vec<(String, u32)> {
-    plan.peers
+/// lofispark-dual for a node whose cables land on `cabled` (port, rail): each port a physical
+/// NIC under its own name, so the container holds the wire the host held. The rails'
+/// addresses are set inside the container at create (`workers::RAILS_SCRIPT`).
+pub fn render_dual_profile(cabled: &[(String, u32)]) -> serde_json::Value {
+    let mut ports: Vec<&(String, u32)> = cabled.iter().collect();
+    ports.sort_by_key(|(_, rail)| *rail);
+    let devices: serde_json::Map<String, serde_json::Value> = ports
         .iter()
-        .flat_map(|p| p.links.iter())
-        .filter_map(|l| l.local.clone().map(|i| (i, l.index)))
-        .collect()
-}
-
-pub(super) fn peer_ports(peer: &Peer) -> Vec<(String, u32)> {
-    peer.links
-        .iter()
-        .map(|l| (l.remote.clone(), l.index))
-        .collect()
+        .map(|(iface, _)| {
+            (
+                iface.clone(),
+                serde_json::json!({"type": "nic", "nictype": "physical", "parent": iface, "name": iface}),
+            )
+        })
+        .collect();
+    let body = serde_json::json!({"config": {}, "devices": devices});
+    let digest = {
+        use sha2::Digest as _;
+        hex::encode(&sha2::Sha256::digest(body.to_string().as_bytes())[..8])
+    };
+    serde_json::json!({
+        "name": DUAL_PROFILE,
+        "description": format!("enverge pair profile: this node's cables (content {digest})"),
+        "config": body["config"],
+        "devices": body["devices"],
+    })
 }
 
 fn rails_on<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<bool> {
+    let dual = crate::lxd::get(h, &format!("/1.0/profiles/{DUAL_PROFILE}"))?;
     Ok(read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want.netplan.as_str())
-        && read_string(h, SYSCTL_RAILS)?.as_deref() == Some(want.sysctl.as_str()))
+        && read_string(h, SYSCTL_RAILS)?.as_deref() == Some(want.sysctl.as_str())
+        && dual.is_some_and(|p| p["description"] == want.dual["description"]))
 }
 
 fn apply_rails<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<()> {
+    let path = format!("/1.0/profiles/{DUAL_PROFILE}");
+    if crate::lxd::get(h, &path)?.is_some() {
+        crate::lxd::json_call(h, "PUT", &path, &want.dual)?;
+    } else {
+        crate::lxd::json_call(h, "POST", "/1.0/profiles", &want.dual)?;
+    }
     h.write(SYSCTL_RAILS, want.sysctl.as_bytes(), 0o644, "root:root")?;
     crate::host::must(h, &["sysctl", "-q", "-p", SYSCTL_RAILS])?;
     h.write(NETPLAN_RAILS, want.netplan.as_bytes(), 0o600, "root:root")?;

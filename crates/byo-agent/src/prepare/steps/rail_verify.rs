@@ -10,8 +10,7 @@ use byo_core::prepare::Check;
 use super::shared::single;
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host};
-use super::rail_network::{node0_ports, peer_ports};
-use crate::prepare::peers::{node_rails, rail_address, rail_plan, satellites};
+use crate::prepare::peers::{node_rails, node0_ports, peer_ports, rail_address, rail_plan, satellites};
 use crate::prepare::Plan;
 
 pub(crate) struct RailVerify;

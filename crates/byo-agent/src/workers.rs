@@ -1,0 +1,644 @@
+//! A pair's instance beyond node0 (K1 note 11, K2 note 7; L rules 3–4, L3): the worker
+//! `<head>-w<k>` on each satellite, which node0's agent creates, deletes, starts and stops
+//! with the head, over the management network (as spark with node0's peer key, the
+//! satellite's host key pinned: never the rail, which the containers hold while they run).
+//!
+//! - Each container of a pair carries lofispark-dual, its node's cables as physical NICs
+//!   (rail-network renders it per node), and sets the rails' addresses inside itself at
+//!   every boot from [`RAILS_SCRIPT`], written at create: a restarted head or worker comes
+//!   back addressed (L3.2).
+//! - The head mints a launcher key per instance; its root holds the private half, and each
+//!   worker's `user` trusts the public half alone. The customer's key is the head's only.
+//! - What is in step and what is not is `byo_core::lockstep`'s decision; this module gathers
+//!   what each satellite holds and makes the moves.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use byo_core::lockstep::{self, Half, Head, Move, Satellite, Worker};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::host::{Fallible, Host, SshHost};
+use crate::lxd;
+use crate::prepare::{BASE_ALIAS, PROFILE_NAME};
+
+/// The config key a worker records its head under: what makes a container on a satellite ours.
+pub const HEAD_KEY: &str = "user.enverge.head";
+/// Inside each container of a pair: the rails it holds, addressed at every boot.
+pub const RAILS_SCRIPT: &str = "/etc/enverge/rails.sh";
+/// Inside a worker: the launcher key's public half, which its `user` trusts alone.
+const LAUNCHER_PUB: &str = "/etc/enverge/launcher.pub";
+/// Inside the head: every node of the instance and its rail addresses, for the customer.
+pub const CLUSTER_MD: &str = "/etc/enverge/cluster.md";
+/// The account a worker is reached as, from the head, with the launcher key.
+pub const WORKER_USER: &str = "user";
+
+/// One of a rail's ends on one machine: the port, the plan's address on it, its MTU.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RailAddr {
+    pub port: String,
+    /// `a.b.c.d/len`: the subnet's tenth host plus the node's index.
+    pub address: String,
+    pub mtu: u32,
+}
+
+/// One machine of a pair or a ring as serving knows it (handed over by preparation).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PairNode {
+    pub index: u32,
+    /// A satellite's management address (node0 has none here).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mgmt_addr: Option<String>,
+    /// A satellite's SSH host key, pinned from the cable at 125.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_key: Option<String>,
+    /// Where a satellite's LXD answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lxd_socket: Option<String>,
+    /// The cables this machine's containers hold, in rail order.
+    pub rails: Vec<RailAddr>,
+}
+
+/// How serving reaches a satellite's LXD.
+pub trait SatelliteHosts: Send + Sync + std::fmt::Debug {
+    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>>;
+}
+
+/// The machines of a pair or a ring, node0 first.
+#[derive(Clone, Debug)]
+pub struct Pair {
+    pub nodes: Vec<PairNode>,
+    pub hosts: Arc<dyn SatelliteHosts>,
+    /// Where serving asks root's `enverge-agent-rails.path` to address node0's rails again
+    /// (`byo_core::render::units::RAILS_FLAG`); `None`: nobody to ask.
+    pub rails_flag: Option<PathBuf>,
+}
+
+impl Pair {
+    pub fn node0_rails(&self) -> &[RailAddr] {
+        self.nodes
+            .iter()
+            .find(|n| n.index == 0)
+            .map(|n| &n.rails[..])
+            .unwrap_or_default()
+    }
+    pub fn satellites(&self) -> impl Iterator<Item = &PairNode> {
+        self.nodes.iter().filter(|n| n.index > 0)
+    }
+    pub fn machines(&self) -> u32 {
+        u32::try_from(self.nodes.len()).unwrap_or(u32::MAX)
+    }
+}
+
+/// serving's way to the satellites: SSH as spark with its copy of node0's peer key (handed
+/// over by preparation, spark's own, in the agent's state directory), the host key pinned.
+#[derive(Debug)]
+pub struct SshSatelliteHosts {
+    /// `/var/lib/enverge-agent`: the key, the pinned host keys, the connection sockets.
+    pub dir: PathBuf,
+}
+
+/// serving's state directory (its unit may write there).
+pub const SERVING_STATE: &str = "/var/lib/enverge-agent";
+/// serving's copy of node0's peer key, in its state directory.
+pub const SERVING_PEER_KEY: &str = "peer.key";
+
+pub fn known_hosts_file(node: u32) -> String {
+    format!("peer-{node}.known_hosts")
+}
+
+impl SatelliteHosts for SshSatelliteHosts {
+    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
+        let addr = node
+            .mgmt_addr
+            .clone()
+            .ok_or_else(|| format!("node{} has no management address", node.index))?;
+        Ok(Box::new(SshHost {
+            node: node.index,
+            user: crate::prepare::SPARK.to_owned(),
+            addr,
+            key: self.dir.join(SERVING_PEER_KEY),
+            known_hosts: self.dir.join(known_hosts_file(node.index)),
+            port: 22,
+            lxd_socket: node
+                .lxd_socket
+                .clone()
+                .ok_or_else(|| format!("node{} has no LXD socket in the hand-over", node.index))?,
+            password_file: None,
+            host_key_alias: None,
+            control_path: Some(self.dir.join(format!("peer-{}.ctl", node.index))),
+        }))
+    }
+}
+
+/// An interface name as the kernel allows it, and nothing a shell would read.
+fn is_port_name(name: &str) -> bool {
+    (1..=15).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
+}
+
+/// The script a container of a pair runs at every boot: its cables' addresses and MTU.
+pub fn rails_script(rails: &[RailAddr]) -> Fallible<String> {
+    let mut s = String::from(
+        "#!/bin/sh\n# This container's rails (lofispark-dual), written by node0's agent at create;\n# run at every boot, so a restarted container comes back addressed.\n",
+    );
+    for r in rails {
+        let addr_ok = r.address.split_once('/').is_some_and(|(a, len)| {
+            a.parse::<std::net::Ipv4Addr>().is_ok() && len.parse::<u8>().is_ok_and(|l| l <= 32)
+        });
+        if !is_port_name(&r.port) || !addr_ok {
+            return Err(format!("a rail does not read: {} {}", r.port, r.address));
+        }
+        s.push_str(&format!(
+            "ip link set dev {p} mtu {m}\nip addr flush dev {p} scope global\nip addr add {a} dev {p}\nip link set dev {p} up\n",
+            p = r.port,
+            m = r.mtu,
+            a = r.address
+        ));
+    }
+    Ok(s)
+}
+
+/// The unit a systemd image runs the rails script from (the minimal image's inittab does it).
+const RAILS_UNIT: &str = "[Unit]\nDescription=enverge: this container's rails\nBefore=network-online.target\n\n[Service]\nType=oneshot\nExecStart=/bin/sh /etc/enverge/rails.sh\n\n[Install]\nWantedBy=multi-user.target\n";
+
+/// Put a pair's rails into a container that runs: the script, its boot hook where the image
+/// runs systemd, and the addresses now.
+fn address_rails<H: Host + ?Sized>(h: &mut H, instance: &str, rails: &[RailAddr]) -> Fallible<()> {
+    let script = rails_script(rails)?;
+    mkdir(h, instance, "/etc/enverge", 0o755)?;
+    lxd::push(h, instance, RAILS_SCRIPT, script.as_bytes(), 0o755)?;
+    let systemd = lxd::exec(h, instance, &["test", "-d", "/run/systemd/system"])?.code == 0;
+    if systemd {
+        lxd::push(
+            h,
+            instance,
+            "/etc/systemd/system/enverge-rails.service",
+            RAILS_UNIT.as_bytes(),
+            0o644,
+        )?;
+        let out = lxd::exec(
+            h,
+            instance,
+            &["systemctl", "enable", "enverge-rails.service"],
+        )?;
+        if out.code != 0 {
+            return Err(format!("enabling the rails' unit: {}", out.stderr.trim()));
+        }
+    }
+    let out = lxd::exec(h, instance, &["/bin/sh", RAILS_SCRIPT])?;
+    if out.code != 0 {
+        return Err(format!(
+            "addressing the rails in {instance}: {}",
+            out.stderr.trim()
+        ));
+    }
+    Ok(())
+}
+
+fn mkdir<H: Host + ?Sized>(h: &mut H, instance: &str, path: &str, mode: u32) -> Fallible<()> {
+    let out = lxd::exec(
+        h,
+        instance,
+        &[
+            "/bin/sh",
+            "-c",
+            &format!("mkdir -p {path} && chmod {mode:o} {path}"),
+        ],
+    )?;
+    if out.code != 0 {
+        return Err(format!(
+            "making {path} in {instance}: {}",
+            out.stderr.trim()
+        ));
+    }
+    Ok(())
+}
+
+/// A launcher key for one instance.
+pub struct Launcher {
+    /// The private half in OpenSSH's format (`/root/.ssh/id_ed25519`, for OpenSSH's client).
+    pub openssh: String,
+    /// The private half in dropbear's format (`/root/.ssh/id_dropbear`: the minimal image's
+    /// client, dbclient, reads no OpenSSH private key).
+    pub dropbear: Vec<u8>,
+    /// The public line each worker's `user` trusts alone.
+    pub public: String,
+}
+
+pub fn mint_launcher(head: &str) -> Fallible<Launcher> {
+    use ssh_key::{Algorithm, LineEnding, PrivateKey, rand_core::OsRng};
+    let mut key = PrivateKey::random(&mut OsRng, Algorithm::Ed25519)
+        .map_err(|e| format!("making the launcher key: {e}"))?;
+    key.set_comment(format!("enverge-launcher-{head}"));
+    let openssh = key
+        .to_openssh(LineEnding::LF)
+        .map_err(|e| format!("encoding the launcher key: {e}"))?
+        .to_string();
+    let public = key
+        .public_key()
+        .to_openssh()
+        .map_err(|e| format!("encoding the launcher key: {e}"))?;
+    Ok(Launcher {
+        openssh,
+        dropbear: dropbear_private(&key)?,
+        public,
+    })
+}
+
+/// An Ed25519 private key as dropbear keeps it: the key type, then the 32-byte seed and the
+/// 32-byte public key as one 64-byte string (dropbear's `buf_put_ed25519_priv_key`).
+pub fn dropbear_private(key: &ssh_key::PrivateKey) -> Fallible<Vec<u8>> {
+    let pair = key
+        .key_data()
+        .ed25519()
+        .ok_or("dropbear's format is written for Ed25519 keys only")?;
+    let mut out = Vec::with_capacity(4 + 11 + 4 + 64);
+    out.extend_from_slice(&11u32.to_be_bytes());
+    out.extend_from_slice(b"ssh-ed25519");
+    out.extend_from_slice(&64u32.to_be_bytes());
+    out.extend_from_slice(&pair.private.to_bytes());
+    out.extend_from_slice(pair.public.as_ref());
+    Ok(out)
+}
+
+/// The head's side of a pair: the launcher key's private half for root, its rails, and
+/// cluster.md naming every node.
+pub fn prepare_head<H: Host + ?Sized>(
+    h: &mut H,
+    pair: &Pair,
+    head: &str,
+    launcher: &Launcher,
+) -> Fallible<()> {
+    mkdir(h, head, "/root/.ssh", 0o700)?;
+    lxd::push(
+        h,
+        head,
+        "/root/.ssh/id_ed25519",
+        launcher.openssh.as_bytes(),
+        0o600,
+    )?;
+    lxd::push(h, head, "/root/.ssh/id_dropbear", &launcher.dropbear, 0o600)?;
+    address_rails(h, head, pair.node0_rails())?;
+    lxd::push(
+        h,
+        head,
+        CLUSTER_MD,
+        cluster_md(pair, head).as_bytes(),
+        0o644,
+    )
+}
+
+/// `/etc/enverge/cluster.md` in the head: which container is where, and how to reach it.
+pub fn cluster_md(pair: &Pair, head: &str) -> String {
+    let mut s = format!(
+        "# This instance: {} machines\n\nThe head (this container) and its workers, joined by the rails. From here, reach a worker as `{WORKER_USER}` over a rail address (the launcher key in /root/.ssh is the only key a worker trusts):\n\n    ssh {WORKER_USER}@<a worker's rail address>\n\n| node | container | rail addresses |\n|---|---|---|\n",
+        pair.nodes.len()
+    );
+    for n in &pair.nodes {
+        let name = if n.index == 0 {
+            format!("{head} (head)")
+        } else {
+            lockstep::worker_name(head, n.index)
+        };
+        let addrs: Vec<&str> = n.rails.iter().map(|r| r.address.as_str()).collect();
+        s.push_str(&format!(
+            "| node{} | {name} | {} |\n",
+            n.index,
+            addrs.join(", ")
+        ));
+    }
+    s
+}
+
+/// Our containers on one satellite (those recording a head).
+fn workers_on(h: &mut dyn Host) -> Fallible<Vec<Worker>> {
+    Ok(lxd::instances(h)?
+        .iter()
+        .filter_map(|i| {
+            Some(Worker {
+                name: i["name"].as_str()?.to_owned(),
+                head: i["config"][HEAD_KEY].as_str()?.to_owned(),
+                running: i["status"] == "Running",
+            })
+        })
+        .collect())
+}
+
+/// What each satellite answers now.
+pub fn observe(pair: &Pair) -> Vec<(u32, Satellite)> {
+    pair.satellites()
+        .map(|n| {
+            let seen = pair.hosts.host(n).and_then(|mut h| workers_on(&mut *h));
+            (
+                n.index,
+                match seen {
+                    Ok(w) => Satellite::Holds(w),
+                    Err(e) => Satellite::Unreachable(e),
+                },
+            )
+        })
+        .collect()
+}
+
+/// Make the moves lockstep decided; the ones that failed, named.
+pub fn make(pair: &Pair, moves: &[Move]) -> Vec<String> {
+    let mut failed = Vec::new();
+    for m in moves {
+        let Some(node) = pair.satellites().find(|n| n.index == m.node()) else {
+            continue;
+        };
+        let done = pair.hosts.host(node).and_then(|mut h| match m {
+            Move::Start { worker, .. } => lxd::state(&mut *h, worker, "start"),
+            Move::Stop { worker, .. } => lxd::state(&mut *h, worker, "stop"),
+            Move::Delete { worker, .. } => lxd::delete_instance(&mut *h, worker),
+        });
+        match done {
+            Ok(()) => tracing::info!(%m, "lockstep"),
+            Err(e) => {
+                tracing::warn!(%m, error = %e, "lockstep: the move failed");
+                failed.push(format!("{m}: {e}"));
+            }
+        }
+    }
+    failed
+}
+
+/// Keep the satellites in step with `head` (L rule 4): the moves made, and why the host is
+/// half a pair (unreachable satellites, missing workers, moves that failed).
+pub fn keep(pair: &Pair, head: Option<&Head>) -> (Vec<Move>, Vec<String>) {
+    let decided = lockstep::keep(head, &observe(pair));
+    let failed = make(pair, &decided.moves);
+    let mut half: Vec<String> = decided.half.iter().map(Half::to_string).collect();
+    half.extend(failed);
+    (decided.moves, half)
+}
+
+/// K1 11.1: any worker already on a satellite goes before a create. A satellite that
+/// cannot be reached fails the create before anything is made.
+pub fn clear(pair: &Pair) -> Fallible<()> {
+    for n in pair.satellites() {
+        let mut h = pair
+            .hosts
+            .host(n)
+            .map_err(|e| format!("node{} cannot be reached: {e}", n.index))?;
+        let old =
+            workers_on(&mut *h).map_err(|e| format!("node{} cannot be reached: {e}", n.index))?;
+        for w in old {
+            tracing::info!(worker = %w.name, node = n.index, "a worker left from before goes first");
+            lxd::delete_instance(&mut *h, &w.name)
+                .map_err(|e| format!("removing {} from node{}: {e}", w.name, n.index))?;
+        }
+    }
+    Ok(())
+}
+
+/// Launch `head`'s worker on every satellite, each trusting `launcher_public` alone. A worker
+/// that will not start fails it (one GPU sold as two is not an instance); the caller's revert
+/// ([`remove`], with the head) takes back every worker launched.
+pub fn launch(pair: &Pair, head: &str, launcher_public: &str) -> Fallible<()> {
+    for n in pair.satellites() {
+        let mut h = pair.hosts.host(n)?;
+        launch_one(&mut *h, n, head, launcher_public)?;
+    }
+    Ok(())
+}
+
+fn launch_one(h: &mut dyn Host, n: &PairNode, head: &str, launcher_public: &str) -> Fallible<()> {
+    use crate::prepare::steps::DUAL_PROFILE;
+    let name = lockstep::worker_name(head, n.index);
+    let body = json!({
+        "name": name,
+        "type": "container",
+        "source": {"type": "image", "alias": BASE_ALIAS},
+        "profiles": [PROFILE_NAME, DUAL_PROFILE],
+        "config": {HEAD_KEY: head},
+    });
+    lxd::json_call(h, "POST", "/1.0/instances", &body).map_err(|e| {
+        format!(
+            "the worker {name} could not be created on node{}: {e}",
+            n.index
+        )
+    })?;
+    lxd::state(h, &name, "start")
+        .map_err(|e| format!("the worker {name} would not start on node{}: {e}", n.index))?;
+    let inside = |h: &mut dyn Host| -> Fallible<()> {
+        address_rails(h, &name, &n.rails)?;
+        lxd::push(
+            h,
+            &name,
+            LAUNCHER_PUB,
+            format!("{}\n", launcher_public.trim()).as_bytes(),
+            0o644,
+        )?;
+        let script = format!(
+            "set -e\n\
+             if ! grep -q '^{u}:' /etc/passwd; then\n\
+               if command -v useradd >/dev/null 2>&1; then useradd -m -s /bin/bash -p '*' {u}\n\
+               else echo '{u}:x:1000:1000:enverge worker:/home/{u}:/bin/sh' >>/etc/passwd; echo '{u}:x:1000:' >>/etc/group; fi\n\
+             fi\n\
+             home=$(awk -F: '$1 == \"{u}\" {{print $6}}' /etc/passwd)\n\
+             mkdir -p \"$home/.ssh\"\n\
+             cp {LAUNCHER_PUB} \"$home/.ssh/authorized_keys\"\n\
+             chmod 700 \"$home/.ssh\"; chmod 600 \"$home/.ssh/authorized_keys\"\n\
+             chown -R {u}:{u} \"$home\"\n\
+             rm -f /root/.ssh/authorized_keys\n",
+            u = WORKER_USER
+        );
+        let out = lxd::exec(h, &name, &["/bin/sh", "-c", &script])?;
+        if out.code != 0 {
+            return Err(format!(
+                "the launcher key could not be put in: {}",
+                out.stderr.trim()
+            ));
+        }
+        Ok(())
+    };
+    inside(h).map_err(|e| format!("the worker {name} on node{}: {e}", n.index))
+}
+
+/// `op` on `head`'s worker on every satellite: the ones it failed on, with why.
+fn each_worker(
+    pair: &Pair,
+    head: &str,
+    op: impl Fn(&mut dyn Host, &str) -> Fallible<()>,
+) -> Vec<(String, u32, String)> {
+    pair.satellites()
+        .filter_map(|n| {
+            let name = lockstep::worker_name(head, n.index);
+            let done = pair.hosts.host(n).and_then(|mut h| op(&mut *h, &name));
+            done.err().map(|e| (name, n.index, e))
+        })
+        .collect()
+}
+
+/// Remove `head`'s workers (a delete, or a create reverted). A satellite that cannot be
+/// reached keeps its worker until lockstep removes it (its head is gone): named, not fatal.
+pub fn remove(pair: &Pair, head: &str) -> Vec<String> {
+    each_worker(pair, head, |h, name| lxd::delete_instance(h, name))
+        .into_iter()
+        .map(|(name, node, e)| {
+            tracing::warn!(%name, node, error = %e, "the worker stays until its node answers (lockstep removes it)");
+            format!("{name} on node{node}: {e}")
+        })
+        .collect()
+}
+
+/// Start or stop `head`'s workers with it (a customer's start, stop or reboot).
+pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
+    each_worker(pair, head, |h, name| lxd::state(h, name, action))
+        .into_iter()
+        .map(|(name, node, e)| format!("{action} {name} on node{node}: {e}"))
+        .collect()
+}
+
+/// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left
+/// to tell it once node0 is down). One that does not answer does not block (L4.3).
+pub fn reboot_satellites(pair: &Pair, in_secs: u64) -> Vec<byo_wire::vm::SatelliteRebooting> {
+    pair.satellites()
+        .map(|n| {
+            let delay = format!("--on-active={in_secs}");
+            let done = pair.hosts.host(n).and_then(|mut h| {
+                crate::host::must(
+                    &mut *h,
+                    &["systemd-run", &delay, "--unit=enverge-pair-reboot", "--collect", "systemctl", "reboot"],
+                )
+                .map(drop)
+            });
+            if let Err(e) = &done {
+                tracing::warn!(node = n.index, error = %e, "a satellite could not be told to reboot; node0 reboots all the same");
+            }
+            byo_wire::vm::SatelliteRebooting {
+                node: n.index,
+                rebooting: done.is_ok(),
+                error: done.err().map(|e| e.chars().take(300).collect()),
+            }
+        })
+        .collect()
+}
+
+/// Once a pair's containers are gone, each machine's rails are the host's again: LXD moves
+/// the ports back, down and bare (networkd does not raise a port someone else took down), and
+/// the host's own network configuration addresses them again — `netplan apply`, as
+/// rail-network did: on a satellite over sudo, on node0 by root's `enverge-agent-rails.path`,
+/// which serving asks through its flag (serving itself holds no privilege). What is still
+/// bare after that is named.
+pub fn rails_restored<H: Host + ?Sized>(h0: &mut H, pair: &Pair) -> Vec<String> {
+    let mut missing = Vec::new();
+    let node0 = pair.node0_rails();
+    if !bare_rails(h0, node0).is_empty() {
+        let asked = pair
+            .rails_flag
+            .as_ref()
+            .map(|flag| std::fs::write(flag, b"requested by serving\n"));
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let bare = bare_rails(h0, node0);
+            if bare.is_empty() {
+                break;
+            }
+            if std::time::Instant::now() > deadline || !matches!(asked, Some(Ok(()))) {
+                missing.push(format!(
+                    "node0's {} came back without its rail address{}",
+                    bare.join(", "),
+                    match &asked {
+                        Some(Err(e)) => format!(" (asking root to apply the network configuration failed: {e})"),
+                        None => " (nobody to ask to apply the network configuration)".to_owned(),
+                        Some(Ok(())) => " within 30 s of asking root to apply the network configuration".to_owned(),
+                    }
+                ));
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(250));
+        }
+    }
+    for n in pair.satellites() {
+        let fixed = pair.hosts.host(n).and_then(|mut h| {
+            if bare_rails(&mut *h, &n.rails).is_empty() {
+                return Ok(());
+            }
+            crate::host::must(&mut *h, &["netplan", "apply"])?;
+            let bare = bare_rails(&mut *h, &n.rails);
+            match bare.is_empty() {
+                true => Ok(()),
+                false => Err(format!(
+                    "{} still without its rail address",
+                    bare.join(", ")
+                )),
+            }
+        });
+        if let Err(e) = fixed {
+            missing.push(format!("node{}: {e}", n.index));
+        }
+    }
+    for m in &missing {
+        tracing::warn!(rails = %m, "a rail's address was not restored");
+    }
+    missing
+}
+
+/// The ports of `rails` that do not hold their address on this machine now.
+fn bare_rails<H: Host + ?Sized>(h: &mut H, rails: &[RailAddr]) -> Vec<String> {
+    rails
+        .iter()
+        .filter(|r| {
+            let out = h.run(&["ip", "-o", "-4", "addr", "show", "dev", &r.port], None);
+            !out.is_ok_and(|o| o.ok() && o.stdout.split_whitespace().any(|w| w == r.address))
+        })
+        .map(|r| r.port.clone())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rail(port: &str, address: &str) -> RailAddr {
+        RailAddr {
+            port: port.into(),
+            address: address.into(),
+            mtu: 9000,
+        }
+    }
+
+    #[test]
+    fn the_rails_script_addresses_each_cable_and_refuses_what_a_shell_would_read() {
+        let s = rails_script(&[rail("rail0", "192.168.100.11/24")]).unwrap();
+        assert!(s.starts_with("#!/bin/sh\n"));
+        assert!(
+            s.contains("ip addr add 192.168.100.11/24 dev rail0\n"),
+            "{s}"
+        );
+        assert!(s.contains("ip link set dev rail0 mtu 9000\n"), "{s}");
+        for (port, addr) in [
+            ("rail0;reboot", "192.168.100.11/24"),
+            ("rail0", "192.168.100.11/24; reboot"),
+            ("rail0", "192.168.100.300/24"),
+            ("a-name-longer-than-15", "192.168.100.11/24"),
+        ] {
+            assert!(rails_script(&[rail(port, addr)]).is_err(), "{port} {addr}");
+        }
+    }
+
+    #[test]
+    fn the_launcher_key_is_fresh_per_instance_and_names_its_head() {
+        let a = mint_launcher("vm-a").unwrap();
+        let b = mint_launcher("vm-a").unwrap();
+        assert_ne!(a.public, b.public);
+        assert!(
+            a.public.starts_with("ssh-ed25519 ") && a.public.ends_with("enverge-launcher-vm-a")
+        );
+        let parsed = ssh_key::PrivateKey::from_openssh(&a.openssh).unwrap();
+        assert_eq!(parsed.public_key().to_openssh().unwrap(), a.public);
+        // dropbear's form: the type, then seed and public key; the public key is the line's.
+        let d = &a.dropbear;
+        assert_eq!(d.len(), 4 + 11 + 4 + 64);
+        assert_eq!(&d[4..15], b"ssh-ed25519");
+        assert_eq!(&d[15..19], &64u32.to_be_bytes());
+        let public = parsed.public_key().key_data().ed25519().unwrap().0;
+        assert_eq!(&d[51..], &public[..]);
+    }
+}
