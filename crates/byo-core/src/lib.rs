@@ -10,6 +10,7 @@ pub mod logins;
 pub mod prepare;
 pub mod probe;
 pub mod redeem;
+pub mod ring;
 pub mod release;
 pub mod render;
 #[cfg(feature = "testing")]

@@ -292,6 +292,7 @@ impl SshSatellites {
             host_key_alias: None,
             // A satellite's subset is hundreds of short commands: one connection per login.
             control_path: Some(self.dir.join(format!("peer-{}-{user}.ctl", peer.index))),
+            proxy: None,
         })
     }
 }

@@ -27,12 +27,19 @@ pub const PASSWORD: &str = "cable-bed-Pa55word-7f3e";
 /// its twin rail0b on one cable).
 pub const NODE0_PORTS: &[&str] = &["rail0", "rail1"];
 pub const NODE1_PORTS: &[&str] = &["rail0", "rail0b", "rail1", "rail1b"];
+/// A ring's node2 and node3 GPUs (node1's is the pair's).
+pub const RING_UUIDS: [&str; 2] = [
+    "2222dddd-2222-4222-8222-222222222222",
+    "3333eeee-3333-4333-8333-333333333333",
+];
 
 pub struct Bed {
     pub node0: HostContainer,
     pub node1: HostContainer,
     /// The rack neighbour, on the LAN only (not on a pair's preparation bed).
     extra: Option<HostContainer>,
+    /// A ring's node2 and node3 (K2); none on a pair's bed.
+    pub more: Vec<HostContainer>,
     /// `p15<pid>` + a cable number: LXD network names are interface names (15 bytes).
     tag: String,
     cables: std::cell::RefCell<Vec<String>>,
@@ -50,13 +57,19 @@ fn nvidia_smi(uuid: &str) -> String {
 impl Bed {
     /// Three machines: node0 (with the agent binary), node1, and `extra` on the LAN only.
     pub fn launch(prefix: &str) -> Option<Bed> {
-        Self::machines(prefix, true)
+        Self::machines(prefix, true, 0)
+    }
+
+    /// Four machines for a ring (K2): node0 (with the agent binary) and three satellites, each
+    /// with two QSFPs of two functions, and the rack neighbour on the LAN. Not cabled yet.
+    pub fn ring(prefix: &str) -> Option<Bed> {
+        Self::machines(prefix, true, 2)
     }
 
     /// A pair to prepare: node0 (with the agent binary) and node1, each with netplan, as DGX
     /// OS has it (rail-network writes netplan; Debian's image has none).
     pub fn pair(prefix: &str) -> Option<Bed> {
-        let bed = Self::machines(prefix, false)?;
+        let bed = Self::machines(prefix, false, 0)?;
         let began = Instant::now();
         std::thread::scope(|s| {
             for h in [&bed.node0, &bed.node1] {
@@ -82,7 +95,7 @@ impl Bed {
             .expect("a bed launched with its rack neighbour")
     }
 
-    fn machines(prefix: &str, with_extra: bool) -> Option<Bed> {
+    fn machines(prefix: &str, with_extra: bool, more: usize) -> Option<Bed> {
         // The cables are bridges on this machine: root's to make.
         let uid = Command::new("id").arg("-u").output().expect("run id");
         if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
@@ -99,11 +112,15 @@ impl Bed {
             true => Some(HostContainer::launch(&format!("{prefix}-x"))?),
             false => None,
         };
+        let more = (2..2 + more)
+            .map(|i| HostContainer::launch(&format!("{prefix}-n{i}")))
+            .collect::<Option<Vec<_>>>()?;
         let id = std::process::id() % 100_000;
         let bed = Bed {
             node0,
             node1,
             extra,
+            more,
             tag: format!("p15{id}"),
             cables: Default::default(),
             plugged: Default::default(),
@@ -121,6 +138,7 @@ impl Bed {
             ),
         ]
         .into_iter()
+        .chain(bed.more.iter().zip(RING_UUIDS).map(|(h, u)| (h, u, NODE1_PORTS)))
         .chain(
             bed.extra
                 .iter()
@@ -149,7 +167,7 @@ impl Bed {
         );
         eprintln!(
             "cable bed: {} machines ready in {:.1} s",
-            if with_extra { 3 } else { 2 },
+            2 + bed.more.len() + usize::from(with_extra),
             began.elapsed().as_secs_f64()
         );
         Some(bed)
@@ -222,7 +240,7 @@ impl Bed {
         for net in self.cables.borrow_mut().drain(..) {
             run("ip", &["link", "del", &net]);
         }
-        for h in [&self.node0, &self.node1] {
+        for h in [&self.node0, &self.node1].into_iter().chain(&self.more) {
             h.sh("rm -f /etc/enverge/peer.json");
         }
     }
@@ -249,13 +267,19 @@ impl Bed {
 
     /// node1's login as step 123 keeps it: root-only on node0.
     pub fn lend_login(&self, password: &str) {
+        self.lend_login_for(password, 2)
+    }
+
+    /// The satellites' one shared login (K2 note 2), with the installer's peer-nodes.
+    pub fn lend_login_for(&self, password: &str, nodes: u32) {
         self.node0.sh_ok("install -d -m 700 /etc/enverge");
         self.node0.write(
             "/etc/enverge/peer-login",
             format!("{USER}\n{password}\n").as_bytes(),
             0o600,
         );
-        self.node0.write("/etc/enverge/peer-nodes", b"2\n", 0o644);
+        self.node0
+            .write("/etc/enverge/peer-nodes", format!("{nodes}\n").as_bytes(), 0o644);
     }
 
     /// node1's link-local address on `iface`.
