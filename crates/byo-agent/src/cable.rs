@@ -590,23 +590,30 @@ impl Logins {
             let mut ports = Vec::new();
             for r in &m.report.rails {
                 let answered = all_nodes(&mut host, &r.iface)?;
-                let carrier = read_string(&mut host, &format!("/sys/class/net/{}/carrier", r.iface))?
-                    .is_some_and(|c| c.trim() == "1");
+                let carrier =
+                    read_string(&mut host, &format!("/sys/class/net/{}/carrier", r.iface))?
+                        .is_some_and(|c| c.trim() == "1");
                 for a in &answered {
                     let held = obs.own.iter().any(|(_, o)| o.eq_ignore_ascii_case(a))
-                        || self
-                            .known
-                            .iter()
-                            .any(|k| k.ports.iter().any(|(_, x)| x.iter().any(|x| x.eq_ignore_ascii_case(a))));
+                        || self.known.iter().any(|k| {
+                            k.ports
+                                .iter()
+                                .any(|(_, x)| x.iter().any(|x| x.eq_ignore_ascii_case(a)))
+                        });
                     if held {
                         continue;
                     }
-                    if let Login::Machine(found) = self.login_via(&probe::scoped(a, &r.iface), Some(&host))
+                    if let Login::Machine(found) =
+                        self.login_via(&probe::scoped(a, &r.iface), Some(&host))
                         && let Some(id) = found.report.hardware_id.clone()
-                        && !self.known.iter().any(|k| k.report.hardware_id.as_ref() == Some(&id))
+                        && !self
+                            .known
+                            .iter()
+                            .any(|k| k.report.hardware_id.as_ref() == Some(&id))
                     {
                         println!(
-                            "byo-agent: reached {a} across node {hw}'s {} (no cable of node0's goes there)",
+                            "byo-agent: reached {a} across {}'s {} (no cable of node0's goes there)",
+                            m.mgmt_addr.as_deref().unwrap_or(&host.addr),
                             r.iface
                         );
                         self.known.push(*found);

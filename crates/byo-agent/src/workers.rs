@@ -175,10 +175,17 @@ pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fal
             a = r.address
         ));
     }
-    let ip = |a: &str| a.split('/').next().is_some_and(|a| a.parse::<std::net::Ipv4Addr>().is_ok());
+    let ip = |a: &str| {
+        a.split('/')
+            .next()
+            .is_some_and(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+    };
     for route in routes {
         if !ip(&route.to) || !ip(&route.via) {
-            return Err(format!("a route does not read: {} via {}", route.to, route.via));
+            return Err(format!(
+                "a route does not read: {} via {}",
+                route.to, route.via
+            ));
         }
     }
     if !routes.is_empty() {
@@ -190,7 +197,10 @@ pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fal
             ));
         }
         for route in routes {
-            s.push_str(&format!("ip route replace {} via {}\n", route.to, route.via));
+            s.push_str(&format!(
+                "ip route replace {} via {}\n",
+                route.to, route.via
+            ));
         }
     }
     Ok(s)
@@ -567,6 +577,53 @@ pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
         .collect()
 }
 
+/// Where a satellite's spark logs in from (M.4: node1's belongs to the spark user node0
+/// already reaches it as).
+const SATELLITE_AUTHORIZED_KEYS: &str = "/home/spark/.ssh/authorized_keys";
+/// The comment preparation gives node0's peer key in a satellite's authorized_keys.
+pub const PEER_KEY_COMMENT: &str = "enverge-node0-peer";
+
+/// M.4 on a pair or a ring: the operators' keys, as node0 just applied them, written to each
+/// satellite's spark, which keeps node0's peer key (the line preparation marked) and nothing
+/// else of before. Returns what could not be written, by node; a push that misses one fails and
+/// says so (M.6), and sending again repairs it.
+pub fn push_operator_keys(pair: &Pair, authorized_keys: &str) -> Vec<String> {
+    let mut failed = Vec::new();
+    for n in pair.satellites() {
+        let done = pair.hosts.host(n).and_then(|mut h| {
+            let now =
+                crate::host::read_string(&mut *h, SATELLITE_AUTHORIZED_KEYS)?.unwrap_or_default();
+            let mut want = authorized_keys.trim_end().to_owned();
+            want.push('\n');
+            for line in now
+                .lines()
+                .filter(|l| l.trim_end().ends_with(PEER_KEY_COMMENT))
+            {
+                want.push_str(line.trim_end());
+                want.push('\n');
+            }
+            if want != now {
+                h.write(
+                    SATELLITE_AUTHORIZED_KEYS,
+                    want.as_bytes(),
+                    0o600,
+                    "spark:spark",
+                )?;
+            }
+            Ok(())
+        });
+        if let Err(e) = done {
+            tracing::warn!(node = n.index, error = %e, "the operator keys could not be written on a satellite");
+            failed.push(format!(
+                "node{}: {}",
+                n.index,
+                e.chars().take(300).collect::<String>()
+            ));
+        }
+    }
+    failed
+}
+
 /// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left
 /// to tell it once node0 is down). One that does not answer does not block (L4.3).
 pub fn reboot_satellites(pair: &Pair, in_secs: u64) -> Vec<byo_wire::vm::SatelliteRebooting> {
@@ -693,23 +750,41 @@ mod tests {
             ("rail0", "192.168.100.300/24"),
             ("a-name-longer-than-15", "192.168.100.11/24"),
         ] {
-            assert!(rails_script(&[rail(port, addr)], &[]).is_err(), "{port} {addr}");
+            assert!(
+                rails_script(&[rail(port, addr)], &[]).is_err(),
+                "{port} {addr}"
+            );
         }
         let route = |to: &str, via: &str| byo_core::ring::Route {
             to: to.into(),
             via: via.into(),
         };
         let ring = rails_script(
-            &[rail("rail0", "192.168.100.10/24"), rail("rail1", "192.168.101.10/24")],
+            &[
+                rail("rail0", "192.168.100.10/24"),
+                rail("rail1", "192.168.101.10/24"),
+            ],
             &[route("192.168.102.0/24", "192.168.100.11")],
         )
         .unwrap();
-        assert!(ring.contains("echo 1 > /proc/sys/net/ipv4/conf/rail0/forwarding\n"), "{ring}");
-        assert!(ring.contains("echo 1 > /proc/sys/net/ipv4/conf/rail1/forwarding\n"), "{ring}");
-        assert!(ring.ends_with("ip route replace 192.168.102.0/24 via 192.168.100.11\n"), "{ring}");
         assert!(
-            rails_script(&[rail("rail0", "192.168.100.10/24")], &[route("x; reboot", "1.2.3.4")])
-                .is_err()
+            ring.contains("echo 1 > /proc/sys/net/ipv4/conf/rail0/forwarding\n"),
+            "{ring}"
+        );
+        assert!(
+            ring.contains("echo 1 > /proc/sys/net/ipv4/conf/rail1/forwarding\n"),
+            "{ring}"
+        );
+        assert!(
+            ring.ends_with("ip route replace 192.168.102.0/24 via 192.168.100.11\n"),
+            "{ring}"
+        );
+        assert!(
+            rails_script(
+                &[rail("rail0", "192.168.100.10/24")],
+                &[route("x; reboot", "1.2.3.4")]
+            )
+            .is_err()
         );
     }
 

@@ -10,9 +10,9 @@ pub mod logins;
 pub mod prepare;
 pub mod probe;
 pub mod redeem;
-pub mod ring;
 pub mod release;
 pub mod render;
+pub mod ring;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tokens;

@@ -502,9 +502,11 @@ fn number(
     };
 
     let node0_port_rail = |iface: &str| {
-        cables
-            .iter()
-            .find_map(|c| c.end_of(&obs.hardware_id).filter(|(p, _)| *p == iface).and(c.rail))
+        cables.iter().find_map(|c| {
+            c.end_of(&obs.hardware_id)
+                .filter(|(p, _)| *p == iface)
+                .and(c.rail)
+        })
     };
     let port = |iface: &str| obs.ports.iter().find(|p| p.iface == iface);
     let rails_out: Vec<RailPort> = verdicts

@@ -139,12 +139,21 @@ mod tests {
         assert!(routes(&pair, 1).is_empty());
         // A node not in the list, or an address that does not read, routes nothing.
         assert!(routes(&pair, 7).is_empty());
-        assert!(routes(&[node(0, &["nonsense"]), node(1, &["192.168.100.11/24"])], 0).is_empty());
+        assert!(
+            routes(
+                &[node(0, &["nonsense"]), node(1, &["192.168.100.11/24"])],
+                0
+            )
+            .is_empty()
+        );
     }
 
     #[test]
     fn a_subnet_is_the_address_under_its_mask() {
-        assert_eq!(subnet("192.168.100.11/24").as_deref(), Some("192.168.100.0/24"));
+        assert_eq!(
+            subnet("192.168.100.11/24").as_deref(),
+            Some("192.168.100.0/24")
+        );
         assert_eq!(subnet("10.1.2.3/16").as_deref(), Some("10.1.0.0/16"));
         assert_eq!(subnet("10.1.2.3/0").as_deref(), Some("0.0.0.0/0"));
         assert_eq!(subnet("10.1.2.3/33"), None);

@@ -728,12 +728,38 @@ fn heard(m: &mut Machine, ports: &[(&str, &[&str])]) {
 /// diagonal "bbb" cabled to both, reached only through them. Every machine flashed from one
 /// image: the same /etc/machine-id on all four.
 fn ring() -> (Observation, [Machine; 3]) {
-    let mut a = machine("aaa", &[(A0, &["fe80::1a"]), (A0B, &["fe80::1b"]), (A1, &["fe80::1c"])]);
+    let mut a = machine(
+        "aaa",
+        &[
+            (A0, &["fe80::1a"]),
+            (A0B, &["fe80::1b"]),
+            (A1, &["fe80::1c"]),
+        ],
+    );
     let mut c = machine("ccc", &[(A0, &["fe80::3a"]), (A1, &["fe80::3c"])]);
     let mut b = machine("bbb", &[(A0, &["fe80::2a"]), (A1, &["fe80::2c"])]);
-    heard(&mut a, &[(A0, &["fe80::a0", "fe80::1a", "fe80::1b"]), (A0B, &["fe80::a0", "fe80::1a", "fe80::1b"]), (A1, &["fe80::1c", "fe80::2a"])]);
-    heard(&mut c, &[(A0, &["fe80::a1", "fe80::3a"]), (A1, &["fe80::3c", "fe80::2c"])]);
-    heard(&mut b, &[(A0, &["fe80::2a", "fe80::1c"]), (A1, &["fe80::2c", "fe80::3c"])]);
+    heard(
+        &mut a,
+        &[
+            (A0, &["fe80::a0", "fe80::1a", "fe80::1b"]),
+            (A0B, &["fe80::a0", "fe80::1a", "fe80::1b"]),
+            (A1, &["fe80::1c", "fe80::2a"]),
+        ],
+    );
+    heard(
+        &mut c,
+        &[
+            (A0, &["fe80::a1", "fe80::3a"]),
+            (A1, &["fe80::3c", "fe80::2c"]),
+        ],
+    );
+    heard(
+        &mut b,
+        &[
+            (A0, &["fe80::2a", "fe80::1c"]),
+            (A1, &["fe80::2c", "fe80::3c"]),
+        ],
+    );
     let mut obs = node0(
         vec![port(P0, &["fe80::1a", "fe80::1b"]), port(P1, &["fe80::3a"])],
         vec![
@@ -768,12 +794,18 @@ fn k2_the_diagonal_is_reached_through_a_neighbour_and_the_ring_enrols() {
         .iter()
         .map(|p| (p.node_index, p.hardware_id.clone().unwrap()))
         .collect();
-    assert_eq!(nodes, [(1, "aaa".into()), (2, "bbb".into()), (3, "ccc".into())]);
+    assert_eq!(
+        nodes,
+        [(1, "aaa".into()), (2, "bbb".into()), (3, "ccc".into())]
+    );
     // Cables numbered by (lower node, higher node): 0–1, 0–3, 1–2, 2–3; each addressed on
     // the PCI-domain-0 function, never its enP2 twin.
     assert_eq!(
         link(&f, 1),
-        [(0, Some(P0.into()), A0.into(), Some(0)), (2, None, A1.into(), Some(2))]
+        [
+            (0, Some(P0.into()), A0.into(), Some(0)),
+            (2, None, A1.into(), Some(2))
+        ]
     );
     assert_eq!(
         link(&f, 2),
@@ -781,10 +813,20 @@ fn k2_the_diagonal_is_reached_through_a_neighbour_and_the_ring_enrols() {
     );
     assert_eq!(
         link(&f, 3),
-        [(1, Some(P1.into()), A0.into(), Some(0)), (3, None, A1.into(), Some(2))]
+        [
+            (1, Some(P1.into()), A0.into(), Some(0)),
+            (3, None, A1.into(), Some(2))
+        ]
     );
     // Rail addresses only where node0 has a cable; the diagonal by its management address.
-    let peer = |n: u32| f.peer_file.peers.iter().find(|p| p.index == n).unwrap().clone();
+    let peer = |n: u32| {
+        f.peer_file
+            .peers
+            .iter()
+            .find(|p| p.index == n)
+            .unwrap()
+            .clone()
+    };
     assert_eq!(peer(1).addr.as_deref(), Some(&*scoped("fe80::1a", P0)));
     assert_eq!(peer(2).addr, None);
     assert_eq!(peer(2).mgmt_addr, Some("10.0.0.3".into()));
@@ -799,12 +841,19 @@ fn k2_the_diagonal_is_reached_through_a_neighbour_and_the_ring_enrols() {
     };
     assert_eq!(
         rails_of(1),
-        [(A0.into(), Some(0)), (A0B.into(), None), (A1.into(), Some(2))]
+        [
+            (A0.into(), Some(0)),
+            (A0B.into(), None),
+            (A1.into(), Some(2))
+        ]
     );
     assert_eq!(rails_of(2), [(A0.into(), Some(2)), (A1.into(), Some(3))]);
     // Redeem judges it as it judges a pair: four rows at the indexes the machines carry.
     let rows = redeem::judge(&ring_plan(), &evidence(&f)).unwrap();
-    assert_eq!(rows.iter().map(|r| r.index).collect::<Vec<_>>(), [0, 1, 2, 3]);
+    assert_eq!(
+        rows.iter().map(|r| r.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
     // The pair-shaped plan refuses the same evidence: the ring's third rail is not in it.
     assert!(matches!(
         redeem::judge(&pair_plan(), &evidence(&f)),
@@ -849,7 +898,11 @@ fn k2_a_machine_reached_with_no_cable_is_never_a_satellite() {
     obs.beyond.push(stranger);
     let f = found(decide(&obs, &[0, 1, 2, 3], None));
     assert_eq!(f.peers.len(), 3);
-    assert!(f.peers.iter().all(|p| p.hardware_id.as_deref() != Some("000")));
+    assert!(
+        f.peers
+            .iter()
+            .all(|p| p.hardware_id.as_deref() != Some("000"))
+    );
 }
 
 #[test]
@@ -869,7 +922,10 @@ fn k2_more_machines_on_the_cables_than_satellites_is_refused_by_redeem() {
     assert_eq!(railed, 6);
     assert!(matches!(
         redeem::judge(&ring_plan(), &evidence(&f)),
-        Err(Rejection::WrongPeerCount { expected: 3, found: 4 })
+        Err(Rejection::WrongPeerCount {
+            expected: 3,
+            found: 4
+        })
     ));
 }
 
@@ -902,7 +958,11 @@ fn k2_another_pair_in_the_rack_is_not_on_this_ring() {
     heard(&mut y, &[(A0, &["fe80::9a", "fe80::8a"])]);
     obs.beyond.extend([x, y]);
     let f = found(decide(&obs, &[0, 1, 2, 3], None));
-    let hw: Vec<String> = f.peers.iter().map(|p| p.hardware_id.clone().unwrap()).collect();
+    let hw: Vec<String> = f
+        .peers
+        .iter()
+        .map(|p| p.hardware_id.clone().unwrap())
+        .collect();
     assert_eq!(hw, ["aaa", "bbb", "ccc"]);
     let railed: usize = f.peer_file.peers.iter().map(|p| p.links.len()).sum();
     assert_eq!(railed, 6);

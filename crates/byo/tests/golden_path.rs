@@ -17,78 +17,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byo::local_relay::LxdRelays;
-use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::users::NewUser;
 use byo_server::providers::local::LocalTunnels;
 use byo_wire::Role;
 use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use secrecy::ExposeSecret;
-use serde_json::{Value, json};
+use serde_json::json;
+use support::platform::{Api, RemoveRelays, customer_ssh, until, user};
 use support::{relay_sha256, release, ssh};
-
-struct Api {
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Api {
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        session: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .header("cookie", format!("byo_session={session}"));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-}
-
-async fn user(store: &byo_db::Store, email: &str, roles: &[Role]) -> String {
-    let now = chrono::Utc::now();
-    let user = store
-        .create_user(
-            NewUser {
-                email,
-                display_name: "",
-                password_hash: "$argon2id$unused",
-            },
-            now,
-        )
-        .await
-        .unwrap();
-    for role in roles {
-        store.grant_role(&user.sub, *role, None, now).await.unwrap();
-    }
-    let token = SecretToken::generate(TokenKind::Session);
-    store
-        .create_session(
-            &token.hash(),
-            &user.sub,
-            now,
-            now + chrono::Duration::hours(2),
-        )
-        .await
-        .unwrap();
-    token.expose().to_owned()
-}
-
-fn customer_ssh(relay: &str, key: &Path) -> Option<String> {
-    ssh(key, &[&format!("root@{relay}"), "hostname"]).ok()
-}
 
 /// The relay provider with a gate: provisioning waits until the test lets it through.
 struct Gated {
@@ -116,15 +53,6 @@ impl byo_server::providers::RelayProvider for Gated {
         slug: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
         self.relays.release(slug)
-    }
-}
-
-/// Deletes the test's relay containers however the test ends.
-struct RemoveRelays(Arc<LxdRelays>);
-
-impl Drop for RemoveRelays {
-    fn drop(&mut self) {
-        self.0.remove_all();
     }
 }
 
@@ -169,20 +97,6 @@ impl Drop for Capture {
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
-}
-
-async fn until<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            started.elapsed() < within,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -128,7 +128,11 @@ pub(super) fn satellites(plan: &Plan) -> Fallible<&Rc<dyn Satellites>> {
 pub fn satellite_plan(plan: &Plan, peer: &Peer, owner: Option<String>) -> Plan {
     let mut keys = plan.authorized_keys.clone().unwrap_or_default();
     if let Some(k) = &plan.peer_public_key {
-        keys.push_str(&format!("{} enverge-node0-peer\n", k.trim()));
+        keys.push_str(&format!(
+            "{} {}\n",
+            k.trim(),
+            crate::workers::PEER_KEY_COMMENT
+        ));
     }
     Plan {
         profile: plan.profile.clone(),

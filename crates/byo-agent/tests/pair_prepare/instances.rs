@@ -12,29 +12,10 @@ use std::time::{Duration, Instant};
 use byo_core::keylist_testing::private_key;
 use serde_json::{Value, json};
 
-use crate::support::cabled::Bed;
+use crate::support::cabled::{Bed, containers, head_to_worker, ipv4, wait_for};
 use crate::support::host_container::{HostContainer, bridge_gateway};
 use crate::support::mapd::{FakeMapd, start_mapd};
 use crate::support::prepared::{Enrollment, agent_api, key_file, public_line, text};
-use crate::{ipv4, wait_for};
-
-/// `lxc list`'s names and states on one machine, as `name,STATE` lines.
-fn containers(host: &HostContainer) -> String {
-    host.sh_ok("lxc list --format csv -c ns")
-}
-
-/// The worker, reached from the head over a rail with the key at `key` inside the head:
-/// what `hostname` says there, or the failure.
-fn head_to_worker(n0: &HostContainer, head: &str, key: &str, addr: &str) -> Result<String, String> {
-    let out = n0.sh(&format!(
-        "lxc exec {head} -- dbclient -y -i {key} user@{addr} hostname 2>&1 </dev/null"
-    ));
-    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    match out.status.success() {
-        true => Ok(said.lines().last().unwrap_or_default().to_owned()),
-        false => Err(said),
-    }
-}
 
 /// The newest beat's `(lxd, details)` once `seen` accepts one, within `within`.
 fn beat_where(mapd: &FakeMapd, within: Duration, seen: impl Fn(&Value) -> bool) -> Option<Value> {

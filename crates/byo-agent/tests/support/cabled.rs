@@ -70,22 +70,29 @@ impl Bed {
     /// OS has it (rail-network writes netplan; Debian's image has none).
     pub fn pair(prefix: &str) -> Option<Bed> {
         let bed = Self::machines(prefix, false, 0)?;
+        bed.netplan();
+        Some(bed)
+    }
+
+    /// netplan on every machine of the host (node0 and its satellites), as DGX OS has it:
+    /// rail-network writes netplan, and Debian's image has none.
+    pub fn netplan(&self) {
         let began = Instant::now();
         std::thread::scope(|s| {
-            for h in [&bed.node0, &bed.node1] {
+            for h in [&self.node0, &self.node1].into_iter().chain(&self.more) {
                 s.spawn(move || {
                     h.sh_ok(
-                        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io >/tmp/netplan-install.log 2>&1 ||
+                        "command -v netplan >/dev/null ||
+                         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io >/tmp/netplan-install.log 2>&1 ||
                          { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io; }",
                     );
                 });
             }
         });
         eprintln!(
-            "cable bed: netplan on both machines in {:.1} s",
+            "cable bed: netplan on every machine in {:.1} s",
             began.elapsed().as_secs_f64()
         );
-        Some(bed)
     }
 
     /// The rack neighbour.
@@ -138,7 +145,12 @@ impl Bed {
             ),
         ]
         .into_iter()
-        .chain(bed.more.iter().zip(RING_UUIDS).map(|(h, u)| (h, u, NODE1_PORTS)))
+        .chain(
+            bed.more
+                .iter()
+                .zip(RING_UUIDS)
+                .map(|(h, u)| (h, u, NODE1_PORTS)),
+        )
         .chain(
             bed.extra
                 .iter()
@@ -160,11 +172,12 @@ impl Bed {
                 0o644,
             );
         }
-        bed.node0.push(
-            Path::new(env!("CARGO_BIN_EXE_byo-agent")),
-            "/usr/local/bin/byo-agent",
-            0o755,
-        );
+        // The agent binary where this crate's tests built it; a platform test (crates/byo)
+        // has node0 fetch it by the one-liner instead.
+        if let Some(agent) = option_env!("CARGO_BIN_EXE_byo-agent") {
+            bed.node0
+                .push(Path::new(agent), "/usr/local/bin/byo-agent", 0o755);
+        }
         eprintln!(
             "cable bed: {} machines ready in {:.1} s",
             2 + bed.more.len() + usize::from(with_extra),
@@ -278,8 +291,11 @@ impl Bed {
             format!("{USER}\n{password}\n").as_bytes(),
             0o600,
         );
-        self.node0
-            .write("/etc/enverge/peer-nodes", format!("{nodes}\n").as_bytes(), 0o644);
+        self.node0.write(
+            "/etc/enverge/peer-nodes",
+            format!("{nodes}\n").as_bytes(),
+            0o644,
+        );
     }
 
     /// node1's link-local address on `iface`.
@@ -353,6 +369,74 @@ impl Capture {
             bodies,
             _rt: rt,
         }
+    }
+}
+
+/// `ip -j -4 addr` of one interface: its IPv4 addresses with their prefix, and its MTU.
+pub fn ipv4(host: &HostContainer, iface: &str) -> (Vec<String>, u64) {
+    let out = host.sh_ok(&format!("ip -j -4 addr show dev {iface}"));
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let link = &j[0];
+    let addrs = link["addr_info"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| format!("{}/{}", i["local"].as_str().unwrap(), i["prefixlen"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mtu = host
+        .sh_ok(&format!("cat /sys/class/net/{iface}/mtu"))
+        .trim()
+        .parse()
+        .unwrap();
+    (addrs, mtu)
+}
+
+/// Whether a packet of `mtu` bytes crosses from `iface` to `addr` unfragmented.
+pub fn whole_mtu_passes(host: &HostContainer, iface: &str, addr: &str, mtu: u32) -> bool {
+    host.sh(&format!(
+        "ping -n -q -c 1 -W 2 -M do -s {} -I {iface} {addr}",
+        mtu - 28
+    ))
+    .status
+    .success()
+}
+
+/// `seen()`'s first answer, polled every half second until `within` is over.
+pub fn wait_for<T>(within: std::time::Duration, mut seen: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = seen() {
+            return Some(t);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// `lxc list`'s names and states on one machine, as `name,STATE` lines.
+pub fn containers(host: &HostContainer) -> String {
+    host.sh_ok("lxc list --format csv -c ns")
+}
+
+/// The worker, reached from the head over a rail with the key at `key` inside the head:
+/// what `hostname` says there, or the failure.
+pub fn head_to_worker(
+    n0: &HostContainer,
+    head: &str,
+    key: &str,
+    addr: &str,
+) -> Result<String, String> {
+    let out = n0.sh(&format!(
+        "lxc exec {head} -- dbclient -y -i {key} user@{addr} hostname 2>&1 </dev/null"
+    ));
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    match out.status.success() {
+        true => Ok(said.lines().last().unwrap_or_default().to_owned()),
+        false => Err(said),
     }
 }
 
