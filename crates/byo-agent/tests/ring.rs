@@ -14,8 +14,7 @@ use serde_json::{Value, json};
 use support::cabled::{
     Bed, PASSWORD, RING_UUIDS, containers, head_to_worker, ipv4, wait_for, whole_mtu_passes,
 };
-use support::host_container::{HostContainer, bridge_gateway};
-use support::mapd::{FakeMapd, start_mapd};
+use support::host_container::HostContainer;
 use support::prepared::{self, agent_api, key_file, public_line, text};
 
 fn hardware_id(uuid: &str) -> String {
@@ -78,7 +77,7 @@ fn k2_125_the_ring_is_walked_from_node0_and_the_diagonal_reached_through_a_neigh
     assert_eq!(j["decision"], "enroll", "{j}");
 
     // Satellites by hardware_id sorted, pinned in peer.json.
-    let mut by_hw = vec![
+    let mut by_hw = [
         (hardware_id(NODE1_UUID), n1),
         (hardware_id(RING_UUIDS[0]), n2),
         (hardware_id(RING_UUIDS[1]), n3),
@@ -361,24 +360,11 @@ fn k2_6_7_the_ring_prepares_and_rents_four_containers(bed: &Bed) {
 
     // --- The instance: four containers, in lockstep, made by serving under its own unit.
     let handed_path = byo_core::render::units::HANDED_OVER;
-    let mut handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
+    let handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
     assert_eq!(handed["pair"].as_array().map(Vec::len), Some(4), "{handed}");
-    let mapd = FakeMapd {
-        token: handed["ssh_map_token"].as_str().unwrap().to_owned(),
-        ..FakeMapd::default()
-    };
-    let port = start_mapd(mapd.clone());
-    handed["ssh_map_endpoint"] = json!(format!("{}:{port}", bridge_gateway()));
-    handed["server"] = json!(format!("http://{}:{port}", bridge_gateway()));
-    n0.write(handed_path, handed.to_string().as_bytes(), 0o600);
-    n0.sh_ok(&format!("chown spark:spark {handed_path}"));
     prepared::install_units(n0, 2);
+    let _mapd = prepared::serve_with_mapd(n0, &e);
     let token = e.agent_token.clone();
-    n0.sh_ok("systemctl start enverge-agent.service");
-    let up = wait_for(Duration::from_secs(30), || {
-        (agent_api(n0, &token, "GET", "/v1/vms", None).0 == 200).then_some(())
-    });
-    assert!(up.is_some(), "serving answers");
     let customer = private_key();
     let customer_path = key_file(e.dir.path(), "ring-customer", &customer);
     n0.push(&customer_path, "/root/customer", 0o600);

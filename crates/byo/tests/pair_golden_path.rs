@@ -24,8 +24,8 @@ use cabled::{Bed, PASSWORD, USER, containers, head_to_worker};
 use host_container::bridge_gateway;
 use relay_support::kernel_parts;
 use serde_json::json;
-use support::platform::{Api, RemoveRelays, customer_ssh, until, user};
-use support::{relay_sha256, release};
+use support::platform::{self, Api, RemoveRelays, until, user};
+use support::release;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() {
@@ -51,35 +51,9 @@ async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() 
 
     let arch = std::env::consts::ARCH;
     let releases = release(&work.path().join("releases"), &[arch]);
-    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
-    let base = format!(
-        "http://{}:{}",
-        bridge_gateway(),
-        listener.local_addr().unwrap().port()
-    );
+    let (listener, base) = platform::listen(bridge_gateway()).await;
     let signing = byo_core::keylist_testing::private_key();
-    let config = byo_server::config::Config {
-        metrics_listen: None,
-        public_url: base.clone(),
-        cookie_secure: false,
-        password_hashing: byo_server::config::PasswordHashing {
-            memory_kib: 256,
-            iterations: 1,
-            parallelism: 1,
-        },
-        secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
-        release_dir: Some(releases),
-        release_key: Some(support::release_public()),
-        operator_keys: byo_server::config::OperatorKeysConfig {
-            signing_keys: vec![signing.public_key().to_openssh().unwrap()],
-            ..Default::default()
-        },
-        relay_release: Some(byo_server::config::RelayRelease {
-            url: format!("{base}/relay/byo-relay-{arch}"),
-            sha256: relay_sha256(),
-        }),
-        ..byo_server::config::Config::default()
-    };
+    let config = platform::config(&base, releases, &signing);
     let relays = Arc::new(LxdRelays::new(&format!(
         "byo-gpair-{}-",
         std::process::id()
@@ -99,21 +73,7 @@ async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() 
     let operator = user(&store, "op@example.com", &[Role::Operator]).await;
     let customer = user(&store, "customer@example.com", &[]).await;
     let op_key = byo_core::keylist_testing::private_key();
-    let (status, draft) = api
-        .call(reqwest::Method::POST, "/api/admin/operator-keys/changes", &operator,
-              Some(json!({"action": "add", "public_key": op_key.public_key().to_openssh().unwrap(), "label": "laptop"})))
-        .await;
-    assert_eq!(status, 200, "{draft}");
-    let signature = byo_core::keylist_testing::sign(draft["body"].as_str().unwrap(), &signing);
-    let (status, published) = api
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/admin/operator-keys/{}/signatures", draft["version"]),
-            &staff,
-            Some(json!({"signature": signature})),
-        )
-        .await;
-    assert!(status < 300, "{status} {published}");
+    platform::publish_operator_key(&api, &operator, &staff, &signing, &op_key).await;
     phase("server up");
 
     // Two cables at a QSFP's MTU, crossed, each showing node1's two PCIe functions.
@@ -230,88 +190,29 @@ async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() 
     );
 
     // D: the operator approves.
-    let (status, body) = api
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            &operator,
-            Some(json!({"placement": "shared"})),
-        )
-        .await;
-    assert!(status == 204 || status == 200, "{status} {body}");
+    platform::activate(&api, &operator, &host_id).await;
     phase("activated");
 
     // E: the customer rents the pair; their ssh lands in the head.
-    let key = byo_core::keylist_testing::private_key();
-    let key_file = work.path().join("customer");
-    std::fs::write(
-        &key_file,
-        key.to_openssh(ssh_key::LineEnding::LF).unwrap().as_bytes(),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &key_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
-    let (status, k) = api
-        .call(
-            reqwest::Method::POST,
-            "/api/ssh-keys",
-            &customer,
-            Some(json!({"name": "laptop", "public_key": key.public_key().to_openssh().unwrap()})),
-        )
-        .await;
-    assert_eq!(status, 201, "{k}");
+    let (key_file, k) =
+        platform::customer_key(&api, &customer, &work.path().join("customer")).await;
     until(
         "the host's first heartbeat",
         Duration::from_secs(120),
         async || store.host_status(&host_id).await.unwrap().map(|_| ()),
     )
     .await;
-    // Through the tunnel only once the host has dialled the relay (its beats do).
-    until(
-        "serving to answer through the relay",
-        Duration::from_secs(120),
-        async || {
-            let out = relay
-                .exec(&[
-                    "curl",
-                    "-s",
-                    "-m",
-                    "3",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                ])
-                .arg("http://10.8.0.2:8080/v1/vms")
-                .output()
-                .unwrap();
-            (String::from_utf8_lossy(&out.stdout) == "401").then_some(())
-        },
+    platform::serving_answers_through(&relay).await;
+    let (vm_id, name, landed, took) = platform::rent(
+        &api,
+        &customer,
+        "linux-test-2",
+        &k["id"],
+        &relay.public,
+        &key_file,
     )
     .await;
-    let asked = Instant::now();
-    let (status, created) = api
-        .call(
-            reqwest::Method::POST,
-            "/api/vms",
-            &customer,
-            Some(json!({"gpu_type": "linux-test-2", "ssh_key_id": k["id"]})),
-        )
-        .await;
-    assert_eq!(status, 201, "{created}");
-    let vm_id = created["instance"]["id"].as_str().unwrap().to_owned();
-    let name = created["instance"]["name"].as_str().unwrap().to_owned();
-    let landed = until("the customer's ssh", Duration::from_secs(30), async || {
-        customer_ssh(&relay.public, &key_file)
-    })
-    .await;
-    phase(&format!(
-        "rented: create to ssh-reachable {:.2} s",
-        asked.elapsed().as_secs_f64()
-    ));
+    phase(&format!("rented: create to ssh-reachable {took:.2} s"));
     assert_eq!(landed, name, "the customer's ssh lands in the head");
     let worker = format!("{name}-w1");
     assert!(

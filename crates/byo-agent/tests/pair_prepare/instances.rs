@@ -13,9 +13,11 @@ use byo_core::keylist_testing::private_key;
 use serde_json::{Value, json};
 
 use crate::support::cabled::{Bed, containers, head_to_worker, ipv4, wait_for};
-use crate::support::host_container::{HostContainer, bridge_gateway};
-use crate::support::mapd::{FakeMapd, start_mapd};
-use crate::support::prepared::{Enrollment, agent_api, key_file, public_line, text};
+use crate::support::host_container::HostContainer;
+use crate::support::mapd::FakeMapd;
+use crate::support::prepared::{
+    Enrollment, agent_api, key_file, public_line, serve_with_mapd, text,
+};
 
 /// The newest beat's `(lxd, details)` once `seen` accepts one, within `within`.
 fn beat_where(mapd: &FakeMapd, within: Duration, seen: impl Fn(&Value) -> bool) -> Option<Value> {
@@ -36,7 +38,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     // plan's addresses (crossed: node0's rail0 lands on node1's rail1), node1's management
     // address and pinned host key, and its own copy of the peer key.
     let handed_path = byo_core::render::units::HANDED_OVER;
-    let mut handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
+    let handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
     let rails = |i: usize| -> Vec<(String, String)> {
         handed["pair"][i]["rails"]
             .as_array()
@@ -78,21 +80,8 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     );
 
     // The relay and the backend's heartbeat route, on this machine.
-    let mapd = FakeMapd {
-        token: handed["ssh_map_token"].as_str().unwrap().to_owned(),
-        ..FakeMapd::default()
-    };
-    let port = start_mapd(mapd.clone());
-    handed["ssh_map_endpoint"] = json!(format!("{}:{port}", bridge_gateway()));
-    handed["server"] = json!(format!("http://{}:{port}", bridge_gateway()));
-    n0.write(handed_path, handed.to_string().as_bytes(), 0o600);
-    n0.sh_ok(&format!("chown spark:spark {handed_path}"));
+    let mapd = serve_with_mapd(n0, e);
     let token = e.agent_token.clone();
-    n0.sh_ok("systemctl start enverge-agent.service");
-    let up = wait_for(Duration::from_secs(30), || {
-        (agent_api(n0, &token, "GET", "/v1/vms", None).0 == 200).then_some(())
-    });
-    assert!(up.is_some(), "serving answers");
     // A whole idle pair beats lxd ok.
     let whole = beat_where(&mapd, Duration::from_secs(30), |b| b["lxd"] == "ok");
     assert!(
