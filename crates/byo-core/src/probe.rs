@@ -438,18 +438,18 @@ fn number(
         let mut cables = cable_map(obs, &machines, &verdicts);
         // Only what the cables join to node0 is a satellite: a machine that shares the LAN,
         // or sits on a cable of some other pair in the rack, is none of this host's.
+        // Each pass reaches at least one more machine or none will ever be: as many passes
+        // as there are cables is enough.
         let mut reached = vec![obs.hardware_id.clone()];
-        let mut i = 0;
-        while i < reached.len() {
-            let here = reached[i].clone();
+        for _ in 0..cables.len() {
             for c in &cables {
-                if let Some((_, (other, _))) = c.end_of(&here)
-                    && !reached.contains(other)
-                {
-                    reached.push(other.clone());
+                let [(a, _), (b, _)] = &c.ends;
+                match (reached.contains(a), reached.contains(b)) {
+                    (true, false) => reached.push(b.clone()),
+                    (false, true) => reached.push(a.clone()),
+                    _ => {}
                 }
             }
-            i += 1;
         }
         cables.retain(|c| reached.contains(&c.ends[0].0));
         machines.retain(|hw, _| reached.contains(hw));
@@ -667,15 +667,11 @@ fn cable_map(
             .iter()
             .find_map(|(hw, m)| m.port_of(addr).map(|p| (hw.clone(), p.to_owned())))
     };
-    let linked = |iface: &str| {
-        verdicts
-            .iter()
-            .any(|(i, v)| i == iface && matches!(v, PortVerdict::Link { .. }))
-    };
+    // node0's ports too, whatever their verdict: a LAN port's strangers, a looped port's
+    // lone machine or a silent port's nothing make no cable of them below.
     let mut hearing: Vec<(End, &[String])> = obs
         .ports
         .iter()
-        .filter(|p| linked(&p.iface))
         .map(|p| ((node0.clone(), p.iface.clone()), p.answered.as_slice()))
         .collect();
     for (hw, m) in machines {
@@ -683,45 +679,37 @@ fn cable_map(
             hearing.push(((hw.clone(), p.iface.clone()), p.answered.as_slice()));
         }
     }
-    let mut parent: BTreeMap<End, End> = BTreeMap::new();
-    fn root(parent: &mut BTreeMap<End, End>, e: &End) -> End {
-        let mut at = e.clone();
-        while let Some(p) = parent.get(&at).filter(|p| **p != at) {
-            at = p.clone();
-        }
-        parent.entry(e.clone()).or_insert_with(|| e.clone());
-        at
-    }
+    // Each port starts as a wire of its own, labelled by itself; a port holding an address
+    // one heard joins that one's wire, and wires that meet become one (relabelled).
+    let mut wire: BTreeMap<End, End> = hearing
+        .iter()
+        .map(|(end, _)| (end.clone(), end.clone()))
+        .collect();
     let mut strangers: Vec<End> = Vec::new();
     for (end, answered) in &hearing {
-        root(&mut parent, end);
         for a in *answered {
-            match holder(a) {
-                Some(e) if e == *end => {}
-                Some(e) => {
-                    let (ra, rb) = (root(&mut parent, end), root(&mut parent, &e));
-                    if ra != rb {
-                        parent.insert(ra, rb);
-                    }
+            let Some(e) = holder(a) else {
+                strangers.push(end.clone());
+                continue;
+            };
+            let theirs = wire.entry(e.clone()).or_insert(e).clone();
+            let mine = wire[end].clone();
+            for w in wire.values_mut() {
+                if *w == theirs {
+                    *w = mine.clone();
                 }
-                None => strangers.push(end.clone()),
             }
         }
     }
-    let ends: Vec<End> = parent.keys().cloned().collect();
     let mut wires: BTreeMap<End, Vec<End>> = BTreeMap::new();
-    for e in ends {
-        let r = root(&mut parent, &e);
-        wires.entry(r).or_default().push(e);
+    for (e, w) in &wire {
+        wires.entry(w.clone()).or_default().push(e.clone());
     }
-    let stranger_roots: Vec<End> = strangers.iter().map(|e| root(&mut parent, e)).collect();
+    let stranger_wires: Vec<End> = strangers.iter().map(|e| wire[e].clone()).collect();
     let mut cables = Vec::new();
-    for (r, ends) in wires {
-        if stranger_roots.contains(&r) {
-            continue;
-        }
-        // node0's end of a wire must be a port judged a link (a LAN port is left alone).
-        if ends.iter().any(|(hw, p)| *hw == node0 && !linked(p)) {
+    for (w, ends) in wires {
+        // A stranger on the wire answers every port on it: the owner's LAN, left alone.
+        if stranger_wires.contains(&w) {
             continue;
         }
         let mut on: BTreeMap<&str, &str> = BTreeMap::new();

@@ -908,9 +908,9 @@ fn k2_a_machine_reached_with_no_cable_is_never_a_satellite() {
 #[test]
 fn k2_more_machines_on_the_cables_than_satellites_is_refused_by_redeem() {
     let (mut obs, _) = ring();
-    // A fifth machine cabled to the diagonal's spare port.
-    let mut e = machine("eee", &[(A0, &["fe80::5a"])]);
-    heard(&mut e, &[(A0, &["fe80::5a", "fe80::2b"])]);
+    // A fifth machine cabled to the diagonal's spare port, with no port detect calls a rail
+    // (nothing heard from it: the bed's rack neighbour): it is found by holding an address.
+    let e = machine("eee", &[(A0, &["fe80::5a"])]);
     let b = &mut obs.beyond[0];
     b.ports.push((A0B.into(), vec!["fe80::2b".into()]));
     b.heard.push(port(A0B, &["fe80::2b", "fe80::5a"]));
@@ -966,4 +966,50 @@ fn k2_another_pair_in_the_rack_is_not_on_this_ring() {
     assert_eq!(hw, ["aaa", "bbb", "ccc"]);
     let railed: usize = f.peer_file.peers.iter().map(|p| p.links.len()).sum();
     assert_eq!(railed, 6);
+}
+
+#[test]
+fn k2_a_ring_whose_diagonal_is_off_is_still_numbered_from_the_cable_map() {
+    // The walk ran (each neighbour heard its own ports), and nothing answered beyond them.
+    let (mut obs, _) = ring();
+    obs.beyond.clear();
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    assert_eq!(f.peers.len(), 2);
+    // (0, aaa) before (0, ccc): node0's P0 carries rail 0, though P1 sorts first by name,
+    // and every link names the node at its other end.
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P0), idx(P1)), (Some(0), Some(1)));
+    assert_eq!(link(&f, 1), [(0, Some(P0.into()), A0.into(), Some(0))]);
+    assert_eq!(link(&f, 2), [(1, Some(P1.into()), A0.into(), Some(0))]);
+}
+
+#[test]
+fn k2_two_cables_between_the_same_two_nodes_are_numbered_by_the_lower_nodes_port() {
+    // node0's P0 to aaa's A0 and its P1 to aaa's A1, walked: (0, 1) twice, and node0's port
+    // names decide (P1 sorts first), not aaa's.
+    let mut a = machine("aaa", &[(A0, &["fe80::1a"]), (A1, &["fe80::1c"])]);
+    heard(
+        &mut a,
+        &[
+            (A0, &["fe80::a0", "fe80::1a"]),
+            (A1, &["fe80::a1", "fe80::1c"]),
+        ],
+    );
+    let obs = node0(
+        vec![port(P0, &["fe80::1a"]), port(P1, &["fe80::1c"])],
+        vec![
+            ("fe80::1a", P0, Login::Machine(Box::new(a.clone()))),
+            ("fe80::1c", P1, Login::Machine(Box::new(a))),
+        ],
+    );
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P1), idx(P0)), (Some(0), Some(1)));
+    assert_eq!(
+        link(&f, 1),
+        [
+            (0, Some(P1.into()), A1.into(), Some(0)),
+            (1, Some(P0.into()), A0.into(), Some(0))
+        ]
+    );
 }
