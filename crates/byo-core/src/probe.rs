@@ -435,7 +435,7 @@ fn number(
                 machines.entry(hw.to_owned()).or_insert_with(|| m.clone());
             }
         }
-        let mut cables = cable_map(obs, &machines, &verdicts);
+        let mut cables = cable_map(obs, &machines);
         // Only what the cables join to node0 is a satellite: a machine that shares the LAN,
         // or sits on a cable of some other pair in the rack, is none of this host's.
         // Each pass reaches at least one more machine or none will ever be: as many passes
@@ -648,15 +648,11 @@ fn pair_cables(
 }
 
 /// A ring's cable map (K2 notes 3 and 8): every port that heard the all-nodes multicast —
-/// node0's linked ones and each satellite's — joined to the ports holding the addresses it
+/// node0's and each satellite's — joined to the ports holding the addresses it
 /// heard. A wire is what those joins connect (a QSFP's two functions fall on one); a wire with
 /// exactly two machines on it and no stranger is a cable, addressed at each end on the
 /// PCI-domain-0 function. A wire with a stranger or more machines is a LAN, left alone.
-fn cable_map(
-    obs: &Observation,
-    machines: &BTreeMap<String, Machine>,
-    verdicts: &[(String, PortVerdict)],
-) -> Vec<Cable> {
+fn cable_map(obs: &Observation, machines: &BTreeMap<String, Machine>) -> Vec<Cable> {
     type End = (String, String);
     let node0 = obs.hardware_id.clone();
     let holder = |addr: &str| -> Option<End> {
