@@ -45,6 +45,7 @@ conformance!(
     step28_single_use_token_redeemed_once_by_32_callers,
     step28_unknown_spent_rejected_and_expired_tokens_get_the_same_none,
     last_superadmin_cannot_be_revoked,
+    accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_own,
     sessions_expire_and_end,
     email_is_unique,
     no_table_holds_a_plaintext_token,
@@ -1433,4 +1434,84 @@ async fn e2_the_queues_reads_count_what_is_open_and_a_run_lets_go_of_its_claims(
     assert!(store.delete_ssh_key(&customer, &mine).await.unwrap());
     assert!(!store.delete_ssh_key(&customer, &mine).await.unwrap());
     assert!(store.ssh_keys_of(&customer).await.unwrap().is_empty());
+}
+
+/// The accounts' reads (issue #19: pinned before only through the server's account suites):
+/// a user by id and by email, a password hash replaced (and a missing user named), the hosts
+/// a user owns, and the overview giving each user their own roles and hosts.
+async fn accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_own(db: TestDb) {
+    let store = &db.store;
+    let a = user(store, "a@example.com").await;
+    let b = user(store, "b@example.com").await;
+    assert_eq!(
+        store.user(&a).await.unwrap().map(|u| u.email),
+        Some("a@example.com".into())
+    );
+    assert!(store.user("no-such-sub").await.unwrap().is_none());
+    assert_eq!(
+        store
+            .user_by_email("b@example.com")
+            .await
+            .unwrap()
+            .map(|u| u.sub),
+        Some(b.clone())
+    );
+    assert!(
+        store
+            .user_by_email("nobody@example.com")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    store
+        .set_password_hash(&a, "$argon2id$replaced")
+        .await
+        .unwrap();
+    assert_eq!(
+        store.user(&a).await.unwrap().unwrap().password_hash,
+        "$argon2id$replaced"
+    );
+    assert_eq!(
+        store.user(&b).await.unwrap().unwrap().password_hash,
+        "$argon2id$x"
+    );
+    assert!(matches!(
+        store.set_password_hash("no-such-sub", "$argon2id$y").await,
+        Err(DbError::NotFound)
+    ));
+
+    host(store, &a, "spark-a1").await;
+    host(store, &a, "spark-a2").await;
+    assert_eq!(store.hosts_owned(&a).await.unwrap(), 2);
+    assert_eq!(store.hosts_owned(&b).await.unwrap(), 0);
+
+    store
+        .grant_role(&a, Role::Superadmin, None, now())
+        .await
+        .unwrap();
+    store
+        .grant_role(&b, Role::Operator, Some(&a), now())
+        .await
+        .unwrap();
+    assert_eq!(store.superadmin_count().await.unwrap(), 1);
+    let overview: Vec<(String, Vec<Role>, i64)> = store
+        .users_overview()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.user.email, o.roles, o.hosts_owned))
+        .collect();
+    assert_eq!(
+        overview,
+        [
+            ("a@example.com".to_owned(), vec![Role::Superadmin], 2),
+            ("b@example.com".to_owned(), vec![Role::Operator], 0)
+        ]
+    );
+    store
+        .grant_role(&b, Role::Superadmin, Some(&a), now())
+        .await
+        .unwrap();
+    assert_eq!(store.superadmin_count().await.unwrap(), 2);
 }
