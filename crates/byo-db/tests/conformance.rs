@@ -1127,6 +1127,23 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
     );
 }
 
+/// One open queue row for `user_sub` (step 58), queued at `at`: its id.
+async fn enqueue(store: &Store, user_sub: &str, ssh_key_id: &str, at: DateTime<Utc>) -> String {
+    store
+        .enqueue_vm(
+            byo_db::queue::NewQueued {
+                user_sub,
+                gpu_type: "spark-1",
+                ssh_key_id,
+            },
+            at,
+            10,
+        )
+        .await
+        .unwrap()
+        .id
+}
+
 /// E2 on the Store alone: the one placement pick returns the hosts a create may land on
 /// (and only as many as asked), the claim takes open rows in order under its token and
 /// leaves claimed rows and skipped kinds alone, and a batch's keys are read as stored.
@@ -1178,19 +1195,7 @@ async fn e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there(db: TestDb
 
     let mut queued = Vec::new();
     for i in 0..2 {
-        let row = store
-            .enqueue_vm(
-                byo_db::queue::NewQueued {
-                    user_sub: &customer,
-                    gpu_type: "spark-1",
-                    ssh_key_id: &key,
-                },
-                at + Duration::milliseconds(i),
-                10,
-            )
-            .await
-            .unwrap();
-        queued.push(row.id);
+        queued.push(enqueue(store, &customer, &key, at + Duration::milliseconds(i)).await);
     }
     let lease = at + Duration::minutes(1);
     let skipped = store
@@ -1284,33 +1289,9 @@ async fn e2_the_queues_reads_count_what_is_open_and_a_run_lets_go_of_its_claims(
     vm(store, &customer, &h).await;
     let mut queued = Vec::new();
     for i in 0..2 {
-        let row = store
-            .enqueue_vm(
-                byo_db::queue::NewQueued {
-                    user_sub: &customer,
-                    gpu_type: "spark-1",
-                    ssh_key_id: &mine,
-                },
-                at + Duration::milliseconds(i),
-                10,
-            )
-            .await
-            .unwrap();
-        queued.push(row.id);
+        queued.push(enqueue(store, &customer, &mine, at + Duration::milliseconds(i)).await);
     }
-    let other_row = store
-        .enqueue_vm(
-            byo_db::queue::NewQueued {
-                user_sub: &other,
-                gpu_type: "spark-1",
-                ssh_key_id: &theirs,
-            },
-            at + Duration::milliseconds(5),
-            10,
-        )
-        .await
-        .unwrap()
-        .id;
+    let other_row = enqueue(store, &other, &theirs, at + Duration::milliseconds(5)).await;
     // One live instance and two open rows.
     assert_eq!(store.instances_held(&customer).await.unwrap(), 3);
     assert_eq!(store.instances_held(&other).await.unwrap(), 1);

@@ -24,7 +24,7 @@ use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use secrecy::ExposeSecret;
 use serde_json::json;
-use support::platform::{self, Api, RemoveRelays, customer_ssh, until, user};
+use support::platform::{self, Api, RemoveRelays, customer_ssh, until};
 use support::{release, ssh};
 
 /// The relay provider with a gate: provisioning waits until the test lets it through.
@@ -169,16 +169,12 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         delete: byo_server::agents::DELETE_WAIT,
     });
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
-    let api = Api {
-        base: base.clone(),
-        client: reqwest::Client::builder()
-            .timeout(Duration::from_secs(150))
-            .build()
-            .unwrap(),
-    };
-    let staff = user(&store, "staff@example.com", &[Role::Superadmin]).await;
-    let operator = user(&store, "op@example.com", &[Role::Operator]).await;
-    let customer = user(&store, "customer@example.com", &[]).await;
+    let api = Api::new(&base);
+    let platform::People {
+        staff,
+        operator,
+        customer,
+    } = platform::people(&store).await;
     phase("server up");
 
     // M: an operator's key, signed into the list every host receives at enrolment.

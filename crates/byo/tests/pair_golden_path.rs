@@ -19,12 +19,11 @@ use std::time::{Duration, Instant};
 
 use byo::local_relay::LxdRelays;
 use byo_server::providers::local::LocalTunnels;
-use byo_wire::Role;
 use cabled::{Bed, PASSWORD, USER, containers, head_to_worker};
 use host_container::bridge_gateway;
 use relay_support::kernel_parts;
 use serde_json::json;
-use support::platform::{self, Api, RemoveRelays, until, user};
+use support::platform::{self, Api, RemoveRelays, until};
 use support::release;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -62,16 +61,12 @@ async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() 
     let state = byo_server::state::AppState::new(store.clone(), config)
         .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
-    let api = Api {
-        base: base.clone(),
-        client: reqwest::Client::builder()
-            .timeout(Duration::from_secs(150))
-            .build()
-            .unwrap(),
-    };
-    let staff = user(&store, "staff@example.com", &[Role::Superadmin]).await;
-    let operator = user(&store, "op@example.com", &[Role::Operator]).await;
-    let customer = user(&store, "customer@example.com", &[]).await;
+    let api = Api::new(&base);
+    let platform::People {
+        staff,
+        operator,
+        customer,
+    } = platform::people(&store).await;
     let op_key = byo_core::keylist_testing::private_key();
     platform::publish_operator_key(&api, &operator, &staff, &signing, &op_key).await;
     phase("server up");

@@ -18,6 +18,17 @@ pub struct Api {
 }
 
 impl Api {
+    /// The API at `base`, each call bounded at 150 s.
+    pub fn new(base: &str) -> Api {
+        Api {
+            base: base.to_owned(),
+            client: reqwest::Client::builder()
+                .timeout(Duration::from_secs(150))
+                .build()
+                .unwrap(),
+        }
+    }
+
     pub async fn call(
         &self,
         method: reqwest::Method,
@@ -277,4 +288,20 @@ pub async fn listen(gateway: String) -> (tokio::net::TcpListener, String) {
     let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
     let base = format!("http://{gateway}:{}", listener.local_addr().unwrap().port());
     (listener, base)
+}
+
+/// A platform scenario's three people, by their session tokens.
+pub struct People {
+    pub staff: String,
+    pub operator: String,
+    pub customer: String,
+}
+
+/// A superadmin, an operator and a customer, each signed in.
+pub async fn people(store: &byo_db::Store) -> People {
+    People {
+        staff: user(store, "staff@example.com", &[Role::Superadmin]).await,
+        operator: user(store, "op@example.com", &[Role::Operator]).await,
+        customer: user(store, "customer@example.com", &[]).await,
+    }
 }
