@@ -109,7 +109,7 @@ impl CableProbe {
                 }
             )
         };
-        let obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
+        let mut obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
         let mut decision = probe::decide(&obs, &self.rail_indexes(), self.kept().as_ref());
         // The management LAN only wakes a cabled machine with carrier and no link-local;
         // then the cables are walked again. ENVERGE_PEER_ADDR skips it (its login has already
@@ -123,7 +123,20 @@ impl CableProbe {
         // again until the cable answers or the moment has passed.
         let deadline = Instant::now() + self.settle;
         while woken > 0 && silent(&decision) && Instant::now() < deadline {
-            let obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
+            obs = self.look(node0, &me, hardware_id.clone(), &mut logins)?;
+            decision = probe::decide(&obs, &self.rail_indexes(), self.kept().as_ref());
+        }
+        // A ring: walk the cables beyond node0's, from each machine on them, until nothing
+        // new answers (K2 note 3).
+        if self.nodes() > 2
+            && let Decision::Enroll(found) = &decision
+        {
+            let linked: Vec<String> = found
+                .peers
+                .iter()
+                .filter_map(|p| p.hardware_id.clone())
+                .collect();
+            logins.walk(&mut obs, &linked)?;
             decision = probe::decide(&obs, &self.rail_indexes(), self.kept().as_ref());
         }
         if let Decision::Enroll(found) = &decision {
@@ -171,6 +184,7 @@ impl CableProbe {
             ports,
             own,
             logins: seen,
+            beyond: Vec::new(),
         })
     }
 }
@@ -401,6 +415,8 @@ struct Logins {
     password_file: Option<PathBuf>,
     keys: Vec<PathBuf>,
     known: Vec<Machine>,
+    /// How each machine logged into is reached again (by hardware_id): the walk looks from it.
+    hosts: BTreeMap<String, SshHost>,
     dir: Scratch,
     n: usize,
 }
@@ -432,6 +448,7 @@ impl Logins {
             user,
             keys,
             known: Vec::new(),
+            hosts: BTreeMap::new(),
             dir: Scratch::new()?,
             n: 0,
         })
@@ -477,6 +494,7 @@ impl Logins {
             password_file: self.password_file.clone(),
             host_key_alias: Some("enverge-probe".into()),
             control_path: Some(self.dir.path().join(format!("cm-{}", self.n))),
+            proxy: None,
         }
     }
 
@@ -484,11 +502,21 @@ impl Logins {
     /// then the password. A login that works reads the machine (its identity, its ports, its
     /// management address) and pins its rails' link-local (peer-prep on node1).
     fn login(&mut self, addr: &str) -> Login {
+        self.login_via(addr, None)
+    }
+
+    /// [`Logins::login`], through `via` when given: `addr` is then as `via` sees it, its host
+    /// key read there, across the cable.
+    fn login_via(&mut self, addr: &str, via: Option<&SshHost>) -> Login {
         if self.user.is_none() {
             return Login::Refused;
         }
-        let mut local = LocalHost::default();
-        let scan = match local.run(&["ssh-keyscan", "-T", "5", "-t", "ed25519", addr], None) {
+        let keyscan = ["ssh-keyscan", "-T", "5", "-t", "ed25519", addr];
+        let scan = match via {
+            None => LocalHost::default().run(&keyscan, None),
+            Some(v) => v.clone().run(&keyscan, None),
+        };
+        let scan = match scan {
             Ok(o) => o,
             Err(e) => return Login::Unreachable(e),
         };
@@ -512,8 +540,20 @@ impl Logins {
         let mut last = Login::Refused;
         for key in tries {
             let mut host = self.ssh(addr, key.as_deref(), &known);
+            if let Some(v) = via {
+                host.proxy = Some(v.proxy_to(addr));
+                host.control_path = None;
+            }
             match host.run(&["true"], None) {
-                Ok(o) if o.ok() => return read_machine(&mut host, host_key),
+                Ok(o) if o.ok() => {
+                    let login = read_machine(&mut host, host_key);
+                    if let Login::Machine(m) = &login
+                        && let Some(hw) = m.report.hardware_id.clone()
+                    {
+                        self.hosts.entry(hw).or_insert(host);
+                    }
+                    return login;
+                }
                 // Logged in, but sudo refused: not a login node0 can prepare with.
                 Ok(_) => last = Login::Refused,
                 Err(e) if e.contains("Permission denied") => last = Login::Refused,
@@ -521,6 +561,98 @@ impl Logins {
             }
         }
         last
+    }
+
+    /// The ring's walk (K2 note 3): from each machine on the cables — node0's neighbours
+    /// (`linked`, by hardware_id) first — listen on each of its rail ports, and log in one
+    /// hop through it at every address no machine already logged into holds; what answers is
+    /// walked in turn, until nothing new answers. What each machine heard goes on it, and the
+    /// machines beyond node0's cables into `obs.beyond`; the pure probe then keeps only what
+    /// the cables join to node0.
+    fn walk(&mut self, obs: &mut Observation, linked: &[String]) -> Fallible<()> {
+        let mut queue: Vec<String> = linked.to_vec();
+        let mut heard: BTreeMap<String, Vec<PortSeen>> = BTreeMap::new();
+        let mut beyond: Vec<String> = Vec::new();
+        while let Some(hw) = queue.pop() {
+            if heard.contains_key(&hw) {
+                continue;
+            }
+            let (Some(host), Some(m)) = (
+                self.hosts.get(&hw).cloned(),
+                self.known
+                    .iter()
+                    .find(|m| m.report.hardware_id.as_ref() == Some(&hw))
+                    .cloned(),
+            ) else {
+                continue;
+            };
+            let mut host = host;
+            let mut ports = Vec::new();
+            for r in &m.report.rails {
+                let answered = all_nodes(&mut host, &r.iface)?;
+                let carrier =
+                    read_string(&mut host, &format!("/sys/class/net/{}/carrier", r.iface))?
+                        .is_some_and(|c| c.trim() == "1");
+                for a in &answered {
+                    let held = obs.own.iter().any(|(_, o)| o.eq_ignore_ascii_case(a))
+                        || self.known.iter().any(|k| {
+                            k.ports
+                                .iter()
+                                .any(|(_, x)| x.iter().any(|x| x.eq_ignore_ascii_case(a)))
+                        });
+                    if held {
+                        continue;
+                    }
+                    if let Login::Machine(found) =
+                        self.login_via(&probe::scoped(a, &r.iface), Some(&host))
+                        && let Some(id) = found.report.hardware_id.clone()
+                        && !self
+                            .known
+                            .iter()
+                            .any(|k| k.report.hardware_id.as_ref() == Some(&id))
+                    {
+                        println!(
+                            "byo-agent: reached {a} across {}'s {} (no cable of node0's goes there)",
+                            m.mgmt_addr.as_deref().unwrap_or(&host.addr),
+                            r.iface
+                        );
+                        self.known.push(*found);
+                        beyond.push(id.clone());
+                        queue.push(id);
+                    }
+                }
+                ports.push(PortSeen {
+                    iface: r.iface.clone(),
+                    device: r.device.clone(),
+                    mtu: r.mtu,
+                    active_mtu: r.active_mtu,
+                    carrier,
+                    answered,
+                });
+            }
+            heard.insert(hw, ports);
+        }
+        for login in obs.logins.values_mut() {
+            if let Login::Machine(m) = login
+                && let Some(hw) = &m.report.hardware_id
+                && let Some(h) = heard.get(hw)
+            {
+                m.heard = h.clone();
+            }
+        }
+        obs.beyond = beyond
+            .iter()
+            .filter_map(|hw| {
+                let mut m = self
+                    .known
+                    .iter()
+                    .find(|k| k.report.hardware_id.as_ref() == Some(hw))?
+                    .clone();
+                m.heard = heard.get(hw).cloned().unwrap_or_default();
+                Some(m)
+            })
+            .collect();
+        Ok(())
     }
 
     /// The management-LAN fallback (mDNS `_ssh._tcp`, then ARP on the uplink): log into each
@@ -624,6 +756,7 @@ fn read_machine(host: &mut SshHost, host_key: String) -> Login {
         host_key,
         mgmt_addr,
         ports,
+        heard: Vec::new(),
     }))
 }
 

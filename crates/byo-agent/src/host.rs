@@ -432,6 +432,8 @@ pub struct SshHost {
     /// One SSH connection shared by every command (ControlMaster), for the cable probe's
     /// many short reads of one machine; it closes itself 10 s after the last.
     pub control_path: Option<PathBuf>,
+    /// A `ProxyCommand` ([`SshHost::proxy_to`]): the machine is reached through another.
+    pub proxy: Option<String>,
 }
 
 /// Set in the environment of ssh when a lent login is used: the agent, started by ssh as
@@ -445,26 +447,17 @@ pub fn lent_password(file: &Path) -> std::io::Result<String> {
 }
 
 impl SshHost {
-    fn ssh(&self, remote: &str, stdin: Option<&[u8]>) -> Fallible<Output> {
-        let mut local = LocalHost::default();
-        let port = self.port.to_string();
-        let key = self.key.to_string_lossy().into_owned();
-        let known = format!("UserKnownHostsFile={}", self.known_hosts.to_string_lossy());
-        let target = format!("{}@{}", self.user, self.addr);
-        let alias = self
-            .host_key_alias
-            .as_ref()
-            .map(|a| format!("HostKeyAlias={a}"));
-        let mut argv = vec![
-            "ssh",
+    /// ssh's options for this machine, up to (not including) the target.
+    fn options(&self, multiplex: bool) -> Vec<String> {
+        let mut argv: Vec<String> = [
             "-p",
-            &port,
+            &self.port.to_string(),
             "-i",
-            &key,
+            &self.key.to_string_lossy(),
             "-o",
             "StrictHostKeyChecking=yes",
             "-o",
-            &known,
+            &format!("UserKnownHostsFile={}", self.known_hosts.to_string_lossy()),
             "-o",
             "ConnectTimeout=10",
             // A satellite that goes away mid-connection (a reboot, a cable pulled from the
@@ -473,37 +466,57 @@ impl SshHost {
             "ServerAliveInterval=5",
             "-o",
             "ServerAliveCountMax=2",
-        ];
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let mut opt = |o: String| argv.extend(["-o".to_owned(), o]);
         if self.password_file.is_some() {
             // BatchMode would forbid the password ssh asks SSH_ASKPASS for.
-            argv.extend([
-                "-o",
-                "BatchMode=no",
-                "-o",
-                "NumberOfPasswordPrompts=1",
-                "-o",
-                "PreferredAuthentications=publickey,password,keyboard-interactive",
-            ]);
+            opt("BatchMode=no".into());
+            opt("NumberOfPasswordPrompts=1".into());
+            opt("PreferredAuthentications=publickey,password,keyboard-interactive".into());
         } else {
-            argv.extend(["-o", "BatchMode=yes"]);
+            opt("BatchMode=yes".into());
         }
-        if let Some(a) = &alias {
-            argv.extend(["-o", a.as_str()]);
+        if let Some(a) = &self.host_key_alias {
+            opt(format!("HostKeyAlias={a}"));
         }
-        let control = self
-            .control_path
-            .as_ref()
-            .map(|p| format!("ControlPath={}", p.to_string_lossy()));
-        if let Some(c) = &control {
-            argv.extend([
-                "-o",
-                "ControlMaster=auto",
-                "-o",
-                c.as_str(),
-                "-o",
-                "ControlPersist=10",
-            ]);
+        if let Some(p) = &self.proxy {
+            opt(format!("ProxyCommand={p}"));
         }
+        if multiplex && let Some(c) = &self.control_path {
+            opt("ControlMaster=auto".into());
+            opt(format!("ControlPath={}", c.to_string_lossy()));
+            opt("ControlPersist=10".into());
+        }
+        argv
+    }
+
+    /// A `ProxyCommand` that reaches `target` (an address as this machine sees it, a
+    /// link-local one scoped to its own port) one hop through this machine: how node0 logs
+    /// into a ring's diagonal across a neighbour's cable (K2 note 3). Its own connection, not
+    /// the shared one; ssh expands `%` in the command, so each is doubled.
+    pub fn proxy_to(&self, target: &str) -> String {
+        let mut words = vec!["ssh".to_owned()];
+        words.extend(self.options(false));
+        words.extend([
+            "-W".to_owned(),
+            format!("[{target}]:22"),
+            format!("{}@{}", self.user, self.addr),
+        ]);
+        words
+            .iter()
+            .map(|w| shell_quote(w).replace('%', "%%"))
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    fn ssh(&self, remote: &str, stdin: Option<&[u8]>) -> Fallible<Output> {
+        let mut local = LocalHost::default();
+        let target = format!("{}@{}", self.user, self.addr);
+        let options = self.options(true);
+        let mut argv: Vec<&str> = vec!["ssh"];
+        argv.extend(options.iter().map(String::as_str));
         argv.extend([target.as_str(), "--", remote]);
         let out = match &self.password_file {
             None => local.run(&argv, stdin)?,

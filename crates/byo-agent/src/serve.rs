@@ -88,10 +88,34 @@ async fn put_operator_keys(
         );
     }
     let keys = state.operator_keys.clone();
-    // File IO with fsyncs: off the async workers.
-    let result = tokio::task::spawn_blocking(move || keys.receive(&body, chrono::Utc::now())).await;
+    let pair = state.vms.as_ref().and_then(|v| v.config.pair.clone());
+    // File IO with fsyncs, and SSH to the satellites: off the async workers.
+    let result = tokio::task::spawn_blocking(move || {
+        let applied = keys.receive(&body, chrono::Utc::now())?;
+        // M.4: a pair's satellites get the same list (their spark's own login file).
+        let missed = match (&pair, keys.held()?) {
+            (Some(pair), Some((_, list))) => {
+                crate::workers::push_operator_keys(pair, &list.authorized_keys())
+            }
+            _ => Vec::new(),
+        };
+        Ok::<_, ReceiveError>((applied, missed))
+    })
+    .await;
     match result {
-        Ok(Ok(applied)) => {
+        Ok(Ok((applied, missed))) if !missed.is_empty() => {
+            tracing::error!(version = applied.version, missed = ?missed, "operator-key list applied on node0, not on every satellite");
+            answer(
+                StatusCode::BAD_GATEWAY,
+                AgentErrorCode::Failed,
+                &format!(
+                    "version {} applied on node0, not written on {}; send again once they answer",
+                    applied.version,
+                    missed.join("; ")
+                ),
+            )
+        }
+        Ok(Ok((applied, _))) => {
             tracing::info!(
                 version = applied.version,
                 keys = applied.keys,

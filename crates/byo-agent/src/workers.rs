@@ -128,6 +128,7 @@ impl SatelliteHosts for SshSatelliteHosts {
             password_file: None,
             host_key_alias: None,
             control_path: Some(self.dir.join(format!("peer-{}.ctl", node.index))),
+            proxy: None,
         }))
     }
 }
@@ -140,8 +141,23 @@ fn is_port_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.')
 }
 
-/// The script a container of a pair runs at every boot: its cables' addresses and MTU.
-pub fn rails_script(rails: &[RailAddr]) -> Fallible<String> {
+/// The routes node `index`'s container carries on a ring (none on a pair): to each rail it is
+/// not on, through the neighbour that is (`byo_core::ring`).
+pub fn ring_routes(pair: &Pair, index: u32) -> Vec<byo_core::ring::Route> {
+    let nodes: Vec<byo_core::ring::NodeAddrs> = pair
+        .nodes
+        .iter()
+        .map(|n| byo_core::ring::NodeAddrs {
+            index: n.index,
+            addresses: n.rails.iter().map(|r| r.address.clone()).collect(),
+        })
+        .collect();
+    byo_core::ring::routes(&nodes, index)
+}
+
+/// The script a container of a pair or a ring runs at every boot: its cables' addresses and
+/// MTU; on a ring, forwarding on its cables and a route to each rail it is not on (K2 note 7).
+pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fallible<String> {
     let mut s = String::from(
         "#!/bin/sh\n# This container's rails (lofispark-dual), written by node0's agent at create;\n# run at every boot, so a restarted container comes back addressed.\n",
     );
@@ -159,6 +175,34 @@ pub fn rails_script(rails: &[RailAddr]) -> Fallible<String> {
             a = r.address
         ));
     }
+    let ip = |a: &str| {
+        a.split('/')
+            .next()
+            .is_some_and(|a| a.parse::<std::net::Ipv4Addr>().is_ok())
+    };
+    for route in routes {
+        if !ip(&route.to) || !ip(&route.via) {
+            return Err(format!(
+                "a route does not read: {} via {}",
+                route.to, route.via
+            ));
+        }
+    }
+    if !routes.is_empty() {
+        // Forwarding on the cables only: what arrives on a rail may go on to the next rail.
+        for r in rails {
+            s.push_str(&format!(
+                "echo 1 > /proc/sys/net/ipv4/conf/{p}/forwarding\n",
+                p = r.port
+            ));
+        }
+        for route in routes {
+            s.push_str(&format!(
+                "ip route replace {} via {}\n",
+                route.to, route.via
+            ));
+        }
+    }
     Ok(s)
 }
 
@@ -167,8 +211,19 @@ const RAILS_UNIT: &str = "[Unit]\nDescription=enverge: this container's rails\nB
 
 /// Put a pair's rails into a container that runs: the script, its boot hook where the image
 /// runs systemd, and the addresses now.
-fn address_rails<H: Host + ?Sized>(h: &mut H, instance: &str, rails: &[RailAddr]) -> Fallible<()> {
-    let script = rails_script(rails)?;
+fn address_rails<H: Host + ?Sized>(
+    h: &mut H,
+    instance: &str,
+    pair: &Pair,
+    index: u32,
+) -> Fallible<()> {
+    let rails = pair
+        .nodes
+        .iter()
+        .find(|n| n.index == index)
+        .map(|n| n.rails.as_slice())
+        .unwrap_or_default();
+    let script = rails_script(rails, &ring_routes(pair, index))?;
     mkdir(h, instance, "/etc/enverge", 0o755)?;
     lxd::push(h, instance, RAILS_SCRIPT, script.as_bytes(), 0o755)?;
     let systemd = lxd::exec(h, instance, &["test", "-d", "/run/systemd/system"])?.code == 0;
@@ -282,7 +337,7 @@ pub fn prepare_head<H: Host + ?Sized>(
         0o600,
     )?;
     lxd::push(h, head, "/root/.ssh/id_dropbear", &launcher.dropbear, 0o600)?;
-    address_rails(h, head, pair.node0_rails())?;
+    address_rails(h, head, pair, 0)?;
     lxd::push(
         h,
         head,
@@ -310,6 +365,27 @@ pub fn cluster_md(pair: &Pair, head: &str) -> String {
             n.index,
             addrs.join(", ")
         ));
+    }
+    // A ring: the node no cable of the head's reaches, and how traffic gets there.
+    let routes = ring_routes(pair, 0);
+    if !routes.is_empty() {
+        let head_nets: Vec<String> = routes.iter().map(|r| r.to.clone()).collect();
+        for n in pair.nodes.iter().filter(|n| n.index != 0) {
+            let beyond = n.rails.iter().all(|r| {
+                byo_core::ring::subnet(&r.address).is_some_and(|net| head_nets.contains(&net))
+            });
+            if beyond {
+                s.push_str(&format!(
+                    "\n{} (node{}) has no cable to the head: it is reached one hop through a neighbour, every node forwarding between its rails.\n",
+                    lockstep::worker_name(head, n.index),
+                    n.index
+                ));
+            }
+        }
+        s.push_str("\nRoutes in the head:\n\n");
+        for r in &routes {
+            s.push_str(&format!("    {} via {}\n", r.to, r.via));
+        }
     }
     s
 }
@@ -402,12 +478,18 @@ pub fn clear(pair: &Pair) -> Fallible<()> {
 pub fn launch(pair: &Pair, head: &str, launcher_public: &str) -> Fallible<()> {
     for n in pair.satellites() {
         let mut h = pair.hosts.host(n)?;
-        launch_one(&mut *h, n, head, launcher_public)?;
+        launch_one(&mut *h, pair, n, head, launcher_public)?;
     }
     Ok(())
 }
 
-fn launch_one(h: &mut dyn Host, n: &PairNode, head: &str, launcher_public: &str) -> Fallible<()> {
+fn launch_one(
+    h: &mut dyn Host,
+    pair: &Pair,
+    n: &PairNode,
+    head: &str,
+    launcher_public: &str,
+) -> Fallible<()> {
     use crate::prepare::steps::DUAL_PROFILE;
     let name = lockstep::worker_name(head, n.index);
     let body = json!({
@@ -426,7 +508,7 @@ fn launch_one(h: &mut dyn Host, n: &PairNode, head: &str, launcher_public: &str)
     lxd::state(h, &name, "start")
         .map_err(|e| format!("the worker {name} would not start on node{}: {e}", n.index))?;
     let inside = |h: &mut dyn Host| -> Fallible<()> {
-        address_rails(h, &name, &n.rails)?;
+        address_rails(h, &name, pair, n.index)?;
         lxd::push(
             h,
             &name,
@@ -493,6 +575,53 @@ pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
         .into_iter()
         .map(|(name, node, e)| format!("{action} {name} on node{node}: {e}"))
         .collect()
+}
+
+/// Where a satellite's spark logs in from (M.4: node1's belongs to the spark user node0
+/// already reaches it as).
+const SATELLITE_AUTHORIZED_KEYS: &str = "/home/spark/.ssh/authorized_keys";
+/// The comment preparation gives node0's peer key in a satellite's authorized_keys.
+pub const PEER_KEY_COMMENT: &str = "enverge-node0-peer";
+
+/// M.4 on a pair or a ring: the operators' keys, as node0 just applied them, written to each
+/// satellite's spark, which keeps node0's peer key (the line preparation marked) and nothing
+/// else of before. Returns what could not be written, by node; a push that misses one fails and
+/// says so (M.6), and sending again repairs it.
+pub fn push_operator_keys(pair: &Pair, authorized_keys: &str) -> Vec<String> {
+    let mut failed = Vec::new();
+    for n in pair.satellites() {
+        let done = pair.hosts.host(n).and_then(|mut h| {
+            let now =
+                crate::host::read_string(&mut *h, SATELLITE_AUTHORIZED_KEYS)?.unwrap_or_default();
+            let mut want = authorized_keys.trim_end().to_owned();
+            want.push('\n');
+            for line in now
+                .lines()
+                .filter(|l| l.trim_end().ends_with(PEER_KEY_COMMENT))
+            {
+                want.push_str(line.trim_end());
+                want.push('\n');
+            }
+            if want != now {
+                h.write(
+                    SATELLITE_AUTHORIZED_KEYS,
+                    want.as_bytes(),
+                    0o600,
+                    "spark:spark",
+                )?;
+            }
+            Ok(())
+        });
+        if let Err(e) = done {
+            tracing::warn!(node = n.index, error = %e, "the operator keys could not be written on a satellite");
+            failed.push(format!(
+                "node{}: {}",
+                n.index,
+                e.chars().take(300).collect::<String>()
+            ));
+        }
+    }
+    failed
 }
 
 /// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left
@@ -606,7 +735,9 @@ mod tests {
 
     #[test]
     fn the_rails_script_addresses_each_cable_and_refuses_what_a_shell_would_read() {
-        let s = rails_script(&[rail("rail0", "192.168.100.11/24")]).unwrap();
+        let s = rails_script(&[rail("rail0", "192.168.100.11/24")], &[]).unwrap();
+        // A pair: no forwarding, no route.
+        assert!(!s.contains("forwarding") && !s.contains("route"), "{s}");
         assert!(s.starts_with("#!/bin/sh\n"));
         assert!(
             s.contains("ip addr add 192.168.100.11/24 dev rail0\n"),
@@ -619,8 +750,42 @@ mod tests {
             ("rail0", "192.168.100.300/24"),
             ("a-name-longer-than-15", "192.168.100.11/24"),
         ] {
-            assert!(rails_script(&[rail(port, addr)]).is_err(), "{port} {addr}");
+            assert!(
+                rails_script(&[rail(port, addr)], &[]).is_err(),
+                "{port} {addr}"
+            );
         }
+        let route = |to: &str, via: &str| byo_core::ring::Route {
+            to: to.into(),
+            via: via.into(),
+        };
+        let ring = rails_script(
+            &[
+                rail("rail0", "192.168.100.10/24"),
+                rail("rail1", "192.168.101.10/24"),
+            ],
+            &[route("192.168.102.0/24", "192.168.100.11")],
+        )
+        .unwrap();
+        assert!(
+            ring.contains("echo 1 > /proc/sys/net/ipv4/conf/rail0/forwarding\n"),
+            "{ring}"
+        );
+        assert!(
+            ring.contains("echo 1 > /proc/sys/net/ipv4/conf/rail1/forwarding\n"),
+            "{ring}"
+        );
+        assert!(
+            ring.ends_with("ip route replace 192.168.102.0/24 via 192.168.100.11\n"),
+            "{ring}"
+        );
+        assert!(
+            rails_script(
+                &[rail("rail0", "192.168.100.10/24")],
+                &[route("x; reboot", "1.2.3.4")]
+            )
+            .is_err()
+        );
     }
 
     #[test]

@@ -15,8 +15,7 @@ mod support;
 use std::time::Instant;
 
 use serde_json::{Value, json};
-use support::cabled::{Bed, Capture, PASSWORD, USER};
-use support::host_container::HostContainer;
+use support::cabled::{Bed, Capture, PASSWORD, USER, ipv4, wait_for, whole_mtu_passes};
 use support::prepared::{self, public_line, ssh, text};
 
 /// The staff-only pair profile's constants (`linux-test-2`, migration 0019): a pair's two
@@ -28,51 +27,6 @@ fn linux_test_2() -> Value {
                      {"index": 1, "subnet": "192.168.101.0/24", "mtu": 9000}],
            "prepare": {"lxd": "apt", "storage_driver": "dir", "pool_size": "20GiB",
                        "zfs_arc_max": 1073741824, "base_image": "minimal", "tunnel": false}})
-}
-
-/// `ip -j -4 addr` of one interface: its IPv4 addresses with their prefix, and its MTU.
-fn ipv4(host: &HostContainer, iface: &str) -> (Vec<String>, u64) {
-    let out = host.sh_ok(&format!("ip -j -4 addr show dev {iface}"));
-    let j: Value = serde_json::from_str(&out).unwrap();
-    let link = &j[0];
-    let addrs = link["addr_info"]
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .map(|i| format!("{}/{}", i["local"].as_str().unwrap(), i["prefixlen"]))
-                .collect()
-        })
-        .unwrap_or_default();
-    let mtu = host
-        .sh_ok(&format!("cat /sys/class/net/{iface}/mtu"))
-        .trim()
-        .parse()
-        .unwrap();
-    (addrs, mtu)
-}
-
-/// Whether a packet of `mtu` bytes crosses from `iface` to `addr` unfragmented.
-fn whole_mtu_passes(host: &HostContainer, iface: &str, addr: &str, mtu: u32) -> bool {
-    host.sh(&format!(
-        "ping -n -q -c 1 -W 2 -M do -s {} -I {iface} {addr}",
-        mtu - 28
-    ))
-    .status
-    .success()
-}
-
-/// `seen()`'s first answer, polled every half second until `within` is over.
-fn wait_for<T>(within: std::time::Duration, mut seen: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + within;
-    loop {
-        if let Some(t) = seen() {
-            return Some(t);
-        }
-        if Instant::now() > deadline {
-            return None;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub mod probe;
 pub mod redeem;
 pub mod release;
 pub mod render;
+pub mod ring;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tokens;

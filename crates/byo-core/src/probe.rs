@@ -43,6 +43,9 @@ pub struct Machine {
     /// Its ports and the link-local addresses each holds (`ip -j addr`): which of its ports
     /// holds each address node0 saw.
     pub ports: Vec<(String, Vec<String>)>,
+    /// What answered the all-nodes multicast on each of its own rail ports, when the walk
+    /// looked from it (a ring, K2 note 3); empty on a pair, which is judged from node0 alone.
+    pub heard: Vec<PortSeen>,
 }
 
 impl Machine {
@@ -81,6 +84,22 @@ pub struct Observation {
     /// answer, so a cable looped between node0's two ports finds nothing.
     pub own: Vec<(String, String)>,
     pub logins: BTreeMap<String, Login>,
+    /// Machines no cable of node0's reaches, logged into one hop through a neighbour: the
+    /// ring's diagonal (K2 note 3). A machine here is a satellite only if a cable joins it to
+    /// one; sharing the management LAN is never enough.
+    pub beyond: Vec<Machine>,
+}
+
+impl Observation {
+    /// The ring's walk ran: the cables are numbered from the cable map (K2 note 8), not from
+    /// node0's ports alone.
+    fn walked(&self) -> bool {
+        !self.beyond.is_empty()
+            || self.logins.values().any(|l| match l {
+                Login::Machine(m) => !m.heard.is_empty(),
+                _ => false,
+            })
+    }
 }
 
 /// `addr%iface`: the address as reached through one of node0's ports.
@@ -303,7 +322,7 @@ pub fn judge_port(obs: &Observation, port: &PortSeen) -> PortVerdict {
         .filter_map(|a| m.port_of(a).map(|p| (p.to_owned(), (*a).clone())))
         .collect();
     // The PCI-domain-0 function first (enp…), its enP2 twin after (K2 note 8).
-    remote.sort_by(|(a, _), (b, _)| (a.starts_with("enP"), a).cmp(&(b.starts_with("enP"), b)));
+    remote.sort_by(|(a, _), (b, _)| port_order(a, b));
     remote.dedup_by(|x, y| x.0 == y.0);
     let Some((_, first)) = remote.first() else {
         // It answered a login but owns none of the addresses seen: nothing to number by.
@@ -361,13 +380,40 @@ pub fn decide(obs: &Observation, rails: &[u32], kept: Option<&PeerFile>) -> Deci
     Decision::Enroll(number(obs, rails, kept, verdicts))
 }
 
+/// One cable between two machines: each end's hardware_id and port, the rail it carries (none
+/// past the plan's rails), and the neighbour's address as node0 reaches it when one end is
+/// node0's.
+#[derive(Clone, Debug)]
+struct Cable {
+    ends: [(String, String); 2],
+    rail: Option<u32>,
+    neighbour_addr: Option<String>,
+}
+
+impl Cable {
+    /// This machine's port on the cable, and the other end.
+    fn end_of(&self, hw: &str) -> Option<(&str, &(String, String))> {
+        match &self.ends {
+            [(a, p), other] | [other, (a, p)] if a == hw => Some((p.as_str(), other)),
+            _ => None,
+        }
+    }
+}
+
+/// The PCI-domain-0 function first (enp…), its enP2 twin after (K2 note 8), then by name.
+fn port_order(a: &str, b: &str) -> std::cmp::Ordering {
+    (a.starts_with("enP"), a).cmp(&(b.starts_with("enP"), b))
+}
+
 fn number(
     obs: &Observation,
     rails: &[u32],
     kept: Option<&PeerFile>,
     verdicts: Vec<(String, PortVerdict)>,
 ) -> Found {
-    // The machines on the cables, each once.
+    let ring = obs.walked();
+    // The machines on the cables, each once: node0's neighbours, and on a ring what the walk
+    // reached beyond them.
     let mut machines: BTreeMap<String, Machine> = BTreeMap::new();
     for login in obs.logins.values() {
         if let Login::Machine(m) = login
@@ -381,6 +427,36 @@ fn number(
                 .or_insert_with(|| m.as_ref().clone());
         }
     }
+    let cables_found = if ring {
+        for m in &obs.beyond {
+            if let Some(hw) = m.hardware_id()
+                && hw != obs.hardware_id
+            {
+                machines.entry(hw.to_owned()).or_insert_with(|| m.clone());
+            }
+        }
+        let mut cables = cable_map(obs, &machines);
+        // Only what the cables join to node0 is a satellite: a machine that shares the LAN,
+        // or sits on a cable of some other pair in the rack, is none of this host's.
+        // Each pass reaches at least one more machine or none will ever be: as many passes
+        // as there are cables is enough.
+        let mut reached = vec![obs.hardware_id.clone()];
+        for _ in 0..cables.len() {
+            for c in &cables {
+                let [(a, _), (b, _)] = &c.ends;
+                match (reached.contains(a), reached.contains(b)) {
+                    (true, false) => reached.push(b.clone()),
+                    (false, true) => reached.push(a.clone()),
+                    _ => {}
+                }
+            }
+        }
+        cables.retain(|c| reached.contains(&c.ends[0].0));
+        machines.retain(|hw, _| reached.contains(hw));
+        cables
+    } else {
+        Vec::new()
+    };
     let kept_peers: &[Peer] = kept.map_or(&[], |k| &k.peers);
     let kept_for = |m: &Machine| kept_peers.iter().find(|p| p.host_key == m.host_key);
     // Node indexes: kept ones first, the rest by hardware_id.
@@ -403,38 +479,35 @@ fn number(
             node_of.insert(hw.clone(), i);
         }
     }
-    // Rail indexes: a kept link on the same local port to the same machine keeps its index;
-    // the rest take the plan's free indexes in order, ports in name order. A link past the
-    // plan's rails gets none (redeem refuses more cables than rails).
-    let mut rail_of: BTreeMap<String, u32> = BTreeMap::new();
-    for (iface, v) in &verdicts {
-        if let PortVerdict::Link { hardware_id, .. } = v
-            && let Some(p) = kept_for(&machines[hardware_id])
-            && let Some(l) = p
-                .links
-                .iter()
-                .find(|l| l.local.as_deref() == Some(iface.as_str()))
-            && rails.contains(&l.index)
-        {
-            rail_of.insert(iface.clone(), l.index);
-        }
-    }
+    node_of.insert(obs.hardware_id.clone(), 0);
     let mut plan: Vec<u32> = rails.to_vec();
     plan.sort_unstable();
-    let mut free = plan
-        .into_iter()
-        .filter(|i| !rail_of.values().any(|u| u == i))
-        .collect::<Vec<_>>()
-        .into_iter();
-    for (iface, v) in &verdicts {
-        if matches!(v, PortVerdict::Link { .. })
-            && !rail_of.contains_key(iface)
-            && let Some(i) = free.next()
-        {
-            rail_of.insert(iface.clone(), i);
-        }
-    }
 
+    let cables = if ring {
+        // A ring's cables are numbered from the cable map by (lower node, higher node) — the
+        // node indexes are pinned, so the numbering follows them run after run.
+        let mut cables = cables_found;
+        let key = |c: &Cable| {
+            let (a, b) = (node_of[&c.ends[0].0], node_of[&c.ends[1].0]);
+            let low_port = if a <= b { &c.ends[0].1 } else { &c.ends[1].1 };
+            (a.min(b), a.max(b), low_port.clone())
+        };
+        cables.sort_by_key(key);
+        for (c, rail) in cables.iter_mut().zip(plan.iter()) {
+            c.rail = Some(*rail);
+        }
+        cables
+    } else {
+        pair_cables(obs, &plan, kept_peers, &machines, &verdicts)
+    };
+
+    let node0_port_rail = |iface: &str| {
+        cables.iter().find_map(|c| {
+            c.end_of(&obs.hardware_id)
+                .filter(|(p, _)| *p == iface)
+                .and(c.rail)
+        })
+    };
     let port = |iface: &str| obs.ports.iter().find(|p| p.iface == iface);
     let rails_out: Vec<RailPort> = verdicts
         .iter()
@@ -446,7 +519,7 @@ fn number(
                 mtu: p.and_then(|p| p.mtu),
                 active_mtu: p.and_then(|p| p.active_mtu),
                 neighbours_discovered: v.machines(),
-                index: rail_of.get(iface).copied(),
+                index: node0_port_rail(iface),
                 address: None,
             }
         })
@@ -457,26 +530,22 @@ fn number(
     for (hw, m) in &machines {
         let index = node_of[hw];
         let mut links = Vec::new();
-        let mut remote_index: BTreeMap<String, u32> = BTreeMap::new();
-        for (iface, v) in &verdicts {
-            if let PortVerdict::Link {
-                hardware_id,
-                remote,
-                addr,
-            } = v
-                && hardware_id == hw
-                && let Some(i) = rail_of.get(iface)
-            {
-                links.push(Link {
-                    index: *i,
-                    local: Some(iface.clone()),
-                    remote: remote[0].clone(),
-                    neighbour_addr: Some(addr.clone()),
-                });
-                remote_index.insert(remote[0].clone(), *i);
-            }
+        for c in &cables {
+            let (Some((mine, (other_hw, other_port))), Some(rail)) = (c.end_of(hw), c.rail) else {
+                continue;
+            };
+            let to_node0 = *other_hw == obs.hardware_id;
+            links.push(Link {
+                index: rail,
+                local: to_node0.then(|| other_port.clone()),
+                remote: mine.to_owned(),
+                neighbour_addr: c.neighbour_addr.clone().filter(|_| to_node0),
+                peer: ring.then(|| node_of[other_hw]),
+            });
         }
         links.sort_by_key(|l| l.index);
+        let remote_index: BTreeMap<String, u32> =
+            links.iter().map(|l| (l.remote.clone(), l.index)).collect();
         let mut report = m.report.clone();
         report.node_index = index;
         for r in &mut report.rails {
@@ -502,7 +571,7 @@ fn number(
         link_local.dedup();
         peers_file.push(Peer {
             index,
-            addr: links.first().and_then(|l| l.neighbour_addr.clone()),
+            addr: links.iter().find_map(|l| l.neighbour_addr.clone()),
             mgmt_addr: m.mgmt_addr.clone(),
             host_key: m.host_key.clone(),
             links,
@@ -518,6 +587,162 @@ fn number(
         rails: rails_out,
         peers: peers_out,
     }
+}
+
+/// A pair's cables, from node0's ports alone: a kept link on the same local port to the same
+/// machine keeps its rail; the rest take the plan's free rails in order, ports in name order. A
+/// link past the plan's rails gets none (redeem refuses more cables than rails).
+fn pair_cables(
+    obs: &Observation,
+    plan: &[u32],
+    kept_peers: &[Peer],
+    machines: &BTreeMap<String, Machine>,
+    verdicts: &[(String, PortVerdict)],
+) -> Vec<Cable> {
+    let kept_for = |m: &Machine| kept_peers.iter().find(|p| p.host_key == m.host_key);
+    let mut rail_of: BTreeMap<String, u32> = BTreeMap::new();
+    for (iface, v) in verdicts {
+        if let PortVerdict::Link { hardware_id, .. } = v
+            && let Some(p) = kept_for(&machines[hardware_id])
+            && let Some(l) = p
+                .links
+                .iter()
+                .find(|l| l.local.as_deref() == Some(iface.as_str()))
+            && plan.contains(&l.index)
+        {
+            rail_of.insert(iface.clone(), l.index);
+        }
+    }
+    let mut free = plan
+        .iter()
+        .filter(|i| !rail_of.values().any(|u| u == *i))
+        .copied()
+        .collect::<Vec<_>>()
+        .into_iter();
+    for (iface, v) in verdicts {
+        if matches!(v, PortVerdict::Link { .. })
+            && !rail_of.contains_key(iface)
+            && let Some(i) = free.next()
+        {
+            rail_of.insert(iface.clone(), i);
+        }
+    }
+    verdicts
+        .iter()
+        .filter_map(|(iface, v)| match v {
+            PortVerdict::Link {
+                hardware_id,
+                remote,
+                addr,
+            } => Some(Cable {
+                ends: [
+                    (obs.hardware_id.clone(), iface.clone()),
+                    (hardware_id.clone(), remote[0].clone()),
+                ],
+                rail: rail_of.get(iface).copied(),
+                neighbour_addr: Some(addr.clone()),
+            }),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A ring's cable map (K2 notes 3 and 8): every port that heard the all-nodes multicast —
+/// node0's and each satellite's — joined to the ports holding the addresses it
+/// heard. A wire is what those joins connect (a QSFP's two functions fall on one); a wire with
+/// exactly two machines on it and no stranger is a cable, addressed at each end on the
+/// PCI-domain-0 function. A wire with a stranger or more machines is a LAN, left alone.
+fn cable_map(obs: &Observation, machines: &BTreeMap<String, Machine>) -> Vec<Cable> {
+    type End = (String, String);
+    let node0 = obs.hardware_id.clone();
+    let holder = |addr: &str| -> Option<End> {
+        if let Some((iface, _)) = obs.own.iter().find(|(_, a)| same_addr(a, addr)) {
+            return Some((node0.clone(), iface.clone()));
+        }
+        machines
+            .iter()
+            .find_map(|(hw, m)| m.port_of(addr).map(|p| (hw.clone(), p.to_owned())))
+    };
+    // node0's ports too, whatever their verdict: a LAN port's strangers, a looped port's
+    // lone machine or a silent port's nothing make no cable of them below.
+    let mut hearing: Vec<(End, &[String])> = obs
+        .ports
+        .iter()
+        .map(|p| ((node0.clone(), p.iface.clone()), p.answered.as_slice()))
+        .collect();
+    for (hw, m) in machines {
+        for p in &m.heard {
+            hearing.push(((hw.clone(), p.iface.clone()), p.answered.as_slice()));
+        }
+    }
+    // Each port starts as a wire of its own, labelled by itself; a port holding an address
+    // one heard joins that one's wire, and wires that meet become one (relabelled).
+    let mut wire: BTreeMap<End, End> = hearing
+        .iter()
+        .map(|(end, _)| (end.clone(), end.clone()))
+        .collect();
+    let mut strangers: Vec<End> = Vec::new();
+    for (end, answered) in &hearing {
+        for a in *answered {
+            let Some(e) = holder(a) else {
+                strangers.push(end.clone());
+                continue;
+            };
+            let theirs = wire.entry(e.clone()).or_insert(e).clone();
+            let mine = wire[end].clone();
+            for w in wire.values_mut() {
+                if *w == theirs {
+                    *w = mine.clone();
+                }
+            }
+        }
+    }
+    let mut wires: BTreeMap<End, Vec<End>> = BTreeMap::new();
+    for (e, w) in &wire {
+        wires.entry(w.clone()).or_default().push(e.clone());
+    }
+    let stranger_wires: Vec<End> = strangers.iter().map(|e| wire[e].clone()).collect();
+    let mut cables = Vec::new();
+    for (w, ends) in wires {
+        // A stranger on the wire answers every port on it: the owner's LAN, left alone.
+        if stranger_wires.contains(&w) {
+            continue;
+        }
+        let mut on: BTreeMap<&str, &str> = BTreeMap::new();
+        for (hw, p) in &ends {
+            let best = on.entry(hw.as_str()).or_insert(p.as_str());
+            if port_order(p, best).is_lt() {
+                *best = p.as_str();
+            }
+        }
+        if on.len() != 2 {
+            continue;
+        }
+        let pairs: Vec<(String, String)> = on
+            .into_iter()
+            .map(|(hw, p)| (hw.to_owned(), p.to_owned()))
+            .collect();
+        let ends = [pairs[0].clone(), pairs[1].clone()];
+        // How node0 reaches the neighbour through this cable: an address the neighbour holds
+        // on its addressed port, as node0's port heard it.
+        let neighbour_addr = ends.iter().position(|(hw, _)| *hw == node0).and_then(|i| {
+            let (mine, (hw, theirs)) = (&ends[i].1, &ends[1 - i]);
+            let heard = obs.ports.iter().find(|p| &p.iface == mine)?;
+            let m = machines.get(hw)?;
+            let a = heard
+                .answered
+                .iter()
+                .find(|a| m.port_of(a) == Some(theirs.as_str()))
+                .or_else(|| heard.answered.iter().find(|a| m.port_of(a).is_some()))?;
+            Some(scoped(a, mine))
+        });
+        cables.push(Cable {
+            ends,
+            rail: None,
+            neighbour_addr,
+        });
+    }
+    cables
 }
 
 /// Step 133's count on one of node0's rail ports: how many machines answered the all-nodes

@@ -47,6 +47,7 @@ fn machine(hw: &str, ports: &[(&str, &[&str])]) -> Machine {
             .iter()
             .map(|(p, a)| ((*p).to_owned(), a.iter().map(|s| (*s).to_owned()).collect()))
             .collect(),
+        heard: Vec::new(),
     }
 }
 
@@ -85,6 +86,7 @@ fn node0(ports: Vec<PortSeen>, logins: Vec<(&str, &str, Login)>) -> Observation 
             .into_iter()
             .map(|(a, i, l)| (scoped(a, i), l))
             .collect::<BTreeMap<_, _>>(),
+        beyond: Vec::new(),
     }
 }
 
@@ -615,6 +617,7 @@ fn k1_125_a_new_link_beside_a_kept_one_takes_the_rail_left_free() {
                 local: Some(P0.into()),
                 remote: "enp1s0f0np0".into(),
                 neighbour_addr: None,
+                peer: None,
             }],
             link_local: Vec::new(),
         }],
@@ -695,4 +698,318 @@ fn k_133_the_heartbeat_counts_machines_on_a_rail_not_addresses() {
         2
     );
     assert_eq!(machines_answering(&[], &own, &known), 0);
+}
+
+// ---- K2, the ring: four machines on a switchless ring, the diagonal reached through a
+// neighbour (K2 notes 3–5 and 8).
+
+const A0: &str = "enp1s0f0np0";
+const A0B: &str = "enP2p1s0f0np0";
+const A1: &str = "enp1s0f1np1";
+
+fn ring_plan() -> ProfilePlan {
+    serde_json::from_value(serde_json::json!({
+        "node_count": 4, "gpu_model": "GB10", "gpu_count": 1, "arch": "aarch64",
+        "rails": [
+            {"index": 0, "subnet": "192.168.100.0/24", "mtu": 9000},
+            {"index": 1, "subnet": "192.168.101.0/24", "mtu": 9000},
+            {"index": 2, "subnet": "192.168.102.0/24", "mtu": 9000},
+            {"index": 3, "subnet": "192.168.103.0/24", "mtu": 9000}
+        ]
+    }))
+    .unwrap()
+}
+
+fn heard(m: &mut Machine, ports: &[(&str, &[&str])]) {
+    m.heard = ports.iter().map(|(i, a)| port(i, a)).collect();
+}
+
+/// node0 → "aaa" on P0 (its QSFP's two functions on the wire), node0 → "ccc" on P1, and the
+/// diagonal "bbb" cabled to both, reached only through them. Every machine flashed from one
+/// image: the same /etc/machine-id on all four.
+fn ring() -> (Observation, [Machine; 3]) {
+    let mut a = machine(
+        "aaa",
+        &[
+            (A0, &["fe80::1a"]),
+            (A0B, &["fe80::1b"]),
+            (A1, &["fe80::1c"]),
+        ],
+    );
+    let mut c = machine("ccc", &[(A0, &["fe80::3a"]), (A1, &["fe80::3c"])]);
+    let mut b = machine("bbb", &[(A0, &["fe80::2a"]), (A1, &["fe80::2c"])]);
+    heard(
+        &mut a,
+        &[
+            (A0, &["fe80::a0", "fe80::1a", "fe80::1b"]),
+            (A0B, &["fe80::a0", "fe80::1a", "fe80::1b"]),
+            (A1, &["fe80::1c", "fe80::2a"]),
+        ],
+    );
+    heard(
+        &mut c,
+        &[
+            (A0, &["fe80::a1", "fe80::3a"]),
+            (A1, &["fe80::3c", "fe80::2c"]),
+        ],
+    );
+    heard(
+        &mut b,
+        &[
+            (A0, &["fe80::2a", "fe80::1c"]),
+            (A1, &["fe80::2c", "fe80::3c"]),
+        ],
+    );
+    let mut obs = node0(
+        vec![port(P0, &["fe80::1a", "fe80::1b"]), port(P1, &["fe80::3a"])],
+        vec![
+            ("fe80::1a", P0, Login::Machine(Box::new(a.clone()))),
+            ("fe80::1b", P0, Login::Machine(Box::new(a.clone()))),
+            ("fe80::3a", P1, Login::Machine(Box::new(c.clone()))),
+        ],
+    );
+    obs.beyond = vec![b.clone()];
+    (obs, [a, b, c])
+}
+
+fn link(f: &Found, node: u32) -> Vec<(u32, Option<String>, String, Option<u32>)> {
+    f.peer_file
+        .peers
+        .iter()
+        .find(|p| p.index == node)
+        .unwrap()
+        .links
+        .iter()
+        .map(|l| (l.index, l.local.clone(), l.remote.clone(), l.peer))
+        .collect()
+}
+
+#[test]
+fn k2_the_diagonal_is_reached_through_a_neighbour_and_the_ring_enrols() {
+    let (obs, _) = ring();
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    // Satellites by hardware_id sorted: aaa 1, bbb (the diagonal) 2, ccc 3.
+    let nodes: Vec<(u32, String)> = f
+        .peers
+        .iter()
+        .map(|p| (p.node_index, p.hardware_id.clone().unwrap()))
+        .collect();
+    assert_eq!(
+        nodes,
+        [(1, "aaa".into()), (2, "bbb".into()), (3, "ccc".into())]
+    );
+    // Cables numbered by (lower node, higher node): 0–1, 0–3, 1–2, 2–3; each addressed on
+    // the PCI-domain-0 function, never its enP2 twin.
+    assert_eq!(
+        link(&f, 1),
+        [
+            (0, Some(P0.into()), A0.into(), Some(0)),
+            (2, None, A1.into(), Some(2))
+        ]
+    );
+    assert_eq!(
+        link(&f, 2),
+        [(2, None, A0.into(), Some(1)), (3, None, A1.into(), Some(3))]
+    );
+    assert_eq!(
+        link(&f, 3),
+        [
+            (1, Some(P1.into()), A0.into(), Some(0)),
+            (3, None, A1.into(), Some(2))
+        ]
+    );
+    // Rail addresses only where node0 has a cable; the diagonal by its management address.
+    let peer = |n: u32| {
+        f.peer_file
+            .peers
+            .iter()
+            .find(|p| p.index == n)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(peer(1).addr.as_deref(), Some(&*scoped("fe80::1a", P0)));
+    assert_eq!(peer(2).addr, None);
+    assert_eq!(peer(2).mgmt_addr, Some("10.0.0.3".into()));
+    assert_eq!(peer(2).host_key, "ssh-ed25519 KEY-bbb");
+    assert_eq!(peer(3).addr.as_deref(), Some(&*scoped("fe80::3a", P1)));
+    // node0's two cables carry rails 0 and 1; the diagonal's rails are on its own row.
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P0), idx(P1)), (Some(0), Some(1)));
+    let rails_of = |n: u32| -> Vec<(String, Option<u32>)> {
+        let p = f.peers.iter().find(|p| p.node_index == n).unwrap();
+        p.rails.iter().map(|r| (r.iface.clone(), r.index)).collect()
+    };
+    assert_eq!(
+        rails_of(1),
+        [
+            (A0.into(), Some(0)),
+            (A0B.into(), None),
+            (A1.into(), Some(2))
+        ]
+    );
+    assert_eq!(rails_of(2), [(A0.into(), Some(2)), (A1.into(), Some(3))]);
+    // Redeem judges it as it judges a pair: four rows at the indexes the machines carry.
+    let rows = redeem::judge(&ring_plan(), &evidence(&f)).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.index).collect::<Vec<_>>(),
+        [0, 1, 2, 3]
+    );
+    // The pair-shaped plan refuses the same evidence: the ring's third rail is not in it.
+    assert!(matches!(
+        redeem::judge(&pair_plan(), &evidence(&f)),
+        Err(Rejection::UnplannedRail { index: 2, .. })
+    ));
+}
+
+#[test]
+fn k2_the_numbering_follows_the_pinned_node_indexes_not_the_order_machines_were_found() {
+    let (obs, [a, b, c]) = ring();
+    // An earlier run pinned ccc at 1 and aaa at 3: the cables follow the pinned indexes.
+    let pinned = |m: &Machine, index| byo_wire::peers::Peer {
+        index,
+        addr: None,
+        mgmt_addr: None,
+        host_key: m.host_key.clone(),
+        links: Vec::new(),
+        link_local: Vec::new(),
+    };
+    let kept = PeerFile {
+        peers: vec![pinned(&c, 1), pinned(&b, 2), pinned(&a, 3)],
+    };
+    let f = found(decide(&obs, &[0, 1, 2, 3], Some(&kept)));
+    // 0–1 is node0's P1 to ccc now; 0–3 its P0 to aaa.
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P1), idx(P0)), (Some(0), Some(1)));
+    assert_eq!(
+        link(&f, 2),
+        [(2, None, A1.into(), Some(1)), (3, None, A0.into(), Some(3))]
+    );
+    // The same observation decided twice numbers the same.
+    assert_eq!(f, found(decide(&obs, &[0, 1, 2, 3], Some(&kept))));
+}
+
+#[test]
+fn k2_a_machine_reached_with_no_cable_is_never_a_satellite() {
+    let (mut obs, _) = ring();
+    // The rack neighbour accepts the same login, and the walk reached it (as if through the
+    // LAN): no cable joins it to any of the four.
+    let mut stranger = machine("000", &[("eth0", &["fe80::99"])]);
+    heard(&mut stranger, &[("eth0", &["fe80::99"])]);
+    obs.beyond.push(stranger);
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    assert_eq!(f.peers.len(), 3);
+    assert!(
+        f.peers
+            .iter()
+            .all(|p| p.hardware_id.as_deref() != Some("000"))
+    );
+}
+
+#[test]
+fn k2_more_machines_on_the_cables_than_satellites_is_refused_by_redeem() {
+    let (mut obs, _) = ring();
+    // A fifth machine cabled to the diagonal's spare port, with no port detect calls a rail
+    // (nothing heard from it: the bed's rack neighbour): it is found by holding an address.
+    let e = machine("eee", &[(A0, &["fe80::5a"])]);
+    let b = &mut obs.beyond[0];
+    b.ports.push((A0B.into(), vec!["fe80::2b".into()]));
+    b.heard.push(port(A0B, &["fe80::2b", "fe80::5a"]));
+    obs.beyond.push(e);
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    assert_eq!(f.peers.len(), 4);
+    // Five cables, four rails: the fifth carries none.
+    let railed: usize = f.peer_file.peers.iter().map(|p| p.links.len()).sum();
+    assert_eq!(railed, 6);
+    assert!(matches!(
+        redeem::judge(&ring_plan(), &evidence(&f)),
+        Err(Rejection::WrongPeerCount {
+            expected: 3,
+            found: 4
+        })
+    ));
+}
+
+#[test]
+fn k2_a_wire_with_a_stranger_on_it_is_a_lan_not_a_cable() {
+    let (mut obs, _) = ring();
+    // ccc's second port hears the diagonal and an address nobody logged into holds.
+    let c = obs
+        .logins
+        .values_mut()
+        .find_map(|l| match l {
+            Login::Machine(m) if m.report.hardware_id.as_deref() == Some("ccc") => Some(m),
+            _ => None,
+        })
+        .unwrap();
+    c.heard[1].answered.push("fe80::77".into());
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    // The 2–3 wire is gone: bbb keeps its one cable, to aaa, and ccc only node0's.
+    assert_eq!(link(&f, 2), [(2, None, A0.into(), Some(1))]);
+    assert_eq!(link(&f, 3), [(1, Some(P1.into()), A0.into(), Some(0))]);
+}
+
+#[test]
+fn k2_another_pair_in_the_rack_is_not_on_this_ring() {
+    let (mut obs, _) = ring();
+    // Two machines of another pair, cabled to each other, both reached (say, over the LAN).
+    let mut x = machine("xxx", &[(A0, &["fe80::8a"])]);
+    let mut y = machine("yyy", &[(A0, &["fe80::9a"])]);
+    heard(&mut x, &[(A0, &["fe80::8a", "fe80::9a"])]);
+    heard(&mut y, &[(A0, &["fe80::9a", "fe80::8a"])]);
+    obs.beyond.extend([x, y]);
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    let hw: Vec<String> = f
+        .peers
+        .iter()
+        .map(|p| p.hardware_id.clone().unwrap())
+        .collect();
+    assert_eq!(hw, ["aaa", "bbb", "ccc"]);
+    let railed: usize = f.peer_file.peers.iter().map(|p| p.links.len()).sum();
+    assert_eq!(railed, 6);
+}
+
+#[test]
+fn k2_a_ring_whose_diagonal_is_off_is_still_numbered_from_the_cable_map() {
+    // The walk ran (each neighbour heard its own ports), and nothing answered beyond them.
+    let (mut obs, _) = ring();
+    obs.beyond.clear();
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    assert_eq!(f.peers.len(), 2);
+    // (0, aaa) before (0, ccc): node0's P0 carries rail 0, though P1 sorts first by name,
+    // and every link names the node at its other end.
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P0), idx(P1)), (Some(0), Some(1)));
+    assert_eq!(link(&f, 1), [(0, Some(P0.into()), A0.into(), Some(0))]);
+    assert_eq!(link(&f, 2), [(1, Some(P1.into()), A0.into(), Some(0))]);
+}
+
+#[test]
+fn k2_two_cables_between_the_same_two_nodes_are_numbered_by_the_lower_nodes_port() {
+    // node0's P0 to aaa's A0 and its P1 to aaa's A1, walked: (0, 1) twice, and node0's port
+    // names decide (P1 sorts first), not aaa's.
+    let mut a = machine("aaa", &[(A0, &["fe80::1a"]), (A1, &["fe80::1c"])]);
+    heard(
+        &mut a,
+        &[
+            (A0, &["fe80::a0", "fe80::1a"]),
+            (A1, &["fe80::a1", "fe80::1c"]),
+        ],
+    );
+    let obs = node0(
+        vec![port(P0, &["fe80::1a"]), port(P1, &["fe80::1c"])],
+        vec![
+            ("fe80::1a", P0, Login::Machine(Box::new(a.clone()))),
+            ("fe80::1c", P1, Login::Machine(Box::new(a))),
+        ],
+    );
+    let f = found(decide(&obs, &[0, 1, 2, 3], None));
+    let idx = |i: &str| f.rails.iter().find(|r| r.iface == i).unwrap().index;
+    assert_eq!((idx(P1), idx(P0)), (Some(0), Some(1)));
+    assert_eq!(
+        link(&f, 1),
+        [
+            (0, Some(P1.into()), A1.into(), Some(0)),
+            (1, Some(P0.into()), A0.into(), Some(0))
+        ]
+    );
 }

@@ -45,6 +45,7 @@ conformance!(
     step28_single_use_token_redeemed_once_by_32_callers,
     step28_unknown_spent_rejected_and_expired_tokens_get_the_same_none,
     last_superadmin_cannot_be_revoked,
+    accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_own,
     sessions_expire_and_end,
     email_is_unique,
     no_table_holds_a_plaintext_token,
@@ -55,6 +56,7 @@ conformance!(
     m6_a_failed_push_keeps_the_version_the_host_held,
     i_a_login_is_kept_once_bounded_and_newest_first,
     e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there,
+    e2_the_queues_reads_count_what_is_open_and_a_run_lets_go_of_its_claims,
     billing_a_customer_is_kept_once_and_the_first_writer_wins,
     billing_a_webhook_event_is_new_then_unfinished_then_processed,
     billing_usage_reads_billable_instances_a_page_at_a_time,
@@ -1125,6 +1127,23 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
     );
 }
 
+/// One open queue row for `user_sub` (step 58), queued at `at`: its id.
+async fn enqueue(store: &Store, user_sub: &str, ssh_key_id: &str, at: DateTime<Utc>) -> String {
+    store
+        .enqueue_vm(
+            byo_db::queue::NewQueued {
+                user_sub,
+                gpu_type: "spark-1",
+                ssh_key_id,
+            },
+            at,
+            10,
+        )
+        .await
+        .unwrap()
+        .id
+}
+
 /// E2 on the Store alone: the one placement pick returns the hosts a create may land on
 /// (and only as many as asked), the claim takes open rows in order under its token and
 /// leaves claimed rows and skipped kinds alone, and a batch's keys are read as stored.
@@ -1176,19 +1195,7 @@ async fn e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there(db: TestDb
 
     let mut queued = Vec::new();
     for i in 0..2 {
-        let row = store
-            .enqueue_vm(
-                byo_db::queue::NewQueued {
-                    user_sub: &customer,
-                    gpu_type: "spark-1",
-                    ssh_key_id: &key,
-                },
-                at + Duration::milliseconds(i),
-                10,
-            )
-            .await
-            .unwrap();
-        queued.push(row.id);
+        queued.push(enqueue(store, &customer, &key, at + Duration::milliseconds(i)).await);
     }
     let lease = at + Duration::minutes(1);
     let skipped = store
@@ -1218,4 +1225,274 @@ async fn e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there(db: TestDb
         .await
         .unwrap();
     assert!(again.is_empty(), "rows under a live claim: {again:?}");
+}
+
+/// E2's reads and the end of a run, on the Store alone (issue #19: the queue's store rules
+/// were pinned only by the server's suites): what a customer holds counts their live
+/// instances and their open rows, the open queue and its tally read what is open, a run lets
+/// go of exactly its own claims, an operator claims one row by id, a cancel is recorded by its
+/// name, and a customer's keys are theirs alone.
+async fn e2_the_queues_reads_count_what_is_open_and_a_run_lets_go_of_its_claims(db: TestDb) {
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let customer = user(store, "customer@example.com").await;
+    let other = user(store, "other@example.com").await;
+    let h = host(store, &owner, "spark-q").await;
+    let at = now();
+    let key = |who: &str, name: &'static str, fp: &'static str| {
+        let who = who.to_owned();
+        async move {
+            store
+                .insert_ssh_key(
+                    byo_db::ssh_keys::NewSshKey {
+                        user_sub: &who,
+                        name,
+                        public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIConformance q",
+                        fingerprint: fp,
+                    },
+                    at,
+                )
+                .await
+                .unwrap()
+                .id
+        }
+    };
+    let mine = key(&customer, "laptop", "SHA256:mine").await;
+    let theirs = key(&other, "desk", "SHA256:theirs").await;
+    // A customer's keys are theirs alone.
+    let listed: Vec<String> = store
+        .ssh_keys_of(&customer)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|k| k.id)
+        .collect();
+    assert_eq!(listed, vec![mine.clone()]);
+    assert_eq!(
+        store
+            .ssh_key_of(&customer, &mine)
+            .await
+            .unwrap()
+            .map(|k| k.name),
+        Some("laptop".to_owned())
+    );
+    assert!(
+        store
+            .ssh_key_of(&customer, &theirs)
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    assert_eq!(store.instances_held(&customer).await.unwrap(), 0);
+    assert_eq!(store.open_queue_count().await.unwrap(), 0);
+    vm(store, &customer, &h).await;
+    let mut queued = Vec::new();
+    for i in 0..2 {
+        queued.push(enqueue(store, &customer, &mine, at + Duration::milliseconds(i)).await);
+    }
+    let other_row = enqueue(store, &other, &theirs, at + Duration::milliseconds(5)).await;
+    // One live instance and two open rows.
+    assert_eq!(store.instances_held(&customer).await.unwrap(), 3);
+    assert_eq!(store.instances_held(&other).await.unwrap(), 1);
+    assert_eq!(store.open_queue_count().await.unwrap(), 3);
+    let open: Vec<(String, i64, String)> = store
+        .open_queue(Some(&customer), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|q| (q.row.id, q.position, q.email))
+        .collect();
+    assert_eq!(
+        open,
+        [
+            (queued[0].clone(), 1, "customer@example.com".to_owned()),
+            (queued[1].clone(), 2, "customer@example.com".to_owned())
+        ]
+    );
+    assert_eq!(store.open_queue(None, 10).await.unwrap().len(), 3);
+    assert_eq!(store.open_queue(None, 1).await.unwrap().len(), 1);
+    let row = store.queue_row(&queued[0]).await.unwrap().unwrap();
+    assert_eq!(
+        (row.user_sub.as_str(), row.gpu_type.as_str()),
+        (customer.as_str(), "spark-1")
+    );
+    assert!(store.queue_row("no-such-row").await.unwrap().is_none());
+
+    // Two runs claim; one lets go of its own claims and no other's.
+    let lease = at + Duration::minutes(1);
+    let first = store
+        .claim_queue_row(&queued[0], at, lease, "run-a")
+        .await
+        .unwrap()
+        .expect("an open row no one holds");
+    assert_eq!(first.claim_token.as_deref(), Some("run-a"));
+    assert!(
+        store
+            .claim_queue_row(&queued[0], at, lease, "run-b")
+            .await
+            .unwrap()
+            .is_none(),
+        "a row under a live claim"
+    );
+    store
+        .claim_queue_row(&queued[1], at, lease, "run-b")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(store.release_queue_claims("run-a").await.unwrap(), 1);
+    assert_eq!(store.release_queue_claims("run-a").await.unwrap(), 0);
+    assert_eq!(
+        store
+            .queue_row(&queued[0])
+            .await
+            .unwrap()
+            .unwrap()
+            .claim_token,
+        None
+    );
+    assert_eq!(
+        store
+            .queue_row(&queued[1])
+            .await
+            .unwrap()
+            .unwrap()
+            .claim_token
+            .as_deref(),
+        Some("run-b")
+    );
+    assert_eq!(store.release_queue_claims("run-b").await.unwrap(), 1);
+
+    // A cancel is recorded by its name; the tally reads what is open and what was placed.
+    let closed = store
+        .close_queued(
+            &other_row,
+            Some(&other),
+            byo_db::queue::QueueClose::Cancelled,
+            at,
+        )
+        .await
+        .unwrap();
+    assert_eq!(closed, byo_db::queue::QueueCloseOutcome::Closed);
+    assert_eq!(
+        store
+            .queue_row(&other_row)
+            .await
+            .unwrap()
+            .unwrap()
+            .close_reason
+            .as_deref(),
+        Some("cancelled")
+    );
+    assert_eq!(byo_db::queue::QueueClose::Placed.as_str(), "placed");
+    assert_eq!(
+        byo_db::queue::QueueClose::PlacedByOperator.as_str(),
+        "placed_by_operator"
+    );
+    assert_eq!(
+        byo_db::queue::QueueClose::ClosedByOperator.as_str(),
+        "closed_by_operator"
+    );
+    assert_eq!(store.open_queue_count().await.unwrap(), 2);
+    let tally = store.queue_tally().await.unwrap();
+    assert_eq!(
+        (
+            tally.open,
+            tally.placed,
+            tally.placed_instances,
+            tally.instances,
+            tally.hosts_with_two_live
+        ),
+        (2, 0, 0, 1, 0)
+    );
+    assert!(!store.gpu_type_staff_only("spark-1").await.unwrap());
+    assert!(store.gpu_type_staff_only("linux-test").await.unwrap());
+    assert!(!store.gpu_type_staff_only("no-such-type").await.unwrap());
+
+    // A customer removes their own key, once, and never another's.
+    assert!(!store.delete_ssh_key(&customer, &theirs).await.unwrap());
+    assert!(store.ssh_key_of(&other, &theirs).await.unwrap().is_some());
+    assert!(store.delete_ssh_key(&customer, &mine).await.unwrap());
+    assert!(!store.delete_ssh_key(&customer, &mine).await.unwrap());
+    assert!(store.ssh_keys_of(&customer).await.unwrap().is_empty());
+}
+
+/// The accounts' reads (issue #19: pinned before only through the server's account suites):
+/// a user by id and by email, a password hash replaced (and a missing user named), the hosts
+/// a user owns, and the overview giving each user their own roles and hosts.
+async fn accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_own(db: TestDb) {
+    let store = &db.store;
+    let a = user(store, "a@example.com").await;
+    let b = user(store, "b@example.com").await;
+    assert_eq!(
+        store.user(&a).await.unwrap().map(|u| u.email),
+        Some("a@example.com".into())
+    );
+    assert!(store.user("no-such-sub").await.unwrap().is_none());
+    assert_eq!(
+        store
+            .user_by_email("b@example.com")
+            .await
+            .unwrap()
+            .map(|u| u.sub),
+        Some(b.clone())
+    );
+    assert!(
+        store
+            .user_by_email("nobody@example.com")
+            .await
+            .unwrap()
+            .is_none()
+    );
+
+    store
+        .set_password_hash(&a, "$argon2id$replaced")
+        .await
+        .unwrap();
+    assert_eq!(
+        store.user(&a).await.unwrap().unwrap().password_hash,
+        "$argon2id$replaced"
+    );
+    assert_eq!(
+        store.user(&b).await.unwrap().unwrap().password_hash,
+        "$argon2id$x"
+    );
+    assert!(matches!(
+        store.set_password_hash("no-such-sub", "$argon2id$y").await,
+        Err(DbError::NotFound)
+    ));
+
+    host(store, &a, "spark-a1").await;
+    host(store, &a, "spark-a2").await;
+    assert_eq!(store.hosts_owned(&a).await.unwrap(), 2);
+    assert_eq!(store.hosts_owned(&b).await.unwrap(), 0);
+
+    store
+        .grant_role(&a, Role::Superadmin, None, now())
+        .await
+        .unwrap();
+    store
+        .grant_role(&b, Role::Operator, Some(&a), now())
+        .await
+        .unwrap();
+    assert_eq!(store.superadmin_count().await.unwrap(), 1);
+    let overview: Vec<(String, Vec<Role>, i64)> = store
+        .users_overview()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|o| (o.user.email, o.roles, o.hosts_owned))
+        .collect();
+    assert_eq!(
+        overview,
+        [
+            ("a@example.com".to_owned(), vec![Role::Superadmin], 2),
+            ("b@example.com".to_owned(), vec![Role::Operator], 0)
+        ]
+    );
+    store
+        .grant_role(&b, Role::Superadmin, Some(&a), now())
+        .await
+        .unwrap();
+    assert_eq!(store.superadmin_count().await.unwrap(), 2);
 }

@@ -21,6 +21,17 @@ pub struct Link {
     /// The satellite's link-local address on it, scoped to node0's port (`fe80::…%iface`).
     #[serde(default)]
     pub neighbour_addr: Option<String>,
+    /// The node at the other end (K2 note 5): a ring's satellite lists its own cables, the
+    /// diagonal's two between satellites included. A pair-shaped file has none: node0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer: Option<u32>,
+}
+
+impl Link {
+    /// The node at the other end: node0 when the file does not say.
+    pub fn peer_node(&self) -> u32 {
+        self.peer.unwrap_or(0)
+    }
 }
 
 /// A satellite as peer.json pins it.

@@ -17,78 +17,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use byo::local_relay::LxdRelays;
-use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::users::NewUser;
 use byo_server::providers::local::LocalTunnels;
 use byo_wire::Role;
 use host_container::{HostContainer, bridge_gateway};
 use relay_support::kernel_parts;
 use secrecy::ExposeSecret;
-use serde_json::{Value, json};
-use support::{relay_sha256, release, ssh};
-
-struct Api {
-    base: String,
-    client: reqwest::Client,
-}
-
-impl Api {
-    async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        session: &str,
-        body: Option<Value>,
-    ) -> (u16, Value) {
-        let mut req = self
-            .client
-            .request(method, format!("{}{path}", self.base))
-            .header("cookie", format!("byo_session={session}"));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap_or_default();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-}
-
-async fn user(store: &byo_db::Store, email: &str, roles: &[Role]) -> String {
-    let now = chrono::Utc::now();
-    let user = store
-        .create_user(
-            NewUser {
-                email,
-                display_name: "",
-                password_hash: "$argon2id$unused",
-            },
-            now,
-        )
-        .await
-        .unwrap();
-    for role in roles {
-        store.grant_role(&user.sub, *role, None, now).await.unwrap();
-    }
-    let token = SecretToken::generate(TokenKind::Session);
-    store
-        .create_session(
-            &token.hash(),
-            &user.sub,
-            now,
-            now + chrono::Duration::hours(2),
-        )
-        .await
-        .unwrap();
-    token.expose().to_owned()
-}
-
-fn customer_ssh(relay: &str, key: &Path) -> Option<String> {
-    ssh(key, &[&format!("root@{relay}"), "hostname"]).ok()
-}
+use serde_json::json;
+use support::platform::{self, Api, RemoveRelays, customer_ssh, until};
+use support::{release, ssh};
 
 /// The relay provider with a gate: provisioning waits until the test lets it through.
 struct Gated {
@@ -116,15 +53,6 @@ impl byo_server::providers::RelayProvider for Gated {
         slug: &'a str,
     ) -> futures::future::BoxFuture<'a, Result<(), byo_server::providers::ProviderError>> {
         self.relays.release(slug)
-    }
-}
-
-/// Deletes the test's relay containers however the test ends.
-struct RemoveRelays(Arc<LxdRelays>);
-
-impl Drop for RemoveRelays {
-    fn drop(&mut self) {
-        self.0.remove_all();
     }
 }
 
@@ -171,20 +99,6 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-async fn until<T>(what: &str, within: Duration, mut probe: impl AsyncFnMut() -> Option<T>) -> T {
-    let started = Instant::now();
-    loop {
-        if let Some(v) = probe().await {
-            return v;
-        }
-        assert!(
-            started.elapsed() < within,
-            "{what} did not happen within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_plain_ssh() {
     if !kernel_parts(&[
@@ -225,40 +139,9 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     let releases = release(&work.path().join("releases"), &[arch]);
 
     // The server, where the host container reaches it: the test bridge's gateway.
-    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
-    let base = format!(
-        "http://{}:{}",
-        bridge_gateway(),
-        listener.local_addr().unwrap().port()
-    );
+    let (listener, base) = platform::listen(bridge_gateway()).await;
     let signing = byo_core::keylist_testing::private_key();
-    let signing_public = {
-        let mut p = signing.public_key().clone();
-        p.set_comment("");
-        p.to_openssh().unwrap()
-    };
-    let config = byo_server::config::Config {
-        metrics_listen: None,
-        public_url: base.clone(),
-        cookie_secure: false,
-        password_hashing: byo_server::config::PasswordHashing {
-            memory_kib: 256,
-            iterations: 1,
-            parallelism: 1,
-        },
-        secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
-        release_dir: Some(releases.clone()),
-        release_key: Some(support::release_public()),
-        operator_keys: byo_server::config::OperatorKeysConfig {
-            signing_keys: vec![signing_public],
-            ..Default::default()
-        },
-        relay_release: Some(byo_server::config::RelayRelease {
-            url: format!("{base}/relay/byo-relay-{arch}"),
-            sha256: relay_sha256(),
-        }),
-        ..byo_server::config::Config::default()
-    };
+    let config = platform::config(&base, releases.clone(), &signing);
     let sealer =
         byo_server::seal::Sealer::from_hex(config.secret_key.as_ref().unwrap().expose_secret())
             .unwrap();
@@ -286,49 +169,18 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         delete: byo_server::agents::DELETE_WAIT,
     });
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
-    let api = Api {
-        base: base.clone(),
-        client: reqwest::Client::builder()
-            .timeout(Duration::from_secs(150))
-            .build()
-            .unwrap(),
-    };
-    let staff = user(&store, "staff@example.com", &[Role::Superadmin]).await;
-    let operator = user(&store, "op@example.com", &[Role::Operator]).await;
-    let customer = user(&store, "customer@example.com", &[]).await;
+    let api = Api::new(&base);
+    let platform::People {
+        staff,
+        operator,
+        customer,
+    } = platform::people(&store).await;
     phase("server up");
 
     // M: an operator's key, signed into the list every host receives at enrolment.
     let op_key = byo_core::keylist_testing::private_key();
-    let op_file = work.path().join("operator");
-    std::fs::write(
-        &op_file,
-        op_key
-            .to_openssh(ssh_key::LineEnding::LF)
-            .unwrap()
-            .as_bytes(),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &op_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
-    let (status, draft) = api
-        .call(reqwest::Method::POST, "/api/admin/operator-keys/changes", &operator,
-              Some(json!({"action": "add", "public_key": op_key.public_key().to_openssh().unwrap(), "label": "laptop"})))
-        .await;
-    assert_eq!(status, 200, "{draft}");
-    let signature = byo_core::keylist_testing::sign(draft["body"].as_str().unwrap(), &signing);
-    let (status, published) = api
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/admin/operator-keys/{}/signatures", draft["version"]),
-            &staff,
-            Some(json!({"signature": signature})),
-        )
-        .await;
-    assert!(status < 300, "{status} {published}");
+    let op_file = platform::key_file(&work.path().join("operator"), &op_key);
+    platform::publish_operator_key(&api, &operator, &staff, &signing, &op_key).await;
 
     // A: the owner (staff: linux-test is a staff-only profile) adds a GPU.
     let (status, provisioned) = api
@@ -449,63 +301,13 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     host.sh_ok("systemctl daemon-reload && systemctl restart enverge-agent.service");
 
     // D: the operator approves.
-    let (status, body) = api
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            &operator,
-            Some(json!({"placement": "shared"})),
-        )
-        .await;
-    assert!(status == 204 || status == 200, "{status} {body}");
+    platform::activate(&api, &operator, &host_id).await;
     phase("activated");
 
     // E1: the customer creates an instance with their key.
-    let key = byo_core::keylist_testing::private_key();
-    let key_file = work.path().join("customer");
-    std::fs::write(
-        &key_file,
-        key.to_openssh(ssh_key::LineEnding::LF).unwrap().as_bytes(),
-    )
-    .unwrap();
-    std::fs::set_permissions(
-        &key_file,
-        std::os::unix::fs::PermissionsExt::from_mode(0o600),
-    )
-    .unwrap();
-    let (status, k) = api
-        .call(
-            reqwest::Method::POST,
-            "/api/ssh-keys",
-            &customer,
-            Some(json!({"name": "laptop", "public_key": key.public_key().to_openssh().unwrap()})),
-        )
-        .await;
-    assert_eq!(status, 201, "{k}");
-    // Through the tunnel only once the host has dialled the relay (its beats do): each try
-    // is bounded, or one SYN into a tunnel with no peer endpoint would wait minutes.
-    until(
-        "serving to answer through the relay",
-        Duration::from_secs(120),
-        async || {
-            let out = relay
-                .exec(&[
-                    "curl",
-                    "-s",
-                    "-m",
-                    "3",
-                    "-o",
-                    "/dev/null",
-                    "-w",
-                    "%{http_code}",
-                    "http://10.8.0.2:8080/v1/vms",
-                ])
-                .output()
-                .unwrap();
-            (String::from_utf8_lossy(&out.stdout) == "401").then_some(())
-        },
-    )
-    .await;
+    let (key_file, k) =
+        platform::customer_key(&api, &customer, &work.path().join("customer")).await;
+    platform::serving_answers_through(&relay).await;
     phase("serving answers through the relay");
     // Placement picks only a host it has heard from: serving beats once at start.
     until(
@@ -514,26 +316,16 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         async || store.host_status(&host_id).await.unwrap().map(|_| ()),
     )
     .await;
-    let asked = Instant::now();
-    let (status, created) = api
-        .call(
-            reqwest::Method::POST,
-            "/api/vms",
-            &customer,
-            Some(json!({"gpu_type": "linux-test", "ssh_key_id": k["id"]})),
-        )
-        .await;
-    assert_eq!(status, 201, "{created}");
-    let vm_id = created["instance"]["id"].as_str().unwrap().to_owned();
-    let name = created["instance"]["name"].as_str().unwrap().to_owned();
-    let landed = until("the customer's ssh", Duration::from_secs(30), async || {
-        customer_ssh(&relay.public, &key_file)
-    })
+    let (vm_id, name, landed, took) = platform::rent(
+        &api,
+        &customer,
+        "linux-test",
+        &k["id"],
+        &relay.public,
+        &key_file,
+    )
     .await;
-    phase(&format!(
-        "create to ssh-reachable: {:.2} s",
-        asked.elapsed().as_secs_f64()
-    ));
+    phase(&format!("create to ssh-reachable: {took:.2} s"));
     assert_eq!(landed, name, "the customer's ssh landed in another machine");
     let row = store.vm(&vm_id).await.unwrap().unwrap();
     assert_eq!(row.host_id.as_deref(), Some(host_id.as_str()));

@@ -128,7 +128,11 @@ pub(super) fn satellites(plan: &Plan) -> Fallible<&Rc<dyn Satellites>> {
 pub fn satellite_plan(plan: &Plan, peer: &Peer, owner: Option<String>) -> Plan {
     let mut keys = plan.authorized_keys.clone().unwrap_or_default();
     if let Some(k) = &plan.peer_public_key {
-        keys.push_str(&format!("{} enverge-node0-peer\n", k.trim()));
+        keys.push_str(&format!(
+            "{} {}\n",
+            k.trim(),
+            crate::workers::PEER_KEY_COMMENT
+        ));
     }
     Plan {
         profile: plan.profile.clone(),
@@ -292,6 +296,7 @@ impl SshSatellites {
             host_key_alias: None,
             // A satellite's subset is hundreds of short commands: one connection per login.
             control_path: Some(self.dir.join(format!("peer-{}-{user}.ctl", peer.index))),
+            proxy: None,
         })
     }
 }

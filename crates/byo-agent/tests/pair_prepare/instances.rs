@@ -12,29 +12,12 @@ use std::time::{Duration, Instant};
 use byo_core::keylist_testing::private_key;
 use serde_json::{Value, json};
 
-use crate::support::cabled::Bed;
-use crate::support::host_container::{HostContainer, bridge_gateway};
-use crate::support::mapd::{FakeMapd, start_mapd};
-use crate::support::prepared::{Enrollment, agent_api, key_file, public_line, text};
-use crate::{ipv4, wait_for};
-
-/// `lxc list`'s names and states on one machine, as `name,STATE` lines.
-fn containers(host: &HostContainer) -> String {
-    host.sh_ok("lxc list --format csv -c ns")
-}
-
-/// The worker, reached from the head over a rail with the key at `key` inside the head:
-/// what `hostname` says there, or the failure.
-fn head_to_worker(n0: &HostContainer, head: &str, key: &str, addr: &str) -> Result<String, String> {
-    let out = n0.sh(&format!(
-        "lxc exec {head} -- dbclient -y -i {key} user@{addr} hostname 2>&1 </dev/null"
-    ));
-    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
-    match out.status.success() {
-        true => Ok(said.lines().last().unwrap_or_default().to_owned()),
-        false => Err(said),
-    }
-}
+use crate::support::cabled::{Bed, containers, head_to_worker, ipv4, wait_for};
+use crate::support::host_container::HostContainer;
+use crate::support::mapd::FakeMapd;
+use crate::support::prepared::{
+    Enrollment, agent_api, key_file, public_line, serve_with_mapd, text,
+};
 
 /// The newest beat's `(lxd, details)` once `seen` accepts one, within `within`.
 fn beat_where(mapd: &FakeMapd, within: Duration, seen: impl Fn(&Value) -> bool) -> Option<Value> {
@@ -55,7 +38,7 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     // plan's addresses (crossed: node0's rail0 lands on node1's rail1), node1's management
     // address and pinned host key, and its own copy of the peer key.
     let handed_path = byo_core::render::units::HANDED_OVER;
-    let mut handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
+    let handed: Value = serde_json::from_str(&n0.sh_ok(&format!("cat {handed_path}"))).unwrap();
     let rails = |i: usize| -> Vec<(String, String)> {
         handed["pair"][i]["rails"]
             .as_array()
@@ -97,21 +80,8 @@ pub fn k1_11_the_instance_is_a_head_and_its_worker_kept_in_lockstep(bed: &Bed, e
     );
 
     // The relay and the backend's heartbeat route, on this machine.
-    let mapd = FakeMapd {
-        token: handed["ssh_map_token"].as_str().unwrap().to_owned(),
-        ..FakeMapd::default()
-    };
-    let port = start_mapd(mapd.clone());
-    handed["ssh_map_endpoint"] = json!(format!("{}:{port}", bridge_gateway()));
-    handed["server"] = json!(format!("http://{}:{port}", bridge_gateway()));
-    n0.write(handed_path, handed.to_string().as_bytes(), 0o600);
-    n0.sh_ok(&format!("chown spark:spark {handed_path}"));
+    let mapd = serve_with_mapd(n0, e);
     let token = e.agent_token.clone();
-    n0.sh_ok("systemctl start enverge-agent.service");
-    let up = wait_for(Duration::from_secs(30), || {
-        (agent_api(n0, &token, "GET", "/v1/vms", None).0 == 200).then_some(())
-    });
-    assert!(up.is_some(), "serving answers");
     // A whole idle pair beats lxd ok.
     let whole = beat_where(&mapd, Duration::from_secs(30), |b| b["lxd"] == "ok");
     assert!(

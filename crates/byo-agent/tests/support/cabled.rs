@@ -27,12 +27,19 @@ pub const PASSWORD: &str = "cable-bed-Pa55word-7f3e";
 /// its twin rail0b on one cable).
 pub const NODE0_PORTS: &[&str] = &["rail0", "rail1"];
 pub const NODE1_PORTS: &[&str] = &["rail0", "rail0b", "rail1", "rail1b"];
+/// A ring's node2 and node3 GPUs (node1's is the pair's).
+pub const RING_UUIDS: [&str; 2] = [
+    "2222dddd-2222-4222-8222-222222222222",
+    "3333eeee-3333-4333-8333-333333333333",
+];
 
 pub struct Bed {
     pub node0: HostContainer,
     pub node1: HostContainer,
     /// The rack neighbour, on the LAN only (not on a pair's preparation bed).
     extra: Option<HostContainer>,
+    /// A ring's node2 and node3 (K2); none on a pair's bed.
+    pub more: Vec<HostContainer>,
     /// `p15<pid>` + a cable number: LXD network names are interface names (15 bytes).
     tag: String,
     cables: std::cell::RefCell<Vec<String>>,
@@ -50,29 +57,42 @@ fn nvidia_smi(uuid: &str) -> String {
 impl Bed {
     /// Three machines: node0 (with the agent binary), node1, and `extra` on the LAN only.
     pub fn launch(prefix: &str) -> Option<Bed> {
-        Self::machines(prefix, true)
+        Self::machines(prefix, true, 0)
+    }
+
+    /// Four machines for a ring (K2): node0 (with the agent binary) and three satellites, each
+    /// with two QSFPs of two functions, and the rack neighbour on the LAN. Not cabled yet.
+    pub fn ring(prefix: &str) -> Option<Bed> {
+        Self::machines(prefix, true, 2)
     }
 
     /// A pair to prepare: node0 (with the agent binary) and node1, each with netplan, as DGX
     /// OS has it (rail-network writes netplan; Debian's image has none).
     pub fn pair(prefix: &str) -> Option<Bed> {
-        let bed = Self::machines(prefix, false)?;
+        let bed = Self::machines(prefix, false, 0)?;
+        bed.netplan();
+        Some(bed)
+    }
+
+    /// netplan on every machine of the host (node0 and its satellites), as DGX OS has it:
+    /// rail-network writes netplan, and Debian's image has none.
+    pub fn netplan(&self) {
         let began = Instant::now();
         std::thread::scope(|s| {
-            for h in [&bed.node0, &bed.node1] {
+            for h in [&self.node0, &self.node1].into_iter().chain(&self.more) {
                 s.spawn(move || {
                     h.sh_ok(
-                        "DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io >/tmp/netplan-install.log 2>&1 ||
+                        "command -v netplan >/dev/null ||
+                         DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io >/tmp/netplan-install.log 2>&1 ||
                          { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends netplan.io; }",
                     );
                 });
             }
         });
         eprintln!(
-            "cable bed: netplan on both machines in {:.1} s",
+            "cable bed: netplan on every machine in {:.1} s",
             began.elapsed().as_secs_f64()
         );
-        Some(bed)
     }
 
     /// The rack neighbour.
@@ -82,7 +102,7 @@ impl Bed {
             .expect("a bed launched with its rack neighbour")
     }
 
-    fn machines(prefix: &str, with_extra: bool) -> Option<Bed> {
+    fn machines(prefix: &str, with_extra: bool, more: usize) -> Option<Bed> {
         // The cables are bridges on this machine: root's to make.
         let uid = Command::new("id").arg("-u").output().expect("run id");
         if String::from_utf8_lossy(&uid.stdout).trim() != "0" {
@@ -99,11 +119,15 @@ impl Bed {
             true => Some(HostContainer::launch(&format!("{prefix}-x"))?),
             false => None,
         };
+        let more = (2..2 + more)
+            .map(|i| HostContainer::launch(&format!("{prefix}-n{i}")))
+            .collect::<Option<Vec<_>>>()?;
         let id = std::process::id() % 100_000;
         let bed = Bed {
             node0,
             node1,
             extra,
+            more,
             tag: format!("p15{id}"),
             cables: Default::default(),
             plugged: Default::default(),
@@ -121,6 +145,12 @@ impl Bed {
             ),
         ]
         .into_iter()
+        .chain(
+            bed.more
+                .iter()
+                .zip(RING_UUIDS)
+                .map(|(h, u)| (h, u, NODE1_PORTS)),
+        )
         .chain(
             bed.extra
                 .iter()
@@ -142,14 +172,15 @@ impl Bed {
                 0o644,
             );
         }
-        bed.node0.push(
-            Path::new(env!("CARGO_BIN_EXE_byo-agent")),
-            "/usr/local/bin/byo-agent",
-            0o755,
-        );
+        // The agent binary where this crate's tests built it; a platform test (crates/byo)
+        // has node0 fetch it by the one-liner instead.
+        if let Some(agent) = option_env!("CARGO_BIN_EXE_byo-agent") {
+            bed.node0
+                .push(Path::new(agent), "/usr/local/bin/byo-agent", 0o755);
+        }
         eprintln!(
             "cable bed: {} machines ready in {:.1} s",
-            if with_extra { 3 } else { 2 },
+            2 + bed.more.len() + usize::from(with_extra),
             began.elapsed().as_secs_f64()
         );
         Some(bed)
@@ -222,7 +253,7 @@ impl Bed {
         for net in self.cables.borrow_mut().drain(..) {
             run("ip", &["link", "del", &net]);
         }
-        for h in [&self.node0, &self.node1] {
+        for h in [&self.node0, &self.node1].into_iter().chain(&self.more) {
             h.sh("rm -f /etc/enverge/peer.json");
         }
     }
@@ -249,13 +280,22 @@ impl Bed {
 
     /// node1's login as step 123 keeps it: root-only on node0.
     pub fn lend_login(&self, password: &str) {
+        self.lend_login_for(password, 2)
+    }
+
+    /// The satellites' one shared login (K2 note 2), with the installer's peer-nodes.
+    pub fn lend_login_for(&self, password: &str, nodes: u32) {
         self.node0.sh_ok("install -d -m 700 /etc/enverge");
         self.node0.write(
             "/etc/enverge/peer-login",
             format!("{USER}\n{password}\n").as_bytes(),
             0o600,
         );
-        self.node0.write("/etc/enverge/peer-nodes", b"2\n", 0o644);
+        self.node0.write(
+            "/etc/enverge/peer-nodes",
+            format!("{nodes}\n").as_bytes(),
+            0o644,
+        );
     }
 
     /// node1's link-local address on `iface`.
@@ -329,6 +369,74 @@ impl Capture {
             bodies,
             _rt: rt,
         }
+    }
+}
+
+/// `ip -j -4 addr` of one interface: its IPv4 addresses with their prefix, and its MTU.
+pub fn ipv4(host: &HostContainer, iface: &str) -> (Vec<String>, u64) {
+    let out = host.sh_ok(&format!("ip -j -4 addr show dev {iface}"));
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let link = &j[0];
+    let addrs = link["addr_info"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|i| format!("{}/{}", i["local"].as_str().unwrap(), i["prefixlen"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    let mtu = host
+        .sh_ok(&format!("cat /sys/class/net/{iface}/mtu"))
+        .trim()
+        .parse()
+        .unwrap();
+    (addrs, mtu)
+}
+
+/// Whether a packet of `mtu` bytes crosses from `iface` to `addr` unfragmented.
+pub fn whole_mtu_passes(host: &HostContainer, iface: &str, addr: &str, mtu: u32) -> bool {
+    host.sh(&format!(
+        "ping -n -q -c 1 -W 2 -M do -s {} -I {iface} {addr}",
+        mtu - 28
+    ))
+    .status
+    .success()
+}
+
+/// `seen()`'s first answer, polled every half second until `within` is over.
+pub fn wait_for<T>(within: std::time::Duration, mut seen: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(t) = seen() {
+            return Some(t);
+        }
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
+/// `lxc list`'s names and states on one machine, as `name,STATE` lines.
+pub fn containers(host: &HostContainer) -> String {
+    host.sh_ok("lxc list --format csv -c ns")
+}
+
+/// The worker, reached from the head over a rail with the key at `key` inside the head:
+/// what `hostname` says there, or the failure.
+pub fn head_to_worker(
+    n0: &HostContainer,
+    head: &str,
+    key: &str,
+    addr: &str,
+) -> Result<String, String> {
+    let out = n0.sh(&format!(
+        "lxc exec {head} -- dbclient -y -i {key} user@{addr} hostname 2>&1 </dev/null"
+    ));
+    let said = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    match out.status.success() {
+        true => Ok(said.lines().last().unwrap_or_default().to_owned()),
+        false => Err(said),
     }
 }
 

@@ -301,3 +301,32 @@ pub fn agent_api(
         serde_json::from_str(body).unwrap_or(serde_json::Value::Null),
     )
 }
+
+/// Serving started on a prepared `host` under its real unit, pointed at a stand-in relay and
+/// backend on this machine (`support::mapd`): the stand-in, once serving answers its API.
+pub fn serve_with_mapd(host: &HostContainer, e: &Enrollment) -> crate::support::mapd::FakeMapd {
+    use crate::support::mapd::{FakeMapd, start_mapd};
+    let handed_path = byo_core::render::units::HANDED_OVER;
+    let mut handed: serde_json::Value =
+        serde_json::from_str(&host.sh_ok(&format!("cat {handed_path}"))).unwrap();
+    let mapd = FakeMapd {
+        token: handed["ssh_map_token"].as_str().unwrap().to_owned(),
+        ..FakeMapd::default()
+    };
+    let port = start_mapd(mapd.clone());
+    let gateway = crate::support::host_container::bridge_gateway();
+    handed["ssh_map_endpoint"] = json!(format!("{gateway}:{port}"));
+    handed["server"] = json!(format!("http://{gateway}:{port}"));
+    host.write(handed_path, handed.to_string().as_bytes(), 0o600);
+    host.sh_ok(&format!("chown spark:spark {handed_path}"));
+    host.sh_ok("systemctl start enverge-agent.service");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while agent_api(host, &e.agent_token, "GET", "/v1/vms", None).0 != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "serving answers within 30 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    mapd
+}

@@ -4,6 +4,8 @@
 
 use std::path::{Path, PathBuf};
 
+pub mod platform;
+
 /// A sibling binary of this test, built by `cargo test --workspace`.
 pub fn sibling(name: &str) -> PathBuf {
     let exe = std::env::current_exe().unwrap();

@@ -139,6 +139,15 @@ fn wanted<H: Host + ?Sized>(
     .collect();
     ports.sort();
     ports.dedup();
+    // Only ports the kernel has: a function with no netdev (a missing module) has no sysctl
+    // to set, and `sysctl -p` would fail on it.
+    let mut present = Vec::new();
+    for p in ports {
+        if read_string(h, &format!("/sys/class/net/{p}/ifindex"))?.is_some() {
+            present.push(p);
+        }
+    }
+    let ports = present;
     let mut sysctl = String::from(
         "# Written by enverge preparation (rail-network): a QSFP's two functions share one wire,\n\
          # so each answers ARP only for the address it holds.\n",

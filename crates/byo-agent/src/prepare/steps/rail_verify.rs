@@ -40,6 +40,25 @@ impl StepDef for RailVerify {
                     let from = format!("node{}", peer.index);
                     let back = format!("node0 {ours}");
                     wrong.extend(across(&mut node, link.index, &from, &link.remote, &back, &ours, mtu)?);
+                } else if link.peer_node() > peer.index {
+                    // A ring's cable between two satellites (the diagonal's two among them),
+                    // once, from both ends.
+                    let other = link.peer_node();
+                    let Some(far) = plan.peers.iter().find(|p| p.index == other) else {
+                        return Err(format!("node{other} is not pinned in peer.json"));
+                    };
+                    let far_port = far
+                        .links
+                        .iter()
+                        .find(|l| l.index == link.index)
+                        .map(|l| l.remote.clone())
+                        .ok_or_else(|| format!("node{other} records no end of rail {}", link.index))?;
+                    let (far_addr, _) = rail_address(&subnet, other).ok_or("rail subnet")?;
+                    let (from, to) = (format!("node{}", peer.index), format!("node{other} {far_addr}"));
+                    wrong.extend(across(&mut node, link.index, &from, &link.remote, &to, &far_addr, mtu)?);
+                    let mut far_node = sats.spark(far)?;
+                    let (from, to) = (format!("node{other}"), format!("node{} {theirs}", peer.index));
+                    wrong.extend(across(&mut far_node, link.index, &from, &far_port, &to, &theirs, mtu)?);
                 }
             }
         }
