@@ -254,6 +254,7 @@ async fn m_4_a_published_key_reaches_every_machine_of_the_ring(
     let late = byo_core::keylist_testing::private_key();
     let node0_ip = n0.ipv4();
     n3.sh_ok(&format!("ip route add blackhole {node0_ip}/32"));
+    let asked = std::time::Instant::now();
     let pushed = platform::publish_operator_key(
         &p.api,
         &p.people.operator,
@@ -262,13 +263,8 @@ async fn m_4_a_published_key_reaches_every_machine_of_the_ring(
         &late,
     )
     .await;
+    let took = asked.elapsed().as_secs_f64();
     n3.sh_ok(&format!("ip route del blackhole {node0_ip}/32"));
-    assert_eq!(
-        (&pushed["delivered"], &pushed["failed"]),
-        (&json!(0), &json!(1)),
-        "{pushed}"
-    );
-    let version = pushed["version"].as_i64().unwrap();
     let record = p
         .store
         .key_push_status()
@@ -278,6 +274,17 @@ async fn m_4_a_published_key_reaches_every_machine_of_the_ring(
         .find(|r| r.host_id == host_id)
         .unwrap();
     let error = record.error.unwrap_or_default();
+    assert_eq!(
+        (&pushed["delivered"], &pushed["failed"]),
+        (&json!(0), &json!(1)),
+        "{pushed}"
+    );
+    eprintln!("the push with node{k3} unreachable answered in {took:.1} s: {error}");
+    if !error.contains("applied on node0") {
+        let serving = n0.sh("journalctl -u enverge-agent.service -n 60 --no-pager");
+        eprintln!("serving's journal:\n{}", String::from_utf8_lossy(&serving.stdout));
+    }
+    let version = pushed["version"].as_i64().unwrap();
     assert!(
         error.contains(&format!("version {version} applied on node0"))
             && error.contains(&format!("node{k3}:"))
