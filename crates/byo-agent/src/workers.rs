@@ -598,7 +598,11 @@ pub fn push_operator_keys(pair: &Pair, authorized_keys: &str) -> Vec<String> {
 /// its write, should it land later, is the same list.
 const SATELLITE_PUSH_DEADLINE: Duration = Duration::from_secs(12);
 
-fn push_operator_keys_within(pair: &Pair, authorized_keys: &str, deadline: Duration) -> Vec<String> {
+fn push_operator_keys_within(
+    pair: &Pair,
+    authorized_keys: &str,
+    deadline: Duration,
+) -> Vec<String> {
     // Every satellite at once, each on its own thread, so one that hangs holds no other up
     // and is left behind at the deadline.
     let (tx, rx) = std::sync::mpsc::channel();
@@ -779,11 +783,7 @@ mod tests {
             match node.index {
                 1 => Err("Connection refused".into()),
                 _ => {
-                    let _ = self
-                        .0
-                        .lock()
-                        .unwrap()
-                        .recv_timeout(Duration::from_secs(30));
+                    let _ = self.0.lock().unwrap().recv_timeout(Duration::from_secs(30));
                     Err("hung, then gave up".into())
                 }
             }
@@ -805,7 +805,8 @@ mod tests {
             hosts: Arc::new(Stalled(std::sync::Mutex::new(hold))),
             rails_flag: None,
         };
-        let missed = push_operator_keys_within(&pair, "ssh-ed25519 AAAA op", Duration::from_millis(300));
+        let missed =
+            push_operator_keys_within(&pair, "ssh-ed25519 AAAA op", Duration::from_millis(300));
         release.send(()).unwrap();
         assert_eq!(
             missed,

@@ -65,7 +65,15 @@ fn refused(host: &HostContainer, case: &str, ran: &Ran, code: i32, says: &[&str]
 fn typed_on_a_terminal(host: &HostContainer, line: &str, typed: &[(&str, &str)]) -> Ran {
     use std::io::{Read, Write};
     let mut child = std::process::Command::new("lxc")
-        .args(["exec", host.name(), "--", "script", "-qec", line, "/dev/null"])
+        .args([
+            "exec",
+            host.name(),
+            "--",
+            "script",
+            "-qec",
+            line,
+            "/dev/null",
+        ])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -309,8 +317,13 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
     let pair_token = token(&state, &staff, "linux-test-2").await;
     let ran = typed_on_a_terminal(
         &host,
-        &format!("curl -fsSL {server}/install.sh | bash -s -- --token '{pair_token}' --peer --nodes=2"),
-        &[("user: ", "owner"), ("password for owner on node1: ", "pa55-typed")],
+        &format!(
+            "curl -fsSL {server}/install.sh | bash -s -- --token '{pair_token}' --peer --nodes=2"
+        ),
+        &[
+            ("user: ", "owner"),
+            ("password for owner on node1: ", "pa55-typed"),
+        ],
     );
     assert!(
         ran.terminal.contains(&format!(
@@ -319,7 +332,11 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
         "{}",
         ran.terminal
     );
-    assert!(!ran.terminal.contains("pa55-typed"), "the password was echoed:\n{}", ran.terminal);
+    assert!(
+        !ran.terminal.contains("pa55-typed"),
+        "the password was echoed:\n{}",
+        ran.terminal
+    );
     refused(
         &host,
         "a pair on a terminal, with no cable to probe",

@@ -235,18 +235,10 @@ async fn m_4_a_published_key_reaches_every_machine_of_the_ring(
     }
     // The new key is spark on the diagonal, over the LAN.
     let desk_file = platform::key_file(&p.work.path().join("desk"), &desk);
-    let out = std::process::Command::new("ssh")
-        .args(["-i", desk_file.to_str().unwrap(), "-o", "BatchMode=yes"])
-        .args(["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"])
-        .args(["-o", "ConnectTimeout=10"])
-        .arg(format!("spark@{}", n2.ipv4()))
-        .arg("true")
-        .output()
-        .unwrap();
+    let landed = support::ssh(&desk_file, &[&format!("spark@{}", n2.ipv4()), "true"]);
     assert!(
-        out.status.success(),
-        "the new key logs into the diagonal: {}",
-        String::from_utf8_lossy(&out.stderr)
+        landed.is_ok(),
+        "the new key logs into the diagonal: {landed:?}"
     );
     p.phase("M.4: a published key on every machine of the ring");
 
@@ -282,7 +274,10 @@ async fn m_4_a_published_key_reaches_every_machine_of_the_ring(
     eprintln!("the push with node{k3} unreachable answered in {took:.1} s: {error}");
     if !error.contains("applied on node0") {
         let serving = n0.sh("journalctl -u enverge-agent.service -n 60 --no-pager");
-        eprintln!("serving's journal:\n{}", String::from_utf8_lossy(&serving.stdout));
+        eprintln!(
+            "serving's journal:\n{}",
+            String::from_utf8_lossy(&serving.stdout)
+        );
     }
     let version = pushed["version"].as_i64().unwrap();
     assert!(

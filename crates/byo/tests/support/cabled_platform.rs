@@ -62,10 +62,7 @@ impl Platform {
         let (listener, base) = platform::listen(bridge_gateway()).await;
         let signing = byo_core::keylist_testing::private_key();
         let config = platform::config(&base, releases, &signing);
-        let relays = Arc::new(LxdRelays::new(&format!(
-            "{prefix}-{}-",
-            std::process::id()
-        )));
+        let relays = Arc::new(LxdRelays::new(&format!("{prefix}-{}-", std::process::id())));
         let state = byo_server::state::AppState::new(store.clone(), config)
             .with_providers(relays.clone(), Arc::new(LocalTunnels::default()));
         tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
