@@ -14,6 +14,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use byo_core::lockstep::{self, Half, Head, Move, Satellite, Worker};
 use serde::{Deserialize, Serialize};
@@ -588,40 +589,80 @@ pub const PEER_KEY_COMMENT: &str = "enverge-node0-peer";
 /// else of before. Returns what could not be written, by node; a push that misses one fails and
 /// says so (M.6), and sending again repairs it.
 pub fn push_operator_keys(pair: &Pair, authorized_keys: &str) -> Vec<String> {
-    let mut failed = Vec::new();
-    for n in pair.satellites() {
-        let done = pair.hosts.host(n).and_then(|mut h| {
-            let now =
-                crate::host::read_string(&mut *h, SATELLITE_AUTHORIZED_KEYS)?.unwrap_or_default();
-            let mut want = authorized_keys.trim_end().to_owned();
-            want.push('\n');
-            for line in now
-                .lines()
-                .filter(|l| l.trim_end().ends_with(PEER_KEY_COMMENT))
-            {
-                want.push_str(line.trim_end());
-                want.push('\n');
-            }
-            if want != now {
-                h.write(
-                    SATELLITE_AUTHORIZED_KEYS,
-                    want.as_bytes(),
-                    0o600,
-                    "spark:spark",
-                )?;
-            }
-            Ok(())
+    push_operator_keys_within(pair, authorized_keys, SATELLITE_PUSH_DEADLINE)
+}
+
+/// How long a push waits for the satellites. The backend gives the whole push 20 s, and a
+/// satellite that went away under a live connection takes ssh longer than that to give up on
+/// (the keep-alives, then the connect timeout): past this it is named as not answering, and
+/// its write, should it land later, is the same list.
+const SATELLITE_PUSH_DEADLINE: Duration = Duration::from_secs(12);
+
+fn push_operator_keys_within(
+    pair: &Pair,
+    authorized_keys: &str,
+    deadline: Duration,
+) -> Vec<String> {
+    // Every satellite at once, each on its own thread, so one that hangs holds no other up
+    // and is left behind at the deadline.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let satellites: Vec<u32> = pair.satellites().map(|n| n.index).collect();
+    for n in pair.satellites().cloned() {
+        let (tx, pair, keys) = (tx.clone(), pair.clone(), authorized_keys.to_owned());
+        std::thread::spawn(move || {
+            let _ = tx.send((n.index, write_satellite_keys(&pair, &n, &keys)));
         });
-        if let Err(e) = done {
-            tracing::warn!(node = n.index, error = %e, "the operator keys could not be written on a satellite");
-            failed.push(format!(
-                "node{}: {}",
-                n.index,
-                e.chars().take(300).collect::<String>()
-            ));
+    }
+    drop(tx);
+    let until = std::time::Instant::now() + deadline;
+    let mut done = std::collections::BTreeMap::new();
+    while done.len() < satellites.len() {
+        match rx.recv_timeout(until.saturating_duration_since(std::time::Instant::now())) {
+            Ok((index, outcome)) => {
+                done.insert(index, outcome);
+            }
+            Err(_) => break,
         }
     }
-    failed
+    satellites
+        .into_iter()
+        .filter_map(|index| {
+            let e = match done.remove(&index) {
+                Some(Ok(())) => return None,
+                Some(Err(e)) => e,
+                None => format!("did not answer within {} s", deadline.as_secs_f32()),
+            };
+            tracing::warn!(node = index, error = %e, "the operator keys could not be written on a satellite");
+            Some(format!(
+                "node{index}: {}",
+                e.chars().take(300).collect::<String>()
+            ))
+        })
+        .collect()
+}
+
+/// One satellite's spark login file made `authorized_keys` plus the peer-key line kept.
+fn write_satellite_keys(pair: &Pair, n: &PairNode, authorized_keys: &str) -> Fallible<()> {
+    let mut h = pair.hosts.host(n)?;
+    let now = crate::host::read_string(&mut *h, SATELLITE_AUTHORIZED_KEYS)?.unwrap_or_default();
+    let mut want = authorized_keys.trim_end().to_owned();
+    want.push('\n');
+    for line in now
+        .lines()
+        .filter(|l| l.trim_end().ends_with(PEER_KEY_COMMENT))
+    {
+        want.push_str(line.trim_end());
+        want.push('\n');
+    }
+    if want != now {
+        h.write(
+            SATELLITE_AUTHORIZED_KEYS,
+            want.as_bytes(),
+            0o600,
+            "spark:spark",
+        )?;
+    }
+    Ok(())
 }
 
 /// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left
@@ -731,6 +772,49 @@ mod tests {
             address: address.into(),
             mtu: 9000,
         }
+    }
+
+    /// Satellites that refuse at once, hang until the test lets them go, or are never asked.
+    #[derive(Debug)]
+    struct Stalled(std::sync::Mutex<std::sync::mpsc::Receiver<()>>);
+
+    impl SatelliteHosts for Stalled {
+        fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
+            match node.index {
+                1 => Err("Connection refused".into()),
+                _ => {
+                    let _ = self.0.lock().unwrap().recv_timeout(Duration::from_secs(30));
+                    Err("hung, then gave up".into())
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn m_4_a_satellite_that_hangs_is_named_at_the_deadline_beside_one_that_refused() {
+        let (release, hold) = std::sync::mpsc::channel();
+        let node = |index: u32| PairNode {
+            index,
+            mgmt_addr: Some(format!("10.0.0.{index}")),
+            host_key: None,
+            lxd_socket: None,
+            rails: Vec::new(),
+        };
+        let pair = Pair {
+            nodes: vec![node(0), node(1), node(2)],
+            hosts: Arc::new(Stalled(std::sync::Mutex::new(hold))),
+            rails_flag: None,
+        };
+        let missed =
+            push_operator_keys_within(&pair, "ssh-ed25519 AAAA op", Duration::from_millis(300));
+        release.send(()).unwrap();
+        assert_eq!(
+            missed,
+            [
+                "node1: Connection refused".to_owned(),
+                "node2: did not answer within 0.3 s".to_owned()
+            ]
+        );
     }
 
     #[test]

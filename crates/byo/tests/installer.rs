@@ -59,6 +59,71 @@ fn refused(host: &HostContainer, case: &str, ran: &Ran, code: i32, says: &[&str]
     assert!(left.is_empty(), "{case}: left behind:\n{left}");
 }
 
+/// `line` run by bash in `host` on a terminal (util-linux's `script` gives it a pty, as an
+/// owner's ssh session has), typing each reply once its prompt has appeared, as a person
+/// would: what the terminal showed and the status.
+fn typed_on_a_terminal(host: &HostContainer, line: &str, typed: &[(&str, &str)]) -> Ran {
+    use std::io::{Read, Write};
+    let mut child = std::process::Command::new("lxc")
+        .args([
+            "exec",
+            host.name(),
+            "--",
+            "script",
+            "-qec",
+            line,
+            "/dev/null",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    let reader = std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let mut shown = Vec::new();
+    for (prompt, reply) in typed {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !String::from_utf8_lossy(&shown).contains(prompt) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(chunk) => shown.extend(chunk),
+                Err(_) => panic!(
+                    "no prompt {prompt:?} on the terminal:\n{}",
+                    String::from_utf8_lossy(&shown)
+                ),
+            }
+        }
+        stdin.write_all(format!("{reply}\n").as_bytes()).unwrap();
+        stdin.flush().unwrap();
+    }
+    while let Ok(chunk) = rx.recv_timeout(Duration::from_secs(120)) {
+        shown.extend(chunk);
+    }
+    reader.join().unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    shown.extend(out.stderr);
+    let ran = Ran {
+        code: out.status.code(),
+        terminal: String::from_utf8_lossy(&shown).into_owned(),
+    };
+    eprintln!(
+        "--- `{line}` on a terminal exited {:?}:\n{}",
+        ran.code, ran.terminal
+    );
+    ran
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
     let Some(host) = HostContainer::launch("byo-installer") else {
@@ -243,6 +308,41 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
         &ran,
         2,
         &["install.sh: --nodes must be the host's number of machines (2 or more), not 'one'"],
+    );
+
+    // Step 123 on a terminal: with no login file, install.sh asks for node1's login on the
+    // terminal it runs on; the user is echoed and the password is not. The login is kept
+    // root-only for the probe; with no cable here the enrolment gives up after its retries,
+    // and the login goes with everything else the run made.
+    let pair_token = token(&state, &staff, "linux-test-2").await;
+    let ran = typed_on_a_terminal(
+        &host,
+        &format!(
+            "curl -fsSL {server}/install.sh | bash -s -- --token '{pair_token}' --peer --nodes=2"
+        ),
+        &[
+            ("user: ", "owner"),
+            ("password for owner on node1: ", "pa55-typed"),
+        ],
+    );
+    assert!(
+        ran.terminal.contains(&format!(
+            "node1's login (it stays on this machine, is deleted once node1 is set up, and is never sent to {server})"
+        )),
+        "{}",
+        ran.terminal
+    );
+    assert!(
+        !ran.terminal.contains("pa55-typed"),
+        "the password was echoed:\n{}",
+        ran.terminal
+    );
+    refused(
+        &host,
+        "a pair on a terminal, with no cable to probe",
+        &ran,
+        ran.code.filter(|c| *c != 0).unwrap_or(-1),
+        &["install.sh: enrolment failed", "nothing was installed"],
     );
 
     // After every refusal, the good token still enrols.

@@ -213,8 +213,14 @@ else
       fi
       printf "node1's login (it stays on this machine, is deleted once node1 is set up, and is never sent to %s)\nuser: " "$server" >&3
       read -r peer_user <&3
+      # Echo off before the prompt, not by read -s after it: a password typed or pasted as
+      # the prompt appears would otherwise be shown.
+      trap 'stty echo <&3 2>/dev/null; undo; exit 130' INT TERM
+      stty -echo <&3 2>/dev/null || true
       printf 'password for %s on node1: ' "$peer_user" >&3
       read -rs peer_password <&3
+      stty echo <&3 2>/dev/null || true
+      trap - INT TERM
       printf '\n' >&3
       exec 3>&-
       (umask 077 && printf '%s\n%s\n' "$peer_user" "$peer_password" > /etc/enverge/peer-login)

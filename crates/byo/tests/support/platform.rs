@@ -1,4 +1,4 @@
-//! What the platform scenarios share (`golden_path.rs`, `pair_golden_path.rs`): the server's
+//! What the platform scenarios share (`golden_path.rs` and the cabled ones): the server's
 //! API as a signed-in person calls it, people with sessions, waiting on a condition, the
 //! customer's plain `ssh` to a relay, and the relays removed however a test ends.
 
@@ -163,14 +163,15 @@ pub fn key_file(path: &Path, key: &ssh_key::PrivateKey) -> std::path::PathBuf {
 }
 
 /// M: `op_key` added by the operator and the list signed and published by staff, through
-/// the API: every host receives it at enrolment.
+/// the API: every enrolled host receives the push, and a host that enrols later receives the
+/// list at enrolment. The push's outcome (`version`, `delivered`, `failed`).
 pub async fn publish_operator_key(
     api: &Api,
     operator: &str,
     staff: &str,
     signing: &ssh_key::PrivateKey,
     op_key: &ssh_key::PrivateKey,
-) {
+) -> Value {
     let (status, draft) = api
         .call(
             reqwest::Method::POST,
@@ -191,6 +192,7 @@ pub async fn publish_operator_key(
         )
         .await;
     assert!(status < 300, "{status} {published}");
+    published
 }
 
 /// D: the operator approves the host.
