@@ -47,6 +47,8 @@ conformance!(
     last_superadmin_cannot_be_revoked,
     accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_own,
     g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_found,
+    c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_kept_per_machine,
+    a_the_relay_ca_is_made_once_and_the_first_insert_wins,
     e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an_operator_clears_it,
     sessions_expire_and_end,
     email_is_unique,
@@ -1687,4 +1689,197 @@ async fn e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an
     assert!(!row(Some(5), Some(6)).in_effect());
     assert!(!row(None, Some(6)).in_effect());
     assert!(!row(None, None).in_effect());
+}
+
+/// How the backend finds and reaches a host (issue #19: pinned by the server's suites alone):
+/// the host a presented token belongs to, retired hosts holding none; every target not
+/// retired, by slug, with its relay and sealed agent token; and preparation's progress (129)
+/// kept per machine — node0's on the host's row, stamping `prepared_at` once, a satellite's on
+/// its node row, a machine the host does not have refused.
+async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_kept_per_machine(
+    db: TestDb,
+) {
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let a = host(store, &owner, "spark-b").await;
+    let b = host(store, &owner, "spark-a").await;
+    let gone = host(store, &owner, "spark-c").await;
+    let (ta, tgone) = (
+        SecretToken::generate(TokenKind::Host),
+        SecretToken::generate(TokenKind::Host),
+    );
+    for (h, t, ip) in [(&a, &ta, "203.0.113.1"), (&gone, &tgone, "203.0.113.3")] {
+        store
+            .execute_unchecked(&format!(
+                "update hosts set token_hash = '{}', relay_ip = '{ip}', agent_token = 'sealed:{h}'
+                 where id = '{h}'",
+                t.hash().as_str()
+            ))
+            .await
+            .unwrap();
+    }
+    store.retire_host(&gone, now()).await.unwrap();
+
+    let targets: Vec<(String, String, Option<String>, Option<String>)> = store
+        .agent_targets()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.id, t.slug, t.relay_ip, t.agent_token))
+        .collect();
+    let reach_a = (
+        a.clone(),
+        "spark-b".to_owned(),
+        Some("203.0.113.1".to_owned()),
+        Some(format!("sealed:{a}")),
+    );
+    assert_eq!(
+        targets,
+        [(b.clone(), "spark-a".into(), None, None), reach_a.clone()]
+    );
+    let one = store.agent_target(&a).await.unwrap().expect("a's target");
+    assert_eq!((one.id, one.slug, one.relay_ip, one.agent_token), reach_a);
+    assert!(store.agent_target(&gone).await.unwrap().is_none());
+    assert!(store.agent_target("no-such-host").await.unwrap().is_none());
+
+    assert_eq!(
+        store.host_id_by_token(&ta.hash()).await.unwrap(),
+        Some(a.clone())
+    );
+    assert_eq!(store.host_id_by_token(&tgone.hash()).await.unwrap(), None);
+    let stranger = SecretToken::generate(TokenKind::Host);
+    assert_eq!(
+        store.host_id_by_token(&stranger.hash()).await.unwrap(),
+        None
+    );
+
+    // Progress: node0's on the host's row, prepared_at stamped once.
+    store
+        .insert_host_node(
+            NewHostNode {
+                host_id: &a,
+                index: 1,
+                machine_id: None,
+                hardware_id: "node1-hw",
+                fingerprint: &json!({}),
+                rails: &json!({}),
+            },
+            now(),
+        )
+        .await
+        .unwrap();
+    let (t1, t2) = (now(), now() + Duration::seconds(5));
+    let running = json!({"state": "running", "step": "lxd"});
+    assert!(
+        store
+            .record_prepare_state(&a, 0, &running, false, t1)
+            .await
+            .unwrap()
+    );
+    let row = store.host(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (row.prepare_state.map(|s| s.0), row.prepared_at),
+        (Some(running.clone()), None)
+    );
+    let done = json!({"state": "done"});
+    for at in [t1, t2] {
+        assert!(
+            store
+                .record_prepare_state(&a, 0, &done, true, at)
+                .await
+                .unwrap()
+        );
+    }
+    let row = store.host(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (row.prepare_state.map(|s| s.0), row.prepared_at),
+        (Some(done.clone()), Some(t1))
+    );
+    // A satellite's on its node row; the host's row is left as it was.
+    let node1 = json!({"state": "running", "step": "rail-network"});
+    assert!(
+        store
+            .record_prepare_state(&a, 1, &node1, false, t2)
+            .await
+            .unwrap()
+    );
+    let nodes = store.host_nodes(&a).await.unwrap();
+    let one = nodes.iter().find(|n| n.index == 1).unwrap();
+    assert_eq!(one.prepare_state.as_ref().map(|s| &s.0), Some(&node1));
+    assert_eq!(
+        store
+            .host(&a)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepare_state
+            .map(|s| s.0),
+        Some(done.clone())
+    );
+    // A machine the host does not have, or a retired host: nothing to write.
+    assert!(
+        !store
+            .record_prepare_state(&a, 2, &node1, false, t2)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .record_prepare_state(&gone, 0, &running, false, t2)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .host(&gone)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepare_state
+            .is_none()
+    );
+
+    // A beat (133) is kept as the host's status, read back whole.
+    assert!(store.host_status(&a).await.unwrap().is_none());
+    let mut beat = testing::healthy_beat();
+    beat.instances = 2;
+    assert_eq!(
+        store.record_heartbeat(&ta.hash(), &beat, t2).await.unwrap(),
+        Some((a.clone(), false))
+    );
+    let status = store.host_status(&a).await.unwrap().expect("a's status");
+    assert_eq!(
+        (status.host_id, status.seen_at, status.instances),
+        (a.clone(), t2, Some(2))
+    );
+    assert!(store.host_status(&b).await.unwrap().is_none());
+}
+
+/// The installation's relay CA (one row): none until made; of two candidates the first kept,
+/// and both callers read that one back.
+async fn a_the_relay_ca_is_made_once_and_the_first_insert_wins(db: TestDb) {
+    use byo_db::relay_ca::RelayCaRow;
+    let store = &db.store;
+    assert!(store.relay_ca().await.unwrap().is_none());
+    let made = |pem: &str| RelayCaRow {
+        cert_pem: pem.into(),
+        sealed_key: format!("sealed:{pem}"),
+        created_at: now(),
+    };
+    let first = made("first");
+    let kept = store.relay_ca_or_insert(&first).await.unwrap();
+    assert_eq!(
+        (kept.cert_pem, kept.sealed_key),
+        ("first".into(), "sealed:first".into())
+    );
+    let again = store.relay_ca_or_insert(&made("second")).await.unwrap();
+    assert_eq!(
+        (again.cert_pem, again.created_at),
+        ("first".into(), first.created_at)
+    );
+    let read = store.relay_ca().await.unwrap().expect("made");
+    assert_eq!(
+        (read.cert_pem, read.sealed_key),
+        ("first".into(), "sealed:first".into())
+    );
 }
