@@ -611,6 +611,36 @@ async fn sessions_expire_and_end(db: TestDb) {
         .unwrap();
     db.delete_session(&t2.hash()).await.unwrap();
     assert!(db.session_user(&t2.hash(), start).await.unwrap().is_none());
+
+    // Every session of one user ends at once (a password change), and nobody else's.
+    let b = user(&db, "b@example.com").await;
+    let (a1, a2, b1) = (
+        SecretToken::generate(TokenKind::Session),
+        SecretToken::generate(TokenKind::Session),
+        SecretToken::generate(TokenKind::Session),
+    );
+    for (t, who) in [(&a1, &a), (&a2, &a), (&b1, &b)] {
+        db.create_session(&t.hash(), who, start, start + Duration::hours(1))
+            .await
+            .unwrap();
+    }
+    assert_eq!(db.delete_sessions_of(&a).await.unwrap(), 2);
+    assert!(db.session_user(&a1.hash(), start).await.unwrap().is_none());
+    assert!(db.session_user(&a2.hash(), start).await.unwrap().is_none());
+    assert!(db.session_user(&b1.hash(), start).await.unwrap().is_some());
+    assert_eq!(db.delete_sessions_of(&a).await.unwrap(), 0);
+    // The purge takes what has expired, and counts it.
+    let b2 = SecretToken::generate(TokenKind::Session);
+    db.create_session(&b2.hash(), &b, start, start + Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(db.purge_expired_sessions(start).await.unwrap(), 0);
+    assert_eq!(
+        db.purge_expired_sessions(start + Duration::hours(2))
+            .await
+            .unwrap(),
+        2
+    );
 }
 
 async fn email_is_unique(db: TestDb) {
