@@ -1617,7 +1617,7 @@ async fn g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_fo
         of(alice.clone(), at(1)).await,
         [gone.clone(), failed.clone(), live.clone()]
     );
-    assert_eq!(of(alice.clone(), at(9)).await, [live.clone()]);
+    assert_eq!(of(alice.clone(), at(9)).await, std::slice::from_ref(&live));
     assert_eq!(of(bob.clone(), at(0)).await, [stuck.clone(), bobs.clone()]);
     // A host's live rows: what its heartbeat's list is compared with.
     for (on, want) in [(&a, &live), (&b, &bobs), (&c, &stuck)] {
@@ -1628,7 +1628,7 @@ async fn g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_fo
             .into_iter()
             .map(|r| r.id)
             .collect();
-        assert_eq!(held, [want.clone()], "{on}");
+        assert_eq!(held, std::slice::from_ref(want), "{on}");
     }
     // Stuck: requested at or before the cut-off and never confirmed.
     let stuck_at = |cut: DateTime<Utc>| async move {
