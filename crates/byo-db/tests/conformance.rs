@@ -11,7 +11,7 @@ use byo_db::operator_keys::KeyChange;
 use byo_db::provisioning::{RedeemDecision, RedeemNode, Redeemed};
 use byo_db::testing::{self, TestDb};
 use byo_db::users::NewUser;
-use byo_db::vms::NewVm;
+use byo_db::vms::{HostBenchRow, NewVm, PlacementScore};
 use byo_db::{DbError, GuardedWrite, Store};
 use byo_wire::Role;
 use chrono::{DateTime, Duration, DurationRound, TimeDelta, Utc};
@@ -46,6 +46,10 @@ conformance!(
     step28_unknown_spent_rejected_and_expired_tokens_get_the_same_none,
     last_superadmin_cannot_be_revoked,
     accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_own,
+    g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_found,
+    c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_kept_per_machine,
+    a_the_relay_ca_is_made_once_and_the_first_insert_wins,
+    e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an_operator_clears_it,
     sessions_expire_and_end,
     email_is_unique,
     no_table_holds_a_plaintext_token,
@@ -607,6 +611,36 @@ async fn sessions_expire_and_end(db: TestDb) {
         .unwrap();
     db.delete_session(&t2.hash()).await.unwrap();
     assert!(db.session_user(&t2.hash(), start).await.unwrap().is_none());
+
+    // Every session of one user ends at once (a password change), and nobody else's.
+    let b = user(&db, "b@example.com").await;
+    let (a1, a2, b1) = (
+        SecretToken::generate(TokenKind::Session),
+        SecretToken::generate(TokenKind::Session),
+        SecretToken::generate(TokenKind::Session),
+    );
+    for (t, who) in [(&a1, &a), (&a2, &a), (&b1, &b)] {
+        db.create_session(&t.hash(), who, start, start + Duration::hours(1))
+            .await
+            .unwrap();
+    }
+    assert_eq!(db.delete_sessions_of(&a).await.unwrap(), 2);
+    assert!(db.session_user(&a1.hash(), start).await.unwrap().is_none());
+    assert!(db.session_user(&a2.hash(), start).await.unwrap().is_none());
+    assert!(db.session_user(&b1.hash(), start).await.unwrap().is_some());
+    assert_eq!(db.delete_sessions_of(&a).await.unwrap(), 0);
+    // The purge takes what has expired, and counts it.
+    let b2 = SecretToken::generate(TokenKind::Session);
+    db.create_session(&b2.hash(), &b, start, start + Duration::hours(1))
+        .await
+        .unwrap();
+    assert_eq!(db.purge_expired_sessions(start).await.unwrap(), 0);
+    assert_eq!(
+        db.purge_expired_sessions(start + Duration::hours(2))
+            .await
+            .unwrap(),
+        2
+    );
 }
 
 async fn email_is_unique(db: TestDb) {
@@ -1495,4 +1529,387 @@ async fn accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_o
         .await
         .unwrap();
     assert_eq!(store.superadmin_count().await.unwrap(), 2);
+}
+
+/// The instance reads the server's pages, its heartbeat reconciliation and
+/// notify-stuck-deletes stand on (issue #19: they were pinned by the server's suites alone):
+/// the operator's list of live rows with host and owner, a customer's rows (the live ones and
+/// those ended since), a host's live rows, and the deletes accepted and never confirmed.
+async fn g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_found(db: TestDb) {
+    let store = &db.store;
+    let alice = user(store, "alice@example.com").await;
+    let bob = user(store, "bob@example.com").await;
+    let (a, b, c) = (
+        host(store, &alice, "spark-a").await,
+        host(store, &alice, "spark-b").await,
+        host(store, &alice, "spark-c").await,
+    );
+    let t0 = now();
+    let at = |s: i64| t0 + Duration::seconds(s);
+    let create = |who: String, on: String, name: &'static str, when: DateTime<Utc>| async move {
+        store
+            .create_vm(
+                NewVm {
+                    user_sub: &who,
+                    host_id: Some(&on),
+                    name,
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                when,
+            )
+            .await
+            .unwrap()
+            .id
+    };
+    let live = create(alice.clone(), a.clone(), "a-live", at(0)).await;
+    let failed = create(alice.clone(), b.clone(), "a-failed", at(1)).await;
+    store.mark_vm_creation_failed(&failed, at(2)).await.unwrap();
+    let gone = create(alice.clone(), c.clone(), "a-gone", at(3)).await;
+    store.request_vm_delete(&gone, at(4)).await.unwrap();
+    store.confirm_vm_deleted(&gone, at(5)).await.unwrap();
+    let bobs = create(bob.clone(), b.clone(), "b-live", at(6)).await;
+    let stuck = create(bob.clone(), c.clone(), "b-stuck", at(7)).await;
+    store.request_vm_delete(&stuck, at(8)).await.unwrap();
+
+    // The operator's list: every live row (a delete not yet confirmed is still live), oldest
+    // first, with its host's slug and its owner's email.
+    let listed: Vec<(String, Option<String>, String)> = store
+        .live_vms()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.vm.id, r.host_slug, r.owner_email))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            (
+                live.clone(),
+                Some("spark-a".into()),
+                "alice@example.com".into()
+            ),
+            (
+                bobs.clone(),
+                Some("spark-b".into()),
+                "bob@example.com".into()
+            ),
+            (
+                stuck.clone(),
+                Some("spark-c".into()),
+                "bob@example.com".into()
+            ),
+        ]
+    );
+    // A customer's: the live ones and those that ended after `since`, newest first; nobody
+    // else's.
+    let of = |who: String, since: DateTime<Utc>| async move {
+        store
+            .vms_of(&who, since)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(of(alice.clone(), at(4)).await, [gone.clone(), live.clone()]);
+    assert_eq!(
+        of(alice.clone(), at(1)).await,
+        [gone.clone(), failed.clone(), live.clone()]
+    );
+    assert_eq!(of(alice.clone(), at(9)).await, std::slice::from_ref(&live));
+    assert_eq!(of(bob.clone(), at(0)).await, [stuck.clone(), bobs.clone()]);
+    // A host's live rows: what its heartbeat's list is compared with.
+    for (on, want) in [(&a, &live), (&b, &bobs), (&c, &stuck)] {
+        let held: Vec<String> = store
+            .live_vms_on_host(on)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| r.id)
+            .collect();
+        assert_eq!(held, std::slice::from_ref(want), "{on}");
+    }
+    // Stuck: requested at or before the cut-off and never confirmed.
+    let stuck_at = |cut: DateTime<Utc>| async move {
+        store
+            .stuck_deletes(cut)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|r| (r.id, r.host_slug, r.delete_requested_at))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        stuck_at(at(8)).await,
+        [(stuck.clone(), Some("spark-c".into()), at(8))]
+    );
+    assert!(stuck_at(at(7)).await.is_empty());
+}
+
+/// E1's placement memory (migration 0008): a host that failed creates `bench_after` times in a
+/// row is benched from the last failure's time; a create it takes forgets the count and the
+/// bench; an operator's clear says whether there was anything to clear. A bench is in effect
+/// until a heartbeat later than it.
+async fn e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an_operator_clears_it(
+    db: TestDb,
+) {
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let h = host(store, &owner, "spark-a").await;
+    let t0 = now();
+    let at = |s: i64| t0 + Duration::seconds(s);
+    assert!(store.host_bench(&h).await.unwrap().is_none());
+    let fail = |n: i64| store.record_placement_failure(&h, "the agent refused", 3, at(n));
+    assert_eq!(
+        fail(0).await.unwrap(),
+        PlacementScore {
+            consecutive_failures: 1,
+            benched: false
+        }
+    );
+    let bench = store.host_bench(&h).await.unwrap().expect("remembered");
+    assert_eq!(
+        (
+            bench.consecutive_failures,
+            bench.last_failure.as_deref(),
+            bench.last_failure_at,
+            bench.benched_at,
+            bench.seen_at
+        ),
+        (1, Some("the agent refused"), Some(at(0)), None, None)
+    );
+    assert!(!bench.in_effect());
+    fail(1).await.unwrap();
+    assert_eq!(
+        fail(2).await.unwrap(),
+        PlacementScore {
+            consecutive_failures: 3,
+            benched: true
+        }
+    );
+    let bench = store.host_bench(&h).await.unwrap().unwrap();
+    assert_eq!(bench.benched_at, Some(at(2)));
+    assert!(bench.in_effect(), "benched and never heard from since");
+    // A create the host took: nothing is remembered.
+    store.record_placement_success(&h).await.unwrap();
+    assert!(store.host_bench(&h).await.unwrap().is_none());
+    // Benched again; an operator clears it, and a second clear finds nothing.
+    store
+        .record_placement_failure(&h, "no answer", 1, at(3))
+        .await
+        .unwrap();
+    assert!(store.host_bench(&h).await.unwrap().unwrap().in_effect());
+    assert!(store.clear_placement_bench(&h).await.unwrap());
+    assert!(store.host_bench(&h).await.unwrap().is_none());
+    assert!(!store.clear_placement_bench(&h).await.unwrap());
+
+    // In effect until a heartbeat later than the bench: one at the bench's own time is not.
+    let row = |benched: Option<i64>, seen: Option<i64>| HostBenchRow {
+        host_id: h.clone(),
+        consecutive_failures: 3,
+        last_failure: None,
+        last_failure_at: None,
+        benched_at: benched.map(at),
+        seen_at: seen.map(at),
+    };
+    assert!(row(Some(5), None).in_effect());
+    assert!(row(Some(5), Some(4)).in_effect());
+    assert!(row(Some(5), Some(5)).in_effect());
+    assert!(!row(Some(5), Some(6)).in_effect());
+    assert!(!row(None, Some(6)).in_effect());
+    assert!(!row(None, None).in_effect());
+}
+
+/// How the backend finds and reaches a host (issue #19: pinned by the server's suites alone):
+/// the host a presented token belongs to, retired hosts holding none; every target not
+/// retired, by slug, with its relay and sealed agent token; and preparation's progress (129)
+/// kept per machine — node0's on the host's row, stamping `prepared_at` once, a satellite's on
+/// its node row, a machine the host does not have refused.
+async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_kept_per_machine(
+    db: TestDb,
+) {
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let a = host(store, &owner, "spark-b").await;
+    let b = host(store, &owner, "spark-a").await;
+    let gone = host(store, &owner, "spark-c").await;
+    let (ta, tgone) = (
+        SecretToken::generate(TokenKind::Host),
+        SecretToken::generate(TokenKind::Host),
+    );
+    for (h, t, ip) in [(&a, &ta, "203.0.113.1"), (&gone, &tgone, "203.0.113.3")] {
+        store
+            .execute_unchecked(&format!(
+                "update hosts set token_hash = '{}', relay_ip = '{ip}', agent_token = 'sealed:{h}'
+                 where id = '{h}'",
+                t.hash().as_str()
+            ))
+            .await
+            .unwrap();
+    }
+    store.retire_host(&gone, now()).await.unwrap();
+
+    let targets: Vec<(String, String, Option<String>, Option<String>)> = store
+        .agent_targets()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| (t.id, t.slug, t.relay_ip, t.agent_token))
+        .collect();
+    let reach_a = (
+        a.clone(),
+        "spark-b".to_owned(),
+        Some("203.0.113.1".to_owned()),
+        Some(format!("sealed:{a}")),
+    );
+    assert_eq!(
+        targets,
+        [(b.clone(), "spark-a".into(), None, None), reach_a.clone()]
+    );
+    let one = store.agent_target(&a).await.unwrap().expect("a's target");
+    assert_eq!((one.id, one.slug, one.relay_ip, one.agent_token), reach_a);
+    assert!(store.agent_target(&gone).await.unwrap().is_none());
+    assert!(store.agent_target("no-such-host").await.unwrap().is_none());
+
+    assert_eq!(
+        store.host_id_by_token(&ta.hash()).await.unwrap(),
+        Some(a.clone())
+    );
+    assert_eq!(store.host_id_by_token(&tgone.hash()).await.unwrap(), None);
+    let stranger = SecretToken::generate(TokenKind::Host);
+    assert_eq!(
+        store.host_id_by_token(&stranger.hash()).await.unwrap(),
+        None
+    );
+
+    // Progress: node0's on the host's row, prepared_at stamped once.
+    store
+        .insert_host_node(
+            NewHostNode {
+                host_id: &a,
+                index: 1,
+                machine_id: None,
+                hardware_id: "node1-hw",
+                fingerprint: &json!({}),
+                rails: &json!({}),
+            },
+            now(),
+        )
+        .await
+        .unwrap();
+    let (t1, t2) = (now(), now() + Duration::seconds(5));
+    let running = json!({"state": "running", "step": "lxd"});
+    assert!(
+        store
+            .record_prepare_state(&a, 0, &running, false, t1)
+            .await
+            .unwrap()
+    );
+    let row = store.host(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (row.prepare_state.map(|s| s.0), row.prepared_at),
+        (Some(running.clone()), None)
+    );
+    let done = json!({"state": "done"});
+    for at in [t1, t2] {
+        assert!(
+            store
+                .record_prepare_state(&a, 0, &done, true, at)
+                .await
+                .unwrap()
+        );
+    }
+    let row = store.host(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (row.prepare_state.map(|s| s.0), row.prepared_at),
+        (Some(done.clone()), Some(t1))
+    );
+    // A satellite's on its node row; the host's row is left as it was.
+    let node1 = json!({"state": "running", "step": "rail-network"});
+    assert!(
+        store
+            .record_prepare_state(&a, 1, &node1, false, t2)
+            .await
+            .unwrap()
+    );
+    let nodes = store.host_nodes(&a).await.unwrap();
+    let one = nodes.iter().find(|n| n.index == 1).unwrap();
+    assert_eq!(one.prepare_state.as_ref().map(|s| &s.0), Some(&node1));
+    assert_eq!(
+        store
+            .host(&a)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepare_state
+            .map(|s| s.0),
+        Some(done.clone())
+    );
+    // A machine the host does not have, or a retired host: nothing to write.
+    assert!(
+        !store
+            .record_prepare_state(&a, 2, &node1, false, t2)
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .record_prepare_state(&gone, 0, &running, false, t2)
+            .await
+            .unwrap()
+    );
+    assert!(
+        store
+            .host(&gone)
+            .await
+            .unwrap()
+            .unwrap()
+            .prepare_state
+            .is_none()
+    );
+
+    // A beat (133) is kept as the host's status, read back whole.
+    assert!(store.host_status(&a).await.unwrap().is_none());
+    let mut beat = testing::healthy_beat();
+    beat.instances = 2;
+    assert_eq!(
+        store.record_heartbeat(&ta.hash(), &beat, t2).await.unwrap(),
+        Some((a.clone(), false))
+    );
+    let status = store.host_status(&a).await.unwrap().expect("a's status");
+    assert_eq!(
+        (status.host_id, status.seen_at, status.instances),
+        (a.clone(), t2, Some(2))
+    );
+    assert!(store.host_status(&b).await.unwrap().is_none());
+}
+
+/// The installation's relay CA (one row): none until made; of two candidates the first kept,
+/// and both callers read that one back.
+async fn a_the_relay_ca_is_made_once_and_the_first_insert_wins(db: TestDb) {
+    use byo_db::relay_ca::RelayCaRow;
+    let store = &db.store;
+    assert!(store.relay_ca().await.unwrap().is_none());
+    let made = |pem: &str| RelayCaRow {
+        cert_pem: pem.into(),
+        sealed_key: format!("sealed:{pem}"),
+        created_at: now(),
+    };
+    let first = made("first");
+    let kept = store.relay_ca_or_insert(&first).await.unwrap();
+    assert_eq!(
+        (kept.cert_pem, kept.sealed_key),
+        ("first".into(), "sealed:first".into())
+    );
+    let again = store.relay_ca_or_insert(&made("second")).await.unwrap();
+    assert_eq!(
+        (again.cert_pem, again.created_at),
+        ("first".into(), first.created_at)
+    );
+    let read = store.relay_ca().await.unwrap().expect("made");
+    assert_eq!(
+        (read.cert_pem, read.sealed_key),
+        ("first".into(), "sealed:first".into())
+    );
 }
