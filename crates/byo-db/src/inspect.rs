@@ -155,10 +155,10 @@ pub fn normalise_expr(expr: &str) -> String {
 fn checks_in(create_sql: &str) -> BTreeMap<String, String> {
     let lower = create_sql.to_ascii_lowercase();
     let mut out = BTreeMap::new();
-    let mut from = 0;
-    while let Some(at) = lower[from..].find("constraint") {
-        let at = from + at;
-        from = at + "constraint".len();
+    // Each occurrence read on its own (no cursor carried from one to the next, so no
+    // arithmetic slip can loop forever); our checks hold no word `constraint` inside.
+    for (at, word) in lower.match_indices("constraint") {
+        let from = at + word.len();
         // A word of its own, not part of a name.
         let before = lower[..at].chars().next_back();
         if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -192,7 +192,6 @@ fn checks_in(create_sql: &str) -> BTreeMap<String, String> {
             // Parentheses and all: the normaliser drops them.
             normalise_expr(&create_sql[open..=end]),
         );
-        from = end;
     }
     out
 }
@@ -208,7 +207,8 @@ fn trigger_event(create_trigger: &str) -> String {
         .position(|w| ["before", "after", "instead"].contains(&w.as_str()));
     match timing {
         Some(i) => {
-            let event = words[i + 1..]
+            // From the timing word on: it is no event itself.
+            let event = words[i..]
                 .iter()
                 .find(|w| ["insert", "update", "delete"].contains(&w.as_str()))
                 .cloned()
@@ -530,8 +530,8 @@ mod tests {
             ("a or b between 1 and 2", "a or b >= 1 and b <= 2"),
             // A function's name is a word (underscores too); an operator before the operand is not.
             (
-                "char_length(r) between 1 and 5",
-                "char_length r >= 1 and char_length r <= 5",
+                "a = b + char_length(r) between 1 and 5",
+                "a = b + char_length r >= 1 and char_length r <= 5",
             ),
             ("n + x between 1 and 5", "n + x >= 1 and x <= 5"),
             ("between 1 and 2", "between 1 and 2"),
