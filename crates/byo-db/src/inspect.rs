@@ -155,10 +155,10 @@ pub fn normalise_expr(expr: &str) -> String {
 fn checks_in(create_sql: &str) -> BTreeMap<String, String> {
     let lower = create_sql.to_ascii_lowercase();
     let mut out = BTreeMap::new();
-    let mut from = 0;
-    while let Some(at) = lower[from..].find("constraint") {
-        let at = from + at;
-        from = at + "constraint".len();
+    // Each occurrence read on its own (no cursor carried from one to the next, so no
+    // arithmetic slip can loop forever); our checks hold no word `constraint` inside.
+    for (at, word) in lower.match_indices("constraint") {
+        let from = at + word.len();
         // A word of its own, not part of a name.
         let before = lower[..at].chars().next_back();
         if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
@@ -171,33 +171,27 @@ fn checks_in(create_sql: &str) -> BTreeMap<String, String> {
         if !kind.starts_with("check") {
             continue;
         }
-        let Some(open) = lower[from..]
-            .find("check")
-            .map(|i| from + i + "check".len())
-        else {
-            continue;
-        };
-        let Some(open) = lower[open..].find('(').map(|i| open + i) else {
+        // The first parenthesis after the name opens the check's expression.
+        let Some(open) = lower[from..].find('(').map(|i| from + i) else {
             continue;
         };
         let mut depth = 0;
-        let mut end = open;
-        for (i, c) in lower[open..].char_indices() {
+        let Some(end) = lower[open..].char_indices().find_map(|(i, c)| {
             match c {
                 '(' => depth += 1,
                 ')' => depth -= 1,
                 _ => {}
             }
-            if depth == 0 {
-                end = open + i;
-                break;
-            }
-        }
+            (depth == 0).then_some(open + i)
+        }) else {
+            // Never closed: not a statement SQLite accepted; nothing further to read.
+            break;
+        };
         out.insert(
             name.trim_matches('"').to_owned(),
-            normalise_expr(&create_sql[open + 1..end]),
+            // Parentheses and all: the normaliser drops them.
+            normalise_expr(&create_sql[open..=end]),
         );
-        from = end;
     }
     out
 }
@@ -213,7 +207,8 @@ fn trigger_event(create_trigger: &str) -> String {
         .position(|w| ["before", "after", "instead"].contains(&w.as_str()));
     match timing {
         Some(i) => {
-            let event = words[i + 1..]
+            // From the timing word on: it is no event itself.
+            let event = words[i..]
                 .iter()
                 .find(|w| ["insert", "update", "delete"].contains(&w.as_str()))
                 .cloned()
@@ -533,6 +528,12 @@ mod tests {
                 "not length r >= 1 and length r <= 5",
             ),
             ("a or b between 1 and 2", "a or b >= 1 and b <= 2"),
+            // A function's name is a word (underscores too); an operator before the operand is not.
+            (
+                "a = b + char_length(r) between 1 and 5",
+                "a = b + char_length r >= 1 and char_length r <= 5",
+            ),
+            ("n + x between 1 and 5", "n + x >= 1 and x <= 5"),
             ("between 1 and 2", "between 1 and 2"),
             ("x between 1 or 2", "x between 1 or 2"),
             ("  A   AND\n B ", "a and b"),
@@ -582,6 +583,15 @@ mod tests {
                 ("quoted".to_owned(), "a in 1, 2".to_owned()),
             ]
         );
+        // A column whose name ends in `constraint`, checked inline, is not a named check.
+        for inline in [
+            "create table t (myconstraint text check (myconstraint <> ''))",
+            "create table t (no_constraint text check (no_constraint <> ''))",
+        ] {
+            assert!(checks_in(inline).is_empty(), "{inline}");
+        }
+        // An expression never closed is no check (and no panic).
+        assert!(checks_in("create table t (constraint c check (a > (b)").is_empty());
         assert!(checks_in("create table t (a int)").is_empty());
         assert!(checks_in("create table t (a int, constraint)").is_empty());
     }
@@ -598,6 +608,11 @@ mod tests {
             "instead delete"
         );
         assert_eq!(trigger_event("create trigger t on x"), "");
+        // The event is the first after the timing, whatever the words before it.
+        assert_eq!(
+            trigger_event("create trigger delete after insert on x"),
+            "after insert"
+        );
         assert_eq!(trigger_event("create trigger t after on x"), "after ");
     }
 

@@ -70,7 +70,7 @@ pub enum RedeemDecision {
     /// The request as it arrived lands whole on the enrolment, state rejected.
     Reject { request: Value, reason: String },
     /// Something on our side is wrong (secrets that do not open, a profile that does not
-    /// parse): roll back, leaving the enrolment and its token exactly as they were.
+    /// parse): write nothing, leaving the enrolment and its token exactly as they were.
     Abort(String),
 }
 
@@ -83,6 +83,9 @@ pub enum Redeemed {
         context: RedeemContext,
         reason: String,
     },
+    /// The caller's decision was [`RedeemDecision::Abort`]: nothing written, the token still
+    /// good; the reason is for the operator's log.
+    Aborted(String),
 }
 
 /// An allocation to hand back.
@@ -315,10 +318,8 @@ impl Store {
                 }
             }
             match decision {
-                // Returning an error drops the transaction: nothing was written.
-                RedeemDecision::Abort(why) => {
-                    Err(DbError::Refused(format!("redeem_aborted: {why}")))
-                }
+                // Nothing was written (only read and locked): ending here leaves all as it was.
+                RedeemDecision::Abort(why) => Ok(Redeemed::Aborted(why)),
                 RedeemDecision::Reject { request, reason } => {
                     sqlx::query(
                         "update host_enrollments set state = 'rejected', redeemed_at = $2, fingerprint = $3,

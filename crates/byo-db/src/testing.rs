@@ -50,10 +50,15 @@ pub async fn postgres() -> Option<TestDb> {
             return None;
         }
     };
-    let name = format!("byo_test_{}", uuid::Uuid::new_v4().simple());
+    let name = format!(
+        "{TEST_DB_PREFIX}{}_{}",
+        std::process::id(),
+        uuid::Uuid::new_v4().simple()
+    );
     let admin = Store::connect(&admin_url)
         .await
         .expect("connect to test PostgreSQL");
+    drop_databases_of_ended_processes(&admin).await;
     admin
         .execute_unchecked(&format!("create database {name}"))
         .await
@@ -68,6 +73,41 @@ pub async fn postgres() -> Option<TestDb> {
         url,
         _dir: None,
     })
+}
+
+/// A test database's name: the prefix, the pid of the process that made it, a uuid.
+const TEST_DB_PREFIX: &str = "byo_test_p";
+
+/// Test databases are not dropped when their test ends (a pool outlives the test's last
+/// await); instead each new one first drops those whose process has ended. A mutation
+/// run makes thousands, which filled 45 GB before this. The pid is read on this machine:
+/// the test server is always local (scripts/test starts it).
+async fn drop_databases_of_ended_processes(admin: &Store) {
+    let crate::Pool::Postgres(p) = &admin.pool else {
+        return;
+    };
+    let names: Vec<String> =
+        sqlx::query_scalar("select datname::text from pg_database where starts_with(datname, $1)")
+            .bind(TEST_DB_PREFIX)
+            .fetch_all(p)
+            .await
+            .unwrap_or_default();
+    for name in names {
+        let Some(pid) = name
+            .strip_prefix(TEST_DB_PREFIX)
+            .and_then(|rest| rest.split_once('_'))
+            .and_then(|(pid, _)| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        // Another process may be dropping it too; whichever loses is not a failure.
+        let _ = admin
+            .execute_unchecked(&format!(r#"drop database if exists "{name}" with (force)"#))
+            .await;
+    }
 }
 
 /// Both backends that are available here: SQLite always, PostgreSQL when provided.

@@ -220,8 +220,6 @@ impl Store {
         Ok(GuardedWrite::from_rows(done))
     }
 
-    /// A customer's instances: every live one, and those that ended after `since`, newest
-    /// first.
     /// Every live instance (not deleted, not failed), oldest first, with its host's slug
     /// and its owner's email: the operator's list, in one query.
     pub async fn live_vms(&self) -> Result<Vec<LiveVmRow>> {
@@ -243,6 +241,8 @@ impl Store {
         .map_err(Into::into)
     }
 
+    /// A customer's instances: every live one, and those that ended after `since`, newest
+    /// first.
     pub async fn vms_of(&self, user_sub: &str, since: DateTime<Utc>) -> Result<Vec<VmRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
             format!(

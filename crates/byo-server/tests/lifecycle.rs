@@ -730,6 +730,16 @@ async fn n1_retire_refusals_change_nothing(w: World) {
         )
         .await;
     refused(r, "retired");
+    // …and activating it again is refused by name, the row as it was.
+    let before = snapshot(&w, &h).await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/activate", h.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    refused(r, "retired");
+    assert_eq!(snapshot(&w, &h).await, before);
 }
 
 async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes(w: World) {

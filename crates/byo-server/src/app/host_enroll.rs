@@ -84,16 +84,11 @@ pub async fn redeem(
                 }
             }
         })
-        .await
-        .map_err(|e| match e {
-            // Our own fault, not the caller's: a 500, and the token is still good.
-            byo_db::DbError::Refused(why) if why.starts_with("redeem_aborted") => {
-                AppError::Internal(anyhow::anyhow!(why))
-            }
-            other => other.into(),
-        })?;
+        .await?;
     match outcome {
         Redeemed::NoSuchToken => Ok(Redemption::InvalidToken),
+        // Our own fault, not the caller's: a 500, and the token is still good.
+        Redeemed::Aborted(why) => Err(AppError::Internal(anyhow::anyhow!("redeem aborted: {why}"))),
         Redeemed::Rejected { context, reason } => {
             tracing::info!(slug = %context.slug, %reason, "enrolment rejected");
             state

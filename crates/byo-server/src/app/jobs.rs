@@ -184,11 +184,6 @@ impl JobDriver {
         self.entry(name).map(|e| e.trigger.clone())
     }
 
-    /// The registered jobs, in registration order.
-    pub fn jobs(&self) -> impl Iterator<Item = &Job> {
-        self.entries.iter().map(|e| &e.job)
-    }
-
     fn entry(&self, name: &str) -> Option<&Entry> {
         self.entries.iter().find(|e| e.job.name == name)
     }

@@ -125,6 +125,24 @@ async fn g_a_delete_that_times_out_stays_requested_and_is_listed_as_stuck(w: Wor
         1,
         "every delete waiting, on request"
     );
+    // The window is at most a year, taken inclusively; past it, a clear refusal.
+    let year = 60 * 24 * 365;
+    let r =
+        w.op.get(&format!(
+            "/api/admin/stuck-deletes?older_than_minutes={year}"
+        ))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.json().as_array().unwrap().is_empty(), "none a year old");
+    for bad in [year + 1, -1] {
+        let r =
+            w.op.get(&format!(
+                "/api/admin/stuck-deletes?older_than_minutes={bad}"
+            ))
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{bad}: {}", r.text());
+        assert_eq!(r.json()["error"], "invalid_minutes");
+    }
     w.clock.advance(TimeDelta::minutes(11));
     let r = w.stuck_list().await;
     assert_eq!(r.status, StatusCode::OK);

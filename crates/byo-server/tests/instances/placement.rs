@@ -228,6 +228,8 @@ async fn placement_benches_a_host_that_fails_repeatedly_and_shows_it(w: World) {
             .contains("storage pool is full")
     );
     assert!(shown["heartbeat_age_seconds"].as_i64().is_some());
+    // This world's window is ten years: its beats are fresh.
+    assert_eq!(shown["heartbeat_fresh"], true, "{shown}");
 
     // Skipped: the next create goes straight to spark-b.
     let before = hosts_contacted(&w).len();

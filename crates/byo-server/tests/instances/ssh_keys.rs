@@ -84,6 +84,12 @@ async fn ssh_keys_refuse_short_rsa_and_control_characters(w: World) {
             "invalid_public_key",
             "at least 2048 bits",
         ),
+        // Nothing but blanks is refused before parsing.
+        (
+            " \n ".to_owned(),
+            "invalid_public_key",
+            "paste one OpenSSH public key line",
+        ),
         (
             format!("{key} me\u{1b}[2J@laptop"),
             "invalid_public_key",
