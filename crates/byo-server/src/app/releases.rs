@@ -108,18 +108,6 @@ pub async fn publish(
             ),
         ));
     }
-    if state
-        .store
-        .releases_of_build(&release::build_id(&sha256))
-        .await?
-        .iter()
-        .any(|r| r.arch == arch && r.sha256 == sha256)
-    {
-        return Err(AppError::conflict(
-            "already_published",
-            format!("build {sha256} is already published for {arch}; nothing was published"),
-        ));
-    }
     let path = build_path(&dir, &sha256);
     if !path.exists() {
         let tmp = dir.join(BUILDS_DIR).join(format!(".{sha256}.tmp"));
@@ -151,7 +139,10 @@ pub async fn publish(
         )
         .await
         .map_err(|e| {
-            if e.is_constraint("agent_releases_once") || matches!(e, byo_db::DbError::Conflict(_)) {
+            // The table's one unique rule, `agent_releases_once`: the same bytes for the same
+            // arch (SQLite names it by its columns, so the kind is what is read). Already
+            // kept bytes are not written again above, so a refusal here changes nothing.
+            if matches!(e, byo_db::DbError::Conflict(_)) {
                 AppError::conflict(
                     "already_published",
                     format!(
