@@ -64,7 +64,10 @@ fn serving_untouched(w: &World, before: &str) {
         "systemctl show enverge-agent-rollback.service -p InvocationID --value; test ! -e /etc/enverge/rolled-back.json && echo none",
     );
     assert_eq!(rollback.trim(), "none", "the rollback fired: {rollback}");
-    assert_eq!(w.api("GET", "/v1/vms", None).0, 200, "serving answers");
+    // Its answer in full when it is not a 200: once (stop 31) a 500 came right after a run
+    // whose ten polls were all 200, and did not come again on a rerun.
+    let (status, body) = w.api("GET", "/v1/vms", None);
+    assert_eq!(status, 200, "serving answers: {body}");
 }
 
 /// The run as docs/upgrades.md tells the operator to start it: detached under systemd, so a
