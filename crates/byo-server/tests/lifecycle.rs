@@ -721,25 +721,20 @@ async fn n1_retire_refusals_change_nothing(w: World) {
     // Everything cleared: it retires, the failed create notwithstanding.
     let r = retire(h.id.clone()).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
-    // Retired is for good.
+    // Retired is for good: retired again, de-pooled or activated, each refused by name and
+    // the row as it was.
     refused(retire(h.id.clone()).await, "retired");
-    let r =
-        w.op.post(
-            &format!("/api/admin/hosts/{}/depool", h.id),
-            json!({"reason": "x"}),
-        )
-        .await;
-    refused(r, "retired");
-    // …and activating it again is refused by name, the row as it was.
-    let before = snapshot(&w, &h).await;
-    let r =
-        w.op.post(
-            &format!("/api/admin/hosts/{}/activate", h.id),
-            json!({"placement": "shared"}),
-        )
-        .await;
-    refused(r, "retired");
-    assert_eq!(snapshot(&w, &h).await, before);
+    for (action, body) in [
+        ("depool", json!({"reason": "x"})),
+        ("activate", json!({"placement": "shared"})),
+    ] {
+        let before = snapshot(&w, &h).await;
+        let r =
+            w.op.post(&format!("/api/admin/hosts/{}/{action}", h.id), body)
+                .await;
+        refused(r, "retired");
+        assert_eq!(snapshot(&w, &h).await, before, "{action}");
+    }
 }
 
 async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes(w: World) {
