@@ -84,8 +84,14 @@ async fn e2_step58_a_create_with_no_free_host_queues_with_no_host(w: World) {
         (row.vm_id.as_deref(), row.attempts, row.closed_at),
         (None, 0, None)
     );
-    // A second customer's create stands behind it; each sees their own place.
-    let other = queued(&w, &w.other, "spark-1").await;
+    // A second customer's create stands behind it, told so in the answer; each sees
+    // their own place.
+    let other_key = w.add_key_once(&w.other).await;
+    w.clock.advance(TimeDelta::seconds(1));
+    let r = w.create(&w.other, "spark-1", &other_key).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert_eq!(r.json()["queued"]["position"], 2);
+    let other = r.json()["queued"]["id"].as_str().unwrap().to_owned();
     let mine = w.customer.get("/api/queue").await.json();
     assert_eq!(mine.as_array().unwrap().len(), 1);
     assert_eq!(
@@ -209,7 +215,10 @@ async fn e2_refused_host_is_benched_and_the_drain_moves_on(w: World) {
         Some(agents::Answer::refused(409, "lxd: the instance is busy")),
     );
     let report = drain(&w).await;
-    assert_eq!((report.placed, report.refused), (1, 1), "{report}");
+    assert_eq!(
+        report.to_string(),
+        "placed 1, refused 1, skipped 0, held 0, waiting 0, pending 0 (claimed 1)"
+    );
 
     // The refusing host: its attempt's row failed at once, so the queued create does not
     // occupy it (step 58's point), and it is benched.
@@ -535,6 +544,42 @@ async fn e2_a_run_stops_claiming_a_kind_with_no_free_host(w: World) {
             .all(|q| q.row.claim_token.is_none() && q.row.attempts == 0)
     );
     assert_eq!(w.agents.calls(Op::Create).len(), 1);
+}
+
+/// A batch of a kind that placed nothing because its rows were held (not for want of a
+/// host) does not stop the run claiming that kind: a later row of it is placed in the
+/// same run.
+async fn e2_a_held_batch_does_not_stop_the_run_claiming_its_kind(w: World) {
+    let key = w.add_key_once(&w.customer).await;
+    let start = w.clock.now();
+    for i in 0..queue_drain::CLAIM_BATCH {
+        let new = byo_db::queue::NewQueued {
+            user_sub: &w.customer.sub,
+            gpu_type: "spark-1",
+            ssh_key_id: &key,
+        };
+        w.db()
+            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
+            .await
+            .unwrap();
+    }
+    // Their key is removed: every one of that first batch is held.
+    let r = w.customer.delete(&format!("/api/ssh-keys/{key}")).await;
+    assert!(r.status.is_success(), "{}", r.text());
+    w.clock.advance(TimeDelta::minutes(1));
+    let other = queued(&w, &w.other, "spark-1").await;
+    w.host("spark-1", Spec::default()).await;
+    let report = drain(&w).await;
+    let batch = u32::try_from(queue_drain::CLAIM_BATCH).unwrap();
+    assert_eq!(
+        (report.held, report.placed, report.claimed),
+        (batch, 1, batch + 1),
+        "{report}"
+    );
+    assert_eq!(
+        queue_row(&w, &other).await.close_reason.as_deref(),
+        Some("placed")
+    );
 }
 
 async fn e0_caller4_operator_places_a_queued_vm(w: World) {
@@ -952,6 +997,7 @@ with_world!(
     e2_step58_a_create_with_no_free_host_queues_with_no_host,
     e2_step62_the_drain_stamps_host_and_name_once_a_host_accepted,
     e2_refused_host_is_benched_and_the_drain_moves_on,
+    e2_a_held_batch_does_not_stop_the_run_claiming_its_kind,
     e2_an_unreadable_2xx_is_accepted_never_a_refusal,
     e2_skipped_host_is_not_benched,
     e2_billing_is_rechecked_live,
