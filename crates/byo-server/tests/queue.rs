@@ -612,6 +612,15 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
             },
         )
         .await;
+    // Holding an agent token but no relay address yet: nothing to call it through.
+    let no_relay = w.host("spark-4", Spec::default()).await;
+    w.db()
+        .execute_unchecked(&format!(
+            "update hosts set relay_ip = null where id = '{}'",
+            no_relay.id
+        ))
+        .await
+        .unwrap();
     assert_eq!(drain(&w).await.placed, 0, "the drain cannot reach it");
     let op = w.op.clone();
     let place = |host: &str| {
@@ -636,6 +645,11 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
             "wrong_gpu_type",
         ),
         ("no-such-host", StatusCode::CONFLICT, "unknown_host"),
+        (
+            no_relay.id.as_str(),
+            StatusCode::CONFLICT,
+            "host_unreachable",
+        ),
     ] {
         let r = place(host).await;
         assert_eq!(
