@@ -582,6 +582,38 @@ async fn e2_a_held_batch_does_not_stop_the_run_claiming_its_kind(w: World) {
     );
 }
 
+/// The attempt's lease covers the create in flight: a second drainer arriving while the
+/// host has not answered claims nothing, and the row's claim runs past the create's wait.
+async fn e2_a_row_whose_create_is_in_flight_is_not_claimed_again(w: World) {
+    let id = queued(&w, &w.customer, "spark-1").await;
+    w.host("spark-1", Spec::default()).await;
+    w.agents.then(Op::Create, agents::Answer::Hang);
+    let state = w.app.state.clone();
+    let first = tokio::spawn(async move { queue_drain::drain_once(&state).await.unwrap() });
+    // Waits on the event: the host has the create and is silent.
+    let asked = tokio::time::Instant::now();
+    while w.agents.calls(Op::Create).is_empty() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the create never reached the host"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let row = queue_row(&w, &id).await;
+    let until = row
+        .claimed_until
+        .expect("claimed while its create is in flight");
+    assert!(
+        until >= w.clock.now() + TimeDelta::seconds(queue_drain::LEASE_SECS),
+        "claimed until {until}"
+    );
+    let second = drain(&w).await;
+    assert_eq!(second.claimed, 0, "{second}");
+    let first = first.await.unwrap();
+    assert_eq!((first.claimed, first.pending), (1, 1), "{first}");
+    assert_eq!(w.agents.calls(Op::Create).len(), 1);
+}
+
 async fn e0_caller4_operator_places_a_queued_vm(w: World) {
     let id = queued(&w, &w.customer, "spark-1").await;
     // A dedicated owner's box the picker cannot reach for this customer.
@@ -1012,6 +1044,7 @@ with_world!(
     e2_step62_the_drain_stamps_host_and_name_once_a_host_accepted,
     e2_refused_host_is_benched_and_the_drain_moves_on,
     e2_a_held_batch_does_not_stop_the_run_claiming_its_kind,
+    e2_a_row_whose_create_is_in_flight_is_not_claimed_again,
     e2_an_unreadable_2xx_is_accepted_never_a_refusal,
     e2_skipped_host_is_not_benched,
     e2_billing_is_rechecked_live,
