@@ -98,6 +98,7 @@ with_world!(
     l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service,
     a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
+    stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop,
 );
 
 fn spark() -> Value {
@@ -1091,10 +1092,46 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
         page.contains("curl -fsSL http://localhost:8080/install.sh | sudo bash -s -- --uninstall")
     );
     assert!(!page.contains(">Stop hosting<"));
+    // The second stop found it de-pooled by its owner already: one stop recorded.
+    let stops = w
+        .db()
+        .audit_of_host(&h.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.stop_hosting")
+        .count();
+    assert_eq!(stops, 1);
     // De-pool and drain only: access is kept (not a revoke), nothing retired.
     let l = w.life(&h).await;
     assert!(l.revoke_step.0.is_none() && l.retired_at.is_none());
     assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+}
+
+/// An owner stopping a host an operator de-pooled takes it over as stopped: the reason
+/// becomes the owner's, and the page offers the uninstall.
+async fn stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop(w: World) {
+    let h = w.active_host().await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "maintenance"}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    assert!(
+        w.owner
+            .page("/hosts")
+            .await
+            .contains("de-pooled: maintenance")
+    );
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/stop", h.id))
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("stopped: you can uninstall now"), "{page}");
 }
 
 /// Item 8: each failure the design names is on /admin/hosts/{id} by name as soon as the
