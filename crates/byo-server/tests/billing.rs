@@ -181,6 +181,22 @@ impl World {
         row.id
     }
 
+    /// An instance made at the start, running, its delete asked `asked` later and confirmed
+    /// `gone` later.
+    async fn deleted_vm(&self, name: &str, asked: TimeDelta, gone: TimeDelta) -> String {
+        let vm = self.vm(name, start()).await;
+        self.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+        self.db()
+            .request_vm_delete(&vm, start() + asked)
+            .await
+            .unwrap();
+        self.db()
+            .confirm_vm_deleted(&vm, start() + gone)
+            .await
+            .unwrap();
+        vm
+    }
+
     async fn bill(&self) -> billing::BillReport {
         billing::bill_usage_once(&self.app.state).await.unwrap()
     }
@@ -699,16 +715,9 @@ async fn usage_is_charged_from_the_four_timestamps(w: World) {
 
 async fn a_prompt_delete_is_not_refunded(w: World) {
     w.chargeable().await;
-    let vm = w.vm("quick", start()).await;
-    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
-    w.db()
-        .request_vm_delete(&vm, start() + TimeDelta::minutes(30))
-        .await
-        .unwrap();
-    w.db()
-        .confirm_vm_deleted(&vm, start() + TimeDelta::minutes(31))
-        .await
-        .unwrap();
+    let vm = w
+        .deleted_vm("quick", TimeDelta::minutes(30), TimeDelta::minutes(31))
+        .await;
     let r = w.bill().await;
     assert_eq!((r.charged, r.refunded, r.closed), (1, 0, 1));
     // 31 minutes at $1.20/h = 62 cents.
@@ -774,19 +783,16 @@ async fn failed_run(w: &World) -> String {
 /// the credit taken from the charge this run made.
 async fn a_stuck_delete_is_charged_and_credited_in_one_run(w: World) {
     w.chargeable().await;
-    let vm = w.vm("brief", start()).await;
-    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
-    w.db()
-        .request_vm_delete(&vm, start() + TimeDelta::minutes(30))
-        .await
-        .unwrap();
-    w.db()
-        .confirm_vm_deleted(&vm, start() + TimeDelta::hours(1))
-        .await
-        .unwrap();
+    let vm = w
+        .deleted_vm("brief", TimeDelta::minutes(30), TimeDelta::hours(1))
+        .await;
     w.clock.advance(TimeDelta::minutes(90));
     let r = w.bill().await;
     assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));
+    assert_eq!(
+        w.db().refund_for(&vm).await.unwrap().unwrap().amount_cents,
+        i32::try_from(PRICE / 2).unwrap()
+    );
     let amounts: Vec<_> = w
         .invoice_items()
         .iter()
@@ -800,16 +806,9 @@ async fn a_stuck_delete_is_charged_and_credited_in_one_run(w: World) {
 /// sent no item of 0 for either.
 async fn a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w: World) {
     w.chargeable().await;
-    let vm = w.vm("blink", start()).await;
-    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
-    w.db()
-        .request_vm_delete(&vm, start() + TimeDelta::minutes(1))
-        .await
-        .unwrap();
-    w.db()
-        .confirm_vm_deleted(&vm, start() + TimeDelta::minutes(12))
-        .await
-        .unwrap();
+    let vm = w
+        .deleted_vm("blink", TimeDelta::minutes(1), TimeDelta::minutes(12))
+        .await;
     w.clock.advance(TimeDelta::minutes(13));
     let r = w.bill().await;
     assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));

@@ -30,6 +30,25 @@ async fn queue_row(w: &World, id: &str) -> QueueRow {
     w.db().queue_row(id).await.unwrap().unwrap()
 }
 
+/// `n` spark-1 creates of the customer's queued straight in the store, a second apart
+/// from now (past the API's per-account limit): the key they name.
+async fn enqueue_many(w: &World, n: i64) -> String {
+    let key = w.add_key_once(&w.customer).await;
+    let start = w.clock.now();
+    for i in 0..n {
+        let new = byo_db::queue::NewQueued {
+            user_sub: &w.customer.sub,
+            gpu_type: "spark-1",
+            ssh_key_id: &key,
+        };
+        w.db()
+            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
+            .await
+            .unwrap();
+    }
+    key
+}
+
 /// Queue a create of the customer's (no host is free): its id.
 async fn queued(w: &World, user: &User, gpu_type: &str) -> String {
     let key = w.add_key_once(user).await;
@@ -495,19 +514,7 @@ async fn e2_concurrent_drainers_never_place_twice(w: World) {
 /// The drain's cost when no host is free: a run stops claiming a gpu_type once a batch of it
 /// placed nothing and found no host (not O(queue)), and goes on with the other kinds.
 async fn e2_a_run_stops_claiming_a_kind_with_no_free_host(w: World) {
-    let key = w.add_key_once(&w.customer).await;
-    let start = w.clock.now();
-    for i in 0..40 {
-        let new = byo_db::queue::NewQueued {
-            user_sub: &w.customer.sub,
-            gpu_type: "spark-1",
-            ssh_key_id: &key,
-        };
-        w.db()
-            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
-            .await
-            .unwrap();
-    }
+    enqueue_many(&w, 40).await;
     // Behind them, another kind, queued with no host and then given one.
     w.clock.advance(TimeDelta::minutes(1));
     let other = queued(&w, &w.other, "spark-2").await;
@@ -550,19 +557,7 @@ async fn e2_a_run_stops_claiming_a_kind_with_no_free_host(w: World) {
 /// host) does not stop the run claiming that kind: a later row of it is placed in the
 /// same run.
 async fn e2_a_held_batch_does_not_stop_the_run_claiming_its_kind(w: World) {
-    let key = w.add_key_once(&w.customer).await;
-    let start = w.clock.now();
-    for i in 0..queue_drain::CLAIM_BATCH {
-        let new = byo_db::queue::NewQueued {
-            user_sub: &w.customer.sub,
-            gpu_type: "spark-1",
-            ssh_key_id: &key,
-        };
-        w.db()
-            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
-            .await
-            .unwrap();
-    }
+    let key = enqueue_many(&w, queue_drain::CLAIM_BATCH).await;
     // Their key is removed: every one of that first batch is held.
     let r = w.customer.delete(&format!("/api/ssh-keys/{key}")).await;
     assert!(r.status.is_success(), "{}", r.text());
