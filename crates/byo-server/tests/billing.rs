@@ -34,7 +34,12 @@ fn start() -> DateTime<Utc> {
 }
 
 async fn world(backend: Backend) -> Option<World> {
-    let (fake, billing) = fake_stripe::start(PRICE).await;
+    world_at(backend, PRICE).await
+}
+
+/// A world where an hour costs `price` cents.
+async fn world_at(backend: Backend, price: u32) -> Option<World> {
+    let (fake, billing) = fake_stripe::start(price).await;
     let config = Config {
         billing: Some(billing),
         ..support::test_config()
@@ -176,6 +181,22 @@ impl World {
         row.id
     }
 
+    /// An instance made at the start, running, its delete asked `asked` later and confirmed
+    /// `gone` later.
+    async fn deleted_vm(&self, name: &str, asked: TimeDelta, gone: TimeDelta) -> String {
+        let vm = self.vm(name, start()).await;
+        self.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+        self.db()
+            .request_vm_delete(&vm, start() + asked)
+            .await
+            .unwrap();
+        self.db()
+            .confirm_vm_deleted(&vm, start() + gone)
+            .await
+            .unwrap();
+        vm
+    }
+
     async fn bill(&self) -> billing::BillReport {
         billing::bill_usage_once(&self.app.state).await.unwrap()
     }
@@ -256,6 +277,46 @@ async fn webhook_with_a_stale_timestamp_is_refused_and_changes_nothing(w: World)
         StatusCode::OK
     );
     assert_eq!(w.paid_at("pb-1").await, Some(w.clock.now()));
+}
+
+/// A correctly signed payload that is not an event Stripe could send (not JSON, no id or
+/// type, an empty id, an id or type past 255 characters) is refused as `invalid_event`
+/// and changes nothing, not even the events seen; 255 characters are accepted.
+async fn a_signed_event_without_a_usable_id_or_type_is_refused_and_changes_nothing(w: World) {
+    let now = w.clock.now().timestamp();
+    let long = "e".repeat(256);
+    let object = json!({"object": "customer"});
+    let mut bodies = vec![b"not json".to_vec()];
+    for event in [
+        json!({"type": "customer.created", "data": {"object": object}}),
+        json!({"id": "evt_no_type", "data": {"object": object}}),
+        fake_stripe::event("", "customer.created", object.clone(), now),
+        fake_stripe::event(&long, "customer.created", object.clone(), now),
+        fake_stripe::event("evt_long_type", &long, object.clone(), now),
+    ] {
+        bodies.push(serde_json::to_vec(&event).unwrap());
+    }
+    let before = w.dump().await;
+    for body in bodies {
+        let sig = fake_stripe::signature(WEBHOOK_SECRET, now, &body);
+        let r = w.webhook_raw(Some(&sig), &body).await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_REQUEST,
+            "{}: {}",
+            String::from_utf8_lossy(&body),
+            r.text()
+        );
+        assert_eq!(code(&r), "invalid_event");
+    }
+    assert_eq!(w.dump().await, before, "a refused event changes nothing");
+    assert_eq!(w.db().stripe_event_count().await.unwrap(), 0);
+    let edge = "e".repeat(255);
+    let r = w
+        .webhook(&fake_stripe::event(&edge, &edge, object, now))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.db().stripe_event_count().await.unwrap(), 1);
 }
 
 async fn checkout_completed_writes_paid_at_once_and_a_replay_changes_nothing(w: World) {
@@ -353,6 +414,14 @@ async fn the_live_check_allows_a_customer_with_a_default_card(w: World) {
             .unwrap()
             .starts_with("https://checkout.stripe.test/")
     );
+    {
+        // Stripe sends the person back to the Billing page, told the card was added.
+        let f = w.fake.lock().unwrap();
+        let s = f.sessions.values().last().unwrap();
+        assert_eq!(s["mode"], "setup");
+        assert_eq!(s["success_url"], "http://localhost:8080/billing?added=1");
+        assert_eq!(s["cancel_url"], "http://localhost:8080/billing");
+    }
     let cus = w
         .db()
         .stripe_customer(&w.customer.sub)
@@ -483,6 +552,8 @@ async fn a_booking_checkout_charges_its_window_at_the_hourly_price(w: World) {
         assert_eq!(s["amount_total"], json!(60 * i64::from(PRICE)));
         assert_eq!(s["metadata"]["prebooking_id"], "pb-1");
         assert_eq!(s["metadata"]["user_sub"], json!(w.customer.sub));
+        assert_eq!(s["success_url"], "http://localhost:8080/billing?paid=1");
+        assert_eq!(s["cancel_url"], "http://localhost:8080/billing");
     }
     // Someone else's booking is not found; nothing is made at Stripe for it.
     let other = w.app.customer("other@example.com").await;
@@ -502,6 +573,34 @@ async fn a_booking_checkout_charges_its_window_at_the_hourly_price(w: World) {
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert_eq!(code(&r), "already_paid");
     assert_eq!(w.fake.lock().unwrap().sessions.len(), sessions);
+    // Unpaid but closed: cancelled before its window, or its window over. Each is
+    // refused on its own, nothing made at Stripe and nothing written.
+    w.booking("pb-cancelled", &w.customer.sub).await;
+    w.db()
+        .execute_unchecked(
+            "update prebookings set closed_at = '2026-11-01T21:00:00Z', closed_reason = 'cancelled' where id = 'pb-cancelled'",
+        )
+        .await
+        .unwrap();
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, gpu_type, start_date, end_date, created_at)
+             values ('pb-over', '{}', 'spark-1', '2026-10-20T00:00:00Z', '2026-11-01T22:00:00Z', '2026-10-01T00:00:00Z')",
+            w.customer.sub
+        ))
+        .await
+        .unwrap();
+    let before = w.dump().await;
+    for id in ["pb-cancelled", "pb-over"] {
+        let r = w
+            .customer
+            .post_empty(&format!("/api/prebookings/{id}/checkout"))
+            .await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{id}: {}", r.text());
+        assert_eq!(code(&r), "booking_closed", "{id}");
+    }
+    assert_eq!(w.fake.lock().unwrap().sessions.len(), sessions);
+    assert_eq!(w.dump().await, before);
 }
 
 async fn stripe_errors_keep_their_envelope(w: World) {
@@ -616,16 +715,9 @@ async fn usage_is_charged_from_the_four_timestamps(w: World) {
 
 async fn a_prompt_delete_is_not_refunded(w: World) {
     w.chargeable().await;
-    let vm = w.vm("quick", start()).await;
-    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
-    w.db()
-        .request_vm_delete(&vm, start() + TimeDelta::minutes(30))
-        .await
-        .unwrap();
-    w.db()
-        .confirm_vm_deleted(&vm, start() + TimeDelta::minutes(31))
-        .await
-        .unwrap();
+    let vm = w
+        .deleted_vm("quick", TimeDelta::minutes(30), TimeDelta::minutes(31))
+        .await;
     let r = w.bill().await;
     assert_eq!((r.charged, r.refunded, r.closed), (1, 0, 1));
     // 31 minutes at $1.20/h = 62 cents.
@@ -670,10 +762,125 @@ async fn a_retried_job_never_charges_twice(w: World) {
         decline_code: None,
         sticky: false,
     });
-    assert!(billing::bill_usage_once(&w.app.state).await.is_err());
+    assert_eq!(
+        failed_run(&w).await,
+        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+    );
     assert_eq!(w.db().usage_charges(&vm).await.unwrap().len(), 2);
     assert_eq!(w.bill().await.charged, 1);
     assert_eq!(w.invoice_items().len(), 3);
+}
+
+/// A run that ends in an error: its message, which counts what it did and what failed.
+async fn failed_run(w: &World) -> String {
+    match billing::bill_usage_once(&w.app.state).await {
+        Err(byo_server::error::AppError::Internal(e)) => e.to_string(),
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+}
+
+/// Deleted within its first day and confirmed late: the period and the credit in one run,
+/// the credit taken from the charge this run made.
+async fn a_stuck_delete_is_charged_and_credited_in_one_run(w: World) {
+    w.chargeable().await;
+    let vm = w
+        .deleted_vm("brief", TimeDelta::minutes(30), TimeDelta::hours(1))
+        .await;
+    w.clock.advance(TimeDelta::minutes(90));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));
+    assert_eq!(
+        w.db().refund_for(&vm).await.unwrap().unwrap().amount_cents,
+        i32::try_from(PRICE / 2).unwrap()
+    );
+    let amounts: Vec<_> = w
+        .invoice_items()
+        .iter()
+        .map(|i| i["amount"].clone())
+        .collect();
+    assert_eq!(amounts, [json!(PRICE), json!(-i64::from(PRICE) / 2)]);
+}
+
+/// At a cent an hour, twelve minutes are worth nothing (half a cent rounds up only from
+/// 30 minutes): the period and the stuck delete's credit are recorded at 0, and Stripe is
+/// sent no item of 0 for either.
+async fn a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w: World) {
+    w.chargeable().await;
+    let vm = w
+        .deleted_vm("blink", TimeDelta::minutes(1), TimeDelta::minutes(12))
+        .await;
+    w.clock.advance(TimeDelta::minutes(13));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));
+    assert!(w.invoice_items().is_empty(), "{:?}", w.invoice_items());
+    let rows = w.db().usage_charges(&vm).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].seconds, rows[0].amount_cents), (720, 0));
+    assert_eq!(rows[0].stripe_invoice_item_id, None);
+    let refund = w.db().refund_for(&vm).await.unwrap().unwrap();
+    assert_eq!((refund.seconds, refund.amount_cents), (660, 0));
+    assert_eq!(refund.stripe_credit_id, None);
+}
+
+mod a_period_or_credit_worth_nothing_is_recorded_and_not_sent {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        if let Some(w) = super::world_at(byo_db::Backend::Sqlite, 1).await {
+            super::a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w).await
+        }
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        if let Some(w) = super::world_at(byo_db::Backend::Postgres, 1).await {
+            super::a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w).await
+        }
+    }
+}
+
+/// The credit failing at Stripe (its periods charged in an earlier run) fails the run,
+/// counted, and leaves the instance open for the next run, which credits it once.
+async fn a_failed_credit_is_counted_and_left_for_the_next_run(w: World) {
+    w.chargeable().await;
+    // Created 22:00, delete asked 23:00, confirmed exactly at midnight: Nov 1 is all it
+    // used, charged before the confirmation; the later run has only the credit to send.
+    let vm = w.vm("late", start()).await;
+    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+    w.db()
+        .request_vm_delete(&vm, start() + TimeDelta::hours(1))
+        .await
+        .unwrap();
+    w.clock.advance(TimeDelta::hours(2));
+    assert_eq!(w.bill().await.charged, 1);
+    w.db()
+        .confirm_vm_deleted(&vm, start() + TimeDelta::hours(2))
+        .await
+        .unwrap();
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::POST,
+        path_prefix: "/v1/invoiceitems".into(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: false,
+    });
+    assert_eq!(
+        failed_run(&w).await,
+        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+    );
+    assert!(w.db().refund_for(&vm).await.unwrap().is_none());
+    assert!(!w.db().billing_closed(&vm).await.unwrap());
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (0, 1, 1));
+    let amounts: Vec<_> = w
+        .invoice_items()
+        .iter()
+        .map(|i| i["amount"].clone())
+        .collect();
+    assert_eq!(
+        amounts,
+        [json!(2 * i64::from(PRICE)), json!(-i64::from(PRICE))]
+    );
 }
 
 async fn usage_waits_for_an_account_without_a_customer(w: World) {
@@ -690,6 +897,7 @@ async fn usage_waits_for_an_account_without_a_customer(w: World) {
 with_world!(
     webhook_with_a_bad_signature_is_refused_and_changes_nothing,
     webhook_with_a_stale_timestamp_is_refused_and_changes_nothing,
+    a_signed_event_without_a_usable_id_or_type_is_refused_and_changes_nothing,
     checkout_completed_writes_paid_at_once_and_a_replay_changes_nothing,
     a_payment_for_an_unknown_or_unpaid_or_foreign_booking_writes_nothing,
     the_live_check_allows_a_customer_with_a_default_card,
@@ -699,6 +907,8 @@ with_world!(
     usage_is_charged_from_the_four_timestamps,
     a_prompt_delete_is_not_refunded,
     a_retried_job_never_charges_twice,
+    a_stuck_delete_is_charged_and_credited_in_one_run,
+    a_failed_credit_is_counted_and_left_for_the_next_run,
     usage_waits_for_an_account_without_a_customer,
 );
 

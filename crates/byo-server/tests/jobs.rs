@@ -373,3 +373,33 @@ on_each_backend!(
     the_driver_runs_the_jobs_on_their_period_and_trigger,
     the_admin_jobs_page_shows_the_runs,
 );
+
+/// The jobs and their periods are the ones docs/jobs.md's table lists, in its order: an
+/// operator reads the period there, so a changed constant or a new job changes the table.
+#[test]
+fn the_jobs_and_their_periods_are_the_ones_docs_jobs_md_lists() {
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/jobs.md"))
+        .unwrap();
+    let documented: Vec<(String, u64)> = doc
+        .lines()
+        .filter_map(|line| {
+            let cells: Vec<_> = line.split('|').map(str::trim).collect();
+            let name = cells.get(1)?.strip_prefix('`')?.strip_suffix('`')?;
+            let (_, period) = cells.get(2)?.split_once(" = ")?;
+            let mut words = period.split_whitespace();
+            let n: u64 = words.next()?.parse().ok()?;
+            let unit = match words.next()?.trim_end_matches(',') {
+                "s" => 1,
+                "min" => 60,
+                "h" => 3600,
+                other => panic!("docs/jobs.md: unknown unit {other:?} in {line:?}"),
+            };
+            Some((name.to_owned(), n * unit))
+        })
+        .collect();
+    let registered: Vec<(String, u64)> = registry()
+        .into_iter()
+        .map(|j| (j.name, j.every.as_secs()))
+        .collect();
+    assert_eq!(registered, documented);
+}

@@ -98,6 +98,7 @@ with_world!(
     l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service,
     a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
+    stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop,
 );
 
 fn spark() -> Value {
@@ -378,6 +379,18 @@ async fn depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing(w: Wor
         .await
         .unwrap_err();
     assert!(e.is_constraint("hosts_depool_reason_bounded"), "{e}");
+    // At the bound, a reason is taken.
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "z".repeat(500)}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    assert_eq!(
+        w.life(&h).await.depool_reason.map(|r| r.chars().count()),
+        Some(500)
+    );
     // A host that does not exist.
     let r =
         w.op.post("/api/admin/hosts/nope/depool", json!({"reason": "x"}))
@@ -467,6 +480,12 @@ async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress
         (Some("draining"), Some(false))
     );
     assert_eq!(p["drain"]["waiting"], json!([vm]));
+    assert_eq!(
+        p["message"],
+        format!(
+            "the host has not confirmed the end of 1 instance(s) ({vm}); nothing further was done — run it again to resume once the host answers"
+        )
+    );
     // De-pooled and requested, but nothing of ours is gone: the host is still reachable.
     let l = w.life(&h).await;
     assert!(!l.active);
@@ -715,6 +734,18 @@ async fn n1_retire_refusals_change_nothing(w: World) {
         slug,
         token: "byo_hst_none".into(),
     };
+    let before = snapshot(&w, &never).await;
+    refused(retire(never.id.clone()).await, "revoke_instead");
+    assert_eq!(snapshot(&w, &never).await, before);
+    // Never enrolled and its enrolment ended without a redeem: still not a retire (its
+    // allocation goes back through the enrolment's end, H), refused the same way.
+    w.db()
+        .execute_unchecked(&format!(
+            "update host_enrollments set state = 'expired' where host_id = '{}'",
+            never.id
+        ))
+        .await
+        .unwrap();
     let before = snapshot(&w, &never).await;
     refused(retire(never.id.clone()).await, "revoke_instead");
     assert_eq!(snapshot(&w, &never).await, before);
@@ -1020,6 +1051,14 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
         .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
     assert_eq!(r.json()["drain"]["waiting"], json!([vm]));
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the host has not confirmed the end of 1 instance(s)"),
+        "{}",
+        r.text()
+    );
     assert!(!w.life(&h).await.active);
     let page = w.owner.page("/hosts").await;
     assert!(
@@ -1053,10 +1092,46 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
         page.contains("curl -fsSL http://localhost:8080/install.sh | sudo bash -s -- --uninstall")
     );
     assert!(!page.contains(">Stop hosting<"));
+    // The second stop found it de-pooled by its owner already: one stop recorded.
+    let stops = w
+        .db()
+        .audit_of_host(&h.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.stop_hosting")
+        .count();
+    assert_eq!(stops, 1);
     // De-pool and drain only: access is kept (not a revoke), nothing retired.
     let l = w.life(&h).await;
     assert!(l.revoke_step.0.is_none() && l.retired_at.is_none());
     assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+}
+
+/// An owner stopping a host an operator de-pooled takes it over as stopped: the reason
+/// becomes the owner's, and the page offers the uninstall.
+async fn stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop(w: World) {
+    let h = w.active_host().await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "maintenance"}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    assert!(
+        w.owner
+            .page("/hosts")
+            .await
+            .contains("de-pooled: maintenance")
+    );
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/stop", h.id))
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("stopped: you can uninstall now"), "{page}");
 }
 
 /// Item 8: each failure the design names is on /admin/hosts/{id} by name as soon as the

@@ -49,24 +49,41 @@ async fn count(w: &World) -> usize {
     w.db().prebookings_overview(1000).await.unwrap().len()
 }
 
-/// One run of job `name` through the driver, which must succeed.
-async fn tick(w: &World, name: &str) {
+/// One run of job `name` through the driver, which must succeed: its summary.
+async fn tick(w: &World, name: &str) -> String {
+    // The runs before, by id: on the tests' still clock two runs start at the same
+    // instant, so "the newest" is this run's row, told apart by its id.
+    let before: Vec<String> = w
+        .db()
+        .job_runs(name, 1000)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.id)
+        .collect();
     let d = JobDriver::new(w.app.state.clone(), registry());
     assert_eq!(
         d.tick(name).await.unwrap(),
         Some(Tick::Ran { ok: true }),
         "{name}"
     );
-    let run = &w.db().job_runs(name, 1).await.unwrap()[0];
+    let runs = w.db().job_runs(name, 1000).await.unwrap();
+    let run = runs
+        .iter()
+        .find(|r| !before.contains(&r.id))
+        .expect("the tick recorded its run");
     assert_eq!(run.outcome, "ok", "{:?}", run.error);
+    run.summary.clone().unwrap_or_default()
 }
 
-async fn launcher(w: &World) {
-    tick(w, "launch-prebookings").await;
+/// One launcher tick: its summary (`due N, launched N, live N, waiting N`).
+async fn launcher(w: &World) -> String {
+    tick(w, "launch-prebookings").await
 }
 
-async fn expire(w: &World) {
-    tick(w, "expire-prebook").await;
+/// One expire-prebook tick: its summary (`closed N, delete unconfirmed N, deferred N`).
+async fn expire(w: &World) -> String {
+    tick(w, "expire-prebook").await
 }
 
 async fn pay(admin: &User, id: &str) {
@@ -209,6 +226,107 @@ async fn e3_booking_pins_a_host_and_says_how_to_pay(w: World) {
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
     assert_eq!(r.json()["error"], "unpaid_cap");
     assert_eq!(count(&w).await, before);
+}
+
+/// E3.2's note names why the pinned host is passed over: here, a host whose heartbeat is
+/// older than placement allows, with the time it was last heard from.
+async fn e3_2_a_silent_pinned_host_is_named_as_silent_since_its_last_beat(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    w.add_key(&w.customer).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    let id = booked(&w.customer, 2, 6).await;
+    pay(&admin, &id).await;
+    to(&w, 2).await;
+    launcher(&w).await;
+    let b = row(&w, &id).await;
+    assert_eq!(b.launched_vm_id, None);
+    assert_eq!(
+        b.launch_note.as_deref(),
+        Some(
+            "its pinned host has not been heard from since 2026-11-29 12:00 UTC; the booking stays open, is tried again each minute, and an operator can reassign it"
+        )
+    );
+}
+
+mod e3_2_a_silent_pinned_host_is_named_as_silent_since_its_last_beat {
+    use super::world::{lenient_placement, world_with};
+    use byo_server::config::PlacementConfig;
+
+    /// Placement trusts a heartbeat for five minutes; the launch is two hours on.
+    fn placement() -> PlacementConfig {
+        PlacementConfig {
+            max_heartbeat_age_secs: 300,
+            ..lenient_placement()
+        }
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        if let Some(w) = world_with(byo_db::Backend::Sqlite, placement()).await {
+            super::e3_2_a_silent_pinned_host_is_named_as_silent_since_its_last_beat(w).await
+        }
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        if let Some(w) = world_with(byo_db::Backend::Postgres, placement()).await {
+            super::e3_2_a_silent_pinned_host_is_named_as_silent_since_its_last_beat(w).await
+        }
+    }
+}
+
+/// E3.4: an instance still being created when the window ends cannot be deleted yet; the
+/// booking is left open that tick (deferred) and closed on a later one.
+async fn e3_4_an_instance_still_being_created_defers_the_close(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    w.add_key(&w.customer).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    let id = booked(&w.customer, 2, 3).await;
+    pay(&admin, &id).await;
+    // A tenth of a second before the window ends, the host takes the create and says
+    // nothing.
+    to(&w, 3).await;
+    w.clock.advance(-TimeDelta::milliseconds(100));
+    w.answer_creates(Answer::Hang);
+    launcher(&w).await;
+    let vm_id = row(&w, &id).await.launched_vm_id.unwrap();
+    assert_eq!(w.vm(&vm_id).await.status, VmStatus::Creating);
+    w.clock.advance(TimeDelta::milliseconds(100));
+    assert_eq!(
+        expire(&w).await,
+        "closed 0, delete unconfirmed 0, deferred 1"
+    );
+    assert_eq!(row(&w, &id).await.closed_at, None);
+    assert!(w.audits("prebooking.closed").await.is_empty());
+    // Past the create's deadline the delete goes ahead and the booking closes.
+    w.clock.advance(TimeDelta::minutes(1));
+    expire(&w).await;
+    assert_eq!(row(&w, &id).await.closed_reason.as_deref(), Some("ended"));
+}
+
+/// Caller 5 at the window's opening: no force is needed once the window is open.
+async fn e0_caller5_launch_at_the_opening_needs_no_force(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    w.add_key(&w.customer).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    let id = booked(&w.customer, 2, 6).await;
+    pay(&admin, &id).await;
+    to(&w, 2).await;
+    let r = launch(&admin, &id, false).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["state"], "launched");
+}
+
+/// The window's bounds are inclusive: exactly 31 days long, or starting exactly a year
+/// from now, is taken.
+async fn e3_a_window_at_each_bound_is_taken(w: World) {
+    w.host("spark-1", Spec::default()).await;
+    let long = booked(&w.customer, 2, 2 + 31 * 24).await;
+    let r = row(&w, &long).await;
+    assert_eq!(r.end_date - r.start_date, TimeDelta::days(31));
+    let ahead = booked(&w.customer, 365 * 24, 365 * 24 + 2).await;
+    assert_eq!(
+        row(&w, &ahead).await.start_date - at(0),
+        TimeDelta::days(365)
+    );
 }
 
 /// The schema holds the pin for every writer: a second open booking of one host for an
@@ -370,6 +488,11 @@ async fn e3_2_an_unavailable_pinned_host_leaves_the_booking_open(w: World) {
 
     to(&w, 2).await;
     launcher(&w).await;
+    assert_eq!(
+        w.audits("prebooking.waiting").await.len(),
+        1,
+        "the first tick that waits says why"
+    );
     launcher(&w).await;
     assert_eq!(
         w.agents.calls(Op::Create).len(),
@@ -479,9 +602,9 @@ async fn e3_3_step67_relaunches_when_the_launched_vm_is_not_live(w: World) {
     let id = booked(&w.customer, 2, 6).await;
     pay(&admin, &id).await;
     to(&w, 2).await;
-    launcher(&w).await;
+    assert_eq!(launcher(&w).await, "due 1, launched 1, live 0, waiting 0");
     let first = row(&w, &id).await.launched_vm_id.unwrap();
-    launcher(&w).await;
+    assert_eq!(launcher(&w).await, "due 1, launched 0, live 1, waiting 0");
     assert_eq!(w.agents.calls(Op::Create).len(), 1, "live: nothing to do");
     assert_eq!(
         row(&w, &id).await.launched_vm_id.as_deref(),
@@ -502,7 +625,7 @@ async fn e3_3_step67_relaunches_when_the_launched_vm_is_not_live(w: World) {
     w.clock.advance(TimeDelta::minutes(30));
     assert_eq!(w.delete(&w.customer, &second).await.status, StatusCode::OK);
     w.answer_creates(Answer::Refuse);
-    launcher(&w).await;
+    assert_eq!(launcher(&w).await, "due 1, launched 0, live 0, waiting 1");
     let b = row(&w, &id).await;
     let failed = b.launched_vm_id.clone().unwrap();
     assert_eq!(w.vm(&failed).await.status, VmStatus::Failed);
@@ -543,12 +666,18 @@ async fn e3_4_expire_prebook_closes_and_tears_down_through_g(w: World) {
 
     // Inside the window expire-prebook touches nothing.
     to(&w, 5).await;
-    expire(&w).await;
+    assert_eq!(
+        expire(&w).await,
+        "closed 0, delete unconfirmed 0, deferred 0"
+    );
     assert_eq!(row(&w, &id).await.closed_at, None);
     assert!(w.agents.calls(Op::Delete).is_empty());
 
     to(&w, 6).await;
-    expire(&w).await;
+    assert_eq!(
+        expire(&w).await,
+        "closed 1, delete unconfirmed 0, deferred 0"
+    );
     let deletes = w.agents.calls(Op::Delete);
     assert_eq!(deletes.len(), 1);
     assert_eq!(deletes[0].name, w.vm(&vm_id).await.name);
@@ -573,7 +702,10 @@ async fn e3_4_expire_prebook_closes_and_tears_down_through_g(w: World) {
     // The other booking's host does not confirm its delete.
     w.answer_deletes(Answer::Hang);
     to(&w, 7).await;
-    expire(&w).await;
+    assert_eq!(
+        expire(&w).await,
+        "closed 1, delete unconfirmed 1, deferred 0"
+    );
     let vm = w.vm(&hung_vm).await;
     assert_eq!(
         (vm.delete_requested_at, vm.deleted_at),
@@ -588,6 +720,23 @@ async fn e3_4_expire_prebook_closes_and_tears_down_through_g(w: World) {
     assert_eq!(stuck[0]["vm_id"], hung_vm.as_str(), "visible as stuck");
     let closed = w.audits("prebooking.closed").await;
     assert_eq!(closed.len(), 2);
+    let confirmed: Vec<_> = closed
+        .iter()
+        .map(|a| {
+            (
+                a.details["vm_id"].clone(),
+                a.details["delete_confirmed"].clone(),
+            )
+        })
+        .collect();
+    assert!(
+        confirmed.contains(&(json!(vm_id), json!(true))),
+        "{confirmed:?}"
+    );
+    assert!(
+        confirmed.contains(&(json!(hung_vm), json!(false))),
+        "{confirmed:?}"
+    );
     // Expiring again changes nothing.
     expire(&w).await;
     assert_eq!(w.audits("prebooking.closed").await.len(), 2);
@@ -684,6 +833,19 @@ async fn e0_caller5_operator_launch_with_force(w: World) {
     // The launcher does not revive it either.
     launcher(&w).await;
     assert_eq!(w.agents.calls(Op::Create).len(), 1);
+    // Closed, its host was booked by someone else for an overlapping window: force does
+    // not revive it over that booking.
+    let theirs = booked(&w.other, 4, 5).await;
+    let r = launch(&admin, &id, true).await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert_eq!(r.json()["error"], "host_booked");
+    assert!(row(&w, &id).await.closed_at.is_some());
+    assert_eq!(w.audits("prebooking.revived").await.len(), 0);
+    let r = w
+        .other
+        .post_empty(&format!("/api/prebookings/{theirs}/cancel"))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let r = launch(&admin, &id, true).await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let b = row(&w, &id).await;
@@ -780,9 +942,29 @@ async fn e3_2_an_operator_reassigns_the_pin(w: World) {
         let body = json!({"host_id": host});
         async move { op.post(&path, body).await }
     };
+    // Taken out of service after it was placed: its placement is still `shared`.
+    let inactive = w.host("spark-5", Spec::default()).await;
+    w.db()
+        .execute_unchecked(&format!(
+            "update hosts set active = false where id = '{}'",
+            inactive.id
+        ))
+        .await
+        .unwrap();
+    let theirs_alone = w
+        .host(
+            "spark-6",
+            Spec {
+                dedicated_to: Some(w.op.sub.clone()),
+                ..Spec::default()
+            },
+        )
+        .await;
     for (host, error) in [
         (other_gpu.id.as_str(), "wrong_gpu_type"),
         (retired.id.as_str(), "host_not_placeable"),
+        (inactive.id.as_str(), "host_not_placeable"),
+        (theirs_alone.id.as_str(), "host_not_placeable"),
         ("no-such-host", "unknown_host"),
     ] {
         let r = reassign(host).await;
@@ -1288,6 +1470,7 @@ fn row_html(html: &str, id: &str) -> String {
 
 with_world!(
     e3_booking_pins_a_host_and_says_how_to_pay,
+    e3_a_window_at_each_bound_is_taken,
     e3_2_a_host_is_never_pinned_twice_for_overlapping_windows,
     e3_1_the_gate_is_paid_at_alone,
     e3_1_payment_is_recorded_off_band_only_with_billing_off,
@@ -1297,6 +1480,8 @@ with_world!(
     e3_4_expire_prebook_closes_and_tears_down_through_g,
     e3_5_the_key_is_the_bookers_own_and_no_key_leaves_it_open,
     e0_caller5_operator_launch_with_force,
+    e0_caller5_launch_at_the_opening_needs_no_force,
+    e3_4_an_instance_still_being_created_defers_the_close,
     e3_the_booker_cancels_an_unpaid_booking,
     e3_2_an_operator_reassigns_the_pin,
     e3_a_booking_holds_one_live_instance,

@@ -30,6 +30,25 @@ async fn queue_row(w: &World, id: &str) -> QueueRow {
     w.db().queue_row(id).await.unwrap().unwrap()
 }
 
+/// `n` spark-1 creates of the customer's queued straight in the store, a second apart
+/// from now (past the API's per-account limit): the key they name.
+async fn enqueue_many(w: &World, n: i64) -> String {
+    let key = w.add_key_once(&w.customer).await;
+    let start = w.clock.now();
+    for i in 0..n {
+        let new = byo_db::queue::NewQueued {
+            user_sub: &w.customer.sub,
+            gpu_type: "spark-1",
+            ssh_key_id: &key,
+        };
+        w.db()
+            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
+            .await
+            .unwrap();
+    }
+    key
+}
+
 /// Queue a create of the customer's (no host is free): its id.
 async fn queued(w: &World, user: &User, gpu_type: &str) -> String {
     let key = w.add_key_once(user).await;
@@ -84,8 +103,14 @@ async fn e2_step58_a_create_with_no_free_host_queues_with_no_host(w: World) {
         (row.vm_id.as_deref(), row.attempts, row.closed_at),
         (None, 0, None)
     );
-    // A second customer's create stands behind it; each sees their own place.
-    let other = queued(&w, &w.other, "spark-1").await;
+    // A second customer's create stands behind it, told so in the answer; each sees
+    // their own place.
+    let other_key = w.add_key_once(&w.other).await;
+    w.clock.advance(TimeDelta::seconds(1));
+    let r = w.create(&w.other, "spark-1", &other_key).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert_eq!(r.json()["queued"]["position"], 2);
+    let other = r.json()["queued"]["id"].as_str().unwrap().to_owned();
     let mine = w.customer.get("/api/queue").await.json();
     assert_eq!(mine.as_array().unwrap().len(), 1);
     assert_eq!(
@@ -209,7 +234,10 @@ async fn e2_refused_host_is_benched_and_the_drain_moves_on(w: World) {
         Some(agents::Answer::refused(409, "lxd: the instance is busy")),
     );
     let report = drain(&w).await;
-    assert_eq!((report.placed, report.refused), (1, 1), "{report}");
+    assert_eq!(
+        report.to_string(),
+        "placed 1, refused 1, skipped 0, held 0, waiting 0, pending 0 (claimed 1)"
+    );
 
     // The refusing host: its attempt's row failed at once, so the queued create does not
     // occupy it (step 58's point), and it is benched.
@@ -486,19 +514,7 @@ async fn e2_concurrent_drainers_never_place_twice(w: World) {
 /// The drain's cost when no host is free: a run stops claiming a gpu_type once a batch of it
 /// placed nothing and found no host (not O(queue)), and goes on with the other kinds.
 async fn e2_a_run_stops_claiming_a_kind_with_no_free_host(w: World) {
-    let key = w.add_key_once(&w.customer).await;
-    let start = w.clock.now();
-    for i in 0..40 {
-        let new = byo_db::queue::NewQueued {
-            user_sub: &w.customer.sub,
-            gpu_type: "spark-1",
-            ssh_key_id: &key,
-        };
-        w.db()
-            .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
-            .await
-            .unwrap();
-    }
+    enqueue_many(&w, 40).await;
     // Behind them, another kind, queued with no host and then given one.
     w.clock.advance(TimeDelta::minutes(1));
     let other = queued(&w, &w.other, "spark-2").await;
@@ -537,6 +553,62 @@ async fn e2_a_run_stops_claiming_a_kind_with_no_free_host(w: World) {
     assert_eq!(w.agents.calls(Op::Create).len(), 1);
 }
 
+/// A batch of a kind that placed nothing because its rows were held (not for want of a
+/// host) does not stop the run claiming that kind: a later row of it is placed in the
+/// same run.
+async fn e2_a_held_batch_does_not_stop_the_run_claiming_its_kind(w: World) {
+    let key = enqueue_many(&w, queue_drain::CLAIM_BATCH).await;
+    // Their key is removed: every one of that first batch is held.
+    let r = w.customer.delete(&format!("/api/ssh-keys/{key}")).await;
+    assert!(r.status.is_success(), "{}", r.text());
+    w.clock.advance(TimeDelta::minutes(1));
+    let other = queued(&w, &w.other, "spark-1").await;
+    w.host("spark-1", Spec::default()).await;
+    let report = drain(&w).await;
+    let batch = u32::try_from(queue_drain::CLAIM_BATCH).unwrap();
+    assert_eq!(
+        (report.held, report.placed, report.claimed),
+        (batch, 1, batch + 1),
+        "{report}"
+    );
+    assert_eq!(
+        queue_row(&w, &other).await.close_reason.as_deref(),
+        Some("placed")
+    );
+}
+
+/// The attempt's lease covers the create in flight: a second drainer arriving while the
+/// host has not answered claims nothing, and the row's claim runs past the create's wait.
+async fn e2_a_row_whose_create_is_in_flight_is_not_claimed_again(w: World) {
+    let id = queued(&w, &w.customer, "spark-1").await;
+    w.host("spark-1", Spec::default()).await;
+    w.agents.then(Op::Create, agents::Answer::Hang);
+    let state = w.app.state.clone();
+    let first = tokio::spawn(async move { queue_drain::drain_once(&state).await.unwrap() });
+    // Waits on the event: the host has the create and is silent.
+    let asked = tokio::time::Instant::now();
+    while w.agents.calls(Op::Create).is_empty() {
+        assert!(
+            asked.elapsed() < Duration::from_secs(10),
+            "the create never reached the host"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let row = queue_row(&w, &id).await;
+    let until = row
+        .claimed_until
+        .expect("claimed while its create is in flight");
+    assert!(
+        until >= w.clock.now() + TimeDelta::seconds(queue_drain::LEASE_SECS),
+        "claimed until {until}"
+    );
+    let second = drain(&w).await;
+    assert_eq!(second.claimed, 0, "{second}");
+    let first = first.await.unwrap();
+    assert_eq!((first.claimed, first.pending), (1, 1), "{first}");
+    assert_eq!(w.agents.calls(Op::Create).len(), 1);
+}
+
 async fn e0_caller4_operator_places_a_queued_vm(w: World) {
     let id = queued(&w, &w.customer, "spark-1").await;
     // A dedicated owner's box the picker cannot reach for this customer.
@@ -567,6 +639,15 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
             },
         )
         .await;
+    // Holding an agent token but no relay address yet: nothing to call it through.
+    let no_relay = w.host("spark-4", Spec::default()).await;
+    w.db()
+        .execute_unchecked(&format!(
+            "update hosts set relay_ip = null where id = '{}'",
+            no_relay.id
+        ))
+        .await
+        .unwrap();
     assert_eq!(drain(&w).await.placed, 0, "the drain cannot reach it");
     let op = w.op.clone();
     let place = |host: &str| {
@@ -591,6 +672,11 @@ async fn e0_caller4_operator_places_a_queued_vm(w: World) {
             "wrong_gpu_type",
         ),
         ("no-such-host", StatusCode::CONFLICT, "unknown_host"),
+        (
+            no_relay.id.as_str(),
+            StatusCode::CONFLICT,
+            "host_unreachable",
+        ),
     ] {
         let r = place(host).await;
         assert_eq!(
@@ -952,6 +1038,8 @@ with_world!(
     e2_step58_a_create_with_no_free_host_queues_with_no_host,
     e2_step62_the_drain_stamps_host_and_name_once_a_host_accepted,
     e2_refused_host_is_benched_and_the_drain_moves_on,
+    e2_a_held_batch_does_not_stop_the_run_claiming_its_kind,
+    e2_a_row_whose_create_is_in_flight_is_not_claimed_again,
     e2_an_unreadable_2xx_is_accepted_never_a_refusal,
     e2_skipped_host_is_not_benched,
     e2_billing_is_rechecked_live,

@@ -140,7 +140,10 @@ pub fn l_prepare_again_on_an_idle_host_checks_every_step_and_serving_keeps_answe
         let poller = s.spawn(|| {
             let mut polls = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                polls.push((Instant::now(), w.api("GET", "/v1/vms", None).0));
+                // The body too when it is not a 200: what serving said is the diagnosis.
+                let (status, body) = w.api("GET", "/v1/vms", None);
+                let said = (status != 200).then_some(body);
+                polls.push((Instant::now(), status, said));
             }
             polls
         });
@@ -160,7 +163,7 @@ pub fn l_prepare_again_on_an_idle_host_checks_every_step_and_serving_keeps_answe
     );
     // Serving answered throughout: every poll during the run was a 200.
     assert!(!polls.is_empty());
-    let failed: Vec<_> = polls.iter().filter(|(_, s)| *s != 200).collect();
+    let failed: Vec<_> = polls.iter().filter(|(_, s, _)| *s != 200).collect();
     assert!(
         failed.is_empty(),
         "serving did not answer during the run: {failed:?}"

@@ -506,16 +506,15 @@ async fn drain_row(
     // Candidates from the batch's pick: every one tried is afterwards occupied or benched,
     // so each moves on; concurrent drainers may take some first (skipped).
     let mut picks = 0;
-    let mut tried = 0;
-    while tried < MAX_TRIES_PER_ROW {
+    for _ in 0..MAX_TRIES_PER_ROW {
+        // `None` comes only after a pick this row made (or its picks ran out).
         let Some(host) = next_candidate(state, row, want, candidates, &mut picks).await? else {
-            return Ok(if picks > 0 && report_no_host(candidates, row) {
+            return Ok(if report_no_host(candidates, row) {
                 RowOutcome::Waiting
             } else {
                 RowOutcome::Unplaced
             });
         };
-        tried += 1;
         match try_host(state, token, row, &host, key, 1, QueueClose::Placed).await? {
             Tried::Placed(_) => return Ok(RowOutcome::Placed),
             Tried::Refused(_) => report.refused += 1,

@@ -116,12 +116,53 @@ async fn heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically(w:
             b["lxd"] = json!("splendid");
             b.to_string()
         },
+        {
+            // Inside the wire's 128 bytes, past the rule's 64 characters.
+            let mut b = beat();
+            b["agent_version"] = json!("v".repeat(65));
+            b.to_string()
+        },
+        {
+            let mut b = beat();
+            b["agent_version"] = json!("0.1.0\u{1b}[2J");
+            b.to_string()
+        },
     ] {
         let r = heartbeat(&w, Some(&bearer(&host.token)), &body).await;
         assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body}: {}", r.text());
     }
     let after = w.db().host_status(&host.id).await.unwrap().unwrap();
     assert_eq!((after.seen_at, after.lxd), (before.seen_at, before.lxd));
+    // Held instances past their bounds: one instance too many, a status word too long.
+    let held = |n: usize, status: &str| {
+        let vms: Vec<Value> = (0..n)
+            .map(|i| json!({"name": format!("vm-{i:08}"), "status": status}))
+            .collect();
+        let mut b = beat();
+        b["vms"] = json!(vms);
+        b.to_string()
+    };
+    for body in [
+        held(byo_wire::vm::MAX_HELD_VMS + 1, "Running"),
+        held(1, &"A".repeat(33)),
+    ] {
+        let r = heartbeat(&w, Some(&bearer(&host.token)), &body).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    }
+    let after = w.db().host_status(&host.id).await.unwrap().unwrap();
+    assert_eq!(after.seen_at, before.seen_at);
+    // At the bounds each is taken: 64 characters of version, as many instances as a
+    // host may list, a status word of 32 letters.
+    let mut b = beat();
+    b["agent_version"] = json!("v".repeat(64));
+    for body in [
+        b.to_string(),
+        held(byo_wire::vm::MAX_HELD_VMS, "Running"),
+        held(1, &"A".repeat(32)),
+    ] {
+        let r = heartbeat(&w, Some(&bearer(&host.token)), &body).await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    }
 }
 
 /// 133: node0 of a pair counts the machines on each of its rail ports, and the beat keeps

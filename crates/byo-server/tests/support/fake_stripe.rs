@@ -292,13 +292,25 @@ async fn create_session(State(s): State<Shared>, axum::Form(form): Form) -> Resp
             "Missing required param: mode.",
         );
     };
-    if param(&form, "success_url").is_none() {
+    let Some(success_url) = param(&form, "success_url") else {
         return error(
             StatusCode::BAD_REQUEST,
             "invalid_request_error",
             Some("parameter_missing"),
             "Missing required param: success_url.",
         );
+    };
+    // Stripe refuses a URL without an explicit scheme, for both pages.
+    let cancel_url = param(&form, "cancel_url");
+    for url in std::iter::once(success_url).chain(cancel_url) {
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("url_invalid"),
+                "Invalid URL: An explicit scheme (such as https) must be provided.",
+            );
+        }
     }
     let customer = param(&form, "customer").unwrap_or_default().to_owned();
     if !f.customers.contains_key(&customer) {
@@ -311,6 +323,7 @@ async fn create_session(State(s): State<Shared>, axum::Form(form): Form) -> Resp
         "customer": customer, "metadata": metadata(&form), "amount_total": amount,
         "currency": param(&form, "line_items[0][price_data][currency]"),
         "status": "open", "payment_status": "unpaid",
+        "success_url": success_url, "cancel_url": cancel_url,
         "url": format!("https://checkout.stripe.test/c/pay/{id}")});
     f.sessions.insert(id, session.clone());
     Json(session).into_response()
