@@ -687,6 +687,66 @@ async fn j9_the_first_failure_halts_and_a_resume_picks_it_up(w: World) {
     );
 }
 
+/// J note 9: a host's facts are read again just before its wave. One de-pooled since the
+/// plan is skipped with the reason while the rest of its wave goes on; when the whole last
+/// wave is skipped, the run closes in that same step.
+async fn j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave(w: World) {
+    let hs = hosts(&w, 4).await;
+    let bytes = build("busy");
+    w.publish(ARCH, &bytes).await;
+    let b = sha(&bytes)[..12].to_owned();
+    let v = w.start(json!({"build": b})).await.json();
+    let run = v["id"].as_str().unwrap().to_owned();
+    let waves: Vec<i64> = World::states(&v).iter().map(|s| s.1).collect();
+    assert_eq!(waves, [0, 1, 1, 2], "{v}");
+    let healthy = |h: usize| {
+        let (w, hs, b, run) = (&w, &hs, &b, &run);
+        async move {
+            w.advance(run, upgrading(&hs[h].id)).await;
+            w.clock.advance(Duration::seconds(1));
+            w.beat(&hs[h], b, "ok", None).await;
+        }
+    };
+    // spark-3 is de-pooled after the plan: at its wave it is skipped, spark-2 goes on.
+    healthy(0).await;
+    w.app
+        .db
+        .depool_host(&hs[2].id, "maintenance", &w.admin.sub, w.clock.now())
+        .await
+        .unwrap();
+    let v = w.advance(&run, json!({})).await.json();
+    assert_eq!(
+        v["next"],
+        json!({"kind": "upgrade", "hosts": [hs[1].id]}),
+        "{v}"
+    );
+    assert_eq!(v["hosts"][2]["state"], "skipped");
+    assert!(
+        v["hosts"][2]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("de-pooled"),
+        "{v}"
+    );
+    // The last wave's only host is de-pooled too: skipped, and the run is done.
+    healthy(1).await;
+    w.app
+        .db
+        .depool_host(&hs[3].id, "maintenance", &w.admin.sub, w.clock.now())
+        .await
+        .unwrap();
+    let v = w.advance(&run, json!({})).await.json();
+    assert_eq!(
+        World::states(&v)
+            .iter()
+            .map(|s| s.2.as_str())
+            .collect::<Vec<_>>(),
+        ["healthy", "healthy", "skipped", "skipped"]
+    );
+    assert_eq!(v["next"], json!({"kind": "done"}));
+    assert_eq!(v["state"], "closed");
+}
+
 /// J note 9: refused with nothing started — a build nobody published, a build the
 /// installer does not serve for a host's arch, a second run while one is open, a resume
 /// with none open or of another build, a report a host's state does not allow, anyone but
@@ -897,5 +957,6 @@ with_world!(
     j_a_server_without_a_release_key_publishes_nothing,
     j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats,
     j9_the_first_failure_halts_and_a_resume_picks_it_up,
+    j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave,
     j9_a_fleet_upgrade_is_refused_with_nothing_started,
 );
