@@ -744,7 +744,7 @@ async fn j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave(w: Wor
         ["healthy", "healthy", "skipped", "skipped"]
     );
     assert_eq!(v["next"], json!({"kind": "done"}));
-    assert_eq!(v["state"], "closed");
+    assert_eq!(v["state"], "closed", "{v}");
 }
 
 /// J note 9: refused with nothing started — a build nobody published, a build the
