@@ -747,6 +747,50 @@ async fn j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave(w: Wor
     assert_eq!(v["state"], "closed", "{v}");
 }
 
+/// J note 9: starts that race each other open one run; every loser is told which run is
+/// open (`run_in_progress`, the same answer as a start after it), never a database error.
+async fn j9_starts_that_race_open_one_run_and_every_loser_is_told_which(w: World) {
+    hosts(&w, 2).await;
+    let bytes = build("race");
+    w.publish(ARCH, &bytes).await;
+    let b = sha(&bytes)[..12].to_owned();
+    // Several rounds: how far the starts overlap is the scheduler's to choose.
+    for round in 1..=4 {
+        let replies =
+            futures::future::join_all((0..12).map(|_| w.start(json!({"build": b})))).await;
+        let won: Vec<_> = replies
+            .iter()
+            .filter(|r| r.status == StatusCode::OK)
+            .collect();
+        assert_eq!(won.len(), 1, "one start wins");
+        let run = won[0].json()["id"].as_str().unwrap().to_owned();
+        for r in replies.iter().filter(|r| r.status != StatusCode::OK) {
+            assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+            assert_eq!(r.json()["error"], "run_in_progress");
+            assert!(
+                r.json()["message"].as_str().unwrap().contains(&run),
+                "{}",
+                r.text()
+            );
+        }
+        assert_eq!(w.runs().await, round);
+        // Closed, so the next round may start one.
+        assert!(
+            w.app
+                .db
+                .move_fleet_run(
+                    &run,
+                    byo_wire::states::FleetRunState::Running,
+                    byo_wire::states::FleetRunState::Closed,
+                    None,
+                    w.clock.now(),
+                )
+                .await
+                .unwrap()
+        );
+    }
+}
+
 /// J note 9: refused with nothing started — a build nobody published, a build the
 /// installer does not serve for a host's arch, a second run while one is open, a resume
 /// with none open or of another build, a report a host's state does not allow, anyone but
@@ -958,5 +1002,6 @@ with_world!(
     j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats,
     j9_the_first_failure_halts_and_a_resume_picks_it_up,
     j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave,
+    j9_starts_that_race_open_one_run_and_every_loser_is_told_which,
     j9_a_fleet_upgrade_is_refused_with_nothing_started,
 );
