@@ -766,7 +766,7 @@ async fn j9_starts_that_race_open_one_run_and_every_loser_is_told_which(w: World
         let run = won[0].json()["id"].as_str().unwrap().to_owned();
         for r in replies.iter().filter(|r| r.status != StatusCode::OK) {
             assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
-            assert_eq!(r.json()["error"], "run_in_progress");
+            assert_eq!(r.json()["error"], "run_in_progress", "{}", r.text());
             assert!(
                 r.json()["message"].as_str().unwrap().contains(&run),
                 "{}",

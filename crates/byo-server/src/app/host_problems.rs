@@ -174,7 +174,7 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
 #[cfg(test)]
 mod tests {
     use byo_db::Json;
-    use byo_wire::states::KeyListState;
+    use byo_wire::states::{KeyListState, VmStatus};
     use chrono::TimeDelta;
     use serde_json::{Value, json};
 
@@ -317,5 +317,52 @@ mod tests {
         assert!(names(&h, Some(&s), Some(&push(Some(4))), Some(&list)).is_empty());
         // A host still preparing has not been sent a list yet: nothing lags.
         assert!(names(&host(false), Some(&s), Some(&push(Some(2))), Some(&list)).is_empty());
+    }
+
+    fn vm(name: &str, delete_requested: bool, deleted: bool) -> VmRow {
+        VmRow {
+            id: name.into(),
+            user_sub: "customer".into(),
+            host_id: Some("h1".into()),
+            name: name.into(),
+            gpu_type: "gb10".into(),
+            ssh_hostname: None,
+            ssh_port: None,
+            status: if deleted {
+                VmStatus::Deleted
+            } else {
+                VmStatus::Running
+            },
+            created_at: at(0),
+            creation_failed_at: None,
+            delete_requested_at: delete_requested.then(|| at(5)),
+            deleted_at: deleted.then(|| at(6)),
+        }
+    }
+
+    #[test]
+    fn only_a_delete_asked_for_and_never_confirmed_is_stuck() {
+        let s = status(at(11), json!({}));
+        let vms = [
+            vm("live", false, false),
+            vm("gone", true, true),
+            vm("stuck", true, false),
+        ];
+        let seen = Seen {
+            host: &host(true),
+            status: Some(&s),
+            heard_since: at(10),
+            push: None,
+            published: None,
+            vms: &vms,
+            bench: None,
+        };
+        assert_eq!(
+            problems(&seen, at(12)),
+            [Problem {
+                name: "stuck delete",
+                detail: "stuck was asked to go and the host has not confirmed it".into()
+            }]
+        );
     }
 }
