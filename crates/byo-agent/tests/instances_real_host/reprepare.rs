@@ -80,7 +80,7 @@ fn serving_untouched(w: &World, before: &str) {
 fn lxd_and_serving(w: &World) -> String {
     w.host.sh_ok(
         "date '+now %s.%N %FT%T.%N'; journalctl -b -u lxd.service -u lxd.socket -u enverge-agent.service \
-         -o short-iso-precise --no-pager | tail -n 80",
+         -o short-iso-precise --no-pager | tail -n 80; tail -n 30 /var/log/lxd/lxd.log",
     )
 }
 
