@@ -699,21 +699,22 @@ async fn j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave(w: Wor
     let run = v["id"].as_str().unwrap().to_owned();
     let waves: Vec<i64> = World::states(&v).iter().map(|s| s.1).collect();
     assert_eq!(waves, [0, 1, 1, 2], "{v}");
-    let healthy = |h: usize| {
+    // Host `h` upgraded and healthy, then host `then` de-pooled before the next step.
+    let healthy_then_depool = |h: usize, then: usize| {
         let (w, hs, b, run) = (&w, &hs, &b, &run);
         async move {
             w.advance(run, upgrading(&hs[h].id)).await;
             w.clock.advance(Duration::seconds(1));
             w.beat(&hs[h], b, "ok", None).await;
+            w.app
+                .db
+                .depool_host(&hs[then].id, "maintenance", &w.admin.sub, w.clock.now())
+                .await
+                .unwrap();
         }
     };
     // spark-3 is de-pooled after the plan: at its wave it is skipped, spark-2 goes on.
-    healthy(0).await;
-    w.app
-        .db
-        .depool_host(&hs[2].id, "maintenance", &w.admin.sub, w.clock.now())
-        .await
-        .unwrap();
+    healthy_then_depool(0, 2).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(
         v["next"],
@@ -729,12 +730,7 @@ async fn j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave(w: Wor
         "{v}"
     );
     // The last wave's only host is de-pooled too: skipped, and the run is done.
-    healthy(1).await;
-    w.app
-        .db
-        .depool_host(&hs[3].id, "maintenance", &w.admin.sub, w.clock.now())
-        .await
-        .unwrap();
+    healthy_then_depool(1, 3).await;
     let v = w.advance(&run, json!({})).await.json();
     assert_eq!(
         World::states(&v)

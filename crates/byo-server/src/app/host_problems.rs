@@ -246,22 +246,36 @@ mod tests {
         }
     }
 
-    fn names(
+    /// The judge's problems for one host at minute 12, heard from since minute 10.
+    fn judged(
         host: &HostRow,
         status: Option<&HostStatusRow>,
         push: Option<&HostKeyPushRow>,
         published: Option<&KeyListRow>,
-    ) -> Vec<&'static str> {
+        vms: &[VmRow],
+    ) -> Vec<Problem> {
         let seen = Seen {
             host,
             status,
             heard_since: at(10),
             push,
             published,
-            vms: &[],
+            vms,
             bench: None,
         };
-        problems(&seen, at(12)).iter().map(|p| p.name).collect()
+        problems(&seen, at(12))
+    }
+
+    fn names(
+        host: &HostRow,
+        status: Option<&HostStatusRow>,
+        push: Option<&HostKeyPushRow>,
+        published: Option<&KeyListRow>,
+    ) -> Vec<&'static str> {
+        judged(host, status, push, published, &[])
+            .iter()
+            .map(|p| p.name)
+            .collect()
     }
 
     #[test]
@@ -281,17 +295,8 @@ mod tests {
     #[test]
     fn a_relay_map_the_agent_could_not_read_is_drift_by_its_own_words() {
         let s = status(at(11), json!({"relay_map": "unreachable"}));
-        let seen = Seen {
-            host: &host(true),
-            status: Some(&s),
-            heard_since: at(10),
-            push: None,
-            published: None,
-            vms: &[],
-            bench: None,
-        };
         assert_eq!(
-            problems(&seen, at(12)),
+            judged(&host(true), Some(&s), None, None, &[]),
             [Problem {
                 name: "relay map drift",
                 detail: "the agent could not read the relay's SSH map".into()
@@ -348,17 +353,8 @@ mod tests {
             vm("gone", true, true),
             vm("stuck", true, false),
         ];
-        let seen = Seen {
-            host: &host(true),
-            status: Some(&s),
-            heard_since: at(10),
-            push: None,
-            published: None,
-            vms: &vms,
-            bench: None,
-        };
         assert_eq!(
-            problems(&seen, at(12)),
+            judged(&host(true), Some(&s), None, None, &vms),
             [Problem {
                 name: "stuck delete",
                 detail: "stuck was asked to go and the host has not confirmed it".into()
