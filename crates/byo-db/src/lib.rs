@@ -77,6 +77,8 @@ pub mod users;
 pub mod vms;
 
 pub use error::{DbError, Result};
+/// The wrapper of the rows' JSON columns (`prepare_state`, `details`…), for whoever builds one.
+pub use sqlx::types::Json;
 
 /// A handle on the database. Cheap to clone; every clone shares one pool.
 #[derive(Clone, Debug)]

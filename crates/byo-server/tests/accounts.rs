@@ -8,19 +8,21 @@ use byo_wire::Role;
 use serde_json::json;
 use support::{PASSWORD, TestApp};
 
+/// `POST /api/auth/signup` with `email`, `password` and a display name.
+async fn sign_up(app: &TestApp, email: &str, password: &str, name: &str) -> support::Reply {
+    app.request(
+        Method::POST,
+        "/api/auth/signup",
+        None,
+        Some(json!({"email": email, "password": password, "display_name": name})),
+    )
+    .await
+}
+
 /// Sign-up opens no session (it answers alike for a taken address, docs/security.md):
 /// the new account signs in next.
 async fn signup_then_sign_in_and_logout_ends_the_session(app: TestApp) {
-    let reply = app
-        .request(
-            Method::POST,
-            "/api/auth/signup",
-            None,
-            Some(
-                json!({"email": " Ana@Example.com ", "password": PASSWORD, "display_name": "Ana"}),
-            ),
-        )
-        .await;
+    let reply = sign_up(&app, " Ana@Example.com ", PASSWORD, "Ana").await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
     assert!(reply.session_cookie().is_none());
     let reply = app
@@ -358,14 +360,7 @@ async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: T
         sign_in("cy@example.com", "wrong").await.status,
         StatusCode::UNAUTHORIZED
     );
-    let r = app
-        .request(
-            Method::POST,
-            "/api/auth/signup",
-            None,
-            Some(json!({"email": "dee@example.com", "password": PASSWORD, "display_name": "Dee"})),
-        )
-        .await;
+    let r = sign_up(&app, "dee@example.com", PASSWORD, "Dee").await;
     assert_eq!(
         r.status,
         StatusCode::TOO_MANY_REQUESTS,
@@ -392,7 +387,36 @@ async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: T
     assert!(page.text().contains("<h1>"), "{}", page.text());
 }
 
+/// The longest password accepted signs in, through the form too; one byte longer is never
+/// hashed and is refused as any wrong password is.
+async fn the_longest_password_signs_in_and_one_byte_more_is_refused_as_wrong(app: TestApp) {
+    let longest: String = (0..byo_wire::limits::PASSWORD as u32)
+        .map(|i| {
+            char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[((i * 37 + i / 7) % 36) as usize])
+        })
+        .collect();
+    let signup = sign_up(&app, "long@example.com", &longest, "Long").await;
+    assert_eq!(signup.status, StatusCode::ACCEPTED, "{}", signup.text());
+    let form = |password: &str| {
+        Request::post("/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .body(Body::from(format!(
+                "email=long%40example.com&password={password}"
+            )))
+            .unwrap()
+    };
+    let ok = app.send(form(&longest)).await;
+    assert_eq!(ok.status, StatusCode::SEE_OTHER, "{}", ok.text());
+    assert!(ok.session_cookie().is_some());
+    let longer = app.send(form(&format!("{longest}a"))).await;
+    let wrong = app.send(form("wrong password!!")).await;
+    assert_eq!(longer.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(longer.text(), wrong.text());
+    assert!(longer.session_cookie().is_none());
+}
+
 on_each_backend!(
+    the_longest_password_signs_in_and_one_byte_more_is_refused_as_wrong,
     sign_in_and_sign_up_are_rate_limited_per_account_and_per_address,
     signup_then_sign_in_and_logout_ends_the_session,
     bad_signups_are_refused_and_create_nothing,

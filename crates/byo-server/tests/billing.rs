@@ -753,6 +753,18 @@ async fn a_retried_job_never_charges_twice(w: World) {
     assert_eq!(ids, first, "the rows name the first items");
     // A Stripe outage part-way leaves the instance for later, and the run is a failure.
     w.clock.advance(TimeDelta::days(1));
+    assert_eq!(
+        run_in_an_outage(&w).await,
+        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+    );
+    assert_eq!(w.db().usage_charges(&vm).await.unwrap().len(), 2);
+    assert_eq!(w.bill().await.charged, 1);
+    assert_eq!(w.invoice_items().len(), 3);
+}
+
+/// A run during which Stripe answers the next invoice item 503: the run's error message,
+/// which counts what it did and what failed.
+async fn run_in_an_outage(w: &World) -> String {
     w.fake.lock().unwrap().faults.push(Fault {
         method: Method::POST,
         path_prefix: "/v1/invoiceitems".into(),
@@ -762,13 +774,7 @@ async fn a_retried_job_never_charges_twice(w: World) {
         decline_code: None,
         sticky: false,
     });
-    assert_eq!(
-        failed_run(&w).await,
-        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
-    );
-    assert_eq!(w.db().usage_charges(&vm).await.unwrap().len(), 2);
-    assert_eq!(w.bill().await.charged, 1);
-    assert_eq!(w.invoice_items().len(), 3);
+    failed_run(w).await
 }
 
 /// A run that ends in an error: its message, which counts what it did and what failed.
@@ -855,17 +861,8 @@ async fn a_failed_credit_is_counted_and_left_for_the_next_run(w: World) {
         .confirm_vm_deleted(&vm, start() + TimeDelta::hours(2))
         .await
         .unwrap();
-    w.fake.lock().unwrap().faults.push(Fault {
-        method: Method::POST,
-        path_prefix: "/v1/invoiceitems".into(),
-        status: StatusCode::SERVICE_UNAVAILABLE,
-        kind: "api_error".into(),
-        code: None,
-        decline_code: None,
-        sticky: false,
-    });
     assert_eq!(
-        failed_run(&w).await,
+        run_in_an_outage(&w).await,
         "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
     );
     assert!(w.db().refund_for(&vm).await.unwrap().is_none());

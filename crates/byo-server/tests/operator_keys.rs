@@ -1049,6 +1049,7 @@ async fn renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn(mut w: 
     w.publish_draft().await;
     let published = byo_core::keylist::KeyList::from_canonical(&body).unwrap();
     let validity = published.expires - published.issued_at;
+    let due = published.issued_at + validity * 2 / 3;
     clock.advance(validity / 2);
     assert_eq!(
         byo_server::app::operator_keys::renew_if_due(&app_state)
@@ -1056,7 +1057,16 @@ async fn renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn(mut w: 
             .unwrap(),
         None
     );
-    clock.advance(validity / 6 + chrono::Duration::seconds(1));
+    // A second before two thirds, nothing; at two thirds exactly, the renewal.
+    clock.advance(due - clock.now() - chrono::Duration::seconds(1));
+    assert_eq!(
+        byo_server::app::operator_keys::renew_if_due(&app_state)
+            .await
+            .unwrap(),
+        None
+    );
+    clock.advance(chrono::Duration::seconds(1));
+    assert_eq!(clock.now(), due);
     assert_eq!(
         byo_server::app::operator_keys::renew_if_due(&app_state)
             .await

@@ -687,6 +687,106 @@ async fn j9_the_first_failure_halts_and_a_resume_picks_it_up(w: World) {
     );
 }
 
+/// J note 9: a host's facts are read again just before its wave. One de-pooled since the
+/// plan is skipped with the reason while the rest of its wave goes on; when the whole last
+/// wave is skipped, the run closes in that same step.
+async fn j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave(w: World) {
+    let hs = hosts(&w, 4).await;
+    let bytes = build("busy");
+    w.publish(ARCH, &bytes).await;
+    let b = sha(&bytes)[..12].to_owned();
+    let v = w.start(json!({"build": b})).await.json();
+    let run = v["id"].as_str().unwrap().to_owned();
+    let waves: Vec<i64> = World::states(&v).iter().map(|s| s.1).collect();
+    assert_eq!(waves, [0, 1, 1, 2], "{v}");
+    // Host `h` upgraded and healthy, then host `then` de-pooled before the next step.
+    let healthy_then_depool = |h: usize, then: usize| {
+        let (w, hs, b, run) = (&w, &hs, &b, &run);
+        async move {
+            w.advance(run, upgrading(&hs[h].id)).await;
+            w.clock.advance(Duration::seconds(1));
+            w.beat(&hs[h], b, "ok", None).await;
+            w.app
+                .db
+                .depool_host(&hs[then].id, "maintenance", &w.admin.sub, w.clock.now())
+                .await
+                .unwrap();
+        }
+    };
+    // spark-3 is de-pooled after the plan: at its wave it is skipped, spark-2 goes on.
+    healthy_then_depool(0, 2).await;
+    let v = w.advance(&run, json!({})).await.json();
+    assert_eq!(
+        v["next"],
+        json!({"kind": "upgrade", "hosts": [hs[1].id]}),
+        "{v}"
+    );
+    assert_eq!(v["hosts"][2]["state"], "skipped");
+    assert!(
+        v["hosts"][2]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("de-pooled"),
+        "{v}"
+    );
+    // The last wave's only host is de-pooled too: skipped, and the run is done.
+    healthy_then_depool(1, 3).await;
+    let v = w.advance(&run, json!({})).await.json();
+    assert_eq!(
+        World::states(&v)
+            .iter()
+            .map(|s| s.2.as_str())
+            .collect::<Vec<_>>(),
+        ["healthy", "healthy", "skipped", "skipped"]
+    );
+    assert_eq!(v["next"], json!({"kind": "done"}));
+    assert_eq!(v["state"], "closed", "{v}");
+}
+
+/// J note 9: starts that race each other open one run; every loser is told which run is
+/// open (`run_in_progress`, the same answer as a start after it), never a database error.
+async fn j9_starts_that_race_open_one_run_and_every_loser_is_told_which(w: World) {
+    hosts(&w, 2).await;
+    let bytes = build("race");
+    w.publish(ARCH, &bytes).await;
+    let b = sha(&bytes)[..12].to_owned();
+    // Several rounds: how far the starts overlap is the scheduler's to choose.
+    for round in 1..=4 {
+        let replies =
+            futures::future::join_all((0..12).map(|_| w.start(json!({"build": b})))).await;
+        let won: Vec<_> = replies
+            .iter()
+            .filter(|r| r.status == StatusCode::OK)
+            .collect();
+        assert_eq!(won.len(), 1, "one start wins");
+        let run = won[0].json()["id"].as_str().unwrap().to_owned();
+        for r in replies.iter().filter(|r| r.status != StatusCode::OK) {
+            assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+            assert_eq!(r.json()["error"], "run_in_progress", "{}", r.text());
+            assert!(
+                r.json()["message"].as_str().unwrap().contains(&run),
+                "{}",
+                r.text()
+            );
+        }
+        assert_eq!(w.runs().await, round);
+        // Closed, so the next round may start one.
+        assert!(
+            w.app
+                .db
+                .move_fleet_run(
+                    &run,
+                    byo_wire::states::FleetRunState::Running,
+                    byo_wire::states::FleetRunState::Closed,
+                    None,
+                    w.clock.now(),
+                )
+                .await
+                .unwrap()
+        );
+    }
+}
+
 /// J note 9: refused with nothing started — a build nobody published, a build the
 /// installer does not serve for a host's arch, a second run while one is open, a resume
 /// with none open or of another build, a report a host's state does not allow, anyone but
@@ -897,5 +997,7 @@ with_world!(
     j_a_server_without_a_release_key_publishes_nothing,
     j9_a_fleet_upgrade_goes_in_waves_judged_by_heartbeats,
     j9_the_first_failure_halts_and_a_resume_picks_it_up,
+    j9_a_host_that_became_busy_since_the_plan_is_skipped_at_its_wave,
+    j9_starts_that_race_open_one_run_and_every_loser_is_told_which,
     j9_a_fleet_upgrade_is_refused_with_nothing_started,
 );

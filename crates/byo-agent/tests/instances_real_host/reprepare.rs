@@ -67,7 +67,21 @@ fn serving_untouched(w: &World, before: &str) {
     // Its answer in full when it is not a 200: once (stop 31) a 500 came right after a run
     // whose ten polls were all 200, and did not come again on a rerun.
     let (status, body) = w.api("GET", "/v1/vms", None);
-    assert_eq!(status, 200, "serving answers: {body}");
+    assert_eq!(
+        status,
+        200,
+        "serving answers: {body}\n{}",
+        lxd_and_serving(w)
+    );
+}
+
+/// LXD's and serving's journals this boot, for a VM API answer that is not a 200: whether
+/// LXD was restarting then is the diagnosis.
+fn lxd_and_serving(w: &World) -> String {
+    w.host.sh_ok(
+        "date '+now %s.%N %FT%T.%N'; journalctl -b -u lxd.service -u lxd.socket -u enverge-agent.service \
+         -o short-iso-precise --no-pager | tail -n 80; tail -n 30 /var/log/lxd/lxd.log",
+    )
 }
 
 /// The run as docs/upgrades.md tells the operator to start it: detached under systemd, so a
@@ -142,7 +156,7 @@ pub fn l_prepare_again_on_an_idle_host_checks_every_step_and_serving_keeps_answe
             while !stop.load(Ordering::Relaxed) {
                 // The body too when it is not a 200: what serving said is the diagnosis.
                 let (status, body) = w.api("GET", "/v1/vms", None);
-                let said = (status != 200).then_some(body);
+                let said = (status != 200).then(|| (std::time::SystemTime::now(), body));
                 polls.push((Instant::now(), status, said));
             }
             polls
@@ -166,7 +180,8 @@ pub fn l_prepare_again_on_an_idle_host_checks_every_step_and_serving_keeps_answe
     let failed: Vec<_> = polls.iter().filter(|(_, s, _)| *s != 200).collect();
     assert!(
         failed.is_empty(),
-        "serving did not answer during the run: {failed:?}"
+        "serving did not answer during the run: {failed:?}\n{}",
+        lxd_and_serving(w)
     );
     let longest = polls
         .windows(2)

@@ -14,7 +14,7 @@ use crate::metrics::OutcomeLabels;
 use crate::state::AppState;
 
 pub const MIN_PASSWORD_CHARS: usize = 12;
-const MAX_PASSWORD_BYTES: usize = 1024;
+const MAX_PASSWORD_BYTES: usize = byo_wire::limits::PASSWORD;
 
 /// Lower-case and check an email address; the error says what is wrong with it.
 pub fn normalize_email(raw: &str) -> AppResult<String> {
@@ -382,5 +382,38 @@ mod tests {
         assert!(n("bell\u{7}").is_err());
         assert!(n(&"é".repeat(100)).is_ok());
         assert!(n(&"é".repeat(101)).is_err());
+    }
+
+    /// The code of a refusal, or "ok".
+    fn verdict(password: &str) -> &'static str {
+        match check_password(password, &[]) {
+            Ok(()) => "ok",
+            Err(AppError::BadRequest { code, .. }) => code,
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_bounds_are_inclusive_twelve_characters_1024_bytes_and_a_score_of_three() {
+        // Characters, not bytes: eleven of them in twelve bytes is short.
+        assert_eq!(verdict("plum kettle1"), "ok");
+        assert!(
+            check_password("plum kettl\u{e9}", &[])
+                .unwrap_err()
+                .to_string()
+                .contains("at least 12 characters")
+        );
+        // A long password that is not guessable: up to the byte limit, not one past it.
+        let long: String = (0..MAX_PASSWORD_BYTES as u32)
+            .map(|i| char::from(b'!' + ((i * 37 + i / 7) % 90) as u8))
+            .collect();
+        assert_eq!(verdict(&long), "ok");
+        assert_eq!(verdict(&format!("{long}x")), "invalid_password");
+        // zxcvbn's 3 exactly passes.
+        assert_eq!(
+            zxcvbn::zxcvbn("winterGarden42", &[]).score(),
+            MIN_PASSWORD_SCORE
+        );
+        assert_eq!(verdict("winterGarden42"), "ok");
     }
 }

@@ -170,3 +170,195 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use byo_db::Json;
+    use byo_wire::states::{KeyListState, VmStatus};
+    use chrono::TimeDelta;
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    fn at(minutes: i64) -> DateTime<Utc> {
+        DateTime::UNIX_EPOCH + TimeDelta::days(20_000) + TimeDelta::minutes(minutes)
+    }
+
+    fn host(prepared: bool) -> HostRow {
+        HostRow {
+            id: "h1".into(),
+            slug: "spark-1".into(),
+            owner_sub: "owner".into(),
+            profile_id: "gb10".into(),
+            gpu_type: "gb10".into(),
+            active: true,
+            dedicated: false,
+            dedicated_to: None,
+            placement: None,
+            prepare_state: None,
+            prepared_at: prepared.then(|| at(0)),
+            pubkey: None,
+            lockout_owner: true,
+            relay_name: None,
+            relay_ip: None,
+            created_at: at(0),
+            activated_at: None,
+            retired_at: None,
+        }
+    }
+
+    fn status(seen_at: DateTime<Utc>, details: Value) -> HostStatusRow {
+        HostStatusRow {
+            host_id: "h1".into(),
+            seen_at,
+            agent_version: None,
+            lxd: None,
+            relay: None,
+            tunnel: None,
+            gpu: None,
+            storage: None,
+            instances: None,
+            details: Json(details),
+        }
+    }
+
+    fn push(version: Option<i32>) -> HostKeyPushRow {
+        HostKeyPushRow {
+            host_id: "h1".into(),
+            slug: "spark-1".into(),
+            version,
+            attempted_at: None,
+            error: None,
+        }
+    }
+
+    fn published(version: i32) -> KeyListRow {
+        KeyListRow {
+            version,
+            state: KeyListState::Published,
+            // Not a key list: no "expiring" problem to read past.
+            body: String::new(),
+            envelope: None,
+            created_at: at(0),
+            created_by: None,
+            published_at: None,
+            published_by: None,
+        }
+    }
+
+    /// The judge's problems for one host at minute 12, heard from since minute 10.
+    fn judged(
+        host: &HostRow,
+        status: Option<&HostStatusRow>,
+        push: Option<&HostKeyPushRow>,
+        published: Option<&KeyListRow>,
+        vms: &[VmRow],
+    ) -> Vec<Problem> {
+        let seen = Seen {
+            host,
+            status,
+            heard_since: at(10),
+            push,
+            published,
+            vms,
+            bench: None,
+        };
+        problems(&seen, at(12))
+    }
+
+    fn names(
+        host: &HostRow,
+        status: Option<&HostStatusRow>,
+        push: Option<&HostKeyPushRow>,
+        published: Option<&KeyListRow>,
+    ) -> Vec<&'static str> {
+        judged(host, status, push, published, &[])
+            .iter()
+            .map(|p| p.name)
+            .collect()
+    }
+
+    #[test]
+    fn a_serving_host_never_heard_from_is_unreachable_and_one_still_preparing_is_not() {
+        assert_eq!(names(&host(true), None, None, None), ["agent unreachable"]);
+        assert!(names(&host(false), None, None, None).is_empty());
+    }
+
+    #[test]
+    fn a_heartbeat_at_the_oldest_allowed_instant_is_in_time_and_one_before_it_is_not() {
+        let h = host(true);
+        assert!(names(&h, Some(&status(at(10), json!({}))), None, None).is_empty());
+        let late = status(at(10) - TimeDelta::seconds(1), json!({}));
+        assert_eq!(names(&h, Some(&late), None, None), ["agent unreachable"]);
+    }
+
+    #[test]
+    fn a_relay_map_the_agent_could_not_read_is_drift_by_its_own_words() {
+        let s = status(at(11), json!({"relay_map": "unreachable"}));
+        assert_eq!(
+            judged(&host(true), Some(&s), None, None, &[]),
+            [Problem {
+                name: "relay map drift",
+                detail: "the agent could not read the relay's SSH map".into()
+            }]
+        );
+        let s = status(at(11), json!({"relay_map": "in_sync"}));
+        assert!(names(&host(true), Some(&s), None, None).is_empty());
+    }
+
+    #[test]
+    fn a_serving_host_behind_the_published_list_lags_and_one_at_it_or_preparing_does_not() {
+        let s = status(at(11), json!({}));
+        let (h, list) = (host(true), published(3));
+        assert_eq!(
+            names(&h, Some(&s), Some(&push(Some(2))), Some(&list)),
+            ["key list lagging"]
+        );
+        assert_eq!(
+            names(&h, Some(&s), Some(&push(None)), Some(&list)),
+            ["key list lagging"]
+        );
+        assert!(names(&h, Some(&s), Some(&push(Some(3))), Some(&list)).is_empty());
+        assert!(names(&h, Some(&s), Some(&push(Some(4))), Some(&list)).is_empty());
+        // A host still preparing has not been sent a list yet: nothing lags.
+        assert!(names(&host(false), Some(&s), Some(&push(Some(2))), Some(&list)).is_empty());
+    }
+
+    fn vm(name: &str, delete_requested: bool, deleted: bool) -> VmRow {
+        VmRow {
+            id: name.into(),
+            user_sub: "customer".into(),
+            host_id: Some("h1".into()),
+            name: name.into(),
+            gpu_type: "gb10".into(),
+            ssh_hostname: None,
+            ssh_port: None,
+            status: if deleted {
+                VmStatus::Deleted
+            } else {
+                VmStatus::Running
+            },
+            created_at: at(0),
+            creation_failed_at: None,
+            delete_requested_at: delete_requested.then(|| at(5)),
+            deleted_at: deleted.then(|| at(6)),
+        }
+    }
+
+    #[test]
+    fn only_a_delete_asked_for_and_never_confirmed_is_stuck() {
+        let s = status(at(11), json!({}));
+        let vms = [
+            vm("live", false, false),
+            vm("gone", true, true),
+            vm("stuck", true, false),
+        ];
+        assert_eq!(
+            judged(&host(true), Some(&s), None, None, &vms),
+            [Problem {
+                name: "stuck delete",
+                detail: "stuck was asked to go and the host has not confirmed it".into()
+            }]
+        );
+    }
+}

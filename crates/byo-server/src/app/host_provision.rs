@@ -10,7 +10,6 @@ use base64::engine::general_purpose::STANDARD;
 use byo_core::render::nft::Layout;
 use byo_core::render::relay_bootstrap::Bootstrap;
 use byo_core::tokens::{SecretToken, TokenKind};
-use byo_db::DbError;
 use byo_db::provisioning::{MAX_OUTSTANDING, NewProvision};
 use byo_wire::Role;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
@@ -128,22 +127,20 @@ pub async fn provision(
     let sealed = sealer.seal(&serde_json::to_string(&secrets).expect("secrets serialise"));
     let now = state.clock.now();
     let expires_at = now + chrono::Duration::minutes(TOKEN_MINUTES);
-    let mut attempt = 0;
-    let provisioned = loop {
-        let new = NewProvision {
-            owner_sub: &by.user.sub,
-            profile_id: &profile.id,
-            gpu_type: &profile.gpu_type,
-            token_hash: &token.hash(),
-            token_expires_at: expires_at,
-            ssh_map_token_hash: &ssh_map_token.hash(),
-            sealed_secrets: &sealed,
-        };
-        match state.store.provision_host(new, now).await {
-            Err(DbError::Conflict(_)) if attempt < 5 => attempt += 1,
-            Err(e) if e.is_constraint("allocation_cap") => return Err(allocation_cap()),
-            other => break other?,
-        }
+    let new = NewProvision {
+        owner_sub: &by.user.sub,
+        profile_id: &profile.id,
+        gpu_type: &profile.gpu_type,
+        token_hash: &token.hash(),
+        token_expires_at: expires_at,
+        ssh_map_token_hash: &ssh_map_token.hash(),
+        sealed_secrets: &sealed,
+    };
+    // The slug is taken from a high-water mark inside provision_host's locked transaction,
+    // so two provisions never collide on it; the cap is what a race can refuse.
+    let provisioned = match state.store.provision_host(new, now).await {
+        Err(e) if e.is_constraint("allocation_cap") => return Err(allocation_cap()),
+        other => other?,
     };
     let slug = provisioned.slug.clone();
     // Kept sealed so a dead relay can be replaced by one the host's tunnel trusts (A.3).
@@ -302,5 +299,30 @@ pub async fn relay_provision(state: &AppState, host_id: &str, slug: &str, bootst
     };
     if let Err(e) = recorded {
         tracing::error!(%slug, error = %e, "recording the relay");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b64: &str) -> [u8; 32] {
+        STANDARD
+            .decode(b64)
+            .expect("base64")
+            .try_into()
+            .expect("32 bytes")
+    }
+
+    #[test]
+    fn a_wireguard_keypair_is_a_fresh_private_key_and_its_own_public_key() {
+        let (private, public) = wireguard_keypair();
+        let secret = x25519_dalek::StaticSecret::from(key(&private));
+        assert_eq!(
+            x25519_dalek::PublicKey::from(&secret).as_bytes(),
+            &key(&public)
+        );
+        let (other, _) = wireguard_keypair();
+        assert_ne!(private, other, "each call draws a new key");
     }
 }

@@ -616,3 +616,35 @@ pub async fn owners(state: &AppState, fingerprint: &str) -> AppResult<Vec<KeyOwn
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGXbBkKhxRqtwdtBr1JRFsuK7mWzsKEHvLjOT8tNYKd3";
+
+    fn key_of(text: &str) -> String {
+        split_pasted_key(text)
+            .map(|k| k.key)
+            .unwrap_or_else(|e| panic!("{text:?}: {e}"))
+    }
+
+    #[test]
+    fn a_pasted_line_loses_its_comment_and_its_extra_spaces() {
+        assert_eq!(key_of(&format!("{KEY} ana@laptop")), KEY);
+        let spaced = KEY.replace(' ', "   ");
+        assert_eq!(key_of(&spaced), KEY);
+        assert_eq!(key_of(&format!("  {spaced}  ")), KEY);
+    }
+
+    #[test]
+    fn what_is_not_a_type_and_a_key_is_passed_whole_to_the_lists_own_check() {
+        // One field, or a control character anywhere (the comment too): the list's check
+        // refuses it by name, so it must reach that check as it was pasted.
+        assert_eq!(key_of("AAAAC3NzaC1lZDI1NTE5"), "AAAAC3NzaC1lZDI1NTE5");
+        let bell = format!("{KEY} ana\u{7}laptop");
+        assert_eq!(key_of(&bell), bell);
+        assert!(split_pasted_key(&format!("no-pty {KEY}")).is_err());
+    }
+}
