@@ -516,9 +516,17 @@ fn i_break_glass_reaches_the_hosts_sshd_from_the_relay_with_the_tunnel_down() {
     use byo_core::keylist_testing as keys;
     use byo_core::render::nft::tenants::{self, Tenants};
     let Some(w) = world() else { return };
+    // No cloudflared in the host's namespace. (pgrep would read the whole machine, whose
+    // other suites run cloudflared in their LXD hosts at the same time.)
+    let pids = run(Command::new("ip").args(["netns", "pids", &w.host.name])).stdout;
+    let programs: Vec<String> = String::from_utf8_lossy(&pids)
+        .split_whitespace()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).ok())
+        .map(|comm| comm.trim().to_owned())
+        .collect();
     assert!(
-        !w.host.try_sh("pgrep -x cloudflared").status.success(),
-        "the operator tunnel is down"
+        !programs.is_empty() && !programs.iter().any(|p| p == "cloudflared"),
+        "the operator tunnel is down: the host's namespace runs {programs:?}"
     );
 
     // The operator's key, as the host's signed list renders it into authorized_keys.
