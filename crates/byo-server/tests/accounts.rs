@@ -8,21 +8,10 @@ use byo_wire::Role;
 use serde_json::json;
 use support::{PASSWORD, TestApp};
 
-/// `POST /api/auth/signup` with `email`, `password` and a display name.
-async fn sign_up(app: &TestApp, email: &str, password: &str, name: &str) -> support::Reply {
-    app.request(
-        Method::POST,
-        "/api/auth/signup",
-        None,
-        Some(json!({"email": email, "password": password, "display_name": name})),
-    )
-    .await
-}
-
 /// Sign-up opens no session (it answers alike for a taken address, docs/security.md):
 /// the new account signs in next.
 async fn signup_then_sign_in_and_logout_ends_the_session(app: TestApp) {
-    let reply = sign_up(&app, " Ana@Example.com ", PASSWORD, "Ana").await;
+    let reply = app.sign_up(" Ana@Example.com ", PASSWORD, "Ana").await;
     assert_eq!(reply.status, StatusCode::ACCEPTED, "{}", reply.text());
     assert!(reply.session_cookie().is_none());
     let reply = app
@@ -360,7 +349,7 @@ async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: T
         sign_in("cy@example.com", "wrong").await.status,
         StatusCode::UNAUTHORIZED
     );
-    let r = sign_up(&app, "dee@example.com", PASSWORD, "Dee").await;
+    let r = app.sign_up("dee@example.com", PASSWORD, "Dee").await;
     assert_eq!(
         r.status,
         StatusCode::TOO_MANY_REQUESTS,
@@ -395,7 +384,7 @@ async fn the_longest_password_signs_in_and_one_byte_more_is_refused_as_wrong(app
             char::from(b"abcdefghijklmnopqrstuvwxyz0123456789"[((i * 37 + i / 7) % 36) as usize])
         })
         .collect();
-    let signup = sign_up(&app, "long@example.com", &longest, "Long").await;
+    let signup = app.sign_up("long@example.com", &longest, "Long").await;
     assert_eq!(signup.status, StatusCode::ACCEPTED, "{}", signup.text());
     let form = |password: &str| {
         Request::post("/login")

@@ -650,25 +650,15 @@ async fn i4_answers_carrying_a_secret_are_never_cached(w: World) {
 
 // ---- 5. Accounts ----------------------------------------------------------------------
 
-async fn signup(app: &TestApp, email: &str, password: &str, name: &str) -> support::Reply {
-    app.request(
-        Method::POST,
-        "/api/auth/signup",
-        None,
-        Some(json!({"email": email, "password": password, "display_name": name})),
-    )
-    .await
-}
-
 async fn i5_sign_up_does_not_tell_whether_an_email_has_an_account(w: World) {
-    let fresh = signup(&w.app, "new@example.com", "plum kettle ferry orbit", "").await;
-    let taken = signup(
-        &w.app,
-        "customer@example.com",
-        "plum kettle ferry orbit",
-        "",
-    )
-    .await;
+    let fresh = w
+        .app
+        .sign_up("new@example.com", "plum kettle ferry orbit", "")
+        .await;
+    let taken = w
+        .app
+        .sign_up("customer@example.com", "plum kettle ferry orbit", "")
+        .await;
     assert_eq!(fresh.status, StatusCode::ACCEPTED, "{}", fresh.text());
     assert_eq!((fresh.status, fresh.json()), (taken.status, taken.json()));
     assert!(fresh.session_cookie().is_none() && taken.session_cookie().is_none());
@@ -727,7 +717,7 @@ async fn i5_common_and_trivial_passwords_are_refused(w: World) {
         "            ",
         "weak@example.com1",
     ] {
-        let r = signup(&w.app, "weak@example.com", weak, "").await;
+        let r = w.app.sign_up("weak@example.com", weak, "").await;
         assert_eq!(
             (r.status, r.json()["error"].as_str()),
             (StatusCode::BAD_REQUEST, Some("weak_password")),
@@ -745,21 +735,23 @@ async fn i5_common_and_trivial_passwords_are_refused(w: World) {
 }
 
 async fn i5_names_are_normalised_and_cannot_pose_as_another(w: World) {
-    let r = signup(
-        &w.app,
-        "a@example.com",
-        "plum kettle ferry orbit",
-        "Admin\u{200B}istrator",
-    )
-    .await;
+    let r = w
+        .app
+        .sign_up(
+            "a@example.com",
+            "plum kettle ferry orbit",
+            "Admin\u{200B}istrator",
+        )
+        .await;
     assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
-    let r = signup(
-        &w.app,
-        "b@example.com",
-        "plum kettle ferry orbit",
-        "\u{202E}Ame\u{301}lie\u{2069}  Ro",
-    )
-    .await;
+    let r = w
+        .app
+        .sign_up(
+            "b@example.com",
+            "plum kettle ferry orbit",
+            "\u{202E}Ame\u{301}lie\u{2069}  Ro",
+        )
+        .await;
     assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
     let user = w
         .app

@@ -145,6 +145,17 @@ pub fn test_config() -> Config {
 }
 
 impl TestApp {
+    /// `POST /api/auth/signup` with an email, a password and a display name.
+    pub async fn sign_up(&self, email: &str, password: &str, name: &str) -> Reply {
+        self.request(
+            axum::http::Method::POST,
+            "/api/auth/signup",
+            None,
+            Some(serde_json::json!({"email": email, "password": password, "display_name": name})),
+        )
+        .await
+    }
+
     pub async fn new(backend: Backend) -> Option<TestApp> {
         Self::with_config(backend, test_config()).await
     }
