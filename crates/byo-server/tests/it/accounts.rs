@@ -377,6 +377,143 @@ async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: T
     assert!(page.text().contains("<h1>"), "{}", page.text());
 }
 
+/// #36.3: the lockout probe. An attacker guessing at ana's password, from one address and
+/// then from many, is backed off; ana, from the address she signed in from before, still
+/// signs in each time, and the attacker's tries open nothing. A source the account was
+/// never signed in from is backed off with the attacker's (the price of the per-account
+/// limit), and another account is untouched.
+async fn a36_3_the_real_user_signs_in_while_an_attacker_keeps_trying(app: TestApp) {
+    use std::net::{IpAddr, Ipv4Addr};
+    let mut config = support::test_config();
+    config.rate_limits = byo_server::config::RateLimitConfig {
+        per_address_per_minute: 1_000,
+        per_account_per_minute: 3,
+    };
+    let backend = app.db.backend();
+    drop(app);
+    let app = TestApp::with_config(backend, config).await.unwrap();
+    app.customer("ana@example.com").await;
+    app.customer("bob@example.com").await;
+    let ip = |last: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 7, last));
+    let sign_in = |from: IpAddr, email: &'static str, password: &'static str| {
+        let app = &app;
+        async move {
+            app.request_from(
+                from,
+                Method::POST,
+                "/api/auth/login",
+                None,
+                Some(json!({"email": email, "password": password})),
+            )
+            .await
+        }
+    };
+    let (ana_home, attacker) = (ip(10), ip(66));
+    let first = sign_in(ana_home, "ana@example.com", PASSWORD).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+
+    // One address: wrong guesses until the account's burst for unknown sources (3, one of
+    // them ana's first sign-in, made before her home address was known) is spent, then 429
+    // and nothing else.
+    for _ in 0..2 {
+        let r = sign_in(attacker, "ana@example.com", "wrong").await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    }
+    let r = sign_in(attacker, "ana@example.com", PASSWORD).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS, "{}", r.text());
+    assert!(r.session_cookie().is_none());
+
+    // Many addresses, one guess each, interleaved with ana's own sign-ins from home (her
+    // own burst there is 3 a minute, the first spent above): every guess is backed off,
+    // every one of hers gets in.
+    for round in 0..2u8 {
+        for n in 0..4u8 {
+            let r = sign_in(ip(100 + round * 4 + n), "ana@example.com", PASSWORD).await;
+            assert_eq!(
+                r.status,
+                StatusCode::TOO_MANY_REQUESTS,
+                "round {round}: {}",
+                r.text()
+            );
+            assert!(r.session_cookie().is_none());
+        }
+        let mine = sign_in(ana_home, "ana@example.com", PASSWORD).await;
+        assert_eq!(
+            mine.status,
+            StatusCode::OK,
+            "round {round}: {}",
+            mine.text()
+        );
+        assert!(mine.session_cookie().is_some());
+    }
+    // Bob, from the attacker's own address, is answered as ever.
+    let bob = sign_in(attacker, "bob@example.com", PASSWORD).await;
+    assert_eq!(bob.status, StatusCode::OK, "{}", bob.text());
+}
+
+/// #36.8: the password change (`PUT /api/me/password`) is one of the doors limited per
+/// address; past the burst the right current password changes nothing.
+async fn a36_8_the_password_change_is_limited_per_address(app: TestApp) {
+    let mut config = support::test_config();
+    config.rate_limits = byo_server::config::RateLimitConfig {
+        per_address_per_minute: 3,
+        per_account_per_minute: 1_000,
+    };
+    let backend = app.db.backend();
+    drop(app);
+    let app = TestApp::with_config(backend, config).await.unwrap();
+    app.customer("ana@example.com").await;
+    let login = app
+        .request(
+            Method::POST,
+            "/api/auth/login",
+            None,
+            Some(json!({"email": "ana@example.com", "password": PASSWORD})),
+        )
+        .await;
+    assert_eq!(login.status, StatusCode::OK, "{}", login.text());
+    let session = login.session_cookie().unwrap();
+    let before = app
+        .db
+        .user_by_email("ana@example.com")
+        .await
+        .unwrap()
+        .unwrap()
+        .password_hash;
+    let change = |current: &'static str| {
+        let (app, session) = (&app, &session);
+        async move {
+            app.request(
+                Method::PUT,
+                "/api/me/password",
+                Some(session),
+                Some(json!({"current_password": current,
+                            "new_password": "an entirely new passphrase 42"})),
+            )
+            .await
+        }
+    };
+    for _ in 0..2 {
+        let r = change("wrong").await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+    }
+    let limited = change(PASSWORD).await;
+    assert_eq!(
+        limited.status,
+        StatusCode::TOO_MANY_REQUESTS,
+        "{}",
+        limited.text()
+    );
+    let after = app
+        .db
+        .user_by_email("ana@example.com")
+        .await
+        .unwrap()
+        .unwrap()
+        .password_hash;
+    assert_eq!(before, after, "the refused change changed nothing");
+}
+
 /// The longest password accepted signs in, through the form too; one byte longer is never
 /// hashed and is refused as any wrong password is.
 async fn the_longest_password_signs_in_and_one_byte_more_is_refused_as_wrong(app: TestApp) {
@@ -406,6 +543,8 @@ async fn the_longest_password_signs_in_and_one_byte_more_is_refused_as_wrong(app
 }
 
 on_each_backend!(
+    a36_3_the_real_user_signs_in_while_an_attacker_keeps_trying,
+    a36_8_the_password_change_is_limited_per_address,
     the_longest_password_signs_in_and_one_byte_more_is_refused_as_wrong,
     sign_in_and_sign_up_are_rate_limited_per_account_and_per_address,
     signup_then_sign_in_and_logout_ends_the_session,

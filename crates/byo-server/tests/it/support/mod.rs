@@ -181,6 +181,23 @@ impl TestApp {
         send(&self.router, req).await
     }
 
+    /// [`request`](Self::request) as if it came from `from` (the listener's `ConnectInfo`).
+    pub async fn request_from(
+        &self,
+        from: std::net::IpAddr,
+        method: Method,
+        path: &str,
+        session: Option<&str>,
+        body: Option<serde_json::Value>,
+    ) -> Reply {
+        let mut req = json_request(method, path, session, body);
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::new(
+                from, 40_000,
+            )));
+        send(&self.router, req).await
+    }
+
     pub async fn get(&self, path: &str, session: Option<&str>) -> Reply {
         self.request(Method::GET, path, session, None).await
     }
