@@ -294,18 +294,24 @@ async fn pages_sign_in_show_the_home_and_list_users(app: TestApp) {
     );
 }
 
+/// `app`'s database again, under rate limits of its own: `per_address` and `per_account` a
+/// minute (the other tests sign in far more often than a person).
+async fn with_rate_limits(app: TestApp, per_address: u32, per_account: u32) -> TestApp {
+    let mut config = support::test_config();
+    config.rate_limits = byo_server::config::RateLimitConfig {
+        per_address_per_minute: per_address,
+        per_account_per_minute: per_account,
+    };
+    let backend = app.db.backend();
+    drop(app);
+    TestApp::with_config(backend, config).await.unwrap()
+}
+
 /// #16: sign-in is limited per account and per address, with Retry-After as the backoff;
 /// past a limit nothing happens — the right password opens no session — while another
 /// account from elsewhere is still answered.
 async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: TestApp) {
-    let mut config = support::test_config();
-    config.rate_limits = byo_server::config::RateLimitConfig {
-        per_address_per_minute: 6,
-        per_account_per_minute: 3,
-    };
-    let backend = app.db.backend();
-    drop(app);
-    let app = TestApp::with_config(backend, config).await.unwrap();
+    let app = with_rate_limits(app, 6, 3).await;
     app.customer("ana@example.com").await;
     let sign_in = |email: &'static str, password: &'static str| {
         let app = &app;
@@ -384,14 +390,7 @@ async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: T
 /// limit), and another account is untouched.
 async fn a36_3_the_real_user_signs_in_while_an_attacker_keeps_trying(app: TestApp) {
     use std::net::{IpAddr, Ipv4Addr};
-    let mut config = support::test_config();
-    config.rate_limits = byo_server::config::RateLimitConfig {
-        per_address_per_minute: 1_000,
-        per_account_per_minute: 3,
-    };
-    let backend = app.db.backend();
-    drop(app);
-    let app = TestApp::with_config(backend, config).await.unwrap();
+    let app = with_rate_limits(app, 1_000, 3).await;
     app.customer("ana@example.com").await;
     app.customer("bob@example.com").await;
     let ip = |last: u8| IpAddr::V4(Ipv4Addr::new(127, 0, 7, last));
@@ -454,14 +453,7 @@ async fn a36_3_the_real_user_signs_in_while_an_attacker_keeps_trying(app: TestAp
 /// #36.8: the password change (`PUT /api/me/password`) is one of the doors limited per
 /// address; past the burst the right current password changes nothing.
 async fn a36_8_the_password_change_is_limited_per_address(app: TestApp) {
-    let mut config = support::test_config();
-    config.rate_limits = byo_server::config::RateLimitConfig {
-        per_address_per_minute: 3,
-        per_account_per_minute: 1_000,
-    };
-    let backend = app.db.backend();
-    drop(app);
-    let app = TestApp::with_config(backend, config).await.unwrap();
+    let app = with_rate_limits(app, 3, 1_000).await;
     app.customer("ana@example.com").await;
     let login = app
         .request(
