@@ -32,9 +32,11 @@ case "$flavour" in
     ns=$(sed -n 's/^nameserver //p' /etc/resolv.conf | head -n 1)
     # Any HTTP answer proves the way out and back (busybox wget's --header crashes). A
     # bridge that has just come up may drop the first packets, and a busy uplink the odd
-    # connection: five tries.
+    # connection: eight tries, about half a minute between the first and the last even when
+    # each is refused at once (five within ten seconds once failed a test host whose
+    # uplink was busy with another host's installs).
     addr="" status=""
-    for try in 1 2 3 4 5; do
+    for try in 1 2 3 4 5 6 7 8; do
       [ -n "$addr" ] ||
         addr=$(nslookup deb.debian.org "$ns" 2>/dev/null | sed -n 's/^Address: *\([0-9.]*\)$/\1/p' | head -n 1)
       if [ -n "$addr" ]; then
@@ -44,7 +46,7 @@ case "$flavour" in
       case "$status" in
         HTTP/*) break ;;
       esac
-      [ "$try" -eq 5 ] || sleep "$try"
+      [ "$try" -eq 8 ] || sleep "$try"
     done
     if [ -z "$addr" ]; then
       say "no egress: could not resolve deb.debian.org through ${ns:-no nameserver}"

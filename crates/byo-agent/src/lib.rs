@@ -4,7 +4,7 @@
 //! keys) and `enverge-agent-rollback`.
 //!
 //! It must stay small: it may link `byo-wire` and `byo-core`, and never the server's
-//! dependencies (no database driver, no password hashing, no templates); `crates/byo/tests/architecture.rs`
+//! dependencies (no database driver, no password hashing, no templates); `crates/byo/tests/it/architecture.rs`
 //! enforces it. Enrolment, preparation and the serving API arrive with their issues.
 
 pub mod cable;

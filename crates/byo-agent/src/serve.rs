@@ -322,6 +322,20 @@ async fn post_host_reboot(State(state): State<Serving>, headers: HeaderMap) -> R
     }
 }
 
+/// Every route's first check, before its body is read (issue #36.5): a caller without the
+/// token costs the agent one header, not a body it would wait for. The handlers check it
+/// again through their gates.
+async fn token_first(
+    State(state): State<Serving>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !authorised(&state, request.headers()) {
+        return Gate::Unauthorized.into_response();
+    }
+    next.run(request).await
+}
+
 pub fn router(state: Serving) -> Router {
     Router::new()
         .route("/v1/operator-keys", put(put_operator_keys))
@@ -329,6 +343,10 @@ pub fn router(state: Serving) -> Router {
         .route("/v1/vms/{name}", delete(delete_vm))
         .route("/v1/vms/{name}/state", post(post_vm_state))
         .route("/v1/host/reboot", post(post_host_reboot))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            token_first,
+        ))
         .layer(DefaultBodyLimit::max(MAX_ENVELOPE_BYTES))
         .with_state(state)
 }

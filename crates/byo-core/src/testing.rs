@@ -56,7 +56,7 @@ mod tests {
     }
 }
 
-/// The fuzz targets' shared driver (bolero under `cargo test`, `tests/fuzz.rs` of byo-core
+/// The fuzz targets' shared driver (bolero under `cargo test`, `tests/it/fuzz.rs` of byo-core
 /// and byo-relay): the corpus kept in the repository and how a random input is made of it.
 pub mod fuzz {
     /// The corpus examples of `target` under `<manifest_dir>/tests/__fuzz__/fuzz__<target>/corpus`.

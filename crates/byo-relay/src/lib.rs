@@ -3,7 +3,7 @@
 //! their container through WireGuard. The script a new relay runs at first boot is rendered
 //! by the server (`byo_core::render::relay_bootstrap`) with this relay's keys and tokens.
 //!
-//! Like the agent it never links the server's dependencies (`crates/byo/tests/architecture.rs`).
+//! Like the agent it never links the server's dependencies (`crates/byo/tests/it/architecture.rs`).
 
 pub mod mapd;
 pub mod nft;

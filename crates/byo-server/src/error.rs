@@ -145,6 +145,18 @@ impl AppError {
     }
 }
 
+impl From<crate::password::PasswordError> for AppError {
+    fn from(e: crate::password::PasswordError) -> Self {
+        match e {
+            // The argon2 queue is full: shed the load, the client retries in a moment.
+            crate::password::PasswordError::Busy => AppError::TooManyRequests {
+                retry_after_secs: 1,
+            },
+            crate::password::PasswordError::Failed(e) => AppError::Internal(e),
+        }
+    }
+}
+
 impl From<DbError> for AppError {
     fn from(e: DbError) -> Self {
         match e {

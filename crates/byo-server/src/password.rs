@@ -1,7 +1,10 @@
 //! Argon2id password hashes (PHC strings). Hashing is CPU-bound, so it runs on the
 //! blocking pool rather than stalling the async workers — and at most [`MAX_CONCURRENT`]
 //! at once: each hash holds `memory_kib` of memory, so a few hundred parallel sign-ins
-//! would otherwise exhaust it (#16). The rest wait their turn.
+//! would otherwise exhaust it (#16). At most [`MAX_WAITING`] more wait their turn; past
+//! that the answer is [`PasswordError::Busy`] at once (429 with `Retry-After`), so a flood
+//! of sign-ins from many addresses sheds load instead of making every real sign-in wait
+//! behind it (issue #36: a real sign-in took 4.7 s under one).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -15,11 +18,26 @@ use crate::config::PasswordHashing;
 
 /// How many hashes or verifications run at once, whatever the load.
 pub const MAX_CONCURRENT: usize = 4;
+/// How many more may wait for a turn before the next is turned away.
+pub const MAX_WAITING: usize = 32;
+
+/// Why a hash or a verification did not run.
+#[derive(Debug, thiserror::Error)]
+pub enum PasswordError {
+    /// [`MAX_WAITING`] already wait: try again shortly.
+    #[error("too many password checks are waiting")]
+    Busy,
+    #[error(transparent)]
+    Failed(#[from] anyhow::Error),
+}
 
 #[derive(Clone)]
 pub struct Passwords {
     params: PasswordHashing,
     turns: Arc<tokio::sync::Semaphore>,
+    /// Callers waiting for a turn now, and how many may.
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
     /// The most hashes ever seen running at once (measured inside the blocking task).
     peak: Arc<Counter>,
     /// A hash of nothing anyone knows, verified against when the email is unknown so an
@@ -29,9 +47,15 @@ pub struct Passwords {
 
 impl Passwords {
     pub fn new(params: PasswordHashing) -> Self {
+        Self::with_waiting(params, MAX_WAITING)
+    }
+
+    fn with_waiting(params: PasswordHashing, max_waiting: usize) -> Self {
         Passwords {
             params,
             turns: Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT)),
+            waiting: Arc::new(AtomicUsize::new(0)),
+            max_waiting,
             peak: Arc::new(Counter::default()),
             decoy: Arc::new(OnceLock::new()),
         }
@@ -61,30 +85,44 @@ impl Passwords {
         self.peak.peak.load(Ordering::Relaxed)
     }
 
-    pub async fn hash(&self, password: String) -> anyhow::Result<String> {
+    /// A turn to hash: at once if one is free, after a wait if fewer than `max_waiting`
+    /// already wait, or [`PasswordError::Busy`].
+    async fn turn(&self) -> Result<tokio::sync::SemaphorePermit<'_>, PasswordError> {
+        if let Ok(turn) = self.turns.try_acquire() {
+            return Ok(turn);
+        }
+        let ahead = self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _queued = Waiting(&self.waiting);
+        if ahead >= self.max_waiting {
+            return Err(PasswordError::Busy);
+        }
+        Ok(self.turns.acquire().await.context("password hashing")?)
+    }
+
+    pub async fn hash(&self, password: String) -> Result<String, PasswordError> {
         let params = self.params;
-        let _turn = self.turns.acquire().await.context("password hashing")?;
+        let _turn = self.turn().await?;
         let peak = self.peak.clone();
-        tokio::task::spawn_blocking(move || {
+        Ok(tokio::task::spawn_blocking(move || {
             let _running = peak.enter();
             Self::hash_blocking(params, &password)
         })
         .await
-        .context("password hashing task")?
+        .context("password hashing task")??)
     }
 
     /// Check `password` against a stored hash, or against the decoy when there is none.
     /// Returns true only for a stored hash that matches.
-    pub async fn verify(&self, stored: Option<String>, password: String) -> anyhow::Result<bool> {
+    pub async fn verify(
+        &self,
+        stored: Option<String>,
+        password: String,
+    ) -> Result<bool, PasswordError> {
         let params = self.params;
         let decoy = self.decoy.clone();
-        let _turn = self
-            .turns
-            .acquire()
-            .await
-            .context("password verification")?;
+        let _turn = self.turn().await?;
         let peak = self.peak.clone();
-        tokio::task::spawn_blocking(move || {
+        let verdict = tokio::task::spawn_blocking(move || {
             let _running = peak.enter();
             let known = stored.is_some();
             let phc = match stored {
@@ -103,10 +141,20 @@ impl Passwords {
             let ok = Argon2::default()
                 .verify_password(password.as_bytes(), &parsed)
                 .is_ok();
-            Ok(known && ok)
+            anyhow::Ok(known && ok)
         })
         .await
-        .context("password verification task")?
+        .context("password verification task")??;
+        Ok(verdict)
+    }
+}
+
+/// One caller counted as waiting while it is held.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
@@ -174,7 +222,7 @@ mod tests {
             iterations: 2,
             parallelism: 1,
         });
-        let all: Vec<_> = (0..48)
+        let all: Vec<_> = (0..MAX_CONCURRENT + MAX_WAITING)
             .map(|i| {
                 let p = p.clone();
                 tokio::spawn(async move { p.verify(None, format!("guess {i}")).await })
@@ -188,5 +236,45 @@ mod tests {
             "peak {}",
             p.peak()
         );
+    }
+
+    /// #36: past MAX_CONCURRENT running and `max_waiting` waiting, a caller is turned away
+    /// at once (Busy) rather than queued; those admitted all finish, and once the flood has
+    /// drained a check runs again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn a_flood_past_the_queue_is_turned_away_at_once() {
+        let p = Passwords::with_waiting(
+            PasswordHashing {
+                memory_kib: 8192,
+                iterations: 4,
+                parallelism: 1,
+            },
+            3,
+        );
+        let all: Vec<_> = (0..40)
+            .map(|i| {
+                let p = p.clone();
+                tokio::spawn(async move { p.verify(None, format!("guess {i}")).await })
+            })
+            .collect();
+        let (mut busy, mut checked) = (0, 0);
+        for h in all {
+            match h.await.unwrap() {
+                Err(PasswordError::Busy) => busy += 1,
+                Ok(false) => checked += 1,
+                other => panic!("{other:?}"),
+            }
+        }
+        assert!(checked >= MAX_CONCURRENT, "{checked} checked");
+        assert!(
+            busy > 0 && busy + checked == 40,
+            "{busy} busy, {checked} checked"
+        );
+        assert_eq!(
+            p.waiting.load(Ordering::SeqCst),
+            0,
+            "every waiter left the count"
+        );
+        assert!(!p.verify(None, "after".into()).await.unwrap());
     }
 }

@@ -168,7 +168,7 @@ mod tests {
     }
 
     /// The skeleton's every line is compared with what the kernel lists in
-    /// `byo-relay/tests/ssh_path.rs`; here, that it is our one table with the host and
+    /// `byo-relay/tests/it/ssh_path.rs`; here, that it is our one table with the host and
     /// tunnel filled in.
     #[test]
     fn the_skeleton_is_our_table_for_this_host_and_tunnel() {

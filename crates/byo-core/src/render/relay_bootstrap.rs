@@ -233,7 +233,7 @@ mod value_tests {
     use super::*;
 
     /// What may be rendered into the script: the whole refusal suite (each field of a
-    /// `Bootstrap`, through `script()`) is `byo-relay/tests/bootstrap.rs`; here, the rule.
+    /// `Bootstrap`, through `script()`) is `byo-relay/tests/it/bootstrap.rs`; here, the rule.
     #[test]
     fn only_plain_values_are_rendered() {
         assert!(safe("spark-7.relay.example.com", "name", ".-").is_ok());

@@ -1,6 +1,8 @@
 //! Local accounts: the rules for emails and passwords, signing up and in, changing a
 //! password, and the first superadmin.
 
+use std::net::IpAddr;
+
 use axum_extra::extract::cookie::Cookie;
 use byo_db::DbError;
 use byo_db::users::{NewUser, UserRow};
@@ -245,12 +247,22 @@ pub async fn open_session(
 
 /// Sign in with email and password. Unknown emails, wrong passwords and disabled
 /// accounts get the same answer, in the same time.
-pub async fn password_sign_in(state: &AppState, email: &str, password: &str) -> AppResult<UserRow> {
+///
+/// `source` is the address it came from (`rate_limit::Source`): the limits are per account
+/// and source, and per account only for sources it has not signed in from lately, so
+/// nobody elsewhere can lock the account's owner out (issue #36).
+pub async fn password_sign_in(
+    state: &AppState,
+    email: &str,
+    password: &str,
+    source: IpAddr,
+) -> AppResult<UserRow> {
     let Ok(email) = normalize_email(email) else {
         return Err(AppError::InvalidCredentials);
     };
-    // Per account, whichever address it comes from: no hash runs past the limit.
-    state.rate_limits.account(&email)?;
+    // No hash runs past the limit.
+    let now = state.clock.now();
+    state.rate_limits.account(&email, source, now)?;
     // No password longer than any we accept is hashed (the sign-in form is not the API's
     // extractor): it cannot be anyone's.
     if password.len() > MAX_PASSWORD_BYTES {
@@ -274,7 +286,11 @@ pub async fn password_sign_in(state: &AppState, email: &str, password: &str) -> 
         .get_or_create(&OutcomeLabels { outcome })
         .inc();
     match user {
-        Some(u) if outcome == "success" => Ok(u),
+        Some(u) if outcome == "success" => {
+            state.rate_limits.signed_in(&email, source, now);
+            state.rate_limits.signed_in(&u.sub, source, now);
+            Ok(u)
+        }
         _ => {
             tracing::info!(outcome, "sign-in refused");
             Err(AppError::InvalidCredentials)
@@ -286,10 +302,13 @@ pub async fn password_sign_in(state: &AppState, email: &str, password: &str) -> 
 pub async fn change_password(
     state: &AppState,
     user: &UserRow,
+    source: IpAddr,
     current_password: String,
     new_password: String,
 ) -> AppResult<Cookie<'static>> {
-    state.rate_limits.account(&user.sub)?;
+    state
+        .rate_limits
+        .account(&user.sub, source, state.clock.now())?;
     let ok = state
         .passwords
         .verify(Some(user.password_hash.clone()), current_password)

@@ -58,7 +58,7 @@ pub fn registry() -> Vec<Job> {
         Job::new("reap", crate::REAP_EVERY, |state| {
             Box::pin(async move {
                 // Now and then: forget rate-limit keys back to a full burst.
-                state.rate_limits.tidy();
+                state.rate_limits.tidy(state.clock.now());
                 let r = super::reap::reap_once(state).await?;
                 Ok(format!("released {}, failed {}", r.released, r.failed))
             })

@@ -195,10 +195,11 @@ pub async fn list(state: &AppState) -> AppResult<Vec<ReleaseView>> {
 }
 
 /// What the installer's path serves for one of `byo-agent-<arch>`, `.sha256`, `.sig`
-/// when a build of that arch is published: the newest one's bytes, digest line or
-/// signature. `None` when none is published for the arch (the release directory's own
-/// files are served then, as before releases were rows).
-pub async fn served_file(state: &AppState, file: &str) -> AppResult<Option<Vec<u8>>> {
+/// when a build of that arch is published: the newest one's build file (streamed from
+/// disk by the page, never read whole: issue #36.4), digest line or signature. `None` when
+/// none is published for the arch (the release directory's own files are served then, as
+/// before releases were rows).
+pub async fn served_file(state: &AppState, file: &str) -> AppResult<Option<Served>> {
     let Some(rest) = file.strip_prefix("byo-agent-") else {
         return Ok(None);
     };
@@ -219,18 +220,19 @@ pub async fn served_file(state: &AppState, file: &str) -> AppResult<Option<Vec<u
         return Ok(None);
     };
     Ok(Some(match part {
-        Part::Digest => format!("{}  byo-agent-{arch}\n", row.sha256).into_bytes(),
-        Part::Signature => row.signature.into_bytes(),
-        Part::Build => tokio::fs::read(build_path(dir, &row.sha256))
-            .await
-            .map_err(|e| {
-                AppError::Internal(anyhow::anyhow!(
-                    "published build {} is missing from {}: {e}",
-                    row.sha256,
-                    dir.display()
-                ))
-            })?,
+        Part::Digest => Served::Bytes(format!("{}  byo-agent-{arch}\n", row.sha256).into_bytes()),
+        Part::Signature => Served::Bytes(row.signature.into_bytes()),
+        Part::Build => Served::File(build_path(dir, &row.sha256)),
     }))
+}
+
+/// One of a published release's files, as [`served_file`] finds it.
+#[derive(Debug)]
+pub enum Served {
+    /// A short text: the digest line or the signature.
+    Bytes(Vec<u8>),
+    /// The build itself, on disk in the release directory.
+    File(PathBuf),
 }
 
 enum Part {

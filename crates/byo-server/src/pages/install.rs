@@ -335,13 +335,55 @@ pub async fn install_sh(State(state): State<AppState>) -> Response {
 /// When a build of the arch is published (`agent_releases`), the newest one is served
 /// (`crate::app::releases::served_file`); otherwise the release directory's own files.
 pub async fn agent_file(State(state): State<AppState>, Path(file): Path<String>) -> Response {
+    use crate::app::releases::Served;
     match crate::app::releases::served_file(&state, &file).await {
-        Ok(Some(bytes)) => {
+        Ok(Some(Served::Bytes(bytes))) => {
             ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response()
         }
+        Ok(Some(Served::File(path))) => match stream_file(&path).await {
+            Ok(response) => response,
+            Err(e) => crate::error::AppError::Internal(anyhow::anyhow!(
+                "published build {} is missing: {e}",
+                path.display()
+            ))
+            .into_response(),
+        },
         Ok(None) => release_file(&state, "byo-agent-", &file, "no such agent build").await,
         Err(e) => e.into_response(),
     }
+}
+
+/// How much of a build one response holds at a time.
+const CHUNK: usize = 64 * 1024;
+
+/// `path` as the body, read a chunk at a time as the client takes it: a build is megabytes,
+/// and a client that never reads must not keep a copy of it in memory (issue #36.4: 20 such
+/// readers took the server from 68 to 231 MB when each response held the whole file).
+async fn stream_file(path: &std::path::Path) -> std::io::Result<Response> {
+    use tokio::io::AsyncReadExt;
+    let file = tokio::fs::File::open(path).await?;
+    let meta = file.metadata().await?;
+    if !meta.is_file() {
+        return Err(std::io::ErrorKind::NotFound.into());
+    }
+    let len = meta.len();
+    let chunks = futures::stream::try_unfold(file, |mut file| async move {
+        let mut chunk = vec![0u8; CHUNK];
+        let n = file.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        chunk.truncate(n);
+        Ok::<_, std::io::Error>(Some((chunk, file)))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/octet-stream".to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        axum::body::Body::from_stream(chunks),
+    )
+        .into_response())
 }
 
 /// A relay daemon build from the release directory (`byo-relay-<arch>`), which a relay's
@@ -379,8 +421,8 @@ async fn release_file(
     let Some(dir) = state.config.release_dir.as_ref().filter(|_| allowed) else {
         return (StatusCode::NOT_FOUND, missing).into_response();
     };
-    match tokio::fs::read(dir.join(file)).await {
-        Ok(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response(),
+    match stream_file(&dir.join(file)).await {
+        Ok(response) => response,
         Err(_) => (StatusCode::NOT_FOUND, missing).into_response(),
     }
 }

@@ -307,10 +307,11 @@ async fn login_page(viewer: Option<CurrentUser>) -> Response {
 
 async fn login_submit(
     State(state): State<AppState>,
+    crate::rate_limit::Source(source): crate::rate_limit::Source,
     jar: CookieJar,
     Form(form): Form<LoginForm>,
 ) -> PageResult {
-    match password_sign_in(&state, &form.email, &form.password).await {
+    match password_sign_in(&state, &form.email, &form.password, source).await {
         Ok(user) => {
             let cookie = open_session(&state, &user, "user.login").await?;
             Ok((jar.add(cookie), Redirect::to("/")).into_response())

@@ -12,6 +12,7 @@ use crate::auth::CurrentUser;
 use crate::auth::session::end_session;
 use crate::error::AppResult;
 use crate::extract::Checked;
+use crate::rate_limit::Source;
 use crate::state::AppState;
 
 /// Create an account (when sign-up is open). The answer is the same whether the address
@@ -36,10 +37,11 @@ pub async fn signup(
     responses((status = 200, body = UserView), (status = 401, body = ErrorBody)))]
 pub async fn login(
     State(state): State<AppState>,
+    Source(source): Source,
     jar: CookieJar,
     Checked(req): Checked<LoginRequest>,
 ) -> AppResult<(CookieJar, Json<UserView>)> {
-    let user = accounts::password_sign_in(&state, &req.email, &req.password).await?;
+    let user = accounts::password_sign_in(&state, &req.email, &req.password, source).await?;
     let cookie = accounts::open_session(&state, &user, "user.login").await?;
     Ok((jar.add(cookie), Json(user_view(&state, user).await?)))
 }
@@ -69,11 +71,17 @@ pub async fn me(State(state): State<AppState>, user: CurrentUser) -> AppResult<J
 pub async fn change_password(
     State(state): State<AppState>,
     user: CurrentUser,
+    Source(source): Source,
     jar: CookieJar,
     Checked(req): Checked<PasswordChange>,
 ) -> AppResult<(StatusCode, CookieJar)> {
-    let cookie =
-        accounts::change_password(&state, &user.user, req.current_password, req.new_password)
-            .await?;
+    let cookie = accounts::change_password(
+        &state,
+        &user.user,
+        source,
+        req.current_password,
+        req.new_password,
+    )
+    .await?;
     Ok((StatusCode::NO_CONTENT, jar.add(cookie)))
 }

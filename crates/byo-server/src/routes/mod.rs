@@ -247,12 +247,7 @@ pub async fn limit_by_address(
         .iter()
         .any(|(m, p)| *m == method && *p == path);
     if limited {
-        let address = request
-            .extensions()
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .map_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED), |c| {
-                c.0.ip()
-            });
+        let address = crate::rate_limit::source_of(request.extensions());
         if let Err(e) = state.rate_limits.address(address) {
             tracing::warn!(%address, path, "rate limited");
             return if path.starts_with("/api/") {

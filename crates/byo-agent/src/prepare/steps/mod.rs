@@ -1,7 +1,7 @@
 //! The steps, one file each, and **the registry**: [`registry!`]'s list below is the one
 //! ordered list of steps. Their names ([`STEP_NAMES`]), which of them a satellite runs
 //! ([`Scope`]) and the engine's list ([`all`]) are all derived from it; `docs/prepare.md`'s
-//! table is checked against it (`tests/prepare.rs`).
+//! table is checked against it (`tests/it/prepare.rs`).
 //!
 //! Each step is a check (reads only), an apply, and sometimes a skip with its reason; all of
 //! them act through [`Host`], so the same code prepares node0, a satellite over SSH and the

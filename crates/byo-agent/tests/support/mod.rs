@@ -1,7 +1,0 @@
-pub mod cabled;
-pub mod host_container;
-/// Network namespaces, veths, WireGuard keys: the relay's test support, shared.
-#[path = "../../../byo-relay/tests/support/mod.rs"]
-pub mod kernel;
-pub mod mapd;
-pub mod prepared;

@@ -1,0 +1,997 @@
+//! Billing on Stripe (issue #13, 4) against the fake Stripe (`support/fake_stripe.rs`), on
+//! both databases: the webhook's refusals (bad signature, stale timestamp, replayed event,
+//! unknown booking) each with nothing changed; a paid Checkout writing `paid_at` once; the
+//! live check (E2) allowed and refused; usage from the four timestamps (E1 step 44, G.1,
+//! G.3) with a retried job charging nothing twice; and billing off saying so.
+
+use crate::support;
+use crate::{on_each_backend, with_world};
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use byo_db::Backend;
+use byo_db::vms::NewVm;
+use byo_server::app::billing::{self, BILLING_OFF, Charge};
+use byo_server::clock::Clock;
+use byo_server::providers::stripe::{StripeClient, StripeError};
+use byo_server::{AppState, Config};
+use chrono::{DateTime, TimeDelta, TimeZone, Utc};
+use serde_json::{Value, json};
+use support::fake_stripe::{self, Fault, Shared, WEBHOOK_SECRET};
+use support::{Reply, TestApp, User};
+
+/// An hour costs $1.20.
+const PRICE: u32 = 120;
+
+struct World {
+    app: TestApp,
+    fake: Shared,
+    clock: Clock,
+    customer: User,
+}
+
+fn start() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 1, 22, 0, 0).unwrap()
+}
+
+async fn world(backend: Backend) -> Option<World> {
+    world_at(backend, PRICE).await
+}
+
+/// A world where an hour costs `price` cents.
+async fn world_at(backend: Backend, price: u32) -> Option<World> {
+    let (fake, billing) = fake_stripe::start(price).await;
+    let config = Config {
+        billing: Some(billing),
+        ..support::test_config()
+    };
+    let db = byo_db::testing::fresh(backend).await?;
+    let clock = Clock::manual(start());
+    let state = AppState::new(db.store.clone(), config).with_clock(clock.clone());
+    let router = byo_server::router(state.clone());
+    let app = TestApp { db, state, router };
+    let customer = app.customer("payer@example.com").await;
+    Some(World {
+        app,
+        fake,
+        clock,
+        customer,
+    })
+}
+
+impl World {
+    fn db(&self) -> &byo_db::Store {
+        &self.app.db.store
+    }
+
+    /// Every stored value, sorted: "nothing changed" is this, equal before and after.
+    async fn dump(&self) -> Vec<(String, String, String)> {
+        let mut all: Vec<_> = self
+            .db()
+            .dump_text()
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| (d.table, d.column, d.value))
+            .collect();
+        all.sort();
+        all
+    }
+
+    async fn webhook_raw(&self, signature: Option<&str>, body: &[u8]) -> Reply {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri("/api/stripe/webhook")
+            .header("content-type", "application/json");
+        if let Some(s) = signature {
+            req = req.header("stripe-signature", s);
+        }
+        self.app
+            .send(req.body(Body::from(body.to_vec())).unwrap())
+            .await
+    }
+
+    /// An event signed now, as Stripe sends it.
+    async fn webhook(&self, event: &Value) -> Reply {
+        let body = serde_json::to_vec(event).unwrap();
+        let sig = fake_stripe::signature(WEBHOOK_SECRET, self.clock.now().timestamp(), &body);
+        self.webhook_raw(Some(&sig), &body).await
+    }
+
+    async fn booking(&self, id: &str, owner: &str) {
+        self.db()
+            .execute_unchecked(&format!(
+                "insert into prebookings (id, user_sub, gpu_type, start_date, end_date, created_at)
+                 values ('{id}', '{owner}', 'spark-1', '2026-11-10T00:00:00Z', '2026-11-12T12:00:00Z', '2026-11-01T00:00:00Z')"
+            ))
+            .await
+            .unwrap();
+    }
+
+    async fn paid_at(&self, id: &str) -> Option<DateTime<Utc>> {
+        self.db()
+            .prebooking_for_billing(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .paid_at
+    }
+
+    fn paid_session(&self, booking: &str, user_sub: &str) -> Value {
+        json!({"id": "cs_test_paid", "object": "checkout.session", "mode": "payment",
+               "payment_status": "paid", "status": "complete", "amount_total": 7200,
+               "metadata": {"prebooking_id": booking, "user_sub": user_sub}})
+    }
+
+    /// The customer has a Stripe customer with a card as its default, as a finished setup
+    /// leaves it.
+    async fn chargeable(&self) -> String {
+        // A fresh session: tests move the clock past a session's hour.
+        let session = self.app.session_for(&self.customer.sub).await;
+        let r = self
+            .app
+            .request(
+                Method::POST,
+                "/api/billing/payment-method",
+                Some(&session),
+                None,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let cus = self
+            .db()
+            .stripe_customer(&self.customer.sub)
+            .await
+            .unwrap()
+            .unwrap();
+        let (session, _) = self.fake.lock().unwrap().completed_setup(&cus);
+        let e = fake_stripe::event(
+            "evt_setup",
+            "checkout.session.completed",
+            session,
+            self.clock.now().timestamp(),
+        );
+        assert_eq!(self.webhook(&e).await.status, StatusCode::OK);
+        cus
+    }
+
+    async fn may_charge(&self) -> Charge {
+        self.app
+            .state
+            .billing
+            .may_charge(&self.customer.sub)
+            .await
+            .unwrap()
+    }
+
+    async fn vm(&self, name: &str, at: DateTime<Utc>) -> String {
+        let row = self
+            .db()
+            .create_vm(
+                NewVm {
+                    user_sub: &self.customer.sub,
+                    host_id: None,
+                    name,
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                at,
+            )
+            .await
+            .unwrap();
+        row.id
+    }
+
+    /// An instance made at the start, running, its delete asked `asked` later and confirmed
+    /// `gone` later.
+    async fn deleted_vm(&self, name: &str, asked: TimeDelta, gone: TimeDelta) -> String {
+        let vm = self.vm(name, start()).await;
+        self.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+        self.db()
+            .request_vm_delete(&vm, start() + asked)
+            .await
+            .unwrap();
+        self.db()
+            .confirm_vm_deleted(&vm, start() + gone)
+            .await
+            .unwrap();
+        vm
+    }
+
+    async fn bill(&self) -> billing::BillReport {
+        billing::bill_usage_once(&self.app.state).await.unwrap()
+    }
+
+    fn invoice_items(&self) -> Vec<Value> {
+        self.fake.lock().unwrap().invoice_items.clone()
+    }
+}
+
+fn code(r: &Reply) -> String {
+    r.json()["error"].as_str().unwrap_or_default().to_owned()
+}
+
+// ------------------------------------------------------------------ the webhook's refusals
+
+async fn webhook_with_a_bad_signature_is_refused_and_changes_nothing(w: World) {
+    w.booking("pb-1", &w.customer.sub).await;
+    let event = fake_stripe::event(
+        "evt_1",
+        "checkout.session.completed",
+        w.paid_session("pb-1", &w.customer.sub),
+        w.clock.now().timestamp(),
+    );
+    let body = serde_json::to_vec(&event).unwrap();
+    let now = w.clock.now().timestamp();
+    let before = w.dump().await;
+    // Signed with another secret; a payload changed after signing; no v1; no header at all.
+    let tampered = {
+        let mut e = event.clone();
+        e["data"]["object"]["metadata"]["prebooking_id"] = json!("pb-other");
+        serde_json::to_vec(&e).unwrap()
+    };
+    let cases: Vec<(Option<String>, Vec<u8>)> = vec![
+        (
+            Some(fake_stripe::signature("whsec_wrong", now, &body)),
+            body.clone(),
+        ),
+        (
+            Some(fake_stripe::signature(WEBHOOK_SECRET, now, &body)),
+            tampered,
+        ),
+        (Some(format!("t={now}")), body.clone()),
+        (None, body.clone()),
+    ];
+    for (sig, payload) in cases {
+        let r = w.webhook_raw(sig.as_deref(), &payload).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+        assert_eq!(code(&r), "bad_signature");
+    }
+    assert_eq!(w.dump().await, before, "a refused webhook changes nothing");
+    assert_eq!(w.paid_at("pb-1").await, None);
+    assert_eq!(w.db().stripe_event_count().await.unwrap(), 0);
+}
+
+async fn webhook_with_a_stale_timestamp_is_refused_and_changes_nothing(w: World) {
+    w.booking("pb-1", &w.customer.sub).await;
+    let event = fake_stripe::event(
+        "evt_1",
+        "checkout.session.completed",
+        w.paid_session("pb-1", &w.customer.sub),
+        w.clock.now().timestamp(),
+    );
+    let body = serde_json::to_vec(&event).unwrap();
+    let now = w.clock.now().timestamp();
+    let before = w.dump().await;
+    for t in [now - 301, now + 301] {
+        let sig = fake_stripe::signature(WEBHOOK_SECRET, t, &body);
+        let r = w.webhook_raw(Some(&sig), &body).await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{}", r.text());
+        assert_eq!(code(&r), "stale_signature");
+    }
+    assert_eq!(w.dump().await, before, "a stale webhook changes nothing");
+    assert_eq!(w.paid_at("pb-1").await, None);
+    // At the edge of the tolerance it is accepted.
+    let sig = fake_stripe::signature(WEBHOOK_SECRET, now - 300, &body);
+    assert_eq!(
+        w.webhook_raw(Some(&sig), &body).await.status,
+        StatusCode::OK
+    );
+    assert_eq!(w.paid_at("pb-1").await, Some(w.clock.now()));
+}
+
+/// A correctly signed payload that is not an event Stripe could send (not JSON, no id or
+/// type, an empty id, an id or type past 255 characters) is refused as `invalid_event`
+/// and changes nothing, not even the events seen; 255 characters are accepted.
+async fn a_signed_event_without_a_usable_id_or_type_is_refused_and_changes_nothing(w: World) {
+    let now = w.clock.now().timestamp();
+    let long = "e".repeat(256);
+    let object = json!({"object": "customer"});
+    let mut bodies = vec![b"not json".to_vec()];
+    for event in [
+        json!({"type": "customer.created", "data": {"object": object}}),
+        json!({"id": "evt_no_type", "data": {"object": object}}),
+        fake_stripe::event("", "customer.created", object.clone(), now),
+        fake_stripe::event(&long, "customer.created", object.clone(), now),
+        fake_stripe::event("evt_long_type", &long, object.clone(), now),
+    ] {
+        bodies.push(serde_json::to_vec(&event).unwrap());
+    }
+    let before = w.dump().await;
+    for body in bodies {
+        let sig = fake_stripe::signature(WEBHOOK_SECRET, now, &body);
+        let r = w.webhook_raw(Some(&sig), &body).await;
+        assert_eq!(
+            r.status,
+            StatusCode::BAD_REQUEST,
+            "{}: {}",
+            String::from_utf8_lossy(&body),
+            r.text()
+        );
+        assert_eq!(code(&r), "invalid_event");
+    }
+    assert_eq!(w.dump().await, before, "a refused event changes nothing");
+    assert_eq!(w.db().stripe_event_count().await.unwrap(), 0);
+    let edge = "e".repeat(255);
+    let r = w
+        .webhook(&fake_stripe::event(&edge, &edge, object, now))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.db().stripe_event_count().await.unwrap(), 1);
+}
+
+async fn checkout_completed_writes_paid_at_once_and_a_replay_changes_nothing(w: World) {
+    w.booking("pb-1", &w.customer.sub).await;
+    let event = fake_stripe::event(
+        "evt_paid",
+        "checkout.session.completed",
+        w.paid_session("pb-1", &w.customer.sub),
+        w.clock.now().timestamp(),
+    );
+    let first = w.webhook(&event).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    assert_eq!(first.json()["replayed"], false);
+    let paid = w.clock.now();
+    assert_eq!(w.paid_at("pb-1").await, Some(paid));
+
+    // Stripe delivers the same event again, later, freshly signed.
+    w.clock.advance(TimeDelta::minutes(5));
+    let before = w.dump().await;
+    let again = w.webhook(&event).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text());
+    assert_eq!(again.json()["replayed"], true);
+    assert_eq!(w.dump().await, before, "a replayed event changes nothing");
+    assert_eq!(w.paid_at("pb-1").await, Some(paid));
+
+    // Another event paying the same booking: recorded, but paid_at keeps the first payment.
+    let other = fake_stripe::event(
+        "evt_paid_2",
+        "checkout.session.completed",
+        w.paid_session("pb-1", &w.customer.sub),
+        w.clock.now().timestamp(),
+    );
+    assert_eq!(w.webhook(&other).await.status, StatusCode::OK);
+    assert_eq!(w.paid_at("pb-1").await, Some(paid));
+}
+
+async fn a_payment_for_an_unknown_or_unpaid_or_foreign_booking_writes_nothing(w: World) {
+    w.booking("pb-1", &w.customer.sub).await;
+    let other = w.app.customer("other@example.com").await;
+    let before = w.dump().await;
+    // Unknown booking: 200 (Stripe must not retry), logged, nothing written but the event.
+    let unknown = fake_stripe::event(
+        "evt_unknown",
+        "checkout.session.completed",
+        w.paid_session("pb-missing", &w.customer.sub),
+        w.clock.now().timestamp(),
+    );
+    assert_eq!(w.webhook(&unknown).await.status, StatusCode::OK);
+    // Not paid yet (an asynchronous method); another account's payment for this booking.
+    let mut unpaid = w.paid_session("pb-1", &w.customer.sub);
+    unpaid["payment_status"] = json!("unpaid");
+    let unpaid = fake_stripe::event(
+        "evt_unpaid",
+        "checkout.session.completed",
+        unpaid,
+        w.clock.now().timestamp(),
+    );
+    assert_eq!(w.webhook(&unpaid).await.status, StatusCode::OK);
+    let foreign = fake_stripe::event(
+        "evt_foreign",
+        "checkout.session.completed",
+        w.paid_session("pb-1", &other.sub),
+        w.clock.now().timestamp(),
+    );
+    assert_eq!(w.webhook(&foreign).await.status, StatusCode::OK);
+    assert_eq!(w.paid_at("pb-1").await, None);
+    let changed: Vec<_> = w
+        .dump()
+        .await
+        .into_iter()
+        .filter(|v| !before.contains(v))
+        .map(|(t, _, _)| t)
+        .collect();
+    assert!(
+        changed.iter().all(|t| t == "stripe_events"),
+        "only the events were recorded: {changed:?}"
+    );
+}
+
+// ------------------------------------------------------------- checkout and the live check
+
+async fn the_live_check_allows_a_customer_with_a_default_card(w: World) {
+    assert_eq!(
+        w.may_charge().await,
+        Charge::Refused {
+            reason: "no payment method: add one on the Billing page".into()
+        },
+        "no Stripe customer yet"
+    );
+    let r = w.customer.post_empty("/api/billing/payment-method").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(
+        r.json()["url"]
+            .as_str()
+            .unwrap()
+            .starts_with("https://checkout.stripe.test/")
+    );
+    {
+        // Stripe sends the person back to the Billing page, told the card was added.
+        let f = w.fake.lock().unwrap();
+        let s = f.sessions.values().last().unwrap();
+        assert_eq!(s["mode"], "setup");
+        assert_eq!(s["success_url"], "http://localhost:8080/billing?added=1");
+        assert_eq!(s["cancel_url"], "http://localhost:8080/billing");
+    }
+    let cus = w
+        .db()
+        .stripe_customer(&w.customer.sub)
+        .await
+        .unwrap()
+        .unwrap();
+    {
+        let f = w.fake.lock().unwrap();
+        assert_eq!(
+            f.customers[&cus]["metadata"]["user_sub"],
+            json!(w.customer.sub)
+        );
+        let session = f.sessions.values().last().unwrap();
+        assert_eq!(session["mode"], "setup");
+        assert_eq!(session["customer"], json!(cus));
+    }
+    // A customer, but no card yet.
+    assert!(matches!(w.may_charge().await, Charge::Refused { .. }));
+    // A second request reuses the customer.
+    w.customer.post_empty("/api/billing/payment-method").await;
+    assert_eq!(w.fake.lock().unwrap().customers.len(), 1);
+
+    let (session, pm) = w.fake.lock().unwrap().completed_setup(&cus);
+    let e = fake_stripe::event(
+        "evt_setup",
+        "checkout.session.completed",
+        session,
+        w.clock.now().timestamp(),
+    );
+    // Stripe is down while the event is processed: 5xx, the event left unfinished …
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::GET,
+        path_prefix: "/v1/setup_intents/".into(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: false,
+    });
+    assert_eq!(
+        w.webhook(&e).await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    assert!(matches!(w.may_charge().await, Charge::Refused { .. }));
+    // … so Stripe's retry processes it.
+    let r = w.webhook(&e).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["replayed"], false);
+    assert_eq!(
+        w.fake.lock().unwrap().customers[&cus]["invoice_settings"]["default_payment_method"],
+        json!(pm)
+    );
+    assert_eq!(w.may_charge().await, Charge::Allowed);
+    // A replay after that asks nothing of Stripe.
+    let calls = w.fake.lock().unwrap().requests.len();
+    let r = w.webhook(&e).await;
+    assert_eq!(r.json()["replayed"], true);
+    assert_eq!(w.fake.lock().unwrap().requests.len(), calls);
+    let view = w.customer.get("/api/billing").await.json();
+    assert_eq!(view, json!({"enabled": true, "chargeable": true}));
+    let page = w.customer.page("/billing").await;
+    assert!(page.contains("billing-ok"), "{page}");
+}
+
+async fn the_live_check_refuses_declined_expired_and_missing_customers(w: World) {
+    let cus = w.chargeable().await;
+    assert_eq!(w.may_charge().await, Charge::Allowed);
+    // The last payment was declined: Stripe marks the customer delinquent.
+    w.fake.lock().unwrap().customers.get_mut(&cus).unwrap()["delinquent"] = json!(true);
+    let Charge::Refused { reason } = w.may_charge().await else {
+        panic!("a delinquent customer may not be charged")
+    };
+    assert!(reason.contains("declined"), "{reason}");
+    let page = w.customer.page("/billing").await;
+    assert!(
+        page.contains("billing-refused") && page.contains("declined"),
+        "{page}"
+    );
+    // An expired card.
+    {
+        let mut f = w.fake.lock().unwrap();
+        f.customers.get_mut(&cus).unwrap()["delinquent"] = json!(false);
+        let pm = f.add_card(&cus, (2025, 6));
+        f.set_default(&cus, &pm);
+    }
+    let Charge::Refused { reason } = w.may_charge().await else {
+        panic!("an expired card may not be charged")
+    };
+    assert!(reason.contains("expired"), "{reason}");
+    // The customer is gone at Stripe: 404 resource_missing.
+    w.fake.lock().unwrap().customers.remove(&cus);
+    let Charge::Refused { reason } = w.may_charge().await else {
+        panic!("a missing customer may not be charged")
+    };
+    assert!(reason.contains("no longer exists"), "{reason}");
+    // Stripe is down: not a refusal but an error, so the drain leaves its row queued.
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::GET,
+        path_prefix: "/v1/customers/".into(),
+        status: StatusCode::INTERNAL_SERVER_ERROR,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: true,
+    });
+    assert!(
+        w.app
+            .state
+            .billing
+            .may_charge(&w.customer.sub)
+            .await
+            .is_err()
+    );
+}
+
+async fn a_booking_checkout_charges_its_window_at_the_hourly_price(w: World) {
+    w.booking("pb-1", &w.customer.sub).await;
+    let r = w
+        .customer
+        .post_empty("/api/prebookings/pb-1/checkout")
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    {
+        let f = w.fake.lock().unwrap();
+        let s = f.sessions.values().last().unwrap();
+        assert_eq!(s["mode"], "payment");
+        // 2026-11-10 00:00 → 2026-11-12 12:00: 60 hours at $1.20.
+        assert_eq!(s["amount_total"], json!(60 * i64::from(PRICE)));
+        assert_eq!(s["metadata"]["prebooking_id"], "pb-1");
+        assert_eq!(s["metadata"]["user_sub"], json!(w.customer.sub));
+        assert_eq!(s["success_url"], "http://localhost:8080/billing?paid=1");
+        assert_eq!(s["cancel_url"], "http://localhost:8080/billing");
+    }
+    // Someone else's booking is not found; nothing is made at Stripe for it.
+    let other = w.app.customer("other@example.com").await;
+    let sessions = w.fake.lock().unwrap().sessions.len();
+    let r = other.post_empty("/api/prebookings/pb-1/checkout").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(w.fake.lock().unwrap().sessions.len(), sessions);
+    // Paid: refused.
+    w.db()
+        .mark_prebooking_paid("pb-1", w.clock.now())
+        .await
+        .unwrap();
+    let r = w
+        .customer
+        .post_empty("/api/prebookings/pb-1/checkout")
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(code(&r), "already_paid");
+    assert_eq!(w.fake.lock().unwrap().sessions.len(), sessions);
+    // Unpaid but closed: cancelled before its window, or its window over. Each is
+    // refused on its own, nothing made at Stripe and nothing written.
+    w.booking("pb-cancelled", &w.customer.sub).await;
+    w.db()
+        .execute_unchecked(
+            "update prebookings set closed_at = '2026-11-01T21:00:00Z', closed_reason = 'cancelled' where id = 'pb-cancelled'",
+        )
+        .await
+        .unwrap();
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, gpu_type, start_date, end_date, created_at)
+             values ('pb-over', '{}', 'spark-1', '2026-10-20T00:00:00Z', '2026-11-01T22:00:00Z', '2026-10-01T00:00:00Z')",
+            w.customer.sub
+        ))
+        .await
+        .unwrap();
+    let before = w.dump().await;
+    for id in ["pb-cancelled", "pb-over"] {
+        let r = w
+            .customer
+            .post_empty(&format!("/api/prebookings/{id}/checkout"))
+            .await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{id}: {}", r.text());
+        assert_eq!(code(&r), "booking_closed", "{id}");
+    }
+    assert_eq!(w.fake.lock().unwrap().sessions.len(), sessions);
+    assert_eq!(w.dump().await, before);
+}
+
+async fn stripe_errors_keep_their_envelope(w: World) {
+    let config = w.app.state.config.billing.clone().unwrap();
+    let client = StripeClient::new(&config);
+    // A decline, as Stripe answers a card error.
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::POST,
+        path_prefix: "/v1/customers".into(),
+        status: StatusCode::PAYMENT_REQUIRED,
+        kind: "card_error".into(),
+        code: Some("card_declined".into()),
+        decline_code: Some("insufficient_funds".into()),
+        sticky: false,
+    });
+    let e = client
+        .create_customer("sub-1", "a@example.com")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, StripeError::Api { status: 402, kind, code: Some(c), decline_code: Some(d), .. }
+            if kind == "card_error" && c == "card_declined" && d == "insufficient_funds"),
+        "{e:?}"
+    );
+    assert!(!e.is_outage());
+    // The same Idempotency-Key (a customer per account) replays the first answer …
+    let a = client
+        .create_customer("sub-1", "a@example.com")
+        .await
+        .unwrap();
+    let b = client
+        .create_customer("sub-1", "a@example.com")
+        .await
+        .unwrap();
+    assert_eq!(a.id, b.id);
+    assert_eq!(w.fake.lock().unwrap().customers.len(), 1);
+    // … and with other parameters is Stripe's idempotency_error.
+    let e = client
+        .create_customer("sub-1", "b@example.com")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, StripeError::Api { status: 400, kind, .. } if kind == "idempotency_error"),
+        "{e:?}"
+    );
+    // resource_missing.
+    let e = client.retrieve_customer("cus_nope").await.unwrap_err();
+    assert_eq!(e.code(), Some("resource_missing"));
+    // Every POST carried a key.
+    assert!(
+        w.fake
+            .lock()
+            .unwrap()
+            .requests
+            .iter()
+            .filter(|(m, _, _)| m == "POST")
+            .all(|(_, _, k)| k.is_some())
+    );
+}
+
+// ------------------------------------------------------------------------------ usage
+
+async fn usage_is_charged_from_the_four_timestamps(w: World) {
+    let cus = w.chargeable().await;
+    // Created at 22:00 on Nov 1 (step 44's stamp), running.
+    let vm = w.vm("kept", start()).await;
+    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+    // A create that failed bills nothing.
+    let failed = w.vm("never", start()).await;
+    w.db()
+        .mark_vm_creation_failed(&failed, start() + TimeDelta::minutes(1))
+        .await
+        .unwrap();
+
+    // Nov 2, 01:00: Nov 1 is final (2 h); Nov 2 is still running.
+    w.clock.advance(TimeDelta::hours(3));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.closed), (1, 0));
+    let items = w.invoice_items();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["customer"], json!(cus));
+    assert_eq!(items[0]["amount"], json!(2 * i64::from(PRICE)));
+    assert_eq!(items[0]["metadata"]["vm_id"], json!(vm));
+    assert!(w.db().usage_charges(&failed).await.unwrap().is_empty());
+
+    // Deleted at 03:00, confirmed only at 05:00: a stuck delete (past 10 minutes).
+    w.db()
+        .request_vm_delete(&vm, start() + TimeDelta::hours(5))
+        .await
+        .unwrap();
+    w.clock.advance(TimeDelta::hours(4)); // 05:00
+    w.db().confirm_vm_deleted(&vm, w.clock.now()).await.unwrap();
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));
+    let items = w.invoice_items();
+    assert_eq!(items.len(), 3);
+    // Nov 2: 00:00 → 05:00, billed until deleted_at (G.1) …
+    assert_eq!(items[1]["amount"], json!(5 * i64::from(PRICE)));
+    // … and the two hours from the customer's request to the host's confirmation credited.
+    assert_eq!(items[2]["amount"], json!(-2 * i64::from(PRICE)));
+    assert_eq!(items[2]["metadata"]["kind"], "stuck_delete_refund");
+    let refund = w.db().refund_for(&vm).await.unwrap().unwrap();
+    assert_eq!(refund.from_at, start() + TimeDelta::hours(5));
+    assert_eq!(refund.to_at, start() + TimeDelta::hours(7));
+    assert_eq!(refund.amount_cents, 2 * i32::try_from(PRICE).unwrap());
+    assert!(w.db().billing_closed(&vm).await.unwrap());
+    // Nothing more to do.
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (0, 0, 0));
+    assert_eq!(w.invoice_items().len(), 3);
+}
+
+async fn a_prompt_delete_is_not_refunded(w: World) {
+    w.chargeable().await;
+    let vm = w
+        .deleted_vm("quick", TimeDelta::minutes(30), TimeDelta::minutes(31))
+        .await;
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (1, 0, 1));
+    // 31 minutes at $1.20/h = 62 cents.
+    assert_eq!(w.invoice_items()[0]["amount"], json!(62));
+    assert!(w.db().refund_for(&vm).await.unwrap().is_none());
+}
+
+async fn a_retried_job_never_charges_twice(w: World) {
+    w.chargeable().await;
+    let vm = w.vm("kept", start()).await;
+    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+    w.clock.advance(TimeDelta::days(2));
+    let r = w.bill().await;
+    assert_eq!(r.charged, 2, "Nov 1 and Nov 2");
+    let charged = w.invoice_items();
+    // The run again: nothing new.
+    assert_eq!(w.bill().await.charged, 0);
+    assert_eq!(w.invoice_items(), charged);
+    // A run that reached Stripe but died before recording it: the retry sends the same
+    // Idempotency-Key, Stripe answers the first item, nothing is charged twice.
+    w.db()
+        .execute_unchecked("delete from usage_charges")
+        .await
+        .unwrap();
+    assert_eq!(w.bill().await.charged, 2);
+    assert_eq!(w.invoice_items(), charged, "no second invoice item");
+    let rows = w.db().usage_charges(&vm).await.unwrap();
+    let ids: Vec<_> = rows
+        .iter()
+        .map(|r| json!(r.stripe_invoice_item_id))
+        .collect();
+    let first: Vec<_> = charged.iter().map(|i| i["id"].clone()).collect();
+    assert_eq!(ids, first, "the rows name the first items");
+    // A Stripe outage part-way leaves the instance for later, and the run is a failure.
+    w.clock.advance(TimeDelta::days(1));
+    assert_eq!(
+        run_in_an_outage(&w).await,
+        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+    );
+    assert_eq!(w.db().usage_charges(&vm).await.unwrap().len(), 2);
+    assert_eq!(w.bill().await.charged, 1);
+    assert_eq!(w.invoice_items().len(), 3);
+}
+
+/// A run during which Stripe answers the next invoice item 503: the run's error message,
+/// which counts what it did and what failed.
+async fn run_in_an_outage(w: &World) -> String {
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::POST,
+        path_prefix: "/v1/invoiceitems".into(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: false,
+    });
+    failed_run(w).await
+}
+
+/// A run that ends in an error: its message, which counts what it did and what failed.
+async fn failed_run(w: &World) -> String {
+    match billing::bill_usage_once(&w.app.state).await {
+        Err(byo_server::error::AppError::Internal(e)) => e.to_string(),
+        other => panic!("expected the run to fail, got {other:?}"),
+    }
+}
+
+/// Deleted within its first day and confirmed late: the period and the credit in one run,
+/// the credit taken from the charge this run made.
+async fn a_stuck_delete_is_charged_and_credited_in_one_run(w: World) {
+    w.chargeable().await;
+    let vm = w
+        .deleted_vm("brief", TimeDelta::minutes(30), TimeDelta::hours(1))
+        .await;
+    w.clock.advance(TimeDelta::minutes(90));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));
+    assert_eq!(
+        w.db().refund_for(&vm).await.unwrap().unwrap().amount_cents,
+        i32::try_from(PRICE / 2).unwrap()
+    );
+    let amounts: Vec<_> = w
+        .invoice_items()
+        .iter()
+        .map(|i| i["amount"].clone())
+        .collect();
+    assert_eq!(amounts, [json!(PRICE), json!(-i64::from(PRICE) / 2)]);
+}
+
+/// At a cent an hour, twelve minutes are worth nothing (half a cent rounds up only from
+/// 30 minutes): the period and the stuck delete's credit are recorded at 0, and Stripe is
+/// sent no item of 0 for either.
+async fn a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w: World) {
+    w.chargeable().await;
+    let vm = w
+        .deleted_vm("blink", TimeDelta::minutes(1), TimeDelta::minutes(12))
+        .await;
+    w.clock.advance(TimeDelta::minutes(13));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (1, 1, 1));
+    assert!(w.invoice_items().is_empty(), "{:?}", w.invoice_items());
+    let rows = w.db().usage_charges(&vm).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!((rows[0].seconds, rows[0].amount_cents), (720, 0));
+    assert_eq!(rows[0].stripe_invoice_item_id, None);
+    let refund = w.db().refund_for(&vm).await.unwrap().unwrap();
+    assert_eq!((refund.seconds, refund.amount_cents), (660, 0));
+    assert_eq!(refund.stripe_credit_id, None);
+}
+
+mod a_period_or_credit_worth_nothing_is_recorded_and_not_sent {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sqlite() {
+        if let Some(w) = super::world_at(byo_db::Backend::Sqlite, 1).await {
+            super::a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w).await
+        }
+    }
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn postgres() {
+        if let Some(w) = super::world_at(byo_db::Backend::Postgres, 1).await {
+            super::a_period_or_credit_worth_nothing_is_recorded_and_not_sent(w).await
+        }
+    }
+}
+
+/// The credit failing at Stripe (its periods charged in an earlier run) fails the run,
+/// counted, and leaves the instance open for the next run, which credits it once.
+async fn a_failed_credit_is_counted_and_left_for_the_next_run(w: World) {
+    w.chargeable().await;
+    // Created 22:00, delete asked 23:00, confirmed exactly at midnight: Nov 1 is all it
+    // used, charged before the confirmation; the later run has only the credit to send.
+    let vm = w.vm("late", start()).await;
+    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+    w.db()
+        .request_vm_delete(&vm, start() + TimeDelta::hours(1))
+        .await
+        .unwrap();
+    w.clock.advance(TimeDelta::hours(2));
+    assert_eq!(w.bill().await.charged, 1);
+    w.db()
+        .confirm_vm_deleted(&vm, start() + TimeDelta::hours(2))
+        .await
+        .unwrap();
+    assert_eq!(
+        run_in_an_outage(&w).await,
+        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+    );
+    assert!(w.db().refund_for(&vm).await.unwrap().is_none());
+    assert!(!w.db().billing_closed(&vm).await.unwrap());
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.refunded, r.closed), (0, 1, 1));
+    let amounts: Vec<_> = w
+        .invoice_items()
+        .iter()
+        .map(|i| i["amount"].clone())
+        .collect();
+    assert_eq!(
+        amounts,
+        [json!(2 * i64::from(PRICE)), json!(-i64::from(PRICE))]
+    );
+}
+
+async fn usage_waits_for_an_account_without_a_customer(w: World) {
+    let vm = w.vm("kept", start()).await;
+    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+    w.clock.advance(TimeDelta::hours(3)); // Nov 1 is final
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.no_customer), (0, 1));
+    // Once the account has a customer, the owed days are charged.
+    w.chargeable().await;
+    assert_eq!(w.bill().await.charged, 1);
+}
+
+with_world!(
+    webhook_with_a_bad_signature_is_refused_and_changes_nothing,
+    webhook_with_a_stale_timestamp_is_refused_and_changes_nothing,
+    a_signed_event_without_a_usable_id_or_type_is_refused_and_changes_nothing,
+    checkout_completed_writes_paid_at_once_and_a_replay_changes_nothing,
+    a_payment_for_an_unknown_or_unpaid_or_foreign_booking_writes_nothing,
+    the_live_check_allows_a_customer_with_a_default_card,
+    the_live_check_refuses_declined_expired_and_missing_customers,
+    a_booking_checkout_charges_its_window_at_the_hourly_price,
+    stripe_errors_keep_their_envelope,
+    usage_is_charged_from_the_four_timestamps,
+    a_prompt_delete_is_not_refunded,
+    a_retried_job_never_charges_twice,
+    a_stuck_delete_is_charged_and_credited_in_one_run,
+    a_failed_credit_is_counted_and_left_for_the_next_run,
+    usage_waits_for_an_account_without_a_customer,
+);
+
+// ------------------------------------------------------------------------- billing off
+
+async fn billing_off_pages_say_so(app: TestApp) {
+    let customer = app.customer("someone@example.com").await;
+    assert!(!app.state.billing.enabled());
+    for page in ["/billing", "/instances"] {
+        let html = customer.page(page).await;
+        assert!(html.contains(BILLING_OFF), "{page} says billing is off");
+    }
+    let r = customer.post_empty("/api/billing/payment-method").await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(code(&r), "billing_off");
+    assert_eq!(
+        customer.get("/api/billing").await.json(),
+        json!({"enabled": false, "chargeable": true})
+    );
+    // No webhook endpoint without a secret to check it with.
+    let r = app
+        .send(
+            Request::builder()
+                .method(Method::POST)
+                .uri("/api/stripe/webhook")
+                .header("stripe-signature", "t=1,v1=00")
+                .body(Body::from("{}"))
+                .unwrap(),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    // And bill-usage does nothing.
+    assert_eq!(
+        billing::bill_usage_once(&app.state).await.unwrap(),
+        billing::BillReport::default()
+    );
+}
+
+on_each_backend!(billing_off_pages_say_so);
+
+// ---------------------------------------------------------------------- configuration
+
+/// `[billing]` from the file turns billing on; a zero price or a currency that is not a
+/// lower-case ISO code is refused at load; the secrets never print.
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+fn billing_is_configured_by_its_section_and_validated() {
+    figment::Jail::expect_with(|jail| {
+        jail.create_file(
+            "byo.toml",
+            r#"
+            [billing]
+            stripe_secret_key = "sk_test_abc"
+            stripe_webhook_secret = "whsec_abc"
+            price_cents_per_hour = 250
+            "#,
+        )?;
+        let c = Config::load(Some(std::path::Path::new("byo.toml"))).expect("loads");
+        let b = c.billing.as_ref().expect("billing on");
+        assert_eq!(
+            (
+                b.price_cents_per_hour,
+                b.currency.as_str(),
+                b.api_base.as_str()
+            ),
+            (250, "usd", "https://api.stripe.com")
+        );
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("sk_test_abc") && !printed.contains("whsec_abc"));
+        assert!(Config::load(None).unwrap().billing.is_none(), "absent: off");
+        for bad in [
+            "price_cents_per_hour = 0\ncurrency = \"usd\"",
+            "price_cents_per_hour = 1\ncurrency = \"USD\"",
+        ] {
+            jail.create_file(
+                "bad.toml",
+                &format!(
+                    "[billing]\nstripe_secret_key = \"k\"\nstripe_webhook_secret = \"w\"\n{bad}\n"
+                ),
+            )?;
+            assert!(
+                Config::load(Some(std::path::Path::new("bad.toml"))).is_err(),
+                "{bad}"
+            );
+        }
+        Ok(())
+    });
+}

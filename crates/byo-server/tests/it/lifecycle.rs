@@ -1,0 +1,1372 @@
+//! Life after go-live (issue #12) on both backends, through the API and the pages, with the
+//! real GCP and Cloudflare clients against the fakes in `support` (fault injection on
+//! either) and the fake agents: de-pool, revoke of an enrolled host (H), retire (N),
+//! replacing a dead relay (A.3), the one-host page and the owner's stop-hosting. Every
+//! refusal reads the rows and the fakes back to show nothing changed.
+
+use crate::support;
+use crate::with_world;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode, header};
+use byo_db::lifecycle::HostLifecycleRow;
+use byo_db::vms::NewVm;
+use byo_server::agents::AgentWaits;
+use byo_server::clock::Clock;
+use byo_server::config::RelayRelease;
+use byo_wire::states::{EnrollmentState, RevokeStep};
+use serde_json::{Value, json};
+use support::agents::{self, FakeAgents, Op};
+use support::{TestApp, User, fake_cloudflare, fake_gcp};
+
+struct World {
+    app: TestApp,
+    clock: Clock,
+    agents: Arc<FakeAgents>,
+    gcp: fake_gcp::Shared,
+    cf: fake_cloudflare::Shared,
+    owner: User,
+    op: User,
+    customer: User,
+    _gcp_key: tempfile::TempDir,
+}
+
+async fn world(backend: byo_db::Backend) -> Option<World> {
+    let mut config = support::test_config();
+    config.relay_release = Some(RelayRelease {
+        url: "https://releases.example.com/byo-relay".into(),
+        sha256: "0".repeat(64),
+    });
+    let mut app = TestApp::with_config(backend, config).await?;
+    app.publish_operator_keys().await;
+    let clock = Clock::manual("2026-11-29T12:00:00Z".parse().unwrap());
+    let agents = Arc::new(
+        FakeAgents::new()
+            .with_clock(clock.clone())
+            .observing(app.db.store.clone()),
+    );
+    let fake_gcp::FakeGcp {
+        fake: gcp,
+        relays,
+        dir: gcp_key,
+        ..
+    } = fake_gcp::start().await;
+    let (cf, tunnels) = fake_cloudflare::start("cf-token").await;
+    let relays = Arc::new(relays);
+    app.state = app
+        .state
+        .clone()
+        .with_clock(clock.clone())
+        .with_agents(agents.clone())
+        .with_waits(AgentWaits {
+            create: Duration::from_millis(400),
+            delete: Duration::from_millis(400),
+        })
+        .with_providers(relays, Arc::new(tunnels));
+    app.router = byo_server::router(app.state.clone());
+    let owner = app.community_host("owner@example.com").await;
+    let op = app.operator("op@example.com").await;
+    let customer = app.customer("customer@example.com").await;
+    Some(World {
+        app,
+        clock,
+        agents,
+        gcp,
+        cf,
+        owner,
+        op,
+        customer,
+        _gcp_key: gcp_key,
+    })
+}
+
+with_world!(
+    depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance,
+    depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing,
+    h1_revoke_depools_drains_then_removes_access,
+    h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress_and_revoke_again_resumes,
+    h_revoking_a_host_that_never_redeemed_is_refused,
+    h_a_revoked_host_can_be_retired,
+    n1_retire_refusals_change_nothing,
+    n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes,
+    n7_a_retired_hosts_hardware_enrols_again,
+    a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
+    the_one_host_page_shows_the_host_and_its_actions_bounded,
+    the_one_host_page_names_each_failure_within_one_heartbeat,
+    l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service,
+    a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes,
+    stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
+    stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop,
+);
+
+fn spark() -> Value {
+    json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "os_id": "ubuntu", "os_version": "24.04", "driver_version": "580.65.06",
+        "machine_id": "3f2a", "hardware_id": "b41c", "node_index": 0, "rails": []
+    })
+}
+
+struct Host {
+    id: String,
+    slug: String,
+    /// The host token redeem handed over.
+    token: String,
+}
+
+impl World {
+    fn db(&self) -> &byo_db::Store {
+        &self.app.db.store
+    }
+
+    /// "Add a GPU", with the relay provisioned in the fake GCP.
+    async fn provisioned(&self) -> (String, String, String) {
+        let r = self
+            .owner
+            .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+            .await;
+        assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+        let p = r.json();
+        let id = p["host_id"].as_str().unwrap().to_owned();
+        for _ in 0..500 {
+            if self
+                .db()
+                .relay_record(&id)
+                .await
+                .unwrap()
+                .relay_ip
+                .is_some()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            self.db()
+                .relay_record(&id)
+                .await
+                .unwrap()
+                .relay_ip
+                .is_some()
+        );
+        (
+            id,
+            p["slug"].as_str().unwrap().to_owned(),
+            p["token"].as_str().unwrap().to_owned(),
+        )
+    }
+
+    async fn enroll(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(spark().to_string()))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// A host as onboarding leaves one: provisioned, redeemed, prepared, activated.
+    async fn active_host(&self) -> Host {
+        let (id, slug, token) = self.provisioned().await;
+        let r = self.enroll(&token).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
+        self.db()
+            .mark_host_prepared(&id, self.clock.now())
+            .await
+            .unwrap();
+        let a = self
+            .op
+            .post(
+                &format!("/api/admin/hosts/{id}/activate"),
+                json!({"placement": "shared"}),
+            )
+            .await;
+        assert_eq!(a.status, StatusCode::NO_CONTENT, "{}", a.text());
+        Host {
+            id,
+            slug,
+            token: host_token,
+        }
+    }
+
+    /// A running instance of the customer's on `host`, written as create leaves one.
+    async fn instance(&self, host: &Host, name: &str) -> String {
+        let vm = self
+            .db()
+            .create_vm(
+                NewVm {
+                    user_sub: &self.customer.sub,
+                    host_id: Some(&host.id),
+                    name,
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                self.clock.now(),
+            )
+            .await
+            .unwrap();
+        self.db().mark_vm_running(&vm.id, Some(2201)).await.unwrap();
+        vm.id
+    }
+
+    async fn life(&self, host: &Host) -> HostLifecycleRow {
+        self.db().host_lifecycle(&host.id).await.unwrap().unwrap()
+    }
+
+    /// What the host's token still reaches: `GET /api/host/relay`.
+    async fn host_relay(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::get("/api/host/relay")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// Everything the fakes hold for `slug`: GCP instances and addresses, Cloudflare
+    /// tunnels and records.
+    fn outside(&self, slug: &str) -> (usize, usize, usize, usize) {
+        let g = self.gcp.lock().unwrap();
+        let c = self.cf.lock().unwrap();
+        let mine = |v: &Value| v.to_string().contains(slug);
+        (
+            g.instances.keys().filter(|k| k.starts_with(slug)).count(),
+            g.addresses.keys().filter(|k| k.starts_with(slug)).count(),
+            c.tunnels.values().filter(|t| mine(t)).count(),
+            c.records.values().filter(|r| mine(r)).count(),
+        )
+    }
+
+    async fn actions(&self, host: &Host) -> Vec<String> {
+        self.db()
+            .audit_of_host(&host.id, 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.action)
+            .collect()
+    }
+
+    async fn enrollment_state(&self, host: &Host) -> EnrollmentState {
+        self.db()
+            .enrollment_views(None)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|e| e.host_id.as_deref() == Some(host.id.as_str()))
+            .unwrap()
+            .state
+    }
+}
+
+/// The facts a refusal must leave as they were.
+async fn snapshot(w: &World, h: &Host) -> String {
+    let l = w.life(h).await;
+    let vms = w.db().vms_of_host(&h.id, 100).await.unwrap();
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        l.active,
+        l.retired_at,
+        l.depooled_at,
+        l.depool_reason,
+        l.revoke_step.0,
+        vms.iter()
+            .map(|v| (v.delete_requested_at, v.deleted_at))
+            .collect::<Vec<_>>(),
+        w.outside(&h.slug),
+        w.host_relay(&h.token).await.status,
+        w.actions(h).await.len(),
+    )
+}
+
+async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance(w: World) {
+    let h = w.active_host().await;
+    let idle = w.instance(&h, "before").await;
+    assert!(w.beat(&h.token).await.status.is_success());
+    w.db()
+        .confirm_vm_deleted(&idle, w.clock.now())
+        .await
+        .unwrap();
+    assert!(
+        w.pickable(&h).await,
+        "before: an idle, heard-from host is picked"
+    );
+    let vm = w.instance(&h, "keep-me").await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "  fan failing, owner informed  "}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let l = w.life(&h).await;
+    assert!(!l.active);
+    assert_eq!(
+        l.depool_reason.as_deref(),
+        Some("fan failing, owner informed")
+    );
+    assert_eq!(l.depooled_by.as_deref(), Some(w.op.sub.as_str()));
+    // The instance stays until drained, and nothing new is placed there.
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.delete_requested_at.is_none() && v.deleted_at.is_none());
+    assert!(w.agents.calls(Op::Delete).is_empty());
+    w.db().confirm_vm_deleted(&vm, w.clock.now()).await.unwrap();
+    assert!(!w.pickable(&h).await, "a de-pooled host is not picked");
+    // Audited with the reason.
+    let audit = w.db().audit_of_host(&h.id, 10).await.unwrap();
+    let a = audit.iter().find(|a| a.action == "host.depool").unwrap();
+    assert_eq!(a.details.0["reason"], "fan failing, owner informed");
+    assert_eq!(a.actor_sub.as_deref(), Some(w.op.sub.as_str()));
+    // Re-activation is the existing activate.
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/activate", h.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT);
+    assert!(w.life(&h).await.active);
+    // The /admin form does the same.
+    let r =
+        w.op.post_form(
+            &format!("/admin/hosts/{}/depool", h.id),
+            &[("reason", "maintenance window")],
+        )
+        .await;
+    assert!(r.status.is_redirection(), "{}", r.status);
+    assert_eq!(
+        w.life(&h).await.depool_reason.as_deref(),
+        Some("maintenance window")
+    );
+}
+
+async fn depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing(w: World) {
+    let h = w.active_host().await;
+    let before = snapshot(&w, &h).await;
+    for reason in [
+        String::new(),
+        "   ".into(),
+        "x".repeat(501),
+        "a\u{7}b".into(),
+    ] {
+        let r =
+            w.op.post(
+                &format!("/api/admin/hosts/{}/depool", h.id),
+                json!({"reason": reason}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{reason:?}");
+        assert_eq!(r.json()["error"], "invalid_reason");
+    }
+    let r =
+        w.op.post(&format!("/api/admin/hosts/{}/depool", h.id), json!({}))
+            .await;
+    assert!(r.status.is_client_error());
+    assert_eq!(snapshot(&w, &h).await, before);
+    assert!(w.life(&h).await.active);
+    // The schema holds the same bound for every writer.
+    let e = w
+        .db()
+        .depool_host(&h.id, &"y".repeat(501), &w.op.sub, w.clock.now())
+        .await
+        .unwrap_err();
+    assert!(e.is_constraint("hosts_depool_reason_bounded"), "{e}");
+    // At the bound, a reason is taken.
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "z".repeat(500)}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    assert_eq!(
+        w.life(&h).await.depool_reason.map(|r| r.chars().count()),
+        Some(500)
+    );
+    // A host that does not exist.
+    let r =
+        w.op.post("/api/admin/hosts/nope/depool", json!({"reason": "x"}))
+            .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+}
+
+async fn h1_revoke_depools_drains_then_removes_access(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "tenant").await;
+    assert_eq!(
+        w.outside(&h.slug),
+        (1, 1, 1, 2),
+        "relay, address, tunnel, DNS + wildcard"
+    );
+    w.agents.answer(Op::Delete, agents::Answer::Ok);
+    w.agents.takes(Op::Delete, chrono::TimeDelta::seconds(5));
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let p = r.json();
+    assert_eq!(p["step"], "revoked");
+    assert_eq!(p["done"], true);
+    assert_eq!(p["drain"]["confirmed"], json!([vm]));
+    // Drained through G: both facts, the host's confirmation first.
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.delete_requested_at.is_some() && v.deleted_at.is_some());
+    assert_eq!(w.agents.calls(Op::Delete).len(), 1);
+    // Access removed: nothing left outside.
+    assert_eq!(w.outside(&h.slug), (0, 0, 0, 0));
+    // Nothing the host was issued works; the enrolment is revoked and closed.
+    assert_eq!(
+        w.host_relay(&h.token).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
+    let l = w.life(&h).await;
+    assert_eq!(l.revoke_step.0, Some(RevokeStep::Revoked));
+    assert!(!l.active && l.revoked_at.is_some());
+    assert!(l.retired_at.is_none(), "revoke is not retire");
+    assert!(!l.relay_key_kept);
+    // The order, as the audit log has it: the host took 5 s to confirm, and access went
+    // only after that.
+    let audit = w.db().audit_of_host(&h.id, 100).await.unwrap();
+    let when = |a: &str| audit.iter().find(|x| x.action == a).unwrap().at;
+    assert!(when("host.revoke_requested") <= when("vm.delete_requested"));
+    assert!(when("vm.delete_requested") + chrono::Duration::seconds(5) <= when("host.revoked"));
+    // A revoked host is held inactive by the schema, whoever writes.
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/activate", h.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.text().contains("hosts_revoked_inactive"), "{}", r.text());
+    // Revoking again is calm: nothing more is done.
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(w.agents.calls(Op::Delete).len(), 1);
+    // Reap's sweep leaves the revoked enrolment alone: it is closed.
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
+    assert!(w.db().host(&h.id).await.unwrap().is_some());
+}
+
+async fn h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress_and_revoke_again_resumes(
+    w: World,
+) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "tenant").await;
+    w.agents.answer(
+        Op::Delete,
+        agents::Answer::unreachable("connection refused"),
+    );
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    let p = r.json();
+    assert_eq!(
+        (p["step"].as_str(), p["done"].as_bool()),
+        (Some("draining"), Some(false))
+    );
+    assert_eq!(p["drain"]["waiting"], json!([vm]));
+    assert_eq!(
+        p["message"],
+        format!(
+            "the host has not confirmed the end of 1 instance(s) ({vm}); nothing further was done — run it again to resume once the host answers"
+        )
+    );
+    // De-pooled and requested, but nothing of ours is gone: the host is still reachable.
+    let l = w.life(&h).await;
+    assert!(!l.active);
+    assert_eq!(l.revoke_step.0, Some(RevokeStep::Draining));
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.delete_requested_at.is_some() && v.deleted_at.is_none());
+    assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::OK);
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Enrolled);
+    // Visible as stuck on /admin, and on the host's own page.
+    let list = w.op.page("/admin/hosts").await;
+    assert!(list.contains("revoke stopped at draining"), "{list}");
+    assert!(list.contains(&format!("/admin/hosts/{}", h.id)));
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(page.contains("revoke in progress, stopped at draining"));
+    assert!(page.contains("Resume revoke"));
+    assert!(
+        page.contains("not confirmed by the host"),
+        "the stuck delete"
+    );
+    // A page cannot activate it meanwhile: the schema holds it inactive.
+    let e = w
+        .db()
+        .activate_host(&h.id, "shared", None, false, &w.op.sub, w.clock.now())
+        .await
+        .unwrap_err();
+    assert!(e.is_constraint("hosts_revoked_inactive"), "{e}");
+    // The host answers again: revoke resumes where it stopped, from the page this time.
+    w.agents.answer(Op::Delete, agents::Answer::NotFound);
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/revoke", h.id), &[])
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(r.text().contains("revoked: drained"));
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.deleted_at.is_some(), "its own 404 confirms");
+    assert_eq!(w.life(&h).await.revoke_step.0, Some(RevokeStep::Revoked));
+    assert_eq!(w.outside(&h.slug), (0, 0, 0, 0));
+    assert_eq!(
+        w.host_relay(&h.token).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        w.actions(&h)
+            .await
+            .iter()
+            .filter(|a| *a == "host.revoke_requested")
+            .count(),
+        1,
+        "one revoke, resumed"
+    );
+
+    // A provider failing at the access step leaves it at removing_access; again resumes.
+    let h2 = w.active_host_with_other_hardware().await;
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
+            .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert_eq!(r.json()["error"], "provider_failed");
+    assert_eq!(
+        w.life(&h2).await.revoke_step.0,
+        Some(RevokeStep::RemovingAccess)
+    );
+    assert_eq!(
+        w.host_relay(&h2.token).await.status,
+        StatusCode::OK,
+        "tokens kept"
+    );
+    w.cf.lock().unwrap().fail = None;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h2.id))
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.outside(&h2.slug), (0, 0, 0, 0));
+}
+
+impl World {
+    /// One heartbeat with `token`.
+    async fn beat(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::post("/api/host/heartbeat")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(
+                        json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok", "tunnel": "ok",
+                               "gpu": "ok", "storage": "ok", "instances": 1})
+                        .to_string(),
+                    ))
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// Whether a create for the customer could land on `host` now.
+    async fn pickable(&self, host: &Host) -> bool {
+        self.db()
+            .pick_hosts_for_gpu(byo_server::app::instances::host_pick(
+                &self.app.state,
+                "spark-1",
+                &self.customer.sub,
+                None,
+            ))
+            .await
+            .unwrap()
+            .iter()
+            .any(|p| p.id == host.id)
+    }
+
+    /// A second active host, on other hardware.
+    async fn active_host_with_other_hardware(&self) -> Host {
+        let (id, slug, token) = self.provisioned().await;
+        let mut body = spark();
+        body["hardware_id"] = json!("c52d");
+        body["machine_id"] = json!("4e3b");
+        let r = self
+            .app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
+        Host {
+            id,
+            slug,
+            token: host_token,
+        }
+    }
+}
+
+async fn h_revoking_a_host_that_never_redeemed_is_refused(w: World) {
+    let (id, slug, _token) = w.provisioned().await;
+    let h = Host {
+        id,
+        slug,
+        token: "byo_hst_none".into(),
+    };
+    let before = snapshot(&w, &h).await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["error"], "not_enrolled");
+    assert_eq!(snapshot(&w, &h).await, before);
+    assert!(w.enrollment_state(&h).await.is_open());
+}
+
+async fn h_a_revoked_host_can_be_retired(w: World) {
+    let h = w.active_host().await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let l = w.life(&h).await;
+    assert!(l.retired_at.is_some());
+    // The enrolment keeps saying what ended it.
+    assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
+}
+
+async fn n1_retire_refusals_change_nothing(w: World) {
+    let h = w.active_host().await;
+    let retire = |id: String| {
+        let op = w.op.clone();
+        async move {
+            op.post_empty(&format!("/api/admin/hosts/{id}/retire"))
+                .await
+        }
+    };
+    let refused = |r: support::Reply, code: &str| {
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+        assert_eq!(r.json()["error"], code, "{}", r.text());
+    };
+    // Active.
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "active");
+    assert_eq!(snapshot(&w, &h).await, before);
+    // Dedicated (and de-pooled).
+    w.db()
+        .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    w.db()
+        .set_host_dedicated(&h.id, Some(&w.customer.sub))
+        .await
+        .unwrap();
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "dedicated");
+    assert_eq!(snapshot(&w, &h).await, before);
+    w.db().set_host_dedicated(&h.id, None).await.unwrap();
+    // A live instance.
+    let vm = w.instance(&h, "live").await;
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "live_instance");
+    assert_eq!(snapshot(&w, &h).await, before);
+    // ... a failed create is not one.
+    w.db().confirm_vm_deleted(&vm, w.clock.now()).await.unwrap();
+    let failed = w
+        .db()
+        .create_vm(
+            NewVm {
+                user_sub: &w.customer.sub,
+                host_id: Some(&h.id),
+                name: "never",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            w.clock.now(),
+        )
+        .await
+        .unwrap();
+    w.db()
+        .mark_vm_creation_failed(&failed.id, w.clock.now())
+        .await
+        .unwrap();
+    // A pre-booking whose window has not ended.
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+             values ('pb-1', '{}', '{}', 'spark-1', '2026-11-01T00:00:00Z', '2027-01-01T00:00:00Z', '2026-11-01T00:00:00Z')",
+            w.customer.sub, h.id
+        ))
+        .await
+        .unwrap();
+    let before = snapshot(&w, &h).await;
+    refused(retire(h.id.clone()).await, "prebooked");
+    assert_eq!(snapshot(&w, &h).await, before);
+    // Its window ended: no longer owed.
+    w.db()
+        .execute_unchecked("update prebookings set end_date = '2025-01-01T00:00:00Z', start_date = '2024-12-01T00:00:00Z' where id = 'pb-1'")
+        .await
+        .unwrap();
+    // Never enrolled: revoke (the enrolment) instead.
+    let (id, slug, _) = w.provisioned().await;
+    let never = Host {
+        id,
+        slug,
+        token: "byo_hst_none".into(),
+    };
+    let before = snapshot(&w, &never).await;
+    refused(retire(never.id.clone()).await, "revoke_instead");
+    assert_eq!(snapshot(&w, &never).await, before);
+    // Never enrolled and its enrolment ended without a redeem: still not a retire (its
+    // allocation goes back through the enrolment's end, H), refused the same way.
+    w.db()
+        .execute_unchecked(&format!(
+            "update host_enrollments set state = 'expired' where host_id = '{}'",
+            never.id
+        ))
+        .await
+        .unwrap();
+    let before = snapshot(&w, &never).await;
+    refused(retire(never.id.clone()).await, "revoke_instead");
+    assert_eq!(snapshot(&w, &never).await, before);
+    // Everything cleared: it retires, the failed create notwithstanding.
+    let r = retire(h.id.clone()).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    // Retired is for good: retired again, de-pooled or activated, each refused by name and
+    // the row as it was.
+    refused(retire(h.id.clone()).await, "retired");
+    for (action, body) in [
+        ("depool", json!({"reason": "x"})),
+        ("activate", json!({"placement": "shared"})),
+    ] {
+        let before = snapshot(&w, &h).await;
+        let r =
+            w.op.post(&format!("/api/admin/hosts/{}/{action}", h.id), body)
+                .await;
+        refused(r, "retired");
+        assert_eq!(snapshot(&w, &h).await, before, "{action}");
+    }
+}
+
+async fn n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes(w: World) {
+    let h = w.active_host().await;
+    w.db()
+        .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    // Cloudflare fails: the relay is already released (outside first), nothing is stamped.
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/retire", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert_eq!(r.json()["error"], "provider_failed");
+    assert_eq!(
+        w.outside(&h.slug),
+        (0, 0, 1, 2),
+        "half-way: the relay went first"
+    );
+    assert!(w.life(&h).await.retired_at.is_none(), "nothing stamped");
+    assert_eq!(w.host_relay(&h.token).await.status, StatusCode::OK);
+    w.cf.lock().unwrap().fail = None;
+
+    // GCP fails on a second host: nothing at all is gone, nothing stamped.
+    let h2 = w.active_host_with_other_hardware().await;
+    w.db()
+        .depool_host(&h2.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    w.gcp.lock().unwrap().fail = Some(Method::DELETE);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/retire", h2.id))
+            .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    assert_eq!(w.outside(&h2.slug), (1, 1, 1, 2));
+    assert!(w.life(&h2).await.retired_at.is_none());
+    w.gcp.lock().unwrap().fail = None;
+
+    // Retire again carries on, and finishes with nothing left in either fake.
+    for host in [&h, &h2] {
+        let r =
+            w.op.post_empty(&format!("/api/admin/hosts/{}/retire", host.id))
+                .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+        assert_eq!(w.outside(&host.slug), (0, 0, 0, 0));
+        let l = w.life(host).await;
+        assert!(l.retired_at.is_some() && !l.active);
+        assert!(!l.relay_key_kept);
+        // Nothing it was issued still works; its enrolment is closed.
+        assert_eq!(
+            w.host_relay(&host.token).await.status,
+            StatusCode::UNAUTHORIZED
+        );
+        assert_eq!(w.enrollment_state(host).await, EnrollmentState::Released);
+    }
+    let g = w.gcp.lock().unwrap();
+    let c = w.cf.lock().unwrap();
+    assert!(g.instances.is_empty() && g.addresses.is_empty());
+    assert!(c.tunnels.is_empty() && c.records.is_empty());
+}
+
+async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
+    let h = w.active_host().await;
+    // While it is not retired, the same box cannot become a second host.
+    let (_, _, token) = w.provisioned().await;
+    let r = w.enroll(&token).await;
+    assert_eq!(r.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", r.text());
+    // Retired through the page.
+    w.db()
+        .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
+            .await;
+    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    let nodes = w.db().host_nodes(&h.id).await.unwrap();
+    assert!(nodes[0].retired_at.is_some(), "hosts_retire_nodes");
+    // The same hardware redeems again, as a new host.
+    let (new_id, _, token) = w.provisioned().await;
+    let r = w.enroll(&token).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let nodes = w.db().host_nodes(&new_id).await.unwrap();
+    assert_eq!(nodes[0].hardware_id, "b41c");
+    // The retired rows still say which host it was in.
+    assert_eq!(
+        w.db().host_nodes(&h.id).await.unwrap()[0].hardware_id,
+        "b41c"
+    );
+}
+
+async fn a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts(w: World) {
+    let h = w.active_host().await;
+    let old = w.db().relay_record(&h.id).await.unwrap().relay_ip.unwrap();
+    assert_eq!(
+        w.host_relay(&h.token).await.json()["endpoint"],
+        format!("{old}:51820")
+    );
+    let first_bootstrap = w.gcp.lock().unwrap().instances[&format!("{}-relay", h.slug)]["metadata"]
+        ["items"][0]["value"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // The relay died: mark the instance GCP holds, to tell it from its replacement.
+    w.gcp
+        .lock()
+        .unwrap()
+        .instances
+        .get_mut(&format!("{}-relay", h.slug))
+        .unwrap()["dead"] = json!(true);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let rr = r.json();
+    let new = rr["new_address"].as_str().unwrap().to_owned();
+    assert_eq!(new, old, "the reserved address is kept");
+    assert_eq!(rr["old_address"], old.as_str());
+    assert_eq!(rr["same_address"], true);
+    assert_eq!(rr["name"], format!("{}-relay", h.slug));
+    // The host's endpoint is unchanged: it needs nothing.
+    assert_eq!(
+        w.host_relay(&h.token).await.json()["endpoint"],
+        format!("{old}:51820")
+    );
+    // One relay, a new instance at the same address, booted with the same WireGuard key
+    // (the host's tunnel trusts it); one address, the same.
+    assert_eq!(w.outside(&h.slug).0, 1);
+    assert_eq!(w.outside(&h.slug).1, 1);
+    {
+        let g = w.gcp.lock().unwrap();
+        let inst = &g.instances[&format!("{}-relay", h.slug)];
+        assert!(inst.get("dead").is_none(), "the dead instance was replaced");
+        assert_eq!(
+            inst["networkInterfaces"][0]["accessConfigs"][0]["natIP"],
+            new.as_str()
+        );
+        let script = inst["metadata"]["items"][0]["value"].as_str().unwrap();
+        let key_line = |s: &str| {
+            s.lines()
+                .find(|l| l.contains("PrivateKey"))
+                .map(str::to_owned)
+        };
+        assert!(key_line(script).is_some());
+        assert_eq!(key_line(script), key_line(&first_bootstrap));
+    }
+    // The customer SSH wildcard still points at it.
+    {
+        let c = w.cf.lock().unwrap();
+        let wildcard = c
+            .records
+            .values()
+            .find(|r| r["type"] == "A" && r["name"].as_str().unwrap().contains(&h.slug))
+            .unwrap();
+        assert_eq!(wildcard["content"], new.as_str());
+    }
+    let a = w.db().audit_of_host(&h.id, 10).await.unwrap();
+    let a = a
+        .iter()
+        .find(|a| a.action == "host.relay_replaced")
+        .unwrap();
+    assert_eq!(a.details.0["new_address"], new.as_str());
+
+    // Refused for a host that never redeemed (its relay is onboarding's), changing nothing.
+    let (id, slug, _) = w.provisioned().await;
+    let never = Host {
+        id,
+        slug,
+        token: "byo_hst_none".into(),
+    };
+    let before = snapshot(&w, &never).await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", never.id))
+            .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(r.json()["error"], "not_enrolled");
+    assert_eq!(snapshot(&w, &never).await, before);
+    // GCP failing to release: the relay is not recorded as replaced; again finishes.
+    w.gcp.lock().unwrap().fail = Some(Method::DELETE);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    w.gcp.lock().unwrap().fail = None;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.outside(&h.slug).0, 1);
+}
+
+async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "on-the-page").await;
+    let beat = json!({"agent_version": "0.7.3+abc", "lxd": "ok", "relay": "ok",
+        "tunnel": "down", "gpu": "ok", "storage": "ok",
+        "instances": 1, "details": {"note": "q".repeat(8_000)}});
+    let r = w
+        .app
+        .send(
+            Request::post("/api/host/heartbeat")
+                .header(header::AUTHORIZATION, format!("Bearer {}", h.token))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(beat.to_string()))
+                .unwrap(),
+        )
+        .await;
+    assert!(r.status.is_success(), "{} {}", r.status, r.text());
+    w.clock.advance(chrono::Duration::seconds(42));
+    let list = w.op.page("/admin/hosts").await;
+    assert!(list.contains(&format!("href=\"/admin/hosts/{}\"", h.id)));
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    for want in [
+        &format!("Host {}", h.slug),
+        "active (shared)",
+        "(42 s ago)",
+        "0.7.3+abc",
+        "finished 2026-11-29",
+        "holds version",
+        "on-the-page",
+        "live",
+        "host.activate",
+        "De-pool",
+        "Revoke",
+        "Retire",
+        "Replace relay",
+        "Takes it out of placement",
+    ] {
+        assert!(page.contains(want), "{want} missing");
+    }
+    assert!(!page.contains(&"q".repeat(3000)), "the details are cut");
+    assert!(page.len() < 40_000, "{} bytes", page.len());
+    // Stuck deletes show.
+    w.db().request_vm_delete(&vm, w.clock.now()).await.unwrap();
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(page.contains("not confirmed by the host"));
+    // Only operators read it.
+    let r = w.customer.get(&format!("/admin/hosts/{}", h.id)).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    // A refusal from an action is shown on the page.
+    let r =
+        w.op.post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
+            .await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert!(r.text().contains("de-pool it first"));
+}
+
+async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall(w: World) {
+    let h = w.active_host().await;
+    let vm = w.instance(&h, "rented").await;
+    // The owner's words: renting, idle, unreachable.
+    assert!(w.beat(&h.token).await.status.is_success());
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("renting: a customer is using it"), "{page}");
+    assert!(page.contains("Stop hosting"));
+    w.clock.advance(chrono::Duration::minutes(10));
+    let page = w.owner.page("/hosts").await;
+    assert!(
+        page.contains("unreachable since 2026-11-29 12:00 UTC"),
+        "{page}"
+    );
+    assert!(w.beat(&h.token).await.status.is_success());
+
+    // Nobody else may stop it: a customer, another host owner, even an operator (theirs is
+    // de-pool and revoke) are told there is no such host, and nothing changes.
+    let other = w.app.community_host("other-owner@example.com").await;
+    let before = snapshot(&w, &h).await;
+    for u in [&w.customer, &other, &w.op] {
+        let r = u.post_empty(&format!("/api/hosts/{}/stop", h.id)).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", u.email);
+    }
+    assert_eq!(snapshot(&w, &h).await, before);
+
+    // The host does not confirm: stopping, and the page says so.
+    w.agents.answer(
+        Op::Delete,
+        agents::Answer::unreachable("connection refused"),
+    );
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/stop", h.id))
+        .await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert_eq!(r.json()["drain"]["waiting"], json!([vm]));
+    assert!(
+        r.json()["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("the host has not confirmed the end of 1 instance(s)"),
+        "{}",
+        r.text()
+    );
+    assert!(!w.life(&h).await.active);
+    let page = w.owner.page("/hosts").await;
+    assert!(
+        page.contains("stopping: waiting for 1 instance(s) to end"),
+        "{page}"
+    );
+    assert!(!page.contains("byo-agent uninstall"));
+    // It answers: stopped, and the uninstall instructions show, from the page's form.
+    w.agents.answer(Op::Delete, agents::Answer::Ok);
+    let r = w
+        .owner
+        .post_form(&format!("/hosts/{}/stop", h.id), &[])
+        .await;
+    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    let v = w.db().vm(&vm).await.unwrap().unwrap();
+    assert!(v.deleted_at.is_some());
+    let deleted = w
+        .db()
+        .audit_of_host(&h.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|a| a.action == "vm.delete_requested")
+        .unwrap();
+    assert_eq!(deleted.details.0["by"], "host_owner");
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("stopped: you can uninstall now"), "{page}");
+    assert!(page.contains("sudo byo-agent uninstall"));
+    assert!(page.contains("--keep-lxd"));
+    assert!(
+        page.contains("curl -fsSL http://localhost:8080/install.sh | sudo bash -s -- --uninstall")
+    );
+    assert!(!page.contains(">Stop hosting<"));
+    // The second stop found it de-pooled by its owner already: one stop recorded.
+    let stops = w
+        .db()
+        .audit_of_host(&h.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.stop_hosting")
+        .count();
+    assert_eq!(stops, 1);
+    // De-pool and drain only: access is kept (not a revoke), nothing retired.
+    let l = w.life(&h).await;
+    assert!(l.revoke_step.0.is_none() && l.retired_at.is_none());
+    assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+}
+
+/// An owner stopping a host an operator de-pooled takes it over as stopped: the reason
+/// becomes the owner's, and the page offers the uninstall.
+async fn stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop(w: World) {
+    let h = w.active_host().await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", h.id),
+            json!({"reason": "maintenance"}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    assert!(
+        w.owner
+            .page("/hosts")
+            .await
+            .contains("de-pooled: maintenance")
+    );
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/stop", h.id))
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let page = w.owner.page("/hosts").await;
+    assert!(page.contains("stopped: you can uninstall now"), "{page}");
+}
+
+/// Item 8: each failure the design names is on /admin/hosts/{id} by name as soon as the
+/// heartbeat (or the backend's own record) carrying it lands, with no SSH to the host.
+async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
+    let h = w.active_host().await;
+    let problems = |page: &str| -> Vec<String> {
+        page.split("<li class=\"problem\"><strong>")
+            .skip(1)
+            .map(|p| p.split('<').next().unwrap().to_owned())
+            .collect()
+    };
+    let page_of = |h: &Host| format!("/admin/hosts/{}", h.id);
+    let beat = |details: Value| {
+        let token = h.token.clone();
+        let app = &w.app;
+        async move {
+            let r = app
+                .send(
+                    Request::post("/api/host/heartbeat")
+                        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(
+                            json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok",
+                                   "tunnel": "ok", "gpu": "ok", "storage": "ok",
+                                   "instances": 0, "details": details})
+                            .to_string(),
+                        ))
+                        .unwrap(),
+                )
+                .await;
+            assert!(r.status.is_success(), "{}", r.text());
+        }
+    };
+    // Heard from and in order: nothing is named.
+    beat(json!({"relay_map": "in_sync"})).await;
+    let page = w.op.page(&page_of(&h)).await;
+    assert!(problems(&page).is_empty(), "{:?}", problems(&page));
+    assert!(page.contains("None seen."));
+
+    // Relay map drift, and a rollback, each named by the beat that carries it.
+    beat(json!({"relay_map": "drift_rewritten"})).await;
+    assert_eq!(
+        problems(&w.op.page(&page_of(&h)).await),
+        ["relay map drift"]
+    );
+    beat(json!({"relay_map": "in_sync", "rollback": {"at": "2026-11-29T12:00:05Z"}})).await;
+    assert_eq!(problems(&w.op.page(&page_of(&h)).await), ["rollback fired"]);
+    // L3.3: a pair whose node1 does not answer is named half a pair, with the agent's words.
+    beat(json!({"relay_map": "in_sync", "half_a_pair": ["node1 cannot be reached over the management network: timed out"]})).await;
+    let page = w.op.page(&page_of(&h)).await;
+    assert_eq!(problems(&page), ["half a pair"]);
+    assert!(
+        page.contains("node1 cannot be reached over the management network"),
+        "{page}"
+    );
+    // #16: the host reports the list it holds; one past its expiry is named.
+    beat(json!({"relay_map": "in_sync", "operator_keys": {"version": 1, "expires": "2026-11-01T00:00:00Z"}})).await;
+    assert_eq!(
+        problems(&w.op.page(&page_of(&h)).await),
+        ["key list expired"]
+    );
+    beat(json!({"relay_map": "in_sync", "operator_keys": {"version": 1, "expires": "2027-02-01T00:00:00Z"}})).await;
+    assert!(problems(&w.op.page(&page_of(&h)).await).is_empty());
+    beat(json!({"relay_map": "in_sync"})).await;
+
+    // A stuck delete, a failed push (and the list it leaves the host lagging on), a bench.
+    let vm = w.instance(&h, "stuck-one").await;
+    w.db().request_vm_delete(&vm, w.clock.now()).await.unwrap();
+    w.db()
+        .record_key_push(&h.id, Err("the host did not answer"), w.clock.now())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        w.db()
+            .record_placement_failure(&h.id, "refused", 3, w.clock.now())
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        problems(&w.op.page(&page_of(&h)).await),
+        ["stuck delete", "failed push", "benched"],
+        "a failed push keeps the version the host held (v1, from its enrolment): not lagging"
+    );
+
+    // A preparation that stopped: named with its step.
+    let preparing = w.active_host_with_other_hardware().await;
+    let id = preparing.id.clone();
+    w.db()
+        .record_prepare_state(
+            &id,
+            0,
+            &json!({"step": "lxd-install", "state": "failed", "error": "apt said no"}),
+            false,
+            w.clock.now(),
+        )
+        .await
+        .unwrap();
+    let page = w.op.page(&format!("/admin/hosts/{id}")).await;
+    assert!(
+        problems(&page).contains(&"prepare stopped".to_owned()),
+        "{page}"
+    );
+    assert!(page.contains("at step lxd-install"));
+
+    // Silence past placement's age: the agent is named unreachable; near the published
+    // list's expiry, the list is named expiring.
+    let published = w.db().published_key_list().await.unwrap().unwrap();
+    let expires = byo_core::keylist::KeyList::from_canonical(&published.body)
+        .unwrap()
+        .expires;
+    w.clock
+        .advance(expires - w.clock.now() - chrono::Duration::days(3));
+    // (a session from then: the first one has lapsed)
+    let op = w.app.operator("later-op@example.com").await;
+    let named = problems(&op.page(&page_of(&h)).await);
+    assert_eq!(named[0], "agent unreachable");
+    assert!(named.contains(&"key list expiring".to_owned()), "{named:?}");
+}
+
+/// Host configuration after go-live, 5: the deliberate run (`byo-agent prepare --again`)
+/// reports every step through host-report as the first preparation did. A failed step on a
+/// host in service is named on /admin ("re-prepare failed", its step and reason) and takes
+/// nothing away: the host stays active and prepared, with its instance, its placement and
+/// its audit as they were. A completed run clears the name.
+async fn l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service(w: World) {
+    let h = w.active_host().await;
+    w.instance(&h, "stays").await;
+    let host_row = || async { w.db().host(&h.id).await.unwrap().unwrap() };
+    let before = host_row().await;
+    let facts = snapshot(&w, &h).await;
+    let report = |state: Value, completed: bool| {
+        let token = h.token.clone();
+        let app = &w.app;
+        async move {
+            let r = app
+                .send(
+                    Request::post("/api/host/report")
+                        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                        .header(header::CONTENT_TYPE, "application/json")
+                        .body(Body::from(
+                            json!({"node": 0, "state": state, "completed": completed}).to_string(),
+                        ))
+                        .unwrap(),
+                )
+                .await;
+            assert!(r.status.is_success(), "{}", r.text());
+        }
+    };
+    let at = w.clock.now().to_rfc3339();
+    let step = |name: &str, state: &str, error: Option<&str>| json!({"step": name, "state": state, "attempt": 1, "error": error, "final": false, "at": at});
+    report(step("operator-access", "satisfied", None), false).await;
+    report(
+        step(
+            "earlyoom",
+            "failed",
+            Some("apply failed: systemctl enable earlyoom: Unit file earlyoom.service is masked."),
+        ),
+        false,
+    )
+    .await;
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(
+        page.contains(
+            "<strong>re-prepare failed</strong>: at earlyoom: apply failed: systemctl enable earlyoom: Unit file earlyoom.service is masked."
+        ),
+        "{page}"
+    );
+    assert!(!page.contains("prepare stopped"), "{page}");
+    assert!(
+        page.contains("prepared again since, which stopped at: earlyoom failed"),
+        "{page}"
+    );
+    // Nothing taken away: still active, prepared when it was, its instance and the rest.
+    let after = host_row().await;
+    assert!(after.active);
+    assert_eq!(after.prepared_at, before.prepared_at);
+    assert_eq!(after.placement, before.placement);
+    assert_eq!(snapshot(&w, &h).await, facts);
+
+    // Run again to completion: the last step's report carries completed, and the name goes.
+    report(step("self-check", "satisfied", None), true).await;
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(!page.contains("re-prepare failed"), "{page}");
+    assert_eq!(host_row().await.prepared_at, before.prepared_at);
+}
+
+/// Retire refuses a revoke still in progress, replace-relay refuses a host being revoked and a
+/// host provisioned before relay keys were kept; each refusal leaves the host, its relay and
+/// the outside exactly as they were.
+async fn a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes(w: World) {
+    let h = w.active_host().await;
+    // Drained, then stopped removing access: GCP fails every delete.
+    w.gcp.lock().unwrap().fail = Some(Method::DELETE);
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/revoke", h.id))
+            .await;
+    assert_eq!(r.status, StatusCode::BAD_GATEWAY, "{}", r.text());
+    w.gcp.lock().unwrap().fail = None;
+    assert_eq!(
+        w.life(&h).await.revoke_step.0,
+        Some(RevokeStep::RemovingAccess)
+    );
+    let before = (snapshot(&w, &h).await, w.outside(&h.slug));
+    for (path, code) in [
+        ("retire", "revoke_in_progress"),
+        ("replace-relay", "revoked"),
+    ] {
+        let r =
+            w.op.post_empty(&format!("/api/admin/hosts/{}/{path}", h.id))
+                .await;
+        assert_eq!(r.status, StatusCode::CONFLICT, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"], code, "{path}");
+        assert_eq!(
+            (snapshot(&w, &h).await, w.outside(&h.slug)),
+            before,
+            "{path}"
+        );
+    }
+
+    // Provisioned before 0007: no relay key kept, so no relay it could trust.
+    let old = w.active_host_with_other_hardware().await;
+    w.db()
+        .execute_unchecked(&format!(
+            "update hosts set relay_wg_key = null where id = '{}'",
+            old.id
+        ))
+        .await
+        .unwrap();
+    let before = (snapshot(&w, &old).await, w.outside(&old.slug));
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/replace-relay", old.id))
+            .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert_eq!(r.json()["error"], "relay_key_unknown");
+    assert_eq!((snapshot(&w, &old).await, w.outside(&old.slug)), before);
+}

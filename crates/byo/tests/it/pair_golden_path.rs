@@ -1,0 +1,62 @@
+//! K1's "done when", on real parts: a pair of Debian host containers joined by cables (the
+//! cable bed of `byo-agent/tests/it/support/cabled.rs`) enrols from the one-liner run on node0
+//! alone (`--peer --nodes=2`, node1's login from a root-only file), against the real server
+//! (SQLite) with a real relay; redeem writes both host_nodes rows from the cable's evidence;
+//! node0 prepares node1 over SSH and the rails are proved; an operator activates it; a customer
+//! rents it, and their plain `ssh` to the relay lands in the head, which reaches its worker on
+//! node1 as `user` over the rail. Delete takes both containers.
+
+use crate::cabled;
+use crate::cabled_platform;
+use crate::relay_support;
+
+use cabled::{Bed, containers, head_to_worker};
+use cabled_platform::{Enrolled, Platform};
+use relay_support::kernel_parts;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() {
+    if !kernel_parts(&["ip", "nft", "wg", "wireguard-go", "caddy", "ssh", "lxc"]) {
+        return;
+    }
+    let Some(bed) = Bed::pair("byo-gpair") else {
+        return;
+    };
+    let (n0, n1) = (&bed.node0, &bed.node1);
+    // The pair's staff-only test profile (migration 0019).
+    let p = Platform::start("byo-gpair", "linux-test-2").await;
+
+    // Two cables at a QSFP's MTU, crossed, each showing node1's two PCIe functions.
+    bed.cable_with_mtu(&[(n0, "rail0"), (n1, "rail1"), (n1, "rail1b")], Some(9000));
+    bed.cable_with_mtu(&[(n0, "rail1"), (n1, "rail0"), (n1, "rail0b")], Some(9000));
+
+    // A–C: the one-liner on node0 alone; redeem writes both machines from the cable's
+    // evidence.
+    let Enrolled { host_id, relay } = p.enrol(n0, "linux-test-2", 2).await;
+
+    // 129–132: node0 prepares node1 and proves both cables; the rows say so.
+    p.prepared(&host_id, n0, 2).await;
+
+    // D + E: activated and rented; the customer's ssh lands in the head.
+    let (vm_id, name) = p.rent(&host_id, "linux-test-2", &relay).await;
+    let worker = format!("{name}-w1");
+    assert!(
+        containers(n1).contains(&format!("{worker},RUNNING")),
+        "{}",
+        containers(n1)
+    );
+    // The head reaches its worker as user over each rail.
+    for addr in ["192.168.100.11", "192.168.101.11"] {
+        assert_eq!(
+            head_to_worker(n0, &name, "/root/.ssh/id_dropbear", addr),
+            Ok(worker.clone()),
+            "over {addr}"
+        );
+    }
+
+    // G: delete takes both containers.
+    p.delete(&vm_id).await;
+    assert!(!containers(n0).contains(&name), "{}", containers(n0));
+    assert!(!containers(n1).contains(&worker), "{}", containers(n1));
+    p.phase("deleted: head and worker gone");
+}
