@@ -102,21 +102,6 @@ pub fn judge(
     Ok(sha)
 }
 
-/// An error and its causes on one line (reqwest keeps "connection refused" in a source).
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
-    }
-    text
-}
-
 /// `url`'s body, `None` on a 404; anything else but a 200 is a refusal.
 fn fetch(
     client: &reqwest::blocking::Client,
@@ -128,7 +113,7 @@ fn fetch(
             EXIT_UNREACHABLE,
             format!(
                 "could not reach {server} (fetching {url}): {}; nothing was installed",
-                chain(&e.without_url())
+                crate::enroll::chain(&e.without_url())
             ),
         )
     })?;
