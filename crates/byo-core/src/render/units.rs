@@ -238,6 +238,59 @@ pub fn tenant_firewall(nft: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The finish every install and upgrade runs: the running build kept before the new one
+    /// replaces it (never after), the rollback record of an older build dropped, the rollback
+    /// script and every unit written before systemd reloads, and then serving restarted on
+    /// an upgrade or preparation started on a first install, by the hand-over record.
+    #[test]
+    fn the_finish_keeps_the_running_build_then_installs_the_new_one_and_its_units() {
+        let bin = "/opt/byo-agent";
+        let f = finish_script(bin);
+        let at = |needle: &str| {
+            f.find(needle)
+                .unwrap_or_else(|| panic!("{needle:?} not in:\n{f}"))
+        };
+        let order = [
+            format!("cmp -s \"$stage/byo-agent\" {bin}"),
+            format!("cp -p {bin} {bin}.previous"),
+            format!("install -m 755 \"$stage/byo-agent\" {bin}.new"),
+            format!("mv -f {bin}.new {bin}\n"),
+            format!("rm -f {ROLLED_BACK}"),
+            format!(
+                "cat > {ROLLBACK_SCRIPT}.new <<'ROLLBACK'\n{}ROLLBACK\n",
+                rollback_script(bin)
+            ),
+            format!("mv -f {ROLLBACK_SCRIPT}.new {ROLLBACK_SCRIPT}"),
+            format!("cat > /etc/systemd/system/{PREPARE} <<'UNIT'\n"),
+            "systemctl daemon-reload".to_owned(),
+            format!("systemctl enable {PREPARE} {SERVING}"),
+            format!("systemctl enable --now {REBOOT_PATH} {RAILS_PATH}"),
+            format!("if [ -f {HANDED_OVER} ]"),
+            format!("systemctl reset-failed {SERVING}"),
+            format!("systemctl restart {SERVING}"),
+            format!("systemctl start --no-block {PREPARE}"),
+        ];
+        // Each found after the one before it (the rollback script, embedded, has lines of
+        // its own that look alike).
+        let mut places = Vec::new();
+        let mut from = 0;
+        for needle in &order {
+            let found = f[from..]
+                .find(needle.as_str())
+                .unwrap_or_else(|| panic!("{needle:?} not after byte {from} in:\n{f}"));
+            from += found + needle.len();
+            places.push(from - needle.len());
+        }
+        // Every unit, whole, between the rollback script and the reload.
+        for (name, body) in units(bin) {
+            let unit = at(&format!(
+                "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
+            ));
+            assert!(places[6] < unit && unit < places[8], "{name}");
+        }
+        assert!(f.starts_with("#!/bin/bash\nset -euo pipefail\nstage=\"$1\"\n"));
+    }
+
     /// What install.sh writes, by name and in order: the three units J names, then what
     /// serving may ask root for (L4's reboot, a pair's rails), each running what it says.
     /// `systemd-analyze verify` and the real hosts run them (byo-agent's tests); this pins
