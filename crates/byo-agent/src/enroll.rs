@@ -147,7 +147,7 @@ impl EnrollError {
 }
 
 /// An error and its causes, one line: reqwest hides "connection refused" in its sources.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {

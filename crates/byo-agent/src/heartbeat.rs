@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use byo_core::render::units;
 use byo_wire::relay::SshMap;
 use byo_wire::vm::{Health, Heartbeat, HeldVm, MAX_HELD_VMS};
 use serde_json::json;
@@ -33,27 +34,57 @@ fn describe_map(map: &SshMap) -> String {
     }
 }
 
-/// The operator tunnel, actually checked: cloudflared's unit as systemd has it. Not
-/// configured when preparation installed none (the profile has no tunnel).
-fn tunnel_health<H: Host + ?Sized>(host: &mut H, configured: Option<bool>) -> (Health, String) {
+/// The operator tunnel, actually checked: the unit preparation installs it as
+/// ([`units::TUNNEL`]), as systemd has it. Not configured when preparation installed none (the
+/// profile has no tunnel). The unit restarts a dying connector for ever (`Restart=always`),
+/// so `is-active` alone would read a crash loop as "activating": between restarts
+/// (`auto-restart`) it is down.
+pub fn tunnel_health<H: Host + ?Sized>(host: &mut H, configured: Option<bool>) -> (Health, String) {
     if configured == Some(false) {
         return (
             Health::NotConfigured,
             "no operator tunnel on this host".to_owned(),
         );
     }
-    let state = match host.run(&["systemctl", "is-active", "cloudflared"], None) {
-        Ok(out) => out.stdout.trim().chars().take(32).collect::<String>(),
+    let argv = [
+        "systemctl",
+        "show",
+        units::TUNNEL,
+        "-p",
+        "ActiveState",
+        "-p",
+        "SubState",
+    ];
+    let shown = match host.run(&argv, None) {
+        Ok(out) if out.ok() => out.stdout,
+        Ok(out) => {
+            return (
+                Health::Unknown,
+                format!("systemctl: {}", first_line(&out.stderr)),
+            );
+        }
         Err(e) => return (Health::Unknown, format!("systemctl: {}", first_line(&e))),
     };
-    let health = match (state.as_str(), configured) {
-        ("active", _) => Health::Ok,
-        ("activating" | "reloading", _) => Health::Degraded,
-        (_, Some(true)) => Health::Down,
-        // A hand-over that does not say whether a tunnel was installed.
-        (_, _) => Health::Unknown,
+    let field = |name: &str| {
+        shown
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix('='))
+            .unwrap_or_default()
+            .trim()
+            .chars()
+            .take(32)
+            .collect::<String>()
     };
-    (health, format!("cloudflared: {state}"))
+    let (active, sub) = (field("ActiveState"), field("SubState"));
+    let health = match (active.as_str(), sub.as_str(), configured) {
+        ("active", _, _) => Health::Ok,
+        (_, "auto-restart", _) => Health::Down,
+        ("activating" | "reloading", _, _) => Health::Degraded,
+        (_, _, Some(true)) => Health::Down,
+        // A hand-over that does not say whether a tunnel was installed.
+        (_, _, _) => Health::Unknown,
+    };
+    (health, format!("{}: {active} ({sub})", units::TUNNEL))
 }
 
 /// The GPU, actually checked where the profile has one: nvidia-smi lists a GPU.
@@ -336,7 +367,8 @@ mod tests {
     /// A host whose programs answer as told and whose LXD holds `instances`.
     struct FakeHost {
         instances: serde_json::Value,
-        cloudflared: Option<&'static str>,
+        /// The tunnel unit's (ActiveState, SubState), `None` when systemctl is missing.
+        tunnel: Option<(&'static str, &'static str)>,
         nvidia: Option<Output>,
         /// What enverge-agent-rollback left, if anything.
         rolled_back: Option<&'static str>,
@@ -349,12 +381,18 @@ mod tests {
     impl Host for FakeHost {
         fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
             match argv {
-                ["systemctl", "is-active", "cloudflared"] => match self.cloudflared {
-                    Some(state) => Ok(Output {
-                        code: i32::from(state != "active"),
-                        stdout: format!("{state}\n"),
-                        stderr: String::new(),
-                    }),
+                [
+                    "systemctl",
+                    "show",
+                    units::TUNNEL,
+                    "-p",
+                    "ActiveState",
+                    "-p",
+                    "SubState",
+                ] => match self.tunnel {
+                    Some((active, sub)) => Ok(Output::success(format!(
+                        "ActiveState={active}\nSubState={sub}\n"
+                    ))),
                     None => Err("no systemctl".into()),
                 },
                 ["nvidia-smi", "-L"] => self.nvidia.clone().ok_or_else(|| "not found".into()),
@@ -451,7 +489,7 @@ mod tests {
         let mut host = FakeHost {
             instances: json!([ours("vm-abc12345", "Running", 22000), ours("vm-old00001", "Stopped", 22001),
                               {"name": "lofispark-build", "status": "Stopped", "config": {}}]),
-            cloudflared: Some("active"),
+            tunnel: Some(("active", "running")),
             nvidia: None,
             rolled_back: None,
             held_keys: None,
@@ -511,10 +549,10 @@ mod tests {
     #[test]
     fn the_tunnel_and_the_gpu_are_checked_not_assumed() {
         let cases = [
-            // (tunnel configured, cloudflared's state, gpu, nvidia-smi) -> (tunnel, gpu)
+            // (tunnel configured, the tunnel unit's state, gpu, nvidia-smi) -> (tunnel, gpu)
             (
                 Some(true),
-                Some("active"),
+                Some(("active", "running")),
                 true,
                 smi(0, "GPU 0: NVIDIA GB10 (UUID: GPU-1)\n"),
                 Health::Ok,
@@ -522,15 +560,24 @@ mod tests {
             ),
             (
                 Some(true),
-                Some("failed"),
+                Some(("failed", "failed")),
                 true,
                 smi(9, ""),
                 Health::Down,
                 Health::Down,
             ),
+            // A connector that keeps dying, between two of its restarts.
             (
                 Some(true),
-                Some("activating"),
+                Some(("activating", "auto-restart")),
+                true,
+                smi(0, "GPU 0: NVIDIA GB10 (UUID: GPU-1)\n"),
+                Health::Down,
+                Health::Ok,
+            ),
+            (
+                Some(true),
+                Some(("activating", "start")),
                 true,
                 None,
                 Health::Degraded,
@@ -538,7 +585,7 @@ mod tests {
             ),
             (
                 Some(false),
-                Some("inactive"),
+                Some(("inactive", "dead")),
                 false,
                 None,
                 Health::NotConfigured,
@@ -546,7 +593,7 @@ mod tests {
             ),
             (
                 None,
-                Some("active"),
+                Some(("active", "running")),
                 false,
                 None,
                 Health::Ok,
@@ -554,7 +601,7 @@ mod tests {
             ),
             (
                 None,
-                Some("inactive"),
+                Some(("inactive", "dead")),
                 false,
                 None,
                 Health::Unknown,
@@ -564,7 +611,7 @@ mod tests {
         for (tunnel, state, gpu, nvidia, want_tunnel, want_gpu) in cases {
             let mut host = FakeHost {
                 instances: json!([]),
-                cloudflared: state,
+                tunnel: state,
                 nvidia,
                 rolled_back: None,
                 held_keys: None,
@@ -593,7 +640,7 @@ mod tests {
         };
         let mut host = FakeHost {
             instances: json!([]),
-            cloudflared: None,
+            tunnel: None,
             nvidia: None,
             rolled_back: None,
             held_keys: None,
@@ -620,7 +667,7 @@ mod tests {
         let list = t::list("prod", 7, vec![t::login_key("op", "laptop")], now);
         let mut host = FakeHost {
             instances: json!([]),
-            cloudflared: None,
+            tunnel: None,
             nvidia: None,
             rolled_back: None,
             held_keys: Some(t::envelope(&list, &[&t::private_key()])),
@@ -661,7 +708,7 @@ mod tests {
         };
         let mut host = FakeHost {
             instances: json!([]),
-            cloudflared: None,
+            tunnel: None,
             nvidia: None,
             rolled_back: None,
             held_keys: Some(t::envelope(&list, &[&t::private_key()])),

@@ -20,5 +20,6 @@ pub mod report;
 pub mod rollback;
 pub mod serve;
 pub mod uninstall;
+pub mod upgrade;
 pub mod vms;
 pub mod workers;

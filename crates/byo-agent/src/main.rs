@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byo_agent::operator_keys::{self, OperatorKeys, Paths};
 use byo_agent::serve::{self, ServeOptions};
-use byo_agent::{enroll, prepare, uninstall};
+use byo_agent::{enroll, prepare, uninstall, upgrade};
 use clap::{Args, Parser, Subcommand};
 
 /// The byo host agent. It is installed by the one-liner from the owner's dashboard and
@@ -118,6 +118,33 @@ enum Command {
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
+    /// Upgrade this machine's agent to the build its server serves, verified here (as root;
+    /// what `byo fleet upgrade` runs over ssh).
+    ///
+    /// The build and its signature are fetched from the server this machine enrolled with
+    /// (/etc/enverge/server); the signature must be the release key's — the one pinned on
+    /// this machine (/etc/enverge/release-key), whatever the server names — and, with
+    /// --build, the build must be that one. The build must run here (--version). Only then
+    /// is it installed, detached as the transient unit enverge-agent-install so a dropped
+    /// SSH session cannot cut it short: the running build kept as byo-agent.previous, the
+    /// new build's own units and rollback script written, serving restarted (or, before
+    /// preparation has handed over, preparation started). No script from the server runs.
+    ///
+    /// Exit status: 0 upgraded (or already on the build), 6 the server could not be
+    /// reached, 7 it serves no build for this arch, 8 the build is not signed by the pinned
+    /// release key (or none is pinned, or no signature is served), 10 it serves another
+    /// build than --build, 1 anything else (not root, not enrolled, a build that does not
+    /// run here, the detached install failed). Nothing is installed on any refusal.
+    Upgrade {
+        /// The build expected: 12 to 64 hex digits of its sha256 (what /admin/releases and
+        /// `byo release publish` name it by).
+        #[arg(long)]
+        build: Option<String>,
+    },
+    /// Print the script that installs this build (its units and rollback script), which
+    /// `upgrade` runs detached once this build is verified; install.sh carries the same.
+    #[command(hide = true)]
+    FinishScript,
     /// Hand this machine back to its owner (as root, on node0; `install.sh --uninstall`
     /// runs it).
     ///
@@ -282,6 +309,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             yes,
             owner,
         } => uninstall::run(keep_lxd, yes, owner).map_err(anyhow::Error::from),
+        Command::Upgrade { build } => upgrade::run(build.as_deref()).map_err(anyhow::Error::from),
+        Command::FinishScript => {
+            use byo_core::render::units;
+            print!("{}", units::finish_script(units::AGENT_BIN));
+            Ok(())
+        }
     }
 }
 
@@ -308,6 +341,9 @@ fn main() -> ExitCode {
             // enroll's refusals have their own statuses, which install.sh passes on.
             if let Some(stopped) = e.downcast_ref::<uninstall::UninstallError>() {
                 return ExitCode::from(stopped.exit_code());
+            }
+            if let Some(refused) = e.downcast_ref::<upgrade::UpgradeError>() {
+                return ExitCode::from(refused.exit_code());
             }
             if let Some(again) = e.downcast_ref::<prepare::again::AgainError>() {
                 return ExitCode::from(again.exit_code());

@@ -50,8 +50,14 @@ impl Default for AgentWaits {
 pub enum AgentError {
     /// No answer: no address or token, no connection, or no answer in time.
     Unreachable(String),
-    /// The agent answered and refused: its status and its reason, for the caller.
-    Refused { status: u16, reason: String },
+    /// The agent answered and refused: its status, its code when it sent its own refusal,
+    /// and its reason — for operators (the log, the audit, /admin); a customer is told
+    /// [`AgentError::in_our_words`].
+    Refused {
+        status: u16,
+        code: Option<AgentErrorCode>,
+        reason: String,
+    },
     /// A create refused because the host already holds an instance (`host_occupied`): the
     /// agent's reason, which names that instance (for operators, not the customer).
     Occupied(String),
@@ -61,12 +67,37 @@ impl std::fmt::Display for AgentError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             AgentError::Unreachable(why) => write!(f, "the host did not answer: {why}"),
-            AgentError::Refused { status, reason } => {
+            AgentError::Refused { status, reason, .. } => {
                 write!(f, "the host refused ({status}): {reason}")
             }
             AgentError::Occupied(reason) => {
                 write!(f, "the host refused (host_occupied): {reason}")
             }
+        }
+    }
+}
+
+impl AgentError {
+    /// What a customer is told (issue #36, 8): our words for what happened, never the
+    /// agent's own text nor a connection error, which name the host's insides (addresses,
+    /// another customer's instance, LXD's messages). Those stay with operators: the log,
+    /// the audit and /admin keep [`Display`](std::fmt::Display)'s whole reason.
+    pub fn in_our_words(&self) -> &'static str {
+        match self {
+            AgentError::Unreachable(_) => "the host did not answer",
+            AgentError::Occupied(_) => "the host is busy with another instance",
+            AgentError::Refused { code, .. } => match code {
+                Some(AgentErrorCode::NotPrepared) => "the host is not serving yet",
+                Some(AgentErrorCode::HostOccupied | AgentErrorCode::HostPreparing) => {
+                    "the host is busy"
+                }
+                Some(AgentErrorCode::Conflict) => "the instance is not in a state that allows it",
+                Some(AgentErrorCode::NotFound) => "the host does not hold this instance",
+                Some(AgentErrorCode::Reverted | AgentErrorCode::Failed) => {
+                    "the host could not carry it out and took back what it had done"
+                }
+                _ => "the host could not carry it out",
+            },
         }
     }
 }
@@ -393,6 +424,7 @@ async fn refusal(resp: reqwest::Response) -> AgentError {
     }
     AgentError::Refused {
         status,
+        code,
         reason: printable(&reason),
     }
 }
@@ -411,6 +443,7 @@ fn name_in_path(name: &str) -> Result<&str, AgentError> {
     } else {
         Err(AgentError::Refused {
             status: 400,
+            code: None,
             reason: format!("{name:?} is not an instance name"),
         })
     }
@@ -454,6 +487,7 @@ impl HttpAgents {
             }
             return Err(AgentError::Refused {
                 status: 404,
+                code: None,
                 reason: "a 404 that is not the agent's own answer; not taken as confirmation"
                     .to_owned(),
             });
@@ -505,6 +539,7 @@ impl HttpAgents {
         }
         resp.json().await.map_err(|e| AgentError::Refused {
             status: 202,
+            code: None,
             reason: format!("the reboot's answer does not parse: {}", without_url(&e)),
         })
     }

@@ -3,10 +3,12 @@
 //!
 //! The server plans and records the run (`/api/admin/fleet-upgrades`): which hosts, which
 //! wave, which are skipped (mid-create, de-pooled) and why. For each host of a wave this
-//! command runs the owner's one-liner without a token —
-//! `curl -fsSL <server>/install.sh | sudo bash -s --` — as `spark` with the operator's own
-//! key (spark's sudo is NOPASSWD, operator-access), then waits until the server says the
-//! host's heartbeat reports the build, healthy; the next wave starts only then. The first
+//! command runs the host's own verifier — `sudo /usr/local/bin/byo-agent upgrade --build B`
+//! — as `spark` with the operator's own key (spark's sudo is NOPASSWD, operator-access):
+//! the agent already installed fetches the build, verifies it against the release key
+//! pinned on the host and installs it; no script from the server runs (issue #36, 2: a
+//! compromised server must not own every host at the next upgrade). Then it waits until the
+//! server says the host's heartbeat reports the build, healthy; the next wave starts only then. The first
 //! failure halts the run with its reason; `--resume` picks it up again (the failed host is
 //! tried again, healthy ones are not touched). A server never holds an operator's key, which
 //! is why the SSH runs here.
@@ -40,10 +42,13 @@ pub enum Via {
 Upgrades every prepared BYO host to one published build, in waves: a canary first, then
 cohorts doubling (--canary, --growth). On each host it runs, as spark with your operator key:
 
-  curl -fsSL <server>/install.sh | sudo bash -s --
+  sudo /usr/local/bin/byo-agent upgrade --build <build>
 
-(the owner's one-liner without a token: an enrolled host reuses its credentials), then waits
-for the host's heartbeat to report the build, healthy, before the next wave. Hosts with an
+The agent already on the host fetches the build from its server, verifies its signature
+against the release key pinned on the host (never one the server names), checks it is the
+build named and that it runs, and only then installs it, detached; no script from the server
+runs. Then this command waits for the host's heartbeat to report the build, healthy, before
+the next wave. Hosts with an
 instance being created or deleted, and de-pooled hosts, are skipped with the reason. The first
 failure halts the run and says why; fix it and run the same command with --resume (the failed
 host is tried again; hosts already upgraded are not touched). /admin/releases shows the run,
@@ -58,7 +63,7 @@ Examples:
   byo fleet upgrade --build 3f2a9c1b7d4e --resume
   byo fleet upgrade --build 3f2a9c1b7d4e --via relay --project enverge-prod --zone europe-west4-a")]
 pub struct UpgradeArgs {
-    /// The control plane's URL; hosts fetch install.sh from it too.
+    /// The control plane's URL; hosts fetch the build from the server they enrolled with.
     #[arg(long, env = "BYO_SERVER", default_value = "http://localhost:8080")]
     pub server: String,
     /// Your account (a superadmin). The password comes from BYO_PASSWORD or the terminal.
@@ -91,15 +96,19 @@ pub struct UpgradeArgs {
     /// Each wave is this many times the one before.
     #[arg(long, default_value_t = 2)]
     pub growth: u32,
-    /// How long a host has to report the build healthy after its one-liner started.
+    /// How long a host has to report the build healthy after its upgrade started.
     #[arg(long, default_value_t = 300)]
     pub wait_secs: u32,
 }
 
-/// The remote command: the owner's one-liner, without a token.
-pub fn one_liner(server: &str) -> String {
-    let url = format!("{}/install.sh", server.trim_end_matches('/'));
-    format!("curl -fsSL {} | sudo bash -s --", shell_line(&[url]))
+/// The remote command: the host's own verifier, to the run's build (never a script fetched
+/// from the server).
+pub fn upgrade_command(build: &str) -> String {
+    format!(
+        "sudo {} upgrade --build {}",
+        byo_core::render::units::AGENT_BIN,
+        shell_line(&[build.to_owned()])
+    )
 }
 
 /// The ssh argv that runs `command` on the host `slug` (tunnel hostname `tunnel`).
@@ -167,9 +176,9 @@ pub fn ssh_argv(
     Ok(argv)
 }
 
-/// Run the one-liner on one host: `Ok(seconds)` or the reason it failed (exit and the last
+/// Run the upgrade command on one host: `Ok(seconds)` or the reason it failed (exit and the last
 /// lines it printed).
-fn run_one_liner(argv: &[String]) -> Result<f64, String> {
+fn run_upgrade(argv: &[String]) -> Result<f64, String> {
     let started = Instant::now();
     let out = Command::new(&argv[0])
         .args(&argv[1..])
@@ -190,7 +199,7 @@ fn run_one_liner(argv: &[String]) -> Result<f64, String> {
         .status
         .code()
         .map_or_else(|| "a signal".to_owned(), |c| c.to_string());
-    let mut reason = format!("the one-liner exited {code}: {tail}");
+    let mut reason = format!("the upgrade exited {code}: {tail}");
     if out.status.code() == Some(255) {
         reason.push_str(
             " (ssh could not reach the host: is it on the network, is your key on the list?)",
@@ -236,7 +245,6 @@ fn slug_of(run: &FleetRunView, id: &str) -> String {
 
 pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
     let base = args.server.trim_end_matches('/').to_owned();
-    let command = one_liner(&base);
     let client = signed_in(&base, &args.email).await?;
     let resp = client
         .post(format!("{base}/api/admin/fleet-upgrades"))
@@ -254,6 +262,7 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
         return Err(refusal("the fleet upgrade was refused", resp).await);
     }
     let mut run: FleetRunView = resp.json().await?;
+    let command = upgrade_command(&run.build);
     let driver = Driver { client, base };
     let started = Instant::now();
     let waves = run.hosts.iter().map(|h| h.wave).max().unwrap_or(-1) + 1;
@@ -267,7 +276,7 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
     );
     println!("  on each: {command}");
     let mut printed: HashMap<String, FleetHostState> = HashMap::new();
-    let mut one_liner_at: HashMap<String, Instant> = HashMap::new();
+    let mut upgrade_at: HashMap<String, Instant> = HashMap::new();
     let mut last_wait_line = Instant::now();
     loop {
         for h in &run.hosts {
@@ -282,11 +291,11 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                 .unwrap_or_default();
             match h.state {
                 FleetHostState::Healthy => {
-                    let took = one_liner_at
+                    let took = upgrade_at
                         .get(&h.host_id)
                         .map(|t| {
                             format!(
-                                ", {:.1} s after its one-liner started",
+                                ", {:.1} s after its upgrade started",
                                 t.elapsed().as_secs_f64()
                             )
                         })
@@ -343,7 +352,7 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                         .find(|h| &h.host_id == id)
                         .cloned()
                         .context("the server named a host outside the run")?;
-                    // Recorded before the one-liner starts, so a heartbeat it brings is judged.
+                    // Recorded before the upgrade starts, so a heartbeat it brings is judged.
                     run = driver
                         .advance(
                             &run.id,
@@ -354,14 +363,14 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                             }),
                         )
                         .await?;
-                    one_liner_at.insert(id.clone(), Instant::now());
+                    upgrade_at.insert(id.clone(), Instant::now());
                     let argv = ssh_argv(&args, &h.slug, h.tunnel_hostname.as_deref(), &command);
                     let slug = h.slug.clone();
                     let id = id.clone();
                     tasks.push(tokio::task::spawn_blocking(move || {
                         let outcome = argv
                             .map_err(|e| format!("{e:#}"))
-                            .and_then(|a| run_one_liner(&a));
+                            .and_then(|a| run_upgrade(&a));
                         (id, slug, outcome)
                     }));
                 }
@@ -369,7 +378,7 @@ pub async fn upgrade(args: UpgradeArgs) -> anyhow::Result<()> {
                     let (id, slug, outcome) = task.await?;
                     match outcome {
                         Ok(secs) => println!(
-                            "  {slug}: one-liner done in {secs:.1} s; waiting for its heartbeat"
+                            "  {slug}: upgrade done in {secs:.1} s; waiting for its heartbeat"
                         ),
                         Err(reason) => {
                             run = driver
@@ -423,11 +432,16 @@ mod tests {
     }
 
     #[test]
-    fn the_one_liner_runs_as_spark_over_each_access_path() {
-        let cmd = one_liner("https://app.example.com/");
+    fn the_hosts_own_verifier_runs_as_spark_over_each_access_path() {
+        // Never a script from the server (issue #36, 2): the agent on the host verifies.
+        let cmd = upgrade_command("0123456789ab");
         assert_eq!(
             cmd,
-            "curl -fsSL https://app.example.com/install.sh | sudo bash -s --"
+            "sudo /usr/local/bin/byo-agent upgrade --build 0123456789ab"
+        );
+        assert_eq!(
+            upgrade_command("x; id"),
+            "sudo /usr/local/bin/byo-agent upgrade --build 'x; id'"
         );
         let tunnel = ssh_argv(
             &args(Via::Tunnel),
@@ -438,14 +452,14 @@ mod tests {
         .unwrap();
         assert_eq!(
             shell_line(&tunnel),
-            "ssh -o 'ProxyCommand=cloudflared access ssh --hostname %h' -o HostKeyAlias=spark-7 -o BatchMode=yes -o ConnectTimeout=20 -i /home/op/.ssh/id_ed25519 -o IdentitiesOnly=yes spark@spark-7.ssh.example.com -- 'curl -fsSL https://app.example.com/install.sh | sudo bash -s --'"
+            "ssh -o 'ProxyCommand=cloudflared access ssh --hostname %h' -o HostKeyAlias=spark-7 -o BatchMode=yes -o ConnectTimeout=20 -i /home/op/.ssh/id_ed25519 -o IdentitiesOnly=yes spark@spark-7.ssh.example.com -- 'sudo /usr/local/bin/byo-agent upgrade --build 0123456789ab'"
         );
         let err = ssh_argv(&args(Via::Tunnel), "spark-7", None, &cmd).unwrap_err();
         assert!(err.to_string().contains("--via relay"), "{err}");
         let relay = shell_line(&ssh_argv(&args(Via::Relay), "spark-7", None, &cmd).unwrap());
         assert!(
             relay.starts_with("ssh -o BatchMode=yes -o ConnectTimeout=20 -o 'ProxyCommand=gcloud compute ssh spark-7-relay")
-                && relay.ends_with("spark@10.8.0.2 -- 'curl -fsSL https://app.example.com/install.sh | sudo bash -s --'"),
+                && relay.ends_with("spark@10.8.0.2 -- 'sudo /usr/local/bin/byo-agent upgrade --build 0123456789ab'"),
             "{relay}"
         );
         let mut no_project = args(Via::Relay);
@@ -455,7 +469,7 @@ mod tests {
         let config = shell_line(&ssh_argv(&args(Via::SshConfig), "spark-7", None, &cmd).unwrap());
         assert_eq!(
             config,
-            "ssh -F /home/op/.ssh/fleet -o BatchMode=yes -o ConnectTimeout=20 -i /home/op/.ssh/id_ed25519 -o IdentitiesOnly=yes spark-7 -- 'curl -fsSL https://app.example.com/install.sh | sudo bash -s --'"
+            "ssh -F /home/op/.ssh/fleet -o BatchMode=yes -o ConnectTimeout=20 -i /home/op/.ssh/id_ed25519 -o IdentitiesOnly=yes spark-7 -- 'sudo /usr/local/bin/byo-agent upgrade --build 0123456789ab'"
         );
     }
 }

@@ -3,15 +3,20 @@
 //! control plane's path (`/cloudflared/cloudflared-<arch>`) and pins its digest in the kept
 //! credentials, as enrolment does. A build with another digest is refused with nothing
 //! installed; the pinned one is installed 0755 at /usr/local/bin/cloudflared and the tunnel's
-//! unit runs it.
+//! unit runs it. Then the heartbeat's judge of the tunnel reads that very unit (issue #38: it
+//! read a unit named `cloudflared`, so every tunnel read as down): running, stopped,
+//! crash-looping and failed.
 
 use crate::support;
 
 use std::io::{Read, Write};
 use std::net::TcpListener;
 
+use byo_agent::heartbeat::tunnel_health;
+use byo_agent::host::{Fallible, Host, LxdBody, LxdReply, Output};
+use byo_wire::vm::Health;
 use sha2::{Digest, Sha256};
-use support::host_container::bridge_gateway;
+use support::host_container::{HostContainer, bridge_gateway};
 use support::prepared::{enrolled, text};
 
 /// A stand-in that answers like cloudflared: `--version`, and `tunnel … run` stays up.
@@ -122,4 +127,102 @@ fn the_pinned_cloudflared_build_is_checked_then_installed_and_a_wrong_one_is_ref
         );
     }
     assert!(!facts.contains("download-left"), "{facts}");
+
+    // Issue #38: the heartbeat judges the tunnel by the unit preparation really wrote.
+    let mut node0 = InContainer(host);
+    let judged = |node0: &mut InContainer| tunnel_health(node0, Some(true));
+    assert_eq!(
+        judged(&mut node0),
+        (
+            Health::Ok,
+            "enverge-tunnel.service: active (running)".to_owned()
+        )
+    );
+    host.sh_ok("systemctl stop enverge-tunnel.service");
+    assert_eq!(
+        judged(&mut node0),
+        (
+            Health::Down,
+            "enverge-tunnel.service: inactive (dead)".to_owned()
+        )
+    );
+    // A connector that dies at once: Restart=always brings it back every 5 s, for ever, and
+    // between two restarts the unit is "activating" — down, not on its way up.
+    host.write("/usr/local/bin/cloudflared", b"#!/bin/sh\nexit 1\n", 0o755);
+    host.sh_ok("systemctl start enverge-tunnel.service");
+    let looping = until(host, "ActiveState=activating\nSubState=auto-restart");
+    assert!(looping, "the unit never waited to restart");
+    assert_eq!(
+        judged(&mut node0),
+        (
+            Health::Down,
+            "enverge-tunnel.service: activating (auto-restart)".to_owned()
+        )
+    );
+    // Started too often too quickly: systemd gives up and the unit is failed.
+    host.sh_ok(
+        "for i in 1 2 3 4 5 6 7; do systemctl restart enverge-tunnel.service 2>/dev/null || true; done",
+    );
+    assert!(
+        until(host, "ActiveState=failed\nSubState=failed"),
+        "never failed"
+    );
+    assert_eq!(
+        judged(&mut node0),
+        (
+            Health::Down,
+            "enverge-tunnel.service: failed (failed)".to_owned()
+        )
+    );
+    // The connector put back: up again.
+    host.write("/usr/local/bin/cloudflared", STAND_IN, 0o755);
+    host.sh_ok(
+        "systemctl reset-failed enverge-tunnel.service; systemctl start enverge-tunnel.service",
+    );
+    assert_eq!(judged(&mut node0).0, Health::Ok);
+}
+
+/// Whether the tunnel unit shows `state` (ActiveState, SubState) within 20 s.
+fn until(host: &HostContainer, state: &str) -> bool {
+    let started = std::time::Instant::now();
+    while started.elapsed() < std::time::Duration::from_secs(20) {
+        let shown = host.sh_ok("systemctl show enverge-tunnel.service -p ActiveState -p SubState");
+        let mut lines: Vec<&str> = shown.lines().collect();
+        lines.sort_unstable();
+        if lines.join("\n") == state {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    false
+}
+
+/// The host container as the heartbeat's host: its programs run in the container; the
+/// tunnel's judge asks nothing else.
+struct InContainer<'a>(&'a HostContainer);
+
+impl Host for InContainer<'_> {
+    fn run(&mut self, argv: &[&str], _stdin: Option<&[u8]>) -> Fallible<Output> {
+        let out = self.0.exec(argv);
+        Ok(Output {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        })
+    }
+    fn read(&mut self, path: &str) -> Fallible<Option<Vec<u8>>> {
+        Ok(self.0.read(path))
+    }
+    fn write(&mut self, path: &str, _: &[u8], _: u32, _: &str) -> Fallible<()> {
+        Err(format!("not written in this test: {path}"))
+    }
+    fn remove(&mut self, path: &str) -> Fallible<()> {
+        Err(format!("not removed in this test: {path}"))
+    }
+    fn lxd(&mut self, _: &str, path: &str, _: LxdBody<'_>) -> Fallible<LxdReply> {
+        Err(format!("no LXD in this test: {path}"))
+    }
+    fn describe(&self) -> String {
+        self.0.name().to_owned()
+    }
 }

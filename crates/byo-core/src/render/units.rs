@@ -32,12 +32,21 @@ pub const RAILS: &str = "enverge-agent-rails.service";
 pub const RAILS_FLAG: &str = "/var/lib/enverge-agent/rails-requested";
 /// The rails' netplan file rail-network writes (130).
 pub const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
+/// The operator tunnel's connector (cloudflared) as a unit: preparation's operator-access
+/// writes and starts it, serving's heartbeat judges the tunnel by it, uninstall removes it.
+/// The same name in all three, or the tunnel reads as down whatever its state (issue #38).
+pub const TUNNEL: &str = "enverge-tunnel.service";
+
 /// How long after serving asks this machine goes down.
 pub const REBOOT_DEFER_SECS: u64 = 3;
 
 /// How long a failed preparation waits before it tries again (`RestartSec=`). The owner's
 /// page says so.
 pub const PREPARE_RETRY_SECS: u64 = 30;
+
+/// Where install.sh puts the agent's binary: what the units run, what an upgrade replaces
+/// (keeping the running build beside it as `<bin>.previous`).
+pub const AGENT_BIN: &str = "/usr/local/bin/byo-agent";
 
 /// Where install.sh puts [`rollback_script`], the rollback unit's `ExecStart=`: beside the
 /// binary, as `<bin>-rollback`.
@@ -150,6 +159,68 @@ systemctl --no-block restart {SERVING}
     )
 }
 
+/// The transient unit an install's last part runs as, detached from the terminal that
+/// started it (J note 4): install.sh's and `byo-agent upgrade`'s alike. One runs at a time
+/// (a second finds the unit there and stops).
+pub const INSTALL_UNIT: &str = "enverge-agent-install";
+
+/// The last part of every install and upgrade, run detached as [`INSTALL_UNIT`] with the
+/// staging directory (holding the verified `byo-agent`) as `$1`: the running build kept as
+/// `<bin>.previous` (unless the new one is the same file), the new one moved into place,
+/// [`ROLLED_BACK`] removed, the rollback script and the [`units`] written, and then by
+/// [`HANDED_OVER`] — an upgrade: serving reset and restarted; a first install: preparation
+/// started. install.sh carries it (rendered by the server), and `byo-agent upgrade` runs the
+/// one the verified new build prints (`byo-agent finish-script`), so the units installed are
+/// always the new build's own.
+pub fn finish_script(bin: &str) -> String {
+    let mut units_text = String::new();
+    for (name, body) in units(bin) {
+        units_text.push_str(&format!(
+            "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
+        ));
+    }
+    format!(
+        r#"#!/bin/bash
+set -euo pipefail
+stage="$1"
+if [ -f {bin} ] && cmp -s "$stage/byo-agent" {bin}; then
+  echo "This build is already installed; {bin}.previous is left as it was."
+else
+  if [ -f {bin} ]; then
+    cp -p {bin} {bin}.previous
+  fi
+  install -m 755 "$stage/byo-agent" {bin}.new
+  mv -f {bin}.new {bin}
+  # A new build is installed: a rollback recorded before it is history, not news.
+  rm -f {ROLLED_BACK}
+fi
+rm -f "$stage/byo-agent"
+cat > {ROLLBACK_SCRIPT}.new <<'ROLLBACK'
+{rollback}ROLLBACK
+chmod 755 {ROLLBACK_SCRIPT}.new
+mv -f {ROLLBACK_SCRIPT}.new {ROLLBACK_SCRIPT}
+{units_text}systemctl daemon-reload
+systemctl enable {PREPARE} {SERVING}
+# What serving may ask root for, watching from now on: the host's reboot (L4), a pair's
+# rails addressed again once its containers gave them back.
+systemctl enable --now {REBOOT_PATH} {RAILS_PATH}
+if [ -f {HANDED_OVER} ]; then
+  # An upgrade: serving may be running (then Wants= would start nothing) or down (failed,
+  # at its start limit): either way it is reset and restarted on the new build. The
+  # preparation it pulls in finds its record and exits at once; nothing re-prepares.
+  systemctl reset-failed {SERVING} || true
+  systemctl restart {SERVING}
+  echo "Serving restarted on the new build."
+else
+  # A first install (or a preparation that has not completed yet): preparation finds the
+  # kept credentials and prepares. Its Wants= starts serving once it succeeds.
+  systemctl start --no-block {PREPARE}
+fi
+"#,
+        rollback = rollback_script(bin),
+    )
+}
+
 /// Loads the tenant firewall ([`crate::render::nft::tenants`]) at every boot: before the
 /// network and LXD come up (so no instance LXD restores runs a moment without it), after an
 /// `nftables.service` whose `flush ruleset` would remove it, and again whenever that service
@@ -166,6 +237,59 @@ pub fn tenant_firewall(nft: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The finish every install and upgrade runs: the running build kept before the new one
+    /// replaces it (never after), the rollback record of an older build dropped, the rollback
+    /// script and every unit written before systemd reloads, and then serving restarted on
+    /// an upgrade or preparation started on a first install, by the hand-over record.
+    #[test]
+    fn the_finish_keeps_the_running_build_then_installs_the_new_one_and_its_units() {
+        let bin = "/opt/byo-agent";
+        let f = finish_script(bin);
+        let at = |needle: &str| {
+            f.find(needle)
+                .unwrap_or_else(|| panic!("{needle:?} not in:\n{f}"))
+        };
+        let order = [
+            format!("cmp -s \"$stage/byo-agent\" {bin}"),
+            format!("cp -p {bin} {bin}.previous"),
+            format!("install -m 755 \"$stage/byo-agent\" {bin}.new"),
+            format!("mv -f {bin}.new {bin}\n"),
+            format!("rm -f {ROLLED_BACK}"),
+            format!(
+                "cat > {ROLLBACK_SCRIPT}.new <<'ROLLBACK'\n{}ROLLBACK\n",
+                rollback_script(bin)
+            ),
+            format!("mv -f {ROLLBACK_SCRIPT}.new {ROLLBACK_SCRIPT}"),
+            format!("cat > /etc/systemd/system/{PREPARE} <<'UNIT'\n"),
+            "systemctl daemon-reload".to_owned(),
+            format!("systemctl enable {PREPARE} {SERVING}"),
+            format!("systemctl enable --now {REBOOT_PATH} {RAILS_PATH}"),
+            format!("if [ -f {HANDED_OVER} ]"),
+            format!("systemctl reset-failed {SERVING}"),
+            format!("systemctl restart {SERVING}"),
+            format!("systemctl start --no-block {PREPARE}"),
+        ];
+        // Each found after the one before it (the rollback script, embedded, has lines of
+        // its own that look alike).
+        let mut places = Vec::new();
+        let mut from = 0;
+        for needle in &order {
+            let found = f[from..]
+                .find(needle.as_str())
+                .unwrap_or_else(|| panic!("{needle:?} not after byte {from} in:\n{f}"));
+            from += found + needle.len();
+            places.push(from - needle.len());
+        }
+        // Every unit, whole, between the rollback script and the reload.
+        for (name, body) in units(bin) {
+            let unit = at(&format!(
+                "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
+            ));
+            assert!(places[6] < unit && unit < places[8], "{name}");
+        }
+        assert!(f.starts_with("#!/bin/bash\nset -euo pipefail\nstage=\"$1\"\n"));
+    }
 
     /// What install.sh writes, by name and in order: the three units J names, then what
     /// serving may ask root for (L4's reboot, a pair's rails), each running what it says.

@@ -489,17 +489,18 @@ pub(crate) async fn settle_refused(
         )
         .await?;
     score_failure(state, host, &e.to_string(), bench_after).await?;
+    // The customer hears our words; the agent's own reason is in the log, the audit and
+    // the host's score above (issue #36, 8).
     Ok(match e {
-        AgentError::Unreachable(why) => AppError::host_silent(
+        AgentError::Unreachable(_) => AppError::host_silent(
             "host_unreachable",
-            format!(
-                "the host did not answer ({why}); the instance was not created and nothing is billed"
-            ),
+            "the host did not answer; the instance was not created and nothing is billed",
         ),
-        AgentError::Refused { reason, .. } => AppError::host_refused(
+        AgentError::Refused { .. } => AppError::host_refused(
             "host_refused",
             format!(
-                "the host refused the instance: {reason}; nothing was created and nothing is billed"
+                "the host refused the instance: {}; nothing was created and nothing is billed",
+                e.in_our_words()
             ),
         ),
         // The host holds an instance the database does not call live (one per host): to
@@ -693,7 +694,10 @@ async fn dispatch_delete(state: &AppState, row: VmRow) -> AppResult<(DeletionSta
             confirm_deleted(state, &row, how).await?;
             Ok((DeletionState::Deleted, "deleted".to_owned()))
         }
-        Ok(Err(e)) => not_confirmed(e.to_string()),
+        Ok(Err(e)) => {
+            tracing::warn!(vm = %row.id, error = %e, "a delete was not confirmed");
+            not_confirmed(e.in_our_words().to_owned())
+        }
         Err(_) => not_confirmed(format!("no answer within {} s", wait.as_secs())),
     }
 }
@@ -803,13 +807,18 @@ pub(crate) async fn within_power_wait<T>(
 ) -> AppResult<T> {
     match tokio::time::timeout(POWER_WAIT, call).await {
         Ok(Ok(t)) => Ok(t),
-        Ok(Err(AgentError::Refused { reason, .. } | AgentError::Occupied(reason))) => Err(
-            AppError::host_refused("host_refused", format!("the host refused: {reason}")),
-        ),
-        Ok(Err(AgentError::Unreachable(why))) => Err(AppError::host_silent(
-            "host_silent",
-            format!("the host did not answer: {why}"),
-        )),
+        // Our words to the caller; the agent's own reason to the log (issue #36, 8).
+        Ok(Err(e @ (AgentError::Refused { .. } | AgentError::Occupied(_)))) => {
+            tracing::warn!(error = %e, "a power call was refused");
+            Err(AppError::host_refused(
+                "host_refused",
+                format!("the host refused: {}", e.in_our_words()),
+            ))
+        }
+        Ok(Err(e @ AgentError::Unreachable(_))) => {
+            tracing::warn!(error = %e, "a power call was not answered");
+            Err(AppError::host_silent("host_silent", e.in_our_words()))
+        }
         Err(_) => Err(AppError::host_silent(
             "host_silent",
             format!("the host did not answer within {} s", POWER_WAIT.as_secs()),

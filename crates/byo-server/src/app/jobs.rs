@@ -57,10 +57,17 @@ pub fn registry() -> Vec<Job> {
     vec![
         Job::new("reap", crate::REAP_EVERY, |state| {
             Box::pin(async move {
-                // Now and then: forget rate-limit keys back to a full burst.
-                state.rate_limits.tidy(state.clock.now());
+                // Now and then: forget rate-limit keys back to a full burst, and delete the
+                // sessions past their expiry (issue #36, 8: they were refused but kept for
+                // ever, a table of dead token hashes growing with every sign-in).
+                let now = state.clock.now();
+                state.rate_limits.tidy(now);
+                let purged = state.store.purge_expired_sessions(now).await?;
                 let r = super::reap::reap_once(state).await?;
-                Ok(format!("released {}, failed {}", r.released, r.failed))
+                Ok(format!(
+                    "released {}, failed {}, {purged} expired sessions purged",
+                    r.released, r.failed
+                ))
             })
         }),
         Job::new(

@@ -16,14 +16,20 @@ pub struct ReapReport {
 /// SSH wildcard `*.<slug>.ssh` (N.4), the operator tunnel and its DNS. Each call is
 /// idempotent (what is gone is fine), so a caller stopped half-way runs it again. The one
 /// teardown reap, revoke (H) and retire (N) share.
+///
+/// The names go first, the address last (issue #36, 8): a relay's public IPv4, once handed
+/// back, may be given to anyone, and a `*.<slug>.ssh` record still pointing at it would send
+/// this host's customers — and their trust in the name — to whoever holds it next. So a
+/// teardown stopped half-way leaves an address still ours with no name, never a name with
+/// an address that is not.
 pub async fn release_outside(
     state: &AppState,
     slug: &str,
 ) -> Result<(), crate::providers::ProviderError> {
-    state.relays.release(slug).await?;
     let wildcard = crate::app::instances::ssh_wildcard(state, slug);
     state.tunnels.remove_ssh_wildcard(&wildcard).await?;
-    state.tunnels.delete(slug).await
+    state.tunnels.delete(slug).await?;
+    state.relays.release(slug).await
 }
 
 /// One sweep over every allocation that should be handed back.

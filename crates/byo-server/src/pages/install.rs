@@ -21,9 +21,7 @@ use byo_core::render::units;
 
 use crate::state::AppState;
 
-pub const AGENT_BIN: &str = "/usr/local/bin/byo-agent";
-/// The transient unit the install's last part runs as, detached from the terminal.
-pub const INSTALL_UNIT: &str = "enverge-agent-install";
+pub use units::{AGENT_BIN, INSTALL_UNIT};
 
 pub fn install_script(server: &str, release_key: Option<&str>) -> String {
     let server = server.trim_end_matches('/');
@@ -32,12 +30,6 @@ pub fn install_script(server: &str, release_key: Option<&str>) -> String {
         .map(str::trim)
         .filter(|k| !k.contains(['\'', '\n', '\\']))
         .unwrap_or("");
-    let mut units = String::new();
-    for (name, body) in units::units(AGENT_BIN) {
-        units.push_str(&format!(
-            "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
-        ));
-    }
     format!(
         r#"#!/usr/bin/env bash
 # byo host installer, from {server}.
@@ -256,43 +248,7 @@ fi
 stage=$(mktemp -d /run/enverge-install.XXXXXX)
 mv "$work/byo-agent" "$stage/byo-agent"
 cat > "$stage/finish.sh" <<'FINISH'
-#!/bin/bash
-set -euo pipefail
-stage="$1"
-if [ -f {bin} ] && cmp -s "$stage/byo-agent" {bin}; then
-  echo "This build is already installed; {bin}.previous is left as it was."
-else
-  if [ -f {bin} ]; then
-    cp -p {bin} {bin}.previous
-  fi
-  install -m 755 "$stage/byo-agent" {bin}.new
-  mv -f {bin}.new {bin}
-  # A new build is installed: a rollback recorded before it is history, not news.
-  rm -f {rolled_back}
-fi
-rm -f "$stage/byo-agent"
-cat > {rollback_script}.new <<'ROLLBACK'
-{rollback}ROLLBACK
-chmod 755 {rollback_script}.new
-mv -f {rollback_script}.new {rollback_script}
-{units}systemctl daemon-reload
-systemctl enable enverge-agent-prepare.service enverge-agent.service
-# What serving may ask root for, watching from now on: the host's reboot (L4), a pair's
-# rails addressed again once its containers gave them back.
-systemctl enable --now enverge-agent-reboot.path enverge-agent-rails.path
-if [ -f {handed_over} ]; then
-  # An upgrade: serving may be running (then Wants= would start nothing) or down (failed,
-  # at its start limit): either way it is reset and restarted on the new build. The
-  # preparation it pulls in finds its record and exits at once; nothing re-prepares.
-  systemctl reset-failed enverge-agent.service || true
-  systemctl restart enverge-agent.service
-  echo "Serving restarted on the new build."
-else
-  # A first install (or a preparation that has not completed yet): preparation finds the
-  # kept credentials and prepares. Its Wants= starts serving once it succeeds.
-  systemctl start --no-block enverge-agent-prepare.service
-fi
-FINISH
+{finish}FINISH
 trap 'rm -rf "$work" "$stage"' EXIT
 if ! systemd-run --unit={install_unit} --collect --quiet --wait \
   -p StandardOutput=append:"$stage/log" -p StandardError=append:"$stage/log" \
@@ -306,10 +262,7 @@ echo "byo agent installed. Follow it with: journalctl -fu enverge-agent-prepare"
 "#,
         bin = AGENT_BIN,
         install_unit = INSTALL_UNIT,
-        rolled_back = units::ROLLED_BACK,
-        rollback_script = units::ROLLBACK_SCRIPT,
-        rollback = units::rollback_script(AGENT_BIN),
-        handed_over = units::HANDED_OVER,
+        finish = units::finish_script(AGENT_BIN),
         pinned = byo_core::release::PINNED,
         principal = byo_core::release::PRINCIPAL,
         namespace = byo_core::release::NAMESPACE,

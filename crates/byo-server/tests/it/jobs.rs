@@ -336,7 +336,7 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     assert!(html.contains(r#"id="job-reap""#));
     assert!(html.contains("every 1 min"));
     assert!(html.contains("every 5 min"));
-    assert!(html.contains("released 0, failed 0"));
+    assert!(html.contains("released 0, failed 0, 0 expired sessions purged"));
     assert!(html.contains("0 stuck deletes"));
     assert!(
         html.contains("database unreachable &lt;b&gt;"),
@@ -349,7 +349,10 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     assert_eq!(jobs[0]["name"], "reap");
     assert_eq!(jobs[0]["every_secs"], 60);
     assert_eq!(jobs[0]["runs"][0]["outcome"], "ok");
-    assert_eq!(jobs[0]["runs"][0]["summary"], "released 0, failed 0");
+    assert_eq!(
+        jobs[0]["runs"][0]["summary"],
+        "released 0, failed 0, 0 expired sessions purged"
+    );
     assert_eq!(jobs[1]["name"], "notify-stuck-deletes");
     assert_eq!(jobs[1]["runs"][0]["outcome"], "failed");
     assert_eq!(jobs[1]["runs"][0]["error"], "database unreachable <b>");
@@ -367,7 +370,59 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     );
 }
 
+/// Issue #36, 8: a session past its expiry is refused at once and deleted by the next run of
+/// `reap`; a live one stays and still signs its user in.
+async fn reap_purges_expired_sessions_and_keeps_live_ones(app: TestApp) {
+    use byo_core::tokens::{SecretToken, TokenKind};
+    let customer = app.customer("c@example.com").await;
+    let now = app.state.clock.now();
+    let user = app
+        .db
+        .user_by_email("c@example.com")
+        .await
+        .unwrap()
+        .unwrap();
+    let expired = SecretToken::generate(TokenKind::Session).hash();
+    app.db
+        .create_session(
+            &expired,
+            &user.sub,
+            now - chrono::TimeDelta::days(31),
+            now - chrono::TimeDelta::seconds(1),
+        )
+        .await
+        .unwrap();
+    // Whether the row is there: a no-op update counts it.
+    let kept = |app: &TestApp| {
+        let db = app.db.clone();
+        let sql = format!(
+            "update sessions set expires_at = expires_at where token_hash = '{}'",
+            expired.as_str()
+        );
+        async move { db.execute_unchecked(&sql).await.unwrap() == 1 }
+    };
+    assert!(kept(&app).await);
+    let d = JobDriver::new(app.state.clone(), registry());
+    assert_eq!(d.tick("reap").await.unwrap(), Some(Tick::Ran { ok: true }));
+    let runs = app.db.job_runs("reap", 1).await.unwrap();
+    assert_eq!(
+        runs[0].summary.as_deref(),
+        Some("released 0, failed 0, 1 expired sessions purged")
+    );
+    assert!(!kept(&app).await, "the expired one is gone");
+    assert!(
+        app.db.session_user(&expired, now).await.unwrap().is_none(),
+        "and it was refused before"
+    );
+    assert_eq!(
+        customer.get("/api/me").await.status,
+        StatusCode::OK,
+        "a live session is kept"
+    );
+}
+
 on_each_backend!(
+    reap_purges_expired_sessions_and_keeps_live_ones,
     a_failing_job_records_its_error_and_runs_again,
     one_process_never_overlaps_a_job_with_itself,
     only_the_newest_runs_of_a_job_are_kept,

@@ -4,10 +4,11 @@
 //! one with an instance being created — in waves, judged by their heartbeats on the real
 //! server, halted by the first failure and resumed.
 //!
-//! Each sshd stands in for a host's: its ForceCommand is the host's stand-in for the
-//! one-liner — it checks that the command is exactly the owner's one-liner without a token,
-//! fetches install.sh from the server as the host would, and then either fails as install.sh
-//! fails (its message, its exit) or "upgrades": beats the server's heartbeat API with the
+//! Each sshd stands in for a host's: its ForceCommand is the host's stand-in for its agent's
+//! verifier — it checks that the command is exactly `sudo /usr/local/bin/byo-agent upgrade
+//! --build B` (never a script fetched from the server), fetches the build from the server
+//! as the verifier would, and then either fails as `byo-agent upgrade` fails (its message,
+//! its exit) or "upgrades": beats the server's heartbeat API with the
 //! host's token, reporting the new build, as the restarted agent does. Logins are to the
 //! account the test runs as (sshd needs a real account; a prepared host's is spark).
 
@@ -87,7 +88,8 @@ fn host_sshd(dir: &Path, slug: &str, script: &Path, authorized: &Path) -> (Sshd,
     (Sshd(child), port)
 }
 
-/// The host's stand-in for the one-liner (see the module's doc).
+/// The host's stand-in for `byo-agent upgrade` (see the module's doc). The real verifier
+/// runs on the real host container in `installer.rs` and `golden_path.rs`.
 fn stand_in(dir: &Path, slug: &str, url: &str, token: &str, build: &str) -> PathBuf {
     let script = dir.join(format!("{slug}.sh"));
     let beat = serde_json::json!({
@@ -99,14 +101,14 @@ fn stand_in(dir: &Path, slug: &str, url: &str, token: &str, build: &str) -> Path
         format!(
             r#"#!/bin/sh
 echo "$SSH_ORIGINAL_COMMAND" >> {dir}/{slug}.commands
-if [ "$SSH_ORIGINAL_COMMAND" != "curl -fsSL {url}/install.sh | sudo bash -s --" ]; then
-  echo "{slug}: not the one-liner: $SSH_ORIGINAL_COMMAND" >&2
+if [ "$SSH_ORIGINAL_COMMAND" != "sudo /usr/local/bin/byo-agent upgrade --build {build}" ]; then
+  echo "{slug}: not the host's verifier: $SSH_ORIGINAL_COMMAND" >&2
   exit 2
 fi
-curl -fsS {url}/install.sh -o /dev/null || exit 6
+curl -fsS {url}/agent/byo-agent-{arch} -o /dev/null || exit 6
 if [ -e {dir}/{slug}.fail ]; then
   echo "This machine is already enrolled; reusing its credentials." >&2
-  echo "install.sh: the agent from {url} does not run on this machine (byo-agent --version: Exec format error); nothing was installed" >&2
+  echo "byo-agent: the agent from {url} does not run on this machine (byo-agent --version: Exec format error); nothing was installed" >&2
   exit 1
 fi
 echo "Serving restarted on the new build."
@@ -114,6 +116,7 @@ curl -fsS -o /dev/null -X POST -H 'Authorization: Bearer {token}' -H 'Content-Ty
   --data '{beat}' {url}/api/host/heartbeat
 "#,
             dir = dir.display(),
+            arch = ARCH,
         ),
     )
     .unwrap();
@@ -269,7 +272,7 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
         "{text}"
     );
     assert!(
-        text.contains("halted: spark-2: the one-liner exited 1: ")
+        text.contains("halted: spark-2: the upgrade exited 1: ")
             && text.contains("does not run on this machine")
             && text.contains("--resume"),
         "{text}"
@@ -320,7 +323,7 @@ async fn j9_byo_fleet_upgrade_goes_in_waves_over_ssh_halts_on_a_failure_and_resu
             .lines()
             .count()
     };
-    assert_eq!(commands("spark-1"), 1, "the canary ran the one-liner once");
+    assert_eq!(commands("spark-1"), 1, "the canary ran the upgrade once");
     assert_eq!(commands("spark-2"), 2, "the failed host twice");
     let run = store.fleet_runs(1).await.unwrap().remove(0);
     assert_eq!(run.state, byo_wire::states::FleetRunState::Closed);

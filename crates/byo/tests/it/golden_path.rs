@@ -920,8 +920,10 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
     .await;
     // Delivered as an operator delivers it (issue #14, 5): `byo fleet upgrade` over the
     // operator's access path — here an ssh config naming the host by its slug, as spark with
-    // the operator's key from the signed list — runs the one-liner and waits for the
-    // heartbeat to report the build, healthy.
+    // the operator's key from the signed list — runs the host's own verifier (`sudo
+    // byo-agent upgrade --build`, issue #36, 2: the agent already installed fetches, checks
+    // the pinned release key, installs) and waits for the heartbeat to report the build,
+    // healthy.
     let ssh_config = u.work.join("fleet-ssh-config");
     std::fs::write(
         &ssh_config,
@@ -961,7 +963,7 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
     for says in [
         "1 host(s), 1 wave(s)".to_owned(),
         format!("wave 0: upgrading {}\n", u.slug),
-        format!("{}: one-liner done in", u.slug),
+        format!("{}: upgrade done in", u.slug),
         format!("{}: healthy on build {new_id}", u.slug),
         format!("1 healthy on build {new_id}, 0 skipped"),
     ] {
@@ -998,7 +1000,7 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
         "{row}"
     );
     println!(
-        "figure: byo fleet upgrade of the rented golden-path host (ssh-config, real install.sh under systemd): started to healthy in {:.1} s",
+        "figure: byo fleet upgrade of the rented golden-path host (ssh-config, the host's own verifier under systemd): started to healthy in {:.1} s",
         installed.as_secs_f64()
     );
     serving_answers(Duration::from_secs(30)).await;
@@ -1013,7 +1015,7 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
     let poll = String::from_utf8(host.read("/tmp/poll.log").unwrap()).unwrap();
     let downtime = longest_outage(&poll);
     eprintln!(
-        "[upgrade] byo fleet upgrade {:.1} s; serving down {downtime:.2} s; heartbeat with the new build {:.1} s after the one-liner started",
+        "[upgrade] byo fleet upgrade {:.1} s; serving down {downtime:.2} s; heartbeat with the new build {:.1} s after the upgrade started",
         installed.as_secs_f64(),
         to_beat.as_secs_f64()
     );

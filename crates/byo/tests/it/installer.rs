@@ -503,7 +503,126 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
         &one_liner(&host, &server, "", None),
         &format!("offers byo-agent-{arch} without its signature (.sig); nothing was installed"),
     );
+
+    // Issue #36, 2: what `byo fleet upgrade` runs is the host's own verifier, never a script
+    // the server serves. A compromised server at the address this host enrolled with: its
+    // install.sh has no check at all (it would leave /tmp/pwned), and its build is signed by
+    // a key of its own.
+    let hostile_dir = work.path().join("hostile");
+    std::fs::create_dir_all(&hostile_dir).unwrap();
+    support::publish_agent(&hostile_dir, &arch, &build("hostile"), &other_key);
+    let (hostile, asked) = hostile_server(hostile_dir).await;
+    let enrolled_with = host.read("/etc/enverge/server").unwrap();
+    host.write(
+        "/etc/enverge/server",
+        format!("{hostile}\n").as_bytes(),
+        0o644,
+    );
+    let verifier =
+        |build: &str| onboard::on_terminal(&host, &byo::fleet::upgrade_command(build), None);
+    // The build the fleet names, signed by the release key and served by the real server.
+    let verified = build("verified");
+    let verified_sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&verified))
+    };
+    let verified_id = &verified_sha[..12];
+    support::publish_agent(&releases, &arch, &verified, support::release_key());
+    let ran = verifier(verified_id);
+    refused_build("a compromised server", &ran, not_signed);
+    assert!(!ran.terminal.contains("Upgraded"), "{}", ran.terminal);
+    assert!(
+        host.read("/tmp/pwned").is_none(),
+        "no script of the server's ran"
+    );
+    assert_eq!(
+        asked.lock().unwrap().clone(),
+        [
+            format!("/agent/byo-agent-{arch}"),
+            format!("/agent/byo-agent-{arch}.sig")
+        ],
+        "the host fetched the build and its signature, never install.sh"
+    );
+    host.write("/etc/enverge/server", &enrolled_with, 0o644);
+    // The real server, but not the build the operator named: nothing changes (exit 10).
+    let ran = verifier("000000000000");
+    assert_eq!(ran.code, Some(10), "{}", ran.terminal);
+    assert!(
+        ran.terminal.contains(&format!(
+            "serves build {verified_id} for {arch}, not 000000000000; nothing was installed"
+        )),
+        "{}",
+        ran.terminal
+    );
+    assert_eq!(installed(), kept, "another build: nothing replaced");
+    // The build named, signed by the pinned key: installed, detached, the running build kept
+    // as .previous, the new build's units written, preparation started (not handed over yet).
+    let running = host.sh_ok("sha256sum /usr/local/bin/byo-agent | cut -d' ' -f1");
+    let ran = verifier(verified_id);
+    host.sh_ok("systemctl stop enverge-agent-prepare.service enverge-agent.service");
+    assert_eq!(ran.code, Some(0), "{}", ran.terminal);
+    assert!(
+        ran.terminal.contains(&format!(
+            "Fetched build {verified_id} for {arch} from {server}"
+        )) && ran
+            .terminal
+            .contains(&format!("Upgraded to build {verified_id}.")),
+        "{}",
+        ran.terminal
+    );
+    let now = installed();
+    assert!(
+        now.contains(&format!("{verified_sha}  byo-agent\n"))
+            && now.contains(&format!("{}  byo-agent.previous", running.trim())),
+        "{now}"
+    );
+    assert!(
+        host.sh_ok("ls -d /run/enverge-install.* 2>/dev/null || true")
+            .trim()
+            .is_empty(),
+        "the staging directory is gone"
+    );
     eprintln!("all cases in {:.1} s", t0.elapsed().as_secs_f64());
+}
+
+/// A compromised control plane: `install.sh` without any check (it leaves /tmp/pwned on the
+/// host that runs it) and `/agent/…` from `dir`; every path asked for is recorded.
+async fn hostile_server(
+    dir: std::path::PathBuf,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use axum::extract::{Path, State};
+    use axum::http::StatusCode;
+    type Asked = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+    let asked = Asked::default();
+    let app = axum::Router::new()
+        .route(
+            "/install.sh",
+            axum::routing::get(
+                |State((asked, _)): State<(Asked, std::path::PathBuf)>| async move {
+                    asked.lock().unwrap().push("/install.sh".to_owned());
+                    "#!/bin/sh\ntouch /tmp/pwned\n"
+                },
+            ),
+        )
+        .route(
+            "/agent/{file}",
+            axum::routing::get(
+                |State((asked, dir)): State<(Asked, std::path::PathBuf)>,
+                 Path(file): Path<String>| async move {
+                    asked.lock().unwrap().push(format!("/agent/{file}"));
+                    std::fs::read(dir.join(&file)).map_err(|_| StatusCode::NOT_FOUND)
+                },
+            ),
+        )
+        .with_state((asked.clone(), dir));
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let url = format!(
+        "http://{}:{}",
+        bridge_gateway(),
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, asked)
 }
 
 /// A host whose preparation failed recovers with nobody at it: the one list published at

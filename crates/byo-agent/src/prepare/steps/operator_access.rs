@@ -24,7 +24,7 @@ const SUDOERS_LINE: &str = "spark ALL=(ALL) NOPASSWD:ALL\n";
 
 const TUNNEL_TOKEN: &str = "/etc/enverge/tunnel-token";
 
-pub(crate) const TUNNEL_UNIT: &str = "enverge-tunnel.service";
+pub(crate) const TUNNEL_UNIT: &str = byo_core::render::units::TUNNEL;
 
 /// Written when operator-access creates spark (an account that was already there is the
 /// owner's, and uninstall leaves it).

@@ -292,11 +292,24 @@ async fn e1_a_host_that_never_answers_marks_creation_failed_and_bills_nothing(w:
             assert!(r.text().contains("nothing is billed"), "{}", r.text());
         }
         if answer == Answer::Refuse {
+            // Issue #36, 8: the customer hears our words; the agent's own reason, which
+            // names the host's insides, is the operators' (the audit, the log, /admin).
             assert!(
-                r.text().contains("the relay refused the SSH map: 403"),
-                "the agent's reason reaches the customer: {}",
+                !r.text().contains("SSH map")
+                    && r.text().contains("the host could not carry it out"),
+                "the agent's reason stays with operators: {}",
                 r.text()
             );
+            let failed = w.audits("vm.creation_failed").await;
+            assert!(
+                failed.iter().any(|a| a.details.0["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("the relay refused the SSH map: 403"))),
+                "the agent's reason is audited: {failed:?}"
+            );
+        }
+        if answer == Answer::Unreachable {
+            assert!(!r.text().contains("connection refused"), "{}", r.text());
         }
         let call = w.agents.calls(Op::Create).pop().unwrap();
         let row = w

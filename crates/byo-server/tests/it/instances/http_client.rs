@@ -129,6 +129,7 @@ async fn the_http_client_speaks_the_agents_vm_api() {
         client.create_vm(&target, &create("vm-taken")).await,
         Err(AgentError::Refused {
             status: 409,
+            code: Some(byo_wire::vm::AgentErrorCode::Conflict),
             reason: "an instance named vm-taken already exists".into()
         })
     );

@@ -197,12 +197,12 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         (
             Answer::Unreachable,
             StatusCode::GATEWAY_TIMEOUT,
-            "the host did not answer (could not reach the agent: connection refused)",
+            "the host did not answer; the instance was not created",
         ),
         (
             Answer::Refuse,
             StatusCode::BAD_GATEWAY,
-            "the host refused the instance: the relay refused the SSH map: 403",
+            "the host refused the instance: the host could not carry it out;",
         ),
     ]
     .into_iter()
@@ -214,6 +214,11 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         let shown = alert(&r.text()).unwrap();
         assert!(
             shown.starts_with(reason) && shown.ends_with("nothing is billed"),
+            "{answer:?}: {shown}"
+        );
+        // Issue #36, 8: never the agent's own text nor the connection's error.
+        assert!(
+            !shown.contains("connection refused") && !shown.contains("SSH map"),
             "{answer:?}: {shown}"
         );
         w.nothing_created(n + 1, n + 1).await;

@@ -329,9 +329,16 @@ async fn failure(answer: Answer) -> Option<AgentError> {
         Answer::Ok => None,
         Answer::NotFound => Some(AgentError::Refused {
             status: 404,
+            code: Some(byo_wire::vm::AgentErrorCode::NotFound),
             reason: "not found".into(),
         }),
-        Answer::Refused { status, reason } => Some(AgentError::Refused { status, reason }),
+        // A refusal with the agent's own text (its code is what the real client parses;
+        // here none, so a customer is told the general words).
+        Answer::Refused { status, reason } => Some(AgentError::Refused {
+            status,
+            code: None,
+            reason,
+        }),
         Answer::Occupied(reason) => Some(AgentError::Occupied(reason)),
         Answer::Unreachable(why) => Some(AgentError::Unreachable(why)),
         Answer::Hang => futures::future::pending().await,
