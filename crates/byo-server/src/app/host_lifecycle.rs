@@ -400,16 +400,17 @@ pub async fn replace_relay(
              be one its tunnel trusts; it needs enrolling again",
         ));
     };
-    let sealer = host_provision::sealer(state)?;
-    let relay_private = sealer
+    // The replacement fetches the kept key at its first boot: it must open, or nothing is
+    // touched.
+    host_provision::sealer(state)?
         .open(&key)
         .map_err(|e| AppError::Internal(anyhow::anyhow!("opening the relay key: {e}")))?;
     let bootstrap = match &state.config.relay_release {
         Some(release) => Some(
             host_provision::relay_bootstrap(
                 state,
+                host_id,
                 &h.slug,
-                relay_private,
                 &host_pubkey,
                 &ssh_map_hash,
                 release,

@@ -92,6 +92,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_lifecycle::post_stop_hosting))
         .routes(routes!(host_heartbeat::post_heartbeat))
         .routes(routes!(host_relay::get_relay))
+        .routes(routes!(host_relay::post_relay_secrets))
         .routes(routes!(ssh_keys::post_ssh_key, ssh_keys::get_ssh_keys))
         .routes(routes!(ssh_keys::delete_ssh_key))
         .routes(routes!(vms::post_vm, vms::get_vms))

@@ -234,3 +234,81 @@ pub(super) async fn n_the_one_host_pages_reads_its_instances_and_its_audit(db: T
     );
     assert_eq!(db.audit_of_host(&h, 1).await.unwrap().len(), 1);
 }
+
+/// Issue #36: a relay's secrets are fetched once, with a token that lapses, and never for a
+/// host retired or being revoked; a second token (a relay replaced) takes the first's place.
+pub(super) async fn a_a_relays_secrets_token_is_spent_once_and_never_when_lapsed_or_revoked(
+    db: TestDb,
+) {
+    let t = now();
+    let owner = user(&db, "owner@example.com").await;
+    let staff = user(&db, "staff@example.com").await;
+    let h = pickable_host(&db, &owner, "rly-1", t).await;
+    db.record_relay_key(&h, "sealed:relay").await.unwrap();
+    assert!(db.relay_secrets_fetched(&h).await.unwrap().is_none());
+    let lapses = t + Duration::hours(1);
+    db.issue_relay_secrets_token(&h, "hash-1", lapses)
+        .await
+        .unwrap();
+    // Unknown, and lapsed (exactly at the bound too), answer none and spend nothing.
+    assert!(
+        db.spend_relay_secrets_token("hash-0", t, "10.0.0.9")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        db.spend_relay_secrets_token("hash-1", lapses, "10.0.0.9")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(db.relay_secrets_fetched(&h).await.unwrap().is_none());
+    let spent = db
+        .spend_relay_secrets_token("hash-1", t, "34.1.2.1")
+        .await
+        .unwrap()
+        .expect("a live token is spent");
+    assert_eq!(
+        (spent.host_id.as_str(), spent.relay_wg_key.as_deref()),
+        (h.as_str(), Some("sealed:relay"))
+    );
+    assert_eq!(
+        db.relay_secrets_fetched(&h).await.unwrap(),
+        Some((t, "34.1.2.1".to_owned()))
+    );
+    assert!(
+        db.spend_relay_secrets_token("hash-1", t, "34.1.2.1")
+            .await
+            .unwrap()
+            .is_none(),
+        "spent once"
+    );
+    // A replacement's token: the old one (had it not been spent) no longer counts.
+    db.issue_relay_secrets_token(&h, "hash-2", lapses)
+        .await
+        .unwrap();
+    db.issue_relay_secrets_token(&h, "hash-3", lapses)
+        .await
+        .unwrap();
+    assert!(db.relay_secrets_fetched(&h).await.unwrap().is_none());
+    assert!(
+        db.spend_relay_secrets_token("hash-2", t, "x")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A host being revoked gets nothing.
+    db.begin_revoke(&h, "owner left", &staff, t).await.unwrap();
+    assert!(
+        db.spend_relay_secrets_token("hash-3", t, "x")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        db.issue_relay_secrets_token("no-such-host", "hash-4", lapses)
+            .await,
+        Err(DbError::NotFound)
+    ));
+}
