@@ -70,6 +70,12 @@ fn token_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::POST,
+            path: "/api/relay/secrets",
+            allowed: &[],
+            body: none,
+        },
+        Row {
             method: Method::GET,
             path: "/api/host/operator-keys",
             allowed: &[],
