@@ -312,3 +312,43 @@ pub(super) async fn a_a_relays_secrets_token_is_spent_once_and_never_when_lapsed
         Err(DbError::NotFound)
     ));
 }
+
+/// Issue #39: the creates nobody settled are read by age, and a delete of a row that never
+/// ran marks it failed as it deletes it (bills nothing); a running row's delete does not.
+pub(super) async fn g_unsettled_creates_by_age_and_a_delete_of_one_that_never_ran(db: TestDb) {
+    let t = now();
+    let owner = user(&db, "owner@example.com").await;
+    let h1 = pickable_host(&db, &owner, "settle-1", t).await;
+    let h2 = pickable_host(&db, &owner, "settle-2", t).await;
+    let h3 = pickable_host(&db, &owner, "settle-3", t).await;
+    let creating = vm(&db, &owner, &h1).await;
+    let running = vm(&db, &owner, &h2).await;
+    db.mark_vm_running(&running, Some(2201)).await.unwrap();
+    let failed = vm(&db, &owner, &h3).await;
+    db.mark_vm_creation_failed(&failed, t).await.unwrap();
+    let made = db.vm(&creating).await.unwrap().unwrap().created_at;
+    let ids = |rows: Vec<byo_db::vms::VmRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(db.unsettled_creates(made, 10).await.unwrap()),
+        [creating.clone()]
+    );
+    assert!(
+        db.unsettled_creates(made - Duration::seconds(1), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(db.unsettled_creates(made, 0).await.unwrap().is_empty());
+
+    let later = t + Duration::minutes(30);
+    db.confirm_vm_deleted(&creating, later).await.unwrap();
+    db.confirm_vm_deleted(&running, later).await.unwrap();
+    let c = db.vm(&creating).await.unwrap().unwrap();
+    let r = db.vm(&running).await.unwrap().unwrap();
+    assert_eq!(
+        (c.deleted_at, c.creation_failed_at),
+        (Some(later), Some(later))
+    );
+    assert_eq!((r.deleted_at, r.creation_failed_at), (Some(later), None));
+    assert!(db.unsettled_creates(later, 10).await.unwrap().is_empty());
+}
