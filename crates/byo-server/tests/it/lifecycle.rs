@@ -95,6 +95,7 @@ with_world!(
     n7_a_retired_hosts_hardware_enrols_again,
     a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
     a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_them_once,
+    a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back,
     h_a_host_being_revoked_gets_no_relay_secrets,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
@@ -1539,4 +1540,84 @@ async fn h_a_host_being_revoked_gets_no_relay_secrets(w: World) {
     let r = w.fetch_relay_secrets(&h.slug).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
     assert!(w.db().relay_secrets_fetched(&h.id).await.unwrap().is_none());
+}
+
+/// Issue #39 (A.4): an owner who clicked "Add a GPU" and will not run the command cancels
+/// the allocation from their page, and the relay, its address, the tunnel and the names are
+/// handed back at once rather than when the token lapses. Nobody else can (404, as for a host
+/// that does not exist); an enrolled host is refused (stop hosting is its way out); a
+/// provider failing part way leaves the enrolment revoked and reap's next sweep finishes.
+async fn a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back(w: World) {
+    let (id, slug, token) = w.provisioned().await;
+    let held = w.outside(&slug);
+    assert_eq!((held.0, held.1, held.2), (1, 1, 1), "{held:?}");
+    let path = format!("/api/hosts/{id}/cancel");
+    for who in [&w.customer, &w.op] {
+        let r = who.post_empty(&path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    }
+    let r = w.owner.post_empty("/api/hosts/no-such-host/cancel").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(w.outside(&slug), held, "nothing handed back by a refusal");
+
+    // Cloudflare failing: revoked at once, the rest handed back by reap's next sweep.
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r = w.owner.post_empty(&path).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert!(
+        w.enroll(&token).await.status.is_client_error(),
+        "the command no longer works"
+    );
+    assert_eq!(w.outside(&slug).0, 1, "the relay waits for the names to go");
+    w.cf.lock().unwrap().fail = None;
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
+    assert_eq!(w.outside(&slug), (0, 0, 0, 0));
+    let cancelled: Vec<_> = w
+        .db()
+        .audit_log(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "enrollment.cancel")
+        .collect();
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(
+        cancelled[0].actor_sub.as_deref(),
+        Some(w.owner.sub.as_str())
+    );
+    assert_eq!(cancelled[0].details.0["host_id"], id.as_str());
+
+    // The plain case, from the page: 303 to /hosts, and nothing left outside.
+    let (id2, slug2, _) = w.provisioned().await;
+    let page = w.owner.get("/hosts").await.text();
+    assert!(
+        page.contains(&format!("action=\"/hosts/{id2}/cancel\"")),
+        "the owner's page offers the cancel: {page}"
+    );
+    let r = w
+        .owner
+        .post_form(&format!("/hosts/{id2}/cancel"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    assert_eq!(w.outside(&slug2), (0, 0, 0, 0));
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{id2}/cancel"))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "gone: {}", r.text());
+
+    // An enrolled host is the owner's to stop, not to cancel; nothing changes.
+    let h = w.active_host().await;
+    let before = snapshot(&w, &h).await;
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/cancel", h.id))
+        .await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("enrolled"))
+    );
+    assert_eq!(snapshot(&w, &h).await, before);
 }
