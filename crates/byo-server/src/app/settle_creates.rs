@@ -9,9 +9,7 @@
 
 use std::time::Duration;
 
-use byo_db::GuardedWrite;
 use chrono::TimeDelta;
-use serde_json::json;
 
 use crate::error::AppResult;
 use crate::state::AppState;
@@ -40,26 +38,20 @@ pub async fn settle_once(state: &AppState) -> AppResult<usize> {
     for row in state.store.unsettled_creates(made_by, BATCH).await? {
         // The heartbeat or the create may settle it between the read and this write; the
         // guarded write lets only one of them.
-        if state.store.mark_vm_creation_failed(&row.id, now).await? != GuardedWrite::Written {
+        if !crate::app::instances::fail_create(
+            state,
+            &row.id,
+            row.host_id.as_deref(),
+            "the host neither answered the create nor beat after its deadline",
+            Some("settle-creates"),
+        )
+        .await?
+        {
             continue;
         }
         settled += 1;
         tracing::warn!(vm = %row.id, host = ?row.host_id, name = %row.name, created_at = %row.created_at,
             "a create nobody answered is settled: its host has not beaten since its deadline; nothing billed");
-        state
-            .store
-            .audit(
-                None,
-                "vm.creation_failed",
-                Some(&row.id),
-                json!({
-                    "host_id": row.host_id,
-                    "reason": "the host neither answered the create nor beat after its deadline",
-                    "by": "settle-creates",
-                }),
-                now,
-            )
-            .await?;
     }
     Ok(settled)
 }
