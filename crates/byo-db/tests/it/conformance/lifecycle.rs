@@ -330,7 +330,7 @@ pub(super) async fn g_unsettled_creates_by_age_and_a_delete_of_one_that_never_ra
     let ids = |rows: Vec<byo_db::vms::VmRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
     assert_eq!(
         ids(db.unsettled_creates(made, 10).await.unwrap()),
-        [creating.clone()]
+        [creating.as_str()]
     );
     assert!(
         db.unsettled_creates(made - Duration::seconds(1), 10)
