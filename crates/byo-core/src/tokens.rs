@@ -32,15 +32,19 @@ pub enum TokenKind {
     Agent,
     /// A relay's own ssh_mapd token.
     SshMap,
+    /// What a relay presents once, at its first boot, for its WireGuard key and TLS
+    /// certificate (`hosts.relay_secrets_token_hash`; spent by that one fetch).
+    RelaySecrets,
 }
 
 impl TokenKind {
-    pub const ALL: [TokenKind; 5] = [
+    pub const ALL: [TokenKind; 6] = [
         TokenKind::Session,
         TokenKind::Enrollment,
         TokenKind::Host,
         TokenKind::Agent,
         TokenKind::SshMap,
+        TokenKind::RelaySecrets,
     ];
 
     pub fn prefix(self) -> &'static str {
@@ -50,6 +54,7 @@ impl TokenKind {
             TokenKind::Host => "byo_hst_",
             TokenKind::Agent => "byo_agt_",
             TokenKind::SshMap => "byo_map_",
+            TokenKind::RelaySecrets => "byo_rly_",
         }
     }
 }

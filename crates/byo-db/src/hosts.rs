@@ -239,7 +239,8 @@ impl Store {
             }
             sqlx::query(
                 "update hosts set retired_at = $2, token_hash = null, ssh_map_token_hash = null,
-                        tunnel_token = null, relay_wg_key = null
+                        tunnel_token = null, relay_wg_key = null,
+                        relay_secrets_token_hash = null
                  where id = $1",
             )
             .bind(id)

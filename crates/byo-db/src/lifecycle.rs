@@ -42,6 +42,15 @@ pub struct RelayRecord {
     pub relay_error: Option<String>,
 }
 
+/// A relay's secrets token, spent: whose relay it was.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct SpentRelaySecrets {
+    pub host_id: String,
+    pub slug: String,
+    /// The relay's WireGuard key, sealed with the server key (`hosts.relay_wg_key`).
+    pub relay_wg_key: Option<String>,
+}
+
 /// What retire (N.1, N.5) refuses on, read before anything outside is touched.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RetireBlockers {
@@ -239,6 +248,70 @@ impl Store {
         .fetch_optional(p)
         .await)
         .map_err(Into::into)
+    }
+
+    /// Arm a relay's one fetch of its secrets: the token's hash and when it lapses. A new
+    /// token (a relay replaced) takes the place of one not spent.
+    pub async fn issue_relay_secrets_token(
+        &self,
+        id: &str,
+        token_hash: &str,
+        expires_at: DateTime<Utc>,
+    ) -> Result<()> {
+        let n = on_pool!(self, |p| sqlx::query(
+            "update hosts set relay_secrets_token_hash = $2, relay_secrets_expires_at = $3,
+                    relay_secrets_fetched_at = null, relay_secrets_fetched_from = null
+             where id = $1 and retired_at is null"
+        )
+        .bind(id)
+        .bind(token_hash)
+        .bind(expires_at)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        if n == 0 {
+            return Err(DbError::NotFound);
+        }
+        Ok(())
+    }
+
+    /// Spend a relay's secrets token: the one statement that both checks it (live, not
+    /// lapsed, the host neither retired nor being revoked) and clears it, so two fetches
+    /// racing get one answer between them. `None` for every token that does not qualify.
+    pub async fn spend_relay_secrets_token(
+        &self,
+        token_hash: &str,
+        now: DateTime<Utc>,
+        from: &str,
+    ) -> Result<Option<SpentRelaySecrets>> {
+        on_pool!(self, |p| sqlx::query_as::<_, SpentRelaySecrets>(
+            "update hosts set relay_secrets_token_hash = null, relay_secrets_fetched_at = $2,
+                    relay_secrets_fetched_from = $3
+             where relay_secrets_token_hash = $1 and relay_secrets_expires_at > $2
+               and retired_at is null and revoke_requested_at is null
+             returning id as host_id, slug, relay_wg_key"
+        )
+        .bind(token_hash)
+        .bind(now)
+        .bind(from)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// When and from where a host's relay last fetched its secrets, if it has.
+    pub async fn relay_secrets_fetched(&self, id: &str) -> Result<Option<(DateTime<Utc>, String)>> {
+        let row = on_pool!(self, |p| sqlx::query_as::<
+            _,
+            (Option<DateTime<Utc>>, Option<String>),
+        >(
+            "select relay_secrets_fetched_at, relay_secrets_fetched_from from hosts where id = $1"
+        )
+        .bind(id)
+        .fetch_optional(p)
+        .await)?
+        .ok_or(DbError::NotFound)?;
+        Ok(row.0.zip(row.1))
     }
 
     pub async fn relay_record(&self, id: &str) -> Result<RelayRecord> {

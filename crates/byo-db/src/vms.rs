@@ -152,14 +152,20 @@ impl Store {
     /// The container is confirmed gone (a 404 from the agent confirms). Billing stops here.
     pub async fn confirm_vm_deleted(&self, id: &str, now: DateTime<Utc>) -> Result<GuardedWrite> {
         let done = on_pool!(self, |p| {
+            // A row still `creating` never ran as far as anyone knows (issue #39): its
+            // delete stamps `creation_failed_at` too, so it bills nothing.
             sqlx::query(
-            "update vms set deleted_at = $2, status = 'deleted' where id = $1 and deleted_at is null"
-        )
-        .bind(id)
-        .bind(now)
-        .execute(p)
-        .await
-        .map(|r| r.rows_affected())
+                "update vms set deleted_at = $2, status = 'deleted',
+                    creation_failed_at = case when status = 'creating'
+                                              then coalesce(creation_failed_at, $2)
+                                              else creation_failed_at end
+             where id = $1 and deleted_at is null",
+            )
+            .bind(id)
+            .bind(now)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
         })?;
         Ok(GuardedWrite::from_rows(done))
     }
@@ -203,6 +209,30 @@ impl Store {
 
     /// A create the host refused or never answered (step 44): the row stops being live,
     /// which frees its host, and bills nothing. Guarded by `creation_failed_at is null`.
+    /// Creates nobody settled (issue #39): rows still `creating` — not failed, not deleted —
+    /// made at or before `made_by`, oldest first, at most `limit`. The heartbeat settles a
+    /// host's creates at its first beat after their deadline, so a row still open well past
+    /// it is on a host that has not beaten since.
+    pub async fn unsettled_creates(
+        &self,
+        made_by: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<VmRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
+            format!(
+                "select {VM_COLUMNS} from vms
+             where status = 'creating' and creation_failed_at is null and deleted_at is null
+               and created_at <= $1
+             order by created_at, id limit $2"
+            )
+        ))
+        .bind(made_by)
+        .bind(limit)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
     pub async fn mark_vm_creation_failed(
         &self,
         id: &str,

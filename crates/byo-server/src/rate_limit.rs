@@ -1,6 +1,6 @@
-//! Rate limits on the doors that check a secret (#16): sign-in, sign-up, password change
-//! and redeem, from the `governor` crate: each a burst of the configured size per minute,
-//! refilled evenly. Past one, 429 with `Retry-After` — the backoff — and nothing else
+//! Rate limits on the doors that check a secret (#16): sign-in, sign-up, password change,
+//! redeem and a relay's fetch of its secrets, from the `governor` crate: each a burst of the
+//! configured size per minute, refilled evenly. Past one, 429 with `Retry-After` — the backoff — and nothing else
 //! happens: no hash is computed and no row is read.
 //!
 //! - **Per address**: every such request, before any rule or hash runs
@@ -36,6 +36,7 @@ pub const LIMITED: &[(&str, &str)] = &[
     ("POST", "/api/auth/signup"),
     ("PUT", "/api/me/password"),
     ("POST", "/api/enroll"),
+    ("POST", "/api/relay/secrets"),
     ("POST", "/login"),
     ("POST", "/signup"),
 ];

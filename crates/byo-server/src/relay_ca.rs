@@ -190,29 +190,22 @@ impl RelayCaSource {
 mod tests {
     use super::*;
 
-    /// The certificate and key a relay is given fit its first-boot script, name the relay,
-    /// and chain to the CA (checked by rustls' own verifier in the agent client's tests).
+    /// The certificate and key a relay is given fit the answer its first-boot script reads
+    /// (`RelaySecrets`), name the relay, and chain to the CA (checked by rustls' own
+    /// verifier in the agent client's tests).
     #[test]
-    fn a_relay_certificate_fits_the_bootstrap_and_names_the_relay() {
+    fn a_relay_certificate_fits_the_secrets_answer_and_names_the_relay() {
         let ca = RelayCa::generate().unwrap();
         let cert = ca.issue("spark-7.relay.example.com", Utc::now()).unwrap();
-        let script = byo_core::render::relay_bootstrap::Bootstrap {
-            slug: "spark-7".into(),
-            relay_private_key: "a".repeat(43) + "=",
-            host_public_key: "b".repeat(43) + "=",
-            wireguard_port: 51820,
-            ssh_map_token_hash: "ab".repeat(32),
-            public_name: "spark-7.relay.example.com".into(),
+        let answer = byo_core::render::relay_bootstrap::RelaySecrets {
+            wireguard_private_key: "a".repeat(43) + "=",
             tls_cert_pem: cert.cert_pem.clone(),
             tls_key_pem: cert.key_pem.clone(),
-            relay_binary_url: "https://app.example.com/relay/byo-relay".into(),
-            relay_binary_sha256: "cd".repeat(32),
-            layout: Default::default(),
         }
-        .script()
+        .render()
         .unwrap();
-        assert!(script.contains(cert.cert_pem.trim_end()));
-        assert!(script.contains(cert.key_pem.trim_end()));
+        assert!(answer.contains(cert.cert_pem.trim_end()));
+        assert!(answer.contains(cert.key_pem.trim_end()));
     }
 
     #[test]

@@ -3,8 +3,14 @@
 //! boot): WireGuard to its host (wireguard-go where the kernel has no module), ssh_mapd,
 //! Caddy on :443 with the relay's certificate from the installation's relay CA proxying only
 //! to the host's agent, and the `LOFISPARK_VMSSH` chain seeded. Every line is safe to run
-//! again. Rendering is pure; the server fills in this relay's keys, certificate and token
-//! hash, so nobody SSHes into a relay to bring it up.
+//! again. Rendering is pure; the server fills in this relay's public values, so nobody SSHes
+//! into a relay to bring it up.
+//!
+//! Nothing secret is in the script (issue #36): metadata is readable by anything on the relay
+//! and by every viewer of the project, for the instance's whole life. The relay's WireGuard
+//! key and its TLS certificate and key are fetched from the server once, at the first boot,
+//! with a single-use token ([`Bootstrap::secrets_token`]); the server answers them in
+//! [`RelaySecrets`]' format. The token the metadata keeps is spent from then on.
 
 use std::fmt::Write as _;
 
@@ -17,17 +23,12 @@ pub const CADDY_UPSTREAM_KEEPALIVE_SECS: u64 = 5;
 /// Where the relay keeps its certificate and key (readable by Caddy's group only).
 pub const TLS_DIR: &str = "/etc/byo-relay/tls";
 
-fn with_newline(pem: &str) -> String {
-    format!("{}\n", pem.trim_end())
-}
-
-/// Everything that differs from one relay to the next.
+/// Everything that differs from one relay to the next. Every value here is public but the
+/// token, which is spent at the first boot.
 #[derive(Clone, Debug)]
 pub struct Bootstrap {
     /// The host's slug (`spark-7`): the relay is `<slug>-relay`.
     pub slug: String,
-    /// The relay's WireGuard private key (base64). Travels only in instance metadata.
-    pub relay_private_key: String,
     /// The host's WireGuard public key (base64).
     pub host_public_key: String,
     pub wireguard_port: u16,
@@ -36,14 +37,49 @@ pub struct Bootstrap {
     /// The relay's name: what its certificate says and the backend checks
     /// (`spark-7.relay.enverge.ai`). Never looked up: the backend dials the relay's address.
     pub public_name: String,
-    /// The relay's certificate for `public_name`, issued by the relay CA, and its key (PEM).
-    /// The key travels only in instance metadata, like the WireGuard key.
-    pub tls_cert_pem: String,
-    pub tls_key_pem: String,
+    /// Where the relay fetches its secrets (`<server>/api/relay/secrets`), and the
+    /// single-use token it presents there (`byo_rly_…`).
+    pub secrets_url: String,
+    pub secrets_token: String,
     /// Where the relay fetches its daemon, and the SHA-256 it must have.
     pub relay_binary_url: String,
     pub relay_binary_sha256: String,
     pub layout: Layout,
+}
+
+/// What the server answers a relay's one fetch, as `text/plain`: a line
+/// `wireguard-private-key <base64>`, then the certificate and the key as PEM blocks. Lines a
+/// shell splits with `sed`, so the relay needs nothing beyond its base image to read it.
+#[derive(Clone)]
+pub struct RelaySecrets {
+    pub wireguard_private_key: String,
+    pub tls_cert_pem: String,
+    pub tls_key_pem: String,
+}
+
+impl std::fmt::Debug for RelaySecrets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RelaySecrets(<redacted>)")
+    }
+}
+
+impl RelaySecrets {
+    /// The answer's text; refused when a value is not what the relay's script reads.
+    pub fn render(&self) -> Result<String, String> {
+        safe(&self.wireguard_private_key, "relay private key", "+/=")?;
+        pem(&self.tls_cert_pem, "CERTIFICATE")?;
+        pem(&self.tls_key_pem, "PRIVATE KEY")?;
+        Ok(format!(
+            "wireguard-private-key {}\n{}{}",
+            self.wireguard_private_key,
+            with_newline(&self.tls_cert_pem),
+            with_newline(&self.tls_key_pem)
+        ))
+    }
+}
+
+fn with_newline(pem: &str) -> String {
+    format!("{}\n", pem.trim_end())
 }
 
 /// What goes in every rendered value: base64 keys, hex digests, DNS names, URLs. Anything
@@ -84,29 +120,35 @@ fn pem(value: &str, label: &str) -> Result<(), String> {
 impl Bootstrap {
     fn check(&self) -> Result<(), String> {
         safe(&self.slug, "slug", "-")?;
-        safe(&self.relay_private_key, "relay private key", "+/=")?;
         safe(&self.host_public_key, "host public key", "+/=")?;
         safe(&self.ssh_map_token_hash, "token hash", "")?;
         safe(&self.public_name, "public name", "-.")?;
+        safe(&self.secrets_url, "secrets URL", ":/.-_")?;
+        safe(&self.secrets_token, "secrets token", "_")?;
         safe(&self.relay_binary_url, "binary URL", ":/.-_")?;
         safe(&self.relay_binary_sha256, "binary digest", "")?;
         safe(&self.layout.tunnel, "tunnel interface", "-_")?;
-        pem(&self.tls_cert_pem, "CERTIFICATE")?;
-        pem(&self.tls_key_pem, "PRIVATE KEY")?;
         Ok(())
     }
 
     /// The relay's end of the tunnel, in wg-quick's format (`/etc/wireguard/wg0.conf`).
-    /// The host dials out from behind its router, so the relay's peer has no endpoint.
+    /// The host dials out from behind its router, so the relay's peer has no endpoint. The
+    /// private key is not in it: it is the file [`Bootstrap::wireguard_key_path`], written
+    /// from the one fetch, and set when the link comes up.
     pub fn wireguard_config(&self) -> String {
         format!(
-            "[Interface]\nAddress = 10.8.0.1/24\nListenPort = {}\nPrivateKey = {}\n\n[Peer]\n# {} (the host)\nPublicKey = {}\nAllowedIPs = {}/32\n",
+            "[Interface]\nAddress = 10.8.0.1/24\nListenPort = {}\nPostUp = wg set %i private-key {}\n\n[Peer]\n# {} (the host)\nPublicKey = {}\nAllowedIPs = {}/32\n",
             self.wireguard_port,
-            self.relay_private_key,
+            self.wireguard_key_path(),
             self.slug,
             self.host_public_key,
             self.layout.host
         )
+    }
+
+    /// Where the relay's WireGuard private key is kept (root, 0600).
+    pub fn wireguard_key_path(&self) -> String {
+        format!("/etc/wireguard/{}.key", self.layout.tunnel)
     }
 
     /// Caddy: :443 only, for the relay's name, with its certificate from the relay CA
@@ -167,8 +209,39 @@ fi
 echo 'net.ipv4.ip_forward = 1' > /etc/sysctl.d/60-byo-relay.conf
 sysctl -q -w net.ipv4.ip_forward=1
 
-# WireGuard to the host (10.8.0.2), which dials in.
+# This relay's secrets (its WireGuard key, its TLS certificate and key), fetched once with a
+# single-use token, so nothing secret stays in the instance's metadata. A later boot has them.
+install -d -m 755 /etc/byo-relay
 install -d -m 700 /etc/wireguard
+install -d -m 750 -o root -g caddy {tls}
+if [ ! -s {wgkey} ] || [ ! -s {tls}/relay.crt ] || [ ! -s {tls}/relay.key ]; then
+  umask 077
+  answer=$(mktemp)
+  if ! curl -fsS --retry 10 --retry-connrefused --retry-delay 3 -X POST \
+      -H 'Authorization: Bearer {token}' -o "$answer" '{secrets_url}'; then
+    rm -f "$answer"
+    echo "this relay's secrets could not be fetched: its token is spent (they were fetched \
+before) or lapsed, or the server did not answer. Replace the relay from the host's page."
+    exit 1
+  fi
+  key=$(sed -n 's|^wireguard-private-key \([A-Za-z0-9+/]\{{43\}}=\)$|\1|p' "$answer")
+  sed -n '/^-----BEGIN CERTIFICATE-----$/,/^-----END CERTIFICATE-----$/p' "$answer" > {tls}/relay.crt.new
+  sed -n '/^-----BEGIN PRIVATE KEY-----$/,/^-----END PRIVATE KEY-----$/p' "$answer" > {tls}/relay.key.new
+  rm -f "$answer"
+  if [ -z "$key" ] || [ ! -s {tls}/relay.crt.new ] || [ ! -s {tls}/relay.key.new ]; then
+    echo "the server's answer is not a relay's secrets"
+    exit 1
+  fi
+  printf '%s\n' "$key" > {wgkey}
+  chgrp caddy {tls}/relay.key.new
+  chmod 0640 {tls}/relay.key.new
+  chmod 0644 {tls}/relay.crt.new
+  mv {tls}/relay.crt.new {tls}/relay.crt
+  mv {tls}/relay.key.new {tls}/relay.key
+  umask 022
+fi
+
+# WireGuard to the host (10.8.0.2), which dials in.
 umask 077
 cat > /etc/wireguard/{wg}.conf <<'WIREGUARD'
 {wgconf}WIREGUARD
@@ -178,7 +251,6 @@ systemctl restart wg-quick@{wg}.service
 
 # ssh_mapd: the daemon (fetched once, and again only if it is not the expected build),
 # its token's hash and its unit.
-install -d -m 755 /etc/byo-relay
 echo '{hash}' > /etc/byo-relay/ssh-map-token.sha256
 if ! echo '{sha}  /usr/local/bin/byo-relay' | sha256sum -c --status - 2>/dev/null; then
   curl -fsSL --retry 5 -o /usr/local/bin/byo-relay.download '{url}'
@@ -197,14 +269,6 @@ systemctl enable byo-ssh-mapd.service
 systemctl restart byo-ssh-mapd.service
 
 # Caddy on :443 with this relay's certificate, proxying only to the host's agent.
-install -d -m 750 -o root -g caddy {tls}
-cat > {tls}/relay.crt <<'CERT'
-{cert}CERT
-umask 027
-cat > {tls}/relay.key <<'KEY'
-{key}KEY
-umask 022
-chgrp caddy {tls}/relay.key
 cat > /etc/caddy/Caddyfile <<'CADDY'
 {caddy}CADDY
 systemctl enable caddy.service
@@ -221,8 +285,9 @@ echo "byo relay bootstrap for {slug} done at $(date -u +%FT%TZ)"
             host = self.layout.host,
             caddy = self.caddyfile(),
             tls = TLS_DIR,
-            cert = with_newline(&self.tls_cert_pem),
-            key = with_newline(&self.tls_key_pem),
+            wgkey = self.wireguard_key_path(),
+            token = self.secrets_token,
+            secrets_url = self.secrets_url,
         );
         Ok(s)
     }

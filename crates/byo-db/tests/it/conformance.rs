@@ -71,6 +71,8 @@ conformance!(
     e3_4_due_ended_close_reopen_and_the_launchers_write,
     h1_depool_then_a_revoke_recorded_step_by_step_and_never_backwards,
     n1_retire_blockers_and_the_relays_kept_key,
+    a_a_relays_secrets_token_is_spent_once_and_never_when_lapsed_or_revoked,
+    g_unsettled_creates_by_age_and_a_delete_of_one_that_never_ran,
     n_the_one_host_pages_reads_its_instances_and_its_audit,
     a_provision_counts_the_cap_and_never_reuses_a_slug,
     a_the_relay_and_tunnel_are_recorded_on_the_host,

@@ -6,7 +6,9 @@ use crate::support;
 use std::process::Command;
 
 use byo_core::render::nft::{Layout, skeleton};
-use byo_core::render::relay_bootstrap::{Bootstrap, CADDY_UPSTREAM_KEEPALIVE_SECS, TLS_DIR};
+use byo_core::render::relay_bootstrap::{
+    Bootstrap, CADDY_UPSTREAM_KEEPALIVE_SECS, RelaySecrets, TLS_DIR,
+};
 use support::{Netns, kernel_parts, run, wg_keypair};
 
 /// A certificate and key for the relay's name, as PEM (the server's relay CA issues the
@@ -17,17 +19,19 @@ static CERT: std::sync::LazyLock<(String, String)> = std::sync::LazyLock::new(||
 });
 
 fn bootstrap() -> Bootstrap {
-    let (relay_private, _) = wg_keypair();
     let (_, host_public) = wg_keypair();
     Bootstrap {
         slug: "spark-7".into(),
-        relay_private_key: relay_private,
         host_public_key: host_public,
         wireguard_port: 51820,
         ssh_map_token_hash: "ab".repeat(32),
         public_name: "spark-7.relay.example.com".into(),
-        tls_cert_pem: CERT.0.clone(),
-        tls_key_pem: CERT.1.clone(),
+        secrets_url: "https://app.example.com/api/relay/secrets".into(),
+        secrets_token: byo_core::tokens::SecretToken::generate(
+            byo_core::tokens::TokenKind::RelaySecrets,
+        )
+        .expose()
+        .to_owned(),
         relay_binary_url: "https://app.example.com/relay/byo-relay-x86_64".into(),
         relay_binary_sha256: "cd".repeat(32),
         layout: Layout::default(),
@@ -47,8 +51,14 @@ fn the_script_is_shellcheck_clean() {
         .arg("--severity=style")
         .arg(&path));
     let text = std::fs::read_to_string(&path).unwrap();
-    assert!(text.contains(&b.relay_private_key) && text.contains(&b.ssh_map_token_hash));
+    assert!(text.contains(&b.secrets_token) && text.contains(&b.ssh_map_token_hash));
     assert!(text.contains("byo-relay seed") && text.contains("sha256sum -c"));
+    // Nothing secret travels in the metadata (issue #36): no key of any kind, only the
+    // single-use token the first boot spends.
+    assert!(
+        !text.lines().any(|l| l.starts_with("-----BEGIN")) && !text.contains("PrivateKey"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -67,28 +77,51 @@ fn values_that_could_inject_into_the_script_are_refused() {
             ..bootstrap_static()
         },
         Bootstrap {
-            tls_cert_pem: format!("{}CERT\nid\n", CERT.0),
+            secrets_url: "https://x/'$(id)'".into(),
             ..bootstrap_static()
         },
         Bootstrap {
-            tls_key_pem: "-----BEGIN PRIVATE KEY-----\n$(id)\n-----END PRIVATE KEY-----\n".into(),
+            secrets_token: "byo_rly_x' -o /etc/passwd '".into(),
             ..bootstrap_static()
         },
     ] {
         assert!(bad.script().is_err());
+    }
+    // And the answer the server gives the relay carries nothing its script could be
+    // broken out of.
+    let good = RelaySecrets {
+        wireguard_private_key: "a".repeat(43) + "=",
+        tls_cert_pem: CERT.0.clone(),
+        tls_key_pem: CERT.1.clone(),
+    };
+    assert!(good.render().is_ok());
+    for bad in [
+        RelaySecrets {
+            tls_cert_pem: format!("{}CERT\nid\n", CERT.0),
+            ..good.clone()
+        },
+        RelaySecrets {
+            tls_key_pem: "-----BEGIN PRIVATE KEY-----\n$(id)\n-----END PRIVATE KEY-----\n".into(),
+            ..good.clone()
+        },
+        RelaySecrets {
+            wireguard_private_key: "a\nwireguard-private-key b".into(),
+            ..good.clone()
+        },
+    ] {
+        assert!(bad.render().is_err());
     }
 }
 
 fn bootstrap_static() -> Bootstrap {
     Bootstrap {
         slug: "spark-7".into(),
-        relay_private_key: "a".repeat(43) + "=",
         host_public_key: "b".repeat(43) + "=",
         wireguard_port: 51820,
         ssh_map_token_hash: "ab".repeat(32),
         public_name: "spark-7.relay.example.com".into(),
-        tls_cert_pem: CERT.0.clone(),
-        tls_key_pem: CERT.1.clone(),
+        secrets_url: "https://app.example.com/api/relay/secrets".into(),
+        secrets_token: "byo_rly_".to_owned() + &"a".repeat(46),
         relay_binary_url: "https://app.example.com/relay/byo-relay".into(),
         relay_binary_sha256: "cd".repeat(32),
         layout: Layout::default(),
@@ -165,6 +198,23 @@ fn the_wireguard_config_is_accepted_by_wg() {
     );
     let port = ns.sh(&format!("wg show {wg} listen-port"));
     assert_eq!(String::from_utf8_lossy(&port.stdout).trim(), "51820");
+    // The private key is not in the config (issue #36): the link takes it from the file the
+    // first boot wrote, by the config's own PostUp, run here as wg-quick runs it.
+    let config = b.wireguard_config();
+    assert!(!config.contains("PrivateKey"), "{config}");
+    let post_up = config
+        .lines()
+        .find_map(|l| l.strip_prefix("PostUp = "))
+        .expect("a PostUp line");
+    let (relay_private, relay_public) = wg_keypair();
+    let key_file = dir.path().join("wg0.key");
+    std::fs::write(&key_file, format!("{relay_private}\n")).unwrap();
+    let post_up = post_up
+        .replace("%i", &wg)
+        .replace(&b.wireguard_key_path(), &key_file.to_string_lossy());
+    assert!(ns.sh(&post_up).status.success(), "{post_up}");
+    let public = ns.sh(&format!("wg show {wg} public-key"));
+    assert_eq!(String::from_utf8_lossy(&public.stdout).trim(), relay_public);
 }
 
 #[test]

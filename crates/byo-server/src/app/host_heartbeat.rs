@@ -235,19 +235,16 @@ pub async fn reconcile(state: &AppState, host_id: &str, held: &[HeldVm]) -> AppR
             // Inside the deadline the create may still be under way; a container that
             // exists and does not run (yet) is nothing to settle on.
             && crate::app::instances::create_deadline_passed(state, row)
-            && state.store.mark_vm_creation_failed(&row.id, now).await? == GuardedWrite::Written
+            && crate::app::instances::fail_create(
+                state,
+                &row.id,
+                Some(host_id),
+                "the host's heartbeat does not list it after the create's deadline",
+                Some("heartbeat"),
+            )
+            .await?
         {
             tracing::warn!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host does not hold it; nothing billed");
-            state
-                .store
-                .audit(
-                    None,
-                    "vm.creation_failed",
-                    Some(&row.id),
-                    json!({"host_id": host_id, "reason": "the host's heartbeat does not list it after the create's deadline", "by": "heartbeat"}),
-                    now,
-                )
-                .await?;
         }
     }
     let orphans: Vec<String> = held

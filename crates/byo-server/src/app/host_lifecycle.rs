@@ -284,6 +284,62 @@ pub async fn stop_hosting(
     })
 }
 
+/// The owner cancels their own pending allocation (issue #39, A.4: "an owner who clicks and
+/// never runs the command leaves a relay, an IPv4, a tunnel and an inactive hosts row
+/// allocated"): the enrolment is revoked and reap hands everything back at once, as an
+/// operator's revoke does, rather than when the token lapses. Only before the host redeemed;
+/// after, the owner stops hosting instead. Someone else's host is 404, as one that does not
+/// exist. Returns whether everything outside is already handed back (a provider failing
+/// leaves the rest to reap's next sweep; the enrolment stays revoked either way).
+pub async fn cancel_allocation(
+    state: &AppState,
+    by: &CurrentUser,
+    host_id: &str,
+) -> AppResult<bool> {
+    let h = match state.store.host_lifecycle(host_id).await? {
+        Some(h) if h.owner_sub == by.user.sub => h,
+        _ => return Err(AppError::NotFound),
+    };
+    refuse_retired(&h)?;
+    if h.pubkey.is_some() {
+        return Err(AppError::conflict(
+            "enrolled",
+            "this GPU has enrolled, so there is no allocation to cancel; stop hosting it instead",
+        ));
+    }
+    let open = state
+        .store
+        .enrollment_views(Some(&by.user.sub))
+        .await?
+        .into_iter()
+        .find(|e| e.host_id.as_deref() == Some(host_id) && e.state.is_open());
+    // Revoking is the guarded write: a redeem that wins the race leaves it refused.
+    let revoked = match &open {
+        Some(e) => state.store.revoke_enrollment(&e.id).await?,
+        None => false,
+    };
+    if !revoked {
+        return Err(AppError::conflict(
+            "not_cancellable",
+            "this GPU's command was already run, revoked or has lapsed; there is nothing to cancel",
+        ));
+    }
+    let enrollment_id = open.map(|e| e.id).unwrap_or_default();
+    let now = state.clock.now();
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "enrollment.cancel",
+            Some(&enrollment_id),
+            json!({"host_id": host_id, "slug": h.slug}),
+            now,
+        )
+        .await?;
+    let report = crate::app::reap::reap_once(state).await?;
+    Ok(report.failed == 0)
+}
+
 /// Retire (N): only a host already out of service whose enrolment completed; outside first
 /// (relay and address, `*.<slug>.ssh`, tunnel and DNS — each idempotent), the stamp last.
 /// A provider failing part way stamps nothing; retire run again carries on.
@@ -400,16 +456,17 @@ pub async fn replace_relay(
              be one its tunnel trusts; it needs enrolling again",
         ));
     };
-    let sealer = host_provision::sealer(state)?;
-    let relay_private = sealer
+    // The replacement fetches the kept key at its first boot: it must open, or nothing is
+    // touched.
+    host_provision::sealer(state)?
         .open(&key)
         .map_err(|e| AppError::Internal(anyhow::anyhow!("opening the relay key: {e}")))?;
     let bootstrap = match &state.config.relay_release {
         Some(release) => Some(
             host_provision::relay_bootstrap(
                 state,
+                host_id,
                 &h.slug,
-                relay_private,
                 &host_pubkey,
                 &ssh_map_hash,
                 release,

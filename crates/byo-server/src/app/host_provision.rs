@@ -176,8 +176,8 @@ pub async fn provision(
         Some(release) => {
             let rendered = relay_bootstrap(
                 state,
+                &provisioned.host_id,
                 &slug,
-                relay_wg_private,
                 &secrets.host_wg_public,
                 ssh_map_token.hash().as_str(),
                 release,
@@ -227,31 +227,36 @@ pub async fn provision(
     })
 }
 
-/// The relay's first-boot script: its WireGuard key, the host's public key, the ssh-map
-/// token's hash, the release it fetches, and its certificate from the relay CA.
+/// The relay's first-boot script: the host's public key, the ssh-map token's hash, the
+/// release it fetches, and a fresh single-use token for its secrets (issue #36: its
+/// WireGuard key and TLS certificate are fetched with it, `app::host_relay::secrets`, never
+/// carried in the instance's metadata). Issuing the token replaces any earlier one.
 pub async fn relay_bootstrap(
     state: &AppState,
+    host_id: &str,
     slug: &str,
-    relay_private_key: String,
     host_public_key: &str,
     ssh_map_token_hash: &str,
     release: &crate::config::RelayRelease,
 ) -> anyhow::Result<String> {
-    let public_name = relay_name(slug, &state.config.public_url);
-    let cert = state
-        .relay_ca
-        .get()
-        .await?
-        .issue(&public_name, state.clock.now())?;
+    let token = SecretToken::generate(TokenKind::RelaySecrets);
+    let lapses = state.clock.now()
+        + chrono::Duration::minutes(crate::app::host_relay::SECRETS_TOKEN_MINUTES);
+    state
+        .store
+        .issue_relay_secrets_token(host_id, token.hash().as_str(), lapses)
+        .await?;
     Bootstrap {
         slug: slug.to_owned(),
-        relay_private_key,
         host_public_key: host_public_key.to_owned(),
         wireguard_port: WIREGUARD_PORT,
         ssh_map_token_hash: ssh_map_token_hash.to_owned(),
-        public_name,
-        tls_cert_pem: cert.cert_pem,
-        tls_key_pem: cert.key_pem,
+        public_name: relay_name(slug, &state.config.public_url),
+        secrets_url: format!(
+            "{}/api/relay/secrets",
+            state.config.public_url.trim_end_matches('/')
+        ),
+        secrets_token: token.expose().to_owned(),
         relay_binary_url: release.url.clone(),
         relay_binary_sha256: release.sha256.clone(),
         layout: Layout::default(),

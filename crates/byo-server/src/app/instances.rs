@@ -466,6 +466,31 @@ pub(crate) async fn settle_silent(
     ))
 }
 
+/// A create that will not be: `creation_failed_at` (never billed), audited `vm.creation_failed`
+/// with why, and which sweep settled it when it was not the create itself (`by`). Guarded:
+/// `false`, and nothing audited, when the row was settled first by someone else.
+pub(crate) async fn fail_create(
+    state: &AppState,
+    vm_id: &str,
+    host_id: Option<&str>,
+    reason: &str,
+    by: Option<&str>,
+) -> AppResult<bool> {
+    let now = state.clock.now();
+    if state.store.mark_vm_creation_failed(vm_id, now).await? != GuardedWrite::Written {
+        return Ok(false);
+    }
+    let mut details = json!({"host_id": host_id, "reason": reason});
+    if let Some(by) = by {
+        details["by"] = json!(by);
+    }
+    state
+        .store
+        .audit(None, "vm.creation_failed", Some(vm_id), details, now)
+        .await?;
+    Ok(true)
+}
+
 /// A host refused the create or could not be reached: the row fails (nothing billed),
 /// the host is scored and benched at `bench_after`. The error the customer hears.
 pub(crate) async fn settle_refused(
@@ -475,19 +500,8 @@ pub(crate) async fn settle_refused(
     e: AgentError,
     bench_after: u32,
 ) -> AppResult<AppError> {
-    let now = state.clock.now();
-    state.store.mark_vm_creation_failed(&row.id, now).await?;
     tracing::warn!(vm = %row.id, host = %host.slug, error = %e, "create failed; nothing billed");
-    state
-        .store
-        .audit(
-            None,
-            "vm.creation_failed",
-            Some(&row.id),
-            json!({"host_id": host.id, "reason": e.to_string()}),
-            now,
-        )
-        .await?;
+    fail_create(state, &row.id, Some(&host.id), &e.to_string(), None).await?;
     score_failure(state, host, &e.to_string(), bench_after).await?;
     // The customer hears our words; the agent's own reason is in the log, the audit and
     // the host's score above (issue #36, 8).

@@ -81,6 +81,16 @@ pub fn registry() -> Vec<Job> {
             },
         ),
         Job::new(
+            "settle-creates",
+            super::settle_creates::SETTLE_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let n = super::settle_creates::settle_once(state).await?;
+                    Ok(format!("{n} creates nobody answered settled as failed"))
+                })
+            },
+        ),
+        Job::new(
             "renew-operator-keys",
             super::operator_keys::RENEW_EVERY,
             |state| {

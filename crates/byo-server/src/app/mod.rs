@@ -30,5 +30,6 @@ pub mod prebookings;
 pub mod queue_drain;
 pub mod reap;
 pub mod releases;
+pub mod settle_creates;
 pub mod ssh_keys;
 pub mod users;

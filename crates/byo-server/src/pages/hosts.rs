@@ -295,6 +295,13 @@ async fn gpus_page(
                                     div #{ "progress-" (host_id) } data-progress={ "/hosts/" (host_id) "/progress" } {
                                         (progress_fragment(&Facts::of(e), nodes, now))
                                     }
+                                    @if e.state.is_open() {
+                                        form.inline method="post" action={ "/hosts/" (host_id) "/cancel" } {
+                                            button type="submit" { "Cancel" }
+                                        }
+                                        br;
+                                        small { "Not going to run the command? Cancel hands back what was set aside for this GPU." }
+                                    }
                                 }
                                 (None, _) => (enrollment_state(e)),
                             }
@@ -622,6 +629,38 @@ async fn after_go_live(
             },
         ),
     )
+}
+
+/// `POST /hosts/{host_id}/cancel`: the owner cancels their own allocation before the GPU
+/// enrolled (the API's `POST /api/hosts/{host_id}/cancel`); the page shows what is left.
+pub async fn cancel_allocation(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let Some(v) = viewer else {
+        return Err(AppError::Unauthenticated.into());
+    };
+    match host_lifecycle::cancel_allocation(&state, &v, &host_id).await {
+        Ok(true) => Ok(Redirect::to("/hosts").into_response()),
+        Ok(false) => Ok((
+            StatusCode::ACCEPTED,
+            gpus_page(
+                &state,
+                &v,
+                None,
+                Some("cancelled; part of what was set aside is still being handed back, which finishes on its own within minutes"),
+            )
+            .await?,
+        )
+            .into_response()),
+        Err(e @ AppError::Conflict { .. }) => Ok((
+            e.status(),
+            gpus_page(&state, &v, None, Some(&e.to_string())).await?,
+        )
+            .into_response()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// `POST /hosts/{host_id}/stop`: the owner stops hosting their own GPU (the API's

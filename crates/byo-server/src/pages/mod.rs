@@ -61,6 +61,7 @@ pub fn router() -> Router<AppState> {
             post(host_detail::replace_relay),
         )
         .route("/hosts/{host_id}/stop", post(hosts::stop_hosting))
+        .route("/hosts/{host_id}/cancel", post(hosts::cancel_allocation))
         .route("/admin/hosts/{host_id}/activate", post(hosts::activate))
         .route(
             "/admin/enrollments/{enrollment_id}/revoke",

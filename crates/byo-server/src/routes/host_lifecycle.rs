@@ -96,6 +96,28 @@ pub async fn post_replace_relay(
     ))
 }
 
+/// The owner cancels their own allocation before the GPU enrolled: the enrolment is revoked
+/// and the relay, its address, the tunnel and the names are handed back at once. 204 when all
+/// is handed back; 202 when a provider failed part way and reap's next sweep carries on.
+#[utoipa::path(post, path = "/api/hosts/{host_id}/cancel", tag = "hosts",
+    params(("host_id" = String, Path, description = "the host's id")),
+    responses((status = 204), (status = 202),
+              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn post_cancel_allocation(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(host_id): Path<String>,
+) -> AppResult<StatusCode> {
+    Ok(
+        if host_lifecycle::cancel_allocation(&state, &user, &host_id).await? {
+            StatusCode::NO_CONTENT
+        } else {
+            StatusCode::ACCEPTED
+        },
+    )
+}
+
 /// The owner stops hosting their own GPU: de-pooled and drained; then they uninstall.
 /// 202 while an instance has not ended (run it again).
 #[utoipa::path(post, path = "/api/hosts/{host_id}/stop", tag = "hosts",

@@ -70,6 +70,12 @@ fn token_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::POST,
+            path: "/api/relay/secrets",
+            allowed: &[],
+            body: none,
+        },
+        Row {
             method: Method::GET,
             path: "/api/host/operator-keys",
             allowed: &[],
@@ -449,6 +455,14 @@ fn api_table() -> Vec<ApiRow> {
         ApiRow {
             method: Method::POST,
             path: "/api/hosts/{host_id}/stop",
+            expect: [401, 404, 409, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
+            body: none,
+        },
+        ApiRow {
+            method: Method::POST,
+            path: "/api/hosts/{host_id}/cancel",
+            // The fixture's host has no open enrolment: the owner is let through and refused.
             expect: [401, 404, 409, 404, 404, 404],
             missing: Some([401, 404, 404, 404, 404, 404]),
             body: none,
@@ -1088,7 +1102,8 @@ fn host_page_table() -> Vec<Row> {
     }]
 }
 
-/// Actions on one host that only its owner may take (stopping hosting, issue #12): the
+/// Actions on one host that only its owner may take (stopping hosting, issue #12; cancelling
+/// the allocation before it enrolled, issue #39): the
 /// owner gets past every gate; anyone else signed in — operators included, whose tools are
 /// de-pool and revoke — gets exactly what a host that does not exist gets; anonymous
 /// callers are refused (401, or sent to sign in from a page). `{host_id}` is the owner's.
@@ -1103,6 +1118,18 @@ fn owner_action_table() -> Vec<Row> {
         Row {
             method: Method::POST,
             path: "/hosts/{host_id}/stop",
+            allowed: &[Owner],
+            body: |_| Some(json!("")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/api/hosts/{host_id}/cancel",
+            allowed: &[Owner],
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/hosts/{host_id}/cancel",
             allowed: &[Owner],
             body: |_| Some(json!("")),
         },

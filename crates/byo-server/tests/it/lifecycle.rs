@@ -94,6 +94,9 @@ with_world!(
     n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes,
     n7_a_retired_hosts_hardware_enrols_again,
     a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
+    a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_them_once,
+    a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back,
+    h_a_host_being_revoked_gets_no_relay_secrets,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
     l_a_failed_re_prepare_is_named_on_the_host_page_and_the_host_stays_in_service,
@@ -230,6 +233,57 @@ impl World {
                     .unwrap(),
             )
             .await
+    }
+
+    /// The startup script the fake GCP holds for `slug`'s relay: its instance metadata.
+    fn relay_metadata(&self, slug: &str) -> String {
+        self.gcp.lock().unwrap().instances[&format!("{slug}-relay")]["metadata"]["items"][0]
+            ["value"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    }
+
+    /// A relay's first-boot fetch of its secrets, with the token its metadata carries.
+    async fn fetch_relay_secrets(&self, slug: &str) -> support::Reply {
+        let script = self.relay_metadata(slug);
+        let token = script
+            .split("Authorization: Bearer ")
+            .nth(1)
+            .and_then(|rest| rest.split('\'').next())
+            .expect("the script carries a bearer token")
+            .to_owned();
+        self.relay_secrets_with(&token).await
+    }
+
+    async fn relay_secrets_with(&self, token: &str) -> support::Reply {
+        self.app
+            .send(
+                Request::post("/api/relay/secrets")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .body(Body::empty())
+                    .unwrap(),
+            )
+            .await
+    }
+
+    /// The relay WireGuard key kept (sealed) for the host, opened.
+    async fn kept_relay_key(&self, id: &str) -> String {
+        let sealed = self
+            .db()
+            .relay_rebuild(id)
+            .await
+            .unwrap()
+            .unwrap()
+            .0
+            .unwrap();
+        self.app
+            .state
+            .sealer
+            .as_ref()
+            .unwrap()
+            .open(&sealed)
+            .unwrap()
     }
 
     /// Everything the fakes hold for `slug`: GCP instances and addresses, Cloudflare
@@ -869,11 +923,10 @@ async fn a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts
         w.host_relay(&h.token).await.json()["endpoint"],
         format!("{old}:51820")
     );
-    let first_bootstrap = w.gcp.lock().unwrap().instances[&format!("{}-relay", h.slug)]["metadata"]
-        ["items"][0]["value"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    // The first relay booted and fetched its key.
+    let first = w.fetch_relay_secrets(&h.slug).await;
+    assert_eq!(first.status, StatusCode::OK, "{}", first.text());
+    let first_bootstrap = w.relay_metadata(&h.slug);
     // The relay died: mark the instance GCP holds, to tell it from its replacement.
     w.gcp
         .lock()
@@ -909,14 +962,18 @@ async fn a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts
             new.as_str()
         );
         let script = inst["metadata"]["items"][0]["value"].as_str().unwrap();
-        let key_line = |s: &str| {
-            s.lines()
-                .find(|l| l.contains("PrivateKey"))
-                .map(str::to_owned)
-        };
-        assert!(key_line(script).is_some());
-        assert_eq!(key_line(script), key_line(&first_bootstrap));
+        assert_ne!(script, first_bootstrap, "the new relay has its own token");
     }
+    // The new relay's first boot fetches the same WireGuard key: the one the host trusts.
+    let again = w.fetch_relay_secrets(&h.slug).await;
+    assert_eq!(again.status, StatusCode::OK, "{}", again.text());
+    let key_of = |r: &support::Reply| {
+        r.text()
+            .lines()
+            .find_map(|l| l.strip_prefix("wireguard-private-key ").map(str::to_owned))
+            .unwrap()
+    };
+    assert_eq!(key_of(&again), key_of(&first));
     // The customer SSH wildcard still points at it.
     {
         let c = w.cf.lock().unwrap();
@@ -1372,4 +1429,195 @@ async fn a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing
     assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
     assert_eq!(r.json()["error"], "relay_key_unknown");
     assert_eq!((snapshot(&w, &old).await, w.outside(&old.slug)), before);
+}
+
+/// Issue #36: a relay's WireGuard key and TLS key are not in its instance metadata (readable
+/// by anything on the relay and every project viewer, for the instance's life); its startup
+/// script carries a single-use token, and the first boot fetches them with it — once, within
+/// the hour, and never for a host being revoked. Every refusal spends nothing and writes
+/// nothing.
+async fn a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_them_once(w: World) {
+    let (id, slug, _) = w.provisioned().await;
+    let kept = w.kept_relay_key(&id).await;
+    let script = w.relay_metadata(&slug);
+    assert!(
+        !script.contains(&kept) && !script.lines().any(|l| l.starts_with("-----BEGIN")),
+        "no secret in the metadata:\n{script}"
+    );
+    assert!(script.contains("/api/relay/secrets") && script.contains("byo_rly_"));
+
+    // Tokens that are not this relay's: none, another kind, a well-formed stranger.
+    let stranger =
+        byo_core::tokens::SecretToken::generate(byo_core::tokens::TokenKind::RelaySecrets);
+    let host_kind = byo_core::tokens::SecretToken::generate(byo_core::tokens::TokenKind::Host);
+    for bad in ["", host_kind.expose(), stranger.expose()] {
+        let r = w.relay_secrets_with(bad).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{bad:?}: {}", r.text());
+        assert_eq!(r.json()["error"], "invalid_token");
+    }
+    assert!(w.db().relay_secrets_fetched(&id).await.unwrap().is_none());
+    assert_eq!(relay_fetches(&w, &id).await, 0);
+
+    // The relay's own: its kept WireGuard key and a certificate and key for its name.
+    let r = w.fetch_relay_secrets(&slug).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(
+        r.headers[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let answer = r.text();
+    assert_eq!(
+        answer.lines().next(),
+        Some(format!("wireguard-private-key {kept}").as_str())
+    );
+    let cert = answer
+        .split("-----BEGIN CERTIFICATE-----")
+        .nth(1)
+        .expect("a certificate");
+    assert!(cert.contains("-----END CERTIFICATE-----"));
+    assert!(answer.contains("-----BEGIN PRIVATE KEY-----"));
+    let cert_pem = format!("-----BEGIN CERTIFICATE-----{cert}");
+    let cert_pem = &cert_pem[..cert_pem.find("-----END CERTIFICATE-----").unwrap() + 25];
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("relay.crt"), cert_pem).unwrap();
+    let shown = std::process::Command::new("openssl")
+        .args(["x509", "-noout", "-ext", "subjectAltName", "-in"])
+        .arg(dir.path().join("relay.crt"))
+        .output()
+        .unwrap();
+    assert!(
+        shown.status.success(),
+        "{}",
+        String::from_utf8_lossy(&shown.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&shown.stdout).contains(&format!("DNS:{slug}.relay.")),
+        "{}",
+        String::from_utf8_lossy(&shown.stdout)
+    );
+    let fetched = w.db().relay_secrets_fetched(&id).await.unwrap().unwrap();
+    assert_eq!(fetched.0, w.clock.now());
+    assert_eq!(relay_fetches(&w, &id).await, 1);
+
+    // Once: the token in the metadata is spent, and a second fetch changes nothing.
+    let again = w.fetch_relay_secrets(&slug).await;
+    assert_eq!(again.status, StatusCode::UNAUTHORIZED, "{}", again.text());
+    assert_eq!(
+        w.db().relay_secrets_fetched(&id).await.unwrap(),
+        Some(fetched)
+    );
+    assert_eq!(relay_fetches(&w, &id).await, 1);
+
+    // A token not spent within the hour lapses.
+    let (late, late_slug, _) = w.provisioned().await;
+    w.clock.advance(chrono::Duration::minutes(
+        byo_server::app::host_relay::SECRETS_TOKEN_MINUTES,
+    ));
+    let r = w.fetch_relay_secrets(&late_slug).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    assert!(w.db().relay_secrets_fetched(&late).await.unwrap().is_none());
+}
+
+async fn relay_fetches(w: &World, id: &str) -> usize {
+    w.db()
+        .audit_of_host(id, 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "relay.secrets_fetched")
+        .count()
+}
+
+/// A host being revoked is given no relay secrets, whatever token its relay holds.
+async fn h_a_host_being_revoked_gets_no_relay_secrets(w: World) {
+    let h = w.active_host().await;
+    w.db()
+        .begin_revoke(&h.id, "owner left", &w.op.sub, w.clock.now())
+        .await
+        .unwrap();
+    let r = w.fetch_relay_secrets(&h.slug).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());
+    assert!(w.db().relay_secrets_fetched(&h.id).await.unwrap().is_none());
+}
+
+/// Issue #39 (A.4): an owner who clicked "Add a GPU" and will not run the command cancels
+/// the allocation from their page, and the relay, its address, the tunnel and the names are
+/// handed back at once rather than when the token lapses. Nobody else can (404, as for a host
+/// that does not exist); an enrolled host is refused (stop hosting is its way out); a
+/// provider failing part way leaves the enrolment revoked and reap's next sweep finishes.
+async fn a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back(w: World) {
+    let (id, slug, token) = w.provisioned().await;
+    let held = w.outside(&slug);
+    assert_eq!((held.0, held.1, held.2), (1, 1, 1), "{held:?}");
+    let path = format!("/api/hosts/{id}/cancel");
+    for who in [&w.customer, &w.op] {
+        let r = who.post_empty(&path).await;
+        assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    }
+    let r = w.owner.post_empty("/api/hosts/no-such-host/cancel").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(w.outside(&slug), held, "nothing handed back by a refusal");
+
+    // Cloudflare failing: revoked at once, the rest handed back by reap's next sweep.
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r = w.owner.post_empty(&path).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "{}", r.text());
+    assert!(
+        w.enroll(&token).await.status.is_client_error(),
+        "the command no longer works"
+    );
+    assert_eq!(w.outside(&slug).0, 1, "the relay waits for the names to go");
+    w.cf.lock().unwrap().fail = None;
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
+    assert_eq!(w.outside(&slug), (0, 0, 0, 0));
+    let cancelled: Vec<_> = w
+        .db()
+        .audit_log(100)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "enrollment.cancel")
+        .collect();
+    assert_eq!(cancelled.len(), 1);
+    assert_eq!(
+        cancelled[0].actor_sub.as_deref(),
+        Some(w.owner.sub.as_str())
+    );
+    assert_eq!(cancelled[0].details.0["host_id"], id.as_str());
+
+    // The plain case, from the page: 303 to /hosts, and nothing left outside.
+    let (id2, slug2, _) = w.provisioned().await;
+    let page = w.owner.get("/hosts").await.text();
+    assert!(
+        page.contains(&format!("action=\"/hosts/{id2}/cancel\"")),
+        "the owner's page offers the cancel: {page}"
+    );
+    let r = w
+        .owner
+        .post_form(&format!("/hosts/{id2}/cancel"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    assert_eq!(w.outside(&slug2), (0, 0, 0, 0));
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{id2}/cancel"))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "gone: {}", r.text());
+
+    // An enrolled host is the owner's to stop, not to cancel; nothing changes.
+    let h = w.active_host().await;
+    let before = snapshot(&w, &h).await;
+    let r = w
+        .owner
+        .post_empty(&format!("/api/hosts/{}/cancel", h.id))
+        .await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("enrolled"))
+    );
+    assert_eq!(snapshot(&w, &h).await, before);
 }

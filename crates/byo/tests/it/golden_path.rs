@@ -244,6 +244,40 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         "the relay booted by its own script ({:.1} s after it was created)",
         first_boot.as_secs_f64()
     ));
+    // Issue #36: its metadata (the startup script) holds no key; the first boot fetched them
+    // with the script's single-use token, from the relay's own address, into files of its own.
+    let read = |argv: &[&str]| {
+        let out = relay.exec(argv).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let metadata = read(&["cat", "/var/lib/byo-relay-metadata/startup-script"]);
+    assert!(
+        metadata.contains("byo_rly_")
+            && !metadata.lines().any(|l| l.starts_with("-----BEGIN"))
+            && !metadata.contains("PrivateKey"),
+        "{metadata}"
+    );
+    assert_eq!(
+        read(&[
+            "stat",
+            "-c",
+            "%a %U",
+            "/etc/wireguard/wg0.key",
+            "/etc/byo-relay/tls/relay.key"
+        ]),
+        "600 root\n640 root\n"
+    );
+    let fetched = store.relay_secrets_fetched(&host_id).await.unwrap();
+    assert_eq!(
+        fetched.as_ref().map(|f| f.1.as_str()),
+        Some(relay.public.as_str()),
+        "the relay fetched its secrets from its own address"
+    );
 
     let prepared = Instant::now();
     let started = Instant::now();
@@ -341,6 +375,11 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
         2,
         "the script ran at each boot:\n{}",
         relay.bootstrap_log()
+    );
+    assert_eq!(
+        store.relay_secrets_fetched(&host_id).await.unwrap(),
+        fetched,
+        "a later boot has its secrets and fetches nothing (its token is spent)"
     );
     phase(&format!(
         "the relay rebooted and ran its script again in {:.1} s",

@@ -234,3 +234,121 @@ pub(super) async fn n_the_one_host_pages_reads_its_instances_and_its_audit(db: T
     );
     assert_eq!(db.audit_of_host(&h, 1).await.unwrap().len(), 1);
 }
+
+/// Issue #36: a relay's secrets are fetched once, with a token that lapses, and never for a
+/// host retired or being revoked; a second token (a relay replaced) takes the first's place.
+pub(super) async fn a_a_relays_secrets_token_is_spent_once_and_never_when_lapsed_or_revoked(
+    db: TestDb,
+) {
+    let t = now();
+    let owner = user(&db, "owner@example.com").await;
+    let staff = user(&db, "staff@example.com").await;
+    let h = pickable_host(&db, &owner, "rly-1", t).await;
+    db.record_relay_key(&h, "sealed:relay").await.unwrap();
+    assert!(db.relay_secrets_fetched(&h).await.unwrap().is_none());
+    let lapses = t + Duration::hours(1);
+    db.issue_relay_secrets_token(&h, "hash-1", lapses)
+        .await
+        .unwrap();
+    // Unknown, and lapsed (exactly at the bound too), answer none and spend nothing.
+    assert!(
+        db.spend_relay_secrets_token("hash-0", t, "10.0.0.9")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(
+        db.spend_relay_secrets_token("hash-1", lapses, "10.0.0.9")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(db.relay_secrets_fetched(&h).await.unwrap().is_none());
+    let spent = db
+        .spend_relay_secrets_token("hash-1", t, "34.1.2.1")
+        .await
+        .unwrap()
+        .expect("a live token is spent");
+    assert_eq!(
+        (spent.host_id.as_str(), spent.relay_wg_key.as_deref()),
+        (h.as_str(), Some("sealed:relay"))
+    );
+    assert_eq!(
+        db.relay_secrets_fetched(&h).await.unwrap(),
+        Some((t, "34.1.2.1".to_owned()))
+    );
+    assert!(
+        db.spend_relay_secrets_token("hash-1", t, "34.1.2.1")
+            .await
+            .unwrap()
+            .is_none(),
+        "spent once"
+    );
+    // A replacement's token: the old one (had it not been spent) no longer counts.
+    db.issue_relay_secrets_token(&h, "hash-2", lapses)
+        .await
+        .unwrap();
+    db.issue_relay_secrets_token(&h, "hash-3", lapses)
+        .await
+        .unwrap();
+    assert!(db.relay_secrets_fetched(&h).await.unwrap().is_none());
+    assert!(
+        db.spend_relay_secrets_token("hash-2", t, "x")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A host being revoked gets nothing.
+    db.begin_revoke(&h, "owner left", &staff, t).await.unwrap();
+    assert!(
+        db.spend_relay_secrets_token("hash-3", t, "x")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(matches!(
+        db.issue_relay_secrets_token("no-such-host", "hash-4", lapses)
+            .await,
+        Err(DbError::NotFound)
+    ));
+}
+
+/// Issue #39: the creates nobody settled are read by age, and a delete of a row that never
+/// ran marks it failed as it deletes it (bills nothing); a running row's delete does not.
+pub(super) async fn g_unsettled_creates_by_age_and_a_delete_of_one_that_never_ran(db: TestDb) {
+    let t = now();
+    let owner = user(&db, "owner@example.com").await;
+    let h1 = pickable_host(&db, &owner, "settle-1", t).await;
+    let h2 = pickable_host(&db, &owner, "settle-2", t).await;
+    let h3 = pickable_host(&db, &owner, "settle-3", t).await;
+    let creating = vm(&db, &owner, &h1).await;
+    let running = vm(&db, &owner, &h2).await;
+    db.mark_vm_running(&running, Some(2201)).await.unwrap();
+    let failed = vm(&db, &owner, &h3).await;
+    db.mark_vm_creation_failed(&failed, t).await.unwrap();
+    let made = db.vm(&creating).await.unwrap().unwrap().created_at;
+    let ids = |rows: Vec<byo_db::vms::VmRow>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(db.unsettled_creates(made, 10).await.unwrap()),
+        [creating.as_str()]
+    );
+    assert!(
+        db.unsettled_creates(made - Duration::seconds(1), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(db.unsettled_creates(made, 0).await.unwrap().is_empty());
+
+    let later = t + Duration::minutes(30);
+    db.confirm_vm_deleted(&creating, later).await.unwrap();
+    db.confirm_vm_deleted(&running, later).await.unwrap();
+    let c = db.vm(&creating).await.unwrap().unwrap();
+    let r = db.vm(&running).await.unwrap().unwrap();
+    assert_eq!(
+        (c.deleted_at, c.creation_failed_at),
+        (Some(later), Some(later))
+    );
+    assert_eq!((r.deleted_at, r.creation_failed_at), (Some(later), None));
+    assert!(db.unsettled_creates(later, 10).await.unwrap().is_empty());
+}

@@ -262,6 +262,10 @@ async fn reconciliation_a_stuck_creating_row_can_be_deleted_by_its_customer_and_
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     let row = w.vm(&mine.id).await;
     assert_eq!(row.deleted_at, Some(w.clock.now()));
+    // It never ran, so it bills nothing (issue #39): a 404-confirmed delete of a row still
+    // `creating` was billed from `created_at` for a container that never existed.
+    assert_eq!(row.creation_failed_at, Some(w.clock.now()));
+    assert_eq!(billable(&row, w.clock.now()), None);
     assert!(w.pickable(&a.id).await);
 
     // An operator's, on a host that does not answer: requested, billed, listed as stuck.
@@ -280,7 +284,74 @@ async fn reconciliation_a_stuck_creating_row_can_be_deleted_by_its_customer_and_
     assert!(w.pickable(&b.id).await);
 }
 
+fn billable(row: &VmRow, now: DateTime<Utc>) -> Option<(DateTime<Utc>, DateTime<Utc>)> {
+    use byo_server::app::billing::usage;
+    usage::billable(
+        &usage::VmTimes {
+            created_at: row.created_at,
+            creation_failed_at: row.creation_failed_at,
+            delete_requested_at: row.delete_requested_at,
+            deleted_at: row.deleted_at,
+        },
+        now,
+    )
+}
+
+/// Issue #39: a create nobody answers — the server went away mid-create and its host never
+/// beat again — settles on its own. Past the create's deadline and the grace, settle-creates
+/// fails it (never billed); a host that comes back holding the container has it removed as
+/// an orphan, on the backend's instruction.
+async fn reconciliation_a_create_on_a_host_that_never_beats_again_settles_on_its_own(w: World) {
+    use byo_server::app::settle_creates::{SETTLE_GRACE_MINUTES, settle_once};
+    let a = w.host("spark-a", Spec::default()).await;
+    let b = w.host("spark-b", Spec::default()).await;
+    let row = left_creating(&w, &a, "spark-a").await;
+    let bound = TimeDelta::from_std(WAIT).unwrap() + TimeDelta::minutes(SETTLE_GRACE_MINUTES);
+    w.clock.advance(bound - TimeDelta::seconds(1));
+    // A row made later on another host is inside its own bound and stays.
+    let young = left_creating(&w, &b, "spark-b").await;
+    assert_eq!(settle_once(&w.app.state).await.unwrap(), 0);
+    assert_eq!(w.vm(&row.id).await.status, VmStatus::Creating);
+    assert!(w.audits("vm.creation_failed").await.is_empty());
+
+    w.clock.advance(TimeDelta::seconds(1));
+    assert_eq!(settle_once(&w.app.state).await.unwrap(), 1);
+    let failed = w.vm(&row.id).await;
+    assert_eq!(
+        (failed.status, failed.creation_failed_at, failed.deleted_at),
+        (VmStatus::Failed, Some(w.clock.now()), None)
+    );
+    assert_eq!(billable(&failed, w.clock.now()), None, "never billed");
+    assert_eq!(w.vm(&young.id).await.status, VmStatus::Creating);
+    let audits = w.audits("vm.creation_failed").await;
+    assert_eq!(audits.len(), 1);
+    assert_eq!(audits[0].target.as_deref(), Some(row.id.as_str()));
+    assert_eq!(audits[0].details.0["by"], "settle-creates");
+    assert_eq!(audits[0].actor_sub, None);
+    // Settled once: the next sweep finds nothing.
+    assert_eq!(settle_once(&w.app.state).await.unwrap(), 0);
+
+    // The host comes back running the container: no live row accounts for it, so the
+    // backend removes it; the row stays failed.
+    assert!(w.agents.calls(Op::Delete).is_empty());
+    assert_eq!(
+        w.beat(&a, &[(row.name.as_str(), "Running")]).await,
+        StatusCode::NO_CONTENT
+    );
+    assert_eq!(orphans_removed(&w, 1).await.len(), 1);
+    let removed: Vec<(String, String)> = w
+        .agents
+        .calls(Op::Delete)
+        .into_iter()
+        .map(|c| (c.host_id, c.name))
+        .collect();
+    assert_eq!(removed, [(a.id.clone(), row.name.clone())]);
+    assert_eq!(w.vm(&row.id).await.status, VmStatus::Failed);
+    assert!(w.pickable(&a.id).await, "its host is free again");
+}
+
 with_world!(
+    reconciliation_a_create_on_a_host_that_never_beats_again_settles_on_its_own,
     reconciliation_settles_a_create_the_server_restarted_in_the_middle_of,
     reconciliation_settles_a_slow_create_that_timed_out_to_running,
     reconciliation_removes_an_orphan_container_on_the_backends_instruction,
