@@ -56,6 +56,7 @@ macro_rules! in_tx {
 pub mod audit;
 pub mod billing;
 pub mod enrollments;
+pub mod fleet;
 mod error;
 pub mod hosts;
 pub mod inspect;
