@@ -56,8 +56,8 @@ macro_rules! in_tx {
 pub mod audit;
 pub mod billing;
 pub mod enrollments;
-pub mod fleet;
 mod error;
+pub mod fleet;
 pub mod hosts;
 pub mod inspect;
 pub mod jobs;

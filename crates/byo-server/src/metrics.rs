@@ -62,9 +62,8 @@ pub struct FleetMetrics {
 
 impl FleetMetrics {
     fn register(&self, registry: &mut Registry) {
-        let g = |r: &mut Registry, name: &str, help: &str, m: &Gauge| {
-            r.register(name, help, m.clone())
-        };
+        let g =
+            |r: &mut Registry, name: &str, help: &str, m: &Gauge| r.register(name, help, m.clone());
         let f = |r: &mut Registry, name: &str, help: &str, m: &FloatGauge| {
             r.register(name, help, m.clone())
         };
@@ -73,13 +72,48 @@ impl FleetMetrics {
             "Hosts not retired, by state: active (in placement), depooled, preparing, unreachable (in placement, no heartbeat within the placement bound)",
             self.hosts.clone(),
         );
-        f(registry, "heartbeat_oldest_age_seconds", "Age of the oldest last heartbeat among hosts in placement", &self.heartbeat_oldest_age);
-        g(registry, "stuck_deletes", "Deletes asked for over 10 minutes ago and not confirmed (G.3)", &self.stuck_deletes);
-        f(registry, "delete_oldest_age_seconds", "Age of the oldest delete not confirmed", &self.delete_oldest_age);
-        g(registry, "queue_open", "Queued creates not placed, cancelled or closed", &self.queue_open);
-        f(registry, "queue_oldest_age_seconds", "Age of the oldest open queued create", &self.queue_oldest_age);
-        g(registry, "creates_open", "Instances still being created", &self.creates_open);
-        g(registry, "bookings_unpaid", "Open pre-bookings not paid", &self.bookings_unpaid);
+        f(
+            registry,
+            "heartbeat_oldest_age_seconds",
+            "Age of the oldest last heartbeat among hosts in placement",
+            &self.heartbeat_oldest_age,
+        );
+        g(
+            registry,
+            "stuck_deletes",
+            "Deletes asked for over 10 minutes ago and not confirmed (G.3)",
+            &self.stuck_deletes,
+        );
+        f(
+            registry,
+            "delete_oldest_age_seconds",
+            "Age of the oldest delete not confirmed",
+            &self.delete_oldest_age,
+        );
+        g(
+            registry,
+            "queue_open",
+            "Queued creates not placed, cancelled or closed",
+            &self.queue_open,
+        );
+        f(
+            registry,
+            "queue_oldest_age_seconds",
+            "Age of the oldest open queued create",
+            &self.queue_oldest_age,
+        );
+        g(
+            registry,
+            "creates_open",
+            "Instances still being created",
+            &self.creates_open,
+        );
+        g(
+            registry,
+            "bookings_unpaid",
+            "Open pre-bookings not paid",
+            &self.bookings_unpaid,
+        );
         registry.register(
             "job_last_success_timestamp_seconds",
             "When each background job last succeeded (0: never)",
@@ -90,8 +124,18 @@ impl FleetMetrics {
             "Whether each background job's newest run failed",
             self.job_last_failed.clone(),
         );
-        f(registry, "operator_keys_expiry_timestamp_seconds", "When the published operator-key list expires (0: none published)", &self.key_list_expiry);
-        g(registry, "fleet_read_ok", "Whether the last scrape read the fleet from the database", &self.read_ok);
+        f(
+            registry,
+            "operator_keys_expiry_timestamp_seconds",
+            "When the published operator-key list expires (0: none published)",
+            &self.key_list_expiry,
+        );
+        g(
+            registry,
+            "fleet_read_ok",
+            "Whether the last scrape read the fleet from the database",
+            &self.read_ok,
+        );
     }
 }
 
@@ -177,17 +221,19 @@ pub fn router(metrics: Arc<Metrics>, refresh: Refresh) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State((m, refresh)): State<(Arc<Metrics>, Refresh)>| async move {
-                refresh().await;
-                (
-                    [(
-                        CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    m.encode(),
-                )
-                    .into_response()
-            }),
+            get(
+                |State((m, refresh)): State<(Arc<Metrics>, Refresh)>| async move {
+                    refresh().await;
+                    (
+                        [(
+                            CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                        .into_response()
+                },
+            ),
         )
         .with_state((metrics, refresh))
 }

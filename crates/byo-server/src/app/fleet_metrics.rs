@@ -34,8 +34,8 @@ pub async fn refresh(state: &AppState) {
 async fn read(state: &AppState, m: &FleetMetrics) -> AppResult<()> {
     let now = state.clock.now();
     let heard_since = state.config.placement.seen_since(now);
-    let stuck_since = now
-        - TimeDelta::minutes(crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES);
+    let stuck_since =
+        now - TimeDelta::minutes(crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES);
     let g = state.store.fleet_gauges(heard_since, stuck_since).await?;
     for (name, n) in [
         ("active", g.hosts_active),
