@@ -604,9 +604,12 @@ impl Host for SshHost {
 
     fn write(&mut self, path: &str, bytes: &[u8], mode: u32, owner: &str) -> Fallible<()> {
         let (user, group) = owner.split_once(':').unwrap_or((owner, owner));
+        // The temporary file is the remote shell's own (`$$`): a write cut off by a timeout may
+        // still finish on the far side while the next write runs, and two writers sharing one
+        // name move each other's file away.
         let tmp = format!("{path}.enverge-tmp");
         let script = format!(
-            "mkdir -p \"$(dirname {p})\" && install -m {mode:o} -o {u} -g {g} /dev/stdin {t} && mv -f {t} {p}",
+            "mkdir -p \"$(dirname {p})\" && install -m {mode:o} -o {u} -g {g} /dev/stdin {t}.$$ && mv -f {t}.$$ {p}",
             p = shell_quote(path),
             t = shell_quote(&tmp),
             u = shell_quote(user),

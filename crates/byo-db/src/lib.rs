@@ -57,6 +57,7 @@ pub mod audit;
 pub mod billing;
 pub mod enrollments;
 mod error;
+pub mod fleet;
 pub mod hosts;
 pub mod inspect;
 pub mod jobs;

@@ -54,7 +54,7 @@ pub async fn serve(
                 .await
                 .with_context(|| format!("binding the metrics listener on {addr}"))?;
             tracing::info!(addr = %metrics_listener.local_addr()?, "metrics listening");
-            let router = metrics::router(state.metrics.clone());
+            let router = metrics_router(&state);
             let mut rx = stop_rx.clone();
             let limits = state.config.listener;
             Some(tokio::spawn(async move {
@@ -89,4 +89,15 @@ pub async fn serve(
     store.close().await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The metrics listener's router, as `serve` runs it and tests drive it: each scrape reads the
+/// fleet's gauges first (`app::fleet_metrics::refresh`).
+pub fn metrics_router(state: &AppState) -> axum::Router {
+    let scraped = state.clone();
+    let refresh: metrics::Refresh = std::sync::Arc::new(move || {
+        let state = scraped.clone();
+        Box::pin(async move { app::fleet_metrics::refresh(&state).await })
+    });
+    metrics::router(state.metrics.clone(), refresh)
 }

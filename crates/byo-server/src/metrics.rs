@@ -12,6 +12,7 @@ use axum::routing::get;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -29,11 +30,121 @@ pub struct OutcomeLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct JobLabels {
+    pub job: String,
+}
+
+type FloatGauge = Gauge<f64, std::sync::atomic::AtomicU64>;
+
+/// The fleet's gauges (issue #38), set from the database at each scrape by
+/// `app::fleet_metrics::refresh`.
+#[derive(Default)]
+pub struct FleetMetrics {
+    pub hosts: Family<StateLabels, Gauge>,
+    pub heartbeat_oldest_age: FloatGauge,
+    pub stuck_deletes: Gauge,
+    pub delete_oldest_age: FloatGauge,
+    pub queue_open: Gauge,
+    pub queue_oldest_age: FloatGauge,
+    pub creates_open: Gauge,
+    pub bookings_unpaid: Gauge,
+    pub job_last_success: Family<JobLabels, FloatGauge>,
+    pub job_last_failed: Family<JobLabels, Gauge>,
+    pub key_list_expiry: FloatGauge,
+    pub read_ok: Gauge,
+}
+
+impl FleetMetrics {
+    fn register(&self, registry: &mut Registry) {
+        let g =
+            |r: &mut Registry, name: &str, help: &str, m: &Gauge| r.register(name, help, m.clone());
+        let f = |r: &mut Registry, name: &str, help: &str, m: &FloatGauge| {
+            r.register(name, help, m.clone())
+        };
+        registry.register(
+            "hosts",
+            "Hosts not retired, by state: active (in placement), depooled, preparing, unreachable (in placement, no heartbeat within the placement bound)",
+            self.hosts.clone(),
+        );
+        f(
+            registry,
+            "heartbeat_oldest_age_seconds",
+            "Age of the oldest last heartbeat among hosts in placement",
+            &self.heartbeat_oldest_age,
+        );
+        g(
+            registry,
+            "stuck_deletes",
+            "Deletes asked for over 10 minutes ago and not confirmed (G.3)",
+            &self.stuck_deletes,
+        );
+        f(
+            registry,
+            "delete_oldest_age_seconds",
+            "Age of the oldest delete not confirmed",
+            &self.delete_oldest_age,
+        );
+        g(
+            registry,
+            "queue_open",
+            "Queued creates not placed, cancelled or closed",
+            &self.queue_open,
+        );
+        f(
+            registry,
+            "queue_oldest_age_seconds",
+            "Age of the oldest open queued create",
+            &self.queue_oldest_age,
+        );
+        g(
+            registry,
+            "creates_open",
+            "Instances still being created",
+            &self.creates_open,
+        );
+        g(
+            registry,
+            "bookings_unpaid",
+            "Open pre-bookings not paid",
+            &self.bookings_unpaid,
+        );
+        registry.register(
+            "job_last_success_timestamp_seconds",
+            "When each background job last succeeded (0: never)",
+            self.job_last_success.clone(),
+        );
+        registry.register(
+            "job_last_run_failed",
+            "Whether each background job's newest run failed",
+            self.job_last_failed.clone(),
+        );
+        f(
+            registry,
+            "operator_keys_expiry_timestamp_seconds",
+            "When the published operator-key list expires (0: none published)",
+            &self.key_list_expiry,
+        );
+        g(
+            registry,
+            "fleet_read_ok",
+            "Whether the last scrape read the fleet from the database",
+            &self.read_ok,
+        );
+    }
+}
+
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
     pub latency: Family<RequestLabels, Histogram>,
     pub logins: Family<OutcomeLabels, Counter>,
+    pub fleet: FleetMetrics,
 }
 
 impl Metrics {
@@ -55,11 +166,14 @@ impl Metrics {
             "Password sign-in attempts by outcome",
             logins.clone(),
         );
+        let fleet = FleetMetrics::default();
+        fleet.register(&mut registry);
         Metrics {
             registry,
             requests,
             latency,
             logins,
+            fleet,
         }
     }
 
@@ -99,20 +213,27 @@ pub async fn track(State(metrics): State<Arc<Metrics>>, request: Request, next: 
     response
 }
 
-pub fn router(metrics: Arc<Metrics>) -> Router {
+/// What a scrape runs before it encodes: the server reads the fleet's gauges
+/// (`app::fleet_metrics::refresh`).
+pub type Refresh = Arc<dyn Fn() -> futures::future::BoxFuture<'static, ()> + Send + Sync>;
+
+pub fn router(metrics: Arc<Metrics>, refresh: Refresh) -> Router {
     Router::new()
         .route(
             "/metrics",
-            get(|State(m): State<Arc<Metrics>>| async move {
-                (
-                    [(
-                        CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    m.encode(),
-                )
-                    .into_response()
-            }),
+            get(
+                |State((m, refresh)): State<(Arc<Metrics>, Refresh)>| async move {
+                    refresh().await;
+                    (
+                        [(
+                            CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                        .into_response()
+                },
+            ),
         )
-        .with_state(metrics)
+        .with_state((metrics, refresh))
 }

@@ -12,6 +12,7 @@ use byo_wire::api::{
     OperatorKeysView, PushOutcome, SignatureUpload,
 };
 use byo_wire::states::KeyListState;
+use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde_json::json;
 use ssh_key::PublicKey;
@@ -292,6 +293,15 @@ pub async fn depart(state: &AppState, by_sub: &str, leaving_sub: &str) -> AppRes
 
 /// How often the renewal job looks.
 pub const RENEW_EVERY: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// When the published list expires (`None` before one is published): after it, hosts refuse
+/// it and operators lose access (M).
+pub async fn published_expiry(state: &AppState) -> AppResult<Option<DateTime<Utc>>> {
+    match state.store.published_key_list().await? {
+        Some(row) => Ok(Some(parse_stored(&row.body)?.expires)),
+        None => Ok(None),
+    }
+}
 
 /// Renewal (#16): once two thirds of the published list's validity have passed and no
 /// draft is waiting, the same keys are drafted again with a fresh expiry, for a superadmin

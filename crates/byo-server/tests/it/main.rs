@@ -12,6 +12,7 @@ mod browser;
 mod cli;
 mod cloudflare_tunnels;
 mod enrollment_scenarios;
+mod fleet_metrics;
 mod gcp_relays;
 mod instances;
 mod jobs;

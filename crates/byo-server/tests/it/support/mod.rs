@@ -420,7 +420,7 @@ fn json_request(
     .unwrap()
 }
 
-async fn send(router: &Router, req: Request<Body>) -> Reply {
+pub async fn send(router: &Router, req: Request<Body>) -> Reply {
     let resp = router.clone().oneshot(req).await.unwrap();
     let status = resp.status();
     let headers = resp.headers().clone();
