@@ -21,9 +21,15 @@ pub fn invalid_host_token() -> Response {
 /// The host token a request carries, if it is one in form; whether it is a live host's is
 /// the store's to say.
 pub fn presented_host_token(headers: &HeaderMap) -> Option<SecretToken> {
+    presented_token(headers, TokenKind::Host)
+}
+
+/// The bearer token of `kind` a request carries, if it is one in form (the enrolment token,
+/// the host token, a relay's secrets token); whether it is live is the store's to say.
+pub fn presented_token(headers: &HeaderMap, kind: TokenKind) -> Option<SecretToken> {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|t| SecretToken::parse(TokenKind::Host, t).ok())
+        .and_then(|t| SecretToken::parse(kind, t).ok())
 }

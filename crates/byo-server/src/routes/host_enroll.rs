@@ -4,7 +4,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_wire::api::ErrorBody;
@@ -30,8 +30,7 @@ pub fn invalid_token() -> Response {
 }
 
 fn presented_token(headers: &HeaderMap) -> Option<SecretToken> {
-    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
-    SecretToken::parse(TokenKind::Enrollment, value.strip_prefix("Bearer ")?).ok()
+    crate::auth::host_token::presented_token(headers, TokenKind::Enrollment)
 }
 
 /// Redeem: the agent sends its token as a bearer and the step-126 request as the body.

@@ -6,13 +6,13 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use byo_core::tokens::{SecretToken, TokenKind};
+use byo_core::tokens::TokenKind;
 use byo_wire::api::ErrorBody;
 use byo_wire::enroll::HostRelay;
 use serde_json::json;
 
 use crate::app::host_relay;
-use crate::auth::host_token::{invalid_host_token, presented_host_token};
+use crate::auth::host_token::{invalid_host_token, presented_host_token, presented_token};
 use crate::error::AppResult;
 use crate::rate_limit::Source;
 use crate::state::AppState;
@@ -43,12 +43,7 @@ pub async fn post_relay_secrets(
     Source(from): Source,
     headers: HeaderMap,
 ) -> AppResult<Response> {
-    let token = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .and_then(|t| SecretToken::parse(TokenKind::RelaySecrets, t).ok());
-    let answer = match token {
+    let answer = match presented_token(&headers, TokenKind::RelaySecrets) {
         Some(token) => host_relay::secrets(&state, &token, from).await?,
         None => None,
     };
