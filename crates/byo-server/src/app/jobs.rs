@@ -140,6 +140,17 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        // The queue's end (issue #39, 2): a row no host took by its `expires_at` closes.
+        Job::new(
+            super::queue_drain::EXPIRE_QUEUE,
+            super::queue_drain::EXPIRE_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let n = super::queue_drain::expire_once(state).await?;
+                    Ok(format!("{n} queued creates expired"))
+                })
+            },
+        ),
         // The queue (E2, issue #13): nudged by step 84's hook (`state.drain`).
         Job::new(
             super::queue_drain::QUEUE_DRAIN,

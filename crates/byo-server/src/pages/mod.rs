@@ -83,6 +83,10 @@ pub fn router() -> Router<AppState> {
             "/instances/queue/{queue_id}/cancel",
             post(instances::cancel_queued),
         )
+        .route(
+            "/instances/queue/{queue_id}/extend",
+            post(instances::extend_queued),
+        )
         .route("/admin/queue", get(admin_queue::page))
         .route("/admin/queue/{queue_id}/place", post(admin_queue::place))
         .route("/admin/queue/{queue_id}/close", post(admin_queue::close))

@@ -119,6 +119,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         // The queue (E2, issue #13).
         .routes(routes!(queue::get_queue))
         .routes(routes!(queue::delete_queued))
+        .routes(routes!(queue::post_extend))
+        .routes(routes!(queue::get_ended))
         .routes(routes!(queue::get_admin_queue))
         .routes(routes!(queue::post_place))
         .routes(routes!(queue::post_close))

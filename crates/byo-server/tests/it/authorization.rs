@@ -263,6 +263,7 @@ impl Fixture {
                     user_sub: customer,
                     gpu_type: "spark-1",
                     ssh_key_id: &key,
+                    expires_at: now + chrono::TimeDelta::hours(72),
                 },
                 now,
                 1_000,
@@ -686,6 +687,20 @@ fn api_table() -> Vec<ApiRow> {
             body: none,
         },
         ApiRow {
+            method: Method::GET,
+            path: "/api/queue/ended",
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::POST,
+            path: "/api/queue/{queue_id}/extend",
+            expect: [401, 200, 404, 404, 404, 404],
+            missing: Some([401, 404, 404, 404, 404, 404]),
+            body: none,
+        },
+        ApiRow {
             method: Method::DELETE,
             path: "/api/queue/{queue_id}",
             expect: [401, 204, 404, 404, 404, 404],
@@ -1054,6 +1069,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::POST,
             path: "/instances/queue/{queue_id}/cancel",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/instances/queue/{queue_id}/extend",
             allowed: SIGNED_IN,
             body: none,
         },

@@ -85,6 +85,7 @@ async fn each_failure_is_named_by_its_gauge(app: TestApp) {
                 user_sub: &customer.sub,
                 gpu_type: "spark-1",
                 ssh_key_id: "key-1",
+                expires_at: now + TimeDelta::hours(72),
             },
             now - TimeDelta::minutes(30),
             10,
