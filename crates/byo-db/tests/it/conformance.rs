@@ -78,6 +78,7 @@ conformance!(
     a_the_relay_and_tunnel_are_recorded_on_the_host,
     step28_redeem_writes_what_the_judge_decided_and_an_abort_nothing,
     reap_hands_back_rejected_revoked_and_lapsed_allocations,
+    h_revoking_a_booked_never_redeemed_host_is_refused_and_reap_keeps_what_is_named,
 );
 
 // The Store rules of the files whose rules the server's suites drove alone (issue #19: a byo-db

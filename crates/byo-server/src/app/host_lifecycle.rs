@@ -319,6 +319,11 @@ pub async fn cancel_allocation(
         None => false,
     };
     if !revoked {
+        if open.is_some()
+            && let Some(refusal) = booked_refusal(state, Some(host_id)).await?
+        {
+            return Err(refusal);
+        }
         return Err(AppError::conflict(
             "not_cancellable",
             "this GPU's command was already run, revoked or has lapsed; there is nothing to cancel",
@@ -338,6 +343,32 @@ pub async fn cancel_allocation(
         .await?;
     let report = crate::app::reap::reap_once(state).await?;
     Ok(report.failed == 0)
+}
+
+/// Issue #39 (6): the refusal when an open pre-booking is pinned to the host whose
+/// enrolment is being revoked (its host row cannot go while the booking names it), in
+/// words an operator or owner can act on. `None` when no booking holds it.
+pub async fn booked_refusal(
+    state: &AppState,
+    host_id: Option<&str>,
+) -> AppResult<Option<AppError>> {
+    let Some(host_id) = host_id else {
+        return Ok(None);
+    };
+    Ok(state
+        .store
+        .open_booking_on_host(host_id)
+        .await?
+        .map(|booking| {
+            AppError::conflict(
+                "booked",
+                format!(
+                    "pre-booking {booking} is pinned to this host, so its allocation cannot be \
+                     handed back until an operator reassigns or cancels that booking \
+                     (/admin/prebookings); nothing was changed"
+                ),
+            )
+        }))
 }
 
 /// Retire (N): only a host already out of service whose enrolment completed; outside first

@@ -96,6 +96,7 @@ with_world!(
     a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
     a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_them_once,
     a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back,
+    h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing_changes,
     h_a_host_being_revoked_gets_no_relay_secrets,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
@@ -104,6 +105,106 @@ with_world!(
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
     stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop,
 );
+
+/// Issue #39 (6): a host that never redeemed but that an open pre-booking names (written
+/// by hand: no product path books such a host). The owner's cancel and the operator's
+/// revoke of its enrolment are refused in words naming the booking, and nothing changes —
+/// the enrolment stays open, the relay, address, tunnel and names stay held. Once the
+/// booking is closed the owner's cancel hands everything back, and the host row the closed
+/// booking still names is kept, retired, instead of reap meeting the foreign key.
+async fn h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing_changes(w: World) {
+    let (id, slug, _token) = w.provisioned().await;
+    let held = w.outside(&slug);
+    let t = w.clock.now();
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+             values ('b-pinned', '{}', '{id}', 'spark-1', '{}', '{}', '{}')",
+            w.customer.sub,
+            (t + chrono::TimeDelta::days(1)).to_rfc3339(),
+            (t + chrono::TimeDelta::days(2)).to_rfc3339(),
+            t.to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let enrolment = w
+        .db()
+        .enrollment_views(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.host_id.as_deref() == Some(id.as_str()))
+        .unwrap();
+    let refusals = [
+        w.owner.post_empty(&format!("/api/hosts/{id}/cancel")).await,
+        w.op.post_empty(&format!("/api/admin/enrollments/{}/revoke", enrolment.id))
+            .await,
+    ];
+    for r in refusals {
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+        assert_eq!(r.json()["error"], "booked", "{}", r.text());
+        let message = r.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains("b-pinned") && message.contains("nothing was changed"),
+            "{message}"
+        );
+        assert!(!message.contains("FOREIGN KEY"), "{message}");
+    }
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
+    assert_eq!(w.outside(&slug), held, "nothing handed back by a refusal");
+    let still = w
+        .db()
+        .enrollment_views(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.id == enrolment.id)
+        .unwrap();
+    assert_eq!(still.state, EnrollmentState::Pending);
+    assert!(
+        w.db()
+            .host(&id)
+            .await
+            .unwrap()
+            .unwrap()
+            .retired_at
+            .is_none()
+    );
+    assert!(
+        w.db()
+            .audit_log(100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|a| a.action != "enrollment.cancel" && a.action != "enrollment.revoke")
+    );
+
+    // The booking closed (by hand, as it was made): the cancel goes through.
+    w.db()
+        .execute_unchecked(&format!(
+            "update prebookings set closed_at = '{}', closed_reason = 'cancelled'
+             where id = 'b-pinned'",
+            t.to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let r = w.owner.post_empty(&format!("/api/hosts/{id}/cancel")).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    assert_eq!(w.outside(&slug), (0, 0, 0, 0));
+    let kept = w
+        .db()
+        .host(&id)
+        .await
+        .unwrap()
+        .expect("the closed booking names it");
+    assert!(kept.retired_at.is_some() && !kept.active, "{kept:?}");
+    assert!(
+        w.db().reapable(w.clock.now()).await.unwrap().is_empty(),
+        "reap is done with it"
+    );
+}
 
 fn spark() -> Value {
     json!({
