@@ -28,7 +28,7 @@ pub const REASON_MAX_CHARS: usize = 500;
 
 /// The reason a revoke and a stop-hosting record when they de-pool.
 const REVOKE_REASON: &str = "revoked by an operator";
-const STOP_REASON: &str = "the owner stopped hosting";
+pub(crate) const STOP_REASON: &str = "the owner stopped hosting";
 
 async fn lifecycle_row(state: &AppState, host_id: &str) -> AppResult<HostLifecycleRow> {
     state
@@ -376,7 +376,19 @@ pub async fn booked_refusal(
 /// A provider failing part way stamps nothing; retire run again carries on.
 pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult<()> {
     let h = lifecycle_row(state, host_id).await?;
-    refuse_retired(&h)?;
+    retire_refusal(state, &h, state.clock.now()).await?;
+    let details = json!({"slug": h.slug, "revoked": h.revoked_at.is_some()});
+    retire_refusals_passed(state, Some(&by.0.user.sub), &h, details).await
+}
+
+/// N.1's and N.5's refusals, read before anything outside is touched: the operator's
+/// retire and retire-stopped's (issue #39, 3) answer the same ones.
+pub async fn retire_refusal(
+    state: &AppState,
+    h: &HostLifecycleRow,
+    now: DateTime<Utc>,
+) -> AppResult<()> {
+    refuse_retired(h)?;
     if h.active {
         return Err(AppError::conflict(
             "active",
@@ -389,8 +401,7 @@ pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult
             "this host is dedicated to a tenant: end the dedication first",
         ));
     }
-    let now = state.clock.now();
-    let blockers = state.store.retire_blockers(host_id, now).await?;
+    let blockers = state.store.retire_blockers(&h.id, now).await?;
     if blockers.live > 0 {
         return Err(AppError::conflict(
             "live_instance",
@@ -418,13 +429,25 @@ pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult
             "a revoke of this host is in progress: finish it (run revoke again) before retiring",
         ));
     }
+    Ok(())
+}
+
+/// Retire past its refusals: outside first, then the stamp (whose transaction checks live
+/// instances and pre-bookings again), audited `host.retire` by `actor` (`None`: a job,
+/// named in `details`).
+pub(crate) async fn retire_refusals_passed(
+    state: &AppState,
+    actor: Option<&str>,
+    h: &HostLifecycleRow,
+    details: serde_json::Value,
+) -> AppResult<()> {
     release_outside(state, &h.slug)
         .await
         .map_err(|e| provider_failed("retire stopped before the stamp", e))?;
     let now = state.clock.now();
     state
         .store
-        .retire_host(host_id, now)
+        .retire_host(&h.id, now)
         .await
         .map_err(|e| match e {
             DbError::Refused(r) if r == "host_has_live_instance" => {
@@ -440,13 +463,7 @@ pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult
         })?;
     state
         .store
-        .audit(
-            Some(&by.0.user.sub),
-            "host.retire",
-            Some(host_id),
-            json!({"slug": h.slug, "revoked": h.revoked_at.is_some()}),
-            now,
-        )
+        .audit(actor, "host.retire", Some(&h.id), details, now)
         .await?;
     Ok(())
 }

@@ -90,6 +90,18 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        // Leaving gives everything back (issue #39, 3).
+        Job::new(
+            super::retire_stopped::RETIRE_STOPPED,
+            super::retire_stopped::RETIRE_STOPPED_EVERY,
+            |state| {
+                Box::pin(async move {
+                    Ok(super::retire_stopped::retire_stopped_once(state)
+                        .await?
+                        .to_string())
+                })
+            },
+        ),
         Job::new(
             "renew-operator-keys",
             super::operator_keys::RENEW_EVERY,

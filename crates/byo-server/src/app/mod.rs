@@ -31,6 +31,7 @@ pub mod prebookings;
 pub mod queue_drain;
 pub mod reap;
 pub mod releases;
+pub mod retire_stopped;
 pub mod settle_creates;
 pub mod ssh_keys;
 pub mod users;

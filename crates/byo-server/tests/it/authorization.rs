@@ -582,6 +582,13 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::GET,
+            path: "/api/admin/worklist",
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
             path: "/api/admin/hosts/{host_id}/placement",
             expect: [401, 403, 403, 403, 200, 200],
             missing: Some([401, 403, 403, 403, 404, 404]),

@@ -97,6 +97,7 @@ with_world!(
     a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_them_once,
     a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back,
     h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing_changes,
+    n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_operator,
     h_a_host_being_revoked_gets_no_relay_secrets,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
@@ -206,6 +207,157 @@ async fn h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing
     );
 }
 
+/// Issue #39 (3): leaving gives everything back. A host its owner stopped hosting, drained,
+/// whose agent then stays silent a day (uninstalled, switched off) is retired by
+/// retire-stopped in N's order: one second short nothing happens; at the bound the relay,
+/// address, tunnel and names are gone, the stamp is on, the host token is refused, audited
+/// `host.retire` by the job. A stopped host that still beats is left alone; one an operator
+/// de-pooled is not the job's. A refusal of N's (a pre-booking still owed) puts it on the
+/// operators' worklist (API and page) with nothing touched, until it is settled; a provider
+/// failing part way stamps nothing and the next run finishes.
+async fn n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_operator(
+    mut w: World,
+) {
+    use byo_server::app::retire_stopped::{self, SILENT_HOURS};
+    let run = |w: &World| {
+        let state = w.app.state.clone();
+        async move { retire_stopped::retire_stopped_once(&state).await.unwrap() }
+    };
+    let stopped = w.active_host_on("hw-stopped").await;
+    let still_beating = w.active_host_on("hw-beating").await;
+    let booked = w.active_host_on("hw-booked").await;
+    let depooled_by_op = w.active_host_on("hw-depooled").await;
+    for h in [&stopped, &still_beating, &booked] {
+        assert!(w.beat(&h.token).await.status.is_success());
+        let r = w
+            .owner
+            .post_empty(&format!("/api/hosts/{}/stop", h.id))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", depooled_by_op.id),
+            json!({"reason": "disk failing"}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let t = w.clock.now();
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+             values ('b-owed', '{}', '{}', 'spark-1', '{}', '{}', '{}')",
+            w.customer.sub,
+            booked.id,
+            (t + chrono::TimeDelta::days(3)).to_rfc3339(),
+            (t + chrono::TimeDelta::days(4)).to_rfc3339(),
+            t.to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let held = |w: &World| {
+        [&stopped, &still_beating, &booked, &depooled_by_op].map(|h| w.outside(&h.slug))
+    };
+    let before = held(&w);
+    assert!(
+        before
+            .iter()
+            .all(|o| *o == before[0] && o.0 == 1 && o.3 > 0),
+        "{before:?}"
+    );
+
+    // One second short of a day's silence: nothing.
+    w.clock
+        .advance(chrono::TimeDelta::hours(SILENT_HOURS) - chrono::TimeDelta::seconds(1));
+    assert!(w.beat(&still_beating.token).await.status.is_success());
+    assert_eq!(
+        run(&w).await.to_string(),
+        "retired 0, on the worklist 0, failed 0"
+    );
+    assert_eq!(held(&w), before);
+
+    // At it, Cloudflare failing: nothing stamped, the names kept.
+    w.clock.advance(chrono::TimeDelta::seconds(1));
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r = run(&w).await;
+    assert_eq!((r.retired, r.refused, r.failed), (0, 1, 1), "{r}");
+    assert!(w.life(&stopped).await.retired_at.is_none());
+    assert_eq!(w.outside(&stopped.slug), before[0]);
+    w.cf.lock().unwrap().fail = None;
+    let r = run(&w).await;
+    assert_eq!((r.retired, r.refused, r.failed), (1, 1, 0), "{r}");
+    assert_eq!(w.outside(&stopped.slug), (0, 0, 0, 0));
+    let life = w.life(&stopped).await;
+    assert_eq!(life.retired_at, Some(w.clock.now()));
+    assert_eq!(
+        w.beat(&stopped.token).await.status,
+        StatusCode::UNAUTHORIZED,
+        "nothing it was issued still works"
+    );
+    let retired: Vec<_> = w
+        .db()
+        .audit_of_host(&stopped.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.retire")
+        .collect();
+    assert_eq!(retired.len(), 1);
+    assert_eq!(retired[0].actor_sub, None);
+    assert_eq!(retired[0].details.0["by"], "retire-stopped");
+    // The others: still beating, an operator's de-pool — untouched; the booked one waits.
+    for h in [&still_beating, &depooled_by_op, &booked] {
+        assert!(w.life(h).await.retired_at.is_none(), "{}", h.slug);
+        assert_eq!(w.outside(&h.slug), before[0], "{}", h.slug);
+    }
+    assert_eq!(run(&w).await.retired, 0, "once");
+
+    // The worklist: the booked one, with the refusal in words, on the API and the page.
+    for who in [&mut w.op, &mut w.customer, &mut w.owner] {
+        who.session = w.app.session_for(&who.sub).await;
+    }
+    let list = w.op.get("/api/admin/worklist").await.json();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(
+        (list[0]["host_id"].as_str(), list[0]["refusal"].as_str()),
+        (Some(booked.id.as_str()), Some("prebooked"))
+    );
+    assert_eq!(
+        w.customer.get("/api/admin/worklist").await.status,
+        StatusCode::FORBIDDEN
+    );
+    let page = w.op.page("/admin/hosts").await;
+    assert!(page.contains("Needs an operator"), "{page}");
+    assert!(page.contains(&format!("worklist-{}", booked.id)));
+    assert!(page.contains("owed to a pre-booking"));
+    // Settled (the booking closed): the next run retires it and the list empties.
+    w.db()
+        .execute_unchecked(&format!(
+            "update prebookings set closed_at = '{}', closed_reason = 'cancelled'
+             where id = 'b-owed'",
+            w.clock.now().to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let r = run(&w).await;
+    assert_eq!((r.retired, r.refused), (1, 0), "{r}");
+    assert_eq!(w.outside(&booked.slug), (0, 0, 0, 0));
+    assert!(
+        w.op.get("/api/admin/worklist")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !w.op
+            .page("/admin/hosts")
+            .await
+            .contains("Needs an operator")
+    );
+}
+
 fn spark() -> Value {
     json!({
         "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
@@ -277,8 +429,25 @@ impl World {
 
     /// A host as onboarding leaves one: provisioned, redeemed, prepared, activated.
     async fn active_host(&self) -> Host {
+        self.active_host_on("b41c").await
+    }
+
+    /// [`World::active_host`] on the machine whose hardware id is `hardware_id`.
+    async fn active_host_on(&self, hardware_id: &str) -> Host {
         let (id, slug, token) = self.provisioned().await;
-        let r = self.enroll(&token).await;
+        let mut body = spark();
+        body["hardware_id"] = json!(hardware_id);
+        body["machine_id"] = json!(format!("m-{hardware_id}"));
+        let r = self
+            .app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
         self.db()
