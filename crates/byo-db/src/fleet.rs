@@ -109,3 +109,80 @@ impl Store {
         .map_err(Into::into)
     }
 }
+
+/// One host as the fleet overview reads it (issue #38, 1): the row, its owner's email and
+/// how many live instances it holds.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct FleetHostRow {
+    #[sqlx(flatten)]
+    pub host: crate::hosts::HostRow,
+    pub owner_email: String,
+    pub live_instances: i64,
+}
+
+/// Everything the overview judges, each read once for the whole fleet (not per host): the
+/// hosts, their last heartbeats, placement's memory, the deletes nobody confirmed, and
+/// the key-list pushes. Five statements whatever the fleet's size.
+#[derive(Clone, Debug, Default)]
+pub struct FleetRead {
+    pub hosts: Vec<FleetHostRow>,
+    pub statuses: Vec<crate::hosts::HostStatusRow>,
+    pub benches: Vec<crate::vms::HostBenchRow>,
+    /// Instance rows whose delete was asked for and never confirmed.
+    pub stuck: Vec<crate::vms::VmRow>,
+    pub pushes: Vec<crate::operator_keys::HostKeyPushRow>,
+}
+
+impl Store {
+    /// The fleet overview's read (see [`FleetRead`]): hosts not retired, by slug.
+    pub async fn fleet_read(&self) -> Result<FleetRead> {
+        let hosts = on_pool!(self, |p| sqlx::query_as::<_, FleetHostRow>(
+            "select h.id, h.slug, h.owner_sub, h.profile_id, h.gpu_type, h.active, h.dedicated,
+                    h.dedicated_to, h.placement, h.prepare_state, h.prepared_at, h.pubkey,
+                    h.lockout_owner, h.relay_name, h.relay_ip, h.created_at, h.activated_at,
+                    h.retired_at, u.email as owner_email,
+                    coalesce(v.n, 0) as live_instances
+             from hosts h join users u on u.sub = h.owner_sub
+             left join (select host_id, count(*) as n from vms
+                        where deleted_at is null and creation_failed_at is null
+                          and host_id is not null
+                        group by host_id) v on v.host_id = h.id
+             where h.retired_at is null
+             order by h.slug"
+        )
+        .fetch_all(p)
+        .await)?;
+        let statuses = on_pool!(self, |p| sqlx::query_as::<_, crate::hosts::HostStatusRow>(
+            "select s.host_id, s.seen_at, s.agent_version, s.lxd, s.relay, s.tunnel, s.gpu,
+                    s.storage, s.instances, s.details
+             from host_status s join hosts h on h.id = s.host_id
+             where h.retired_at is null"
+        )
+        .fetch_all(p)
+        .await)?;
+        let benches = on_pool!(self, |p| sqlx::query_as::<_, crate::vms::HostBenchRow>(
+            "select b.host_id, b.consecutive_failures, b.last_failure, b.last_failure_at,
+                    b.benched_at, s.seen_at
+             from host_placement b left join host_status s on s.host_id = b.host_id"
+        )
+        .fetch_all(p)
+        .await)?;
+        let stuck = on_pool!(self, |p| sqlx::query_as::<_, crate::vms::VmRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {} from vms
+                 where deleted_at is null and delete_requested_at is not null",
+                crate::vms::VM_COLUMNS
+            ))
+        )
+        .fetch_all(p)
+        .await)?;
+        let pushes = self.key_push_status().await?;
+        Ok(FleetRead {
+            hosts,
+            statuses,
+            benches,
+            stuck,
+            pushes,
+        })
+    }
+}

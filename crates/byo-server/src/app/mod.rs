@@ -13,6 +13,7 @@ pub mod admin_host_action;
 pub mod admin_vm_action;
 pub mod billing;
 pub mod fleet_metrics;
+pub mod fleet_overview;
 pub mod fleet_upgrade;
 pub mod host_enroll;
 pub mod host_heartbeat;

@@ -146,3 +146,21 @@ pub async fn get_worklist(
 ) -> AppResult<Json<Vec<WorklistEntry>>> {
     Ok(Json(retire_stopped::worklist(&state).await?))
 }
+
+/// The fleet at a glance (issue #38, 1): every host not retired with its state and its
+/// problems by name, the counts by state, filtered, sorted and 50 to a page.
+#[utoipa::path(get, path = "/api/admin/fleet", tag = "admin",
+    params(crate::app::fleet_overview::FleetQuery),
+    responses((status = 200, body = byo_wire::overview::FleetOverview),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+pub async fn get_fleet(
+    State(state): State<AppState>,
+    _op: Operator,
+    axum::extract::Query(q): axum::extract::Query<crate::app::fleet_overview::FleetQuery>,
+) -> AppResult<Json<byo_wire::overview::FleetOverview>> {
+    let filter = q.filter()?;
+    Ok(Json(
+        crate::app::fleet_overview::fleet_overview(&state, &filter).await?,
+    ))
+}

@@ -92,6 +92,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_lifecycle::post_stop_hosting))
         .routes(routes!(host_lifecycle::post_cancel_allocation))
         .routes(routes!(host_lifecycle::get_worklist))
+        .routes(routes!(host_lifecycle::get_fleet))
         .routes(routes!(host_heartbeat::post_heartbeat))
         .routes(routes!(host_relay::get_relay))
         .routes(routes!(host_relay::post_relay_secrets))

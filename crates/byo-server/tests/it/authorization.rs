@@ -582,6 +582,13 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::GET,
+            path: "/api/admin/fleet",
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
             path: "/api/admin/worklist",
             expect: [401, 403, 403, 403, 200, 200],
             missing: None,
@@ -1088,6 +1095,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/admin/queue",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin",
             allowed: OPERATORS,
             body: none,
         },

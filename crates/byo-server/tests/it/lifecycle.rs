@@ -98,6 +98,7 @@ with_world!(
     a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back,
     h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing_changes,
     n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_operator,
+    i1_the_fleet_at_a_glance_names_every_host_and_its_problems,
     h_a_host_being_revoked_gets_no_relay_secrets,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
@@ -356,6 +357,90 @@ async fn n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_op
             .await
             .contains("Needs an operator")
     );
+}
+
+/// Issue #38 (1): `/admin` and `GET /api/admin/fleet` on both databases, from rows the
+/// product wrote: one host renting with a delete nobody confirmed, one idle and beating,
+/// one whose agent went silent, one still enrolling. Each stands in one state, each problem
+/// is named with its host, the filters narrow the rows and not the counts, the page links
+/// each host to its own page, and a bad filter is refused by name.
+async fn i1_the_fleet_at_a_glance_names_every_host_and_its_problems(mut w: World) {
+    let renting = w.active_host_on("hw-renting").await;
+    let idle = w.active_host_on("hw-idle").await;
+    let silent = w.active_host_on("hw-silent").await;
+    let (_enrolling, enrolling_slug, _) = w.provisioned().await;
+    let vm = w.instance(&renting, "rented").await;
+    w.db()
+        .request_vm_delete(&vm, w.clock.now() - chrono::TimeDelta::minutes(1))
+        .await
+        .unwrap();
+    for h in [&renting, &idle, &silent] {
+        assert!(w.beat(&h.token).await.status.is_success());
+    }
+    w.clock.advance(chrono::TimeDelta::minutes(10));
+    for h in [&renting, &idle] {
+        assert!(w.beat(&h.token).await.status.is_success());
+    }
+    for who in [&mut w.op, &mut w.customer, &mut w.owner] {
+        who.session = w.app.session_for(&who.sub).await;
+    }
+    let all = w.op.get("/api/admin/fleet").await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text());
+    let o = all.json();
+    assert_eq!(
+        o["counts"],
+        json!({"total": 4, "renting": 1, "idle": 1, "preparing": 0, "enrolling": 1,
+               "depooled": 0, "unreachable": 1, "with_problem": 2})
+    );
+    let row = |slug: &str| {
+        o["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["slug"] == slug)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(row(&renting.slug)["state"], "renting");
+    assert_eq!(row(&renting.slug)["problems"][0]["name"], "stuck delete");
+    assert_eq!(row(&renting.slug)["instances"], 1);
+    assert_eq!(row(&idle.slug)["problems"], json!([]));
+    assert_eq!(row(&idle.slug)["agent_version"], "0.7.3");
+    assert_eq!(row(&silent.slug)["state"], "unreachable");
+    assert_eq!(
+        row(&silent.slug)["problems"][0]["name"],
+        "agent unreachable"
+    );
+    assert_eq!(row(&enrolling_slug)["state"], "enrolling");
+    // The oldest problem first: the delete asked for before the agent went quiet.
+    assert_eq!(o["hosts"][0]["slug"], renting.slug.as_str());
+    assert_eq!(o["hosts"][1]["slug"], silent.slug.as_str());
+
+    let only =
+        w.op.get("/api/admin/fleet?problem=agent%20unreachable")
+            .await
+            .json();
+    assert_eq!(only["matching"], 1);
+    assert_eq!(only["hosts"][0]["slug"], silent.slug.as_str());
+    assert_eq!(only["counts"]["total"], 4, "the counts are the fleet's");
+    let idle_only = w.op.get("/api/admin/fleet?state=idle").await.json();
+    assert_eq!(idle_only["hosts"][0]["slug"], idle.slug.as_str());
+    let r = w.op.get("/api/admin/fleet?state=sleeping").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"], "invalid_state");
+    assert_eq!(
+        w.customer.get("/api/admin/fleet").await.status,
+        StatusCode::FORBIDDEN
+    );
+
+    let page = w.op.page("/admin").await;
+    assert!(page.contains("The fleet"), "{page}");
+    assert!(page.contains(&format!("href=\"/admin/hosts/{}\"", silent.id)));
+    assert!(page.contains(&format!("href=\"/admin/hosts/{}#problems\"", renting.id)));
+    assert!(page.contains("agent unreachable"));
+    let filtered = w.op.page("/admin?state=unreachable").await;
+    assert!(filtered.contains(&format!("fleet-{}", silent.id)));
+    assert!(!filtered.contains(&format!("fleet-{}", idle.id)));
 }
 
 fn spark() -> Value {
