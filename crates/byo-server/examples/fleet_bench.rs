@@ -204,9 +204,34 @@ async fn run(backend: Backend, a: &Args) {
         per_path[which].push(t0.elapsed().as_micros().min(u128::from(u32::MAX)) as u32);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    // Where a request's time goes: the read, and the judging of what was read.
+    let (mut reads, mut judged) = (Vec::new(), Vec::new());
+    let now = chrono::Utc::now();
+    for _ in 0..20 {
+        let t0 = Instant::now();
+        let read = db.fleet_read().await.unwrap();
+        reads.push(t0.elapsed().as_micros() as u32);
+        let t1 = Instant::now();
+        let o = byo_server::app::fleet_overview::overview(
+            &read,
+            None,
+            now - chrono::TimeDelta::seconds(90),
+            now,
+            &byo_server::app::fleet_overview::FleetFilter::default(),
+        );
+        judged.push(t1.elapsed().as_micros() as u32);
+        assert_eq!(o.counts.total as usize, a.hosts);
+    }
+    reads.sort_unstable();
+    judged.sort_unstable();
     println!(
         "{backend}: {} hosts ({} with a problem), filled in {filled:.1} s; {} requests in {elapsed:.1} s",
         a.hosts, a.problems, a.requests
+    );
+    println!(
+        "  of which: the read p50 {:.1} ms, the judging p50 {:.1} ms",
+        percentile(&reads, 0.5),
+        percentile(&judged, 0.5)
     );
     for (path, mut l) in paths.iter().zip(per_path) {
         l.sort_unstable();

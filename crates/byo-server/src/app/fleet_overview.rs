@@ -65,6 +65,7 @@ pub fn overview(
         }
     }
     let no_vms: Vec<VmRow> = Vec::new();
+    let published_expires = crate::app::host_problems::list_expiry(published);
     let mut counts = FleetCounts::default();
     let mut names: BTreeMap<String, i64> = BTreeMap::new();
     let mut gpu_types: Vec<String> = Vec::new();
@@ -81,6 +82,7 @@ pub fn overview(
                 heard_since,
                 push: pushes.get(id).copied(),
                 published,
+                published_expires,
                 vms,
                 bench: benches.get(id).copied(),
             },
@@ -221,8 +223,8 @@ pub fn overview(
 /// `/admin` and `GET /api/admin/fleet`: read the fleet once and judge it.
 pub async fn fleet_overview(state: &AppState, filter: &FleetFilter) -> AppResult<FleetOverview> {
     let now = state.clock.now();
-    let read = state.store.fleet_read().await?;
-    let published = state.store.published_key_list().await?;
+    let (read, published) =
+        tokio::try_join!(state.store.fleet_read(), state.store.published_key_list())?;
     Ok(overview(
         &read,
         published.as_ref(),
