@@ -321,7 +321,12 @@ mod tests {
                 slug: format!("spark-{i:03}"),
                 owner_sub: format!("owner-{}", i % 3),
                 profile_id: "gb10".into(),
-                gpu_type: if i.is_multiple_of(2) { "spark-1" } else { "spark-2" }.into(),
+                gpu_type: if i.is_multiple_of(2) {
+                    "spark-1"
+                } else {
+                    "spark-2"
+                }
+                .into(),
                 active: true,
                 dedicated: false,
                 dedicated_to: None,

@@ -14,7 +14,9 @@ use chrono::TimeDelta;
 use serde_json::json;
 
 use crate::app::host_lifecycle::{STOP_REASON, retire_refusal, retire_refusals_passed};
-use crate::error::AppResult;
+use byo_db::lifecycle::StoppedHost;
+
+use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
 /// The job's name in the registry.
@@ -48,20 +50,34 @@ impl std::fmt::Display for RetireStoppedReport {
     }
 }
 
-/// One run: every stopped host silent past the bound is retired, or left for an operator.
-pub async fn retire_stopped_once(state: &AppState) -> AppResult<RetireStoppedReport> {
-    let now = state.clock.now();
+/// The candidates now (stopped, silent past the bound), each with retire's refusal if one
+/// applies. A database fault met while judging is the caller's, not a refusal.
+async fn judged(
+    state: &AppState,
+    now: chrono::DateTime<chrono::Utc>,
+) -> AppResult<Vec<(StoppedHost, Option<AppError>)>> {
     let since = now - TimeDelta::hours(SILENT_HOURS);
-    let mut report = RetireStoppedReport::default();
+    let mut out = Vec::new();
     for c in state
         .store
         .stopped_and_silent(STOP_REASON, since, BATCH)
         .await?
     {
-        if let Err(refusal) = retire_refusal(state, &c.host, now).await {
-            if refusal.status().is_server_error() {
-                return Err(refusal);
-            }
+        let refusal = match retire_refusal(state, &c.host, now).await {
+            Ok(()) => None,
+            Err(e) if e.status().is_server_error() => return Err(e),
+            Err(e) => Some(e),
+        };
+        out.push((c, refusal));
+    }
+    Ok(out)
+}
+
+/// One run: every stopped host silent past the bound is retired, or left for an operator.
+pub async fn retire_stopped_once(state: &AppState) -> AppResult<RetireStoppedReport> {
+    let mut report = RetireStoppedReport::default();
+    for (c, refusal) in judged(state, state.clock.now()).await? {
+        if let Some(refusal) = refusal {
             tracing::info!(host = %c.host.slug, refusal = refusal.code(),
                 "a stopped, silent host waits for an operator: {refusal}");
             report.refused += 1;
@@ -91,28 +107,20 @@ pub async fn retire_stopped_once(state: &AppState) -> AppResult<RetireStoppedRep
 /// The operators' worklist: stopped hosts silent past the bound that a refusal of N's keeps
 /// from retiring, each with the refusal (a host with none is retire-stopped's, not listed).
 pub async fn worklist(state: &AppState) -> AppResult<Vec<WorklistEntry>> {
-    let now = state.clock.now();
-    let since = now - TimeDelta::hours(SILENT_HOURS);
-    let mut out = Vec::new();
-    for c in state
-        .store
-        .stopped_and_silent(STOP_REASON, since, BATCH)
+    Ok(judged(state, state.clock.now())
         .await?
-    {
-        if let Err(refusal) = retire_refusal(state, &c.host, now).await {
-            if refusal.status().is_server_error() {
-                return Err(refusal);
-            }
-            out.push(WorklistEntry {
-                host_id: c.host.id.clone(),
-                slug: c.host.slug.clone(),
-                owner_sub: c.host.owner_sub.clone(),
+        .into_iter()
+        .filter_map(|(c, refusal)| {
+            let refusal = refusal?;
+            Some(WorklistEntry {
+                host_id: c.host.id,
+                slug: c.host.slug,
+                owner_sub: c.host.owner_sub,
                 stopped_at: c.host.depooled_at,
                 last_seen_at: c.seen_at,
                 refusal: refusal.code().to_owned(),
                 message: refusal.to_string(),
-            });
-        }
-    }
-    Ok(out)
+            })
+        })
+        .collect())
 }
