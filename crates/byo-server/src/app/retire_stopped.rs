@@ -9,13 +9,12 @@
 
 use std::time::Duration;
 
+use byo_db::lifecycle::StoppedHost;
 use byo_wire::lifecycle::WorklistEntry;
 use chrono::TimeDelta;
 use serde_json::json;
 
 use crate::app::host_lifecycle::{STOP_REASON, retire_refusal, retire_refusals_passed};
-use byo_db::lifecycle::StoppedHost;
-
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
