@@ -117,7 +117,7 @@ pub async fn page(
                 table #fleet {
                     thead { tr { th { "Host" } th { "State" } th { "Problems" } th { "Heartbeat" } th { "Agent" } th { "Key list" } th { "Instances" } th { "GPU" } th { "Owner" } } }
                     tbody { @for h in &o.hosts { tr #{ "fleet-" (h.host_id) } {
-                        td { a href={ "/admin/hosts/" (h.host_id) } { (h.slug) } }
+                        td.host { a href={ "/admin/hosts/" (h.host_id) } { (h.slug) } }
                         td.state { (h.state.as_str()) }
                         td.problems {
                             @for p in &h.problems {
@@ -133,8 +133,8 @@ pub async fn page(
                         td { (h.agent_version.as_deref().unwrap_or("—")) }
                         td { @if let Some(v) = h.key_list_version { (v) } @else { "—" } }
                         td { (h.instances) }
-                        td { (h.gpu_type) }
-                        td { (h.owner_email) }
+                        td.gpu { (h.gpu_type) }
+                        td.owner { (h.owner_email) }
                     } } }
                 }
                 nav.pager {
