@@ -11,9 +11,13 @@ pub enum DbError {
     /// A unique constraint: the thing already exists.
     #[error("conflict: {0}")]
     Conflict(String),
-    /// A check or foreign-key constraint refused the write.
+    /// A check constraint (or a trigger naming its rule) refused the write.
     #[error("refused by {0}")]
     Refused(String),
+    /// A foreign key refused the write: a row it names does not exist, or a row being
+    /// removed is still named by another. Nothing was written.
+    #[error("still referenced ({0})")]
+    ForeignKey(String),
     #[error("configuration: {0}")]
     Config(String),
     #[error("migration failed: {0}")]
@@ -35,9 +39,10 @@ impl From<sqlx::Error> for DbError {
                 .unwrap_or_else(|| constraint_from_message(db.message()));
             match db.kind() {
                 ErrorKind::UniqueViolation => return DbError::Conflict(name),
-                ErrorKind::CheckViolation
-                | ErrorKind::ForeignKeyViolation
-                | ErrorKind::NotNullViolation => return DbError::Refused(name),
+                ErrorKind::ForeignKeyViolation => return DbError::ForeignKey(name),
+                ErrorKind::CheckViolation | ErrorKind::NotNullViolation => {
+                    return DbError::Refused(name);
+                }
                 // SQLite's RAISE(ABORT, '<rule>') in a trigger (SQLITE_CONSTRAINT_TRIGGER):
                 // the rule's name is the whole message.
                 _ if db.code().as_deref() == Some("1811") => {
@@ -62,7 +67,7 @@ impl DbError {
     /// Whether a refusal names this constraint (a check, unique index or key).
     pub fn is_constraint(&self, name: &str) -> bool {
         match self {
-            DbError::Conflict(n) | DbError::Refused(n) => n.contains(name),
+            DbError::Conflict(n) | DbError::Refused(n) | DbError::ForeignKey(n) => n.contains(name),
             _ => false,
         }
     }

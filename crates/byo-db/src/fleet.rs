@@ -29,6 +29,10 @@ pub struct FleetGauges {
     pub creates_open: i64,
     /// Pre-bookings open and not paid.
     pub bookings_unpaid: i64,
+    /// Hosts not retired whose last operator-key push failed.
+    pub key_pushes_failed: i64,
+    /// Fleet-upgrade runs halted (by a failed canary or an operator) and not closed.
+    pub fleet_upgrades_halted: i64,
 }
 
 /// One job's last runs, for `byo_job_*`.
@@ -81,7 +85,12 @@ impl Store {
                   where status = 'creating' and creation_failed_at is null and deleted_at is null)
                  as creates_open,
                (select count(*) from prebookings where closed_at is null and paid_at is null)
-                 as bookings_unpaid"
+                 as bookings_unpaid,
+               (select count(*) from host_key_pushes k join hosts h on h.id = k.host_id
+                  where h.retired_at is null and k.error is not null)
+                 as key_pushes_failed,
+               (select count(*) from fleet_upgrades where state = 'halted')
+                 as fleet_upgrades_halted"
         )
         .bind(heard_since)
         .bind(stuck_since)
@@ -107,5 +116,111 @@ impl Store {
         .fetch_all(p)
         .await)
         .map_err(Into::into)
+    }
+}
+
+/// One host as the fleet overview reads it (issue #38, 1): the row, its owner's email and
+/// how many live instances it holds.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct FleetHostRow {
+    #[sqlx(flatten)]
+    pub host: crate::hosts::HostRow,
+    pub owner_email: String,
+    pub live_instances: i64,
+}
+
+/// Everything the overview judges, each read once for the whole fleet (not per host): the
+/// hosts, their last heartbeats, placement's memory, the deletes nobody confirmed, and
+/// the key-list pushes. Five statements whatever the fleet's size.
+#[derive(Clone, Debug, Default)]
+pub struct FleetRead {
+    pub hosts: Vec<FleetHostRow>,
+    pub statuses: Vec<crate::hosts::HostStatusRow>,
+    pub benches: Vec<crate::vms::HostBenchRow>,
+    /// Instance rows whose delete was asked for and never confirmed.
+    pub stuck: Vec<crate::vms::VmRow>,
+    pub pushes: Vec<crate::operator_keys::HostKeyPushRow>,
+}
+
+impl Store {
+    /// The fleet overview's read (see [`FleetRead`]): hosts not retired, by slug. Statuses
+    /// and benches are every host's (a retired host's are never looked up).
+    pub async fn fleet_read(&self) -> Result<FleetRead> {
+        let hosts = async {
+            Ok::<_, crate::DbError>(on_pool!(self, |p| sqlx::query_as::<_, FleetHostRow>(
+                "select h.id, h.slug, h.owner_sub, h.profile_id, h.gpu_type, h.active, h.dedicated,
+                    h.dedicated_to, h.placement, h.prepare_state, h.prepared_at, h.pubkey,
+                    h.lockout_owner, h.relay_name, h.relay_ip, h.created_at, h.activated_at,
+                    h.retired_at, u.email as owner_email,
+                    coalesce(v.n, 0) as live_instances
+             from hosts h join users u on u.sub = h.owner_sub
+             left join (select host_id, count(*) as n from vms
+                        where deleted_at is null and creation_failed_at is null
+                          and host_id is not null
+                        group by host_id) v on v.host_id = h.id
+             where h.retired_at is null"
+            )
+            .fetch_all(p)
+            .await)?)
+        };
+        let statuses = async {
+            Ok::<_, crate::DbError>(on_pool!(self, |p| {
+                sqlx::query_as::<_, crate::hosts::HostStatusRow>(
+            "select host_id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage, instances,
+                    details
+             from host_status"
+        )
+        .fetch_all(p)
+        .await
+            })?)
+        };
+        let benches = async {
+            Ok::<_, crate::DbError>(on_pool!(self, |p| sqlx::query_as::<
+                _,
+                crate::vms::HostBenchRow,
+            >(
+                "select b.host_id, b.consecutive_failures, b.last_failure, b.last_failure_at,
+                    b.benched_at, s.seen_at
+             from host_placement b left join host_status s on s.host_id = b.host_id"
+            )
+            .fetch_all(p)
+            .await)?)
+        };
+        let stuck = async {
+            Ok::<_, crate::DbError>(on_pool!(self, |p| sqlx::query_as::<_, crate::vms::VmRow>(
+                sqlx::AssertSqlSafe(format!(
+                    "select {} from vms
+                 where deleted_at is null and delete_requested_at is not null",
+                    crate::vms::VM_COLUMNS
+                ))
+            )
+            .fetch_all(p)
+            .await)?)
+        };
+        // Only the hosts that were pushed to (a host never pushed to has no row to judge).
+        let pushes = async {
+            Ok::<_, crate::DbError>(on_pool!(self, |p| sqlx::query_as::<
+                _,
+                crate::operator_keys::HostKeyPushRow,
+            >(
+                "select k.host_id, h.slug, k.version, k.attempted_at, k.error
+             from host_key_pushes k join hosts h on h.id = k.host_id
+             where h.retired_at is null"
+            )
+            .fetch_all(p)
+            .await)?)
+        };
+        // The five at once, each on its own connection: the read costs its slowest part.
+        let (mut hosts, statuses, benches, stuck, pushes) =
+            tokio::try_join!(hosts, statuses, benches, stuck, pushes)?;
+        // By slug, sorted here: the database's collation sort cost more than the read.
+        hosts.sort_unstable_by(|a, b| a.host.slug.cmp(&b.host.slug));
+        Ok(FleetRead {
+            hosts,
+            statuses,
+            benches,
+            stuck,
+            pushes,
+        })
     }
 }

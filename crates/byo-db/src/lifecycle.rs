@@ -62,7 +62,46 @@ pub struct RetireBlockers {
     pub enrollments: Vec<EnrollmentState>,
 }
 
+/// A host its owner stopped that has been silent since: retire-stopped's candidate (issue
+/// #39, 3), with when its agent last beat (`None`: never, or its status row is gone).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct StoppedHost {
+    #[sqlx(flatten)]
+    pub host: HostLifecycleRow,
+    pub seen_at: Option<DateTime<Utc>>,
+}
+
 impl Store {
+    /// Hosts de-pooled by their own owner with `reason` (the owner's stop-hosting), enrolled,
+    /// not retired, inactive, with no revoke under way, whose agent has not beaten since
+    /// `silent_since` and whose stop is older than it too: longest silent first.
+    pub async fn stopped_and_silent(
+        &self,
+        reason: &str,
+        silent_since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<StoppedHost>> {
+        on_pool!(self, |p| sqlx::query_as::<_, StoppedHost>(
+            "select h.id, h.slug, h.owner_sub, h.active, h.dedicated, h.pubkey, h.relay_ip,
+                    h.relay_name, h.activated_at, h.retired_at, h.depooled_at, h.depooled_by,
+                    h.depool_reason, h.revoke_requested_at, h.revoke_step, h.revoked_at,
+                    h.relay_wg_key is not null as relay_key_kept, s.seen_at
+             from hosts h left join host_status s on s.host_id = h.id
+             where h.retired_at is null and h.active = false and h.pubkey is not null
+               and h.depool_reason = $1 and h.depooled_by = h.owner_sub
+               and h.revoke_step is null and h.depooled_at <= $2
+               and (s.seen_at is null or s.seen_at <= $2)
+             order by coalesce(s.seen_at, h.depooled_at), h.id
+             limit $3"
+        )
+        .bind(reason)
+        .bind(silent_since)
+        .bind(limit)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
     pub async fn host_lifecycle(&self, id: &str) -> Result<Option<HostLifecycleRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, HostLifecycleRow>(
             "select id, slug, owner_sub, active, dedicated, pubkey, relay_ip, relay_name,

@@ -419,26 +419,67 @@ impl Store {
             .execute(&mut *tx)
             .await?;
             if let Some(host_id) = host {
-                // Only a host that never redeemed: no pubkey, no nodes.
-                sqlx::query("delete from hosts where id = $1 and pubkey is null")
+                // Only a host that never redeemed: no pubkey, no nodes. A row another still
+                // names (a pre-booking or an instance row pinned to it by hand: no product
+                // path books a host that never redeemed) cannot go without losing that
+                // record, so it is kept, retired (N.1: unless an instance row is live on it),
+                // as the record of the setup; the sweep is not stopped by a foreign key on
+                // every pass.
+                let deleted = sqlx::query(
+                    "delete from hosts where id = $1 and pubkey is null
+                       and not exists (select 1 from prebookings where host_id = $1)
+                       and not exists (select 1 from vms where host_id = $1)",
+                )
+                .bind(&host_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+                if deleted == 0 {
+                    sqlx::query(
+                        "update hosts set retired_at = coalesce(retired_at, $2), active = false,
+                                dedicated = false, dedicated_to = null
+                         where id = $1 and pubkey is null
+                           and not exists (select 1 from vms where host_id = $1
+                                           and deleted_at is null and creation_failed_at is null)",
+                    )
                     .bind(&host_id)
+                    .bind(now)
                     .execute(&mut *tx)
                     .await?;
+                }
             }
             Ok(())
         })
     }
 
+    /// The open pre-booking pinned to `host_id`, if any (its id): revoking the enrolment of
+    /// a host a booking names is refused in words (issue #39, 6).
+    pub async fn open_booking_on_host(&self, host_id: &str) -> Result<Option<String>> {
+        on_pool!(self, |p| sqlx::query_scalar(
+            "select id from prebookings where host_id = $1 and closed_at is null
+             order by start_date, id limit 1"
+        )
+        .bind(host_id)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
     /// Revoke an enrolment that has not redeemed (H): its allocation is reaped next.
+    /// Guarded: only an open enrolment, and not while an open pre-booking is pinned to its
+    /// host (the caller words that refusal with [`Store::open_booking_on_host`]).
     pub async fn revoke_enrollment(&self, enrollment_id: &str) -> Result<bool> {
         let n = on_pool!(self, |p| {
             sqlx::query(
-            "update host_enrollments set state = 'revoked', token_hash = null where id = $1 and state in ('pending', 'ready')"
-        )
-        .bind(enrollment_id)
-        .execute(p)
-        .await
-        .map(|r| r.rows_affected())
+                "update host_enrollments set state = 'revoked', token_hash = null
+             where id = $1 and state in ('pending', 'ready')
+               and not exists (select 1 from prebookings b
+                               where b.host_id = host_enrollments.host_id and b.closed_at is null)",
+            )
+            .bind(enrollment_id)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
         })?;
         Ok(n == 1)
     }

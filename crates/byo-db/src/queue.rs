@@ -21,7 +21,7 @@ use crate::{DbError, GuardedWrite, Result, Store, new_id};
 
 /// The columns every [`QueueRow`] is read with.
 const QUEUE_COLUMNS: &str = "id, user_sub, gpu_type, ssh_key_id, created_at, attempts, claimed_until, \
-     claim_token, vm_id, last_error, last_error_at, closed_at, close_reason";
+     claim_token, vm_id, last_error, last_error_at, closed_at, close_reason, expires_at";
 
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct QueueRow {
@@ -41,6 +41,9 @@ pub struct QueueRow {
     pub last_error_at: Option<DateTime<Utc>>,
     pub closed_at: Option<DateTime<Utc>>,
     pub close_reason: Option<String>,
+    /// When an open row lapses: the expire-queue job closes it `expired` from then on, and
+    /// no drain claims it (migration 0021). The customer moves it with "keep waiting".
+    pub expires_at: DateTime<Utc>,
 }
 
 /// An open queued row with its place in its gpu_type's line (1 is next) and its owner's
@@ -60,6 +63,8 @@ pub enum QueueClose {
     PlacedByOperator,
     Cancelled,
     ClosedByOperator,
+    /// Nobody placed it before `expires_at` (issue #39, 2).
+    Expired,
 }
 
 impl QueueClose {
@@ -69,7 +74,21 @@ impl QueueClose {
             QueueClose::PlacedByOperator => "placed_by_operator",
             QueueClose::Cancelled => "cancelled",
             QueueClose::ClosedByOperator => "closed_by_operator",
+            QueueClose::Expired => "expired",
         }
+    }
+
+    /// The ending a stored `close_reason` names (the schema's closed set).
+    pub fn parse(reason: &str) -> Option<QueueClose> {
+        [
+            QueueClose::Placed,
+            QueueClose::PlacedByOperator,
+            QueueClose::Cancelled,
+            QueueClose::ClosedByOperator,
+            QueueClose::Expired,
+        ]
+        .into_iter()
+        .find(|c| c.as_str() == reason)
     }
 }
 
@@ -107,6 +126,8 @@ pub struct NewQueued<'a> {
     pub user_sub: &'a str,
     pub gpu_type: &'a str,
     pub ssh_key_id: &'a str,
+    /// When it lapses if nobody placed it (`created_at` plus the configured age).
+    pub expires_at: DateTime<Utc>,
 }
 
 /// What a cancel or an operator's close came to.
@@ -161,14 +182,15 @@ impl Store {
                 return Err(DbError::Refused("instance_limit".into()));
             }
             sqlx::query_as::<_, QueueRow>(sqlx::AssertSqlSafe(format!(
-                "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at)
-                 values ($1, $2, $3, $4, $5) returning {QUEUE_COLUMNS}"
+                "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at, expires_at)
+                 values ($1, $2, $3, $4, $5, $6) returning {QUEUE_COLUMNS}"
             )))
             .bind(new_id())
             .bind(new.user_sub)
             .bind(new.gpu_type)
             .bind(new.ssh_key_id)
             .bind(now)
+            .bind(new.expires_at)
             .fetch_one(&mut *tx)
             .await
             .map_err(DbError::from)
@@ -301,7 +323,8 @@ impl Store {
         };
         let picked = format!(
             "select id from vm_queue
-             where closed_at is null and (claimed_until is null or claimed_until <= $1){not_in}
+             where closed_at is null and (claimed_until is null or claimed_until <= $1)
+               and expires_at > $1{not_in}
              order by created_at, id limit $4"
         );
         let sql = if with.is_empty() {
@@ -309,6 +332,7 @@ impl Store {
                 "update vm_queue set claimed_until = $2, claim_token = $3
                  where id in ({picked})
                    and closed_at is null and (claimed_until is null or claimed_until <= $1)
+                   and expires_at > $1
                  returning {QUEUE_COLUMNS}"
             )
         } else {
@@ -317,6 +341,7 @@ impl Store {
                  update vm_queue set claimed_until = $2, claim_token = $3
                  where id in ({pick})
                    and closed_at is null and (claimed_until is null or claimed_until <= $1)
+                   and expires_at > $1
                  returning {QUEUE_COLUMNS}"
             )
         };
@@ -336,7 +361,7 @@ impl Store {
     }
 
     /// Claim one open row by id (an operator placing it by hand), as [`claim_queue_rows`]
-    /// would: `None` when it is closed or another holds a live lease on it.
+    /// would: `None` when it is closed, lapsed or another holds a live lease on it.
     ///
     /// [`claim_queue_rows`]: Store::claim_queue_rows
     pub async fn claim_queue_row(
@@ -350,6 +375,7 @@ impl Store {
             format!(
                 "update vm_queue set claimed_until = $3, claim_token = $4
                  where id = $1 and closed_at is null and (claimed_until is null or claimed_until <= $2)
+                   and expires_at > $2
                  returning {QUEUE_COLUMNS}"
             )
         ))
@@ -643,6 +669,84 @@ impl Store {
             .await?;
             Ok(QueueCloseOutcome::Closed)
         })
+    }
+}
+
+impl Store {
+    /// The customer's "keep waiting": their open row lapses at `until` instead. Guarded:
+    /// only an open row of theirs (`None` otherwise: someone else's is as absent as none).
+    /// A row already past its time but not yet swept is moved too: they asked in time.
+    pub async fn extend_queued(
+        &self,
+        id: &str,
+        user_sub: &str,
+        until: DateTime<Utc>,
+    ) -> Result<Option<QueueRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(
+            sqlx::AssertSqlSafe(format!(
+                "update vm_queue set expires_at = $3
+                 where id = $1 and user_sub = $2 and closed_at is null
+                 returning {QUEUE_COLUMNS}"
+            ))
+        )
+        .bind(id)
+        .bind(user_sub)
+        .bind(until)
+        .fetch_optional(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// The expire-queue job's write: close up to `limit` open rows past `expires_at`, oldest
+    /// lapse first, that no drainer holds and no attempt of which is live (a create in
+    /// flight is the heartbeat's to settle; its row lapses afterwards if it failed). One
+    /// statement, each row guarded again as it is written: a drainer's claim taken
+    /// meanwhile, or a customer's "keep waiting", wins. The rows it closed.
+    pub async fn expire_queued(&self, now: DateTime<Utc>, limit: i64) -> Result<Vec<QueueRow>> {
+        let lapsed = format!(
+            "closed_at is null and expires_at <= $1
+             and (claimed_until is null or claimed_until <= $1)
+             and not exists ({LIVE_ATTEMPT})"
+        );
+        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(
+            sqlx::AssertSqlSafe(format!(
+                "update vm_queue set closed_at = $1, close_reason = 'expired',
+                        claimed_until = null, claim_token = null
+                 where id in (select id from vm_queue where {lapsed}
+                              order by expires_at, id limit $2)
+                   and {lapsed}
+                 returning {QUEUE_COLUMNS}"
+            ))
+        )
+        .bind(now)
+        .bind(limit)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
+    }
+
+    /// A customer's queued creates that ended since `since`, latest first: placed (naming
+    /// the instance), cancelled, closed by an operator or expired — what they are told
+    /// when a row leaves their list.
+    pub async fn ended_queue(
+        &self,
+        user_sub: &str,
+        since: DateTime<Utc>,
+        limit: i64,
+    ) -> Result<Vec<QueueRow>> {
+        on_pool!(self, |p| sqlx::query_as::<_, QueueRow>(
+            sqlx::AssertSqlSafe(format!(
+                "select {QUEUE_COLUMNS} from vm_queue
+                 where user_sub = $1 and closed_at is not null and closed_at > $2
+                 order by closed_at desc, id limit $3"
+            ))
+        )
+        .bind(user_sub)
+        .bind(since)
+        .bind(limit)
+        .fetch_all(p)
+        .await)
+        .map_err(Into::into)
     }
 }
 

@@ -26,10 +26,15 @@ impl std::ops::Deref for TestDb {
 pub const POSTGRES_URL_VAR: &str = "BYO_TEST_POSTGRES_URL";
 
 pub async fn sqlite() -> TestDb {
+    sqlite_migrated_to(None).await
+}
+
+/// A fresh SQLite database migrated up to and including `version` (`None`: all of them).
+async fn sqlite_migrated_to(version: Option<i64>) -> TestDb {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("sqlite://{}", dir.path().join("byo.db").display());
     let store = Store::connect(&url).await.expect("open sqlite");
-    store.migrate().await.expect("migrate sqlite");
+    store.migrate_to(version).await.expect("migrate sqlite");
     TestDb {
         store,
         url,
@@ -40,6 +45,11 @@ pub async fn sqlite() -> TestDb {
 /// A fresh PostgreSQL database, or `None` (with a loud line on stderr) when no server was
 /// provided outside CI.
 pub async fn postgres() -> Option<TestDb> {
+    postgres_migrated_to(None).await
+}
+
+/// A fresh PostgreSQL database migrated up to and including `version` (`None`: all).
+async fn postgres_migrated_to(version: Option<i64>) -> Option<TestDb> {
     let admin_url = match std::env::var(POSTGRES_URL_VAR) {
         Ok(url) if !url.is_empty() => url,
         _ => {
@@ -67,7 +77,7 @@ pub async fn postgres() -> Option<TestDb> {
     let (base, _) = admin_url.rsplit_once('/').expect("URL has a database path");
     let url = format!("{base}/{name}");
     let store = Store::connect(&url).await.expect("connect");
-    store.migrate().await.expect("migrate postgres");
+    store.migrate_to(version).await.expect("migrate postgres");
     Some(TestDb {
         store,
         url,
@@ -117,6 +127,16 @@ pub async fn each_backend() -> Vec<TestDb> {
     out
 }
 
+/// A fresh database on `backend` as one in the field that has run the migrations up to
+/// and including `version` and not those after (a migration's own test: rows written
+/// before it, then [`Store::migrate`]). `None` when that backend is skipped here.
+pub async fn migrated_to(backend: Backend, version: i64) -> Option<TestDb> {
+    match backend {
+        Backend::Sqlite => Some(sqlite_migrated_to(Some(version)).await),
+        Backend::Postgres => postgres_migrated_to(Some(version)).await,
+    }
+}
+
 /// A fresh database on `backend`, or `None` when that backend is skipped here.
 pub async fn fresh(backend: Backend) -> Option<TestDb> {
     match backend {
@@ -126,6 +146,26 @@ pub async fn fresh(backend: Backend) -> Option<TestDb> {
 }
 
 impl Store {
+    /// [`Store::migrate`], stopping after `version` (`None`: all of them).
+    async fn migrate_to(&self, version: Option<i64>) -> Result<()> {
+        let Some(version) = version else {
+            return self.migrate().await;
+        };
+        match &self.pool {
+            crate::Pool::Postgres(p) => {
+                sqlx::migrate!("migrations/postgres")
+                    .run_to(version, p)
+                    .await?
+            }
+            crate::Pool::Sqlite(p) => {
+                sqlx::migrate!("migrations/sqlite")
+                    .run_to(version, p)
+                    .await?
+            }
+        }
+        Ok(())
+    }
+
     /// Run a statement outside the Store API, as a careless writer would: tests use this to
     /// prove the schema itself refuses what the design forbids.
     pub async fn execute_unchecked(&self, sql: &str) -> Result<u64> {

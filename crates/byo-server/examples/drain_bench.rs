@@ -179,10 +179,12 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
     if backend == Backend::Postgres {
         store
             .execute_unchecked(&format!(
-                "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at)
+                "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at, expires_at)
                  select 'bench-' || lpad(i::text, 7, '0'), '{customer}', 'spark-1', '{key}',
-                        timestamptz '{}' + i * interval '1 millisecond'
+                        timestamptz '{}' + i * interval '1 millisecond',
+                        timestamptz '{}' + interval '72 hours'
                  from generate_series(0, {}) i",
+                now.to_rfc3339(),
                 now.to_rfc3339(),
                 rows - 1
             ))
@@ -200,6 +202,7 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
                     user_sub: &customer,
                     gpu_type: "spark-1",
                     ssh_key_id: &key,
+                    expires_at: at + chrono::TimeDelta::hours(72),
                 };
                 store.enqueue_vm(new, at, u32::MAX).await.unwrap();
             }

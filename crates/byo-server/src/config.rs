@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 
+use chrono::{DateTime, Utc};
 use figment::Figment;
 use figment::providers::{Env, Format, Toml};
 use secrecy::{ExposeSecret, SecretString};
@@ -195,12 +196,30 @@ pub struct InstancesConfig {
     /// cannot hold every free host. Counted in the transaction that writes the row.
     #[serde(default = "defaults::max_per_account")]
     pub max_per_account: u32,
+    /// How long a queued create waits for a host before it lapses (closed `expired`), and
+    /// how far "keep waiting" moves it from now: an intent days old is not one to act on
+    /// unasked (E2). At most 30 days.
+    #[serde(default = "defaults::queue_expires_after_hours")]
+    pub queue_expires_after_hours: u32,
 }
+
+impl InstancesConfig {
+    /// When a row queued (or kept waiting) at `now` lapses.
+    pub fn queue_expires_at(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        now + chrono::Duration::hours(i64::from(
+            self.queue_expires_after_hours.min(MAX_QUEUE_HOURS),
+        ))
+    }
+}
+
+/// The longest `[instances] queue_expires_after_hours` may be: 30 days.
+pub const MAX_QUEUE_HOURS: u32 = 30 * 24;
 
 impl Default for InstancesConfig {
     fn default() -> Self {
         InstancesConfig {
             max_per_account: defaults::max_per_account(),
+            queue_expires_after_hours: defaults::queue_expires_after_hours(),
         }
     }
 }
@@ -354,6 +373,10 @@ mod defaults {
         2
     }
 
+    pub fn queue_expires_after_hours() -> u32 {
+        72
+    }
+
     pub fn validity_days() -> i64 {
         90
     }
@@ -461,6 +484,11 @@ impl Config {
         }
         if self.instances.max_per_account == 0 {
             return Err("instances.max_per_account must be positive".to_owned());
+        }
+        if !(1..=MAX_QUEUE_HOURS).contains(&self.instances.queue_expires_after_hours) {
+            return Err(format!(
+                "instances.queue_expires_after_hours must be between 1 and {MAX_QUEUE_HOURS} (30 days)"
+            ));
         }
         if self.operator_keys.validity_days <= 0 {
             return Err("operator_keys.validity_days must be positive".to_owned());

@@ -167,6 +167,14 @@ impl From<DbError> for AppError {
             DbError::Refused(rule) => {
                 AppError::conflict("refused", format!("refused by the rule {rule}"))
             }
+            // Every product path checks what it removes first; this is the answer when a
+            // row written by hand (or a path not yet guarded) meets the key instead.
+            DbError::ForeignKey(key) => AppError::conflict(
+                "still_referenced",
+                format!(
+                    "other records still refer to this, or it names one that does not exist                      ({key}); nothing was changed"
+                ),
+            ),
             other => AppError::Internal(other.into()),
         }
     }
@@ -212,5 +220,24 @@ impl IntoResponse for AppError {
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue #39 (6): a foreign key met by a write is a worded 409 that says nothing was
+    /// changed, never a bare "refused by the rule FOREIGN KEY constraint failed".
+    #[test]
+    fn a_foreign_key_is_answered_in_words() {
+        let e = AppError::from(DbError::ForeignKey("FOREIGN KEY constraint failed".into()));
+        assert_eq!(e.status(), StatusCode::CONFLICT);
+        assert_eq!(e.code(), "still_referenced");
+        let message = e.to_string();
+        assert!(
+            message.contains("still refer to this") && message.contains("nothing was changed"),
+            "{message}"
+        );
     }
 }

@@ -57,6 +57,8 @@ pub struct FleetMetrics {
     pub job_last_success: Family<JobLabels, FloatGauge>,
     pub job_last_failed: Family<JobLabels, Gauge>,
     pub key_list_expiry: FloatGauge,
+    pub key_pushes_failed: Gauge,
+    pub fleet_upgrades_halted: Gauge,
     pub read_ok: Gauge,
 }
 
@@ -129,6 +131,18 @@ impl FleetMetrics {
             "operator_keys_expiry_timestamp_seconds",
             "When the published operator-key list expires (0: none published)",
             &self.key_list_expiry,
+        );
+        g(
+            registry,
+            "key_pushes_failed",
+            "Hosts whose last operator-key push failed (M): their operators' access is not what was signed",
+            &self.key_pushes_failed,
+        );
+        g(
+            registry,
+            "fleet_upgrades_halted",
+            "Fleet-upgrade runs halted and not closed: the rest of the fleet waits on an operator",
+            &self.fleet_upgrades_halted,
         );
         g(
             registry,

@@ -1,6 +1,7 @@
 //! Life after go-live (issue #12): what the operator's host actions (de-pool, revoke,
 //! retire, replace a relay) and the owner's "stop hosting" answer.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::states::RevokeStep;
@@ -50,5 +51,24 @@ pub struct RelayReplaced {
     /// Whether the address is the one the old relay had (a `local` relay is always at
     /// the same address; a GCP one gets a new reservation).
     pub same_address: bool,
+    pub message: String,
+}
+
+/// A host on the operators' worklist (issue #39, 3): its owner stopped hosting, it has been
+/// silent past the bound, and retire-stopped would retire it but one of retire's refusals
+/// (N.1, N.5) applies — what an operator must settle before it can go.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct WorklistEntry {
+    pub host_id: String,
+    pub slug: String,
+    pub owner_sub: String,
+    /// When the owner stopped hosting.
+    pub stopped_at: Option<DateTime<Utc>>,
+    /// When its agent last beat (`None`: never, or not since its status was cleared).
+    pub last_seen_at: Option<DateTime<Utc>>,
+    /// Retire's refusal, as its API answers it (`prebooked`, `live_instance`, `dedicated`, …).
+    pub refusal: String,
+    /// The refusal in words.
     pub message: String,
 }

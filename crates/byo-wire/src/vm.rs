@@ -288,6 +288,44 @@ pub struct QueuedView {
     /// Why the last try did not place it (billing refused, the key removed, …).
     pub last_error: Option<String>,
     pub last_error_at: Option<DateTime<Utc>>,
+    /// When it lapses if no host took it by then (closed `expired`); "keep waiting"
+    /// (`POST /api/queue/{id}/extend`) moves it.
+    pub expires_at: DateTime<Utc>,
+}
+
+/// How a queued create ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum QueueEnding {
+    /// A host took it: `vm_id` names the instance.
+    Placed,
+    /// An operator placed it on a host they chose: `vm_id` names the instance.
+    PlacedByOperator,
+    /// Its customer cancelled it.
+    Cancelled,
+    /// An operator closed it.
+    ClosedByOperator,
+    /// No host took it before `expires_at`.
+    Expired,
+}
+
+/// A queued create that ended, as its customer is told: placed (and which instance),
+/// cancelled, closed by an operator, or expired.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EndedQueuedView {
+    pub id: String,
+    pub gpu_type: String,
+    pub created_at: DateTime<Utc>,
+    pub closed_at: DateTime<Utc>,
+    pub ending: QueueEnding,
+    /// The instance it became (placed) or its last attempt.
+    pub vm_id: Option<String>,
+    /// Placements tried.
+    pub attempts: i32,
+    /// Why the last try did not place it, when one did not.
+    pub last_error: Option<String>,
 }
 
 /// A queued create on /admin/queue: the row, whose it is.

@@ -78,6 +78,7 @@ conformance!(
     a_the_relay_and_tunnel_are_recorded_on_the_host,
     step28_redeem_writes_what_the_judge_decided_and_an_abort_nothing,
     reap_hands_back_rejected_revoked_and_lapsed_allocations,
+    h_revoking_a_booked_never_redeemed_host_is_refused_and_reap_keeps_what_is_named,
 );
 
 // The Store rules of the files whose rules the server's suites drove alone (issue #19: a byo-db
@@ -700,6 +701,63 @@ async fn no_table_holds_a_plaintext_token(db: TestDb) {
     }
 }
 
+/// Migration 0021 on a database in the field: a row open when it runs lapses 72 hours
+/// after it was queued; closed rows keep their ending; the new ending is accepted and an
+/// unknown one still refused.
+#[tokio::test]
+async fn migration_0021_gives_open_queue_rows_an_expiry() {
+    for backend in [byo_db::Backend::Sqlite, byo_db::Backend::Postgres] {
+        let Some(db) = testing::migrated_to(backend, 20).await else {
+            continue;
+        };
+        db.execute_unchecked(
+            "insert into users (sub, email, password_hash, created_at)
+             values ('u-1', 'u@example.com', 'x', '2026-01-02T03:04:05.5+00:00')",
+        )
+        .await
+        .unwrap();
+        db.execute_unchecked(
+            "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at)
+             values ('q-open', 'u-1', 'spark-1', 'k', '2026-01-02T03:04:05.5+00:00')",
+        )
+        .await
+        .unwrap();
+        db.execute_unchecked(
+            "insert into vm_queue (id, user_sub, gpu_type, ssh_key_id, created_at, closed_at,
+                                   close_reason)
+             values ('q-done', 'u-1', 'spark-1', 'k', '2026-01-01T00:00:00+00:00',
+                     '2026-01-01T01:00:00+00:00', 'cancelled')",
+        )
+        .await
+        .unwrap();
+        db.migrate().await.unwrap();
+        let open = db.queue_row("q-open").await.unwrap().unwrap();
+        assert_eq!(
+            open.expires_at,
+            open.created_at + chrono::TimeDelta::hours(72),
+            "{backend:?}"
+        );
+        let done = db.queue_row("q-done").await.unwrap().unwrap();
+        assert_eq!(
+            done.close_reason.as_deref(),
+            Some("cancelled"),
+            "{backend:?}"
+        );
+        // The open row is still claimable before its time, and the sweep's once past it.
+        let before = open.expires_at - chrono::TimeDelta::seconds(1);
+        assert_eq!(db.expire_queued(before, 10).await.unwrap().len(), 0);
+        let closed = db.expire_queued(open.expires_at, 10).await.unwrap();
+        assert_eq!(closed.len(), 1, "{backend:?}");
+        assert_eq!(closed[0].close_reason.as_deref(), Some("expired"));
+        assert!(
+            db.execute_unchecked("update vm_queue set close_reason = 'gone' where id = 'q-done'")
+                .await
+                .is_err(),
+            "{backend:?}: the closed set still holds"
+        );
+    }
+}
+
 #[tokio::test]
 async fn the_migrated_schemas_are_the_same_on_both_backends() {
     let lite = testing::sqlite().await;
@@ -1171,6 +1229,7 @@ async fn enqueue(store: &Store, user_sub: &str, ssh_key_id: &str, at: DateTime<U
                 user_sub,
                 gpu_type: "spark-1",
                 ssh_key_id,
+                expires_at: at + chrono::TimeDelta::hours(72),
             },
             at,
             10,

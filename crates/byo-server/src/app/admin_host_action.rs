@@ -87,6 +87,16 @@ pub async fn activate(
 /// Revoke an enrolment before it redeems (H); its allocation is handed back at once.
 pub async fn revoke(state: &AppState, by: &Operator, enrollment_id: &str) -> AppResult<()> {
     if !state.store.revoke_enrollment(enrollment_id).await? {
+        let host_id = state
+            .store
+            .enrollment(enrollment_id)
+            .await?
+            .and_then(|e| e.host_id);
+        if let Some(refusal) =
+            crate::app::host_lifecycle::booked_refusal(state, host_id.as_deref()).await?
+        {
+            return Err(refusal);
+        }
         return Err(AppError::conflict(
             "not_revocable",
             "only an enrolment that has not redeemed can be revoked",

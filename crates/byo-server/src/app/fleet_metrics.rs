@@ -1,6 +1,7 @@
 //! The fleet's gauges on `/metrics` (issue #38): hosts by state, the oldest heartbeat, stuck
 //! deletes, the queue, open creates, unpaid bookings, each job's last success and whether its
-//! last run failed, and when the published operator-key list expires. Read from the database
+//! last run failed, when the published operator-key list expires, failed key pushes and
+//! halted fleet upgrades. Read from the database
 //! at each scrape (one statement for the fleet, one for the jobs), with the same bounds the
 //! pages judge by, so an alert and /admin never disagree. `docs/alerts.yml` alerts on them.
 
@@ -52,6 +53,8 @@ async fn read(state: &AppState, m: &FleetMetrics) -> AppResult<()> {
     m.queue_oldest_age.set(age(now, g.oldest_queued));
     m.creates_open.set(g.creates_open);
     m.bookings_unpaid.set(g.bookings_unpaid);
+    m.key_pushes_failed.set(g.key_pushes_failed);
+    m.fleet_upgrades_halted.set(g.fleet_upgrades_halted);
     for j in state.store.job_health().await? {
         let labels = JobLabels { job: j.job };
         m.job_last_success

@@ -28,7 +28,7 @@ pub const REASON_MAX_CHARS: usize = 500;
 
 /// The reason a revoke and a stop-hosting record when they de-pool.
 const REVOKE_REASON: &str = "revoked by an operator";
-const STOP_REASON: &str = "the owner stopped hosting";
+pub(crate) const STOP_REASON: &str = "the owner stopped hosting";
 
 async fn lifecycle_row(state: &AppState, host_id: &str) -> AppResult<HostLifecycleRow> {
     state
@@ -319,6 +319,11 @@ pub async fn cancel_allocation(
         None => false,
     };
     if !revoked {
+        if open.is_some()
+            && let Some(refusal) = booked_refusal(state, Some(host_id)).await?
+        {
+            return Err(refusal);
+        }
         return Err(AppError::conflict(
             "not_cancellable",
             "this GPU's command was already run, revoked or has lapsed; there is nothing to cancel",
@@ -340,12 +345,50 @@ pub async fn cancel_allocation(
     Ok(report.failed == 0)
 }
 
+/// Issue #39 (6): the refusal when an open pre-booking is pinned to the host whose
+/// enrolment is being revoked (its host row cannot go while the booking names it), in
+/// words an operator or owner can act on. `None` when no booking holds it.
+pub async fn booked_refusal(
+    state: &AppState,
+    host_id: Option<&str>,
+) -> AppResult<Option<AppError>> {
+    let Some(host_id) = host_id else {
+        return Ok(None);
+    };
+    Ok(state
+        .store
+        .open_booking_on_host(host_id)
+        .await?
+        .map(|booking| {
+            AppError::conflict(
+                "booked",
+                format!(
+                    "pre-booking {booking} is pinned to this host, so its allocation cannot be \
+                     handed back until an operator reassigns or cancels that booking \
+                     (/admin/prebookings); nothing was changed"
+                ),
+            )
+        }))
+}
+
 /// Retire (N): only a host already out of service whose enrolment completed; outside first
 /// (relay and address, `*.<slug>.ssh`, tunnel and DNS — each idempotent), the stamp last.
 /// A provider failing part way stamps nothing; retire run again carries on.
 pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult<()> {
     let h = lifecycle_row(state, host_id).await?;
-    refuse_retired(&h)?;
+    retire_refusal(state, &h, state.clock.now()).await?;
+    let details = json!({"slug": h.slug, "revoked": h.revoked_at.is_some()});
+    retire_refusals_passed(state, Some(&by.0.user.sub), &h, details).await
+}
+
+/// N.1's and N.5's refusals, read before anything outside is touched: the operator's
+/// retire and retire-stopped's (issue #39, 3) answer the same ones.
+pub async fn retire_refusal(
+    state: &AppState,
+    h: &HostLifecycleRow,
+    now: DateTime<Utc>,
+) -> AppResult<()> {
+    refuse_retired(h)?;
     if h.active {
         return Err(AppError::conflict(
             "active",
@@ -358,8 +401,7 @@ pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult
             "this host is dedicated to a tenant: end the dedication first",
         ));
     }
-    let now = state.clock.now();
-    let blockers = state.store.retire_blockers(host_id, now).await?;
+    let blockers = state.store.retire_blockers(&h.id, now).await?;
     if blockers.live > 0 {
         return Err(AppError::conflict(
             "live_instance",
@@ -387,13 +429,25 @@ pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult
             "a revoke of this host is in progress: finish it (run revoke again) before retiring",
         ));
     }
+    Ok(())
+}
+
+/// Retire past its refusals: outside first, then the stamp (whose transaction checks live
+/// instances and pre-bookings again), audited `host.retire` by `actor` (`None`: a job,
+/// named in `details`).
+pub(crate) async fn retire_refusals_passed(
+    state: &AppState,
+    actor: Option<&str>,
+    h: &HostLifecycleRow,
+    details: serde_json::Value,
+) -> AppResult<()> {
     release_outside(state, &h.slug)
         .await
         .map_err(|e| provider_failed("retire stopped before the stamp", e))?;
     let now = state.clock.now();
     state
         .store
-        .retire_host(host_id, now)
+        .retire_host(&h.id, now)
         .await
         .map_err(|e| match e {
             DbError::Refused(r) if r == "host_has_live_instance" => {
@@ -409,13 +463,7 @@ pub async fn retire(state: &AppState, by: &Operator, host_id: &str) -> AppResult
         })?;
     state
         .store
-        .audit(
-            Some(&by.0.user.sub),
-            "host.retire",
-            Some(host_id),
-            json!({"slug": h.slug, "revoked": h.revoked_at.is_some()}),
-            now,
-        )
+        .audit(actor, "host.retire", Some(&h.id), details, now)
         .await?;
     Ok(())
 }

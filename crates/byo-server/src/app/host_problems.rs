@@ -25,8 +25,17 @@ pub struct Seen<'a> {
     pub heard_since: DateTime<Utc>,
     pub push: Option<&'a HostKeyPushRow>,
     pub published: Option<&'a KeyListRow>,
+    /// The published list's expiry, read once by [`list_expiry`] (not once per host).
+    pub published_expires: Option<DateTime<Utc>>,
     pub vms: &'a [VmRow],
     pub bench: Option<&'a HostBenchRow>,
+}
+
+/// When the published list expires (`None`: no list, or one that does not parse).
+pub fn list_expiry(published: Option<&KeyListRow>) -> Option<DateTime<Utc>> {
+    published
+        .and_then(|p| byo_core::keylist::KeyList::from_canonical(&p.body).ok())
+        .map(|l| l.expires)
 }
 
 /// The problems of one host now, in a fixed order.
@@ -143,8 +152,8 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         }
     }
     if let Some(p) = seen.published
-        && let Ok(list) = byo_core::keylist::KeyList::from_canonical(&p.body)
-        && let Some(step) = expiry_warning(list.expires, now)
+        && let Some(expires) = seen.published_expires
+        && let Some(step) = expiry_warning(expires, now)
     {
         add(
             "key list expiring",
@@ -152,7 +161,7 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
                 "version {} {} {}",
                 p.version,
                 if step == 0 { "expired" } else { "expires" },
-                list.expires.format("%Y-%m-%d %H:%M UTC")
+                expires.format("%Y-%m-%d %H:%M UTC")
             ),
         );
     }
@@ -260,6 +269,7 @@ mod tests {
             heard_since: at(10),
             push,
             published,
+            published_expires: list_expiry(published),
             vms,
             bench: None,
         };

@@ -90,6 +90,18 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        // Leaving gives everything back (issue #39, 3).
+        Job::new(
+            super::retire_stopped::RETIRE_STOPPED,
+            super::retire_stopped::RETIRE_STOPPED_EVERY,
+            |state| {
+                Box::pin(async move {
+                    Ok(super::retire_stopped::retire_stopped_once(state)
+                        .await?
+                        .to_string())
+                })
+            },
+        ),
         Job::new(
             "renew-operator-keys",
             super::operator_keys::RENEW_EVERY,
@@ -137,6 +149,17 @@ pub fn registry() -> Vec<Job> {
                         "closed {}, delete unconfirmed {}, deferred {}",
                         s.closed, s.unconfirmed, s.deferred
                     ))
+                })
+            },
+        ),
+        // The queue's end (issue #39, 2): a row no host took by its `expires_at` closes.
+        Job::new(
+            super::queue_drain::EXPIRE_QUEUE,
+            super::queue_drain::EXPIRE_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let n = super::queue_drain::expire_once(state).await?;
+                    Ok(format!("{n} queued creates expired"))
                 })
             },
         ),

@@ -29,7 +29,10 @@ use byo_db::vms::NewVm;
 use byo_db::vms::PickedHost;
 use byo_db::{DbError, hosts::AgentTargetRow};
 use byo_wire::states::VmStatus;
-use byo_wire::vm::{AdminQueuedView, CreateVm, InstanceQueued, InstanceView, QueuedView};
+use byo_wire::vm::{
+    AdminQueuedView, CreateVm, EndedQueuedView, InstanceQueued, InstanceView, QueueEnding,
+    QueuedView,
+};
 use chrono::TimeDelta;
 use serde_json::json;
 
@@ -66,6 +69,7 @@ fn queued_view(row: &QueueRow, position: i64) -> QueuedView {
         attempts: row.attempts,
         last_error: row.last_error.clone(),
         last_error_at: row.last_error_at,
+        expires_at: row.expires_at,
     }
 }
 
@@ -82,6 +86,7 @@ pub async fn enqueue(
         user_sub,
         gpu_type,
         ssh_key_id,
+        expires_at: state.config.instances.queue_expires_at(now),
     };
     let row = match state
         .store
@@ -98,7 +103,7 @@ pub async fn enqueue(
             Some(user_sub),
             "queue.queued",
             Some(&row.id),
-            json!({"gpu_type": gpu_type}),
+            json!({"gpu_type": gpu_type, "expires_at": row.expires_at}),
             now,
         )
         .await?;
@@ -127,6 +132,129 @@ pub async fn mine(state: &AppState, by: &CurrentUser) -> AppResult<Vec<QueuedVie
         .iter()
         .map(|q| queued_view(&q.row, q.position))
         .collect())
+}
+
+/// How far back a customer's ended queued creates are listed.
+pub const ENDED_SHOWN_DAYS: i64 = 7;
+/// How many of them.
+pub const ENDED_SHOWN: i64 = 20;
+
+/// The customer's queued creates that ended in the last [`ENDED_SHOWN_DAYS`], latest
+/// first: what became of each (placed as which instance, cancelled, closed, expired).
+pub async fn ended(state: &AppState, by: &CurrentUser) -> AppResult<Vec<EndedQueuedView>> {
+    let since = state.clock.now() - TimeDelta::days(ENDED_SHOWN_DAYS);
+    Ok(state
+        .store
+        .ended_queue(&by.user.sub, since, ENDED_SHOWN)
+        .await?
+        .into_iter()
+        .filter_map(|row| {
+            let ending = match QueueClose::parse(row.close_reason.as_deref()?)? {
+                QueueClose::Placed => QueueEnding::Placed,
+                QueueClose::PlacedByOperator => QueueEnding::PlacedByOperator,
+                QueueClose::Cancelled => QueueEnding::Cancelled,
+                QueueClose::ClosedByOperator => QueueEnding::ClosedByOperator,
+                QueueClose::Expired => QueueEnding::Expired,
+            };
+            Some(EndedQueuedView {
+                id: row.id,
+                gpu_type: row.gpu_type,
+                created_at: row.created_at,
+                closed_at: row.closed_at?,
+                ending,
+                vm_id: row.vm_id,
+                attempts: row.attempts,
+                last_error: row.last_error,
+            })
+        })
+        .collect())
+}
+
+/// The customer's "keep waiting": their open queued create lapses the configured age
+/// from now instead. Someone else's, or one no longer open, is as absent as none.
+pub async fn extend(state: &AppState, by: &CurrentUser, id: &str) -> AppResult<QueuedView> {
+    let now = state.clock.now();
+    let until = state.config.instances.queue_expires_at(now);
+    let Some(row) = state.store.extend_queued(id, &by.user.sub, until).await? else {
+        return Err(AppError::NotFound);
+    };
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "queue.extended",
+            Some(id),
+            json!({"expires_at": until}),
+            now,
+        )
+        .await?;
+    let position = state
+        .store
+        .open_queue(Some(&by.user.sub), LIST_LIMIT)
+        .await?
+        .into_iter()
+        .find(|q| q.row.id == row.id)
+        .map_or(1, |q| q.position);
+    Ok(queued_view(&row, position))
+}
+
+/// The expire-queue job's name and period: a lapsed row is closed within a minute.
+pub const EXPIRE_QUEUE: &str = "expire-queue";
+pub const EXPIRE_EVERY: Duration = Duration::from_secs(60);
+/// Rows closed per statement.
+pub const EXPIRE_BATCH: i64 = 500;
+
+/// One expire-queue run (issue #39, 2): close every open row past its `expires_at` that no
+/// drainer holds and no attempt of which is live, `expired`, each audited `queue.expired`
+/// with what its customer is to be told (the notice's record). How many it closed.
+pub async fn expire_once(state: &AppState) -> AppResult<u64> {
+    let mut closed = 0;
+    loop {
+        let now = state.clock.now();
+        let rows = state.store.expire_queued(now, EXPIRE_BATCH).await?;
+        for row in &rows {
+            state
+                .store
+                .audit(
+                    None,
+                    "queue.expired",
+                    Some(&row.id),
+                    json!({
+                        "user_sub": row.user_sub,
+                        "gpu_type": row.gpu_type,
+                        "queued_at": row.created_at,
+                        "expires_at": row.expires_at,
+                        "attempts": row.attempts,
+                        "last_error": row.last_error,
+                    }),
+                    now,
+                )
+                .await?;
+            tracing::info!(queue = %row.id, gpu_type = %row.gpu_type, attempts = row.attempts,
+                "queued create expired: no host took it in time");
+        }
+        closed += rows.len() as u64;
+        if (rows.len() as i64) < EXPIRE_BATCH {
+            return Ok(closed);
+        }
+    }
+}
+
+/// The record that a drain placed a queued create, for its customer's notice (operators'
+/// placements are audited `queue.placed_by_operator` by who placed them).
+async fn record_placed(state: &AppState, row: &QueueRow, vm_id: &str) -> AppResult<()> {
+    state
+        .store
+        .audit(
+            None,
+            "queue.placed",
+            Some(&row.id),
+            json!({"user_sub": row.user_sub, "gpu_type": row.gpu_type, "vm_id": vm_id,
+                   "queued_at": row.created_at}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(())
 }
 
 /// Every open queued create, oldest first (/admin/queue).
@@ -472,11 +600,11 @@ async fn drain_row(
             .store
             .close_queue_placed(&row.id, vm_id, QueueClose::Placed, state.clock.now())
             .await?;
-        return Ok(if closed == GuardedWrite::Written {
-            RowOutcome::Placed
-        } else {
-            RowOutcome::Lost
-        });
+        if closed != GuardedWrite::Written {
+            return Ok(RowOutcome::Lost);
+        }
+        record_placed(state, row, vm_id).await?;
+        return Ok(RowOutcome::Placed);
     }
     // The rules, live: the account's roles now, not when it queued.
     let is_staff_only = match staff_only.get(&row.gpu_type) {
@@ -586,7 +714,7 @@ async fn try_host(
     };
     let task_state = state.clone();
     let target = host.clone();
-    let queue_id = row.id.clone();
+    let queued = row.clone();
     let wait = state.waits.create;
     // A spawned task, as the dashboard's create: nothing cuts it between its writes.
     tokio::spawn(async move {
@@ -594,17 +722,20 @@ async fn try_host(
         Ok(match instances::ask_create(state, &target, &request, wait).await {
             Answer::Accepted(created) => {
                 let placed = QueuePlaced {
-                    queue_id: &queue_id,
+                    queue_id: &queued.id,
                     vm_id: &vm.id,
                     host_id: &target.id,
                     ssh_port: created.as_ref().map(|c| i32::from(c.ssh_port)),
                     how,
                 };
-                state
+                let closed = state
                     .store
                     .settle_queue_placed(placed, state.clock.now())
                     .await?;
-                tracing::info!(vm = %vm.id, host = %target.slug, name = %vm.name, queue = %queue_id, "instance created");
+                if closed == GuardedWrite::Written && how == QueueClose::Placed {
+                    record_placed(state, &queued, &vm.id).await?;
+                }
+                tracing::info!(vm = %vm.id, host = %target.slug, name = %vm.name, queue = %queued.id, "instance created");
                 Tried::Placed(vm.id)
             }
             // The row stays this run's: the next candidate is tried under the same claim.
@@ -635,6 +766,15 @@ pub async fn place_by_operator(
     };
     if row.closed_at.is_some() {
         return Err(not_queued(state, id).await);
+    }
+    if row.expires_at <= state.clock.now() {
+        return Err(AppError::conflict(
+            "expired",
+            format!(
+                "this queued create lapsed at {}; nothing was placed (its customer may queue it again)",
+                row.expires_at.format("%Y-%m-%d %H:%M UTC")
+            ),
+        ));
     }
     let host = state
         .store

@@ -45,7 +45,7 @@ async fn render(
                 p #queue-empty { "Nothing is queued." }
             } @else {
                 table #queue {
-                    thead { tr { th { "User" } th { "GPU" } th { "Place" } th { "Queued" } th { "Waiting" } th { "Tries" } th { "Last reason" } th { "Place on host" } th { "Close" } } }
+                    thead { tr { th { "User" } th { "GPU" } th { "Place" } th { "Queued" } th { "Waiting" } th { "Expires" } th { "Tries" } th { "Last reason" } th { "Place on host" } th { "Close" } } }
                     tbody { @for r in &rows {
                         tr #{ "queued-" (r.queued.id) } {
                             td.user { (r.email) }
@@ -53,6 +53,7 @@ async fn render(
                             td.position { (r.queued.position) }
                             td.created { (at(r.queued.created_at)) }
                             td.age { (super::instances::waited(now.signed_duration_since(r.queued.created_at).num_minutes().max(0))) }
+                            td.expires { (at(r.queued.expires_at)) }
                             td.attempts { (r.queued.attempts) }
                             td.last-error { (r.queued.last_error.as_deref().unwrap_or("—")) }
                             td {

@@ -85,6 +85,7 @@ async fn page(
             heard_since: state.config.placement.seen_since(now),
             push: push.as_ref(),
             published: published_list.as_ref(),
+            published_expires: crate::app::host_problems::list_expiry(published_list.as_ref()),
             vms: &vms,
             bench: bench.as_ref(),
         },

@@ -471,6 +471,7 @@ async fn admin_page(
     error: Option<&str>,
 ) -> Result<Markup, PageError> {
     let enrollments = state.store.enrollment_views(None).await?;
+    let worklist = crate::app::retire_stopped::worklist(state).await?;
     let revoking: std::collections::HashMap<String, (String, DateTime<Utc>)> = state
         .store
         .revokes_in_progress()
@@ -484,6 +485,21 @@ async fn admin_page(
         html! {
             h1 { "Hosts and enrolments" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
+            @if !worklist.is_empty() {
+                section #worklist {
+                    h2 { "Needs an operator" }
+                    p { small { "Their owners stopped hosting and they have been silent for a day, so they would be retired on their own, but retire refuses them for the reason given. Settle it and they are retired within five minutes." } }
+                    table {
+                        thead { tr { th { "Host" } th { "Stopped" } th { "Last heard from" } th { "Why it is not retired" } } }
+                        tbody { @for w in &worklist { tr #{ "worklist-" (w.host_id) } {
+                            td { a href={ "/admin/hosts/" (w.host_id) } { (w.slug) } }
+                            td { (w.stopped_at.map_or("—".to_owned(), |t| t.format("%Y-%m-%d %H:%M").to_string())) }
+                            td { (w.last_seen_at.map_or("never".to_owned(), |t| t.format("%Y-%m-%d %H:%M").to_string())) }
+                            td.refusal { (w.message) }
+                        } } }
+                    }
+                }
+            }
             p { "Activation is the only thing between an enrolled machine and a paying customer. It is offered once preparation has finished; the backend refuses it otherwise, whatever sends it." }
             table.hosts {
                 thead { tr { th { "Host" } th { "Owner" } th { "Profile" } th { "State" } th { "Relay" } th { "What turned up" } th { "" } } }

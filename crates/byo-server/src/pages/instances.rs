@@ -10,7 +10,8 @@ use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect};
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
-    DeletionState, InstanceRequest, InstanceView, NewSshKey, QueuedView, SshKeyView,
+    DeletionState, EndedQueuedView, InstanceRequest, InstanceView, NewSshKey, QueueEnding,
+    QueuedView, SshKeyView,
 };
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
@@ -140,6 +141,7 @@ async fn customer_page(
     let keys = ssh_keys::list(state, v).await?;
     let list = instances::recent(state, v).await?;
     let queued = queue_drain::mine(state, v).await?;
+    let ended = queue_drain::ended(state, v).await?;
     let kinds = gpu_types(state, v).await?;
     let picked_gpu = s.create.map(|c| c.gpu_type.as_str());
     let picked_key = s.create.map(|c| c.ssh_key_id.as_str());
@@ -162,10 +164,17 @@ async fn customer_page(
             }
             @if !queued.is_empty() {
                 h2 { "Queued" }
-                p { small { "No host of that kind was free. Each is placed on the next host that frees up, in order; nothing is billed until a host takes it." } }
+                p { small { "No host of that kind was free. Each is placed on the next host that frees up, in order; nothing is billed until a host takes it. One no host took by its expiry is closed; keep waiting moves its expiry " (state.config.instances.queue_expires_after_hours) " hours from now." } }
                 table #queued {
-                    thead { tr { th { "GPU" } th { "Place in line" } th { "Queued" } th { "Last try" } th { "" } } }
+                    thead { tr { th { "GPU" } th { "Place in line" } th { "Queued" } th { "Expires" } th { "Last try" } th { "" } } }
                     tbody { @for q in &queued { (queued_row(q)) } }
+                }
+            }
+            @if !ended.is_empty() {
+                h3 { "Queued creates that ended this week" }
+                table #queue-ended {
+                    thead { tr { th { "GPU" } th { "Queued" } th { "Ended" } th { "How" } } }
+                    tbody { @for e in &ended { (ended_row(e)) } }
                 }
             }
             h2 { "Create an instance" }
@@ -270,13 +279,51 @@ fn queued_row(q: &QueuedView) -> Markup {
             td.gpu { (q.gpu_type) }
             td.position { (q.position) }
             td.created { (at(q.created_at)) }
+            td.expires { (at(q.expires_at)) }
             td.last-error { (q.last_error.as_deref().unwrap_or("—")) }
             td.actions {
+                form.inline method="post" action={ "/instances/queue/" (q.id) "/extend" } {
+                    button type="submit" { "Keep waiting" }
+                }
+                " "
                 form.inline method="post" action={ "/instances/queue/" (q.id) "/cancel" } {
                     button type="submit" { "Cancel" }
                 }
             }
         }
+    }
+}
+
+fn ended_row(e: &EndedQueuedView) -> Markup {
+    let how = match e.ending {
+        QueueEnding::Placed => "Placed on a host",
+        QueueEnding::PlacedByOperator => "Placed on a host by an operator",
+        QueueEnding::Cancelled => "Cancelled by you",
+        QueueEnding::ClosedByOperator => "Closed by an operator",
+        QueueEnding::Expired => {
+            "Expired: no host of that kind was free in time; nothing was created or billed"
+        }
+    };
+    html! {
+        tr #{ "queue-ended-" (e.id) } {
+            td.gpu { (e.gpu_type) }
+            td.created { (at(e.created_at)) }
+            td.closed { (at(e.closed_at)) }
+            td.how { (how) }
+        }
+    }
+}
+
+/// `POST /instances/queue/{id}/extend`: as `POST /api/queue/{id}/extend`.
+pub async fn extend_queued(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(queue_id): Path<String>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    match queue_drain::extend(&state, &v, &queue_id).await {
+        Ok(q) => Ok(Redirect::to(&format!("/instances#queued-{}", q.id)).into_response()),
+        Err(e) => customer_refusal(&state, &v, e, "no such queued create", Shown::default()).await,
     }
 }
 

@@ -21,6 +21,7 @@ use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, current_request_id};
 use crate::state::AppState;
 
+mod admin_fleet;
 mod admin_instances;
 mod admin_jobs;
 mod billing;
@@ -50,6 +51,7 @@ pub fn router() -> Router<AppState> {
         .route("/cloudflared/{file}", get(install::cloudflared_file))
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
         .route("/hosts/{host_id}/progress", get(hosts::progress))
+        .route("/admin", get(admin_fleet::page))
         .route("/admin/hosts", get(hosts::admin_hosts))
         .route("/admin/hosts/{host_id}", get(host_detail::show))
         .route("/admin/hosts/{host_id}/depool", post(host_detail::depool))
@@ -82,6 +84,10 @@ pub fn router() -> Router<AppState> {
         .route(
             "/instances/queue/{queue_id}/cancel",
             post(instances::cancel_queued),
+        )
+        .route(
+            "/instances/queue/{queue_id}/extend",
+            post(instances::extend_queued),
         )
         .route("/admin/queue", get(admin_queue::page))
         .route("/admin/queue/{queue_id}/place", post(admin_queue::place))
@@ -232,6 +238,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                             a href="/hosts" { "Your GPUs" }
                             a href="/billing" { "Billing" }
                             @if v.is_operator() {
+                                a href="/admin" { "Fleet" }
                                 a href="/admin/instances" { "All instances" }
                                 a href="/admin/hosts" { "Hosts" }
                                 a href="/admin/users" { "Users" }

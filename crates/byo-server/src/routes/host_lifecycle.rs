@@ -6,10 +6,10 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use byo_wire::api::ErrorBody;
-use byo_wire::lifecycle::{HostProgress, RelayReplaced};
+use byo_wire::lifecycle::{HostProgress, RelayReplaced, WorklistEntry};
 use serde::Deserialize;
 
-use crate::app::host_lifecycle;
+use crate::app::{host_lifecycle, retire_stopped};
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppResult;
 use crate::state::AppState;
@@ -132,4 +132,35 @@ pub async fn post_stop_hosting(
 ) -> AppResult<(StatusCode, Json<HostProgress>)> {
     let p = host_lifecycle::stop_hosting(&state, &user, &host_id).await?;
     Ok((progress_status(&p), Json(p)))
+}
+
+/// The operators' worklist (issue #39, 3): hosts whose owner stopped hosting and that have
+/// been silent a day, which retire-stopped would retire but for one of retire's refusals
+/// (N.1, N.5), each with that refusal. What has none is retired by the job, not listed.
+#[utoipa::path(get, path = "/api/admin/worklist", tag = "admin",
+    responses((status = 200, body = Vec<WorklistEntry>), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+pub async fn get_worklist(
+    State(state): State<AppState>,
+    _op: Operator,
+) -> AppResult<Json<Vec<WorklistEntry>>> {
+    Ok(Json(retire_stopped::worklist(&state).await?))
+}
+
+/// The fleet at a glance (issue #38, 1): every host not retired with its state and its
+/// problems by name, the counts by state, filtered, sorted and 50 to a page.
+#[utoipa::path(get, path = "/api/admin/fleet", tag = "admin",
+    params(crate::app::fleet_overview::FleetQuery),
+    responses((status = 200, body = byo_wire::overview::FleetOverview),
+              (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+pub async fn get_fleet(
+    State(state): State<AppState>,
+    _op: Operator,
+    axum::extract::Query(q): axum::extract::Query<crate::app::fleet_overview::FleetQuery>,
+) -> AppResult<Json<byo_wire::overview::FleetOverview>> {
+    let filter = q.filter()?;
+    Ok(Json(
+        crate::app::fleet_overview::fleet_overview(&state, &filter).await?,
+    ))
 }

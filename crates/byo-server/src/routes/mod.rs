@@ -91,6 +91,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_lifecycle::post_replace_relay))
         .routes(routes!(host_lifecycle::post_stop_hosting))
         .routes(routes!(host_lifecycle::post_cancel_allocation))
+        .routes(routes!(host_lifecycle::get_worklist))
+        .routes(routes!(host_lifecycle::get_fleet))
         .routes(routes!(host_heartbeat::post_heartbeat))
         .routes(routes!(host_relay::get_relay))
         .routes(routes!(host_relay::post_relay_secrets))
@@ -119,6 +121,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         // The queue (E2, issue #13).
         .routes(routes!(queue::get_queue))
         .routes(routes!(queue::delete_queued))
+        .routes(routes!(queue::post_extend))
+        .routes(routes!(queue::get_ended))
         .routes(routes!(queue::get_admin_queue))
         .routes(routes!(queue::post_place))
         .routes(routes!(queue::post_close))

@@ -1,4 +1,5 @@
-//! The queue (E2) over HTTP: the customer's queued creates (list, cancel) and the
+//! The queue (E2) over HTTP: the customer's queued creates (list, cancel, keep waiting,
+//! the ones that ended) and the
 //! operators' (list, place by hand, close — E0's caller 4). The rules are
 //! [`crate::app::queue_drain`]'s.
 
@@ -7,7 +8,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use byo_wire::api::ErrorBody;
 use byo_wire::vm::{
-    AdminQueuedView, InstanceView, QueueCloseRequest, QueuePlaceRequest, QueuedView,
+    AdminQueuedView, EndedQueuedView, InstanceView, QueueCloseRequest, QueuePlaceRequest,
+    QueuedView,
 };
 
 use crate::app::queue_drain;
@@ -40,6 +42,31 @@ pub async fn delete_queued(
 ) -> AppResult<StatusCode> {
     queue_drain::cancel(&state, &user, &queue_id).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Keep waiting: your open queued create lapses the configured age (72 h by default)
+/// from now instead (200 with the row). 404 for one that is not yours or not open.
+#[utoipa::path(post, path = "/api/queue/{queue_id}/extend", tag = "instances",
+    params(("queue_id" = String, Path, description = "the queued create's id")),
+    responses((status = 200, body = QueuedView), (status = 401, body = ErrorBody),
+              (status = 404, body = ErrorBody)))]
+pub async fn post_extend(
+    State(state): State<AppState>,
+    user: CurrentUser,
+    Path(queue_id): Path<String>,
+) -> AppResult<Json<QueuedView>> {
+    Ok(Json(queue_drain::extend(&state, &user, &queue_id).await?))
+}
+
+/// Your queued creates that ended in the last 7 days, latest first, and how: placed (the
+/// instance), cancelled, closed by an operator, or expired.
+#[utoipa::path(get, path = "/api/queue/ended", tag = "instances",
+    responses((status = 200, body = Vec<EndedQueuedView>), (status = 401, body = ErrorBody)))]
+pub async fn get_ended(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> AppResult<Json<Vec<EndedQueuedView>>> {
+    Ok(Json(queue_drain::ended(&state, &user).await?))
 }
 
 /// Every open queued create, oldest first.

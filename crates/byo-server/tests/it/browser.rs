@@ -599,6 +599,26 @@ async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
     assert_eq!(open, json!(true));
     check(&measure().await, "with every request open");
     site.browser.screenshot("admin-hosts-1280-open.png").await;
+
+    // The fleet at a glance (issue #38, 1) fits the same window, its nav wrapped, its table
+    // inside the page.
+    site.goto("/admin").await;
+    site.wait_text("h1", |t| t == "The fleet", "the fleet page")
+        .await;
+    let fleet = c
+        .execute(
+            "return {width: window.innerWidth, scroll: document.documentElement.scrollWidth, \
+               rows: document.querySelectorAll('table#fleet tbody tr').length};",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert!(fleet["rows"].as_u64().unwrap() >= 1, "{fleet}");
+    assert!(
+        fleet["scroll"].as_f64().unwrap() <= fleet["width"].as_f64().unwrap(),
+        "the fleet page scrolls sideways: {fleet}"
+    );
+    site.browser.screenshot("admin-fleet-1280.png").await;
     site.close().await;
 }
 

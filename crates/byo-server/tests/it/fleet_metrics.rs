@@ -52,6 +52,8 @@ async fn each_failure_is_named_by_its_gauge(app: TestApp) {
         ("byo_queue_open", 0.0),
         ("byo_creates_open", 0.0),
         ("byo_operator_keys_expiry_timestamp_seconds", 0.0),
+        ("byo_key_pushes_failed", 0.0),
+        ("byo_fleet_upgrades_halted", 0.0),
     ] {
         assert_eq!(sample(&text, line), Some(want), "{line}:\n{text}");
     }
@@ -85,6 +87,7 @@ async fn each_failure_is_named_by_its_gauge(app: TestApp) {
                 user_sub: &customer.sub,
                 gpu_type: "spark-1",
                 ssh_key_id: "key-1",
+                expires_at: now + TimeDelta::hours(72),
             },
             now - TimeDelta::minutes(30),
             10,
@@ -107,6 +110,22 @@ async fn each_failure_is_named_by_its_gauge(app: TestApp) {
     }
     // A published operator-key list.
     app.publish_operator_keys().await;
+    // A key push the healthy host refused, and a fleet upgrade halted by its canary.
+    app.db
+        .record_key_push(&healthy, Err("sshd would not load the list"), now)
+        .await
+        .unwrap();
+    app.db
+        .execute_unchecked(&format!(
+            "insert into fleet_upgrades (id, build, state, open_marker, canary, growth, wait_secs,
+                                         halt_reason, started_by, started_at, updated_at)
+             values ('run-1', 'aaaaaaaaaaaa', 'halted', 'open', 1, 2, 60, 'the canary rolled back',
+                     '{}', '{t}', '{t}')",
+            owner.sub,
+            t = now.to_rfc3339()
+        ))
+        .await
+        .unwrap();
 
     let text = scrape(&app).await;
     for (line, want) in [
@@ -115,6 +134,8 @@ async fn each_failure_is_named_by_its_gauge(app: TestApp) {
         ("byo_stuck_deletes", 1.0),
         ("byo_queue_open", 1.0),
         ("byo_job_last_run_failed{job=\"bill-usage\"}", 1.0),
+        ("byo_key_pushes_failed", 1.0),
+        ("byo_fleet_upgrades_halted", 1.0),
         (
             "byo_job_last_success_timestamp_seconds{job=\"bill-usage\"}",
             (now - TimeDelta::minutes(10)).timestamp_millis() as f64 / 1000.0,

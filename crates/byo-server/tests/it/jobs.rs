@@ -301,10 +301,12 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
             "reap",
             "notify-stuck-deletes",
             "settle-creates",
+            "retire-stopped",
             "renew-operator-keys",
             "bill-usage",
             "launch-prebookings",
             "expire-prebook",
+            "expire-queue",
             "queue-drain"
         ]
     );

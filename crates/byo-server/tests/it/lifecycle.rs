@@ -96,6 +96,9 @@ with_world!(
     a3_a_dead_relay_is_replaced_at_its_address_with_the_key_the_host_trusts,
     a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_them_once,
     a4_the_owner_cancels_their_pending_allocation_and_everything_is_handed_back,
+    h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing_changes,
+    n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_operator,
+    i1_the_fleet_at_a_glance_names_every_host_and_its_problems,
     h_a_host_being_revoked_gets_no_relay_secrets,
     the_one_host_page_shows_the_host_and_its_actions_bounded,
     the_one_host_page_names_each_failure_within_one_heartbeat,
@@ -104,6 +107,341 @@ with_world!(
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
     stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop,
 );
+
+/// Issue #39 (6): a host that never redeemed but that an open pre-booking names (written
+/// by hand: no product path books such a host). The owner's cancel and the operator's
+/// revoke of its enrolment are refused in words naming the booking, and nothing changes —
+/// the enrolment stays open, the relay, address, tunnel and names stay held. Once the
+/// booking is closed the owner's cancel hands everything back, and the host row the closed
+/// booking still names is kept, retired, instead of reap meeting the foreign key.
+async fn h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing_changes(w: World) {
+    let (id, slug, _token) = w.provisioned().await;
+    let held = w.outside(&slug);
+    let t = w.clock.now();
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+             values ('b-pinned', '{}', '{id}', 'spark-1', '{}', '{}', '{}')",
+            w.customer.sub,
+            (t + chrono::TimeDelta::days(1)).to_rfc3339(),
+            (t + chrono::TimeDelta::days(2)).to_rfc3339(),
+            t.to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let enrolment = w
+        .db()
+        .enrollment_views(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.host_id.as_deref() == Some(id.as_str()))
+        .unwrap();
+    let refusals = [
+        w.owner.post_empty(&format!("/api/hosts/{id}/cancel")).await,
+        w.op.post_empty(&format!("/api/admin/enrollments/{}/revoke", enrolment.id))
+            .await,
+    ];
+    for r in refusals {
+        assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+        assert_eq!(r.json()["error"], "booked", "{}", r.text());
+        let message = r.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.contains("b-pinned") && message.contains("nothing was changed"),
+            "{message}"
+        );
+        assert!(!message.contains("FOREIGN KEY"), "{message}");
+    }
+    byo_server::app::reap::reap_once(&w.app.state)
+        .await
+        .unwrap();
+    assert_eq!(w.outside(&slug), held, "nothing handed back by a refusal");
+    let still = w
+        .db()
+        .enrollment_views(None)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|e| e.id == enrolment.id)
+        .unwrap();
+    assert_eq!(still.state, EnrollmentState::Pending);
+    assert!(
+        w.db()
+            .host(&id)
+            .await
+            .unwrap()
+            .unwrap()
+            .retired_at
+            .is_none()
+    );
+    assert!(
+        w.db()
+            .audit_log(100)
+            .await
+            .unwrap()
+            .iter()
+            .all(|a| a.action != "enrollment.cancel" && a.action != "enrollment.revoke")
+    );
+
+    // The booking closed (by hand, as it was made): the cancel goes through.
+    w.db()
+        .execute_unchecked(&format!(
+            "update prebookings set closed_at = '{}', closed_reason = 'cancelled'
+             where id = 'b-pinned'",
+            t.to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let r = w.owner.post_empty(&format!("/api/hosts/{id}/cancel")).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    assert_eq!(w.outside(&slug), (0, 0, 0, 0));
+    let kept = w
+        .db()
+        .host(&id)
+        .await
+        .unwrap()
+        .expect("the closed booking names it");
+    assert!(kept.retired_at.is_some() && !kept.active, "{kept:?}");
+    assert!(
+        w.db().reapable(w.clock.now()).await.unwrap().is_empty(),
+        "reap is done with it"
+    );
+}
+
+/// Issue #39 (3): leaving gives everything back. A host its owner stopped hosting, drained,
+/// whose agent then stays silent a day (uninstalled, switched off) is retired by
+/// retire-stopped in N's order: one second short nothing happens; at the bound the relay,
+/// address, tunnel and names are gone, the stamp is on, the host token is refused, audited
+/// `host.retire` by the job. A stopped host that still beats is left alone; one an operator
+/// de-pooled is not the job's. A refusal of N's (a pre-booking still owed) puts it on the
+/// operators' worklist (API and page) with nothing touched, until it is settled; a provider
+/// failing part way stamps nothing and the next run finishes.
+async fn n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_operator(
+    mut w: World,
+) {
+    use byo_server::app::retire_stopped::{self, SILENT_HOURS};
+    let run = |w: &World| {
+        let state = w.app.state.clone();
+        async move { retire_stopped::retire_stopped_once(&state).await.unwrap() }
+    };
+    let stopped = w.active_host_on("hw-stopped").await;
+    let still_beating = w.active_host_on("hw-beating").await;
+    let booked = w.active_host_on("hw-booked").await;
+    let depooled_by_op = w.active_host_on("hw-depooled").await;
+    for h in [&stopped, &still_beating, &booked] {
+        assert!(w.beat(&h.token).await.status.is_success());
+        let r = w
+            .owner
+            .post_empty(&format!("/api/hosts/{}/stop", h.id))
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/depool", depooled_by_op.id),
+            json!({"reason": "disk failing"}),
+        )
+        .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    let t = w.clock.now();
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+             values ('b-owed', '{}', '{}', 'spark-1', '{}', '{}', '{}')",
+            w.customer.sub,
+            booked.id,
+            (t + chrono::TimeDelta::days(3)).to_rfc3339(),
+            (t + chrono::TimeDelta::days(4)).to_rfc3339(),
+            t.to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let held = |w: &World| {
+        [&stopped, &still_beating, &booked, &depooled_by_op].map(|h| w.outside(&h.slug))
+    };
+    let before = held(&w);
+    assert!(
+        before
+            .iter()
+            .all(|o| *o == before[0] && o.0 == 1 && o.3 > 0),
+        "{before:?}"
+    );
+
+    // One second short of a day's silence: nothing.
+    w.clock
+        .advance(chrono::TimeDelta::hours(SILENT_HOURS) - chrono::TimeDelta::seconds(1));
+    assert!(w.beat(&still_beating.token).await.status.is_success());
+    assert_eq!(
+        run(&w).await.to_string(),
+        "retired 0, on the worklist 0, failed 0"
+    );
+    assert_eq!(held(&w), before);
+
+    // At it, Cloudflare failing: nothing stamped, the names kept.
+    w.clock.advance(chrono::TimeDelta::seconds(1));
+    w.cf.lock().unwrap().fail = Some(Method::DELETE);
+    let r = run(&w).await;
+    assert_eq!((r.retired, r.refused, r.failed), (0, 1, 1), "{r}");
+    assert!(w.life(&stopped).await.retired_at.is_none());
+    assert_eq!(w.outside(&stopped.slug), before[0]);
+    w.cf.lock().unwrap().fail = None;
+    let r = run(&w).await;
+    assert_eq!((r.retired, r.refused, r.failed), (1, 1, 0), "{r}");
+    assert_eq!(w.outside(&stopped.slug), (0, 0, 0, 0));
+    let life = w.life(&stopped).await;
+    assert_eq!(life.retired_at, Some(w.clock.now()));
+    assert_eq!(
+        w.beat(&stopped.token).await.status,
+        StatusCode::UNAUTHORIZED,
+        "nothing it was issued still works"
+    );
+    let retired: Vec<_> = w
+        .db()
+        .audit_of_host(&stopped.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.retire")
+        .collect();
+    assert_eq!(retired.len(), 1);
+    assert_eq!(retired[0].actor_sub, None);
+    assert_eq!(retired[0].details.0["by"], "retire-stopped");
+    // The others: still beating, an operator's de-pool — untouched; the booked one waits.
+    for h in [&still_beating, &depooled_by_op, &booked] {
+        assert!(w.life(h).await.retired_at.is_none(), "{}", h.slug);
+        assert_eq!(w.outside(&h.slug), before[0], "{}", h.slug);
+    }
+    assert_eq!(run(&w).await.retired, 0, "once");
+
+    // The worklist: the booked one, with the refusal in words, on the API and the page.
+    for who in [&mut w.op, &mut w.customer, &mut w.owner] {
+        who.session = w.app.session_for(&who.sub).await;
+    }
+    let list = w.op.get("/api/admin/worklist").await.json();
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(
+        (list[0]["host_id"].as_str(), list[0]["refusal"].as_str()),
+        (Some(booked.id.as_str()), Some("prebooked"))
+    );
+    assert_eq!(
+        w.customer.get("/api/admin/worklist").await.status,
+        StatusCode::FORBIDDEN
+    );
+    let page = w.op.page("/admin/hosts").await;
+    assert!(page.contains("Needs an operator"), "{page}");
+    assert!(page.contains(&format!("worklist-{}", booked.id)));
+    assert!(page.contains("owed to a pre-booking"));
+    // Settled (the booking closed): the next run retires it and the list empties.
+    w.db()
+        .execute_unchecked(&format!(
+            "update prebookings set closed_at = '{}', closed_reason = 'cancelled'
+             where id = 'b-owed'",
+            w.clock.now().to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    let r = run(&w).await;
+    assert_eq!((r.retired, r.refused), (1, 0), "{r}");
+    assert_eq!(w.outside(&booked.slug), (0, 0, 0, 0));
+    assert!(
+        w.op.get("/api/admin/worklist")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        !w.op
+            .page("/admin/hosts")
+            .await
+            .contains("Needs an operator")
+    );
+}
+
+/// Issue #38 (1): `/admin` and `GET /api/admin/fleet` on both databases, from rows the
+/// product wrote: one host renting with a delete nobody confirmed, one idle and beating,
+/// one whose agent went silent, one still enrolling. Each stands in one state, each problem
+/// is named with its host, the filters narrow the rows and not the counts, the page links
+/// each host to its own page, and a bad filter is refused by name.
+async fn i1_the_fleet_at_a_glance_names_every_host_and_its_problems(mut w: World) {
+    let renting = w.active_host_on("hw-renting").await;
+    let idle = w.active_host_on("hw-idle").await;
+    let silent = w.active_host_on("hw-silent").await;
+    let (_enrolling, enrolling_slug, _) = w.provisioned().await;
+    let vm = w.instance(&renting, "rented").await;
+    w.db()
+        .request_vm_delete(&vm, w.clock.now() - chrono::TimeDelta::minutes(1))
+        .await
+        .unwrap();
+    for h in [&renting, &idle, &silent] {
+        assert!(w.beat(&h.token).await.status.is_success());
+    }
+    w.clock.advance(chrono::TimeDelta::minutes(10));
+    for h in [&renting, &idle] {
+        assert!(w.beat(&h.token).await.status.is_success());
+    }
+    for who in [&mut w.op, &mut w.customer, &mut w.owner] {
+        who.session = w.app.session_for(&who.sub).await;
+    }
+    let all = w.op.get("/api/admin/fleet").await;
+    assert_eq!(all.status, StatusCode::OK, "{}", all.text());
+    let o = all.json();
+    assert_eq!(
+        o["counts"],
+        json!({"total": 4, "renting": 1, "idle": 1, "preparing": 0, "enrolling": 1,
+               "depooled": 0, "unreachable": 1, "with_problem": 2})
+    );
+    let row = |slug: &str| {
+        o["hosts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|h| h["slug"] == slug)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(row(&renting.slug)["state"], "renting");
+    assert_eq!(row(&renting.slug)["problems"][0]["name"], "stuck delete");
+    assert_eq!(row(&renting.slug)["instances"], 1);
+    assert_eq!(row(&idle.slug)["problems"], json!([]));
+    assert_eq!(row(&idle.slug)["agent_version"], "0.7.3");
+    assert_eq!(row(&silent.slug)["state"], "unreachable");
+    assert_eq!(
+        row(&silent.slug)["problems"][0]["name"],
+        "agent unreachable"
+    );
+    assert_eq!(row(&enrolling_slug)["state"], "enrolling");
+    // The oldest problem first: the delete asked for before the agent went quiet.
+    assert_eq!(o["hosts"][0]["slug"], renting.slug.as_str());
+    assert_eq!(o["hosts"][1]["slug"], silent.slug.as_str());
+
+    let only =
+        w.op.get("/api/admin/fleet?problem=agent%20unreachable")
+            .await
+            .json();
+    assert_eq!(only["matching"], 1);
+    assert_eq!(only["hosts"][0]["slug"], silent.slug.as_str());
+    assert_eq!(only["counts"]["total"], 4, "the counts are the fleet's");
+    let idle_only = w.op.get("/api/admin/fleet?state=idle").await.json();
+    assert_eq!(idle_only["hosts"][0]["slug"], idle.slug.as_str());
+    let r = w.op.get("/api/admin/fleet?state=sleeping").await;
+    assert_eq!(r.status, StatusCode::BAD_REQUEST);
+    assert_eq!(r.json()["error"], "invalid_state");
+    assert_eq!(
+        w.customer.get("/api/admin/fleet").await.status,
+        StatusCode::FORBIDDEN
+    );
+
+    let page = w.op.page("/admin").await;
+    assert!(page.contains("The fleet"), "{page}");
+    assert!(page.contains(&format!("href=\"/admin/hosts/{}\"", silent.id)));
+    assert!(page.contains(&format!("href=\"/admin/hosts/{}#problems\"", renting.id)));
+    assert!(page.contains("agent unreachable"));
+    let filtered = w.op.page("/admin?state=unreachable").await;
+    assert!(filtered.contains(&format!("fleet-{}", silent.id)));
+    assert!(!filtered.contains(&format!("fleet-{}", idle.id)));
+}
 
 fn spark() -> Value {
     json!({
@@ -176,8 +514,25 @@ impl World {
 
     /// A host as onboarding leaves one: provisioned, redeemed, prepared, activated.
     async fn active_host(&self) -> Host {
+        self.active_host_on("b41c").await
+    }
+
+    /// [`World::active_host`] on the machine whose hardware id is `hardware_id`.
+    async fn active_host_on(&self, hardware_id: &str) -> Host {
         let (id, slug, token) = self.provisioned().await;
-        let r = self.enroll(&token).await;
+        let mut body = spark();
+        body["hardware_id"] = json!(hardware_id);
+        body["machine_id"] = json!(format!("m-{hardware_id}"));
+        let r = self
+            .app
+            .send(
+                Request::post("/api/enroll")
+                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(body.to_string()))
+                    .unwrap(),
+            )
+            .await;
         assert_eq!(r.status, StatusCode::OK, "{}", r.text());
         let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
         self.db()

@@ -37,6 +37,7 @@ async fn enqueue_many(w: &World, n: i64) -> String {
             user_sub: &w.customer.sub,
             gpu_type: "spark-1",
             ssh_key_id: &key,
+            expires_at: start + TimeDelta::seconds(i) + TimeDelta::hours(72),
         };
         w.db()
             .enqueue_vm(new, start + TimeDelta::seconds(i), u32::MAX)
@@ -1031,7 +1032,286 @@ async fn the_drain_is_a_job_nudged_when_capacity_frees(w: World) {
     );
 }
 
+async fn expire(w: &World) -> u64 {
+    queue_drain::expire_once(&w.app.state).await.unwrap()
+}
+
+/// Issue #39 (2): a queued create lapses at its `expires_at` (72 hours by default): the
+/// customer sees when while it waits; one second short nothing moves; at it no drain
+/// places it even with a host free, the expire-queue job closes it `expired`, audited with
+/// what the customer is to be told, and the customer's list says what became of it.
+async fn e2_a_queued_create_no_host_took_expires_and_its_customer_is_told(mut w: World) {
+    let id = queued(&w, &w.customer, "spark-1").await;
+    let queued_at = w.clock.now();
+    let row = queue_row(&w, &id).await;
+    assert_eq!(row.expires_at, queued_at + TimeDelta::hours(72));
+    let mine = w.customer.get("/api/queue").await.json();
+    assert_eq!(
+        mine[0]["expires_at"]
+            .as_str()
+            .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
+        Some(row.expires_at)
+    );
+    assert!(w.customer.page("/instances").await.contains("Keep waiting"));
+    // Another customer's row, queued later, lapses later.
+    let later = queued(&w, &w.other, "spark-1").await;
+
+    w.clock
+        .advance(row.expires_at - TimeDelta::seconds(1) - w.clock.now());
+    w.sign_in_again().await;
+    assert_eq!(expire(&w).await, 0);
+    assert!(queue_row(&w, &id).await.closed_at.is_none());
+
+    // At its time a host frees up: the drain leaves the lapsed row and places the next.
+    w.clock.advance(TimeDelta::seconds(1));
+    let host = w.host("spark-1", Spec::default()).await;
+    let report = drain(&w).await;
+    assert_eq!(report.placed, 1, "{report}");
+    let placed = queue_row(&w, &later).await;
+    assert_eq!(placed.close_reason.as_deref(), Some("placed"));
+    assert_eq!(
+        w.vm(placed.vm_id.as_deref().unwrap())
+            .await
+            .host_id
+            .as_deref(),
+        Some(host.id.as_str())
+    );
+    let lapsed = queue_row(&w, &id).await;
+    assert_eq!((lapsed.vm_id, lapsed.attempts), (None, 0), "never tried");
+
+    // The sweep closes it, once.
+    assert_eq!(expire(&w).await, 1);
+    assert_eq!(expire(&w).await, 0);
+    let row = queue_row(&w, &id).await;
+    assert_eq!(
+        (row.close_reason.as_deref(), row.closed_at),
+        (Some("expired"), Some(w.clock.now()))
+    );
+    let audits = w.audits("queue.expired").await;
+    assert_eq!(audits.len(), 1);
+    assert_eq!(audits[0].target.as_deref(), Some(id.as_str()));
+    assert_eq!(audits[0].actor_sub, None);
+    assert_eq!(audits[0].details.0["user_sub"], w.customer.sub.as_str());
+    assert_eq!(audits[0].details.0["gpu_type"], "spark-1");
+    // The placement is recorded for its customer too.
+    let placed_audits = w.audits("queue.placed").await;
+    assert_eq!(placed_audits.len(), 1);
+    assert_eq!(placed_audits[0].target.as_deref(), Some(later.as_str()));
+    assert_eq!(placed_audits[0].details.0["user_sub"], w.other.sub.as_str());
+    assert_eq!(
+        placed_audits[0].details.0["vm_id"].as_str(),
+        placed.vm_id.as_deref()
+    );
+
+    // The customer's open list is empty; what ended says how, on the API and the page.
+    assert!(
+        w.customer
+            .get("/api/queue")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let ended = w.customer.get("/api/queue/ended").await.json();
+    assert_eq!(ended.as_array().unwrap().len(), 1, "{ended}");
+    assert_eq!(
+        (ended[0]["id"].as_str(), &ended[0]["ending"]),
+        (Some(id.as_str()), &json!("expired"))
+    );
+    let page = w.customer.page("/instances").await;
+    assert!(page.contains(&format!("queue-ended-{id}")), "{page}");
+    assert!(page.contains("Expired: no host of that kind was free in time"));
+    let theirs = w.other.get("/api/queue/ended").await.json();
+    assert_eq!(
+        (theirs[0]["ending"].as_str(), theirs[0]["vm_id"].as_str()),
+        (Some("placed"), placed.vm_id.as_deref())
+    );
+    assert_eq!(theirs.as_array().unwrap().len(), 1, "only their own");
+    // A week on, the ended list forgets it.
+    w.clock
+        .advance(TimeDelta::days(queue_drain::ENDED_SHOWN_DAYS) + TimeDelta::seconds(1));
+    w.sign_in_again().await;
+    assert!(
+        w.customer
+            .get("/api/queue/ended")
+            .await
+            .json()
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A lapsed row whose attempt is still being created (a silent host) is not closed under
+/// it: the heartbeat settles the attempt first. Once it failed, the sweep closes the row.
+async fn e2_a_lapsed_row_with_a_create_in_flight_waits_for_its_heartbeat(w: World) {
+    let id = queued(&w, &w.customer, "spark-1").await;
+    let host = w.host("spark-1", Spec::default()).await;
+    w.agents.then(Op::Create, agents::Answer::Hang);
+    let report = drain(&w).await;
+    assert_eq!(report.pending, 1, "{report}");
+    let row = queue_row(&w, &id).await;
+    w.clock
+        .advance(row.expires_at + TimeDelta::minutes(1) - w.clock.now());
+    assert_eq!(
+        expire(&w).await,
+        0,
+        "an attempt in flight holds the row open"
+    );
+    assert!(queue_row(&w, &id).await.closed_at.is_none());
+    // The host beats without it, past the create's deadline: the attempt fails.
+    assert!(w.beat(&host, &[]).await.is_success());
+    let vm = w.vm(row.vm_id.as_deref().unwrap()).await;
+    assert!(vm.creation_failed_at.is_some(), "{vm:?}");
+    assert_eq!(expire(&w).await, 1);
+    assert_eq!(
+        queue_row(&w, &id).await.close_reason.as_deref(),
+        Some("expired")
+    );
+}
+
+/// "Keep waiting" moves the expiry the configured age from now, for the customer's own
+/// open row only; anyone else's, an unknown one or a closed one is 404 and nothing moves.
+/// An operator cannot place a lapsed row.
+async fn e2_keep_waiting_moves_the_expiry_and_nothing_else(mut w: World) {
+    let id = queued(&w, &w.customer, "spark-1").await;
+    let before = queue_row(&w, &id).await;
+    w.clock.advance(TimeDelta::hours(71));
+    w.sign_in_again().await;
+    // Refusals first, each leaving the row as it was.
+    let r = w.other.post_empty(&format!("/api/queue/{id}/extend")).await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND, "{}", r.text());
+    let r = w.op.post_empty(&format!("/api/queue/{id}/extend")).await;
+    assert_eq!(
+        r.status,
+        StatusCode::NOT_FOUND,
+        "an operator's own queue is empty"
+    );
+    let r = w.customer.post_empty("/api/queue/no-such-row/extend").await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    assert_eq!(queue_row(&w, &id).await.expires_at, before.expires_at);
+    assert!(w.audits("queue.extended").await.is_empty());
+
+    let r = w
+        .customer
+        .post_empty(&format!("/api/queue/{id}/extend"))
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let until = w.clock.now() + TimeDelta::hours(72);
+    assert_eq!(
+        r.json()["expires_at"]
+            .as_str()
+            .map(|t| t.parse::<DateTime<Utc>>().unwrap()),
+        Some(until)
+    );
+    assert_eq!(r.json()["position"], 1);
+    let row = queue_row(&w, &id).await;
+    assert_eq!(row.expires_at, until);
+    assert_eq!(
+        (row.closed_at, row.attempts, row.created_at),
+        (None, 0, before.created_at),
+        "its place in line is kept"
+    );
+    assert_eq!(w.audits("queue.extended").await.len(), 1);
+    // Past the first expiry the sweep leaves it.
+    w.clock.advance(TimeDelta::hours(2));
+    w.sign_in_again().await;
+    assert_eq!(expire(&w).await, 0);
+    // The page's button does the same.
+    let r = w
+        .customer
+        .post_form(&format!("/instances/queue/{id}/extend"), &[])
+        .await;
+    assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
+    assert_eq!(
+        queue_row(&w, &id).await.expires_at,
+        w.clock.now() + TimeDelta::hours(72)
+    );
+
+    // Lapsed: an operator cannot place it, and nothing changes.
+    let host = w.host("spark-1", Spec::default()).await;
+    w.clock
+        .advance(queue_row(&w, &id).await.expires_at - w.clock.now());
+    w.sign_in_again().await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/queue/{id}/place"),
+            json!({"host_id": host.id}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert_eq!(r.json()["error"], "expired");
+    assert!(w.all_vms().await.is_empty());
+    assert!(w.agents.calls(Op::Create).is_empty());
+    // Closed: keep waiting is 404 and the row stays closed.
+    assert_eq!(expire(&w).await, 1);
+    let r = w
+        .customer
+        .post_empty(&format!("/api/queue/{id}/extend"))
+        .await;
+    assert_eq!(r.status, StatusCode::NOT_FOUND);
+    let row = queue_row(&w, &id).await;
+    assert_eq!(row.close_reason.as_deref(), Some("expired"));
+    assert_eq!(row.expires_at, w.clock.now());
+}
+
+/// `[instances] queue_expires_after_hours` loads from the file and the environment, 72 when
+/// absent; 0 and past 30 days are refused at load, saying which setting.
+#[test]
+#[allow(clippy::result_large_err)] // figment::Jail's closures return figment::Error
+fn the_queue_age_is_a_setting_checked_at_load() {
+    use byo_server::config::Config;
+    figment::Jail::expect_with(|jail| {
+        assert_eq!(
+            Config::load(None)
+                .unwrap()
+                .instances
+                .queue_expires_after_hours,
+            72
+        );
+        jail.create_file("byo.toml", "[instances]\nqueue_expires_after_hours = 24\n")?;
+        let c = Config::load(Some(std::path::Path::new("byo.toml"))).expect("loads");
+        assert_eq!(c.instances.queue_expires_after_hours, 24);
+        for bad in ["0", "721"] {
+            jail.set_env("BYO_INSTANCES__QUEUE_EXPIRES_AFTER_HOURS", bad);
+            let err = Config::load(None).unwrap_err().to_string();
+            assert!(err.contains("queue_expires_after_hours"), "{bad}: {err}");
+        }
+        Ok(())
+    });
+}
+
+/// The age is `[instances] queue_expires_after_hours`: a row queued under a shorter one
+/// lapses then; the job is registered with its period.
+async fn e2_the_queue_age_is_configured_and_the_sweep_is_a_job(mut w: World) {
+    let jobs = byo_server::app::jobs::registry();
+    let job = jobs
+        .iter()
+        .find(|j| j.name == queue_drain::EXPIRE_QUEUE)
+        .expect("registered");
+    assert_eq!(job.every, queue_drain::EXPIRE_EVERY);
+    let mut config = (*w.app.state.config).clone();
+    config.instances.queue_expires_after_hours = 2;
+    w.app.state.config = Arc::new(config);
+    let key = w.add_key_once(&w.customer).await;
+    let q = queue_drain::enqueue(&w.app.state, &w.customer.sub, "spark-1", &key)
+        .await
+        .unwrap();
+    assert_eq!(q.queued.expires_at, w.clock.now() + TimeDelta::hours(2));
+    w.clock.advance(TimeDelta::hours(2));
+    assert_eq!(expire(&w).await, 1);
+    assert_eq!(
+        queue_row(&w, &q.queued.id).await.close_reason.as_deref(),
+        Some("expired")
+    );
+}
+
 with_world!(
+    e2_a_queued_create_no_host_took_expires_and_its_customer_is_told,
+    e2_a_lapsed_row_with_a_create_in_flight_waits_for_its_heartbeat,
+    e2_keep_waiting_moves_the_expiry_and_nothing_else,
+    e2_the_queue_age_is_configured_and_the_sweep_is_a_job,
     e2_step58_a_create_with_no_free_host_queues_with_no_host,
     e2_step62_the_drain_stamps_host_and_name_once_a_host_accepted,
     e2_refused_host_is_benched_and_the_drain_moves_on,

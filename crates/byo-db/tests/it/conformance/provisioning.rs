@@ -282,3 +282,78 @@ pub(super) async fn reap_hands_back_rejected_revoked_and_lapsed_allocations(db: 
         "other@example.com"
     );
 }
+
+/// Issue #39 (6): a host that never redeemed but that a pre-booking names (written by hand:
+/// no product path books one). Revoking its enrolment is refused while the booking is open,
+/// and nothing changes; the booking named. Once the booking is closed the revoke goes
+/// through and reap's release keeps the host row (a closed booking still names it) retired
+/// instead of meeting the foreign key on every sweep. A delete that meets the key answers
+/// `DbError::ForeignKey`, not a bare refusal.
+pub(super) async fn h_revoking_a_booked_never_redeemed_host_is_refused_and_reap_keeps_what_is_named(
+    db: TestDb,
+) {
+    let owner = user(&db, "owner@example.com").await;
+    let customer = user(&db, "customer@example.com").await;
+    let (p, _) = provision(&db, &owner).await;
+    let t = now();
+    db.execute_unchecked(&format!(
+        "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
+         values ('b-1', '{customer}', '{}', 'spark-1', '{}', '{}', '{}')",
+        p.host_id,
+        (t + Duration::days(1)).to_rfc3339(),
+        (t + Duration::days(2)).to_rfc3339(),
+        t.to_rfc3339()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        db.open_booking_on_host(&p.host_id)
+            .await
+            .unwrap()
+            .as_deref(),
+        Some("b-1")
+    );
+    assert!(!db.revoke_enrollment(&p.enrollment_id).await.unwrap());
+    assert_eq!(
+        enrolment(&db, &p.enrollment_id).await.state,
+        EnrollmentState::Pending,
+        "nothing changed"
+    );
+    // The key itself, met by a careless writer: a worded variant, nothing deleted.
+    let err = db
+        .execute_unchecked(&format!("delete from hosts where id = '{}'", p.host_id))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, DbError::ForeignKey(_)), "{err:?}");
+    assert!(db.host(&p.host_id).await.unwrap().is_some());
+
+    // The booking closed: the revoke goes through; the release keeps the named row, retired.
+    db.execute_unchecked(&format!(
+        "update prebookings set closed_at = '{}', closed_reason = 'cancelled' where id = 'b-1'",
+        t.to_rfc3339()
+    ))
+    .await
+    .unwrap();
+    assert_eq!(db.open_booking_on_host(&p.host_id).await.unwrap(), None);
+    assert!(db.revoke_enrollment(&p.enrollment_id).await.unwrap());
+    db.release_allocation(&p.enrollment_id, t).await.unwrap();
+    db.release_allocation(&p.enrollment_id, t).await.unwrap();
+    let kept = db
+        .host(&p.host_id)
+        .await
+        .unwrap()
+        .expect("a booking names it");
+    assert_eq!((kept.retired_at, kept.active), (Some(t), false));
+    let e = enrolment(&db, &p.enrollment_id).await;
+    assert_eq!(e.state, EnrollmentState::Revoked);
+    assert!(
+        db.reapable(t).await.unwrap().is_empty(),
+        "released: reap is done with it"
+    );
+
+    // One nobody names goes, as before.
+    let (q, _) = provision(&db, &owner).await;
+    assert!(db.revoke_enrollment(&q.enrollment_id).await.unwrap());
+    db.release_allocation(&q.enrollment_id, t).await.unwrap();
+    assert!(db.host(&q.host_id).await.unwrap().is_none());
+}

@@ -186,6 +186,14 @@ impl World {
         &self.app.db.store
     }
 
+    /// Sign everyone in again (a session lasts an hour of the manual clock), for a test
+    /// that moves the clock by days.
+    pub(crate) async fn sign_in_again(&mut self) {
+        for user in [&mut self.customer, &mut self.other, &mut self.op] {
+            user.session = self.app.session_for(&user.sub).await;
+        }
+    }
+
     /// The host's agent beats (step 133) as the agent would, listing the instances it holds
     /// as (name, LXD status); the answer's status.
     pub(crate) async fn beat(&self, host: &TestHost, vms: &[(&str, &str)]) -> StatusCode {
