@@ -79,6 +79,8 @@ conformance!(
     step28_redeem_writes_what_the_judge_decided_and_an_abort_nothing,
     reap_hands_back_rejected_revoked_and_lapsed_allocations,
     h_revoking_a_booked_never_redeemed_host_is_refused_and_reap_keeps_what_is_named,
+    e2_keep_waiting_and_the_ended_rows,
+    fleet_read_gauges_and_stopped_hosts,
 );
 
 // The Store rules of the files whose rules the server's suites drove alone (issue #19: a byo-db
@@ -699,6 +701,199 @@ async fn no_table_holds_a_plaintext_token(db: TestDb) {
             v.column
         );
     }
+}
+
+/// Issue #39 (2) on the Store: "keep waiting" moves only the owner's open row; the ended
+/// rows are the owner's, latest first, within the window; every ending reads back by name.
+async fn e2_keep_waiting_and_the_ended_rows(db: TestDb) {
+    use byo_db::queue::{NewQueued, QueueClose};
+    for c in [
+        QueueClose::Placed,
+        QueueClose::PlacedByOperator,
+        QueueClose::Cancelled,
+        QueueClose::ClosedByOperator,
+        QueueClose::Expired,
+    ] {
+        assert_eq!(QueueClose::parse(c.as_str()), Some(c));
+    }
+    assert_eq!(QueueClose::parse("gone"), None);
+    let a = user(&db, "a@example.com").await;
+    let b = user(&db, "b@example.com").await;
+    let t = now();
+    let queue = |who: &str, at: DateTime<Utc>| {
+        let who = who.to_owned();
+        let db = &db;
+        async move {
+            db.enqueue_vm(
+                NewQueued {
+                    user_sub: &who,
+                    gpu_type: "spark-1",
+                    ssh_key_id: "k",
+                    expires_at: at + TimeDelta::hours(72),
+                },
+                at,
+                10,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let first = queue(&a, t).await;
+    let second = queue(&a, t + TimeDelta::seconds(1)).await;
+    let theirs = queue(&b, t).await;
+    let until = t + TimeDelta::hours(100);
+    assert!(
+        db.extend_queued(&theirs.id, &a, until)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert!(db.extend_queued("nope", &a, until).await.unwrap().is_none());
+    let moved = db
+        .extend_queued(&first.id, &a, until)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (moved.id.as_str(), moved.expires_at),
+        (first.id.as_str(), until)
+    );
+    assert_eq!(
+        db.queue_row(&theirs.id).await.unwrap().unwrap().expires_at,
+        theirs.expires_at
+    );
+    // Ended: none yet; then two of a's close, one later than the other.
+    assert!(
+        db.ended_queue(&a, t - TimeDelta::days(1), 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    db.close_queued(
+        &first.id,
+        Some(&a),
+        QueueClose::Cancelled,
+        t + TimeDelta::minutes(1),
+    )
+    .await
+    .unwrap();
+    db.close_queued(
+        &second.id,
+        None,
+        QueueClose::ClosedByOperator,
+        t + TimeDelta::minutes(2),
+    )
+    .await
+    .unwrap();
+    assert!(
+        db.extend_queued(&first.id, &a, until)
+            .await
+            .unwrap()
+            .is_none(),
+        "closed"
+    );
+    let ended = db.ended_queue(&a, t, 10).await.unwrap();
+    let got: Vec<(&str, Option<&str>)> = ended
+        .iter()
+        .map(|r| (r.id.as_str(), r.close_reason.as_deref()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (second.id.as_str(), Some("closed_by_operator")),
+            (first.id.as_str(), Some("cancelled"))
+        ]
+    );
+    assert_eq!(db.ended_queue(&a, t, 1).await.unwrap().len(), 1);
+    assert!(
+        db.ended_queue(&a, t + TimeDelta::minutes(2), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "only what ended after the bound"
+    );
+    assert!(db.ended_queue(&b, t, 10).await.unwrap().is_empty());
+}
+
+/// Issue #38 (1, 2) and #39 (3) on the Store: the fleet's read and gauges see a failed key
+/// push and a halted upgrade, and retire-stopped's candidates are exactly the hosts their
+/// owner stopped that have been silent since the bound.
+async fn fleet_read_gauges_and_stopped_hosts(db: TestDb) {
+    let owner = user(&db, "owner@example.com").await;
+    let op = user(&db, "op@example.com").await;
+    let t = now();
+    let quiet = testing::pickable_host(&db, &owner, "spark-1", t - TimeDelta::hours(30)).await;
+    let beating = testing::pickable_host(&db, &owner, "spark-2", t).await;
+    let by_op = testing::pickable_host(&db, &owner, "spark-3", t - TimeDelta::hours(30)).await;
+    db.execute_unchecked("update hosts set pubkey = 'wg'")
+        .await
+        .unwrap();
+    let reason = "the owner stopped hosting";
+    for h in [&quiet, &beating] {
+        db.depool_host(h, reason, &owner, t - TimeDelta::hours(26))
+            .await
+            .unwrap();
+    }
+    db.depool_host(&by_op, reason, &op, t - TimeDelta::hours(26))
+        .await
+        .unwrap();
+    let since = t - TimeDelta::hours(24);
+    let found: Vec<String> = db
+        .stopped_and_silent(reason, since, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.host.id)
+        .collect();
+    assert_eq!(found, [quiet.clone()]);
+    assert!(
+        db.stopped_and_silent("another reason", since, 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        db.stopped_and_silent(reason, t - TimeDelta::hours(31), 10)
+            .await
+            .unwrap()
+            .is_empty(),
+        "silent, but not yet past the bound"
+    );
+
+    db.record_key_push(&beating, Err("sshd refused it"), t)
+        .await
+        .unwrap();
+    db.execute_unchecked(&format!(
+        "insert into fleet_upgrades (id, build, state, open_marker, canary, growth, wait_secs,
+                                     started_by, started_at, updated_at)
+         values ('run-1', 'aaaaaaaaaaaa', 'halted', 'open', 1, 2, 60, '{op}', '{t}', '{t}')",
+        t = t.to_rfc3339()
+    ))
+    .await
+    .unwrap();
+    let g = db
+        .fleet_gauges(t - TimeDelta::minutes(5), t - TimeDelta::minutes(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            g.hosts_depooled,
+            g.key_pushes_failed,
+            g.fleet_upgrades_halted
+        ),
+        (3, 1, 1)
+    );
+    let read = db.fleet_read().await.unwrap();
+    let slugs: Vec<&str> = read.hosts.iter().map(|h| h.host.slug.as_str()).collect();
+    assert_eq!(slugs, ["spark-1", "spark-2", "spark-3"]);
+    assert!(
+        read.hosts
+            .iter()
+            .all(|h| h.owner_email == "owner@example.com")
+    );
+    assert_eq!(read.statuses.len(), 3);
+    assert_eq!(read.pushes.len(), 1);
+    assert_eq!(read.pushes[0].error.as_deref(), Some("sshd refused it"));
 }
 
 /// Migration 0021 on a database in the field: a row open when it runs lapses 72 hours

@@ -33,6 +33,7 @@ use rand::Rng;
 use serde_json::json;
 
 use crate::agents::{AgentError, Gone};
+use crate::app::billing::Charge;
 use crate::auth::CurrentUser;
 use crate::error::{AppError, AppResult};
 use crate::queue::QueueDrain;
@@ -173,6 +174,31 @@ pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) ->
     Ok(())
 }
 
+/// The one billing gate for every create a customer asks for (issue #40, 3): a dashboard
+/// create (placed or queued) and a booking. With billing on, the account must be chargeable
+/// now (a payment method on file, not delinquent, not expired: `state.billing.may_charge`,
+/// the check the drain repeats per attempt); the refusal says why and where to fix it.
+/// Billing off (`byo up`) gates nothing. A Stripe outage is an error (503), not a refusal.
+pub async fn check_may_charge(state: &AppState, user_sub: &str) -> AppResult<()> {
+    if !state.billing.enabled() {
+        return Ok(());
+    }
+    match state.billing.may_charge(user_sub).await? {
+        Charge::Allowed => Ok(()),
+        Charge::Refused { reason } => Err(AppError::Rejected {
+            status: StatusCode::PAYMENT_REQUIRED,
+            code: PAYMENT_REQUIRED,
+            message: format!(
+                "{reason}. Nothing was created, queued or booked: add a payment method on the \
+                 Billing page (/billing), then try again"
+            ),
+        }),
+    }
+}
+
+/// The code of [`check_may_charge`]'s refusal (the pages link to /billing on it).
+pub const PAYMENT_REQUIRED: &str = "payment_required";
+
 /// The per-account limit's refusal, for every create path.
 pub fn over_limit(state: &AppState) -> AppError {
     AppError::conflict(
@@ -201,6 +227,7 @@ pub async fn create(
         ));
     }
     check_may_rent(state, &by.roles, gpu_type).await?;
+    check_may_charge(state, sub).await?;
     let key = state
         .store
         .ssh_key_of(sub, &req.ssh_key_id)

@@ -159,6 +159,7 @@ pub async fn book(
     }
     // Staff-only GPU types are refused to customers here as at rent time (one rule).
     instances::check_may_rent(state, &by.roles, gpu_type).await?;
+    instances::check_may_charge(state, &by.user.sub).await?;
     let now = state.clock.now();
     let (start, end) = (req.start_date, req.end_date);
     if !whole_hour(start) || !whole_hour(end) {

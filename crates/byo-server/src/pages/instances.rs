@@ -115,6 +115,8 @@ struct Shown<'a> {
     key: Option<&'a KeyForm>,
     /// The create form as it was sent, when it was refused.
     create: Option<&'a CreateForm>,
+    /// The refusal was billing's: the page links to /billing.
+    pay: bool,
 }
 
 /// The GPU kinds a user may ask for: those of every profile that is not staff-only, and
@@ -152,6 +154,7 @@ async fn customer_page(
             h1 { "Your instances" }
             @if !state.billing.enabled() { p #billing-off role="status" { (crate::app::billing::BILLING_OFF) } }
             @if let Some(e) = s.error { p.error role="alert" { (e) } }
+            @if s.pay { p #pay { a.button href="/billing" { "Add a payment method" } } }
             @if let Some(n) = s.notice { p.notice role="status" { (n) } }
             @if list.is_empty() {
                 p #no-instances { "No instances yet." }
@@ -368,11 +371,13 @@ async fn customer_refusal(
         AppError::NotFound => not_found.to_owned(),
         ref other => other.to_string(),
     };
+    let pay = e.code() == crate::app::instances::PAYMENT_REQUIRED;
     let page = customer_page(
         state,
         v,
         Shown {
             error: Some(&message),
+            pay,
             ..s
         },
     )

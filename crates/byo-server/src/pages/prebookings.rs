@@ -107,6 +107,7 @@ async fn customer_page(
     v: &CurrentUser,
     error: Option<&str>,
     form: Option<&BookForm>,
+    pay: bool,
 ) -> Result<Markup, PageError> {
     let list = prebookings::mine(state, v).await?;
     let kinds = gpu_types(state, v).await?;
@@ -118,6 +119,7 @@ async fn customer_page(
         html! {
             h1 { "Your pre-bookings" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
+            @if pay { p #pay { a.button href="/billing" { "Add a payment method" } } }
             p { "A pre-booking holds one box for a window. It launches by itself when the window opens, once it is paid, and is torn down when the window ends." }
             @if !has_key {
                 p #needs-key { "Add an SSH key on " a href="/instances" { "Instances" } " before your window opens: a booking launches with your newest key, and waits without one." }
@@ -180,13 +182,16 @@ async fn customer_refusal(
         AppError::NotFound => "you have no pre-booking with that id".to_owned(),
         ref other => other.to_string(),
     };
-    let page = customer_page(state, v, Some(&message), form).await?;
+    let pay = e.code() == crate::app::instances::PAYMENT_REQUIRED;
+    let page = customer_page(state, v, Some(&message), form, pay).await?;
     Ok((e.status(), page).into_response())
 }
 
 pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
     let v = signed_in(viewer)?;
-    Ok(customer_page(&state, &v, None, None).await?.into_response())
+    Ok(customer_page(&state, &v, None, None, false)
+        .await?
+        .into_response())
 }
 
 /// `POST /prebookings`: as `POST /api/prebookings`.

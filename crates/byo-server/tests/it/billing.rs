@@ -399,6 +399,78 @@ async fn a_payment_for_an_unknown_or_unpaid_or_foreign_booking_writes_nothing(w:
 
 // ------------------------------------------------------------- checkout and the live check
 
+/// Issue #40 (3): one billing gate for every create a customer asks for. With billing on
+/// and no payment method, a dashboard create (which would queue: no host exists), a booking
+/// and the page's create form are refused 402 `payment_required`, saying why and where to
+/// fix it (the page links to /billing), and nothing is written anywhere. A Stripe outage
+/// refuses too, as an error, and writes nothing. Once a card is on file the same requests
+/// pass the gate (the create queues; the booking goes on to its own rules).
+async fn e_one_billing_gate_for_every_create_and_booking(w: World) {
+    let r = w
+        .customer
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "laptop", "public_key": byo_core::keylist_testing::public_key_line()}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    let key = r.json()["id"].as_str().unwrap().to_owned();
+    let create = json!({"gpu_type": "spark-1", "ssh_key_id": key});
+    let book = json!({"gpu_type": "spark-1", "start_date": "2026-11-10T00:00:00Z",
+                      "end_date": "2026-11-11T00:00:00Z"});
+    let before = w.dump().await;
+    for (path, body) in [("/api/vms", &create), ("/api/prebookings", &book)] {
+        let r = w.customer.post(path, body.clone()).await;
+        assert_eq!(
+            r.status,
+            StatusCode::PAYMENT_REQUIRED,
+            "{path}: {}",
+            r.text()
+        );
+        assert_eq!(r.json()["error"], "payment_required", "{path}");
+        let message = r.json()["message"].as_str().unwrap().to_owned();
+        assert!(
+            message.starts_with("no payment method")
+                && message.contains("Nothing was created, queued or booked")
+                && message.contains("/billing"),
+            "{path}: {message}"
+        );
+    }
+    let r = w
+        .customer
+        .post_form(
+            "/instances",
+            &[("gpu_type", "spark-1"), ("ssh_key_id", &key)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+    assert!(r.text().contains("href=\"/billing\""), "{}", r.text());
+    assert!(r.text().contains("Add a payment method"));
+    assert_eq!(w.dump().await, before, "a refusal writes nothing");
+
+    // A card on file: the gate lets both through.
+    w.chargeable().await;
+    let r = w.customer.post("/api/vms", create.clone()).await;
+    assert_eq!(r.status, StatusCode::ACCEPTED, "queued: {}", r.text());
+    let r = w.customer.post("/api/prebookings", book.clone()).await;
+    assert_ne!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+
+    // Stripe not answering: no create on an unverified account, and nothing written.
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::GET,
+        path_prefix: "/v1/customers".into(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: true,
+    });
+    let before = w.dump().await;
+    let r = w.customer.post("/api/vms", create.clone()).await;
+    assert!(r.status.is_server_error(), "{}", r.text());
+    assert_eq!(w.dump().await, before);
+}
+
 async fn the_live_check_allows_a_customer_with_a_default_card(w: World) {
     assert_eq!(
         w.may_charge().await,
@@ -893,6 +965,7 @@ async fn usage_waits_for_an_account_without_a_customer(w: World) {
 }
 
 with_world!(
+    e_one_billing_gate_for_every_create_and_booking,
     webhook_with_a_bad_signature_is_refused_and_changes_nothing,
     webhook_with_a_stale_timestamp_is_refused_and_changes_nothing,
     a_signed_event_without_a_usable_id_or_type_is_refused_and_changes_nothing,
