@@ -107,13 +107,7 @@ pub async fn enqueue(
             now,
         )
         .await?;
-    let position = state
-        .store
-        .open_queue(Some(user_sub), LIST_LIMIT)
-        .await?
-        .into_iter()
-        .find(|q| q.row.id == row.id)
-        .map_or(1, |q| q.position);
+    let position = position_of(state, user_sub, &row.id).await?;
     tracing::info!(queue = %row.id, %gpu_type, position, "create queued: no host free");
     if let Some(trigger) = state.drain.trigger() {
         trigger.nudge();
@@ -188,14 +182,19 @@ pub async fn extend(state: &AppState, by: &CurrentUser, id: &str) -> AppResult<Q
             now,
         )
         .await?;
-    let position = state
+    let position = position_of(state, &by.user.sub, &row.id).await?;
+    Ok(queued_view(&row, position))
+}
+
+/// An open row's place in its gpu_type's line, as the customer's list shows it.
+async fn position_of(state: &AppState, user_sub: &str, id: &str) -> AppResult<i64> {
+    Ok(state
         .store
-        .open_queue(Some(&by.user.sub), LIST_LIMIT)
+        .open_queue(Some(user_sub), LIST_LIMIT)
         .await?
         .into_iter()
-        .find(|q| q.row.id == row.id)
-        .map_or(1, |q| q.position);
-    Ok(queued_view(&row, position))
+        .find(|q| q.row.id == id)
+        .map_or(1, |q| q.position))
 }
 
 /// The expire-queue job's name and period: a lapsed row is closed within a minute.

@@ -519,22 +519,13 @@ impl World {
 
     /// [`World::active_host`] on the machine whose hardware id is `hardware_id`.
     async fn active_host_on(&self, hardware_id: &str) -> Host {
-        let (id, slug, token) = self.provisioned().await;
-        let mut body = spark();
-        body["hardware_id"] = json!(hardware_id);
-        body["machine_id"] = json!(format!("m-{hardware_id}"));
-        let r = self
-            .app
-            .send(
-                Request::post("/api/enroll")
-                    .header(header::AUTHORIZATION, format!("Bearer {token}"))
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(body.to_string()))
-                    .unwrap(),
-            )
+        let Host {
+            id,
+            slug,
+            token: host_token,
+        } = self
+            .enrolled_on(hardware_id, &format!("m-{hardware_id}"))
             .await;
-        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
-        let host_token = r.json()["host_token"].as_str().unwrap().to_owned();
         self.db()
             .mark_host_prepared(&id, self.clock.now())
             .await
@@ -1008,10 +999,15 @@ impl World {
 
     /// A second active host, on other hardware.
     async fn active_host_with_other_hardware(&self) -> Host {
+        self.enrolled_on("c52d", "4e3b").await
+    }
+
+    /// A host provisioned and enrolled from the machine `hardware_id`, `machine_id`.
+    async fn enrolled_on(&self, hardware_id: &str, machine_id: &str) -> Host {
         let (id, slug, token) = self.provisioned().await;
         let mut body = spark();
-        body["hardware_id"] = json!("c52d");
-        body["machine_id"] = json!("4e3b");
+        body["hardware_id"] = json!(hardware_id);
+        body["machine_id"] = json!(machine_id);
         let r = self
             .app
             .send(
