@@ -845,7 +845,7 @@ async fn fleet_read_gauges_and_stopped_hosts(db: TestDb) {
         .into_iter()
         .map(|c| c.host.id)
         .collect();
-    assert_eq!(found, [quiet.clone()]);
+    assert_eq!(found, std::slice::from_ref(&quiet));
     assert!(
         db.stopped_and_silent("another reason", since, 10)
             .await
