@@ -4,4 +4,5 @@
 //! in one.
 
 mod conformance;
+mod notices;
 mod releases;
