@@ -11,7 +11,8 @@ use crate::states::NoticeKind;
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NoticeView {
     pub id: String,
-    pub kind: NoticeKind,
+    /// A [`NoticeKind`]'s spelling.
+    pub kind: String,
     /// The address it is (or was) sent to.
     pub to: String,
     pub subject: String,
@@ -53,4 +54,11 @@ pub struct MyNotices {
 pub struct NoticeSwitch {
     pub kind: NoticeKind,
     pub on: bool,
+}
+
+impl crate::limits::Bounded for NoticeSwitch {
+    /// A kind and a flag: serde has already refused anything else.
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        Ok(())
+    }
 }
