@@ -19,6 +19,7 @@ use chrono::{DateTime, Utc};
 
 use crate::app::fleet_overview::judged;
 use crate::error::AppResult;
+use crate::providers::notify::SendError;
 use crate::state::AppState;
 
 /// The job that sweeps conditions and delivers: its name and period.
@@ -450,7 +451,8 @@ pub async fn deliver_once(state: &AppState) -> AppResult<Delivered> {
         .due_notices(state.clock.now(), DELIVER_BATCH)
         .await?
     {
-        let mut failed = None;
+        // Each channel's failure is kept: the outbox says what each one answered.
+        let mut failed: Vec<SendError> = Vec::new();
         if n.sends_email() && row.email_sent_at.is_none() {
             match n.email(&row).await {
                 Ok(()) => {
@@ -459,7 +461,7 @@ pub async fn deliver_once(state: &AppState) -> AppResult<Delivered> {
                         .mark_notice_sent(&row.id, Channel::Email, state.clock.now())
                         .await?
                 }
-                Err(e) => failed = Some(e),
+                Err(e) => failed.push(e),
             }
         }
         if n.sends_webhook() && row.webhook_sent_at.is_none() {
@@ -470,17 +472,18 @@ pub async fn deliver_once(state: &AppState) -> AppResult<Delivered> {
                         .mark_notice_sent(&row.id, Channel::Webhook, state.clock.now())
                         .await?
                 }
-                Err(e) => {
-                    // A permanent refusal on one channel outweighs a passing one on the other.
-                    if failed
-                        .as_ref()
-                        .is_none_or(|f: &crate::providers::notify::SendError| !f.permanent)
-                    {
-                        failed = Some(e);
-                    }
-                }
+                Err(e) => failed.push(e),
             }
         }
+        let failed = (!failed.is_empty()).then(|| SendError {
+            // A permanent refusal on one channel is not undone by trying the other again.
+            permanent: failed.iter().any(|e| e.permanent),
+            error: failed
+                .iter()
+                .map(|e| e.error.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        });
         let now = state.clock.now();
         match failed {
             None => {

@@ -18,7 +18,7 @@ use serde::Deserialize;
 const SEND_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// `[notices]` in byo.toml.
-#[derive(Clone, Debug, Default, Deserialize)]
+#[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NoticesConfig {
     /// `smtps://user:pass@mail.example.com` (TLS from the first byte),
@@ -37,6 +37,17 @@ pub struct NoticesConfig {
     /// The webhook's shared secret, at least 32 characters.
     #[serde(default)]
     pub webhook_secret: Option<SecretString>,
+}
+
+impl Default for NoticesConfig {
+    fn default() -> Self {
+        NoticesConfig {
+            smtp_url: None,
+            from: default_from(),
+            webhook_url: None,
+            webhook_secret: None,
+        }
+    }
 }
 
 fn default_from() -> String {
