@@ -315,8 +315,8 @@ pub async fn sweep_once(state: &AppState) -> AppResult<Sweep> {
                     format!(
                         "Preparing your host {slug} stopped {detail}, at a step only you can fix \
                          on the machine. Your host's page names the step, what it found and what \
-                         to do; once it is fixed, run the install command again and preparation \
-                         carries on from that step.\n\nYour host: {own}\n",
+                         to do; once it is fixed, preparation tries again on its own (about every \
+                         30 s) and carries on from that step.\n\nYour host: {own}\n",
                         slug = h.slug,
                         detail = p.detail,
                         own = url(state, &format!("/hosts/{}", h.id)),

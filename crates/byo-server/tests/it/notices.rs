@@ -33,6 +33,8 @@ use crate::support::{self, TestApp, User};
 with_world!(
     an_unreachable_host_is_noticed_once_to_operators_and_its_owner_and_again_after_it_returns,
     a_job_failing_run_after_run_is_noticed_to_operators_until_it_succeeds,
+    each_swept_failure_reaches_exactly_its_people_once,
+    a_retired_host_is_told_to_its_owner,
     what_a_person_turned_off_is_not_raised_and_a_kind_not_theirs_is_refused,
 );
 
@@ -264,6 +266,211 @@ async fn a_job_failing_run_after_run_is_noticed_to_operators_until_it_succeeds(w
         .unwrap();
     let s = w.sweep().await;
     assert_eq!((s.raised, s.cleared), (0, 2), "{s:?}");
+}
+
+/// Every other condition the sweep judges, injected at once: a stuck delete, a rollback, a
+/// halted fleet upgrade (operators), preparation stopped (the owner alone), then the key list
+/// nearing expiry (operators, once per threshold).
+async fn each_swept_failure_reaches_exactly_its_people_once(w: World) {
+    let t = w.clock.now();
+    let db = w.db();
+    let host = byo_db::testing::pickable_host(db, &w.owner.sub, "spark-1", t).await;
+    let vm = db
+        .create_vm(
+            byo_db::vms::NewVm {
+                user_sub: &w.customer.sub,
+                host_id: Some(&host),
+                name: "vm-stuck0001",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            t - TimeDelta::minutes(20),
+        )
+        .await
+        .unwrap();
+    db.mark_vm_running(&vm.id, Some(2201)).await.unwrap();
+    db.request_vm_delete(&vm.id, t - TimeDelta::minutes(11))
+        .await
+        .unwrap();
+    db.execute_unchecked(&format!(
+        r#"update host_status set details = '{{"rollback": {{"at": "2026-12-01T11:58:00Z"}}}}'
+           where host_id = '{host}'"#
+    ))
+    .await
+    .unwrap();
+    db.execute_unchecked(&format!(
+        "insert into fleet_upgrades (id, build, state, open_marker, canary, growth, wait_secs,
+                                     halt_reason, started_by, started_at, updated_at)
+         values ('run-1', 'aaaaaaaaaaaa', 'halted', 'open', 1, 2, 60, 'the canary rolled back',
+                 '{}', '{t}', '{t}')",
+        w.root.sub,
+        t = t.to_rfc3339()
+    ))
+    .await
+    .unwrap();
+    let preparing = db
+        .insert_host(
+            byo_db::hosts::NewHost {
+                slug: "spark-2",
+                owner_sub: &w.owner.sub,
+                profile_id: "gb10-spark-1",
+                gpu_type: "spark-1",
+            },
+            t,
+        )
+        .await
+        .unwrap()
+        .id;
+    db.execute_unchecked(&format!(
+        r#"update hosts set pubkey = 'wg', prepare_state = '{{"state": "failed", "step": "lxd-install"}}'
+           where id = '{preparing}'"#
+    ))
+    .await
+    .unwrap();
+
+    let s = w.sweep().await;
+    assert_eq!(s.present, 4, "{s:?}");
+    let mut want = Vec::new();
+    for kind in [
+        NoticeKind::DeleteStuck,
+        NoticeKind::HostRollback,
+        NoticeKind::FleetUpgradeHalted,
+    ] {
+        want.push(row(kind, &w.op, false));
+        want.push(row(kind, &w.root, false));
+    }
+    want.push(row(NoticeKind::HostPrepareStopped, &w.owner, false));
+    assert_eq!(w.rows().await, sorted(want.clone()));
+    assert_eq!(w.sweep().await.raised, 0, "each once");
+    let owners = w.owner.get("/api/me/notices").await.json();
+    let n = &owners["recent"][0];
+    assert_eq!(
+        n["subject"],
+        "Preparing spark-2 stopped at step lxd-install"
+    );
+    assert!(
+        n["body"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("/hosts/{preparing}")),
+        "{n}"
+    );
+    let ops = w.op.get("/api/me/notices").await.json();
+    let subjects: Vec<&str> = ops["recent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["subject"].as_str().unwrap())
+        .collect();
+    for s in [
+        "spark-1: a delete was never confirmed",
+        "spark-1: an upgrade was rolled back",
+        "The fleet upgrade to aaaaaaaaaaaa halted",
+    ] {
+        assert!(subjects.contains(&s), "{s}: {subjects:?}");
+    }
+
+    // Each goes away: each is cleared, and nothing new is raised.
+    db.confirm_vm_deleted(&vm.id, t).await.unwrap();
+    db.execute_unchecked(&format!(
+        "update host_status set details = '{{}}' where host_id = '{host}'"
+    ))
+    .await
+    .unwrap();
+    db.execute_unchecked(&format!(
+        "update fleet_upgrades set state = 'closed', open_marker = null, closed_at = '{}'",
+        t.to_rfc3339()
+    ))
+    .await
+    .unwrap();
+    db.execute_unchecked(&format!(
+        "update hosts set prepare_state = null where id = '{preparing}'"
+    ))
+    .await
+    .unwrap();
+    let s = w.sweep().await;
+    assert_eq!((s.present, s.raised, s.cleared), (0, 0, 7), "{s:?}");
+
+    // The key list: nothing while far from expiry; within 14 days, then within 7, a notice each.
+    w.app.publish_operator_keys().await;
+    db.execute_unchecked("delete from notices").await.unwrap();
+    let expires = byo_server::app::host_problems::list_expiry(
+        db.published_key_list().await.unwrap().as_ref(),
+    )
+    .unwrap();
+    let keep_beating = |at: DateTime<Utc>| {
+        format!(
+            "update host_status set seen_at = '{}' where host_id = '{host}'",
+            at.to_rfc3339()
+        )
+    };
+    assert_eq!(w.sweep().await.raised, 0);
+    // (Publishing made a superadmin of its own: every operator is told.)
+    let operators = db.operator_subs().await.unwrap();
+    assert_eq!(operators.len(), 3);
+    w.clock
+        .advance(expires - TimeDelta::days(10) - w.clock.now());
+    db.execute_unchecked(&keep_beating(w.clock.now()))
+        .await
+        .unwrap();
+    let s = w.sweep().await;
+    assert_eq!((s.present, s.raised), (1, 3), "{s:?}");
+    w.clock.advance(TimeDelta::days(4));
+    db.execute_unchecked(&keep_beating(w.clock.now()))
+        .await
+        .unwrap();
+    let s = w.sweep().await;
+    assert_eq!(
+        (s.present, s.raised, s.cleared),
+        (1, 3, 3),
+        "{s:?}: the 7-day one is new, the 14-day one no longer present"
+    );
+    let rows = w.rows().await;
+    assert_eq!(rows.len(), 6);
+    assert!(
+        rows.iter()
+            .all(|(k, to, _)| k == "key_list.expiring" && operators.contains(to)),
+        "{rows:?}"
+    );
+    let subjects: Vec<String> = db
+        .notices(Some(&w.op.sub), 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|n| n.subject)
+        .collect();
+    assert_eq!(
+        subjects,
+        [
+            "The operator-key list expires within 7 days",
+            "The operator-key list expires within 14 days"
+        ]
+    );
+}
+
+/// An event raised where it happens: a retire tells the owner (the queue's in `queue.rs`, a
+/// booking's launch in `prebookings.rs`).
+async fn a_retired_host_is_told_to_its_owner(w: World) {
+    let t = w.clock.now();
+    let host = byo_db::testing::pickable_host(w.db(), &w.owner.sub, "spark-9", t).await;
+    w.db()
+        .execute_unchecked("update hosts set pubkey = 'wg'")
+        .await
+        .unwrap();
+    w.db()
+        .depool_host(&host, "worn out", &w.op.sub, t)
+        .await
+        .unwrap();
+    let r =
+        w.op.post(&format!("/api/admin/hosts/{host}/retire"), json!({}))
+            .await;
+    assert!(r.status.is_success(), "{}", r.text());
+    assert_eq!(
+        w.rows().await,
+        [row(NoticeKind::HostRetired, &w.owner, false)]
+    );
+    let n = &w.owner.get("/api/me/notices").await.json()["recent"][0];
+    assert_eq!(n["subject"], "Your host spark-9 was retired");
 }
 
 async fn what_a_person_turned_off_is_not_raised_and_a_kind_not_theirs_is_refused(w: World) {
