@@ -124,7 +124,6 @@ pub fn judged<'a>(
 
 /// The overview of what was read, as of `now`; `heard_since` is the placement bound (an
 /// agent not heard from since is unreachable).
-
 pub fn overview(
     read: &FleetRead,
     published: Option<&KeyListRow>,

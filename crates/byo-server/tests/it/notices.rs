@@ -587,7 +587,7 @@ impl Smtp {
         let script: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests/it/support/smtp_sink.py"]
             .iter()
             .collect();
-        let child = Command::new("/usr/bin/python3")
+        let mut child = Command::new("/usr/bin/python3")
             .arg(script)
             .arg(spool.path())
             .arg(port.to_string())
@@ -600,6 +600,8 @@ impl Smtp {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+        let _ = child.kill();
+        let _ = child.wait();
         panic!("aiosmtpd did not start on 127.0.0.1:{port}");
     }
 
@@ -634,16 +636,19 @@ impl Drop for Smtp {
     }
 }
 
+/// What the webhook receiver was sent: each request's headers and body.
+type Received = Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>;
+
 /// A webhook receiver on loopback answering `status`, keeping what it was sent.
 struct Hook {
     url: String,
     status: Arc<AtomicU16>,
-    got: Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>,
+    got: Received,
 }
 
 async fn hook() -> Hook {
     let status = Arc::new(AtomicU16::new(200));
-    let got: Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>> = Arc::default();
+    let got: Received = Arc::default();
     let (s, g) = (status.clone(), got.clone());
     let app = Router::new().route(
         "/hook",
