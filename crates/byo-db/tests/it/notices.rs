@@ -10,23 +10,6 @@ use byo_db::users::NewUser;
 use byo_wire::Role;
 use chrono::{DateTime, TimeDelta, Utc};
 
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(byo_db::testing::sqlite().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                if let Some(db) = byo_db::testing::postgres().await {
-                    super::$name(db).await
-                }
-            }
-        }
-    )*};
-}
-
 on_both!(
     a_condition_is_noticed_once_per_person_until_it_clears,
     delivery_is_stamped_per_channel_and_each_attempt_counted,
