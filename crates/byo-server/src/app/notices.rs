@@ -27,6 +27,8 @@ pub const NOTICES: &str = "notices";
 pub const NOTICES_EVERY: Duration = Duration::from_secs(30);
 /// Rows delivered per run; the rest wait for the next.
 pub const DELIVER_BATCH: i64 = 200;
+/// How many notices the outbox shows, newest first.
+pub const OUTBOX_LIMIT: i64 = 200;
 /// A job is "failing repeatedly" when this many of its newest runs all failed.
 pub const JOB_FAILING_RUNS: usize = 3;
 

@@ -111,7 +111,7 @@ pub async fn switch(
 /// `GET /admin/outbox`.
 pub async fn outbox(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
     let op = require_operator(viewer)?;
-    let rows = notices::outbox(&state, crate::routes::notices::OUTBOX_LIMIT).await?;
+    let rows = notices::outbox(&state, notices::OUTBOX_LIMIT).await?;
     let channels = match (state.notifier.sends_email(), state.notifier.sends_webhook()) {
         (true, true) => "email and the webhook",
         (true, false) => "email",

@@ -13,9 +13,6 @@ use crate::error::AppResult;
 use crate::extract::Checked;
 use crate::state::AppState;
 
-/// How many notices the outbox shows.
-pub const OUTBOX_LIMIT: i64 = 200;
-
 /// Every notice raised, newest first, with how far its delivery got.
 #[utoipa::path(get, path = "/api/admin/outbox", tag = "admin",
     responses((status = 200, body = Vec<NoticeView>), (status = 401, body = ErrorBody),
@@ -24,7 +21,7 @@ pub async fn get_outbox(
     State(state): State<AppState>,
     _op: Operator,
 ) -> AppResult<Json<Vec<NoticeView>>> {
-    Ok(Json(notices::outbox(&state, OUTBOX_LIMIT).await?))
+    Ok(Json(notices::outbox(&state, notices::OUTBOX_LIMIT).await?))
 }
 
 /// The kinds of notice I receive, whether each is on, and my latest notices.
