@@ -731,13 +731,21 @@ pub fn rails_restored<H: Host + ?Sized>(h0: &mut H, pair: &Pair) -> Vec<String> 
                 return Ok(());
             }
             crate::host::must(&mut *h, &["netplan", "apply"])?;
-            let bare = bare_rails(&mut *h, &n.rails);
-            match bare.is_empty() {
-                true => Ok(()),
-                false => Err(format!(
-                    "{} still without its rail address",
-                    bare.join(", ")
-                )),
+            // networkd may address the port only after `netplan apply` returns (the pair bed's
+            // revert once found node1's rail0 bare right after it): wait, as node0's path does.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            loop {
+                let bare = bare_rails(&mut *h, &n.rails);
+                if bare.is_empty() {
+                    return Ok(());
+                }
+                if std::time::Instant::now() > deadline {
+                    return Err(format!(
+                        "{} still without its rail address 30 s after netplan apply",
+                        bare.join(", ")
+                    ));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(250));
             }
         });
         if let Err(e) = fixed {

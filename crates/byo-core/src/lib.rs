@@ -7,6 +7,7 @@ pub mod keylist;
 pub mod keylist_testing;
 pub mod lockstep;
 pub mod logins;
+pub mod notices;
 pub mod prepare;
 pub mod probe;
 pub mod redeem;

@@ -63,6 +63,7 @@ pub mod inspect;
 pub mod jobs;
 pub mod lifecycle;
 pub mod logins;
+pub mod notices;
 pub mod operator_keys;
 pub mod prebookings;
 pub mod profiles;

@@ -13,7 +13,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::providers::{
-    ProviderError, Providers, RelayProvider, TunnelProvider, cloudflare, gcp, local, stripe,
+    ProviderError, Providers, RelayProvider, TunnelProvider, cloudflare, gcp, local, notify, stripe,
 };
 
 /// The top-level keys, for filtering the environment.
@@ -42,6 +42,7 @@ const KEYS: &[&str] = &[
     "rate_limits",
     "billing",
     "listener",
+    "notices",
 ];
 
 #[derive(Clone, Debug, Deserialize)]
@@ -134,6 +135,10 @@ pub struct Config {
     /// concurrent connections of the API's listener (#16, `byo_listen::Limits`).
     #[serde(default)]
     pub listener: byo_listen::Limits,
+    /// `[notices]`: where notices are sent (issue #38, 3); neither channel set, they stay
+    /// in the outbox at /admin/outbox.
+    #[serde(default)]
+    pub notices: notify::NoticesConfig,
 }
 
 /// `[rate_limits]`: how often one address, and one account, may knock on the doors that
@@ -409,6 +414,7 @@ impl Default for Config {
             instances: InstancesConfig::default(),
             loopback_origins: Vec::new(),
             billing: None,
+            notices: notify::NoticesConfig::default(),
             listener: byo_listen::Limits::default(),
         }
     }
@@ -527,6 +533,7 @@ impl Config {
                 ));
             }
         }
+        self.notices.validate()?;
         if let Some(key) = &self.secret_key {
             crate::seal::Sealer::from_hex(key.expose_secret()).map_err(|e| e.to_string())?;
         }

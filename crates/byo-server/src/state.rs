@@ -41,6 +41,8 @@ pub struct AppState {
     pub rate_limits: Arc<crate::rate_limit::RateLimits>,
     /// Billing on Stripe, when `[billing]` is configured (then also the gate above).
     pub stripe: Option<Arc<StripeBilling>>,
+    /// Where notices go (`[notices]`): email, a webhook, or neither (the outbox only).
+    pub notifier: Arc<crate::providers::notify::Notifier>,
 }
 
 impl AppState {
@@ -52,6 +54,10 @@ impl AppState {
             .as_ref()
             .map(|k| Sealer::from_hex(k.expose_secret()).expect("secret_key is valid"));
         let relay_ca = RelayCaSource::new(store.clone(), sealer.clone());
+        // Config::load has validated [notices]; one that does not build is a bug.
+        let notifier = Arc::new(
+            crate::providers::notify::Notifier::new(&config.notices).expect("[notices] is valid"),
+        );
         let config_limits = config.rate_limits.clone();
         let stripe = config
             .billing
@@ -80,6 +86,7 @@ impl AppState {
             drain: Arc::new(NudgeDrain::default()),
             billing,
             stripe,
+            notifier,
             rate_limits: Arc::new(crate::rate_limit::RateLimits::new(&config_limits)),
         }
     }

@@ -9,6 +9,7 @@ pub mod enroll;
 pub mod fleet;
 pub mod lifecycle;
 pub mod limits;
+pub mod notices;
 pub mod overview;
 pub mod peers;
 pub mod prebooking;

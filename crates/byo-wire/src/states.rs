@@ -166,6 +166,7 @@ mod tests {
         round_trip(RevokeStep::ALL);
         round_trip(FleetRunState::ALL);
         round_trip(FleetHostState::ALL);
+        round_trip(NoticeKind::ALL);
         assert!("Running".parse::<VmStatus>().is_err());
         assert!(VmStatus::try_from("unknown".to_owned()).is_err());
     }
@@ -193,5 +194,23 @@ text_enum! {
         Healthy = "healthy",
         Failed = "failed",
         Skipped = "skipped",
+    }
+}
+
+text_enum! {
+    /// `notices.kind` (issue #38, 3): what a notice is about. A person turns notices off by
+    /// kind; which kinds reach whom is the server's (`app::notices`).
+    pub enum NoticeKind {
+        HostUnreachable = "host.unreachable",
+        HostRollback = "host.rollback",
+        HostPrepareStopped = "host.prepare_stopped",
+        HostRetired = "host.retired",
+        DeleteStuck = "delete.stuck",
+        FleetUpgradeHalted = "fleet_upgrade.halted",
+        JobFailing = "job.failing",
+        KeyListExpiring = "key_list.expiring",
+        QueuePlaced = "queue.placed",
+        QueueExpired = "queue.expired",
+        BookingLaunched = "booking.launched",
     }
 }

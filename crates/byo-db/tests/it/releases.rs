@@ -11,23 +11,6 @@ use byo_db::{DbError, Store};
 use byo_wire::states::{FleetHostState as H, FleetRunState as R};
 use chrono::{DateTime, Duration, Utc};
 
-macro_rules! on_both {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                super::$name(byo_db::testing::sqlite().await).await
-            }
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                if let Some(db) = byo_db::testing::postgres().await {
-                    super::$name(db).await
-                }
-            }
-        }
-    )*};
-}
-
 fn t0() -> DateTime<Utc> {
     DateTime::from_timestamp(1_900_000_000, 0).unwrap()
 }

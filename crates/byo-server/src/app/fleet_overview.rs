@@ -5,15 +5,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use byo_db::fleet::FleetRead;
-use byo_db::operator_keys::KeyListRow;
+use byo_db::fleet::{FleetHostRow, FleetRead};
+use byo_db::hosts::HostStatusRow;
+use byo_db::operator_keys::{HostKeyPushRow, KeyListRow};
 use byo_db::vms::VmRow;
 use byo_wire::overview::{
     FleetCounts, FleetOverview, FleetProblem, FleetRow, FleetSort, FleetState, ProblemCount,
 };
 use chrono::{DateTime, Utc};
 
-use crate::app::host_problems::{Seen, problems};
+use crate::app::host_problems::{Problem, Seen, problems};
 use crate::error::AppResult;
 use crate::state::AppState;
 
@@ -34,15 +35,24 @@ pub struct FleetFilter {
     pub page: u32,
 }
 
-/// The overview of what was read, as of `now`; `heard_since` is the placement bound (an
-/// agent not heard from since is unreachable).
-pub fn overview(
-    read: &FleetRead,
+/// One host as judged: its row, what it last reported, and its problems, each with when it
+/// began where that is known (an unreachable agent's last heartbeat, a stuck delete's
+/// request).
+pub struct Judged<'a> {
+    pub host: &'a FleetHostRow,
+    pub status: Option<&'a HostStatusRow>,
+    pub push: Option<&'a HostKeyPushRow>,
+    pub problems: Vec<(Problem, Option<DateTime<Utc>>)>,
+}
+
+/// Every host of `read` with its problems now, in the read's order: the one judge
+/// (`host_problems`) over the whole fleet, for the overview and the notices' sweep.
+pub fn judged<'a>(
+    read: &'a FleetRead,
     published: Option<&KeyListRow>,
     heard_since: DateTime<Utc>,
     now: DateTime<Utc>,
-    filter: &FleetFilter,
-) -> FleetOverview {
+) -> Vec<Judged<'a>> {
     let statuses: HashMap<&str, _> = read
         .statuses
         .iter()
@@ -66,29 +76,74 @@ pub fn overview(
     }
     let no_vms: Vec<VmRow> = Vec::new();
     let published_expires = crate::app::host_problems::list_expiry(published);
+    read.hosts
+        .iter()
+        .map(|h| {
+            let id = h.host.id.as_str();
+            let status = statuses.get(id).copied();
+            let vms = stuck.get(id).unwrap_or(&no_vms);
+            let found = problems(
+                &Seen {
+                    host: &h.host,
+                    status,
+                    heard_since,
+                    push: pushes.get(id).copied(),
+                    published,
+                    published_expires,
+                    vms,
+                    bench: benches.get(id).copied(),
+                },
+                now,
+            );
+            let since = |name: &str| -> Option<DateTime<Utc>> {
+                match name {
+                    "agent unreachable" => Some(
+                        status.map_or(h.host.prepared_at.unwrap_or(h.host.created_at), |s| {
+                            s.seen_at
+                        }),
+                    ),
+                    "stuck delete" => vms.iter().filter_map(|v| v.delete_requested_at).min(),
+                    _ => None,
+                }
+            };
+            Judged {
+                host: h,
+                status,
+                push: pushes.get(id).copied(),
+                problems: found
+                    .into_iter()
+                    .map(|p| {
+                        let at = since(p.name);
+                        (p, at)
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The overview of what was read, as of `now`; `heard_since` is the placement bound (an
+/// agent not heard from since is unreachable).
+pub fn overview(
+    read: &FleetRead,
+    published: Option<&KeyListRow>,
+    heard_since: DateTime<Utc>,
+    now: DateTime<Utc>,
+    filter: &FleetFilter,
+) -> FleetOverview {
     let mut counts = FleetCounts::default();
     let mut names: BTreeMap<String, i64> = BTreeMap::new();
     let mut gpu_types: Vec<String> = Vec::new();
     let owner = filter.owner.as_ref().map(|o| o.trim().to_lowercase());
     let mut rows: Vec<(Option<DateTime<Utc>>, FleetRow)> = Vec::new();
-    for h in &read.hosts {
-        let id = h.host.id.as_str();
-        let status = statuses.get(id).copied();
-        let vms = stuck.get(id).unwrap_or(&no_vms);
-        let found = problems(
-            &Seen {
-                host: &h.host,
-                status,
-                heard_since,
-                push: pushes.get(id).copied(),
-                published,
-                published_expires,
-                vms,
-                bench: benches.get(id).copied(),
-            },
-            now,
-        );
-        let unreachable = found.iter().any(|p| p.name == "agent unreachable");
+    for Judged {
+        host: h,
+        status,
+        push,
+        problems: found,
+    } in judged(read, published, heard_since, now)
+    {
+        let unreachable = found.iter().any(|(p, _)| p.name == "agent unreachable");
         let state = if h.host.pubkey.is_none() {
             FleetState::Enrolling
         } else if h.host.prepared_at.is_none() {
@@ -115,7 +170,7 @@ pub fn overview(
             counts.with_problem += 1;
         }
         let mut seen_names: Vec<&str> = Vec::new();
-        for p in &found {
+        for (p, _) in &found {
             if !seen_names.contains(&p.name) {
                 seen_names.push(p.name);
                 *names.entry(p.name.to_owned()).or_default() += 1;
@@ -128,7 +183,7 @@ pub fn overview(
             && filter
                 .problem
                 .as_deref()
-                .is_none_or(|want| found.iter().any(|p| p.name == want))
+                .is_none_or(|want| found.iter().any(|(p, _)| p.name == want))
             && filter
                 .gpu_type
                 .as_deref()
@@ -139,23 +194,12 @@ pub fn overview(
         if !matches {
             continue;
         }
-        let since = |name: &str| -> Option<DateTime<Utc>> {
-            match name {
-                "agent unreachable" => Some(
-                    status.map_or(h.host.prepared_at.unwrap_or(h.host.created_at), |s| {
-                        s.seen_at
-                    }),
-                ),
-                "stuck delete" => vms.iter().filter_map(|v| v.delete_requested_at).min(),
-                _ => None,
-            }
-        };
         let listed: Vec<FleetProblem> = found
-            .iter()
-            .map(|p| FleetProblem {
+            .into_iter()
+            .map(|(p, since)| FleetProblem {
                 name: p.name.to_owned(),
-                detail: p.detail.clone(),
-                since: since(p.name),
+                detail: p.detail,
+                since,
             })
             .collect();
         // A problem whose start is not known sorts as if it began now: after every dated one.
@@ -171,7 +215,7 @@ pub fn overview(
                 problems: listed,
                 heartbeat_at: status.map(|s| s.seen_at),
                 agent_version: status.and_then(|s| s.agent_version.clone()),
-                key_list_version: pushes.get(id).and_then(|p| p.version),
+                key_list_version: push.and_then(|p| p.version),
                 instances: h.live_instances,
             },
         ));

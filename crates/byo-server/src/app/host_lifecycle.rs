@@ -465,6 +465,7 @@ pub(crate) async fn retire_refusals_passed(
         .store
         .audit(actor, "host.retire", Some(&h.id), details, now)
         .await?;
+    super::notices::host_retired(state, &h.id, &h.slug, &h.owner_sub).await;
     Ok(())
 }
 

@@ -80,6 +80,21 @@ pub fn registry() -> Vec<Job> {
                 })
             },
         ),
+        // Notices to people (issue #38, 3): judge the conditions, then deliver what is due.
+        Job::new(
+            super::notices::NOTICES,
+            super::notices::NOTICES_EVERY,
+            |state| {
+                Box::pin(async move {
+                    let s = super::notices::sweep_once(state).await?;
+                    let d = super::notices::deliver_once(state).await?;
+                    Ok(format!(
+                        "{} conditions present, {} notices raised, {} cleared; {} delivered, {} to retry, {} given up",
+                        s.present, s.raised, s.cleared, d.sent, d.retrying, d.given_up
+                    ))
+                })
+            },
+        ),
         Job::new(
             "settle-creates",
             super::settle_creates::SETTLE_EVERY,

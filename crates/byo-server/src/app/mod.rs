@@ -24,6 +24,7 @@ pub mod host_relay;
 pub mod host_report;
 pub mod instances;
 pub mod jobs;
+pub mod notices;
 pub mod notify_stuck_deletes;
 pub mod operator_keys;
 pub mod placement;

@@ -564,6 +564,7 @@ async fn record(
                     now,
                 )
                 .await?;
+            super::notices::booking_launched(state, &row.id, &row.user_sub, vm_id).await;
         }
         Launch::Live(_) => {}
         Launch::Waiting(note) => {

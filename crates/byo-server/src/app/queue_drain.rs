@@ -231,6 +231,7 @@ pub async fn expire_once(state: &AppState) -> AppResult<u64> {
                 .await?;
             tracing::info!(queue = %row.id, gpu_type = %row.gpu_type, attempts = row.attempts,
                 "queued create expired: no host took it in time");
+            super::notices::queue_expired(state, &row.id, &row.user_sub, &row.gpu_type).await;
         }
         closed += rows.len() as u64;
         if (rows.len() as i64) < EXPIRE_BATCH {
@@ -253,6 +254,7 @@ async fn record_placed(state: &AppState, row: &QueueRow, vm_id: &str) -> AppResu
             state.clock.now(),
         )
         .await?;
+    super::notices::queue_placed(state, &row.id, &row.user_sub, vm_id).await;
     Ok(())
 }
 

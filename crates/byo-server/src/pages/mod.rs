@@ -25,6 +25,7 @@ mod admin_fleet;
 mod admin_instances;
 mod admin_jobs;
 mod billing;
+mod notices;
 // The queue (E2, issue #13).
 mod admin_queue;
 mod admin_releases;
@@ -94,6 +95,8 @@ pub fn router() -> Router<AppState> {
         .route("/admin/queue/{queue_id}/close", post(admin_queue::close))
         .route("/admin/instances", get(admin_instances::page))
         .route("/admin/jobs", get(admin_jobs::page))
+        .route("/admin/outbox", get(notices::outbox))
+        .route("/notices", get(notices::mine).post(notices::switch))
         .route("/admin/releases", get(admin_releases::page))
         .route(
             "/admin/fleet-upgrades/{run_id}/halt",
@@ -237,6 +240,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                             a href="/prebookings" { "Pre-bookings" }
                             a href="/hosts" { "Your GPUs" }
                             a href="/billing" { "Billing" }
+                            a href="/notices" { "Notices" }
                             @if v.is_operator() {
                                 a href="/admin" { "Fleet" }
                                 a href="/admin/instances" { "All instances" }
@@ -244,6 +248,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                                 a href="/admin/users" { "Users" }
                                 a href="/admin/operator-keys" { "Operator keys" }
                                 a href="/admin/jobs" { "Jobs" }
+                                a href="/admin/outbox" { "Outbox" }
                                 a href="/admin/releases" { "Releases" }
                                 a href="/admin/prebookings" { "Bookings" }
                                 a href="/admin/queue" { "Queue" }

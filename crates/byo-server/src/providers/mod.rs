@@ -5,6 +5,7 @@
 pub mod cloudflare;
 pub mod gcp;
 pub mod local;
+pub mod notify;
 pub mod stripe;
 
 use std::sync::Arc;

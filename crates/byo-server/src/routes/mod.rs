@@ -31,6 +31,7 @@ pub mod host_lifecycle;
 pub mod host_provision;
 pub mod host_relay;
 pub mod host_report;
+pub mod notices;
 pub mod operator_keys;
 pub mod placement;
 pub mod prebookings;
@@ -68,6 +69,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(accounts::logout))
         .routes(routes!(accounts::me))
         .routes(routes!(accounts::change_password))
+        .routes(routes!(notices::get_my_notices, notices::put_my_notices))
+        .routes(routes!(notices::get_outbox))
         .routes(routes!(admin::list_users))
         .routes(routes!(admin::grant_role, admin::revoke_role))
         .routes(routes!(admin::audit_log))

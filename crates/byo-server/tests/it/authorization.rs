@@ -327,6 +327,27 @@ fn api_table() -> Vec<ApiRow> {
             body: none,
         },
         ApiRow {
+            method: Method::GET,
+            path: "/api/me/notices",
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::PUT,
+            path: "/api/me/notices",
+            expect: [401, 204, 204, 204, 204, 204],
+            missing: None,
+            body: |_| Some(json!({"kind": "queue.placed", "on": false})),
+        },
+        ApiRow {
+            method: Method::GET,
+            path: "/api/admin/outbox",
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
             method: Method::PUT,
             path: "/api/me/password",
             expect: [401, 204, 204, 204, 204, 204],
@@ -971,6 +992,24 @@ fn page_table() -> Vec<Row> {
             method: Method::GET,
             path: "/billing",
             allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/notices",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/notices",
+            allowed: SIGNED_IN,
+            body: |_| Some(json!("kind=queue.placed&on=false")),
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/outbox",
+            allowed: OPERATORS,
             body: none,
         },
         Row {

@@ -300,6 +300,7 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
         [
             "reap",
             "notify-stuck-deletes",
+            "notices",
             "settle-creates",
             "retire-stopped",
             "renew-operator-keys",

@@ -18,6 +18,7 @@ mod instances;
 mod jobs;
 mod lifecycle;
 mod listener;
+mod notices;
 mod onboarding;
 mod operator_keys;
 mod operator_logins;

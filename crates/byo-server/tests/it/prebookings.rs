@@ -431,6 +431,15 @@ async fn e3_1_the_gate_is_paid_at_alone(mut w: World) {
     assert_eq!(b.closed_at, None);
     assert_eq!(mine(&w.customer, &id).await["state"], "launched");
     assert_eq!(w.audits("prebooking.launched").await.len(), 1);
+    // Its customer is told (issue #38, 3), once.
+    launcher(&w).await;
+    let told = w.db().notices(Some(&w.customer.sub), 10).await.unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (told[0].kind.as_str(), told[0].subject.as_str()),
+        ("booking.launched", "Your booking launched")
+    );
+    assert!(told[0].body.contains(&vm_id), "{}", told[0].body);
 }
 
 /// E3.1: with billing on, paid_at is not recorded by hand; twice is refused too. Nothing

@@ -1103,6 +1103,25 @@ async fn e2_a_queued_create_no_host_took_expires_and_its_customer_is_told(mut w:
         placed.vm_id.as_deref()
     );
 
+    // Both reach their customer as notices (issue #38, 3), once each: the expiry to the
+    // customer, the placement with its ssh line to the other.
+    let mine = w.customer.get("/api/me/notices").await.json();
+    let recent = mine["recent"].as_array().unwrap();
+    assert_eq!(recent.len(), 1, "{mine}");
+    assert_eq!(recent[0]["kind"], "queue.expired");
+    assert_eq!(recent[0]["subject"], "Your queued spark-1 instance expired");
+    assert_eq!(recent[0]["to"], w.customer.email.as_str());
+    let theirs = w.other.get("/api/me/notices").await.json();
+    let recent = theirs["recent"].as_array().unwrap();
+    assert_eq!(recent.len(), 1, "{theirs}");
+    assert_eq!(recent[0]["kind"], "queue.placed");
+    let vm = w.vm(placed.vm_id.as_deref().unwrap()).await;
+    let body = recent[0]["body"].as_str().unwrap();
+    assert!(body.contains(&vm.name), "{theirs}");
+    assert!(body.contains("Log in with: ssh root@"), "{theirs}");
+    assert_eq!(expire(&w).await, 0);
+    assert_eq!(w.db().notices(None, 10).await.unwrap().len(), 2);
+
     // The customer's open list is empty; what ended says how, on the API and the page.
     assert!(
         w.customer
