@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, ops_layout, require_operator};
 use crate::app::host_lifecycle::{self, REASON_MAX_CHARS};
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
@@ -128,7 +128,7 @@ async fn page(
         "not enrolled".to_owned()
     };
     let action = |path: &str| format!("/admin/hosts/{host_id}/{path}");
-    Ok(layout(
+    Ok(ops_layout(
         &format!("Host {}", host.slug),
         Some(&op.0),
         html! {
