@@ -34,6 +34,27 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
     out
 }
 
+/// An audit entry's details as "name: value" lines, never raw JSON on the page (issue #42,
+/// 2); a long value is cut and wraps where it must.
+fn fields(details: &serde_json::Value) -> maud::Markup {
+    let shown = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => cut(s, SHOWN_CHARS),
+        serde_json::Value::Null => "—".to_owned(),
+        other => cut(&other.to_string(), SHOWN_CHARS),
+    };
+    maud::html! {
+        @if let Some(map) = details.as_object().filter(|m| !m.is_empty()) {
+            ul.fields {
+                @for (name, v) in map { li { span.k { (name.replace('_', " ")) } ": " span.v { (shown(v)) } } }
+            }
+        } @else if details.is_null() || details.is_object() {
+            "—"
+        } @else {
+            span.v { (shown(details)) }
+        }
+    }
+}
+
 fn at(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
@@ -295,7 +316,7 @@ async fn page(
                     tbody { @for a in &audit { tr {
                         td { (at(a.at)) }
                         td { (cut(&a.action, 64)) }
-                        td { code { (cut(&serde_json::to_string(&a.details.0).unwrap_or_default(), SHOWN_CHARS)) } }
+                        td { (fields(&a.details.0)) }
                     } } }
                 }
             }

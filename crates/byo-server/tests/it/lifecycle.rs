@@ -726,6 +726,16 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
     let a = audit.iter().find(|a| a.action == "host.depool").unwrap();
     assert_eq!(a.details.0["reason"], "fan failing, owner informed");
     assert_eq!(a.actor_sub.as_deref(), Some(w.op.sub.as_str()));
+    // The host's page shows it as words, not raw JSON (issue #42, 2).
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    let trail = &page[page.find("id=\"audit\"").unwrap()..];
+    assert!(
+        trail.contains(
+            "<span class=\"k\">reason</span>: <span class=\"v\">fan failing, owner informed</span>"
+        ),
+        "{trail}"
+    );
+    assert!(!trail.contains("{&quot;"), "no raw JSON: {trail}");
     // Re-activation is the existing activate.
     let r =
         w.op.post(
