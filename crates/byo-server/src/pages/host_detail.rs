@@ -180,10 +180,15 @@ async fn page(
                 dt { "Owner" } dd { (owner.as_ref().map_or(host.owner_sub.as_str(), |u| u.email.as_str())) }
                 dt { "Profile" } dd { (host.profile_id) " (" (host.gpu_type) ")" }
                 dt { "Relay" } dd.relay {
-                    (cut(host.relay_name.as_deref().unwrap_or("—"), 64)) " at "
-                    (relay.relay_ip.as_deref().unwrap_or("no address"))
-                    ", " (relay.relay_state.0.map_or("—", |s| s.as_str()))
-                    @if let Some(e) = &relay.relay_error { " (" (cut(e, SHOWN_CHARS)) ")" }
+                    @if let Some(retired) = life.retired_at {
+                        // Retire released it (N): its last state no longer describes anything.
+                        "released when the host was retired, " (at(retired))
+                    } @else {
+                        (cut(host.relay_name.as_deref().unwrap_or("—"), 64)) " at "
+                        (relay.relay_ip.as_deref().unwrap_or("no address"))
+                        ", " (relay.relay_state.0.map_or("—", |s| s.as_str()))
+                        @if let Some(e) = &relay.relay_error { " (" (cut(e, SHOWN_CHARS)) ")" }
+                    }
                 }
             }
             h2 { "Heartbeat" }

@@ -1067,6 +1067,15 @@ async fn h_a_revoked_host_can_be_retired(w: World) {
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let l = w.life(&h).await;
     assert!(l.retired_at.is_some());
+    // Its page no longer calls the relay it released "ready" (issue #42, 7).
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    let relay = &page[page.find("class=\"relay\"").unwrap()..];
+    let relay = &relay[..relay.find("</dd>").unwrap()];
+    assert!(
+        relay.contains("released when the host was retired"),
+        "{relay}"
+    );
+    assert!(!relay.contains("ready"), "{relay}");
     // The enrolment keeps saying what ended it.
     assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
 }
