@@ -262,7 +262,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
 
 /// The operations pages, in the sub-navigation every one of them carries (issue #42, 2): the
 /// header keeps what every signed-in person uses, staff reach these through "Operations".
-pub(crate) const OPERATIONS: &[(&str, &str)] = &[
+pub const OPERATIONS: &[(&str, &str)] = &[
     ("/admin", "Fleet"),
     ("/admin/hosts", "Hosts"),
     ("/admin/instances", "All instances"),
