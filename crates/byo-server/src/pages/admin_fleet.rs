@@ -9,7 +9,7 @@ use byo_wire::overview::{FleetOverview, FleetState};
 use maud::{Markup, html};
 
 use super::instances::at;
-use super::{PageResult, layout, require_operator};
+use super::{PageResult, ops_layout, require_operator};
 use crate::app::fleet_overview::{self, FleetQuery};
 use crate::auth::CurrentUser;
 use crate::state::AppState;
@@ -65,7 +65,7 @@ pub async fn page(
     let filter = q.filter()?;
     let o = fleet_overview::fleet_overview(&state, &filter).await?;
     let picked = |v: &Option<String>, want: &str| v.as_deref() == Some(want);
-    Ok(layout(
+    Ok(ops_layout(
         "Fleet",
         Some(&op.0),
         html! {

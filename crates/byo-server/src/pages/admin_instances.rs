@@ -10,7 +10,7 @@ use byo_wire::vm::{DeletionState, InstanceView};
 use maud::{Markup, html};
 
 use super::instances::{at, confirm_page, deletable, shown, status_line, waited};
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, ops_layout, require_operator};
 use crate::app::admin_vm_action;
 use crate::app::instances::{self, deletion_status};
 use crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES;
@@ -57,7 +57,7 @@ async fn operator_page(
     let live = every_live(state).await?;
     let stuck = admin_vm_action::stuck_deletes(state, None).await?;
     let email = |sub: &str| emails.get(sub).cloned().unwrap_or_else(|| sub.to_owned());
-    Ok(layout(
+    Ok(ops_layout(
         "Instances",
         Some(&op.0),
         html! {

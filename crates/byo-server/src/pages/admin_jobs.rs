@@ -6,7 +6,7 @@ use axum::response::IntoResponse;
 use maud::html;
 
 use super::instances::at;
-use super::{PageResult, layout, require_operator};
+use super::{PageResult, ops_layout, require_operator};
 use crate::auth::CurrentUser;
 use crate::state::AppState;
 
@@ -21,7 +21,7 @@ fn every(secs: u64) -> String {
 pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
     let op = require_operator(viewer)?;
     let jobs = crate::app::jobs::overview(&state).await?;
-    Ok(layout(
+    Ok(ops_layout(
         "Jobs",
         Some(&op.0),
         html! {

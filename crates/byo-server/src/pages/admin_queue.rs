@@ -9,7 +9,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::instances::{at, shown};
-use super::{PageResult, layout, require_operator};
+use super::{PageResult, ops_layout, require_operator};
 use crate::app::queue_drain;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
@@ -34,7 +34,7 @@ async fn render(
 ) -> Result<Markup, super::PageError> {
     let rows = queue_drain::open_rows(state).await?;
     let now = state.clock.now();
-    Ok(layout(
+    Ok(ops_layout(
         "Queue",
         Some(&op.0),
         html! {

@@ -12,7 +12,7 @@ use byo_wire::states::FleetRunState;
 use maud::{Markup, html};
 
 use super::instances::{at, shown};
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, ops_layout, require_operator};
 use crate::app::{fleet_upgrade, releases};
 use crate::auth::{CurrentUser, Operator, Superadmin};
 use crate::error::AppError;
@@ -29,7 +29,7 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
     for r in &runs {
         shown_runs.push(fleet_upgrade::view(state, &r.id).await?);
     }
-    Ok(layout(
+    Ok(ops_layout(
         "Releases",
         Some(&op.0),
         html! {

@@ -155,7 +155,30 @@
     }
   }
 
+  // Relative times (issue #42, 2): a plain <time datetime> reads "3 min ago" (or "in 5 min"),
+  // its exact time kept as the hover title and readable without the script; refreshed every
+  // 30 s. Countdowns and named times (an id) keep their own text.
+  function relative(ms) {
+    var s = Math.round(ms / 1000), a = Math.abs(s), text;
+    if (a < 45) text = a + " s";
+    else if (a < 3600) text = Math.round(a / 60) + " min";
+    else if (a < 86400) text = Math.round(a / 3600) + " h";
+    else text = Math.round(a / 86400) + " d";
+    return s >= 0 ? text + " ago" : "in " + text;
+  }
+
+  function setUpRelative(time) {
+    if (time.id || time.hasAttribute("data-countdown")) return;
+    var when = Date.parse(time.getAttribute("datetime"));
+    if (isNaN(when)) return;
+    if (!time.title) time.title = time.textContent.trim();
+    var render = function () { time.textContent = relative(Date.now() - when); };
+    render();
+    setInterval(render, 30000);
+  }
+
   function start() {
+    document.querySelectorAll("time[datetime]").forEach(setUpRelative);
     document.querySelectorAll("button[data-copy]").forEach(setUpCopy);
     document.querySelectorAll("time[data-countdown]").forEach(setUpCountdown);
     document.querySelectorAll("[data-progress]").forEach(setUpProgress);

@@ -11,7 +11,7 @@ use chrono::{DateTime, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, ops_layout, require_operator};
 use crate::app::host_lifecycle::{self, REASON_MAX_CHARS};
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
@@ -32,6 +32,27 @@ pub(crate) fn cut(s: &str, n: usize) -> String {
         out.push('…');
     }
     out
+}
+
+/// An audit entry's details as "name: value" lines, never raw JSON on the page (issue #42,
+/// 2); a long value is cut and wraps where it must.
+fn fields(details: &serde_json::Value) -> maud::Markup {
+    let shown = |v: &serde_json::Value| match v {
+        serde_json::Value::String(s) => cut(s, SHOWN_CHARS),
+        serde_json::Value::Null => "—".to_owned(),
+        other => cut(&other.to_string(), SHOWN_CHARS),
+    };
+    maud::html! {
+        @if let Some(map) = details.as_object().filter(|m| !m.is_empty()) {
+            ul.fields {
+                @for (name, v) in map { li { span.k { (name.replace('_', " ")) } ": " span.v { (shown(v)) } } }
+            }
+        } @else if details.is_null() || details.is_object() {
+            "—"
+        } @else {
+            span.v { (shown(details)) }
+        }
+    }
 }
 
 fn at(t: DateTime<Utc>) -> String {
@@ -128,7 +149,7 @@ async fn page(
         "not enrolled".to_owned()
     };
     let action = |path: &str| format!("/admin/hosts/{host_id}/{path}");
-    Ok(layout(
+    Ok(ops_layout(
         &format!("Host {}", host.slug),
         Some(&op.0),
         html! {
@@ -159,10 +180,15 @@ async fn page(
                 dt { "Owner" } dd { (owner.as_ref().map_or(host.owner_sub.as_str(), |u| u.email.as_str())) }
                 dt { "Profile" } dd { (host.profile_id) " (" (host.gpu_type) ")" }
                 dt { "Relay" } dd.relay {
-                    (cut(host.relay_name.as_deref().unwrap_or("—"), 64)) " at "
-                    (relay.relay_ip.as_deref().unwrap_or("no address"))
-                    ", " (relay.relay_state.0.map_or("—", |s| s.as_str()))
-                    @if let Some(e) = &relay.relay_error { " (" (cut(e, SHOWN_CHARS)) ")" }
+                    @if let Some(retired) = life.retired_at {
+                        // Retire released it (N): its last state no longer describes anything.
+                        "released when the host was retired, " (at(retired))
+                    } @else {
+                        (cut(host.relay_name.as_deref().unwrap_or("—"), 64)) " at "
+                        (relay.relay_ip.as_deref().unwrap_or("no address"))
+                        ", " (relay.relay_state.0.map_or("—", |s| s.as_str()))
+                        @if let Some(e) = &relay.relay_error { " (" (cut(e, SHOWN_CHARS)) ")" }
+                    }
                 }
             }
             h2 { "Heartbeat" }
@@ -295,7 +321,7 @@ async fn page(
                     tbody { @for a in &audit { tr {
                         td { (at(a.at)) }
                         td { (cut(&a.action, 64)) }
-                        td { code { (cut(&serde_json::to_string(&a.details.0).unwrap_or_default(), SHOWN_CHARS)) } }
+                        td { (fields(&a.details.0)) }
                     } } }
                 }
             }

@@ -16,7 +16,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, layout, ops_layout, require_operator};
 use crate::app::host_report::{Fixer, failure_advice};
 use crate::app::{admin_host_action, host_lifecycle, host_provision};
 use crate::auth::CurrentUser;
@@ -479,7 +479,7 @@ async fn admin_page(
         .into_iter()
         .map(|(id, step, since)| (id, (step.to_string(), since)))
         .collect();
-    Ok(layout(
+    Ok(ops_layout(
         "Hosts",
         Some(&op.0),
         html! {

@@ -238,20 +238,13 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                         @if let Some(v) = viewer {
                             a href="/instances" { "Instances" }
                             a href="/prebookings" { "Pre-bookings" }
-                            a href="/hosts" { "Your GPUs" }
+                            @if v.has(Role::CommunityHost) || v.is_operator() {
+                                a href="/hosts" { "Your GPUs" }
+                            }
                             a href="/billing" { "Billing" }
                             a href="/notices" { "Notices" }
                             @if v.is_operator() {
-                                a href="/admin" { "Fleet" }
-                                a href="/admin/instances" { "All instances" }
-                                a href="/admin/hosts" { "Hosts" }
-                                a href="/admin/users" { "Users" }
-                                a href="/admin/operator-keys" { "Operator keys" }
-                                a href="/admin/jobs" { "Jobs" }
-                                a href="/admin/outbox" { "Outbox" }
-                                a href="/admin/releases" { "Releases" }
-                                a href="/admin/prebookings" { "Bookings" }
-                                a href="/admin/queue" { "Queue" }
+                                a href="/admin" { "Operations" }
                             }
                             span.who { (v.user.email) }
                             form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }
@@ -265,6 +258,35 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
             }
         }
     }
+}
+
+/// The operations pages, in the sub-navigation every one of them carries (issue #42, 2): the
+/// header keeps what every signed-in person uses, staff reach these through "Operations".
+pub const OPERATIONS: &[(&str, &str)] = &[
+    ("/admin", "Fleet"),
+    ("/admin/hosts", "Hosts"),
+    ("/admin/instances", "All instances"),
+    ("/admin/queue", "Queue"),
+    ("/admin/prebookings", "Bookings"),
+    ("/admin/users", "Users"),
+    ("/admin/operator-keys", "Operator keys"),
+    ("/admin/releases", "Releases"),
+    ("/admin/jobs", "Jobs"),
+    ("/admin/outbox", "Outbox"),
+];
+
+/// [`layout`] for an operations page: its content under the operations sub-navigation.
+pub(crate) fn ops_layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup {
+    layout(
+        title,
+        viewer,
+        html! {
+            nav.ops aria-label="Operations" {
+                @for (href, label) in OPERATIONS { a href=(href) { (label) } }
+            }
+            (content)
+        },
+    )
 }
 
 async fn home(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
@@ -405,7 +427,7 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
         return Err(AppError::Forbidden("operators only").into());
     }
     let users = state.store.users_overview().await?;
-    Ok(layout("Users", Some(&v), html! {
+    Ok(ops_layout("Users", Some(&v), html! {
         h1 { "Users" }
         p { "Grant " strong { "community_host" } " to let an owner add GPUs. Only a superadmin changes operator and superadmin grants." }
         table {
@@ -515,7 +537,7 @@ async fn render_keys_page(
         .collect();
     let me = op.0.user.sub.as_str();
     let superadmin = op.0.has(byo_wire::Role::Superadmin);
-    Ok(layout(
+    Ok(ops_layout(
         "Operator keys",
         Some(&op.0),
         html! {

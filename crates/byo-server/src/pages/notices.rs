@@ -12,7 +12,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::instances::at;
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, layout, ops_layout, require_operator};
 use crate::app::notices;
 use crate::auth::CurrentUser;
 use crate::error::AppError;
@@ -120,7 +120,7 @@ pub async fn outbox(State(state): State<AppState>, viewer: Option<CurrentUser>) 
             "nothing: no [notices] channel is configured, so this page is where notices are read"
         }
     };
-    Ok(layout(
+    Ok(ops_layout(
         "Outbox",
         Some(&op.0),
         html! {

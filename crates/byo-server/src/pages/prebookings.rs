@@ -13,7 +13,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::instances::{gpu_types, shown};
-use super::{PageError, PageResult, layout, require_operator};
+use super::{PageError, PageResult, layout, ops_layout, require_operator};
 use crate::app::prebookings;
 use crate::auth::{CurrentUser, Operator, Superadmin};
 use crate::error::AppError;
@@ -241,7 +241,7 @@ async fn operator_page(
     let hosts = state.store.agent_targets().await?;
     let superadmin = op.0.has(Role::Superadmin);
     let billing_on = state.billing.enabled();
-    Ok(layout(
+    Ok(ops_layout(
         "Pre-bookings",
         Some(&op.0),
         html! {

@@ -548,4 +548,73 @@ on_each_backend!(
     a_5xx_carries_a_request_id_and_no_internals,
     healthz_metrics_and_openapi_answer,
     pages_sign_in_show_the_home_and_list_users,
+    the_navigation_is_by_role,
 );
+
+/// Issue #42, 2: the header carries what each person uses — a customer their instances,
+/// bookings, billing and notices; an owner their GPUs too; staff one "Operations" link —
+/// and every operations page its own navigation, which no other page has.
+async fn the_navigation_is_by_role(app: TestApp) {
+    fn header_links(page: &str) -> Vec<String> {
+        let header = &page[page.find("<header>").unwrap()..page.find("</header>").unwrap()];
+        header
+            .split("href=\"")
+            .skip(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].to_owned())
+            .collect()
+    }
+    let customer = app.customer("customer@example.com").await;
+    let owner = app.community_host("owner@example.com").await;
+    let op = app.operator("op@example.com").await;
+    let mine = ["/", "/instances", "/prebookings", "/billing", "/notices"];
+    let page = customer.page("/instances").await;
+    assert_eq!(header_links(&page), mine);
+    assert!(!page.contains("nav class=\"ops\""), "{page}");
+    assert!(!page.contains("href=\"/admin"), "{page}");
+    assert_eq!(
+        header_links(&owner.page("/instances").await),
+        [
+            "/",
+            "/instances",
+            "/prebookings",
+            "/hosts",
+            "/billing",
+            "/notices"
+        ]
+    );
+    let page = op.page("/instances").await;
+    assert_eq!(
+        header_links(&page),
+        [
+            "/",
+            "/instances",
+            "/prebookings",
+            "/hosts",
+            "/billing",
+            "/notices",
+            "/admin"
+        ]
+    );
+    assert!(!page.contains("nav class=\"ops\""), "{page}");
+    // Every page the sub-navigation names carries it, whole.
+    let operations = byo_server::pages::OPERATIONS;
+    assert_eq!(operations.len(), 10);
+    for (path, _) in operations {
+        let page = op.page(path).await;
+        let ops = &page[page
+            .find("<nav class=\"ops\"")
+            .unwrap_or_else(|| panic!("{path}: {page}"))..];
+        let ops = &ops[..ops.find("</nav>").unwrap()];
+        for (href, _) in operations {
+            assert!(
+                ops.contains(&format!("href=\"{href}\"")),
+                "{path} lacks {href}"
+            );
+        }
+        assert_eq!(
+            header_links(&page).len(),
+            7,
+            "{path}: the header stays short"
+        );
+    }
+}

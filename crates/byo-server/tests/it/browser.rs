@@ -936,9 +936,20 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         "{shown} is the stored created_at {}",
         vm.created_at
     );
+    // Shown as how long ago (issue #42, 2), the exact time on hover.
     assert_eq!(
-        created.text().await.unwrap(),
-        vm.created_at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+        created.attr("title").await.unwrap().as_deref(),
+        Some(
+            vm.created_at
+                .format("%Y-%m-%d %H:%M:%S UTC")
+                .to_string()
+                .as_str()
+        )
+    );
+    let ago = created.text().await.unwrap();
+    assert!(
+        ago.ends_with(" s ago") || ago.ends_with(" min ago"),
+        "{ago}"
     );
     assert_eq!(
         site.text(&format!("{instance} td.deleted"))

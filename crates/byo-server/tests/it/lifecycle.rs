@@ -726,6 +726,16 @@ async fn depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_inst
     let a = audit.iter().find(|a| a.action == "host.depool").unwrap();
     assert_eq!(a.details.0["reason"], "fan failing, owner informed");
     assert_eq!(a.actor_sub.as_deref(), Some(w.op.sub.as_str()));
+    // The host's page shows it as words, not raw JSON (issue #42, 2).
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    let trail = &page[page.find("id=\"audit\"").unwrap()..];
+    assert!(
+        trail.contains(
+            "<span class=\"k\">reason</span>: <span class=\"v\">fan failing, owner informed</span>"
+        ),
+        "{trail}"
+    );
+    assert!(!trail.contains("{&quot;"), "no raw JSON: {trail}");
     // Re-activation is the existing activate.
     let r =
         w.op.post(
@@ -1057,6 +1067,15 @@ async fn h_a_revoked_host_can_be_retired(w: World) {
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let l = w.life(&h).await;
     assert!(l.retired_at.is_some());
+    // Its page no longer calls the relay it released "ready" (issue #42, 7).
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    let relay = &page[page.find("class=\"relay\"").unwrap()..];
+    let relay = &relay[..relay.find("</dd>").unwrap()];
+    assert!(
+        relay.contains("released when the host was retired"),
+        "{relay}"
+    );
+    assert!(!relay.contains("ready"), "{relay}");
     // The enrolment keeps saying what ended it.
     assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
 }

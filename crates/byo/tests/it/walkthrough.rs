@@ -402,6 +402,8 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
             "signed in",
         )
         .await;
+    // Staff reach the operations pages through "Operations" and its own navigation.
+    person.follow("Operations").await;
     person.follow("Operator keys").await;
     person
         .wait_text(
@@ -490,6 +492,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     );
 
     // 4. /admin/hosts: activate.
+    person.follow("Operations").await;
     person.follow("Hosts").await;
     person.shot("admin-hosts").await;
     person
