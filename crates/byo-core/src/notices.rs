@@ -51,6 +51,22 @@ pub fn cleared<'a>(open: &'a [String], present: &[String]) -> Vec<&'a str> {
         .collect()
 }
 
+/// The days before a key list's expiry at which operators are told (issue #39, 5): a month
+/// out, then at the pages' own warnings (14, 7, 1), and once it has expired (0).
+pub const KEY_LIST_NOTICE_DAYS: [i64; 5] = [0, 1, 7, 14, 30];
+
+/// Which of [`KEY_LIST_NOTICE_DAYS`] a list expiring at `expires` is within at `now`, the
+/// nearest first; `None` more than a month out.
+pub fn key_list_notice(
+    expires: chrono::DateTime<chrono::Utc>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Option<i64> {
+    let left = expires - now;
+    KEY_LIST_NOTICE_DAYS
+        .into_iter()
+        .find(|d| left <= TimeDelta::days(*d))
+}
+
 /// The header an outbound webhook's signature travels in: `v1=<hex>`, the HMAC-SHA256
 /// under the shared secret of `<timestamp>.<body>` (the timestamp is the
 /// [`WEBHOOK_TIMESTAMP_HEADER`]'s, Unix seconds), so a receiver can refuse a replayed body.
@@ -95,6 +111,21 @@ mod tests {
             after_failure(1, false),
             AfterFailure::RetryIn(TimeDelta::seconds(30))
         );
+    }
+
+    #[test]
+    fn the_key_list_is_noticed_a_month_out_then_at_14_7_1_and_expired() {
+        let expires: chrono::DateTime<chrono::Utc> = "2027-03-01T12:00:00Z".parse().unwrap();
+        let at = |d: i64, s: i64| expires - TimeDelta::days(d) - TimeDelta::seconds(s);
+        assert_eq!(key_list_notice(expires, at(30, 1)), None);
+        assert_eq!(key_list_notice(expires, at(30, 0)), Some(30));
+        assert_eq!(key_list_notice(expires, at(14, 1)), Some(30));
+        assert_eq!(key_list_notice(expires, at(14, 0)), Some(14));
+        assert_eq!(key_list_notice(expires, at(7, 0)), Some(7));
+        assert_eq!(key_list_notice(expires, at(1, 0)), Some(1));
+        assert_eq!(key_list_notice(expires, at(0, 1)), Some(1));
+        assert_eq!(key_list_notice(expires, at(0, 0)), Some(0));
+        assert_eq!(key_list_notice(expires, at(-3, 0)), Some(0));
     }
 
     #[test]

@@ -62,7 +62,7 @@ pub fn describe(kind: NoticeKind) -> (&'static [Audience], &'static str) {
         NoticeKind::JobFailing => (&[Operators], "A background job keeps failing"),
         NoticeKind::KeyListExpiring => (
             &[Operators],
-            "The operator-key list expires in 14, 7 or 1 days",
+            "The operator-key list expires in 30, 14, 7 or 1 days",
         ),
     }
 }
@@ -374,7 +374,7 @@ pub async fn sweep_once(state: &AppState) -> AppResult<Sweep> {
 
     if let Some(list) = &published
         && let Some(expires) = crate::app::host_problems::list_expiry(Some(list))
-        && let Some(days) = crate::app::host_problems::expiry_warning(expires, now)
+        && let Some(days) = byo_core::notices::key_list_notice(expires, now)
     {
         let when = if days == 0 {
             "has expired".to_owned()

@@ -270,7 +270,7 @@ async fn a_job_failing_run_after_run_is_noticed_to_operators_until_it_succeeds(w
 
 /// Every other condition the sweep judges, injected at once: a stuck delete, a rollback, a
 /// halted fleet upgrade (operators), preparation stopped (the owner alone), then the key list
-/// nearing expiry (operators, once per threshold).
+/// nearing expiry (operators, once per threshold: 30, 14, 7 days).
 async fn each_swept_failure_reaches_exactly_its_people_once(w: World) {
     let t = w.clock.now();
     let db = w.db();
@@ -408,25 +408,22 @@ async fn each_swept_failure_reaches_exactly_its_people_once(w: World) {
     // (Publishing made a superadmin of its own: every operator is told.)
     let operators = db.operator_subs().await.unwrap();
     assert_eq!(operators.len(), 3);
-    w.clock
-        .advance(expires - TimeDelta::days(10) - w.clock.now());
-    db.execute_unchecked(&keep_beating(w.clock.now()))
-        .await
-        .unwrap();
-    let s = w.sweep().await;
-    assert_eq!((s.present, s.raised), (1, 3), "{s:?}");
-    w.clock.advance(TimeDelta::days(4));
-    db.execute_unchecked(&keep_beating(w.clock.now()))
-        .await
-        .unwrap();
-    let s = w.sweep().await;
-    assert_eq!(
-        (s.present, s.raised, s.cleared),
-        (1, 3, 3),
-        "{s:?}: the 7-day one is new, the 14-day one no longer present"
-    );
+    // A month out, then within 14 days, then within 7: each a notice, the one before cleared.
+    for (left, cleared) in [(20, 0), (10, 3), (6, 3)] {
+        w.clock
+            .advance(expires - TimeDelta::days(left) - w.clock.now());
+        db.execute_unchecked(&keep_beating(w.clock.now()))
+            .await
+            .unwrap();
+        let s = w.sweep().await;
+        assert_eq!(
+            (s.present, s.raised, s.cleared),
+            (1, 3, cleared),
+            "{left} days: {s:?}"
+        );
+    }
     let rows = w.rows().await;
-    assert_eq!(rows.len(), 6);
+    assert_eq!(rows.len(), 9);
     assert!(
         rows.iter()
             .all(|(k, to, _)| k == "key_list.expiring" && operators.contains(to)),
@@ -443,7 +440,8 @@ async fn each_swept_failure_reaches_exactly_its_people_once(w: World) {
         subjects,
         [
             "The operator-key list expires within 7 days",
-            "The operator-key list expires within 14 days"
+            "The operator-key list expires within 14 days",
+            "The operator-key list expires within 30 days"
         ]
     );
 }
