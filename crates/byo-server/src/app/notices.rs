@@ -139,13 +139,15 @@ fn at(t: DateTime<Utc>) -> String {
 }
 
 /// The customer's notice that the drain placed their queued create.
-pub async fn queue_placed(state: &AppState, queue_id: &str, user_sub: &str, vm: &VmRow) {
-    // The ssh line as the customer's list gives it (the relay's address where DNS is local).
-    let ssh = crate::app::instances::views(state, std::slice::from_ref(vm))
-        .await
-        .ok()
-        .and_then(|v| v.into_iter().next())
-        .and_then(|v| v.ssh_command);
+/// `relay_address` is the host's, for the ssh line where DNS is local (the drain has it).
+pub async fn queue_placed(
+    state: &AppState,
+    queue_id: &str,
+    user_sub: &str,
+    vm: &VmRow,
+    relay_address: Option<&str>,
+) {
+    let ssh = crate::app::instances::ssh_command(state, vm, relay_address);
     let name = &vm.name;
     let body = format!(
         "A host took your queued create: instance {name} is being created now and runs within \

@@ -243,7 +243,12 @@ pub async fn expire_once(state: &AppState) -> AppResult<u64> {
 
 /// The record that a drain placed a queued create, for its customer's notice (operators'
 /// placements are audited `queue.placed_by_operator` by who placed them).
-async fn record_placed(state: &AppState, row: &QueueRow, vm: &VmRow) -> AppResult<()> {
+async fn record_placed(
+    state: &AppState,
+    row: &QueueRow,
+    vm: &VmRow,
+    relay_address: Option<&str>,
+) -> AppResult<()> {
     state
         .store
         .audit(
@@ -255,7 +260,7 @@ async fn record_placed(state: &AppState, row: &QueueRow, vm: &VmRow) -> AppResul
             state.clock.now(),
         )
         .await?;
-    super::notices::queue_placed(state, &row.id, &row.user_sub, vm).await;
+    super::notices::queue_placed(state, &row.id, &row.user_sub, vm, relay_address).await;
     Ok(())
 }
 
@@ -605,7 +610,12 @@ async fn drain_row(
         if closed != GuardedWrite::Written {
             return Ok(RowOutcome::Lost);
         }
-        record_placed(state, row, &vm).await?;
+        // A placement the heartbeat settled (not the drain's own pick): its host read once.
+        let relay = match &vm.host_id {
+            Some(h) => state.store.host(h).await?.and_then(|h| h.relay_ip),
+            None => None,
+        };
+        record_placed(state, row, &vm, relay.as_deref()).await?;
         return Ok(RowOutcome::Placed);
     }
     // The rules, live: the account's roles now, not when it queued.
@@ -735,7 +745,7 @@ async fn try_host(
                     .settle_queue_placed(placed, state.clock.now())
                     .await?;
                 if closed == GuardedWrite::Written && how == QueueClose::Placed {
-                    record_placed(state, &queued, &vm).await?;
+                    record_placed(state, &queued, &vm, target.relay_ip.as_deref()).await?;
                 }
                 tracing::info!(vm = %vm.id, host = %target.slug, name = %vm.name, queue = %queued.id, "instance created");
                 Tried::Placed(vm.id)
