@@ -74,12 +74,18 @@ pub async fn views(state: &AppState, rows: &[VmRow]) -> AppResult<Vec<InstanceVi
     Ok(out)
 }
 
-fn view_on(state: &AppState, row: &VmRow, relay_address: Option<String>) -> InstanceView {
-    let ssh_command = if state.tunnels.publishes_dns() {
+/// The line a customer logs in with: the instance's name where DNS is published, else its
+/// host's relay address.
+pub fn ssh_command(state: &AppState, row: &VmRow, relay_address: Option<&str>) -> Option<String> {
+    if state.tunnels.publishes_dns() {
         row.ssh_hostname.as_deref().map(|h| format!("ssh root@{h}"))
     } else {
-        relay_address.as_deref().map(|a| format!("ssh root@{a}"))
-    };
+        relay_address.map(|a| format!("ssh root@{a}"))
+    }
+}
+
+fn view_on(state: &AppState, row: &VmRow, relay_address: Option<String>) -> InstanceView {
+    let ssh_command = ssh_command(state, row, relay_address.as_deref());
     InstanceView {
         id: row.id.clone(),
         name: row.name.clone(),

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use byo_core::notices::{AfterFailure, after_failure, cleared};
 use byo_db::notices::{Channel, NewNotice, NoticeRow};
+use byo_db::vms::VmRow;
 use byo_wire::Role;
 use byo_wire::notices::{NoticePreference, NoticeView};
 use byo_wire::states::{FleetRunState, NoticeKind};
@@ -138,16 +139,16 @@ fn at(t: DateTime<Utc>) -> String {
 }
 
 /// The customer's notice that the drain placed their queued create.
-pub async fn queue_placed(state: &AppState, queue_id: &str, user_sub: &str, vm_id: &str) {
-    let line = match state.store.vm(vm_id).await {
-        Ok(Some(vm)) => crate::app::instances::views(state, std::slice::from_ref(&vm))
-            .await
-            .ok()
-            .and_then(|v| v.into_iter().next())
-            .map(|v| (v.name, v.ssh_command)),
-        _ => None,
-    };
-    let (name, ssh) = line.unwrap_or_else(|| (vm_id.to_owned(), None));
+/// `relay_address` is the host's, for the ssh line where DNS is local (the drain has it).
+pub async fn queue_placed(
+    state: &AppState,
+    queue_id: &str,
+    user_sub: &str,
+    vm: &VmRow,
+    relay_address: Option<&str>,
+) {
+    let ssh = crate::app::instances::ssh_command(state, vm, relay_address);
+    let name = &vm.name;
     let body = format!(
         "A host took your queued create: instance {name} is being created now and runs within \
          minutes.\n\n{}\nYour instances: {}\n",

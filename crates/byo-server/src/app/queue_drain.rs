@@ -27,6 +27,7 @@ use byo_db::queue::{
 };
 use byo_db::vms::NewVm;
 use byo_db::vms::PickedHost;
+use byo_db::vms::VmRow;
 use byo_db::{DbError, hosts::AgentTargetRow};
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
@@ -242,19 +243,24 @@ pub async fn expire_once(state: &AppState) -> AppResult<u64> {
 
 /// The record that a drain placed a queued create, for its customer's notice (operators'
 /// placements are audited `queue.placed_by_operator` by who placed them).
-async fn record_placed(state: &AppState, row: &QueueRow, vm_id: &str) -> AppResult<()> {
+async fn record_placed(
+    state: &AppState,
+    row: &QueueRow,
+    vm: &VmRow,
+    relay_address: Option<&str>,
+) -> AppResult<()> {
     state
         .store
         .audit(
             None,
             "queue.placed",
             Some(&row.id),
-            json!({"user_sub": row.user_sub, "gpu_type": row.gpu_type, "vm_id": vm_id,
+            json!({"user_sub": row.user_sub, "gpu_type": row.gpu_type, "vm_id": vm.id,
                    "queued_at": row.created_at}),
             state.clock.now(),
         )
         .await?;
-    super::notices::queue_placed(state, &row.id, &row.user_sub, vm_id).await;
+    super::notices::queue_placed(state, &row.id, &row.user_sub, vm, relay_address).await;
     Ok(())
 }
 
@@ -604,7 +610,12 @@ async fn drain_row(
         if closed != GuardedWrite::Written {
             return Ok(RowOutcome::Lost);
         }
-        record_placed(state, row, vm_id).await?;
+        // A placement the heartbeat settled (not the drain's own pick): its host read once.
+        let relay = match &vm.host_id {
+            Some(h) => state.store.host(h).await?.and_then(|h| h.relay_ip),
+            None => None,
+        };
+        record_placed(state, row, &vm, relay.as_deref()).await?;
         return Ok(RowOutcome::Placed);
     }
     // The rules, live: the account's roles now, not when it queued.
@@ -734,7 +745,7 @@ async fn try_host(
                     .settle_queue_placed(placed, state.clock.now())
                     .await?;
                 if closed == GuardedWrite::Written && how == QueueClose::Placed {
-                    record_placed(state, &queued, &vm.id).await?;
+                    record_placed(state, &queued, &vm, target.relay_ip.as_deref()).await?;
                 }
                 tracing::info!(vm = %vm.id, host = %target.slug, name = %vm.name, queue = %queued.id, "instance created");
                 Tried::Placed(vm.id)

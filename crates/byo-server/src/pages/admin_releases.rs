@@ -12,7 +12,7 @@ use byo_wire::states::FleetRunState;
 use maud::{Markup, html};
 
 use super::instances::{at, shown};
-use super::{PageError, PageResult, ops_layout, require_operator};
+use super::{PageError, PageResult, ops_layout, require_operator, require_superadmin};
 use crate::app::{fleet_upgrade, releases};
 use crate::auth::{CurrentUser, Operator, Superadmin};
 use crate::error::AppError;
@@ -93,14 +93,6 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
 pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
     let op = require_operator(viewer)?;
     Ok(render(&state, &op, None).await?.into_response())
-}
-
-fn require_superadmin(viewer: Option<CurrentUser>) -> Result<Superadmin, PageError> {
-    match viewer {
-        None => Err(AppError::Unauthenticated.into()),
-        Some(v) if v.has(Role::Superadmin) => Ok(Superadmin(v)),
-        Some(_) => Err(AppError::Forbidden("superadmins only").into()),
-    }
 }
 
 async fn after(state: &AppState, admin: Superadmin, done: Result<(), AppError>) -> PageResult {

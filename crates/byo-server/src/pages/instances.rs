@@ -17,7 +17,7 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
 
-use super::{PageError, PageResult, layout};
+use super::{PageError, PageResult, layout, signed_in};
 use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
 use crate::app::queue_drain;
 use crate::app::ssh_keys;
@@ -82,10 +82,6 @@ pub(super) fn shown(e: AppError) -> Result<AppError, PageError> {
         AppError::Internal(_) | AppError::Unauthenticated => Err(e.into()),
         refused => Ok(refused),
     }
-}
-
-fn signed_in(viewer: Option<CurrentUser>) -> Result<CurrentUser, PageError> {
-    viewer.ok_or_else(|| AppError::Unauthenticated.into())
 }
 
 // ---------------------------------------------------------------- the customer's page

@@ -17,7 +17,7 @@ use crate::app::accounts::{self, open_session, password_sign_in};
 use crate::app::operator_keys;
 use crate::app::users::change_grant;
 use crate::auth::session::end_session;
-use crate::auth::{CurrentUser, Operator};
+use crate::auth::{CurrentUser, Operator, Superadmin};
 use crate::error::{AppError, current_request_id};
 use crate::state::AppState;
 
@@ -455,6 +455,20 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
             }
         }
     }).into_response())
+}
+
+/// The gate for a signed-in person's pages: anonymous callers are sent to sign in.
+pub(crate) fn signed_in(viewer: Option<CurrentUser>) -> Result<CurrentUser, PageError> {
+    viewer.ok_or_else(|| AppError::Unauthenticated.into())
+}
+
+/// The superadmin gate for pages: anonymous callers are sent to sign in.
+pub(crate) fn require_superadmin(viewer: Option<CurrentUser>) -> Result<Superadmin, PageError> {
+    match viewer {
+        None => Err(AppError::Unauthenticated.into()),
+        Some(v) if v.has(Role::Superadmin) => Ok(Superadmin(v)),
+        Some(_) => Err(AppError::Forbidden("superadmins only").into()),
+    }
 }
 
 /// The operator gate for pages: anonymous callers are sent to sign in.

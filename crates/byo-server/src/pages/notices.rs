@@ -12,7 +12,7 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::instances::at;
-use super::{PageError, PageResult, layout, ops_layout, require_operator};
+use super::{PageResult, layout, ops_layout, require_operator, signed_in};
 use crate::app::notices;
 use crate::auth::CurrentUser;
 use crate::error::AppError;
@@ -48,10 +48,6 @@ fn table(rows: &[NoticeView], with_recipient: bool) -> Markup {
             }
         }
     }
-}
-
-fn signed_in(viewer: Option<CurrentUser>) -> Result<CurrentUser, PageError> {
-    viewer.ok_or_else(|| AppError::Unauthenticated.into())
 }
 
 /// `GET /notices`.

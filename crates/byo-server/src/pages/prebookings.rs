@@ -13,23 +13,13 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::instances::{gpu_types, shown};
-use super::{PageError, PageResult, layout, ops_layout, require_operator};
+use super::{
+    PageError, PageResult, layout, ops_layout, require_operator, require_superadmin, signed_in,
+};
 use crate::app::prebookings;
-use crate::auth::{CurrentUser, Operator, Superadmin};
+use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
 use crate::state::AppState;
-
-fn signed_in(viewer: Option<CurrentUser>) -> Result<CurrentUser, PageError> {
-    viewer.ok_or_else(|| AppError::Unauthenticated.into())
-}
-
-fn require_superadmin(viewer: Option<CurrentUser>) -> Result<Superadmin, PageError> {
-    match viewer {
-        None => Err(AppError::Unauthenticated.into()),
-        Some(v) if v.has(Role::Superadmin) => Ok(Superadmin(v)),
-        Some(_) => Err(AppError::Forbidden("superadmins only").into()),
-    }
-}
 
 /// A booking's state in words: unpaid / paid, waiting for its window / launched /
 /// waiting because … / closed.
