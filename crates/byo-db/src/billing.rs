@@ -71,6 +71,8 @@ pub struct UsageChargeRow {
     pub currency: String,
     pub idempotency_key: String,
     pub stripe_invoice_item_id: Option<String>,
+    /// The invoice that took it; none while it is pending at Stripe.
+    pub invoice_id: Option<String>,
 }
 
 /// A stuck delete's refund, as recorded once Stripe took it.
@@ -98,6 +100,8 @@ pub struct RefundRow {
     pub currency: String,
     pub idempotency_key: String,
     pub stripe_credit_id: Option<String>,
+    /// The invoice that took it; none while it is pending at Stripe.
+    pub invoice_id: Option<String>,
 }
 
 impl Store {
@@ -266,7 +270,7 @@ impl Store {
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, UsageChargeRow>(
                 "select vm_id, user_sub, period_start, period_end, seconds, amount_cents, \
-                        currency, idempotency_key, stripe_invoice_item_id \
+                        currency, idempotency_key, stripe_invoice_item_id, invoice_id \
                  from usage_charges where vm_id = $1 order by period_start",
             )
             .bind(vm_id)
@@ -312,7 +316,7 @@ impl Store {
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, RefundRow>(
                 "select vm_id, user_sub, from_at, to_at, seconds, amount_cents, currency, \
-                        idempotency_key, stripe_credit_id \
+                        idempotency_key, stripe_credit_id, invoice_id \
                  from refunds where vm_id = $1",
             )
             .bind(vm_id)

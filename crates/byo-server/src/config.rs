@@ -526,6 +526,12 @@ impl Config {
             if b.price_cents_per_hour == 0 {
                 return Err("billing.price_cents_per_hour must be positive".to_owned());
             }
+            if b.invoice_threshold_cents == 0 {
+                return Err(
+                    "billing.invoice_threshold_cents must be positive (it is the balance at which an account is invoiced before its month ends)"
+                        .to_owned(),
+                );
+            }
             if b.currency.len() != 3 || !b.currency.bytes().all(|c| c.is_ascii_lowercase()) {
                 return Err(format!(
                     "billing.currency must be a lower-case ISO 4217 code, like usd: {:?}",

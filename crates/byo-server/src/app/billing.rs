@@ -319,6 +319,12 @@ pub async fn webhook(
         "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
             checkout_completed(state, stripe, object, now).await?
         }
+        "invoice.finalized"
+        | "invoice.paid"
+        | "invoice.payment_succeeded"
+        | "invoice.payment_failed"
+        | "invoice.voided"
+        | "invoice.marked_uncollectible" => invoice_event(state, kind, object, now).await?,
         other => format!("ignored {other}"),
     };
     state.store.mark_stripe_event_processed(id, now).await?;
@@ -377,6 +383,54 @@ async fn checkout_completed(
         }
         _ => Ok("a Checkout session of another mode: nothing to do".into()),
     }
+}
+
+/// An invoice's webhook: the invoice is ours when its Stripe id is on a row, or (the event
+/// overtook the answer that carried the id) when `metadata.invoice_id` names one. Its status
+/// moves only forward, so events in any order leave the latest state; a decline stamps
+/// `payment_failed_at`. Someone else's invoice is recorded and ignored.
+async fn invoice_event(
+    state: &AppState,
+    kind: &str,
+    object: &Value,
+    now: DateTime<Utc>,
+) -> AppResult<String> {
+    let Ok(inv) = serde_json::from_value::<crate::providers::stripe::Invoice>(object.clone())
+    else {
+        return Ok(format!("{kind}: not an invoice object, nothing written"));
+    };
+    let row = match state.store.invoice_by_stripe_id(&inv.id).await? {
+        Some(r) => Some(r),
+        None => match inv.metadata.get("invoice_id").and_then(Value::as_str) {
+            Some(ours) => state
+                .store
+                .invoice(ours)
+                .await?
+                .filter(|r| r.stripe_invoice_id.as_deref().is_none_or(|s| s == inv.id)),
+            None => None,
+        },
+    };
+    let Some(row) = row else {
+        tracing::warn!(stripe_invoice = %inv.id, kind, "an invoice event for an invoice this installation did not make: nothing written");
+        return Ok(format!("invoice {}: not ours, nothing written", inv.id));
+    };
+    let failed = kind == "invoice.payment_failed";
+    let update = byo_db::invoices::InvoiceUpdate {
+        status: inv.status.as_deref().and_then(|s| s.parse().ok()),
+        stripe_invoice_id: Some(&inv.id),
+        hosted_invoice_url: inv.hosted_invoice_url.as_deref(),
+        stripe_total_cents: Some(inv.total),
+        pay_attempted: failed,
+        payment_failed: failed,
+        last_error: failed.then_some("the payment failed (invoice.payment_failed)"),
+    };
+    let w = state.store.update_invoice(&row.id, &update, now).await?;
+    Ok(format!(
+        "invoice {} ({}): {} ({w:?})",
+        row.id,
+        inv.id,
+        inv.status.as_deref().unwrap_or("no status")
+    ))
 }
 
 /// The charge as pure computation over the four timestamps, time passed in.
@@ -477,6 +531,16 @@ pub struct BillReport {
     /// Instances of accounts with no Stripe customer: left for a later run.
     pub no_customer: usize,
     pub failed: usize,
+    /// Invoices made this run (each account's uninvoiced usage, at month end or past the
+    /// threshold).
+    pub invoiced: usize,
+    /// Invoices that reached `paid` this run.
+    pub invoices_paid: usize,
+    /// Invoices whose payment was declined this run.
+    pub payments_failed: usize,
+    /// Accounts whose charging failed this run: not invoiced until a run charges them
+    /// cleanly (Stripe may hold an item they have not recorded).
+    pub failed_accounts: std::collections::BTreeSet<String>,
 }
 
 /// The job `bill-usage`: every unfinished instance's final periods charged (one invoice
@@ -502,16 +566,196 @@ pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
         // 15 minutes, for one rule fewer.
     }
     report.no_customer = usize::try_from(state.store.vms_without_customer().await?).unwrap_or(0);
+    // Invoicing runs after charging in the same run, never beside it: an invoice takes every
+    // item pending at Stripe, so an item made while an invoice is being made would land on
+    // it unrecorded. An account whose charging failed this run may have an item at Stripe
+    // it has not recorded, so it waits for the next run.
+    invoice_due(state, stripe, now, &mut report, &mut first_error).await?;
     match first_error {
         Some(e) => Err(AppError::Internal(anyhow!(
-            "charged {}, refunded {}, closed {}, {} instances failed (first: {e})",
+            "charged {}, refunded {}, closed {}, invoiced {}, {} failed (first: {e})",
             report.charged,
             report.refunded,
             report.closed,
+            report.invoiced,
             report.failed
         ))),
         None => Ok(report),
     }
+}
+
+/// When to invoice, and the next Stripe call for an invoice: pure, time passed in.
+pub mod invoicing {
+    use byo_db::invoices::{InvoiceRow, REASON_MONTH_END, REASON_THRESHOLD};
+    use byo_wire::states::InvoiceStatus;
+    use chrono::{DateTime, Datelike, TimeZone, Utc};
+
+    /// Midnight UTC on the first of `t`'s month.
+    pub fn month_start(t: DateTime<Utc>) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
+            .single()
+            .expect("the first of a month at midnight UTC exists")
+    }
+
+    /// Whether an account with `balance` cents uninvoiced, the oldest from `earliest`, is
+    /// invoiced now, and why: once a month has ended with usage in it, or once the balance
+    /// reaches the threshold. Nothing positive, nothing to invoice (a credit waits for the
+    /// next charges).
+    pub fn due(
+        balance: i64,
+        earliest: DateTime<Utc>,
+        now: DateTime<Utc>,
+        threshold: u32,
+    ) -> Option<&'static str> {
+        if balance <= 0 {
+            None
+        } else if earliest < month_start(now) {
+            Some(REASON_MONTH_END)
+        } else if balance >= i64::from(threshold) {
+            Some(REASON_THRESHOLD)
+        } else {
+            None
+        }
+    }
+
+    /// The next call an invoice needs.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Next<'a> {
+        /// Not at Stripe yet: `POST /v1/invoices` (key `invoice-<id>`).
+        Create,
+        /// A draft: `POST /v1/invoices/{id}/finalize` (key `finalize-<id>`).
+        Finalize(&'a str),
+        /// Open and never asked to pay: `POST /v1/invoices/{id}/pay` (key `pay-<id>`).
+        Pay(&'a str),
+        /// Paid, void, uncollectible, or its payment already attempted: the webhooks
+        /// carry the rest.
+        Done,
+    }
+
+    pub fn next(row: &InvoiceRow) -> Next<'_> {
+        match (row.status, row.stripe_invoice_id.as_deref()) {
+            (InvoiceStatus::Pending, _) | (_, None) => Next::Create,
+            (InvoiceStatus::Draft, Some(id)) => Next::Finalize(id),
+            (InvoiceStatus::Open, Some(id)) if row.pay_attempted_at.is_none() => Next::Pay(id),
+            _ => Next::Done,
+        }
+    }
+}
+
+/// Finish every unfinished invoice, then make and finish the ones now due.
+async fn invoice_due(
+    state: &AppState,
+    stripe: &StripeBilling,
+    now: DateTime<Utc>,
+    report: &mut BillReport,
+    first_error: &mut Option<String>,
+) -> AppResult<()> {
+    for row in state.store.unfinished_invoices().await? {
+        advance_invoice(state, stripe, row, now, report, first_error).await?;
+    }
+    let threshold = stripe.config.invoice_threshold_cents;
+    for b in state.store.uninvoiced_balances().await? {
+        if report.failed_accounts.contains(&b.user_sub) {
+            continue;
+        }
+        let Some(reason) = invoicing::due(b.amount_cents, b.earliest, now, threshold) else {
+            continue;
+        };
+        let Some(row) = state
+            .store
+            .open_invoice(
+                &b.user_sub,
+                &b.customer_id,
+                reason,
+                &stripe.config.currency,
+                now,
+            )
+            .await?
+        else {
+            continue;
+        };
+        tracing::info!(invoice = %row.id, user = %row.user_sub, amount_cents = row.amount_cents, reason, "bill-usage: invoicing");
+        report.invoiced += 1;
+        advance_invoice(state, stripe, row, now, report, first_error).await?;
+    }
+    Ok(())
+}
+
+/// Take one invoice as far as it goes now: created, finalized, paid. Each answer is recorded
+/// before the next call, and each call's key is derived from the invoice's id, so a run that
+/// dies between two calls is finished by the next without a second invoice. A decline is
+/// recorded (the invoice stays open); an outage leaves it for the next run.
+async fn advance_invoice(
+    state: &AppState,
+    stripe: &StripeBilling,
+    mut row: byo_db::invoices::InvoiceRow,
+    now: DateTime<Utc>,
+    report: &mut BillReport,
+    first_error: &mut Option<String>,
+) -> AppResult<()> {
+    use byo_db::invoices::InvoiceUpdate;
+    use invoicing::Next;
+    // Create, finalize, pay: three calls at most; a fourth turn would mean an answer that
+    // moved nothing (an unknown status), which the next run sees again.
+    for _ in 0..3 {
+        let (answer, pay) = match invoicing::next(&row) {
+            Next::Done => return Ok(()),
+            Next::Create => (
+                stripe
+                    .client
+                    .create_invoice(&row.customer_id, &row.currency, &row.id)
+                    .await,
+                false,
+            ),
+            Next::Finalize(sid) => (stripe.client.finalize_invoice(sid, &row.id).await, false),
+            Next::Pay(sid) => (stripe.client.pay_invoice(sid, &row.id).await, true),
+        };
+        let declined = answer.as_ref().err().map(|e| e.to_string());
+        let update = match &answer {
+            Ok(inv) => {
+                if inv.total != i64::from(row.amount_cents) {
+                    tracing::warn!(invoice = %row.id, stripe_invoice = %inv.id, ours = row.amount_cents, stripe = inv.total, "bill-usage: Stripe's invoice total is not what this installation invoiced (items at Stripe it did not make?)");
+                }
+                let status = inv.status.as_deref().and_then(|s| s.parse().ok());
+                InvoiceUpdate {
+                    status,
+                    stripe_invoice_id: Some(&inv.id),
+                    hosted_invoice_url: inv.hosted_invoice_url.as_deref(),
+                    stripe_total_cents: Some(inv.total),
+                    pay_attempted: pay,
+                    ..Default::default()
+                }
+            }
+            Err(e) if pay && !e.is_outage() => InvoiceUpdate {
+                pay_attempted: true,
+                payment_failed: true,
+                last_error: declined.as_deref(),
+                ..Default::default()
+            },
+            Err(e) => {
+                tracing::warn!(invoice = %row.id, error = %e, "bill-usage: an invoice call failed; left for the next run");
+                first_error.get_or_insert_with(|| e.to_string());
+                report.failed += 1;
+                return Ok(());
+            }
+        };
+        let before = row.status;
+        state.store.update_invoice(&row.id, &update, now).await?;
+        row = state
+            .store
+            .invoice(&row.id)
+            .await?
+            .ok_or_else(|| AppError::Internal(anyhow!("invoice {} vanished", row.id)))?;
+        if row.status == byo_wire::states::InvoiceStatus::Paid && before != row.status {
+            report.invoices_paid += 1;
+        }
+        if let Err(e) = &answer {
+            tracing::warn!(invoice = %row.id, error = %e, "bill-usage: the invoice's payment was declined; it stays open");
+            report.payments_failed += 1;
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// One instance's final periods, then (deleted) its refund and its close. A Stripe failure
@@ -562,6 +806,7 @@ async fn bill_one(
                 Err(e) => {
                     tracing::warn!(vm = %vm.id, error = %e, "bill-usage: charging a period failed; left for the next run");
                     first_error.get_or_insert_with(|| e.to_string());
+                    report.failed_accounts.insert(vm.user_sub.clone());
                     ok = false;
                     break;
                 }
@@ -628,6 +873,7 @@ async fn bill_one(
                     tracing::warn!(vm = %vm.id, error = %e, "bill-usage: the stuck-delete refund failed; left for the next run");
                     first_error.get_or_insert_with(|| e.to_string());
                     report.failed += 1;
+                    report.failed_accounts.insert(vm.user_sub.clone());
                     return Ok(());
                 }
             }

@@ -1,0 +1,344 @@
+//! Invoices in the store (issue #40, 1; migration 0023), on both backends: an account's
+//! uninvoiced charges less its credits; an invoice made takes exactly those, once, and a
+//! second is refused while one is pending; nothing positive, no invoice; a status moves only
+//! forward with its stamps set once; the unfinished ones and an account's list.
+
+use byo_db::GuardedWrite;
+use byo_db::Store;
+use byo_db::billing::{NewRefund, NewUsageCharge};
+use byo_db::invoices::{InvoiceUpdate, REASON_MONTH_END, REASON_THRESHOLD};
+use byo_db::testing;
+use byo_db::users::NewUser;
+use byo_db::vms::NewVm;
+use byo_wire::states::InvoiceStatus;
+use chrono::{DateTime, TimeDelta, Utc};
+
+on_both!(
+    an_invoice_takes_the_accounts_uninvoiced_charges_less_credits_once,
+    an_invoice_status_moves_only_forward_and_stamps_once,
+);
+
+fn t0() -> DateTime<Utc> {
+    DateTime::from_timestamp(1_900_000_000, 0).unwrap()
+}
+
+/// An account with a Stripe customer `cus_<email>` and an instance.
+async fn account(store: &Store, email: &str) -> (String, String) {
+    let sub = store
+        .create_user(
+            NewUser {
+                email,
+                display_name: "",
+                password_hash: "$argon2id$x",
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .sub;
+    store
+        .keep_stripe_customer(&sub, &format!("cus_{email}"), t0())
+        .await
+        .unwrap();
+    let vm = store
+        .create_vm(
+            NewVm {
+                user_sub: &sub,
+                host_id: None,
+                name: email,
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    (sub, vm)
+}
+
+async fn charge(store: &Store, sub: &str, vm: &str, day: i64, cents: i32) {
+    let start = t0() + TimeDelta::days(day);
+    let key = format!("usage-{vm}-{day}");
+    store
+        .record_usage_charge(
+            &NewUsageCharge {
+                vm_id: vm,
+                user_sub: sub,
+                period_start: start,
+                period_end: start + TimeDelta::days(1),
+                seconds: 86_400,
+                amount_cents: cents,
+                currency: "usd",
+                idempotency_key: &key,
+                stripe_invoice_item_id: Some("ii_1"),
+            },
+            t0(),
+        )
+        .await
+        .unwrap();
+}
+
+async fn credit(store: &Store, sub: &str, vm: &str, cents: i32) {
+    let key = format!("refund-{vm}");
+    store
+        .record_refund(
+            &NewRefund {
+                vm_id: vm,
+                user_sub: sub,
+                from_at: t0(),
+                to_at: t0() + TimeDelta::hours(1),
+                seconds: 3600,
+                amount_cents: cents,
+                currency: "usd",
+                idempotency_key: &key,
+                stripe_credit_id: Some("ii_c"),
+            },
+            t0(),
+        )
+        .await
+        .unwrap();
+}
+
+async fn an_invoice_takes_the_accounts_uninvoiced_charges_less_credits_once(db: testing::TestDb) {
+    let (a, vm_a) = account(&db, "a@example.com").await;
+    let (b, vm_b) = account(&db, "b@example.com").await;
+    assert!(db.uninvoiced_balances().await.unwrap().is_empty());
+    charge(&db, &a, &vm_a, 2, 300).await;
+    charge(&db, &a, &vm_a, 1, 200).await;
+    credit(&db, &a, &vm_a, 50).await;
+    charge(&db, &b, &vm_b, 3, 70).await;
+    let balances = db.uninvoiced_balances().await.unwrap();
+    let of = |sub: &str| {
+        balances
+            .iter()
+            .find(|x| x.user_sub == sub)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(balances.len(), 2);
+    assert_eq!(of(&a).amount_cents, 450, "charges less the credit");
+    assert_eq!(of(&a).customer_id, "cus_a@example.com");
+    assert_eq!(of(&a).earliest, t0(), "the credit's start is the oldest");
+    assert_eq!(
+        (of(&b).amount_cents, of(&b).earliest),
+        (70, t0() + TimeDelta::days(3))
+    );
+
+    let at = t0() + TimeDelta::days(5);
+    let inv = db
+        .open_invoice(&a, "cus_a@example.com", REASON_MONTH_END, "usd", at)
+        .await
+        .unwrap()
+        .expect("an invoice");
+    assert_eq!(
+        (
+            inv.status,
+            inv.amount_cents,
+            inv.reason.as_str(),
+            inv.created_at
+        ),
+        (InvoiceStatus::Pending, 450, REASON_MONTH_END, at)
+    );
+    assert_eq!(db.invoice_lines_total(&inv.id).await.unwrap(), (500, 50));
+    for c in db.usage_charges(&vm_a).await.unwrap() {
+        assert_eq!(c.invoice_id.as_deref(), Some(inv.id.as_str()));
+    }
+    assert_eq!(
+        db.refund_for(&vm_a).await.unwrap().unwrap().invoice_id,
+        Some(inv.id.clone())
+    );
+    // b's charge is untouched, and only b is left uninvoiced.
+    assert_eq!(db.usage_charges(&vm_b).await.unwrap()[0].invoice_id, None);
+    let left = db.uninvoiced_balances().await.unwrap();
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].user_sub, b);
+
+    // A new charge while a's invoice is pending: no second invoice until it is at Stripe.
+    charge(&db, &a, &vm_a, 4, 10).await;
+    assert_eq!(
+        db.open_invoice(&a, "cus_a@example.com", REASON_THRESHOLD, "usd", at)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(db.invoice_lines_total(&inv.id).await.unwrap(), (500, 50));
+    db.update_invoice(
+        &inv.id,
+        &InvoiceUpdate {
+            status: Some(InvoiceStatus::Draft),
+            stripe_invoice_id: Some("in_1"),
+            ..Default::default()
+        },
+        at,
+    )
+    .await
+    .unwrap();
+    let next = db
+        .open_invoice(
+            &a,
+            "cus_a@example.com",
+            REASON_THRESHOLD,
+            "usd",
+            at + TimeDelta::minutes(1),
+        )
+        .await
+        .unwrap()
+        .expect("the next invoice, once the first is at Stripe");
+    assert_eq!(next.amount_cents, 10);
+    assert_eq!(db.invoice_lines_total(&next.id).await.unwrap(), (10, 0));
+
+    // Nothing positive: a credit alone waits for charges.
+    let (c, vm_c) = account(&db, "c@example.com").await;
+    charge(&db, &c, &vm_c, 1, 0).await;
+    credit(&db, &c, &vm_c, 40).await;
+    assert_eq!(
+        db.open_invoice(&c, "cus_c@example.com", REASON_MONTH_END, "usd", at)
+            .await
+            .unwrap(),
+        None
+    );
+    assert_eq!(db.invoices_for(&c, 10).await.unwrap(), vec![]);
+
+    // The unfinished: the pending one and the draft, oldest first; a's list newest first.
+    let unfinished: Vec<_> = db
+        .unfinished_invoices()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(unfinished, vec![inv.id.clone(), next.id.clone()]);
+    let listed: Vec<_> = db
+        .invoices_for(&a, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(db.invoices_for(&a, 1).await.unwrap().len(), 1);
+    assert_eq!(
+        db.invoice_by_stripe_id("in_1").await.unwrap().map(|i| i.id),
+        Some(inv.id)
+    );
+}
+
+async fn an_invoice_status_moves_only_forward_and_stamps_once(db: testing::TestDb) {
+    let (a, vm) = account(&db, "a@example.com").await;
+    charge(&db, &a, &vm, 1, 500).await;
+    let t = t0();
+    let inv = db
+        .open_invoice(&a, "cus_a@example.com", REASON_THRESHOLD, "usd", t)
+        .await
+        .unwrap()
+        .unwrap();
+    let step = |minutes: i64| t + TimeDelta::minutes(minutes);
+    let open = InvoiceUpdate {
+        status: Some(InvoiceStatus::Open),
+        stripe_invoice_id: Some("in_9"),
+        hosted_invoice_url: Some("https://invoice.example/in_9"),
+        stripe_total_cents: Some(500),
+        ..Default::default()
+    };
+    assert_eq!(
+        db.update_invoice(&inv.id, &open, step(1)).await.unwrap(),
+        GuardedWrite::Written
+    );
+    let declined = InvoiceUpdate {
+        pay_attempted: true,
+        payment_failed: true,
+        last_error: Some("declined"),
+        ..Default::default()
+    };
+    db.update_invoice(&inv.id, &declined, step(2))
+        .await
+        .unwrap();
+    // A second decline keeps the first stamps; a Stripe id once set is kept.
+    let again = InvoiceUpdate {
+        stripe_invoice_id: Some("in_other"),
+        ..declined.clone()
+    };
+    db.update_invoice(&inv.id, &again, step(3)).await.unwrap();
+    let row = db.invoice(&inv.id).await.unwrap().unwrap();
+    assert_eq!(row.status, InvoiceStatus::Open);
+    assert_eq!(row.stripe_invoice_id.as_deref(), Some("in_9"));
+    assert_eq!(
+        row.hosted_invoice_url.as_deref(),
+        Some("https://invoice.example/in_9")
+    );
+    assert_eq!(row.stripe_total_cents, Some(500));
+    assert_eq!(
+        (
+            row.finalized_at,
+            row.pay_attempted_at,
+            row.payment_failed_at
+        ),
+        (Some(step(1)), Some(step(2)), Some(step(2)))
+    );
+    assert_eq!(row.last_error.as_deref(), Some("declined"));
+    assert_eq!(row.updated_at, step(3));
+    assert!(
+        db.unfinished_invoices().await.unwrap().is_empty(),
+        "open and asked to pay: the webhooks carry the rest"
+    );
+
+    let paid = InvoiceUpdate {
+        status: Some(InvoiceStatus::Paid),
+        ..Default::default()
+    };
+    assert_eq!(
+        db.update_invoice(&inv.id, &paid, step(4)).await.unwrap(),
+        GuardedWrite::Written
+    );
+    // A late event that would reopen or void it writes nothing at all.
+    for late in [
+        InvoiceStatus::Open,
+        InvoiceStatus::Draft,
+        InvoiceStatus::Void,
+    ] {
+        let u = InvoiceUpdate {
+            status: Some(late),
+            hosted_invoice_url: Some("https://elsewhere"),
+            ..Default::default()
+        };
+        assert_eq!(
+            db.update_invoice(&inv.id, &u, step(5)).await.unwrap(),
+            GuardedWrite::AlreadySet,
+            "{late}"
+        );
+    }
+    let row = db.invoice(&inv.id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.paid_at, row.finalized_at, row.voided_at),
+        (InvoiceStatus::Paid, Some(step(4)), Some(step(1)), None)
+    );
+    assert_eq!(row.updated_at, step(4));
+    assert_eq!(
+        row.hosted_invoice_url.as_deref(),
+        Some("https://invoice.example/in_9")
+    );
+    // An id that names no invoice writes nothing.
+    assert_eq!(
+        db.update_invoice("nope", &paid, step(6)).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+
+    // Void from open stamps voided_at.
+    charge(&db, &a, &vm, 2, 100).await;
+    let second = db
+        .open_invoice(&a, "cus_a@example.com", REASON_THRESHOLD, "usd", t)
+        .await
+        .unwrap()
+        .unwrap();
+    let void = InvoiceUpdate {
+        status: Some(InvoiceStatus::Void),
+        ..Default::default()
+    };
+    db.update_invoice(&second.id, &void, step(7)).await.unwrap();
+    let row = db.invoice(&second.id).await.unwrap().unwrap();
+    assert_eq!(
+        (row.status, row.voided_at, row.paid_at),
+        (InvoiceStatus::Void, Some(step(7)), None)
+    );
+}
