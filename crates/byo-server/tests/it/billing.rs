@@ -202,6 +202,18 @@ impl World {
         billing::bill_usage_once(&self.app.state).await.unwrap()
     }
 
+    /// Stripe's event `id` of `kind` about `object`, signed now.
+    async fn send_event(&self, id: &str, kind: &str, object: Value) -> Reply {
+        let e = fake_stripe::event(id, kind, object, self.clock.now().timestamp());
+        self.webhook(&e).await
+    }
+
+    /// Dec 1, 00:15: November is over.
+    fn december(&self) {
+        let to = Utc.with_ymd_and_hms(2026, 12, 1, 0, 15, 0).unwrap();
+        self.clock.advance(to - self.clock.now());
+    }
+
     fn invoice_items(&self) -> Vec<Value> {
         self.fake.lock().unwrap().invoice_items.clone()
     }
@@ -828,7 +840,7 @@ async fn a_retried_job_never_charges_twice(w: World) {
     w.clock.advance(TimeDelta::days(1));
     assert_eq!(
         run_in_an_outage(&w).await,
-        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+        "charged 0, refunded 0, closed 0, invoiced 0, 1 failed (first: stripe: 503 api_error: injected by the fake)"
     );
     assert_eq!(w.db().usage_charges(&vm).await.unwrap().len(), 2);
     assert_eq!(w.bill().await.charged, 1);
@@ -936,7 +948,7 @@ async fn a_failed_credit_is_counted_and_left_for_the_next_run(w: World) {
         .unwrap();
     assert_eq!(
         run_in_an_outage(&w).await,
-        "charged 0, refunded 0, closed 0, 1 instances failed (first: stripe: 503 api_error: injected by the fake)"
+        "charged 0, refunded 0, closed 0, invoiced 0, 1 failed (first: stripe: 503 api_error: injected by the fake)"
     );
     assert!(w.db().refund_for(&vm).await.unwrap().is_none());
     assert!(!w.db().billing_closed(&vm).await.unwrap());
@@ -963,6 +975,270 @@ async fn usage_waits_for_an_account_without_a_customer(w: World) {
     w.chargeable().await;
     assert_eq!(w.bill().await.charged, 1);
 }
+
+// ---------------------------------------------------------------------------- invoices
+
+/// The one invoice at the fake, and our row of it.
+async fn the_invoice(w: &World) -> (Value, byo_db::invoices::InvoiceRow) {
+    let invoices: Vec<Value> = w.fake.lock().unwrap().invoices.values().cloned().collect();
+    assert_eq!(invoices.len(), 1, "{invoices:?}");
+    let sid = invoices[0]["id"].as_str().unwrap();
+    let row = w.db().invoice_by_stripe_id(sid).await.unwrap().unwrap();
+    (invoices[0].clone(), row)
+}
+
+/// POSTs the fake saw to a path ending with `suffix`, with their keys.
+fn posts_to(w: &World, suffix: &str) -> Vec<Option<String>> {
+    w.fake
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(m, p, _)| m == "POST" && p.ends_with(suffix))
+        .map(|(_, _, k)| k.clone())
+        .collect()
+}
+
+async fn usage_is_invoiced_at_the_threshold_and_when_its_month_ends(w: World) {
+    let cus = w.chargeable().await;
+    let vm = w.vm("kept", start()).await;
+    w.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+    // Nov 5, 01:00: Nov 1 (2 h) and three full days, $88.80, under the $100 threshold.
+    w.clock.advance(TimeDelta::hours(3 + 72));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.invoiced), (4, 0));
+    assert!(w.fake.lock().unwrap().invoices.is_empty());
+    // Nov 6, 01:00: one more day, $117.60: invoiced now, paid with the default card.
+    w.clock.advance(TimeDelta::days(1));
+    let r = w.bill().await;
+    assert_eq!(
+        (r.charged, r.invoiced, r.invoices_paid, r.payments_failed),
+        (1, 1, 1, 0)
+    );
+    let (inv, row) = the_invoice(&w).await;
+    assert_eq!(inv["customer"], json!(cus));
+    assert_eq!(inv["status"], "paid");
+    assert_eq!(inv["total"], json!(11_760));
+    assert_eq!(inv["auto_advance"], json!(false));
+    assert_eq!(inv["metadata"]["invoice_id"], json!(row.id));
+    assert_eq!(inv["lines"]["data"].as_array().unwrap().len(), 5);
+    assert_eq!(
+        (
+            row.reason.as_str(),
+            row.amount_cents,
+            row.stripe_total_cents
+        ),
+        ("threshold", 11_760, Some(11_760))
+    );
+    assert_eq!(row.status, byo_wire::states::InvoiceStatus::Paid);
+    assert_eq!(row.paid_at, Some(w.clock.now()));
+    assert_eq!(
+        row.hosted_invoice_url,
+        inv["hosted_invoice_url"].as_str().map(str::to_owned)
+    );
+    for c in w.db().usage_charges(&vm).await.unwrap() {
+        assert_eq!(c.invoice_id.as_deref(), Some(row.id.as_str()));
+    }
+    // Each call under the key derived from our invoice's id.
+    assert_eq!(
+        posts_to(&w, "/v1/invoices"),
+        [Some(format!("invoice-{}", row.id))]
+    );
+    assert_eq!(
+        posts_to(&w, "/finalize"),
+        [Some(format!("finalize-{}", row.id))]
+    );
+    assert_eq!(posts_to(&w, "/pay"), [Some(format!("pay-{}", row.id))]);
+    // The next run has nothing to invoice.
+    assert_eq!(w.bill().await.invoiced, 0);
+    assert_eq!(posts_to(&w, "/pay").len(), 1);
+
+    // Deleted at 02:00: two hours, $2.40, under the threshold and waiting for December …
+    w.db()
+        .request_vm_delete(&vm, w.clock.now() + TimeDelta::hours(1))
+        .await
+        .unwrap();
+    w.db()
+        .confirm_vm_deleted(&vm, w.clock.now() + TimeDelta::minutes(61))
+        .await
+        .unwrap();
+    w.clock.advance(TimeDelta::hours(2));
+    let r = w.bill().await;
+    assert_eq!((r.charged, r.closed, r.invoiced), (1, 1, 0));
+    // … when the month that had it is over.
+    w.december();
+    let r = w.bill().await;
+    assert_eq!((r.invoiced, r.invoices_paid), (1, 1));
+    let rows = w.db().invoices_for(&w.customer.sub, 10).await.unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        (rows[0].reason.as_str(), rows[0].amount_cents),
+        ("month_end", 242)
+    );
+    assert_eq!(w.fake.lock().unwrap().invoices.len(), 2);
+}
+
+/// A run that dies after any call finishes on the next: the same keys, one invoice, one
+/// payment.
+async fn an_invoicing_run_that_dies_between_calls_finishes_without_a_second_invoice(w: World) {
+    w.chargeable().await;
+    w.deleted_vm("hour", TimeDelta::minutes(60), TimeDelta::minutes(61))
+        .await;
+    w.december();
+    // Created at Stripe; the finalize finds Stripe down.
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::POST,
+        path_prefix: "/v1/invoices/".into(),
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: false,
+    });
+    assert_eq!(
+        failed_run(&w).await,
+        "charged 1, refunded 0, closed 1, invoiced 1, 1 failed (first: stripe: 503 api_error: injected by the fake)"
+    );
+    let (inv, row) = the_invoice(&w).await;
+    assert_eq!(
+        (inv["status"].as_str(), row.status.as_str()),
+        (Some("draft"), "draft")
+    );
+    // The run died before it recorded Stripe's answer to the create: the next sends the
+    // same key and Stripe answers the same invoice.
+    w.db()
+        .execute_unchecked("update invoices set status = 'pending', stripe_invoice_id = null")
+        .await
+        .unwrap();
+    let r = w.bill().await;
+    assert_eq!((r.invoiced, r.invoices_paid), (0, 1));
+    let (inv, row) = the_invoice(&w).await;
+    assert_eq!(
+        (inv["status"].as_str(), row.status.as_str()),
+        (Some("paid"), "paid")
+    );
+    assert_eq!(row.amount_cents, 122);
+    // The run died before it recorded the payment: the same key, no second charge.
+    w.db()
+        .execute_unchecked(
+            "update invoices set status = 'open', pay_attempted_at = null, paid_at = null",
+        )
+        .await
+        .unwrap();
+    assert_eq!(w.bill().await.invoices_paid, 1);
+    let (inv, _) = the_invoice(&w).await;
+    assert_eq!(inv["attempt_count"], json!(1), "paid once");
+    let key = Some(format!("pay-{}", row.id));
+    assert_eq!(posts_to(&w, "/pay"), [key.clone(), key]);
+    assert_eq!(
+        posts_to(&w, "/v1/invoices").len(),
+        2,
+        "the create, and its replay"
+    );
+}
+
+/// A decline leaves the invoice open and the account refused by the live check; the
+/// webhooks Stripe sends then — in any order, replayed or not — leave the latest state, and
+/// the payment made later on Stripe's page closes it.
+async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_come_in(w: World) {
+    let cus = w.chargeable().await;
+    w.fake.lock().unwrap().declining.insert(cus.clone());
+    w.deleted_vm("hour", TimeDelta::minutes(60), TimeDelta::minutes(61))
+        .await;
+    w.december();
+    let r = w.bill().await;
+    assert_eq!((r.invoiced, r.invoices_paid, r.payments_failed), (1, 0, 1));
+    let (inv, row) = the_invoice(&w).await;
+    assert_eq!(
+        (inv["status"].as_str(), row.status.as_str()),
+        (Some("open"), "open")
+    );
+    assert_eq!(row.payment_failed_at, Some(w.clock.now()));
+    assert!(
+        row.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("card_declined"),
+        "{row:?}"
+    );
+    let Charge::Refused { reason } = w.may_charge().await else {
+        panic!("a customer whose invoice was declined may not be charged")
+    };
+    assert!(reason.contains("declined"), "{reason}");
+    // No second attempt by the job: the webhooks and the customer carry it on.
+    assert_eq!(w.bill().await.payments_failed, 0);
+    assert_eq!(posts_to(&w, "/pay").len(), 1);
+
+    let sid = inv["id"].as_str().unwrap().to_owned();
+    // What Stripe sends on a decline.
+    for (id, kind) in [
+        ("evt_f", "invoice.finalized"),
+        ("evt_pf", "invoice.payment_failed"),
+    ] {
+        let r = w.send_event(id, kind, inv.clone()).await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    }
+    assert_eq!(the_invoice(&w).await.1.status.as_str(), "open");
+    // Paid later on the hosted page.
+    w.clock.advance(TimeDelta::hours(5));
+    let paid = w.fake.lock().unwrap().pay_on_hosted_page(&sid);
+    for (id, kind) in [
+        ("evt_p", "invoice.paid"),
+        ("evt_ps", "invoice.payment_succeeded"),
+    ] {
+        assert_eq!(
+            w.send_event(id, kind, paid.clone()).await.status,
+            StatusCode::OK
+        );
+    }
+    let row = the_invoice(&w).await.1;
+    assert_eq!(row.status.as_str(), "paid");
+    assert_eq!(row.paid_at, Some(w.clock.now()));
+    assert_eq!(w.may_charge().await, Charge::Allowed);
+    // A late finalized (still saying open) and a replay change nothing.
+    let before = w.dump().await;
+    let late = w
+        .send_event("evt_late", "invoice.finalized", inv.clone())
+        .await;
+    assert_eq!(late.status, StatusCode::OK);
+    let replay = w.send_event("evt_p", "invoice.paid", paid.clone()).await;
+    assert_eq!(replay.json()["replayed"], json!(true));
+    let changed: Vec<_> = w
+        .dump()
+        .await
+        .into_iter()
+        .filter(|d| !before.contains(d))
+        .map(|d| d.0)
+        .collect();
+    assert!(
+        changed.iter().all(|t| t == "stripe_events"),
+        "only the late event's own record: {changed:?}"
+    );
+    // An invoice this installation never made: recorded, nothing written.
+    let foreign = json!({"id": "in_foreign", "object": "invoice", "status": "paid",
+                         "total": 999, "metadata": {}});
+    let before = w.dump().await;
+    assert_eq!(
+        w.send_event("evt_foreign", "invoice.paid", foreign)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    let changed: Vec<_> = w
+        .dump()
+        .await
+        .into_iter()
+        .filter(|d| !before.contains(d))
+        .map(|d| d.0)
+        .collect();
+    assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
+}
+
+with_world!(
+    usage_is_invoiced_at_the_threshold_and_when_its_month_ends,
+    an_invoicing_run_that_dies_between_calls_finishes_without_a_second_invoice,
+    a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_come_in,
+);
 
 with_world!(
     e_one_billing_gate_for_every_create_and_booking,

@@ -96,6 +96,19 @@ impl Fake {
         (session, pm)
     }
 
+    /// The customer pays an open invoice on its hosted page (with a card that works): it is
+    /// paid and the customer no longer delinquent. The invoice, as the webhooks carry it.
+    pub fn pay_on_hosted_page(&mut self, invoice: &str) -> Value {
+        let inv = self.invoices.get_mut(invoice).expect("the invoice");
+        inv["status"] = json!("paid");
+        inv["amount_paid"] = inv["amount_due"].clone();
+        let inv = inv.clone();
+        let customer = inv["customer"].as_str().unwrap().to_owned();
+        self.declining.remove(&customer);
+        self.customers.get_mut(&customer).unwrap()["delinquent"] = json!(false);
+        inv
+    }
+
     /// Make `pm` the customer's default, as the dashboard would.
     pub fn set_default(&mut self, customer: &str, pm: &str) {
         if let Some(c) = self.customers.get_mut(customer) {
