@@ -1,5 +1,6 @@
 //! Billing's API shapes (issue #13, 4): the account's billing status and a Checkout link.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Whether this installation bills, and whether your account may be charged now (asked of
@@ -14,6 +15,32 @@ pub struct BillingView {
     /// Why not, when it may not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Your invoices, newest first (issue #40): absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invoices: Vec<InvoiceView>,
+}
+
+/// One of your invoices: what it covers in total, where it is in Stripe's lifecycle, and
+/// Stripe's page where you see and pay it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InvoiceView {
+    pub id: String,
+    pub created_at: DateTime<Utc>,
+    /// `month_end` (the month it covers ended) or `threshold` (the usage reached the
+    /// installation's invoicing threshold first).
+    pub reason: String,
+    /// Usage less credits, in the currency's smallest unit.
+    pub amount_cents: i64,
+    pub currency: String,
+    pub status: crate::states::InvoiceStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_invoice_url: Option<String>,
+    /// When its payment was declined, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_failed_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<DateTime<Utc>>,
 }
 
 /// A Stripe Checkout page to send the customer to.

@@ -16,7 +16,7 @@
 
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
-use byo_wire::billing::{BillingView, CheckoutView};
+use byo_wire::billing::{BillingView, CheckoutView, InvoiceView};
 use chrono::{DateTime, TimeDelta, Utc};
 use hmac::{Hmac, Mac};
 use serde_json::Value;
@@ -48,21 +48,40 @@ pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingVi
             enabled: false,
             chargeable: true,
             reason: None,
+            invoices: Vec::new(),
         });
     }
-    Ok(match state.billing.may_charge(&user.user.sub).await? {
-        Charge::Allowed => BillingView {
-            enabled: true,
-            chargeable: true,
-            reason: None,
-        },
-        Charge::Refused { reason } => BillingView {
-            enabled: true,
-            chargeable: false,
-            reason: Some(reason),
-        },
+    let invoices = state
+        .store
+        .invoices_for(&user.user.sub, INVOICES_LISTED)
+        .await?
+        .into_iter()
+        .map(|i| InvoiceView {
+            id: i.id,
+            created_at: i.created_at,
+            reason: i.reason,
+            amount_cents: i64::from(i.amount_cents),
+            currency: i.currency,
+            status: i.status,
+            hosted_invoice_url: i.hosted_invoice_url,
+            payment_failed_at: i.payment_failed_at,
+            paid_at: i.paid_at,
+        })
+        .collect();
+    let (chargeable, reason) = match state.billing.may_charge(&user.user.sub).await? {
+        Charge::Allowed => (true, None),
+        Charge::Refused { reason } => (false, Some(reason)),
+    };
+    Ok(BillingView {
+        enabled: true,
+        chargeable,
+        reason,
+        invoices,
     })
 }
+
+/// How many of an account's invoices its billing status lists (two years of months).
+pub const INVOICES_LISTED: i64 = 24;
 
 fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
     state.stripe.as_deref().ok_or_else(|| {
@@ -1065,6 +1084,75 @@ mod tests {
             stuck_refund(&vm(1000, None, Some(0), Some(1000)), ten),
             None
         );
+    }
+
+    #[test]
+    fn an_account_is_invoiced_when_its_month_ends_or_its_usage_reaches_the_threshold() {
+        use super::invoicing::{due, month_start};
+        let dec = Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
+        assert_eq!(
+            month_start(Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 59).unwrap()),
+            dec
+        );
+        let now = dec + TimeDelta::minutes(15);
+        let nov30 = dec - TimeDelta::days(1);
+        // November's usage, however small, once December has begun.
+        assert_eq!(due(1, nov30, now, 10_000), Some("month_end"));
+        // December's: only from the threshold on.
+        assert_eq!(due(9_999, dec, now, 10_000), None);
+        assert_eq!(due(10_000, dec, now, 10_000), Some("threshold"));
+        // Nothing positive: nothing, whatever the month.
+        assert_eq!(due(0, nov30, now, 10_000), None);
+        assert_eq!(due(-50, nov30, now, 1), None);
+    }
+
+    #[test]
+    fn an_invoice_is_created_then_finalized_then_paid_once() {
+        use super::invoicing::{Next, next};
+        use byo_wire::states::InvoiceStatus::*;
+        let t = at(0);
+        let mut row = byo_db::invoices::InvoiceRow {
+            id: "i".into(),
+            user_sub: "u".into(),
+            customer_id: "cus".into(),
+            reason: "threshold".into(),
+            amount_cents: 1,
+            currency: "usd".into(),
+            status: Pending,
+            stripe_invoice_id: None,
+            hosted_invoice_url: None,
+            stripe_total_cents: None,
+            created_at: t,
+            finalized_at: None,
+            pay_attempted_at: None,
+            payment_failed_at: None,
+            paid_at: None,
+            voided_at: None,
+            last_error: None,
+            updated_at: t,
+        };
+        assert_eq!(next(&row), Next::Create);
+        row.stripe_invoice_id = Some("in_1".into());
+        assert_eq!(
+            next(&row),
+            Next::Create,
+            "pending: the create's answer is not recorded"
+        );
+        row.status = Draft;
+        assert_eq!(next(&row), Next::Finalize("in_1"));
+        row.status = Open;
+        assert_eq!(next(&row), Next::Pay("in_1"));
+        row.pay_attempted_at = Some(t);
+        assert_eq!(
+            next(&row),
+            Next::Done,
+            "asked once: the webhooks carry the rest"
+        );
+        for s in [Paid, Void, Uncollectible] {
+            row.status = s;
+            row.pay_attempted_at = None;
+            assert_eq!(next(&row), Next::Done, "{s}");
+        }
     }
 
     #[test]

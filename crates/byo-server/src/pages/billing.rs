@@ -5,9 +5,12 @@
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect};
-use maud::html;
+use byo_wire::billing::InvoiceView;
+use byo_wire::states::InvoiceStatus;
+use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::instances::at;
 use super::{PageError, PageResult, layout};
 use crate::app::billing::{self, BILLING_OFF};
 use crate::auth::CurrentUser;
@@ -45,10 +48,56 @@ pub async fn page(
                 form #add-payment-method method="post" action="/billing/payment-method" {
                     button type="submit" { (if s.chargeable { "Replace the payment method" } else { "Add a payment method" }) }
                 }
+                h2 { "Invoices" }
+                (invoices(&s.invoices))
             }
             Err(_) => { p.error role="alert" { "Stripe could not be asked just now; try again in a minute." } }
         }
     }).into_response())
+}
+
+/// An amount in the currency's smallest unit, as a person reads it: `12.34 USD`.
+fn money(cents: i64, currency: &str) -> String {
+    let sign = if cents < 0 { "-" } else { "" };
+    let c = cents.unsigned_abs();
+    format!(
+        "{sign}{}.{:02} {}",
+        c / 100,
+        c % 100,
+        currency.to_uppercase()
+    )
+}
+
+/// The account's invoices, newest first: when, why, how much, where it stands, and Stripe's
+/// page for it.
+fn invoices(list: &[InvoiceView]) -> Markup {
+    html! {
+        @if list.is_empty() {
+            p #no-invoices { "No invoices yet. Usage is invoiced when a month ends, or earlier once it reaches this installation's invoicing threshold." }
+        } @else {
+            table #invoices {
+                thead { tr { th { "Made" } th { "Why" } th { "Amount" } th { "Status" } th { "Invoice" } } }
+                tbody {
+                    @for i in list {
+                        tr data-invoice=(i.id) {
+                            td { (at(i.created_at)) }
+                            td { (match i.reason.as_str() { "month_end" => "the month ended", "threshold" => "usage reached the threshold", other => other }) }
+                            td { (money(i.amount_cents, &i.currency)) }
+                            td.status {
+                                @match (i.status, i.payment_failed_at) {
+                                    (InvoiceStatus::Paid, _) => { "paid" @if let Some(t) = i.paid_at { " " (at(t)) } }
+                                    (InvoiceStatus::Open, Some(t)) => { strong role="alert" { "payment declined " (at(t)) } ": pay it on Stripe's page, or replace the payment method above" }
+                                    (InvoiceStatus::Pending | InvoiceStatus::Draft, _) => { "being prepared" }
+                                    (other, _) => { (other.as_str()) }
+                                }
+                            }
+                            td { @if let Some(u) = &i.hosted_invoice_url { a href=(u) rel="noopener" { "view on Stripe" } } }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `POST /billing/payment-method`: to Stripe's Checkout page (setup mode).
@@ -59,4 +108,15 @@ pub async fn add_payment_method(
     let v = viewer.ok_or(PageError::from(AppError::Unauthenticated))?;
     let checkout = billing::payment_method_checkout(&state, &v).await?;
     Ok(Redirect::to(&checkout.url).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn money_reads_as_a_person_writes_it() {
+        assert_eq!(super::money(11_760, "usd"), "117.60 USD");
+        assert_eq!(super::money(5, "eur"), "0.05 EUR");
+        assert_eq!(super::money(-250, "usd"), "-2.50 USD");
+        assert_eq!(super::money(0, "usd"), "0.00 USD");
+    }
 }

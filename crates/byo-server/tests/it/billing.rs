@@ -208,6 +208,17 @@ impl World {
         self.webhook(&e).await
     }
 
+    /// `path` as the customer sees it now (a fresh session: tests move the clock past one).
+    async fn now_sees(&self, path: &str) -> Reply {
+        let session = self.app.session_for(&self.customer.sub).await;
+        let r = self
+            .app
+            .request(Method::GET, path, Some(&session), None)
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        r
+    }
+
     /// Dec 1, 00:15: November is over.
     fn december(&self) {
         let to = Utc.with_ymd_and_hms(2026, 12, 1, 0, 15, 0).unwrap();
@@ -1049,6 +1060,20 @@ async fn usage_is_invoiced_at_the_threshold_and_when_its_month_ends(w: World) {
         [Some(format!("finalize-{}", row.id))]
     );
     assert_eq!(posts_to(&w, "/pay"), [Some(format!("pay-{}", row.id))]);
+    // The customer sees it, paid, with Stripe's page.
+    let page = w.now_sees("/billing").await.text();
+    assert!(
+        page.contains("117.60 USD")
+            && page.contains("usage reached the threshold")
+            && page.contains(&format!(
+                "https://invoice.stripe.test/i/{}",
+                inv["id"].as_str().unwrap()
+            )),
+        "{page}"
+    );
+    let api = w.now_sees("/api/billing").await.json();
+    assert_eq!(api["invoices"][0]["status"], "paid");
+    assert_eq!(api["invoices"][0]["amount_cents"], json!(11_760));
     // The next run has nothing to invoice.
     assert_eq!(w.bill().await.invoiced, 0);
     assert_eq!(posts_to(&w, "/pay").len(), 1);
@@ -1165,6 +1190,8 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
         panic!("a customer whose invoice was declined may not be charged")
     };
     assert!(reason.contains("declined"), "{reason}");
+    let page = w.now_sees("/billing").await.text();
+    assert!(page.contains("payment declined"), "{page}");
     // No second attempt by the job: the webhooks and the customer carry it on.
     assert_eq!(w.bill().await.payments_failed, 0);
     assert_eq!(posts_to(&w, "/pay").len(), 1);
