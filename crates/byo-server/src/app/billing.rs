@@ -732,9 +732,8 @@ async fn advance_invoice(
         let declined = answer.as_ref().err().map(|e| e.to_string());
         let update = match &answer {
             Ok(inv) => {
-                if inv.total != i64::from(row.amount_cents) {
-                    tracing::warn!(invoice = %row.id, stripe_invoice = %inv.id, ours = row.amount_cents, stripe = inv.total, "bill-usage: Stripe's invoice total is not what this installation invoiced (items at Stripe it did not make?)");
-                }
+                // Stripe's total is kept beside ours (`stripe_total_cents`): a difference
+                // means items at Stripe this installation did not make.
                 let status = inv.status.as_deref().and_then(|s| s.parse().ok());
                 InvoiceUpdate {
                     status,

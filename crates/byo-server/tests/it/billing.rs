@@ -1043,6 +1043,7 @@ async fn usage_is_invoiced_at_the_threshold_and_when_its_month_ends(w: World) {
     );
     assert_eq!(row.status, byo_wire::states::InvoiceStatus::Paid);
     assert_eq!(row.paid_at, Some(w.clock.now()));
+    assert_eq!(row.pay_attempted_at, Some(w.clock.now()));
     assert_eq!(
         row.hosted_invoice_url,
         inv["hosted_invoice_url"].as_str().map(str::to_owned)
@@ -1261,7 +1262,78 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
     assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
 }
 
+/// Stripe's `invoice.*` events can arrive before the create's answer was recorded (the
+/// run died in between): the event finds the row by `metadata.invoice_id`, unless the row
+/// already names another Stripe invoice. A decline heard only from the webhook is stamped.
+async fn an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_answer(w: World) {
+    w.chargeable().await;
+    w.deleted_vm("hour", TimeDelta::minutes(60), TimeDelta::minutes(61))
+        .await;
+    w.december();
+    assert_eq!(w.bill().await.invoices_paid, 1);
+    let (inv, row) = the_invoice(&w).await;
+    // As if the run had died before it recorded the create's answer.
+    w.db()
+        .execute_unchecked(
+            "update invoices set status = 'pending', stripe_invoice_id = null, \
+             hosted_invoice_url = null, finalized_at = null, pay_attempted_at = null, paid_at = null",
+        )
+        .await
+        .unwrap();
+    let mut open = inv.clone();
+    open["status"] = json!("open");
+    let r = w
+        .send_event("evt_fin", "invoice.finalized", open.clone())
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let got = w.db().invoice(&row.id).await.unwrap().unwrap();
+    assert_eq!(got.status.as_str(), "open");
+    assert_eq!(got.stripe_invoice_id.as_deref(), inv["id"].as_str());
+    assert_eq!(
+        got.payment_failed_at, None,
+        "a finalized invoice has not failed"
+    );
+    // Another Stripe invoice naming our row is not ours to write, once the row names its own.
+    let mut impostor = open.clone();
+    impostor["id"] = json!("in_impostor");
+    impostor["status"] = json!("void");
+    let before = w.dump().await;
+    w.send_event("evt_imp", "invoice.voided", impostor).await;
+    let changed: Vec<_> = w
+        .dump()
+        .await
+        .into_iter()
+        .filter(|d| !before.contains(d))
+        .map(|d| d.0)
+        .collect();
+    assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
+    // A decline Stripe reports only by webhook (its own retry, or the hosted page).
+    w.clock.advance(TimeDelta::minutes(3));
+    w.send_event("evt_pf", "invoice.payment_failed", open).await;
+    let got = w.db().invoice(&row.id).await.unwrap().unwrap();
+    assert_eq!(got.payment_failed_at, Some(w.clock.now()));
+    assert!(
+        got.last_error
+            .as_deref()
+            .unwrap_or("")
+            .contains("invoice.payment_failed"),
+        "{got:?}"
+    );
+    w.send_event("evt_paid", "invoice.paid", inv).await;
+    assert_eq!(
+        w.db()
+            .invoice(&row.id)
+            .await
+            .unwrap()
+            .unwrap()
+            .status
+            .as_str(),
+        "paid"
+    );
+}
+
 with_world!(
+    an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_answer,
     usage_is_invoiced_at_the_threshold_and_when_its_month_ends,
     an_invoicing_run_that_dies_between_calls_finishes_without_a_second_invoice,
     a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_come_in,
