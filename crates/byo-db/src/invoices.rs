@@ -58,6 +58,19 @@ pub struct InvoiceRow {
     pub updated_at: DateTime<Utc>,
 }
 
+/// An instance as the unpaid-invoice rules act on it: where it runs and how it stands.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct PaymentStopVm {
+    pub vm_id: String,
+    pub user_sub: String,
+    pub name: String,
+    pub host_id: Option<String>,
+    #[sqlx(try_from = "String")]
+    pub status: byo_wire::states::VmStatus,
+    /// Asked to be deleted, or deleted: nothing to start.
+    pub leaving: bool,
+}
+
 /// What Stripe said about an invoice (an API answer or a webhook's object).
 #[derive(Clone, Debug, Default)]
 pub struct InvoiceUpdate<'a> {
@@ -302,6 +315,122 @@ impl Store {
             .bind(invoice_id)
             .fetch_one(p)
             .await
+        })?)
+    }
+
+    /// Invoices whose payment was declined and that are still unpaid (open or
+    /// uncollectible), the oldest decline first.
+    pub async fn declined_unpaid_invoices(&self) -> Result<Vec<InvoiceRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, InvoiceRow>(concat!(
+                "select ",
+                columns!(),
+                " from invoices \
+                 where status in ('open', 'uncollectible') and payment_failed_at is not null \
+                 order by payment_failed_at, id"
+            ))
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// The account's oldest declined, unpaid invoice, if it has one (the billing gate).
+    pub async fn declined_unpaid_invoice(&self, user_sub: &str) -> Result<Option<InvoiceRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, InvoiceRow>(concat!(
+                "select ",
+                columns!(),
+                " from invoices \
+                 where user_sub = $1 and status in ('open', 'uncollectible') \
+                   and payment_failed_at is not null \
+                 order by payment_failed_at, id limit 1"
+            ))
+            .bind(user_sub)
+            .fetch_optional(p)
+            .await
+        })?)
+    }
+
+    /// The account's running instances not already stopped for payment.
+    pub async fn running_vms_of(&self, user_sub: &str) -> Result<Vec<PaymentStopVm>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, PaymentStopVm>(
+                "select v.id as vm_id, v.user_sub, v.name, v.host_id, v.status, \
+                        (v.delete_requested_at is not null or v.deleted_at is not null) as leaving \
+                 from vms v \
+                 where v.user_sub = $1 and v.status = 'running' \
+                   and v.delete_requested_at is null and v.deleted_at is null \
+                   and not exists (select 1 from payment_stops s where s.vm_id = v.id) \
+                 order by v.created_at, v.id",
+            )
+            .bind(user_sub)
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// Record that `vm_id` was stopped because `invoice_id` went unpaid (once).
+    pub async fn record_payment_stop(
+        &self,
+        vm_id: &str,
+        user_sub: &str,
+        invoice_id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| {
+            sqlx::query(
+                "insert into payment_stops (vm_id, user_sub, invoice_id, stopped_at) \
+                 values ($1, $2, $3, $4) on conflict (vm_id) do nothing",
+            )
+            .bind(vm_id)
+            .bind(user_sub)
+            .bind(invoice_id)
+            .bind(now)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// Instances stopped for payment whose account now owes nothing declined: to start.
+    pub async fn payment_stops_to_release(&self) -> Result<Vec<PaymentStopVm>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, PaymentStopVm>(
+                "select v.id as vm_id, v.user_sub, v.name, v.host_id, v.status, \
+                        (v.delete_requested_at is not null or v.deleted_at is not null) as leaving \
+                 from payment_stops s join vms v on v.id = s.vm_id \
+                 where not exists (select 1 from invoices i \
+                                   where i.user_sub = s.user_sub \
+                                     and i.status in ('open', 'uncollectible') \
+                                     and i.payment_failed_at is not null) \
+                 order by s.stopped_at, s.vm_id",
+            )
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// Take `vm_id` off the stopped-for-payment list; `AlreadySet` when it was not on it
+    /// (another run took it first).
+    pub async fn release_payment_stop(&self, vm_id: &str) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| {
+            sqlx::query("delete from payment_stops where vm_id = $1")
+                .bind(vm_id)
+                .execute(p)
+                .await
+                .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    /// The invoice `vm_id` was stopped for, if it was stopped for payment.
+    pub async fn payment_stop(&self, vm_id: &str) -> Result<Option<String>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_scalar::<_, String>("select invoice_id from payment_stops where vm_id = $1")
+                .bind(vm_id)
+                .fetch_optional(p)
+                .await
         })?)
     }
 }

@@ -26,6 +26,18 @@ pub enum Charge {
     },
 }
 
+/// An amount in the currency's smallest unit, as a person reads it: `12.34 USD`.
+pub fn money(cents: i64, currency: &str) -> String {
+    let sign = if cents < 0 { "-" } else { "" };
+    let c = cents.unsigned_abs();
+    format!(
+        "{sign}{}.{:02} {}",
+        c / 100,
+        c % 100,
+        currency.to_uppercase()
+    )
+}
+
 /// The live billing check (E2).
 pub trait BillingGate: Send + Sync {
     fn may_charge<'a>(&'a self, user_sub: &'a str) -> BoxFuture<'a, AppResult<Charge>>;
@@ -72,6 +84,19 @@ impl StripeBilling {
                 reason: reason.to_owned(),
             })
         };
+        // A declined invoice still unpaid holds the account (issue #40, 2), whatever Stripe
+        // says of the card now: asked here first, so the hold needs no Stripe call.
+        if let Some(unpaid) = self.store.declined_unpaid_invoice(user_sub).await? {
+            let when = unpaid
+                .payment_failed_at
+                .map(|t| t.format(" on %Y-%m-%d").to_string())
+                .unwrap_or_default();
+            return refused(&format!(
+                "an invoice of {} is unpaid: its payment was declined{when}. Pay it from the \
+                 Billing page (/billing)",
+                money(i64::from(unpaid.amount_cents), &unpaid.currency)
+            ));
+        }
         let Some(customer) = self.store.stripe_customer(user_sub).await? else {
             return refused("no payment method: add one on the Billing page");
         };

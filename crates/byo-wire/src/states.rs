@@ -243,6 +243,8 @@ text_enum! {
         QueuePlaced = "queue.placed",
         QueueExpired = "queue.expired",
         BookingLaunched = "booking.launched",
+        BillingPaymentFailed = "billing.payment_failed",
+        BillingInstancesStopped = "billing.instances_stopped",
     }
 }
 

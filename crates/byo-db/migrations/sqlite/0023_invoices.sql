@@ -41,3 +41,15 @@ alter table usage_charges add column invoice_id text references invoices(id);
 alter table refunds add column invoice_id text references invoices(id);
 create index usage_charges_uninvoiced on usage_charges (user_sub) where invoice_id is null;
 create index refunds_uninvoiced on refunds (user_sub) where invoice_id is null;
+
+-- Issue #40 (2): an instance stopped because its account's invoice was declined and stayed
+-- unpaid past the grace period (never deleted); started again, and its row deleted, once the
+-- account owes nothing declined. Only instances running when the grace ran out are stopped,
+-- so one the customer had stopped stays stopped. The audit log keeps the history.
+create table payment_stops (
+  vm_id      text not null primary key references vms(id),
+  user_sub   text not null references users(sub),
+  invoice_id text not null references invoices(id),
+  stopped_at timestamptz not null
+);
+create index payment_stops_user on payment_stops (user_sub);

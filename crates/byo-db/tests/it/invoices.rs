@@ -16,6 +16,7 @@ use chrono::{DateTime, TimeDelta, Utc};
 on_both!(
     an_invoice_takes_the_accounts_uninvoiced_charges_less_credits_once,
     an_invoice_status_moves_only_forward_and_stamps_once,
+    instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid,
 );
 
 fn t0() -> DateTime<Utc> {
@@ -341,4 +342,140 @@ async fn an_invoice_status_moves_only_forward_and_stamps_once(db: testing::TestD
         (row.status, row.voided_at, row.paid_at),
         (InvoiceStatus::Void, Some(step(7)), None)
     );
+}
+
+async fn instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid(
+    db: testing::TestDb,
+) {
+    let (a, vm) = account(&db, "a@example.com").await;
+    let (b, vm_b) = account(&db, "b@example.com").await;
+    db.mark_vm_running(&vm, Some(2222)).await.unwrap();
+    db.mark_vm_running(&vm_b, Some(2223)).await.unwrap();
+    // a's second instance: stopped by a's own hand; a third asked to be deleted.
+    let second = db
+        .create_vm(
+            NewVm {
+                user_sub: &a,
+                host_id: None,
+                name: "second",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            t0() + TimeDelta::minutes(1),
+        )
+        .await
+        .unwrap()
+        .id;
+    db.mark_vm_running(&second, Some(2224)).await.unwrap();
+    db.set_vm_power(&second, byo_wire::states::VmStatus::Stopped)
+        .await
+        .unwrap();
+    charge(&db, &a, &vm, 1, 500).await;
+    charge(&db, &b, &vm_b, 1, 500).await;
+    let t = t0();
+    let inv = db
+        .open_invoice(&a, "cus_a@example.com", REASON_MONTH_END, "usd", t)
+        .await
+        .unwrap()
+        .unwrap();
+    let inv_b = db
+        .open_invoice(&b, "cus_b@example.com", REASON_MONTH_END, "usd", t)
+        .await
+        .unwrap()
+        .unwrap();
+    let open = InvoiceUpdate {
+        status: Some(InvoiceStatus::Open),
+        stripe_invoice_id: Some("in_a"),
+        ..Default::default()
+    };
+    db.update_invoice(&inv.id, &open, t).await.unwrap();
+    assert!(db.declined_unpaid_invoices().await.unwrap().is_empty());
+    assert_eq!(db.declined_unpaid_invoice(&a).await.unwrap(), None);
+    let declined = InvoiceUpdate {
+        pay_attempted: true,
+        payment_failed: true,
+        ..Default::default()
+    };
+    db.update_invoice(&inv.id, &declined, t).await.unwrap();
+    // b's invoice declined later, still a draft's successor: open and declined too.
+    db.update_invoice(
+        &inv_b.id,
+        &InvoiceUpdate {
+            stripe_invoice_id: Some("in_b"),
+            ..open.clone()
+        },
+        t,
+    )
+    .await
+    .unwrap();
+    db.update_invoice(&inv_b.id, &declined, t + TimeDelta::minutes(5))
+        .await
+        .unwrap();
+    let ids: Vec<_> = db
+        .declined_unpaid_invoices()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec![inv.id.clone(), inv_b.id.clone()],
+        "oldest decline first"
+    );
+    assert_eq!(
+        db.declined_unpaid_invoice(&a).await.unwrap().map(|i| i.id),
+        Some(inv.id.clone())
+    );
+
+    // Only a's running instance is to stop; once recorded, it is not listed again.
+    let running = db.running_vms_of(&a).await.unwrap();
+    assert_eq!(
+        running.iter().map(|v| v.vm_id.as_str()).collect::<Vec<_>>(),
+        [vm.as_str()]
+    );
+    assert!(!running[0].leaving);
+    assert_eq!(
+        db.record_payment_stop(&vm, &a, &inv.id, t).await.unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.record_payment_stop(&vm, &a, &inv.id, t).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    assert!(db.running_vms_of(&a).await.unwrap().is_empty());
+    assert_eq!(db.payment_stop(&vm).await.unwrap(), Some(inv.id.clone()));
+    assert_eq!(db.payment_stop(&second).await.unwrap(), None);
+    db.record_payment_stop(&vm_b, &b, &inv_b.id, t)
+        .await
+        .unwrap();
+    // Nothing to release while the invoices are unpaid.
+    assert!(db.payment_stops_to_release().await.unwrap().is_empty());
+    // a pays: a's instance is to start, b's still waits.
+    let paid = InvoiceUpdate {
+        status: Some(InvoiceStatus::Paid),
+        ..Default::default()
+    };
+    db.update_invoice(&inv.id, &paid, t).await.unwrap();
+    let release = db.payment_stops_to_release().await.unwrap();
+    assert_eq!(release.len(), 1);
+    assert_eq!(
+        (release[0].vm_id.as_str(), release[0].user_sub.as_str()),
+        (vm.as_str(), a.as_str())
+    );
+    assert_eq!(release[0].name, "a@example.com");
+    assert_eq!(release[0].status, byo_wire::states::VmStatus::Running);
+    // Asked to be deleted meanwhile: leaving.
+    db.request_vm_delete(&vm, t).await.unwrap();
+    assert!(db.payment_stops_to_release().await.unwrap()[0].leaving);
+    assert_eq!(
+        db.release_payment_stop(&vm).await.unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.release_payment_stop(&vm).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    assert!(db.payment_stops_to_release().await.unwrap().is_empty());
+    assert_eq!(db.payment_stop(&vm_b).await.unwrap(), Some(inv_b.id));
 }

@@ -17,9 +17,10 @@
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
 use byo_wire::billing::{BillingView, CheckoutView, InvoiceView};
+use byo_wire::states::InvoiceStatus;
 use chrono::{DateTime, TimeDelta, Utc};
 use hmac::{Hmac, Mac};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
@@ -28,7 +29,7 @@ use crate::error::{AppError, AppResult};
 use crate::providers::stripe::{NewInvoiceItem, PaymentLine, StripeError};
 use crate::state::AppState;
 
-pub use crate::billing::{BillingGate, BillingOff, Charge, StripeBilling, StripeGate};
+pub use crate::billing::{BillingGate, BillingOff, Charge, StripeBilling, StripeGate, money};
 
 /// What the pages say when billing is off.
 pub const BILLING_OFF: &str = "Billing is off on this installation: nobody is charged.";
@@ -444,6 +445,36 @@ async fn invoice_event(
         last_error: failed.then_some("the payment failed (invoice.payment_failed)"),
     };
     let w = state.store.update_invoice(&row.id, &update, now).await?;
+    let after = state
+        .store
+        .invoice(&row.id)
+        .await?
+        .ok_or_else(|| AppError::Internal(anyhow!("invoice {} vanished", row.id)))?;
+    let newly_failed = after.payment_failed_at.is_some() && row.payment_failed_at.is_none();
+    let settled = after.status != row.status
+        && matches!(after.status, InvoiceStatus::Paid | InvoiceStatus::Void);
+    if newly_failed || settled {
+        let action = if settled {
+            format!("billing.invoice_{}", after.status)
+        } else {
+            "billing.payment_failed".to_owned()
+        };
+        state
+            .store
+            .audit(
+                None,
+                &action,
+                Some(&row.id),
+                json!({"user_sub": row.user_sub, "stripe_invoice_id": inv.id,
+                       "amount_cents": row.amount_cents, "event": kind}),
+                now,
+            )
+            .await?;
+    }
+    if settled {
+        // The account may owe nothing declined now: its stopped instances start at once.
+        super::unpaid::release_soon(state);
+    }
     Ok(format!(
         "invoice {} ({}): {} ({w:?})",
         row.id,
@@ -557,6 +588,10 @@ pub struct BillReport {
     pub invoices_paid: usize,
     /// Invoices whose payment was declined this run.
     pub payments_failed: usize,
+    /// Instances stopped because their account's invoice stayed unpaid past the grace.
+    pub unpaid_stopped: usize,
+    /// Instances started again because their account paid.
+    pub unpaid_started: usize,
     /// Accounts whose charging failed this run: not invoiced until a run charges them
     /// cleanly (Stripe may hold an item they have not recorded).
     pub failed_accounts: std::collections::BTreeSet<String>,
@@ -590,6 +625,14 @@ pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
     // it unrecorded. An account whose charging failed this run may have an item at Stripe
     // it has not recorded, so it waits for the next run.
     invoice_due(state, stripe, now, &mut report, &mut first_error).await?;
+    let (settled, host_error) =
+        super::unpaid::settle_once(state, stripe.config.payment_grace_hours).await?;
+    report.unpaid_stopped = settled.stopped;
+    report.unpaid_started = settled.started;
+    report.failed += settled.failed;
+    if let Some(e) = host_error {
+        first_error.get_or_insert(e);
+    }
     match first_error {
         Some(e) => Err(AppError::Internal(anyhow!(
             "charged {}, refunded {}, closed {}, invoiced {}, {} failed (first: {e})",
@@ -673,8 +716,17 @@ async fn invoice_due(
         advance_invoice(state, stripe, row, now, report, first_error).await?;
     }
     let threshold = stripe.config.invoice_threshold_cents;
+    // An account whose last invoice was declined is not invoiced again until it pays: the
+    // next would only be declined too. Its usage waits, and is invoiced with the next.
+    let held: std::collections::BTreeSet<String> = state
+        .store
+        .declined_unpaid_invoices()
+        .await?
+        .into_iter()
+        .map(|i| i.user_sub)
+        .collect();
     for b in state.store.uninvoiced_balances().await? {
-        if report.failed_accounts.contains(&b.user_sub) {
+        if report.failed_accounts.contains(&b.user_sub) || held.contains(&b.user_sub) {
             continue;
         }
         let Some(reason) = invoicing::due(b.amount_cents, b.earliest, now, threshold) else {
@@ -766,9 +818,31 @@ async fn advance_invoice(
             .ok_or_else(|| AppError::Internal(anyhow!("invoice {} vanished", row.id)))?;
         if row.status == byo_wire::states::InvoiceStatus::Paid && before != row.status {
             report.invoices_paid += 1;
+            state
+                .store
+                .audit(
+                    None,
+                    "billing.invoice_paid",
+                    Some(&row.id),
+                    json!({"user_sub": row.user_sub, "stripe_invoice_id": row.stripe_invoice_id,
+                           "amount_cents": row.amount_cents}),
+                    now,
+                )
+                .await?;
         }
         if let Err(e) = &answer {
             tracing::warn!(invoice = %row.id, error = %e, "bill-usage: the invoice's payment was declined; it stays open");
+            state
+                .store
+                .audit(
+                    None,
+                    "billing.payment_failed",
+                    Some(&row.id),
+                    json!({"user_sub": row.user_sub, "stripe_invoice_id": row.stripe_invoice_id,
+                           "amount_cents": row.amount_cents, "error": e.to_string()}),
+                    now,
+                )
+                .await?;
             report.payments_failed += 1;
             return Ok(());
         }
@@ -1152,6 +1226,14 @@ mod tests {
             row.pay_attempted_at = None;
             assert_eq!(next(&row), Next::Done, "{s}");
         }
+    }
+
+    #[test]
+    fn money_reads_as_a_person_writes_it() {
+        assert_eq!(money(11_760, "usd"), "117.60 USD");
+        assert_eq!(money(5, "eur"), "0.05 EUR");
+        assert_eq!(money(-250, "usd"), "-2.50 USD");
+        assert_eq!(money(0, "usd"), "0.00 USD");
     }
 
     #[test]

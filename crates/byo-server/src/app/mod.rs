@@ -36,4 +36,5 @@ pub mod releases;
 pub mod retire_stopped;
 pub mod settle_creates;
 pub mod ssh_keys;
+pub mod unpaid;
 pub mod users;

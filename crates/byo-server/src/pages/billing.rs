@@ -12,7 +12,7 @@ use serde::Deserialize;
 
 use super::instances::at;
 use super::{PageError, PageResult, layout};
-use crate::app::billing::{self, BILLING_OFF};
+use crate::app::billing::{self, BILLING_OFF, money};
 use crate::auth::CurrentUser;
 use crate::error::AppError;
 use crate::state::AppState;
@@ -56,18 +56,6 @@ pub async fn page(
     }).into_response())
 }
 
-/// An amount in the currency's smallest unit, as a person reads it: `12.34 USD`.
-fn money(cents: i64, currency: &str) -> String {
-    let sign = if cents < 0 { "-" } else { "" };
-    let c = cents.unsigned_abs();
-    format!(
-        "{sign}{}.{:02} {}",
-        c / 100,
-        c % 100,
-        currency.to_uppercase()
-    )
-}
-
 /// The account's invoices, newest first: when, why, how much, where it stands, and Stripe's
 /// page for it.
 fn invoices(list: &[InvoiceView]) -> Markup {
@@ -108,15 +96,4 @@ pub async fn add_payment_method(
     let v = viewer.ok_or(PageError::from(AppError::Unauthenticated))?;
     let checkout = billing::payment_method_checkout(&state, &v).await?;
     Ok(Redirect::to(&checkout.url).into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn money_reads_as_a_person_writes_it() {
-        assert_eq!(super::money(11_760, "usd"), "117.60 USD");
-        assert_eq!(super::money(5, "eur"), "0.05 EUR");
-        assert_eq!(super::money(-250, "usd"), "-2.50 USD");
-        assert_eq!(super::money(0, "usd"), "0.00 USD");
-    }
 }

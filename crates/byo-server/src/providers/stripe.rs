@@ -32,6 +32,14 @@ pub struct BillingConfig {
     /// reaches this (in the currency's smallest unit; default 10000, $100).
     #[serde(default = "default_invoice_threshold")]
     pub invoice_threshold_cents: u32,
+    /// How long an account's running instances keep running after an invoice's payment is
+    /// declined; then they are stopped (never deleted) until it is paid. Default 72.
+    #[serde(default = "default_payment_grace_hours")]
+    pub payment_grace_hours: u32,
+}
+
+fn default_payment_grace_hours() -> u32 {
+    72
 }
 
 fn default_invoice_threshold() -> u32 {

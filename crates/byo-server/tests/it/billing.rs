@@ -17,6 +17,7 @@ use byo_server::providers::stripe::{StripeClient, StripeError};
 use byo_server::{AppState, Config};
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use serde_json::{Value, json};
+use support::agents::{FakeAgents, Op};
 use support::fake_stripe::{self, Fault, Shared, WEBHOOK_SECRET};
 use support::{Reply, TestApp, User};
 
@@ -28,6 +29,8 @@ struct World {
     fake: Shared,
     clock: Clock,
     customer: User,
+    /// The hosts' agents, for the instances an unpaid invoice stops and a payment starts.
+    agents: std::sync::Arc<FakeAgents>,
 }
 
 fn start() -> DateTime<Utc> {
@@ -47,7 +50,10 @@ async fn world_at(backend: Backend, price: u32) -> Option<World> {
     };
     let db = byo_db::testing::fresh(backend).await?;
     let clock = Clock::manual(start());
-    let state = AppState::new(db.store.clone(), config).with_clock(clock.clone());
+    let agents = std::sync::Arc::new(FakeAgents::new().with_clock(clock.clone()));
+    let state = AppState::new(db.store.clone(), config)
+        .with_clock(clock.clone())
+        .with_agents(agents.clone());
     let router = byo_server::router(state.clone());
     let app = TestApp { db, state, router };
     let customer = app.customer("payer@example.com").await;
@@ -56,6 +62,7 @@ async fn world_at(backend: Backend, price: u32) -> Option<World> {
         fake,
         clock,
         customer,
+        agents,
     })
 }
 
@@ -206,6 +213,114 @@ impl World {
     async fn send_event(&self, id: &str, kind: &str, object: Value) -> Reply {
         let e = fake_stripe::event(id, kind, object, self.clock.now().timestamp());
         self.webhook(&e).await
+    }
+
+    /// A host in service whose agent the fake answers, and an instance of the customer's
+    /// running on it since the start.
+    async fn running_on_a_host(&self, name: &str) -> String {
+        let owner = self
+            .app
+            .community_host(&format!("{name}-owner@example.com"))
+            .await;
+        let host = self
+            .db()
+            .insert_host(
+                byo_db::hosts::NewHost {
+                    slug: &format!("{name}-host"),
+                    owner_sub: &owner.sub,
+                    profile_id: "gb10-spark-1",
+                    gpu_type: "spark-1",
+                },
+                start(),
+            )
+            .await
+            .unwrap()
+            .id;
+        let agent = byo_core::tokens::SecretToken::generate(byo_core::tokens::TokenKind::Agent);
+        let sealed = self.app.state.sealer.as_ref().unwrap().seal(agent.expose());
+        self.db()
+            .execute_unchecked(&format!(
+                "update hosts set agent_token = '{sealed}' where id = '{host}'"
+            ))
+            .await
+            .unwrap();
+        self.db()
+            .record_relay(
+                &host,
+                Some("10.8.0.1"),
+                byo_wire::states::RelayState::Ready,
+                None,
+            )
+            .await
+            .unwrap();
+        let vm = self
+            .db()
+            .create_vm(
+                NewVm {
+                    user_sub: &self.customer.sub,
+                    host_id: Some(&host),
+                    name,
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                start(),
+            )
+            .await
+            .unwrap()
+            .id;
+        self.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
+        vm
+    }
+
+    async fn status_of(&self, vm: &str) -> byo_wire::states::VmStatus {
+        self.db().vm(vm).await.unwrap().unwrap().status
+    }
+
+    /// The power calls the hosts were sent: (instance name, action).
+    fn power_calls(&self) -> Vec<(String, byo_wire::vm::VmAction)> {
+        self.agents
+            .calls(Op::Power)
+            .into_iter()
+            .map(|c| (c.name, c.action.unwrap()))
+            .collect()
+    }
+
+    /// The audit actions recorded about `target`, oldest first.
+    async fn audited(&self, target: &str) -> Vec<String> {
+        let mut rows: Vec<_> = self
+            .db()
+            .audit_log(1000)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.target.as_deref() == Some(target))
+            .collect();
+        rows.sort_by_key(|a| a.at);
+        rows.into_iter().map(|a| a.action).collect()
+    }
+
+    /// The notices raised for the customer: (kind, subject).
+    async fn notices(&self) -> Vec<(String, String)> {
+        self.db()
+            .notices(Some(&self.customer.sub), 50)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|n| (n.kind, n.subject))
+            .collect()
+    }
+
+    /// The customer starts `vm` (`POST /api/vms/{id}/state`).
+    async fn start(&self, vm: &str) -> Reply {
+        let session = self.app.session_for(&self.customer.sub).await;
+        self.app
+            .request(
+                Method::POST,
+                &format!("/api/vms/{vm}/state"),
+                Some(&session),
+                Some(json!({"action": "start"})),
+            )
+            .await
     }
 
     /// `path` as the customer sees it now (a fresh session: tests move the clock past one).
@@ -1332,7 +1447,161 @@ async fn an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_an
     );
 }
 
+/// Issue #40, 2, through what Stripe sends on a decline and a later success: the account is
+/// held at once (no create, queue, booking or start), told once with the time its instances
+/// stop; past the grace its running instances are stopped on their hosts, never deleted (one
+/// it had stopped itself is left alone); paid on Stripe's page, they start again, and every
+/// transition is audited.
+async fn a_declined_payment_holds_the_account_and_stops_its_instances_until_it_pays(w: World) {
+    let cus = w.chargeable().await;
+    w.fake.lock().unwrap().declining.insert(cus.clone());
+    let kept = w.running_on_a_host("kept").await;
+    let parked = w.running_on_a_host("parked").await;
+    w.db()
+        .set_vm_power(&parked, byo_wire::states::VmStatus::Stopped)
+        .await
+        .unwrap();
+    // December: November's usage invoiced (a full month of two instances: past the
+    // threshold long before, but the run comes only now) and declined.
+    w.december();
+    let r = w.bill().await;
+    assert_eq!((r.invoiced, r.payments_failed, r.unpaid_stopped), (1, 1, 0));
+    let (inv, row) = the_invoice(&w).await;
+    let declined_at = w.clock.now();
+    assert_eq!(row.payment_failed_at, Some(declined_at));
+    assert_eq!(
+        w.audited(&row.id).await,
+        ["billing.payment_failed"],
+        "the decline is audited"
+    );
+    let notices = w.notices().await;
+    assert_eq!(notices.len(), 1, "{notices:?}");
+    assert_eq!(notices[0].0, "billing.payment_failed");
+
+    // Held: the gate refuses with the invoice's words, whatever Stripe says of the card.
+    w.fake.lock().unwrap().customers.get_mut(&cus).unwrap()["delinquent"] = json!(false);
+    let Charge::Refused { reason } = w.may_charge().await else {
+        panic!("an account with a declined, unpaid invoice may not be charged")
+    };
+    assert!(
+        reason.contains("unpaid") && reason.contains("/billing"),
+        "{reason}"
+    );
+    let r = w.start(&parked).await;
+    assert_eq!(r.status, StatusCode::PAYMENT_REQUIRED, "{}", r.text());
+    assert_eq!(code(&r), "payment_required");
+    assert_eq!(
+        w.status_of(&parked).await,
+        byo_wire::states::VmStatus::Stopped
+    );
+
+    // Within the grace nothing stops, the notice is not repeated, and December's usage —
+    // past the threshold by now — waits: a held account is not invoiced again.
+    w.clock.advance(TimeDelta::hours(71));
+    let r = w.bill().await;
+    assert_eq!((r.unpaid_stopped, r.invoiced), (0, 0));
+    assert_eq!(w.fake.lock().unwrap().invoices.len(), 1);
+    assert!(w.power_calls().is_empty());
+    assert_eq!(w.notices().await.len(), 1);
+    // Past it: the running instance is stopped on its host, once; the parked one untouched.
+    w.clock.advance(TimeDelta::hours(1));
+    let r = w.bill().await;
+    assert_eq!(r.unpaid_stopped, 1);
+    assert_eq!(
+        w.power_calls(),
+        [("kept".to_owned(), byo_wire::vm::VmAction::Stop)]
+    );
+    assert_eq!(
+        w.status_of(&kept).await,
+        byo_wire::states::VmStatus::Stopped
+    );
+    assert_eq!(
+        w.db().payment_stop(&kept).await.unwrap(),
+        Some(row.id.clone())
+    );
+    assert_eq!(w.db().payment_stop(&parked).await.unwrap(), None);
+    assert_eq!(w.audited(&kept).await, ["billing.instance_stopped"]);
+    let kinds: Vec<_> = w.notices().await.into_iter().map(|n| n.0).collect();
+    assert!(
+        kinds.contains(&"billing.instances_stopped".to_owned()),
+        "{kinds:?}"
+    );
+    assert!(
+        w.db()
+            .vm(&kept)
+            .await
+            .unwrap()
+            .unwrap()
+            .deleted_at
+            .is_none()
+    );
+    assert_eq!(w.bill().await.unpaid_stopped, 0, "stopped once");
+    assert_eq!(w.power_calls().len(), 1);
+
+    // What Stripe sends: the failure, then — paid on the hosted page — the success.
+    let sid = inv["id"].as_str().unwrap().to_owned();
+    let failed = w.fake.lock().unwrap().invoices[&sid].clone();
+    let r = w
+        .send_event("evt_pf", "invoice.payment_failed", failed)
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        w.status_of(&kept).await,
+        byo_wire::states::VmStatus::Stopped
+    );
+    w.clock.advance(TimeDelta::hours(2));
+    let paid = w.fake.lock().unwrap().pay_on_hosted_page(&sid);
+    for (id, kind) in [
+        ("evt_p", "invoice.paid"),
+        ("evt_ps", "invoice.payment_succeeded"),
+    ] {
+        assert_eq!(
+            w.send_event(id, kind, paid.clone()).await.status,
+            StatusCode::OK
+        );
+    }
+    // Started again at once, by the webhook's release.
+    let began = std::time::Instant::now();
+    while w.status_of(&kept).await != byo_wire::states::VmStatus::Running {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "the paid account's instance was not started again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        w.power_calls(),
+        [
+            ("kept".to_owned(), byo_wire::vm::VmAction::Stop),
+            ("kept".to_owned(), byo_wire::vm::VmAction::Start)
+        ]
+    );
+    assert_eq!(w.db().payment_stop(&kept).await.unwrap(), None);
+    assert_eq!(
+        w.audited(&kept).await,
+        ["billing.instance_stopped", "billing.instance_started"]
+    );
+    assert_eq!(
+        w.audited(&row.id).await,
+        ["billing.payment_failed", "billing.invoice_paid"]
+    );
+    assert_eq!(
+        w.status_of(&parked).await,
+        byo_wire::states::VmStatus::Stopped
+    );
+    assert_eq!(w.may_charge().await, Charge::Allowed);
+    // The next run has nothing to start.
+    let r = w.bill().await;
+    assert_eq!((r.unpaid_stopped, r.unpaid_started), (0, 0));
+    assert_eq!(w.power_calls().len(), 2);
+    // Paid, the account is invoiced again: December's usage that waited.
+    assert_eq!(r.invoiced, 1);
+    let r = w.start(&parked).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+}
+
 with_world!(
+    a_declined_payment_holds_the_account_and_stops_its_instances_until_it_pays,
     an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_answer,
     usage_is_invoiced_at_the_threshold_and_when_its_month_ends,
     an_invoicing_run_that_dies_between_calls_finishes_without_a_second_invoice,

@@ -508,6 +508,7 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
         price_cents_per_hour,
         currency: "usd".into(),
         invoice_threshold_cents: 10_000,
+        payment_grace_hours: 72,
     };
     (fake, config)
 }
