@@ -399,7 +399,10 @@ async fn checkout_completed(
                 .set_default_payment_method(customer, &pm)
                 .await
                 .map_err(stripe_failed)?;
-            Ok(format!("customer {customer}: default payment method {pm}"))
+            let retried = pay_declined_with(state, stripe, customer, &pm, now).await?;
+            Ok(format!(
+                "customer {customer}: default payment method {pm}{retried}"
+            ))
         }
         _ => Ok("a Checkout session of another mode: nothing to do".into()),
     }
@@ -481,6 +484,75 @@ async fn invoice_event(
         inv.id,
         inv.status.as_deref().unwrap_or("no status")
     ))
+}
+
+/// A new default card: each declined, unpaid invoice of the customer is paid again with it,
+/// once per card (key `pay-<our id>-<card>`). What it came to, for the event's log line. A
+/// decline is recorded; an outage fails the event, so Stripe's retry tries again.
+async fn pay_declined_with(
+    state: &AppState,
+    stripe: &StripeBilling,
+    customer: &str,
+    pm: &str,
+    now: DateTime<Utc>,
+) -> AppResult<String> {
+    let mut said = String::new();
+    let mut any_paid = false;
+    for row in state.store.declined_unpaid_invoices().await? {
+        let (true, Some(sid)) = (
+            row.customer_id == customer,
+            row.stripe_invoice_id.as_deref(),
+        ) else {
+            continue;
+        };
+        let key = format!("pay-{}-{pm}", row.id);
+        let answer = stripe.client.pay_invoice(sid, &key).await;
+        let declined = match &answer {
+            Err(e) if e.is_outage() => return Err(stripe_failed(e.clone())),
+            Err(e) => Some(e.to_string()),
+            Ok(_) => None,
+        };
+        let update = match &answer {
+            Ok(inv) => byo_db::invoices::InvoiceUpdate {
+                status: inv.status.as_deref().and_then(|s| s.parse().ok()),
+                hosted_invoice_url: inv.hosted_invoice_url.as_deref(),
+                stripe_total_cents: Some(inv.total),
+                ..Default::default()
+            },
+            Err(_) => byo_db::invoices::InvoiceUpdate {
+                last_error: declined.as_deref(),
+                ..Default::default()
+            },
+        };
+        state.store.update_invoice(&row.id, &update, now).await?;
+        let paid = matches!(
+            state.store.invoice(&row.id).await?.map(|r| r.status),
+            Some(InvoiceStatus::Paid)
+        );
+        if paid {
+            any_paid = true;
+            state
+                .store
+                .audit(
+                    None,
+                    "billing.invoice_paid",
+                    Some(&row.id),
+                    json!({"user_sub": row.user_sub, "stripe_invoice_id": sid,
+                           "amount_cents": row.amount_cents, "with": "a new payment method"}),
+                    now,
+                )
+                .await?;
+        }
+        said.push_str(&format!(
+            "; invoice {} paid again with it: {}",
+            row.id,
+            if paid { "paid" } else { "declined" }
+        ));
+    }
+    if any_paid {
+        super::unpaid::release_soon(state);
+    }
+    Ok(said)
 }
 
 /// The charge as pure computation over the four timestamps, time passed in.
@@ -779,7 +851,13 @@ async fn advance_invoice(
                 false,
             ),
             Next::Finalize(sid) => (stripe.client.finalize_invoice(sid, &row.id).await, false),
-            Next::Pay(sid) => (stripe.client.pay_invoice(sid, &row.id).await, true),
+            Next::Pay(sid) => (
+                stripe
+                    .client
+                    .pay_invoice(sid, &format!("pay-{}", row.id))
+                    .await,
+                true,
+            ),
         };
         let declined = answer.as_ref().err().map(|e| e.to_string());
         let update = match &answer {

@@ -397,18 +397,19 @@ impl StripeClient {
         .await
     }
 
-    /// Pay an open invoice with the customer's default payment method (key `pay-<our id>`).
-    /// A decline is `StripeError::Api` with status 402 and code `card_declined`.
+    /// Pay an open invoice with the customer's default payment method, under
+    /// `idempotency_key` (`pay-<our id>` the first time, `pay-<our id>-<card>` with a new
+    /// card). A decline is `StripeError::Api` with status 402 and code `card_declined`.
     pub async fn pay_invoice(
         &self,
         stripe_id: &str,
-        invoice_id: &str,
+        idempotency_key: &str,
     ) -> Result<Invoice, StripeError> {
         self.call(
             reqwest::Method::POST,
             &format!("v1/invoices/{stripe_id}/pay"),
             &[],
-            Some(&format!("pay-{invoice_id}")),
+            Some(idempotency_key),
         )
         .await
     }

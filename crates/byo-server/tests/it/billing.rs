@@ -1600,7 +1600,76 @@ async fn a_declined_payment_holds_the_account_and_stops_its_instances_until_it_p
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
 }
 
+/// The customer replaces the card on /billing: the declined invoice is paid again with the
+/// new one, once per card; a card that declines too leaves it open, one that works pays it
+/// and the stopped instance starts again.
+async fn a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped(w: World) {
+    let cus = w.chargeable().await;
+    w.fake.lock().unwrap().declining.insert(cus.clone());
+    let kept = w.running_on_a_host("kept").await;
+    w.december();
+    assert_eq!(w.bill().await.payments_failed, 1);
+    w.clock.advance(TimeDelta::hours(73));
+    assert_eq!(w.bill().await.unpaid_stopped, 1);
+    let (_, row) = the_invoice(&w).await;
+    let new_card = |n: &'static str| {
+        let (session, pm) = w.fake.lock().unwrap().completed_setup(&cus);
+        (
+            fake_stripe::event(
+                n,
+                "checkout.session.completed",
+                session,
+                w.clock.now().timestamp(),
+            ),
+            pm,
+        )
+    };
+    // Another card that declines.
+    let (event, first) = new_card("evt_card1");
+    assert_eq!(w.webhook(&event).await.status, StatusCode::OK);
+    let got = w.db().invoice(&row.id).await.unwrap().unwrap();
+    assert_eq!(got.status.as_str(), "open");
+    assert!(got.last_error.unwrap().contains("card_declined"));
+    assert_eq!(
+        w.status_of(&kept).await,
+        byo_wire::states::VmStatus::Stopped
+    );
+    // One that works.
+    w.fake.lock().unwrap().declining.remove(&cus);
+    w.clock.advance(TimeDelta::minutes(5));
+    let (event, second) = new_card("evt_card2");
+    assert_eq!(w.webhook(&event).await.status, StatusCode::OK);
+    let got = w.db().invoice(&row.id).await.unwrap().unwrap();
+    assert_eq!(got.status.as_str(), "paid");
+    assert_eq!(got.paid_at, Some(w.clock.now()));
+    assert_eq!(
+        posts_to(&w, "/pay"),
+        [
+            Some(format!("pay-{}", row.id)),
+            Some(format!("pay-{}-{first}", row.id)),
+            Some(format!("pay-{}-{second}", row.id)),
+        ]
+    );
+    let began = std::time::Instant::now();
+    while w.status_of(&kept).await != byo_wire::states::VmStatus::Running {
+        assert!(
+            began.elapsed() < std::time::Duration::from_secs(10),
+            "the instance was not started again"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        w.audited(&row.id).await,
+        ["billing.payment_failed", "billing.invoice_paid"]
+    );
+    // The same card's event again (Stripe's retry) pays nothing twice.
+    let replay = w.webhook(&event).await;
+    assert_eq!(replay.json()["replayed"], json!(true));
+    assert_eq!(posts_to(&w, "/pay").len(), 3);
+}
+
 with_world!(
+    a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped,
     a_declined_payment_holds_the_account_and_stops_its_instances_until_it_pays,
     an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_answer,
     usage_is_invoiced_at_the_threshold_and_when_its_month_ends,
