@@ -75,6 +75,17 @@ pub struct UsageChargeRow {
     pub invoice_id: Option<String>,
 }
 
+/// An instance's four timestamps, for the usage so far this month (the Billing page).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct UsageVmRow {
+    pub id: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    pub creation_failed_at: Option<DateTime<Utc>>,
+    pub delete_requested_at: Option<DateTime<Utc>>,
+    pub deleted_at: Option<DateTime<Utc>>,
+}
+
 /// A stuck delete's refund, as recorded once Stripe took it.
 #[derive(Clone, Debug)]
 pub struct NewRefund<'a> {
@@ -375,5 +386,42 @@ impl Store {
                 .fetch_one(p)
                 .await
         })? > 0)
+    }
+
+    /// The account's instances billable at some time since `since`: not a failed create,
+    /// not deleted before it. Oldest first.
+    pub async fn vms_billable_since(
+        &self,
+        user_sub: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<UsageVmRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, UsageVmRow>(
+                "select id, name, created_at, creation_failed_at, delete_requested_at, deleted_at \
+                 from vms \
+                 where user_sub = $1 and creation_failed_at is null \
+                   and (deleted_at is null or deleted_at > $2) \
+                 order by created_at, id",
+            )
+            .bind(user_sub)
+            .bind(since)
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// The account's stuck-delete credits, newest first, at most `limit`.
+    pub async fn refunds_of(&self, user_sub: &str, limit: i64) -> Result<Vec<RefundRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, RefundRow>(
+                "select vm_id, user_sub, from_at, to_at, seconds, amount_cents, currency, \
+                        idempotency_key, stripe_credit_id, invoice_id \
+                 from refunds where user_sub = $1 order by to_at desc, vm_id limit $2",
+            )
+            .bind(user_sub)
+            .bind(limit)
+            .fetch_all(p)
+            .await
+        })?)
     }
 }

@@ -15,9 +15,49 @@ pub struct BillingView {
     /// Why not, when it may not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The card on file, as Stripe describes it (`visa ending 4242, expires 12/2099`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
+    /// This month's usage so far, live from the four timestamps (billing on only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub this_month: Option<MonthUsage>,
     /// Your invoices, newest first (issue #40): absent when there are none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub invoices: Vec<InvoiceView>,
+    /// Credits for deletes your hosts confirmed late, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credits: Vec<CreditView>,
+}
+
+/// Usage since the first of this month (UTC), per instance, as its days will be charged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MonthUsage {
+    pub since: DateTime<Utc>,
+    pub currency: String,
+    pub total_cents: i64,
+    pub instances: Vec<UsageLine>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UsageLine {
+    pub vm_id: String,
+    pub name: String,
+    /// Billable seconds this month so far.
+    pub seconds: i64,
+    pub amount_cents: i64,
+}
+
+/// A credit for a stuck delete: the time from your delete to the host's confirmation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreditView {
+    pub vm_id: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub amount_cents: i64,
+    pub currency: String,
 }
 
 /// One of your invoices: what it covers in total, where it is in Stripe's lifecycle, and

@@ -17,6 +17,7 @@ on_both!(
     an_invoice_takes_the_accounts_uninvoiced_charges_less_credits_once,
     an_invoice_status_moves_only_forward_and_stamps_once,
     instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid,
+    the_billing_page_reads_the_instances_billable_since_and_the_credits,
 );
 
 fn t0() -> DateTime<Utc> {
@@ -478,4 +479,57 @@ async fn instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid(
     );
     assert!(db.payment_stops_to_release().await.unwrap().is_empty());
     assert_eq!(db.payment_stop(&vm_b).await.unwrap(), Some(inv_b.id));
+}
+
+async fn the_billing_page_reads_the_instances_billable_since_and_the_credits(db: testing::TestDb) {
+    let (a, live) = account(&db, "a@example.com").await;
+    let (b, _) = account(&db, "b@example.com").await;
+    let make = |name: &'static str, at: DateTime<Utc>| {
+        let (db, a) = (&db, a.clone());
+        async move {
+            db.create_vm(
+                NewVm {
+                    user_sub: &a,
+                    host_id: None,
+                    name,
+                    gpu_type: "spark-1",
+                    ssh_hostname: None,
+                },
+                at,
+            )
+            .await
+            .unwrap()
+            .id
+        }
+    };
+    let since = t0() + TimeDelta::days(10);
+    let gone_before = make("gone-before", t0()).await;
+    db.mark_vm_running(&gone_before, Some(1)).await.unwrap();
+    db.request_vm_delete(&gone_before, t0()).await.unwrap();
+    db.confirm_vm_deleted(&gone_before, since - TimeDelta::seconds(1))
+        .await
+        .unwrap();
+    let gone_after = make("gone-after", t0() + TimeDelta::minutes(1)).await;
+    db.mark_vm_running(&gone_after, Some(2)).await.unwrap();
+    db.request_vm_delete(&gone_after, t0()).await.unwrap();
+    db.confirm_vm_deleted(&gone_after, since + TimeDelta::seconds(1))
+        .await
+        .unwrap();
+    let failed = make("failed", t0()).await;
+    db.mark_vm_creation_failed(&failed, t0()).await.unwrap();
+    let rows = db.vms_billable_since(&a, since).await.unwrap();
+    let names: Vec<_> = rows.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["a@example.com", "gone-after"], "oldest first");
+    assert_eq!(rows[0].id, live);
+    assert_eq!(rows[1].deleted_at, Some(since + TimeDelta::seconds(1)));
+    assert!(db.vms_billable_since(&b, since).await.unwrap().len() == 1);
+
+    assert!(db.refunds_of(&a, 10).await.unwrap().is_empty());
+    credit(&db, &a, &live, 40).await;
+    credit(&db, &a, &gone_after, 60).await;
+    let credits = db.refunds_of(&a, 10).await.unwrap();
+    assert_eq!(credits.len(), 2);
+    assert_eq!(credits[0].amount_cents + credits[1].amount_cents, 100);
+    assert_eq!(db.refunds_of(&a, 1).await.unwrap().len(), 1);
+    assert!(db.refunds_of(&b, 10).await.unwrap().is_empty());
 }

@@ -16,7 +16,9 @@
 
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
-use byo_wire::billing::{BillingView, CheckoutView, InvoiceView};
+use byo_wire::billing::{
+    BillingView, CheckoutView, CreditView, InvoiceView, MonthUsage, UsageLine,
+};
 use byo_wire::states::InvoiceStatus;
 use chrono::{DateTime, TimeDelta, Utc};
 use hmac::{Hmac, Mac};
@@ -49,9 +51,14 @@ pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingVi
             enabled: false,
             chargeable: true,
             reason: None,
+            payment_method: None,
+            this_month: None,
             invoices: Vec::new(),
+            credits: Vec::new(),
         });
     }
+    let sub = &user.user.sub;
+    let now = state.clock.now();
     let invoices = state
         .store
         .invoices_for(&user.user.sub, INVOICES_LISTED)
@@ -69,15 +76,75 @@ pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingVi
             paid_at: i.paid_at,
         })
         .collect();
-    let (chargeable, reason) = match state.billing.may_charge(&user.user.sub).await? {
+    let (charge, payment_method) = match state.stripe.as_deref() {
+        Some(stripe) => stripe.inspect(sub, now).await?,
+        None => (state.billing.may_charge(sub).await?, None),
+    };
+    let (chargeable, reason) = match charge {
         Charge::Allowed => (true, None),
         Charge::Refused { reason } => (false, Some(reason)),
     };
+    let this_month = match state.stripe.as_deref() {
+        Some(stripe) => Some(month_so_far(state, stripe, sub, now).await?),
+        None => None,
+    };
+    let credits = state
+        .store
+        .refunds_of(sub, INVOICES_LISTED)
+        .await?
+        .into_iter()
+        .map(|r| CreditView {
+            vm_id: r.vm_id,
+            from: r.from_at,
+            to: r.to_at,
+            amount_cents: i64::from(r.amount_cents),
+            currency: r.currency,
+        })
+        .collect();
     Ok(BillingView {
         enabled: true,
         chargeable,
         reason,
+        payment_method,
+        this_month,
         invoices,
+        credits,
+    })
+}
+
+/// The account's usage since the first of this month, per instance, live from the four
+/// timestamps and priced as its days will be charged.
+async fn month_so_far(
+    state: &AppState,
+    stripe: &StripeBilling,
+    user_sub: &str,
+    now: DateTime<Utc>,
+) -> AppResult<MonthUsage> {
+    let since = invoicing::month_start(now);
+    let price = stripe.config.price_cents_per_hour;
+    let mut instances = Vec::new();
+    for v in state.store.vms_billable_since(user_sub, since).await? {
+        let times = usage::VmTimes {
+            created_at: v.created_at,
+            creation_failed_at: v.creation_failed_at,
+            delete_requested_at: v.delete_requested_at,
+            deleted_at: v.deleted_at,
+        };
+        let (seconds, amount_cents) = usage::so_far(&times, since, now, price);
+        if seconds > 0 {
+            instances.push(UsageLine {
+                vm_id: v.id,
+                name: v.name,
+                seconds,
+                amount_cents,
+            });
+        }
+    }
+    Ok(MonthUsage {
+        since,
+        currency: stripe.config.currency.clone(),
+        total_cents: instances.iter().map(|i| i.amount_cents).sum(),
+        instances,
     })
 }
 
@@ -621,6 +688,30 @@ pub mod usage {
             day = next;
         }
         out
+    }
+
+    /// An instance's usage from `since` to `now`, as its days will be charged: the billable
+    /// seconds, and the sum of each day's amount (the current day's so far).
+    pub fn so_far(
+        v: &VmTimes,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+        price_cents_per_hour: u32,
+    ) -> (i64, i64) {
+        let Some((from, to)) = billable(v, now) else {
+            return (0, 0);
+        };
+        let (from, to) = (from.max(since), to.min(now));
+        let (mut seconds, mut cents) = (0, 0);
+        let mut day = day_of(from);
+        while day < to && from < to {
+            let next = day + TimeDelta::days(1);
+            let s = (to.min(next) - from.max(day)).num_seconds();
+            seconds += s;
+            cents += amount_cents(s, price_cents_per_hour);
+            day = next;
+        }
+        (seconds, cents)
     }
 
     /// Seconds at an hourly price, to the nearest cent (half up).
@@ -1304,6 +1395,31 @@ mod tests {
             row.pay_attempted_at = None;
             assert_eq!(next(&row), Next::Done, "{s}");
         }
+    }
+
+    #[test]
+    fn this_months_usage_so_far_is_priced_day_by_day_from_the_first() {
+        use super::usage::so_far;
+        let dec = Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
+        let now = dec + TimeDelta::hours(36);
+        // `vm` takes seconds after `at`'s origin.
+        let d = (dec - at(0)).num_seconds();
+        // Since November: only December counts, a full day and half of the next.
+        let v = vm(d - 86_400, None, None, None);
+        assert_eq!(so_far(&v, dec, now, 120), (36 * 3600, 2880 + 1440));
+        // Deleted before the month: nothing; a failed create: nothing.
+        let gone = vm(d - 7200, None, None, Some(d - 3600));
+        assert_eq!(so_far(&gone, dec, now, 120), (0, 0));
+        let failed = vm(d, Some(d + 60), None, None);
+        assert_eq!(so_far(&failed, dec, now, 120), (0, 0));
+        // 20 minutes on each side of midnight: each day rounded as it will be charged.
+        let brief = vm(d + 86_400 - 1200, None, None, Some(d + 86_400 + 1200));
+        assert_eq!(so_far(&brief, dec, now, 120), (2400, 40 + 40));
+        assert_eq!(
+            so_far(&brief, dec, now, 1),
+            (2400, 0),
+            "a cent an hour: 20 minutes are worth nothing, twice"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect};
-use byo_wire::billing::InvoiceView;
+use byo_wire::billing::{CreditView, InvoiceView, MonthUsage};
 use byo_wire::states::InvoiceStatus;
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -45,15 +45,69 @@ pub async fn page(
                 } @else {
                     p #billing-refused role="alert" { "Your account cannot be charged yet: " (s.reason.as_deref().unwrap_or("")) }
                 }
-                form #add-payment-method method="post" action="/billing/payment-method" {
-                    button type="submit" { (if s.chargeable { "Replace the payment method" } else { "Add a payment method" }) }
+                h2 { "Payment method" }
+                @if let Some(card) = &s.payment_method {
+                    p #payment-method { "On file: " strong { (card) } ". Replacing it takes you to Stripe; an unpaid invoice is paid again with the new card at once." }
+                } @else {
+                    p #payment-method { "None on file." }
                 }
+                form #add-payment-method method="post" action="/billing/payment-method" {
+                    button type="submit" { (if s.payment_method.is_some() { "Replace the payment method" } else { "Add a payment method" }) }
+                }
+                @if let Some(m) = &s.this_month { (this_month(m)) }
                 h2 { "Invoices" }
                 (invoices(&s.invoices))
+                @if !s.credits.is_empty() { (credits(&s.credits)) }
             }
             Err(_) => { p.error role="alert" { "Stripe could not be asked just now; try again in a minute." } }
         }
     }).into_response())
+}
+
+/// This month's usage so far, per instance: what the next invoice will hold, live.
+fn this_month(m: &MonthUsage) -> Markup {
+    html! {
+        h2 { "This month so far" }
+        @if m.instances.is_empty() {
+            p #usage-none { "No usage since " (at(m.since)) "." }
+        } @else {
+            table #usage {
+                thead { tr { th { "Instance" } th { "Hours" } th { "Amount" } } }
+                tbody {
+                    @for i in &m.instances {
+                        tr data-vm=(i.vm_id) {
+                            td { (i.name) }
+                            td { (format!("{:.1}", i.seconds as f64 / 3600.0)) }
+                            td { (money(i.amount_cents, &m.currency)) }
+                        }
+                    }
+                }
+                tfoot { tr { th { "Total since " (at(m.since)) } td {} td #usage-total { (money(m.total_cents, &m.currency)) } } }
+            }
+            p.hint { "Live, from when each instance was created until its host confirmed the delete; each day is charged once it ends, and invoiced when the month ends or the total reaches this installation's threshold." }
+        }
+    }
+}
+
+/// Credits for deletes the host confirmed late: the time from the delete to the
+/// confirmation, taken off the next invoice.
+fn credits(list: &[CreditView]) -> Markup {
+    html! {
+        h2 { "Credits" }
+        table #credits {
+            thead { tr { th { "Instance" } th { "Deleted" } th { "Confirmed" } th { "Credit" } } }
+            tbody {
+                @for c in list {
+                    tr {
+                        td { code { (c.vm_id) } }
+                        td { (at(c.from)) }
+                        td { (at(c.to)) }
+                        td { (money(-c.amount_cents, &c.currency)) }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The account's invoices, newest first: when, why, how much, where it stands, and Stripe's

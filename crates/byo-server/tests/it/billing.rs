@@ -692,7 +692,13 @@ async fn the_live_check_allows_a_customer_with_a_default_card(w: World) {
     assert_eq!(r.json()["replayed"], true);
     assert_eq!(w.fake.lock().unwrap().requests.len(), calls);
     let view = w.customer.get("/api/billing").await.json();
-    assert_eq!(view, json!({"enabled": true, "chargeable": true}));
+    assert_eq!(
+        view,
+        json!({"enabled": true, "chargeable": true,
+               "payment_method": "visa ending 4242, expires 12/2099",
+               "this_month": {"since": "2026-11-01T00:00:00Z", "currency": "usd",
+                              "total_cents": 0, "instances": []}})
+    );
     let page = w.customer.page("/billing").await;
     assert!(page.contains("billing-ok"), "{page}");
 }
@@ -1668,7 +1674,63 @@ async fn a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped(w: Worl
     assert_eq!(posts_to(&w, "/pay").len(), 3);
 }
 
+/// Issue #40, 4: the Billing page shows the card on file, this month's usage so far per
+/// instance (live, from the four timestamps), and the credits for stuck deletes.
+async fn the_billing_page_shows_the_card_this_months_usage_and_the_credits(w: World) {
+    let none = w.now_sees("/api/billing").await.json();
+    assert_eq!(none["payment_method"], Value::Null);
+    assert_eq!(none["this_month"]["total_cents"], json!(0));
+    w.chargeable().await;
+    let kept = w.vm("kept", start()).await;
+    w.db().mark_vm_running(&kept, Some(2222)).await.unwrap();
+    // Deleted at 22:30, confirmed only at 23:00: a stuck delete, credited.
+    let brief = w
+        .deleted_vm("brief", TimeDelta::minutes(30), TimeDelta::minutes(60))
+        .await;
+    w.clock.advance(TimeDelta::hours(3)); // Nov 2, 01:00
+    w.bill().await;
+    let api = w.now_sees("/api/billing").await.json();
+    assert_eq!(api["payment_method"], "visa ending 4242, expires 12/2099");
+    let month = &api["this_month"];
+    assert_eq!(month["since"], "2026-11-01T00:00:00Z");
+    let lines = month["instances"].as_array().unwrap();
+    assert_eq!(lines.len(), 2, "{month}");
+    let line = |vm: &str| {
+        lines
+            .iter()
+            .find(|l| l["vm_id"] == json!(vm))
+            .cloned()
+            .unwrap()
+    };
+    // 22:00 to 01:00: two hours of Nov 1 and one of Nov 2, each day priced.
+    assert_eq!(
+        (
+            line(&kept)["seconds"].clone(),
+            line(&kept)["amount_cents"].clone()
+        ),
+        (json!(3 * 3600), json!(3 * PRICE))
+    );
+    assert_eq!(line(&brief)["amount_cents"], json!(PRICE));
+    assert_eq!(month["total_cents"], json!(4 * PRICE));
+    let credits = api["credits"].as_array().unwrap();
+    assert_eq!(credits.len(), 1);
+    assert_eq!(credits[0]["vm_id"], json!(brief));
+    assert_eq!(credits[0]["amount_cents"], json!(PRICE / 2));
+    let page = w.now_sees("/billing").await.text();
+    for want in [
+        "visa ending 4242, expires 12/2099",
+        "Replace the payment method",
+        "4.80 USD",
+        "kept",
+        "-0.60 USD",
+        "id=\"credits\"",
+    ] {
+        assert!(page.contains(want), "{want}: {page}");
+    }
+}
+
 with_world!(
+    the_billing_page_shows_the_card_this_months_usage_and_the_credits,
     a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped,
     a_declined_payment_holds_the_account_and_stops_its_instances_until_it_pays,
     an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_answer,
