@@ -86,6 +86,28 @@ pub struct UsageVmRow {
     pub deleted_at: Option<DateTime<Utc>>,
 }
 
+/// A booking paid through Checkout: what a refund refunds.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct BookingPaymentRow {
+    pub prebooking_id: String,
+    pub payment_intent: String,
+    pub amount_cents: i32,
+    pub currency: String,
+    pub paid_at: DateTime<Utc>,
+}
+
+/// A booking's refund, once Stripe made it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct BookingRefundRow {
+    pub prebooking_id: String,
+    pub stripe_refund_id: String,
+    pub amount_cents: i32,
+    pub currency: String,
+    pub reason: String,
+    pub refunded_by: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
 /// A stuck delete's refund, as recorded once Stripe took it.
 #[derive(Clone, Debug)]
 pub struct NewRefund<'a> {
@@ -421,6 +443,73 @@ impl Store {
             .bind(user_sub)
             .bind(limit)
             .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// Keep a booking's Checkout payment (the first one, if Stripe sends two).
+    pub async fn record_booking_payment(&self, p: &BookingPaymentRow) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |pool| {
+            sqlx::query(
+                "insert into booking_payments (prebooking_id, payment_intent, amount_cents, \
+                   currency, paid_at) values ($1, $2, $3, $4, $5) \
+                 on conflict (prebooking_id) do nothing",
+            )
+            .bind(&p.prebooking_id)
+            .bind(&p.payment_intent)
+            .bind(p.amount_cents)
+            .bind(&p.currency)
+            .bind(p.paid_at)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    pub async fn booking_payment(&self, prebooking_id: &str) -> Result<Option<BookingPaymentRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, BookingPaymentRow>(
+                "select prebooking_id, payment_intent, amount_cents, currency, paid_at \
+                 from booking_payments where prebooking_id = $1",
+            )
+            .bind(prebooking_id)
+            .fetch_optional(p)
+            .await
+        })?)
+    }
+
+    /// Record a booking's refund (at most one); `AlreadySet` when one is recorded.
+    pub async fn record_booking_refund(&self, r: &BookingRefundRow) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| {
+            sqlx::query(
+                "insert into booking_refunds (prebooking_id, stripe_refund_id, amount_cents, \
+                   currency, reason, refunded_by, created_at) \
+                 values ($1, $2, $3, $4, $5, $6, $7) on conflict (prebooking_id) do nothing",
+            )
+            .bind(&r.prebooking_id)
+            .bind(&r.stripe_refund_id)
+            .bind(r.amount_cents)
+            .bind(&r.currency)
+            .bind(&r.reason)
+            .bind(&r.refunded_by)
+            .bind(r.created_at)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    pub async fn booking_refund(&self, prebooking_id: &str) -> Result<Option<BookingRefundRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, BookingRefundRow>(
+                "select prebooking_id, stripe_refund_id, amount_cents, currency, reason, \
+                        refunded_by, created_at \
+                 from booking_refunds where prebooking_id = $1",
+            )
+            .bind(prebooking_id)
+            .fetch_optional(p)
             .await
         })?)
     }

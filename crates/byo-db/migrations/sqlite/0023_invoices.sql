@@ -53,3 +53,23 @@ create table payment_stops (
   stopped_at timestamptz not null
 );
 create index payment_stops_user on payment_stops (user_sub);
+
+-- Issue #40 (5): a booking paid through Checkout, with what a refund refunds (its payment
+-- intent), and its refund: at most one, in full — by the booker cancelling before the window
+-- opens, or by a superadmin with a reason.
+create table booking_payments (
+  prebooking_id  text not null primary key references prebookings(id),
+  payment_intent text not null,
+  amount_cents   integer not null,
+  currency       text not null,
+  paid_at        timestamptz not null
+);
+create table booking_refunds (
+  prebooking_id    text not null primary key references prebookings(id),
+  stripe_refund_id text not null,
+  amount_cents     integer not null,
+  currency         text not null,
+  reason           text not null,
+  refunded_by      text references users(sub),
+  created_at       timestamptz not null
+);

@@ -444,6 +444,25 @@ async fn checkout_completed(
                 ));
             }
             let w = state.store.mark_prebooking_paid(booking_id, now).await?;
+            // What a refund refunds: the session's payment intent and what it took.
+            if let Some(pi) = session["payment_intent"].as_str() {
+                state
+                    .store
+                    .record_booking_payment(&byo_db::billing::BookingPaymentRow {
+                        prebooking_id: booking_id.to_owned(),
+                        payment_intent: pi.to_owned(),
+                        amount_cents: session["amount_total"]
+                            .as_i64()
+                            .and_then(|a| i32::try_from(a).ok())
+                            .unwrap_or(0),
+                        currency: session["currency"]
+                            .as_str()
+                            .unwrap_or(&stripe.config.currency)
+                            .to_owned(),
+                        paid_at: now,
+                    })
+                    .await?;
+            }
             Ok(format!("booking {booking_id}: paid ({w:?})"))
         }
         Some("setup") => {
@@ -551,6 +570,65 @@ async fn invoice_event(
         inv.id,
         inv.status.as_deref().unwrap_or("no status")
     ))
+}
+
+/// Refund a booking's Checkout payment in full (issue #40, 5), once: `POST /v1/refunds` on its
+/// payment intent under the key `refund-booking-<id>` (a retry after a crash refunds
+/// nothing twice), then the refund recorded and audited with `reason`. 409 with billing off,
+/// for a booking not paid through Checkout (an off-band payment is returned off-band), and
+/// for one already refunded.
+pub async fn refund_booking(
+    state: &AppState,
+    prebooking_id: &str,
+    reason: &str,
+    by: &str,
+) -> AppResult<byo_db::billing::BookingRefundRow> {
+    let stripe = stripe_of(state)?;
+    if state.store.booking_refund(prebooking_id).await?.is_some() {
+        return Err(AppError::conflict(
+            "already_refunded",
+            "this booking's payment was refunded already",
+        ));
+    }
+    let Some(payment) = state.store.booking_payment(prebooking_id).await? else {
+        return Err(AppError::conflict(
+            "not_paid_by_checkout",
+            "this booking was not paid through Checkout: a payment recorded by hand is returned the way it was collected",
+        ));
+    };
+    let refund = stripe
+        .client
+        .create_refund(
+            &payment.payment_intent,
+            i64::from(payment.amount_cents),
+            &[("prebooking_id", prebooking_id)],
+            &format!("refund-booking-{prebooking_id}"),
+        )
+        .await
+        .map_err(stripe_failed)?;
+    let now = state.clock.now();
+    let row = byo_db::billing::BookingRefundRow {
+        prebooking_id: prebooking_id.to_owned(),
+        stripe_refund_id: refund.id,
+        amount_cents: payment.amount_cents,
+        currency: payment.currency,
+        reason: reason.to_owned(),
+        refunded_by: Some(by.to_owned()),
+        created_at: now,
+    };
+    state.store.record_booking_refund(&row).await?;
+    state
+        .store
+        .audit(
+            Some(by),
+            "prebooking.refunded",
+            Some(prebooking_id),
+            json!({"reason": reason, "amount_cents": row.amount_cents,
+                   "stripe_refund_id": row.stripe_refund_id}),
+            now,
+        )
+        .await?;
+    Ok(row)
 }
 
 /// A new default card: each declined, unpaid invoice of the customer is paid again with it,

@@ -127,10 +127,18 @@ pub fn router() -> Router<AppState> {
             "/prebookings/{prebooking_id}/cancel",
             post(prebookings::cancel),
         )
+        .route(
+            "/prebookings/{prebooking_id}/checkout",
+            post(prebookings::checkout),
+        )
         .route("/admin/prebookings", get(prebookings::admin_page))
         .route(
             "/admin/prebookings/{prebooking_id}/paid",
             post(prebookings::record_payment),
+        )
+        .route(
+            "/admin/prebookings/{prebooking_id}/refund",
+            post(prebookings::refund),
         )
         .route(
             "/admin/prebookings/{prebooking_id}/launch",

@@ -145,6 +145,16 @@ pub struct Invoice {
     pub metadata: serde_json::Map<String, Value>,
 }
 
+/// A refund of a payment.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Refund {
+    pub id: String,
+    pub amount: i64,
+    /// `succeeded`, `pending`, `failed`, …
+    #[serde(default)]
+    pub status: Option<String>,
+}
+
 /// One line of a payment Checkout session.
 #[derive(Clone, Debug)]
 pub struct PaymentLine<'a> {
@@ -409,6 +419,31 @@ impl StripeClient {
             reqwest::Method::POST,
             &format!("v1/invoices/{stripe_id}/pay"),
             &[],
+            Some(idempotency_key),
+        )
+        .await
+    }
+
+    /// Refund `amount` of a payment (its payment intent), `metadata` on the refund, under
+    /// `idempotency_key`.
+    pub async fn create_refund(
+        &self,
+        payment_intent: &str,
+        amount: i64,
+        metadata: &[(&str, &str)],
+        idempotency_key: &str,
+    ) -> Result<Refund, StripeError> {
+        let mut form: Vec<(String, String)> = vec![
+            ("payment_intent".into(), payment_intent.to_owned()),
+            ("amount".into(), amount.to_string()),
+        ];
+        for (k, v) in metadata {
+            form.push((format!("metadata[{k}]"), (*v).to_owned()));
+        }
+        self.call(
+            reqwest::Method::POST,
+            "v1/refunds",
+            &form,
             Some(idempotency_key),
         )
         .await

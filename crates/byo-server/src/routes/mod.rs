@@ -119,6 +119,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(prebookings::post_cancel))
         .routes(routes!(prebookings::get_admin_prebookings))
         .routes(routes!(prebookings::post_paid))
+        .routes(routes!(prebookings::post_refund))
         .routes(routes!(prebookings::post_launch))
         .routes(routes!(prebookings::post_reassign))
         // The queue (E2, issue #13).

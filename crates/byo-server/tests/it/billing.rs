@@ -1729,7 +1729,157 @@ async fn the_billing_page_shows_the_card_this_months_usage_and_the_credits(w: Wo
     }
 }
 
+/// A booking paid through Checkout: the completed session Stripe sends, with its payment
+/// intent, for `amount`.
+async fn paid_through_checkout(w: &World, booking: &str, pi: &str, amount: i64) {
+    w.fake
+        .lock()
+        .unwrap()
+        .payment_intents
+        .insert(pi.to_owned(), amount);
+    let session = json!({"id": format!("cs_{booking}"), "object": "checkout.session",
+        "mode": "payment", "payment_status": "paid", "status": "complete",
+        "amount_total": amount, "currency": "usd", "payment_intent": pi,
+        "metadata": {"prebooking_id": booking, "user_sub": w.customer.sub}});
+    let r = w
+        .send_event(
+            &format!("evt_{booking}"),
+            "checkout.session.completed",
+            session,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(w.paid_at(booking).await.is_some());
+}
+
+/// Issue #40, 5: the stated rule — a paid booking cancelled before its window opens is
+/// refunded in full, once; from the opening on it is neither refunded nor cancelled by its
+/// booker; a superadmin refunds any Checkout payment with a reason; an off-band payment is
+/// not refunded here. A retried refund (its record lost) refunds nothing twice.
+async fn a_paid_booking_is_refunded_before_its_window_and_by_operators_with_a_reason(w: World) {
+    w.chargeable().await;
+    w.booking("pb-1", &w.customer.sub).await;
+    let page = w.now_sees("/prebookings").await.text();
+    assert!(
+        page.contains("/prebookings/pb-1/checkout") && page.contains(">Pay<"),
+        "the booking page has its checkout: {page}"
+    );
+    paid_through_checkout(&w, "pb-1", "pi_1", 7200).await;
+    let page = w.now_sees("/prebookings").await.text();
+    assert!(
+        page.contains("Cancel and refund") && page.contains("refunded in full"),
+        "{page}"
+    );
+    let r = w.customer.post_empty("/api/prebookings/pb-1/cancel").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["state"], "closed");
+    let refunds = w.fake.lock().unwrap().refunds.clone();
+    assert_eq!(refunds.len(), 1);
+    assert_eq!(
+        (
+            refunds[0]["payment_intent"].clone(),
+            refunds[0]["amount"].clone()
+        ),
+        (json!("pi_1"), json!(7200))
+    );
+    assert_eq!(
+        posts_to(&w, "/v1/refunds"),
+        [Some("refund-booking-pb-1".into())]
+    );
+    let row = w.db().booking_refund("pb-1").await.unwrap().unwrap();
+    assert_eq!(
+        (row.amount_cents, row.refunded_by.as_deref()),
+        (7200, Some(w.customer.sub.as_str()))
+    );
+    let mut audited = w.audited("pb-1").await;
+    audited.sort();
+    assert_eq!(audited, ["prebooking.cancelled", "prebooking.refunded"]);
+    let r = w.customer.post_empty("/api/prebookings/pb-1/cancel").await;
+    assert_eq!(code(&r), "booking_closed");
+    assert_eq!(w.fake.lock().unwrap().refunds.len(), 1);
+
+    // Its window has opened: the booker neither cancels nor is refunded.
+    w.db()
+        .execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, gpu_type, start_date, end_date, created_at)
+             values ('pb-2', '{}', 'spark-1', '2026-11-01T20:00:00Z', '2026-11-03T00:00:00Z', '2026-10-01T00:00:00Z')",
+            w.customer.sub
+        ))
+        .await
+        .unwrap();
+    paid_through_checkout(&w, "pb-2", "pi_2", 3600).await;
+    let admin = w.app.superadmin("root@example.com").await;
+    let before = w.dump().await;
+    let r = w.customer.post_empty("/api/prebookings/pb-2/cancel").await;
+    assert_eq!(r.status, StatusCode::CONFLICT);
+    assert_eq!(code(&r), "window_open");
+    assert_eq!(w.dump().await, before, "refused: nothing changed");
+    assert_eq!(w.fake.lock().unwrap().refunds.len(), 1);
+    // A superadmin may, with a reason.
+    let r = admin
+        .post("/api/admin/prebookings/pb-2/refund", json!({"reason": " "}))
+        .await;
+    assert_eq!(code(&r), "reason_required");
+    assert_eq!(w.dump().await, before);
+    let r = admin
+        .post(
+            "/api/admin/prebookings/pb-2/refund",
+            json!({"reason": "the host failed for the first day"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.fake.lock().unwrap().refunds.len(), 2);
+    let audit = w.db().audit_log(50).await.unwrap();
+    let refunded = audit
+        .iter()
+        .find(|a| a.action == "prebooking.refunded" && a.target.as_deref() == Some("pb-2"))
+        .unwrap();
+    assert_eq!(
+        refunded.details.0["reason"],
+        "the host failed for the first day"
+    );
+    assert_eq!(refunded.actor_sub.as_deref(), Some(admin.sub.as_str()));
+    let r = admin
+        .post(
+            "/api/admin/prebookings/pb-2/refund",
+            json!({"reason": "again"}),
+        )
+        .await;
+    assert_eq!(code(&r), "already_refunded");
+    // The refund's record lost (a crash after Stripe answered): the retry's key replays it.
+    w.db()
+        .execute_unchecked("delete from booking_refunds where prebooking_id = 'pb-2'")
+        .await
+        .unwrap();
+    let r = admin
+        .post(
+            "/api/admin/prebookings/pb-2/refund",
+            json!({"reason": "retried"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(w.fake.lock().unwrap().refunds.len(), 2, "refunded once");
+
+    // Paid off-band (by hand, with a reason): returned off-band, not here.
+    w.booking("pb-3", &w.customer.sub).await;
+    let r = admin
+        .post(
+            "/api/admin/prebookings/pb-3/paid",
+            json!({"reason": "paid by bank transfer"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let r = w.customer.post_empty("/api/prebookings/pb-3/cancel").await;
+    assert_eq!(code(&r), "booking_paid");
+    let r = admin
+        .post("/api/admin/prebookings/pb-3/refund", json!({"reason": "x"}))
+        .await;
+    assert_eq!(code(&r), "not_paid_by_checkout");
+    assert_eq!(w.fake.lock().unwrap().refunds.len(), 2);
+}
+
 with_world!(
+    a_paid_booking_is_refunded_before_its_window_and_by_operators_with_a_reason,
     the_billing_page_shows_the_card_this_months_usage_and_the_credits,
     a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped,
     a_declined_payment_holds_the_account_and_stops_its_instances_until_it_pays,

@@ -48,6 +48,10 @@ pub struct Fake {
     pub invoice_items: Vec<Value>,
     /// Every invoice, by id.
     pub invoices: BTreeMap<String, Value>,
+    /// Payment intents a Checkout payment made: id → amount.
+    pub payment_intents: BTreeMap<String, i64>,
+    /// Every refund made (a replayed key makes none).
+    pub refunds: Vec<Value>,
     /// Customers whose card attaches but declines every charge (Stripe's test card
     /// 4000 0000 0000 0341).
     pub declining: std::collections::BTreeSet<String>,
@@ -480,6 +484,40 @@ async fn pay_invoice(State(s): State<Shared>, Path(id): Path<String>) -> Respons
     Json(paid).into_response()
 }
 
+/// `POST /v1/refunds`: a refund of a payment intent, at most what it took in all
+/// (`charge_already_refunded` past it).
+async fn create_refund(State(s): State<Shared>, axum::Form(form): Form) -> Response {
+    let mut f = s.lock().unwrap();
+    let pi = param(&form, "payment_intent")
+        .unwrap_or_default()
+        .to_owned();
+    let Some(&paid) = f.payment_intents.get(&pi) else {
+        return missing("payment_intent", &pi, "payment_intent");
+    };
+    let amount = param(&form, "amount")
+        .and_then(|a| a.parse::<i64>().ok())
+        .unwrap_or(paid);
+    let refunded: i64 = f
+        .refunds
+        .iter()
+        .filter(|r| r["payment_intent"] == json!(pi))
+        .map(|r| r["amount"].as_i64().unwrap_or(0))
+        .sum();
+    if amount <= 0 || refunded + amount > paid {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("charge_already_refunded"),
+            &format!("Charge for payment intent {pi} has already been refunded."),
+        );
+    }
+    let id = f.id("re");
+    let refund = json!({"id": id, "object": "refund", "amount": amount,
+        "payment_intent": pi, "status": "succeeded", "metadata": metadata(&form)});
+    f.refunds.push(refund.clone());
+    Json(refund).into_response()
+}
+
 /// The fake, on loopback, and a `[billing]` configuration pointing at it.
 pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
     let fake: Shared = Default::default();
@@ -492,6 +530,7 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
         .route("/v1/checkout/sessions", post(create_session))
         .route("/v1/setup_intents/{id}", get(get_setup_intent))
         .route("/v1/invoiceitems", post(create_invoice_item))
+        .route("/v1/refunds", post(create_refund))
         .route("/v1/invoices", post(create_invoice))
         .route("/v1/invoices/{id}", get(get_invoice))
         .route("/v1/invoices/{id}/finalize", post(finalize_invoice))
