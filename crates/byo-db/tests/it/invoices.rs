@@ -18,6 +18,7 @@ on_both!(
     an_invoice_status_moves_only_forward_and_stamps_once,
     instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid,
     the_billing_page_reads_the_instances_billable_since_and_the_credits,
+    a_bookings_payment_and_refund_are_kept_once_and_a_paid_booking_cancels_only_before_its_window,
 );
 
 fn t0() -> DateTime<Utc> {
@@ -532,4 +533,108 @@ async fn the_billing_page_reads_the_instances_billable_since_and_the_credits(db:
     assert_eq!(credits[0].amount_cents + credits[1].amount_cents, 100);
     assert_eq!(db.refunds_of(&a, 1).await.unwrap().len(), 1);
     assert!(db.refunds_of(&b, 10).await.unwrap().is_empty());
+}
+
+async fn a_bookings_payment_and_refund_are_kept_once_and_a_paid_booking_cancels_only_before_its_window(
+    db: testing::TestDb,
+) {
+    use byo_db::billing::{BookingPaymentRow, BookingRefundRow};
+    let (a, _) = account(&db, "a@example.com").await;
+    let (b, _) = account(&db, "b@example.com").await;
+    let start = t0() + TimeDelta::days(2);
+    for (id, who) in [("pb-1", &a), ("pb-2", &a)] {
+        db.execute_unchecked(&format!(
+            "insert into prebookings (id, user_sub, gpu_type, start_date, end_date, created_at) \
+             values ('{id}', '{who}', 'spark-1', '{}', '{}', '{}')",
+            start.to_rfc3339(),
+            (start + TimeDelta::days(1)).to_rfc3339(),
+            t0().to_rfc3339()
+        ))
+        .await
+        .unwrap();
+    }
+    assert_eq!(db.booking_payment("pb-1").await.unwrap(), None);
+    let paid = BookingPaymentRow {
+        prebooking_id: "pb-1".into(),
+        payment_intent: "pi_1".into(),
+        amount_cents: 7200,
+        currency: "usd".into(),
+        paid_at: t0(),
+    };
+    assert_eq!(
+        db.record_booking_payment(&paid).await.unwrap(),
+        GuardedWrite::Written
+    );
+    let again = BookingPaymentRow {
+        payment_intent: "pi_other".into(),
+        ..paid.clone()
+    };
+    assert_eq!(
+        db.record_booking_payment(&again).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    assert_eq!(db.booking_payment("pb-1").await.unwrap(), Some(paid));
+
+    assert_eq!(db.booking_refund("pb-1").await.unwrap(), None);
+    let refund = BookingRefundRow {
+        prebooking_id: "pb-1".into(),
+        stripe_refund_id: "re_1".into(),
+        amount_cents: 7200,
+        currency: "usd".into(),
+        reason: "cancelled".into(),
+        refunded_by: Some(a.clone()),
+        created_at: t0(),
+    };
+    assert_eq!(
+        db.record_booking_refund(&refund).await.unwrap(),
+        GuardedWrite::Written
+    );
+    let second = BookingRefundRow {
+        stripe_refund_id: "re_2".into(),
+        ..refund.clone()
+    };
+    assert_eq!(
+        db.record_booking_refund(&second).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    assert_eq!(db.booking_refund("pb-1").await.unwrap(), Some(refund));
+
+    // Unpaid: not cancelled this way. Paid: only by its booker, only before its window.
+    assert_eq!(
+        db.cancel_paid_prebooking("pb-2", &a, t0()).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    db.mark_prebooking_paid("pb-1", t0()).await.unwrap();
+    db.mark_prebooking_paid("pb-2", t0()).await.unwrap();
+    assert_eq!(
+        db.cancel_paid_prebooking("pb-1", &b, t0()).await.unwrap(),
+        GuardedWrite::AlreadySet,
+        "another account's booking"
+    );
+    assert_eq!(
+        db.cancel_paid_prebooking("pb-2", &a, start).await.unwrap(),
+        GuardedWrite::AlreadySet,
+        "its window has opened"
+    );
+    assert_eq!(
+        db.cancel_paid_prebooking("pb-1", &a, start - TimeDelta::seconds(1))
+            .await
+            .unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.cancel_paid_prebooking("pb-1", &a, t0()).await.unwrap(),
+        GuardedWrite::AlreadySet,
+        "closed already"
+    );
+    let row = db.prebooking_for_billing("pb-1").await.unwrap().unwrap();
+    assert_eq!(row.closed_at, Some(start - TimeDelta::seconds(1)));
+    assert_eq!(
+        db.prebooking_for_billing("pb-2")
+            .await
+            .unwrap()
+            .unwrap()
+            .closed_at,
+        None
+    );
 }
