@@ -71,6 +71,27 @@ pub struct PaymentStopVm {
     pub leaving: bool,
 }
 
+/// One invoiced line of an owner's earnings (issue #40, 6): an instance-day charged on one of
+/// their hosts, or a credit given back for one; what it sold and which invoice took it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct EarningLine {
+    pub host_id: String,
+    pub host_slug: String,
+    pub vm_id: String,
+    /// The day charged, or the start of the credited time.
+    pub at: DateTime<Utc>,
+    /// `usage` or `credit`.
+    pub kind: String,
+    /// Seconds sold (negative for a credit).
+    pub seconds: i64,
+    /// Cents invoiced (negative for a credit).
+    pub amount_cents: i64,
+    pub currency: String,
+    pub invoice_id: String,
+    #[sqlx(try_from = "String")]
+    pub invoice_status: InvoiceStatus,
+}
+
 /// What Stripe said about an invoice (an API answer or a webhook's object).
 #[derive(Clone, Debug, Default)]
 pub struct InvoiceUpdate<'a> {
@@ -431,6 +452,34 @@ impl Store {
                 .bind(vm_id)
                 .fetch_optional(p)
                 .await
+        })?)
+    }
+
+    /// Every invoiced line (not on a void invoice) of instances on `owner_sub`'s hosts —
+    /// every owner's with `None` — oldest first.
+    pub async fn earning_lines(&self, owner_sub: Option<&str>) -> Result<Vec<EarningLine>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, EarningLine>(
+                "select h.id as host_id, h.slug as host_slug, l.vm_id, l.at, l.kind, \
+                        l.seconds, l.amount_cents, l.currency, l.invoice_id, \
+                        i.status as invoice_status \
+                 from (select vm_id, period_start as at, 'usage' as kind, \
+                              cast(seconds as bigint) as seconds, \
+                              cast(amount_cents as bigint) as amount_cents, currency, invoice_id \
+                         from usage_charges where invoice_id is not null \
+                       union all \
+                       select vm_id, from_at, 'credit', -cast(seconds as bigint), \
+                              -cast(amount_cents as bigint), currency, invoice_id \
+                         from refunds where invoice_id is not null) l \
+                 join invoices i on i.id = l.invoice_id \
+                 join vms v on v.id = l.vm_id \
+                 join hosts h on h.id = v.host_id \
+                 where i.status <> 'void' and ($1 is null or h.owner_sub = $1) \
+                 order by l.at, h.slug, l.vm_id, l.kind desc",
+            )
+            .bind(owner_sub)
+            .fetch_all(p)
+            .await
         })?)
     }
 }

@@ -526,6 +526,12 @@ impl Config {
             if b.price_cents_per_hour == 0 {
                 return Err("billing.price_cents_per_hour must be positive".to_owned());
             }
+            if b.owner_share_bps > 10_000 {
+                return Err(format!(
+                    "billing.owner_share_bps is in basis points, at most 10000 (100 %): {}",
+                    b.owner_share_bps
+                ));
+            }
             if b.payment_grace_hours > 24 * 30 {
                 return Err(format!(
                     "billing.payment_grace_hours must be at most 720 (30 days): {}",

@@ -89,3 +89,31 @@ pub struct InvoiceView {
 pub struct CheckoutView {
     pub url: String,
 }
+
+/// An owner's earnings (issue #40, 6): what their hosts sold, invoiced, split between them and
+/// the platform at the installation's revenue share, by month and host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EarningsView {
+    /// The owner's share of every cent invoiced, in basis points (7000 = 70 %).
+    pub owner_share_bps: u32,
+    pub currency: String,
+    /// Newest month first.
+    pub months: Vec<EarningsMonth>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EarningsMonth {
+    /// `2026-11` (UTC).
+    pub month: String,
+    pub host_slug: String,
+    /// Hours sold, net of credits, in seconds.
+    pub seconds: i64,
+    /// Invoiced, net of credits.
+    pub amount_cents: i64,
+    pub owner_cents: i64,
+    pub platform_cents: i64,
+    /// Of `owner_cents`, what sits on invoices already paid.
+    pub owner_paid_cents: i64,
+}

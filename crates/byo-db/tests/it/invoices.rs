@@ -19,6 +19,7 @@ on_both!(
     instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid,
     the_billing_page_reads_the_instances_billable_since_and_the_credits,
     a_bookings_payment_and_refund_are_kept_once_and_a_paid_booking_cancels_only_before_its_window,
+    an_owners_earning_lines_are_the_invoiced_charges_and_credits_of_their_hosts,
 );
 
 fn t0() -> DateTime<Utc> {
@@ -637,4 +638,98 @@ async fn a_bookings_payment_and_refund_are_kept_once_and_a_paid_booking_cancels_
             .closed_at,
         None
     );
+}
+
+async fn an_owners_earning_lines_are_the_invoiced_charges_and_credits_of_their_hosts(
+    db: testing::TestDb,
+) {
+    let (customer, _) = account(&db, "c@example.com").await;
+    let (owner, _) = account(&db, "owner@example.com").await;
+    let (other, _) = account(&db, "other@example.com").await;
+    let host = db
+        .insert_host(
+            byo_db::hosts::NewHost {
+                slug: "spark-a",
+                owner_sub: &owner,
+                profile_id: "gb10-spark-1",
+                gpu_type: "spark-1",
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    let vm = db
+        .create_vm(
+            NewVm {
+                user_sub: &customer,
+                host_id: Some(&host),
+                name: "on-a",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    charge(&db, &customer, &vm, 1, 2880).await;
+    credit(&db, &customer, &vm, 60).await;
+    assert!(
+        db.earning_lines(Some(&owner)).await.unwrap().is_empty(),
+        "nothing invoiced yet"
+    );
+    let inv = db
+        .open_invoice(
+            &customer,
+            "cus_c@example.com",
+            REASON_MONTH_END,
+            "usd",
+            t0(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    let lines = db.earning_lines(Some(&owner)).await.unwrap();
+    assert_eq!(lines.len(), 2);
+    let credit_line = &lines[0];
+    assert_eq!(
+        (
+            credit_line.kind.as_str(),
+            credit_line.amount_cents,
+            credit_line.seconds
+        ),
+        ("credit", -60, -3600)
+    );
+    let usage = &lines[1];
+    assert_eq!(
+        (usage.kind.as_str(), usage.amount_cents, usage.seconds),
+        ("usage", 2880, 86_400)
+    );
+    assert_eq!(
+        (
+            usage.host_slug.as_str(),
+            usage.vm_id.as_str(),
+            usage.invoice_id.as_str()
+        ),
+        ("spark-a", vm.as_str(), inv.id.as_str())
+    );
+    assert_eq!(usage.host_id, host);
+    assert_eq!(usage.at, t0() + TimeDelta::days(1));
+    assert_eq!(usage.currency, "usd");
+    assert_eq!(usage.invoice_status, InvoiceStatus::Pending);
+    assert!(db.earning_lines(Some(&other)).await.unwrap().is_empty());
+    assert_eq!(db.earning_lines(None).await.unwrap().len(), 2);
+    // A void invoice earns nothing.
+    db.update_invoice(
+        &inv.id,
+        &InvoiceUpdate {
+            status: Some(InvoiceStatus::Void),
+            ..Default::default()
+        },
+        t0(),
+    )
+    .await
+    .unwrap();
+    assert!(db.earning_lines(None).await.unwrap().is_empty());
 }

@@ -12,6 +12,7 @@ pub mod accounts;
 pub mod admin_host_action;
 pub mod admin_vm_action;
 pub mod billing;
+pub mod earnings;
 pub mod fleet_metrics;
 pub mod fleet_overview;
 pub mod fleet_upgrade;

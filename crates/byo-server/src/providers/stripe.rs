@@ -36,6 +36,14 @@ pub struct BillingConfig {
     /// declined; then they are stopped (never deleted) until it is paid. Default 72.
     #[serde(default = "default_payment_grace_hours")]
     pub payment_grace_hours: u32,
+    /// The owner's share of every cent invoiced for their hosts, in basis points (default
+    /// 7000: 70 %); the rest is the platform's.
+    #[serde(default = "default_owner_share_bps")]
+    pub owner_share_bps: u32,
+}
+
+fn default_owner_share_bps() -> u32 {
+    7_000
 }
 
 fn default_payment_grace_hours() -> u32 {

@@ -110,6 +110,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(placement::post_clear))
         .routes(routes!(billing::post_webhook))
         .routes(routes!(billing::get_billing))
+        .routes(routes!(billing::get_earnings))
         .routes(routes!(billing::post_payment_method))
         .routes(routes!(billing::post_prebooking_checkout))
         .routes(routes!(

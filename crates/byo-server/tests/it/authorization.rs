@@ -328,6 +328,13 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::GET,
+            path: "/api/me/earnings",
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
             path: "/api/me/notices",
             expect: [401, 200, 200, 200, 200, 200],
             missing: None,
@@ -896,6 +903,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/hosts",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/hosts/earnings.csv",
             allowed: SIGNED_IN,
             body: none,
         },

@@ -218,6 +218,11 @@ impl World {
     /// A host in service whose agent the fake answers, and an instance of the customer's
     /// running on it since the start.
     async fn running_on_a_host(&self, name: &str) -> String {
+        self.running_on_a_host_of(name).await.0
+    }
+
+    /// [`Self::running_on_a_host`], with the host's owner.
+    async fn running_on_a_host_of(&self, name: &str) -> (String, User) {
         let owner = self
             .app
             .community_host(&format!("{name}-owner@example.com"))
@@ -269,7 +274,7 @@ impl World {
             .unwrap()
             .id;
         self.db().mark_vm_running(&vm, Some(2222)).await.unwrap();
-        vm
+        (vm, owner)
     }
 
     async fn status_of(&self, vm: &str) -> byo_wire::states::VmStatus {
@@ -321,6 +326,17 @@ impl World {
                 Some(json!({"action": "start"})),
             )
             .await
+    }
+
+    /// `path` as `sub` sees it now (a fresh session).
+    async fn sees_as(&self, sub: &str, path: &str) -> Reply {
+        let session = self.app.session_for(sub).await;
+        let r = self
+            .app
+            .request(Method::GET, path, Some(&session), None)
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
+        r
     }
 
     /// `path` as the customer sees it now (a fresh session: tests move the clock past one).
@@ -1878,7 +1894,94 @@ async fn a_paid_booking_is_refunded_before_its_window_and_by_operators_with_a_re
     assert_eq!(w.fake.lock().unwrap().refunds.len(), 2);
 }
 
+/// Issue #40, 6: a customer's month on two owners' hosts, invoiced and paid; each owner sees
+/// what their host sold, and every cent invoiced is the owner's share or the platform's — to
+/// the cent, a stuck delete's credit included — by month on the API and the page, and line by
+/// line in the CSV.
+async fn an_owners_earnings_split_every_invoiced_cent_exactly(w: World) {
+    w.chargeable().await;
+    let (kept, kept_owner) = w.running_on_a_host_of("kept").await;
+    let (brief, brief_owner) = w.running_on_a_host_of("brief").await;
+    // brief: deleted at 22:30, confirmed at 23:00: charged an hour, credited half of it.
+    w.db()
+        .request_vm_delete(&brief, start() + TimeDelta::minutes(30))
+        .await
+        .unwrap();
+    w.db()
+        .confirm_vm_deleted(&brief, start() + TimeDelta::minutes(60))
+        .await
+        .unwrap();
+    w.december();
+    let r = w.bill().await;
+    assert_eq!((r.invoiced, r.invoices_paid), (1, 1));
+    let (_, invoice) = the_invoice(&w).await;
+
+    let share = |amount: i64| amount * 7_000 / 10_000;
+    let mut total = 0;
+    for (owner, vm, host, lines) in [
+        (&kept_owner, &kept, "kept-host", 30),
+        (&brief_owner, &brief, "brief-host", 2),
+    ] {
+        let e = w.sees_as(&owner.sub, "/api/me/earnings").await.json();
+        assert_eq!(e["owner_share_bps"], json!(7_000));
+        let months = e["months"].as_array().unwrap();
+        assert_eq!(months.len(), 1, "{e}");
+        let m = &months[0];
+        assert_eq!(
+            (m["month"].as_str(), m["host_slug"].as_str()),
+            (Some("2026-11"), Some(host))
+        );
+        // The owner's share, line by line from the rows this test reads itself.
+        let charges = w.db().usage_charges(vm).await.unwrap();
+        let credit = w.db().refund_for(vm).await.unwrap();
+        let mut amount: i64 = charges.iter().map(|c| i64::from(c.amount_cents)).sum();
+        let mut owner_cents: i64 = charges
+            .iter()
+            .map(|c| share(i64::from(c.amount_cents)))
+            .sum();
+        if let Some(c) = &credit {
+            amount -= i64::from(c.amount_cents);
+            owner_cents += share(-i64::from(c.amount_cents));
+        }
+        assert_eq!(m["amount_cents"], json!(amount), "{host}");
+        assert_eq!(m["owner_cents"], json!(owner_cents), "{host}");
+        assert_eq!(m["platform_cents"], json!(amount - owner_cents), "{host}");
+        assert_eq!(
+            m["owner_paid_cents"],
+            json!(owner_cents),
+            "the invoice is paid"
+        );
+        total += amount;
+        // The CSV: a line per instance-day and per credit, each split exactly.
+        let csv = w.sees_as(&owner.sub, "/hosts/earnings.csv").await.text();
+        let rows: Vec<Vec<&str>> = csv
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').collect())
+            .collect();
+        assert_eq!(rows.len(), lines, "{csv}");
+        let cents = |r: &Vec<&str>, i: usize| r[i].parse::<i64>().unwrap();
+        for r in &rows {
+            assert_eq!(cents(r, 6) + cents(r, 7), cents(r, 5), "{r:?}");
+            assert_eq!(r[9], invoice.id);
+        }
+        assert_eq!(rows.iter().map(|r| cents(r, 5)).sum::<i64>(), amount);
+        assert_eq!(rows.iter().map(|r| cents(r, 6)).sum::<i64>(), owner_cents);
+        let page = w.sees_as(&owner.sub, "/hosts").await.text();
+        assert!(
+            page.contains("id=\"earnings-months\"") && page.contains(host),
+            "{page}"
+        );
+    }
+    // Every cent invoiced is one owner's share or the platform's.
+    assert_eq!(total, i64::from(invoice.amount_cents));
+    // A customer with no hosts has no earnings.
+    let mine = w.now_sees("/api/me/earnings").await.json();
+    assert_eq!(mine["months"], json!([]));
+}
+
 with_world!(
+    an_owners_earnings_split_every_invoiced_cent_exactly,
     a_paid_booking_is_refunded_before_its_window_and_by_operators_with_a_reason,
     the_billing_page_shows_the_card_this_months_usage_and_the_credits,
     a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped,

@@ -548,6 +548,7 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
         currency: "usd".into(),
         invoice_threshold_cents: 10_000,
         payment_grace_hours: 72,
+        owner_share_bps: 7_000,
     };
     (fake, config)
 }
