@@ -71,6 +71,41 @@ pub struct UsageChargeRow {
     pub currency: String,
     pub idempotency_key: String,
     pub stripe_invoice_item_id: Option<String>,
+    /// The invoice that took it; none while it is pending at Stripe.
+    pub invoice_id: Option<String>,
+}
+
+/// An instance's four timestamps, for the usage so far this month (the Billing page).
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct UsageVmRow {
+    pub id: String,
+    pub name: String,
+    pub created_at: DateTime<Utc>,
+    pub creation_failed_at: Option<DateTime<Utc>>,
+    pub delete_requested_at: Option<DateTime<Utc>>,
+    pub deleted_at: Option<DateTime<Utc>>,
+}
+
+/// A booking paid through Checkout: what a refund refunds.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct BookingPaymentRow {
+    pub prebooking_id: String,
+    pub payment_intent: String,
+    pub amount_cents: i32,
+    pub currency: String,
+    pub paid_at: DateTime<Utc>,
+}
+
+/// A booking's refund, once Stripe made it.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct BookingRefundRow {
+    pub prebooking_id: String,
+    pub stripe_refund_id: String,
+    pub amount_cents: i32,
+    pub currency: String,
+    pub reason: String,
+    pub refunded_by: Option<String>,
+    pub created_at: DateTime<Utc>,
 }
 
 /// A stuck delete's refund, as recorded once Stripe took it.
@@ -98,6 +133,8 @@ pub struct RefundRow {
     pub currency: String,
     pub idempotency_key: String,
     pub stripe_credit_id: Option<String>,
+    /// The invoice that took it; none while it is pending at Stripe.
+    pub invoice_id: Option<String>,
 }
 
 impl Store {
@@ -266,7 +303,7 @@ impl Store {
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, UsageChargeRow>(
                 "select vm_id, user_sub, period_start, period_end, seconds, amount_cents, \
-                        currency, idempotency_key, stripe_invoice_item_id \
+                        currency, idempotency_key, stripe_invoice_item_id, invoice_id \
                  from usage_charges where vm_id = $1 order by period_start",
             )
             .bind(vm_id)
@@ -312,7 +349,7 @@ impl Store {
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, RefundRow>(
                 "select vm_id, user_sub, from_at, to_at, seconds, amount_cents, currency, \
-                        idempotency_key, stripe_credit_id \
+                        idempotency_key, stripe_credit_id, invoice_id \
                  from refunds where vm_id = $1",
             )
             .bind(vm_id)
@@ -371,5 +408,109 @@ impl Store {
                 .fetch_one(p)
                 .await
         })? > 0)
+    }
+
+    /// The account's instances billable at some time since `since`: not a failed create,
+    /// not deleted before it. Oldest first.
+    pub async fn vms_billable_since(
+        &self,
+        user_sub: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<UsageVmRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, UsageVmRow>(
+                "select id, name, created_at, creation_failed_at, delete_requested_at, deleted_at \
+                 from vms \
+                 where user_sub = $1 and creation_failed_at is null \
+                   and (deleted_at is null or deleted_at > $2) \
+                 order by created_at, id",
+            )
+            .bind(user_sub)
+            .bind(since)
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// The account's stuck-delete credits, newest first, at most `limit`.
+    pub async fn refunds_of(&self, user_sub: &str, limit: i64) -> Result<Vec<RefundRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, RefundRow>(
+                "select vm_id, user_sub, from_at, to_at, seconds, amount_cents, currency, \
+                        idempotency_key, stripe_credit_id, invoice_id \
+                 from refunds where user_sub = $1 order by to_at desc, vm_id limit $2",
+            )
+            .bind(user_sub)
+            .bind(limit)
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// Keep a booking's Checkout payment (the first one, if Stripe sends two).
+    pub async fn record_booking_payment(&self, p: &BookingPaymentRow) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |pool| {
+            sqlx::query(
+                "insert into booking_payments (prebooking_id, payment_intent, amount_cents, \
+                   currency, paid_at) values ($1, $2, $3, $4, $5) \
+                 on conflict (prebooking_id) do nothing",
+            )
+            .bind(&p.prebooking_id)
+            .bind(&p.payment_intent)
+            .bind(p.amount_cents)
+            .bind(&p.currency)
+            .bind(p.paid_at)
+            .execute(pool)
+            .await
+            .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    pub async fn booking_payment(&self, prebooking_id: &str) -> Result<Option<BookingPaymentRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, BookingPaymentRow>(
+                "select prebooking_id, payment_intent, amount_cents, currency, paid_at \
+                 from booking_payments where prebooking_id = $1",
+            )
+            .bind(prebooking_id)
+            .fetch_optional(p)
+            .await
+        })?)
+    }
+
+    /// Record a booking's refund (at most one); `AlreadySet` when one is recorded.
+    pub async fn record_booking_refund(&self, r: &BookingRefundRow) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| {
+            sqlx::query(
+                "insert into booking_refunds (prebooking_id, stripe_refund_id, amount_cents, \
+                   currency, reason, refunded_by, created_at) \
+                 values ($1, $2, $3, $4, $5, $6, $7) on conflict (prebooking_id) do nothing",
+            )
+            .bind(&r.prebooking_id)
+            .bind(&r.stripe_refund_id)
+            .bind(r.amount_cents)
+            .bind(&r.currency)
+            .bind(&r.reason)
+            .bind(&r.refunded_by)
+            .bind(r.created_at)
+            .execute(p)
+            .await
+            .map(|r| r.rows_affected())
+        })?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
+    pub async fn booking_refund(&self, prebooking_id: &str) -> Result<Option<BookingRefundRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, BookingRefundRow>(
+                "select prebooking_id, stripe_refund_id, amount_cents, currency, reason, \
+                        refunded_by, created_at \
+                 from booking_refunds where prebooking_id = $1",
+            )
+            .bind(prebooking_id)
+            .fetch_optional(p)
+            .await
+        })?)
     }
 }

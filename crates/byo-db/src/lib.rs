@@ -60,6 +60,7 @@ mod error;
 pub mod fleet;
 pub mod hosts;
 pub mod inspect;
+pub mod invoices;
 pub mod jobs;
 pub mod lifecycle;
 pub mod logins;

@@ -237,6 +237,29 @@ impl Store {
         Ok(GuardedWrite::from_rows(done))
     }
 
+    /// The booker cancels a paid booking before its window opens (its refund made): closed
+    /// as cancelled, guarded so a booking whose window has opened, or closed meanwhile, is
+    /// `AlreadySet`.
+    pub async fn cancel_paid_prebooking(
+        &self,
+        id: &str,
+        user_sub: &str,
+        now: DateTime<Utc>,
+    ) -> Result<GuardedWrite> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update prebookings set closed_at = $3, closed_reason = 'cancelled'
+             where id = $1 and user_sub = $2 and closed_at is null and paid_at is not null
+               and start_date > $3"
+        )
+        .bind(id)
+        .bind(user_sub)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(GuardedWrite::from_rows(done))
+    }
+
     /// An operator moves an open booking's pin to `host_id` (E3.2); the note of the old
     /// pin goes with it. An overlapping open booking on the new host is
     /// `Refused("prebookings_host_not_double_booked")`.

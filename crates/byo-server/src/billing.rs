@@ -26,6 +26,34 @@ pub enum Charge {
     },
 }
 
+/// An amount in the currency's smallest unit, as a person reads it: `12.34 USD`.
+pub fn money(cents: i64, currency: &str) -> String {
+    let sign = if cents < 0 { "-" } else { "" };
+    let c = cents.unsigned_abs();
+    format!(
+        "{sign}{}.{:02} {}",
+        c / 100,
+        c % 100,
+        currency.to_uppercase()
+    )
+}
+
+/// An expanded payment method as a person reads it: `visa ending 4242, expires 12/2099`;
+/// a payment method that is not a card by its type.
+fn describe_card(pm: &serde_json::Value) -> Option<String> {
+    let card = pm.get("card");
+    match card {
+        Some(c) => Some(format!(
+            "{} ending {}, expires {:02}/{}",
+            c["brand"].as_str().unwrap_or("card"),
+            c["last4"].as_str().unwrap_or("????"),
+            c["exp_month"].as_i64().unwrap_or(0),
+            c["exp_year"].as_i64().unwrap_or(0)
+        )),
+        None => pm["type"].as_str().map(str::to_owned),
+    }
+}
+
 /// The live billing check (E2).
 pub trait BillingGate: Send + Sync {
     fn may_charge<'a>(&'a self, user_sub: &'a str) -> BoxFuture<'a, AppResult<Charge>>;
@@ -67,10 +95,54 @@ impl StripeBilling {
     /// `Refused`; an outage (no answer, 5xx, 429) is an error, so a caller leaves its work
     /// for later instead of placing an instance nobody can bill.
     pub async fn check(&self, user_sub: &str, now: DateTime<Utc>) -> AppResult<Charge> {
+        // A declined invoice still unpaid holds the account (issue #40, 2), whatever Stripe
+        // says of the card now: asked here first, so the hold needs no Stripe call.
+        if let Some(held) = self.held(user_sub).await? {
+            return Ok(held);
+        }
+        Ok(self.ask_stripe(user_sub, now).await?.0)
+    }
+
+    /// [`Self::check`]'s answer and the card on file, for the Billing page (one Stripe call).
+    pub async fn inspect(
+        &self,
+        user_sub: &str,
+        now: DateTime<Utc>,
+    ) -> AppResult<(Charge, Option<String>)> {
+        let (charge, card) = self.ask_stripe(user_sub, now).await?;
+        Ok((self.held(user_sub).await?.unwrap_or(charge), card))
+    }
+
+    async fn held(&self, user_sub: &str) -> AppResult<Option<Charge>> {
+        let Some(unpaid) = self.store.declined_unpaid_invoice(user_sub).await? else {
+            return Ok(None);
+        };
+        let when = unpaid
+            .payment_failed_at
+            .map(|t| t.format(" on %Y-%m-%d").to_string())
+            .unwrap_or_default();
+        Ok(Some(Charge::Refused {
+            reason: format!(
+                "an invoice of {} is unpaid: its payment was declined{when}. Pay it from the \
+                 Billing page (/billing)",
+                money(i64::from(unpaid.amount_cents), &unpaid.currency)
+            ),
+        }))
+    }
+
+    /// What Stripe says: may the account be charged, and its card as a person reads it.
+    async fn ask_stripe(
+        &self,
+        user_sub: &str,
+        now: DateTime<Utc>,
+    ) -> AppResult<(Charge, Option<String>)> {
         let refused = |reason: &str| {
-            Ok(Charge::Refused {
-                reason: reason.to_owned(),
-            })
+            Ok((
+                Charge::Refused {
+                    reason: reason.to_owned(),
+                },
+                None,
+            ))
         };
         let Some(customer) = self.store.stripe_customer(user_sub).await? else {
             return refused("no payment method: add one on the Billing page");
@@ -99,6 +171,15 @@ impl StripeBilling {
         else {
             return refused("no payment method: add one on the Billing page");
         };
+        let described = describe_card(&pm);
+        let refused = |reason: &str| {
+            Ok((
+                Charge::Refused {
+                    reason: reason.to_owned(),
+                },
+                described.clone(),
+            ))
+        };
         if c.delinquent {
             return refused("the last payment was declined: add another payment method");
         }
@@ -112,7 +193,7 @@ impl StripeBilling {
                 }
             }
         }
-        Ok(Charge::Allowed)
+        Ok((Charge::Allowed, described))
     }
 }
 

@@ -526,6 +526,24 @@ impl Config {
             if b.price_cents_per_hour == 0 {
                 return Err("billing.price_cents_per_hour must be positive".to_owned());
             }
+            if b.owner_share_bps > 10_000 {
+                return Err(format!(
+                    "billing.owner_share_bps is in basis points, at most 10000 (100 %): {}",
+                    b.owner_share_bps
+                ));
+            }
+            if b.payment_grace_hours > 24 * 30 {
+                return Err(format!(
+                    "billing.payment_grace_hours must be at most 720 (30 days): {}",
+                    b.payment_grace_hours
+                ));
+            }
+            if b.invoice_threshold_cents == 0 {
+                return Err(
+                    "billing.invoice_threshold_cents must be positive (it is the balance at which an account is invoiced before its month ends)"
+                        .to_owned(),
+                );
+            }
             if b.currency.len() != 3 || !b.currency.bytes().all(|c| c.is_ascii_lowercase()) {
                 return Err(format!(
                     "billing.currency must be a lower-case ISO 4217 code, like usd: {:?}",

@@ -1,5 +1,6 @@
 //! Billing's API shapes (issue #13, 4): the account's billing status and a Checkout link.
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 /// Whether this installation bills, and whether your account may be charged now (asked of
@@ -14,6 +15,72 @@ pub struct BillingView {
     /// Why not, when it may not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The card on file, as Stripe describes it (`visa ending 4242, expires 12/2099`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_method: Option<String>,
+    /// This month's usage so far, live from the four timestamps (billing on only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub this_month: Option<MonthUsage>,
+    /// Your invoices, newest first (issue #40): absent when there are none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub invoices: Vec<InvoiceView>,
+    /// Credits for deletes your hosts confirmed late, newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub credits: Vec<CreditView>,
+}
+
+/// Usage since the first of this month (UTC), per instance, as its days will be charged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct MonthUsage {
+    pub since: DateTime<Utc>,
+    pub currency: String,
+    pub total_cents: i64,
+    pub instances: Vec<UsageLine>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct UsageLine {
+    pub vm_id: String,
+    pub name: String,
+    /// Billable seconds this month so far.
+    pub seconds: i64,
+    pub amount_cents: i64,
+}
+
+/// A credit for a stuck delete: the time from your delete to the host's confirmation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreditView {
+    pub vm_id: String,
+    pub from: DateTime<Utc>,
+    pub to: DateTime<Utc>,
+    pub amount_cents: i64,
+    pub currency: String,
+}
+
+/// One of your invoices: what it covers in total, where it is in Stripe's lifecycle, and
+/// Stripe's page where you see and pay it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct InvoiceView {
+    pub id: String,
+    pub created_at: DateTime<Utc>,
+    /// `month_end` (the month it covers ended) or `threshold` (the usage reached the
+    /// installation's invoicing threshold first).
+    pub reason: String,
+    /// Usage less credits, in the currency's smallest unit.
+    pub amount_cents: i64,
+    pub currency: String,
+    pub status: crate::states::InvoiceStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hosted_invoice_url: Option<String>,
+    /// When its payment was declined, if it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payment_failed_at: Option<DateTime<Utc>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<DateTime<Utc>>,
 }
 
 /// A Stripe Checkout page to send the customer to.
@@ -21,4 +88,32 @@ pub struct BillingView {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckoutView {
     pub url: String,
+}
+
+/// An owner's earnings (issue #40, 6): what their hosts sold, invoiced, split between them and
+/// the platform at the installation's revenue share, by month and host.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EarningsView {
+    /// The owner's share of every cent invoiced, in basis points (7000 = 70 %).
+    pub owner_share_bps: u32,
+    pub currency: String,
+    /// Newest month first.
+    pub months: Vec<EarningsMonth>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EarningsMonth {
+    /// `2026-11` (UTC).
+    pub month: String,
+    pub host_slug: String,
+    /// Hours sold, net of credits, in seconds.
+    pub seconds: i64,
+    /// Invoiced, net of credits.
+    pub amount_cents: i64,
+    pub owner_cents: i64,
+    pub platform_cents: i64,
+    /// Of `owner_cents`, what sits on invoices already paid.
+    pub owner_paid_cents: i64,
 }

@@ -77,6 +77,25 @@ pub struct PrebookingLaunch {
     pub force: bool,
 }
 
+/// `POST /api/admin/prebookings/{id}/paid`: the reason, required with billing on (a payment
+/// recorded by hand beside Checkout is audited with it).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PrebookingPaid {
+    #[serde(default)]
+    pub reason: Option<String>,
+}
+
+/// `POST /api/admin/prebookings/{id}/refund`: refund its Checkout payment in full.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PrebookingRefund {
+    /// Why: audited.
+    pub reason: String,
+}
+
 /// `POST /api/admin/prebookings/{id}/reassign`: pin the booking to another host (E3.2).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -94,6 +113,21 @@ impl crate::limits::Bounded for PrebookingRequest {
 impl crate::limits::Bounded for PrebookingLaunch {
     fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
         Ok(())
+    }
+}
+
+impl crate::limits::Bounded for PrebookingPaid {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        match &self.reason {
+            Some(r) => crate::limits::text("reason", r, crate::limits::MESSAGE),
+            None => Ok(()),
+        }
+    }
+}
+
+impl crate::limits::Bounded for PrebookingRefund {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::limits::text("reason", &self.reason, crate::limits::MESSAGE)
     }
 }
 

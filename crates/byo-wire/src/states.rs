@@ -167,8 +167,39 @@ mod tests {
         round_trip(FleetRunState::ALL);
         round_trip(FleetHostState::ALL);
         round_trip(NoticeKind::ALL);
+        round_trip(InvoiceStatus::ALL);
         assert!("Running".parse::<VmStatus>().is_err());
         assert!(VmStatus::try_from("unknown".to_owned()).is_err());
+    }
+
+    #[test]
+    fn an_invoice_status_only_goes_forward() {
+        use InvoiceStatus::*;
+        // Every pair, against the lifecycle written out once more by hand.
+        let forward = [
+            (Pending, Draft),
+            (Pending, Open),
+            (Pending, Paid),
+            (Pending, Uncollectible),
+            (Pending, Void),
+            (Draft, Open),
+            (Draft, Paid),
+            (Draft, Uncollectible),
+            (Draft, Void),
+            (Open, Paid),
+            (Open, Uncollectible),
+            (Open, Void),
+            (Uncollectible, Paid),
+            (Uncollectible, Void),
+        ];
+        for &a in InvoiceStatus::ALL {
+            for &b in InvoiceStatus::ALL {
+                let want = a == b || forward.contains(&(a, b));
+                assert_eq!(a.may_become(b), want, "{a} -> {b}");
+            }
+        }
+        assert!(Paid.is_final() && Void.is_final());
+        assert!(!Open.is_final() && !Uncollectible.is_final());
     }
 }
 
@@ -212,5 +243,43 @@ text_enum! {
         QueuePlaced = "queue.placed",
         QueueExpired = "queue.expired",
         BookingLaunched = "booking.launched",
+        BillingPaymentFailed = "billing.payment_failed",
+        BillingInstancesStopped = "billing.instances_stopped",
+    }
+}
+
+text_enum! {
+    /// `invoices.status` (issue #40, 1): Stripe's invoice statuses, and `pending` before
+    /// Stripe has the invoice.
+    pub enum InvoiceStatus {
+        Pending = "pending",
+        Draft = "draft",
+        Open = "open",
+        Paid = "paid",
+        Uncollectible = "uncollectible",
+        Void = "void",
+    }
+}
+
+impl InvoiceStatus {
+    /// Whether an invoice at `self` may be moved to `next`. Stripe's lifecycle only goes
+    /// forward (draft → open → paid, uncollectible or void; uncollectible → paid or void),
+    /// and its webhooks arrive in any order, so a late `invoice.finalized` never reopens a
+    /// paid invoice. Staying put is allowed (a replayed answer writes the same status).
+    pub fn may_become(self, next: InvoiceStatus) -> bool {
+        use InvoiceStatus::*;
+        self == next
+            || match self {
+                Pending => next != Pending,
+                Draft => matches!(next, Open | Paid | Uncollectible | Void),
+                Open => matches!(next, Paid | Uncollectible | Void),
+                Uncollectible => matches!(next, Paid | Void),
+                Paid | Void => false,
+            }
+    }
+
+    /// Paid or void: nothing more happens to it.
+    pub fn is_final(self) -> bool {
+        matches!(self, InvoiceStatus::Paid | InvoiceStatus::Void)
     }
 }

@@ -23,5 +23,6 @@ macro_rules! on_both {
 }
 
 mod conformance;
+mod invoices;
 mod notices;
 mod releases;

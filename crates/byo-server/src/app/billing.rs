@@ -16,10 +16,13 @@
 
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
-use byo_wire::billing::{BillingView, CheckoutView};
+use byo_wire::billing::{
+    BillingView, CheckoutView, CreditView, InvoiceView, MonthUsage, UsageLine,
+};
+use byo_wire::states::InvoiceStatus;
 use chrono::{DateTime, TimeDelta, Utc};
 use hmac::{Hmac, Mac};
-use serde_json::Value;
+use serde_json::{Value, json};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
@@ -28,7 +31,7 @@ use crate::error::{AppError, AppResult};
 use crate::providers::stripe::{NewInvoiceItem, PaymentLine, StripeError};
 use crate::state::AppState;
 
-pub use crate::billing::{BillingGate, BillingOff, Charge, StripeBilling, StripeGate};
+pub use crate::billing::{BillingGate, BillingOff, Charge, StripeBilling, StripeGate, money};
 
 /// What the pages say when billing is off.
 pub const BILLING_OFF: &str = "Billing is off on this installation: nobody is charged.";
@@ -48,21 +51,105 @@ pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingVi
             enabled: false,
             chargeable: true,
             reason: None,
+            payment_method: None,
+            this_month: None,
+            invoices: Vec::new(),
+            credits: Vec::new(),
         });
     }
-    Ok(match state.billing.may_charge(&user.user.sub).await? {
-        Charge::Allowed => BillingView {
-            enabled: true,
-            chargeable: true,
-            reason: None,
-        },
-        Charge::Refused { reason } => BillingView {
-            enabled: true,
-            chargeable: false,
-            reason: Some(reason),
-        },
+    let sub = &user.user.sub;
+    let now = state.clock.now();
+    let invoices = state
+        .store
+        .invoices_for(&user.user.sub, INVOICES_LISTED)
+        .await?
+        .into_iter()
+        .map(|i| InvoiceView {
+            id: i.id,
+            created_at: i.created_at,
+            reason: i.reason,
+            amount_cents: i64::from(i.amount_cents),
+            currency: i.currency,
+            status: i.status,
+            hosted_invoice_url: i.hosted_invoice_url,
+            payment_failed_at: i.payment_failed_at,
+            paid_at: i.paid_at,
+        })
+        .collect();
+    let (charge, payment_method) = match state.stripe.as_deref() {
+        Some(stripe) => stripe.inspect(sub, now).await?,
+        None => (state.billing.may_charge(sub).await?, None),
+    };
+    let (chargeable, reason) = match charge {
+        Charge::Allowed => (true, None),
+        Charge::Refused { reason } => (false, Some(reason)),
+    };
+    let this_month = match state.stripe.as_deref() {
+        Some(stripe) => Some(month_so_far(state, stripe, sub, now).await?),
+        None => None,
+    };
+    let credits = state
+        .store
+        .refunds_of(sub, INVOICES_LISTED)
+        .await?
+        .into_iter()
+        .map(|r| CreditView {
+            vm_id: r.vm_id,
+            from: r.from_at,
+            to: r.to_at,
+            amount_cents: i64::from(r.amount_cents),
+            currency: r.currency,
+        })
+        .collect();
+    Ok(BillingView {
+        enabled: true,
+        chargeable,
+        reason,
+        payment_method,
+        this_month,
+        invoices,
+        credits,
     })
 }
+
+/// The account's usage since the first of this month, per instance, live from the four
+/// timestamps and priced as its days will be charged.
+async fn month_so_far(
+    state: &AppState,
+    stripe: &StripeBilling,
+    user_sub: &str,
+    now: DateTime<Utc>,
+) -> AppResult<MonthUsage> {
+    let since = invoicing::month_start(now);
+    let price = stripe.config.price_cents_per_hour;
+    let mut instances = Vec::new();
+    for v in state.store.vms_billable_since(user_sub, since).await? {
+        let times = usage::VmTimes {
+            created_at: v.created_at,
+            creation_failed_at: v.creation_failed_at,
+            delete_requested_at: v.delete_requested_at,
+            deleted_at: v.deleted_at,
+        };
+        let (seconds, amount_cents) = usage::so_far(&times, since, now, price);
+        if seconds > 0 {
+            instances.push(UsageLine {
+                vm_id: v.id,
+                name: v.name,
+                seconds,
+                amount_cents,
+            });
+        }
+    }
+    Ok(MonthUsage {
+        since,
+        currency: stripe.config.currency.clone(),
+        total_cents: instances.iter().map(|i| i.amount_cents).sum(),
+        instances,
+    })
+}
+
+/// How many of an account's invoices its billing status lists (two years of months).
+pub const INVOICES_LISTED: i64 = 24;
 
 fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
     state.stripe.as_deref().ok_or_else(|| {
@@ -319,6 +406,12 @@ pub async fn webhook(
         "checkout.session.completed" | "checkout.session.async_payment_succeeded" => {
             checkout_completed(state, stripe, object, now).await?
         }
+        "invoice.finalized"
+        | "invoice.paid"
+        | "invoice.payment_succeeded"
+        | "invoice.payment_failed"
+        | "invoice.voided"
+        | "invoice.marked_uncollectible" => invoice_event(state, kind, object, now).await?,
         other => format!("ignored {other}"),
     };
     state.store.mark_stripe_event_processed(id, now).await?;
@@ -351,6 +444,25 @@ async fn checkout_completed(
                 ));
             }
             let w = state.store.mark_prebooking_paid(booking_id, now).await?;
+            // What a refund refunds: the session's payment intent and what it took.
+            if let Some(pi) = session["payment_intent"].as_str() {
+                state
+                    .store
+                    .record_booking_payment(&byo_db::billing::BookingPaymentRow {
+                        prebooking_id: booking_id.to_owned(),
+                        payment_intent: pi.to_owned(),
+                        amount_cents: session["amount_total"]
+                            .as_i64()
+                            .and_then(|a| i32::try_from(a).ok())
+                            .unwrap_or(0),
+                        currency: session["currency"]
+                            .as_str()
+                            .unwrap_or(&stripe.config.currency)
+                            .to_owned(),
+                        paid_at: now,
+                    })
+                    .await?;
+            }
             Ok(format!("booking {booking_id}: paid ({w:?})"))
         }
         Some("setup") => {
@@ -373,10 +485,219 @@ async fn checkout_completed(
                 .set_default_payment_method(customer, &pm)
                 .await
                 .map_err(stripe_failed)?;
-            Ok(format!("customer {customer}: default payment method {pm}"))
+            let retried = pay_declined_with(state, stripe, customer, &pm, now).await?;
+            Ok(format!(
+                "customer {customer}: default payment method {pm}{retried}"
+            ))
         }
         _ => Ok("a Checkout session of another mode: nothing to do".into()),
     }
+}
+
+/// An invoice's webhook: the invoice is ours when its Stripe id is on a row, or (the event
+/// overtook the answer that carried the id) when `metadata.invoice_id` names one. Its status
+/// moves only forward, so events in any order leave the latest state; a decline stamps
+/// `payment_failed_at`. Someone else's invoice is recorded and ignored.
+async fn invoice_event(
+    state: &AppState,
+    kind: &str,
+    object: &Value,
+    now: DateTime<Utc>,
+) -> AppResult<String> {
+    let Ok(inv) = serde_json::from_value::<crate::providers::stripe::Invoice>(object.clone())
+    else {
+        return Ok(format!("{kind}: not an invoice object, nothing written"));
+    };
+    let row = match state.store.invoice_by_stripe_id(&inv.id).await? {
+        Some(r) => Some(r),
+        None => match inv.metadata.get("invoice_id").and_then(Value::as_str) {
+            Some(ours) => state
+                .store
+                .invoice(ours)
+                .await?
+                .filter(|r| r.stripe_invoice_id.as_deref().is_none_or(|s| s == inv.id)),
+            None => None,
+        },
+    };
+    let Some(row) = row else {
+        tracing::warn!(stripe_invoice = %inv.id, kind, "an invoice event for an invoice this installation did not make: nothing written");
+        return Ok(format!("invoice {}: not ours, nothing written", inv.id));
+    };
+    let failed = kind == "invoice.payment_failed";
+    let update = byo_db::invoices::InvoiceUpdate {
+        status: inv.status.as_deref().and_then(|s| s.parse().ok()),
+        stripe_invoice_id: Some(&inv.id),
+        hosted_invoice_url: inv.hosted_invoice_url.as_deref(),
+        stripe_total_cents: Some(inv.total),
+        pay_attempted: failed,
+        payment_failed: failed,
+        last_error: failed.then_some("the payment failed (invoice.payment_failed)"),
+    };
+    let w = state.store.update_invoice(&row.id, &update, now).await?;
+    let after = state
+        .store
+        .invoice(&row.id)
+        .await?
+        .ok_or_else(|| AppError::Internal(anyhow!("invoice {} vanished", row.id)))?;
+    let newly_failed = after.payment_failed_at.is_some() && row.payment_failed_at.is_none();
+    let settled = after.status != row.status
+        && matches!(after.status, InvoiceStatus::Paid | InvoiceStatus::Void);
+    if newly_failed || settled {
+        let action = if settled {
+            format!("billing.invoice_{}", after.status)
+        } else {
+            "billing.payment_failed".to_owned()
+        };
+        state
+            .store
+            .audit(
+                None,
+                &action,
+                Some(&row.id),
+                json!({"user_sub": row.user_sub, "stripe_invoice_id": inv.id,
+                       "amount_cents": row.amount_cents, "event": kind}),
+                now,
+            )
+            .await?;
+    }
+    if settled {
+        // The account may owe nothing declined now: its stopped instances start at once.
+        super::unpaid::release_soon(state);
+    }
+    Ok(format!(
+        "invoice {} ({}): {} ({w:?})",
+        row.id,
+        inv.id,
+        inv.status.as_deref().unwrap_or("no status")
+    ))
+}
+
+/// Refund a booking's Checkout payment in full (issue #40, 5), once: `POST /v1/refunds` on its
+/// payment intent under the key `refund-booking-<id>` (a retry after a crash refunds
+/// nothing twice), then the refund recorded and audited with `reason`. 409 with billing off,
+/// for a booking not paid through Checkout (an off-band payment is returned off-band), and
+/// for one already refunded.
+pub async fn refund_booking(
+    state: &AppState,
+    prebooking_id: &str,
+    reason: &str,
+    by: &str,
+) -> AppResult<byo_db::billing::BookingRefundRow> {
+    let stripe = stripe_of(state)?;
+    if state.store.booking_refund(prebooking_id).await?.is_some() {
+        return Err(AppError::conflict(
+            "already_refunded",
+            "this booking's payment was refunded already",
+        ));
+    }
+    let Some(payment) = state.store.booking_payment(prebooking_id).await? else {
+        return Err(AppError::conflict(
+            "not_paid_by_checkout",
+            "this booking was not paid through Checkout: a payment recorded by hand is returned the way it was collected",
+        ));
+    };
+    let refund = stripe
+        .client
+        .create_refund(
+            &payment.payment_intent,
+            i64::from(payment.amount_cents),
+            &[("prebooking_id", prebooking_id)],
+            &format!("refund-booking-{prebooking_id}"),
+        )
+        .await
+        .map_err(stripe_failed)?;
+    let now = state.clock.now();
+    let row = byo_db::billing::BookingRefundRow {
+        prebooking_id: prebooking_id.to_owned(),
+        stripe_refund_id: refund.id,
+        amount_cents: payment.amount_cents,
+        currency: payment.currency,
+        reason: reason.to_owned(),
+        refunded_by: Some(by.to_owned()),
+        created_at: now,
+    };
+    state.store.record_booking_refund(&row).await?;
+    state
+        .store
+        .audit(
+            Some(by),
+            "prebooking.refunded",
+            Some(prebooking_id),
+            json!({"reason": reason, "amount_cents": row.amount_cents,
+                   "stripe_refund_id": row.stripe_refund_id}),
+            now,
+        )
+        .await?;
+    Ok(row)
+}
+
+/// A new default card: each declined, unpaid invoice of the customer is paid again with it,
+/// once per card (key `pay-<our id>-<card>`). What it came to, for the event's log line. A
+/// decline is recorded; an outage fails the event, so Stripe's retry tries again.
+async fn pay_declined_with(
+    state: &AppState,
+    stripe: &StripeBilling,
+    customer: &str,
+    pm: &str,
+    now: DateTime<Utc>,
+) -> AppResult<String> {
+    let mut said = String::new();
+    let mut any_paid = false;
+    for row in state.store.declined_unpaid_invoices().await? {
+        let (true, Some(sid)) = (
+            row.customer_id == customer,
+            row.stripe_invoice_id.as_deref(),
+        ) else {
+            continue;
+        };
+        let key = format!("pay-{}-{pm}", row.id);
+        let answer = stripe.client.pay_invoice(sid, &key).await;
+        let declined = match &answer {
+            Err(e) if e.is_outage() => return Err(stripe_failed(e.clone())),
+            Err(e) => Some(e.to_string()),
+            Ok(_) => None,
+        };
+        let update = match &answer {
+            Ok(inv) => byo_db::invoices::InvoiceUpdate {
+                status: inv.status.as_deref().and_then(|s| s.parse().ok()),
+                hosted_invoice_url: inv.hosted_invoice_url.as_deref(),
+                stripe_total_cents: Some(inv.total),
+                ..Default::default()
+            },
+            Err(_) => byo_db::invoices::InvoiceUpdate {
+                last_error: declined.as_deref(),
+                ..Default::default()
+            },
+        };
+        state.store.update_invoice(&row.id, &update, now).await?;
+        let paid = matches!(
+            state.store.invoice(&row.id).await?.map(|r| r.status),
+            Some(InvoiceStatus::Paid)
+        );
+        if paid {
+            any_paid = true;
+            state
+                .store
+                .audit(
+                    None,
+                    "billing.invoice_paid",
+                    Some(&row.id),
+                    json!({"user_sub": row.user_sub, "stripe_invoice_id": sid,
+                           "amount_cents": row.amount_cents, "with": "a new payment method"}),
+                    now,
+                )
+                .await?;
+        }
+        said.push_str(&format!(
+            "; invoice {} paid again with it: {}",
+            row.id,
+            if paid { "paid" } else { "declined" }
+        ));
+    }
+    if any_paid {
+        super::unpaid::release_soon(state);
+    }
+    Ok(said)
 }
 
 /// The charge as pure computation over the four timestamps, time passed in.
@@ -447,6 +768,30 @@ pub mod usage {
         out
     }
 
+    /// An instance's usage from `since` to `now`, as its days will be charged: the billable
+    /// seconds, and the sum of each day's amount (the current day's so far).
+    pub fn so_far(
+        v: &VmTimes,
+        since: DateTime<Utc>,
+        now: DateTime<Utc>,
+        price_cents_per_hour: u32,
+    ) -> (i64, i64) {
+        let Some((from, to)) = billable(v, now) else {
+            return (0, 0);
+        };
+        let (from, to) = (from.max(since), to.min(now));
+        let (mut seconds, mut cents) = (0, 0);
+        let mut day = day_of(from);
+        while day < to && from < to {
+            let next = day + TimeDelta::days(1);
+            let s = (to.min(next) - from.max(day)).num_seconds();
+            seconds += s;
+            cents += amount_cents(s, price_cents_per_hour);
+            day = next;
+        }
+        (seconds, cents)
+    }
+
     /// Seconds at an hourly price, to the nearest cent (half up).
     pub fn amount_cents(seconds: i64, price_cents_per_hour: u32) -> i64 {
         (seconds.max(0) * i64::from(price_cents_per_hour) + 1800) / 3600
@@ -477,6 +822,20 @@ pub struct BillReport {
     /// Instances of accounts with no Stripe customer: left for a later run.
     pub no_customer: usize,
     pub failed: usize,
+    /// Invoices made this run (each account's uninvoiced usage, at month end or past the
+    /// threshold).
+    pub invoiced: usize,
+    /// Invoices that reached `paid` this run.
+    pub invoices_paid: usize,
+    /// Invoices whose payment was declined this run.
+    pub payments_failed: usize,
+    /// Instances stopped because their account's invoice stayed unpaid past the grace.
+    pub unpaid_stopped: usize,
+    /// Instances started again because their account paid.
+    pub unpaid_started: usize,
+    /// Accounts whose charging failed this run: not invoiced until a run charges them
+    /// cleanly (Stripe may hold an item they have not recorded).
+    pub failed_accounts: std::collections::BTreeSet<String>,
 }
 
 /// The job `bill-usage`: every unfinished instance's final periods charged (one invoice
@@ -502,16 +861,240 @@ pub async fn bill_usage_once(state: &AppState) -> AppResult<BillReport> {
         // 15 minutes, for one rule fewer.
     }
     report.no_customer = usize::try_from(state.store.vms_without_customer().await?).unwrap_or(0);
+    // Invoicing runs after charging in the same run, never beside it: an invoice takes every
+    // item pending at Stripe, so an item made while an invoice is being made would land on
+    // it unrecorded. An account whose charging failed this run may have an item at Stripe
+    // it has not recorded, so it waits for the next run.
+    invoice_due(state, stripe, now, &mut report, &mut first_error).await?;
+    let (settled, host_error) =
+        super::unpaid::settle_once(state, stripe.config.payment_grace_hours).await?;
+    report.unpaid_stopped = settled.stopped;
+    report.unpaid_started = settled.started;
+    report.failed += settled.failed;
+    if let Some(e) = host_error {
+        first_error.get_or_insert(e);
+    }
     match first_error {
         Some(e) => Err(AppError::Internal(anyhow!(
-            "charged {}, refunded {}, closed {}, {} instances failed (first: {e})",
+            "charged {}, refunded {}, closed {}, invoiced {}, {} failed (first: {e})",
             report.charged,
             report.refunded,
             report.closed,
+            report.invoiced,
             report.failed
         ))),
         None => Ok(report),
     }
+}
+
+/// When to invoice, and the next Stripe call for an invoice: pure, time passed in.
+pub mod invoicing {
+    use byo_db::invoices::{InvoiceRow, REASON_MONTH_END, REASON_THRESHOLD};
+    use byo_wire::states::InvoiceStatus;
+    use chrono::{DateTime, Datelike, TimeZone, Utc};
+
+    /// Midnight UTC on the first of `t`'s month.
+    pub fn month_start(t: DateTime<Utc>) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(t.year(), t.month(), 1, 0, 0, 0)
+            .single()
+            .expect("the first of a month at midnight UTC exists")
+    }
+
+    /// Whether an account with `balance` cents uninvoiced, the oldest from `earliest`, is
+    /// invoiced now, and why: once a month has ended with usage in it, or once the balance
+    /// reaches the threshold. Nothing positive, nothing to invoice (a credit waits for the
+    /// next charges).
+    pub fn due(
+        balance: i64,
+        earliest: DateTime<Utc>,
+        now: DateTime<Utc>,
+        threshold: u32,
+    ) -> Option<&'static str> {
+        if balance <= 0 {
+            None
+        } else if earliest < month_start(now) {
+            Some(REASON_MONTH_END)
+        } else if balance >= i64::from(threshold) {
+            Some(REASON_THRESHOLD)
+        } else {
+            None
+        }
+    }
+
+    /// The next call an invoice needs.
+    #[derive(Clone, Debug, PartialEq, Eq)]
+    pub enum Next<'a> {
+        /// Not at Stripe yet: `POST /v1/invoices` (key `invoice-<id>`).
+        Create,
+        /// A draft: `POST /v1/invoices/{id}/finalize` (key `finalize-<id>`).
+        Finalize(&'a str),
+        /// Open and never asked to pay: `POST /v1/invoices/{id}/pay` (key `pay-<id>`).
+        Pay(&'a str),
+        /// Paid, void, uncollectible, or its payment already attempted: the webhooks
+        /// carry the rest.
+        Done,
+    }
+
+    pub fn next(row: &InvoiceRow) -> Next<'_> {
+        match (row.status, row.stripe_invoice_id.as_deref()) {
+            (InvoiceStatus::Pending, _) | (_, None) => Next::Create,
+            (InvoiceStatus::Draft, Some(id)) => Next::Finalize(id),
+            (InvoiceStatus::Open, Some(id)) if row.pay_attempted_at.is_none() => Next::Pay(id),
+            _ => Next::Done,
+        }
+    }
+}
+
+/// Finish every unfinished invoice, then make and finish the ones now due.
+async fn invoice_due(
+    state: &AppState,
+    stripe: &StripeBilling,
+    now: DateTime<Utc>,
+    report: &mut BillReport,
+    first_error: &mut Option<String>,
+) -> AppResult<()> {
+    for row in state.store.unfinished_invoices().await? {
+        advance_invoice(state, stripe, row, now, report, first_error).await?;
+    }
+    let threshold = stripe.config.invoice_threshold_cents;
+    // An account whose last invoice was declined is not invoiced again until it pays: the
+    // next would only be declined too. Its usage waits, and is invoiced with the next.
+    let held: std::collections::BTreeSet<String> = state
+        .store
+        .declined_unpaid_invoices()
+        .await?
+        .into_iter()
+        .map(|i| i.user_sub)
+        .collect();
+    for b in state.store.uninvoiced_balances().await? {
+        if report.failed_accounts.contains(&b.user_sub) || held.contains(&b.user_sub) {
+            continue;
+        }
+        let Some(reason) = invoicing::due(b.amount_cents, b.earliest, now, threshold) else {
+            continue;
+        };
+        let Some(row) = state
+            .store
+            .open_invoice(
+                &b.user_sub,
+                &b.customer_id,
+                reason,
+                &stripe.config.currency,
+                now,
+            )
+            .await?
+        else {
+            continue;
+        };
+        tracing::info!(invoice = %row.id, user = %row.user_sub, amount_cents = row.amount_cents, reason, "bill-usage: invoicing");
+        report.invoiced += 1;
+        advance_invoice(state, stripe, row, now, report, first_error).await?;
+    }
+    Ok(())
+}
+
+/// Take one invoice as far as it goes now: created, finalized, paid. Each answer is recorded
+/// before the next call, and each call's key is derived from the invoice's id, so a run that
+/// dies between two calls is finished by the next without a second invoice. A decline is
+/// recorded (the invoice stays open); an outage leaves it for the next run.
+async fn advance_invoice(
+    state: &AppState,
+    stripe: &StripeBilling,
+    mut row: byo_db::invoices::InvoiceRow,
+    now: DateTime<Utc>,
+    report: &mut BillReport,
+    first_error: &mut Option<String>,
+) -> AppResult<()> {
+    use byo_db::invoices::InvoiceUpdate;
+    use invoicing::Next;
+    // Create, finalize, pay: three calls at most; a fourth turn would mean an answer that
+    // moved nothing (an unknown status), which the next run sees again.
+    for _ in 0..3 {
+        let (answer, pay) = match invoicing::next(&row) {
+            Next::Done => return Ok(()),
+            Next::Create => (
+                stripe
+                    .client
+                    .create_invoice(&row.customer_id, &row.currency, &row.id)
+                    .await,
+                false,
+            ),
+            Next::Finalize(sid) => (stripe.client.finalize_invoice(sid, &row.id).await, false),
+            Next::Pay(sid) => (
+                stripe
+                    .client
+                    .pay_invoice(sid, &format!("pay-{}", row.id))
+                    .await,
+                true,
+            ),
+        };
+        let declined = answer.as_ref().err().map(|e| e.to_string());
+        let update = match &answer {
+            Ok(inv) => {
+                // Stripe's total is kept beside ours (`stripe_total_cents`): a difference
+                // means items at Stripe this installation did not make.
+                let status = inv.status.as_deref().and_then(|s| s.parse().ok());
+                InvoiceUpdate {
+                    status,
+                    stripe_invoice_id: Some(&inv.id),
+                    hosted_invoice_url: inv.hosted_invoice_url.as_deref(),
+                    stripe_total_cents: Some(inv.total),
+                    pay_attempted: pay,
+                    ..Default::default()
+                }
+            }
+            Err(e) if pay && !e.is_outage() => InvoiceUpdate {
+                pay_attempted: true,
+                payment_failed: true,
+                last_error: declined.as_deref(),
+                ..Default::default()
+            },
+            Err(e) => {
+                tracing::warn!(invoice = %row.id, error = %e, "bill-usage: an invoice call failed; left for the next run");
+                first_error.get_or_insert_with(|| e.to_string());
+                report.failed += 1;
+                return Ok(());
+            }
+        };
+        let before = row.status;
+        state.store.update_invoice(&row.id, &update, now).await?;
+        row = state
+            .store
+            .invoice(&row.id)
+            .await?
+            .ok_or_else(|| AppError::Internal(anyhow!("invoice {} vanished", row.id)))?;
+        if row.status == byo_wire::states::InvoiceStatus::Paid && before != row.status {
+            report.invoices_paid += 1;
+            state
+                .store
+                .audit(
+                    None,
+                    "billing.invoice_paid",
+                    Some(&row.id),
+                    json!({"user_sub": row.user_sub, "stripe_invoice_id": row.stripe_invoice_id,
+                           "amount_cents": row.amount_cents}),
+                    now,
+                )
+                .await?;
+        }
+        if let Err(e) = &answer {
+            tracing::warn!(invoice = %row.id, error = %e, "bill-usage: the invoice's payment was declined; it stays open");
+            state
+                .store
+                .audit(
+                    None,
+                    "billing.payment_failed",
+                    Some(&row.id),
+                    json!({"user_sub": row.user_sub, "stripe_invoice_id": row.stripe_invoice_id,
+                           "amount_cents": row.amount_cents, "error": e.to_string()}),
+                    now,
+                )
+                .await?;
+            report.payments_failed += 1;
+            return Ok(());
+        }
+    }
+    Ok(())
 }
 
 /// One instance's final periods, then (deleted) its refund and its close. A Stripe failure
@@ -562,6 +1145,7 @@ async fn bill_one(
                 Err(e) => {
                     tracing::warn!(vm = %vm.id, error = %e, "bill-usage: charging a period failed; left for the next run");
                     first_error.get_or_insert_with(|| e.to_string());
+                    report.failed_accounts.insert(vm.user_sub.clone());
                     ok = false;
                     break;
                 }
@@ -628,6 +1212,7 @@ async fn bill_one(
                     tracing::warn!(vm = %vm.id, error = %e, "bill-usage: the stuck-delete refund failed; left for the next run");
                     first_error.get_or_insert_with(|| e.to_string());
                     report.failed += 1;
+                    report.failed_accounts.insert(vm.user_sub.clone());
                     return Ok(());
                 }
             }
@@ -819,6 +1404,108 @@ mod tests {
             stuck_refund(&vm(1000, None, Some(0), Some(1000)), ten),
             None
         );
+    }
+
+    #[test]
+    fn an_account_is_invoiced_when_its_month_ends_or_its_usage_reaches_the_threshold() {
+        use super::invoicing::{due, month_start};
+        let dec = Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
+        assert_eq!(
+            month_start(Utc.with_ymd_and_hms(2026, 12, 31, 23, 59, 59).unwrap()),
+            dec
+        );
+        let now = dec + TimeDelta::minutes(15);
+        let nov30 = dec - TimeDelta::days(1);
+        // November's usage, however small, once December has begun.
+        assert_eq!(due(1, nov30, now, 10_000), Some("month_end"));
+        // December's: only from the threshold on.
+        assert_eq!(due(9_999, dec, now, 10_000), None);
+        assert_eq!(due(10_000, dec, now, 10_000), Some("threshold"));
+        // Nothing positive: nothing, whatever the month.
+        assert_eq!(due(0, nov30, now, 10_000), None);
+        assert_eq!(due(-50, nov30, now, 1), None);
+    }
+
+    #[test]
+    fn an_invoice_is_created_then_finalized_then_paid_once() {
+        use super::invoicing::{Next, next};
+        use byo_wire::states::InvoiceStatus::*;
+        let t = at(0);
+        let mut row = byo_db::invoices::InvoiceRow {
+            id: "i".into(),
+            user_sub: "u".into(),
+            customer_id: "cus".into(),
+            reason: "threshold".into(),
+            amount_cents: 1,
+            currency: "usd".into(),
+            status: Pending,
+            stripe_invoice_id: None,
+            hosted_invoice_url: None,
+            stripe_total_cents: None,
+            created_at: t,
+            finalized_at: None,
+            pay_attempted_at: None,
+            payment_failed_at: None,
+            paid_at: None,
+            voided_at: None,
+            last_error: None,
+            updated_at: t,
+        };
+        assert_eq!(next(&row), Next::Create);
+        row.stripe_invoice_id = Some("in_1".into());
+        assert_eq!(
+            next(&row),
+            Next::Create,
+            "pending: the create's answer is not recorded"
+        );
+        row.status = Draft;
+        assert_eq!(next(&row), Next::Finalize("in_1"));
+        row.status = Open;
+        assert_eq!(next(&row), Next::Pay("in_1"));
+        row.pay_attempted_at = Some(t);
+        assert_eq!(
+            next(&row),
+            Next::Done,
+            "asked once: the webhooks carry the rest"
+        );
+        for s in [Paid, Void, Uncollectible] {
+            row.status = s;
+            row.pay_attempted_at = None;
+            assert_eq!(next(&row), Next::Done, "{s}");
+        }
+    }
+
+    #[test]
+    fn this_months_usage_so_far_is_priced_day_by_day_from_the_first() {
+        use super::usage::so_far;
+        let dec = Utc.with_ymd_and_hms(2026, 12, 1, 0, 0, 0).unwrap();
+        let now = dec + TimeDelta::hours(36);
+        // `vm` takes seconds after `at`'s origin.
+        let d = (dec - at(0)).num_seconds();
+        // Since November: only December counts, a full day and half of the next.
+        let v = vm(d - 86_400, None, None, None);
+        assert_eq!(so_far(&v, dec, now, 120), (36 * 3600, 2880 + 1440));
+        // Deleted before the month: nothing; a failed create: nothing.
+        let gone = vm(d - 7200, None, None, Some(d - 3600));
+        assert_eq!(so_far(&gone, dec, now, 120), (0, 0));
+        let failed = vm(d, Some(d + 60), None, None);
+        assert_eq!(so_far(&failed, dec, now, 120), (0, 0));
+        // 20 minutes on each side of midnight: each day rounded as it will be charged.
+        let brief = vm(d + 86_400 - 1200, None, None, Some(d + 86_400 + 1200));
+        assert_eq!(so_far(&brief, dec, now, 120), (2400, 40 + 40));
+        assert_eq!(
+            so_far(&brief, dec, now, 1),
+            (2400, 0),
+            "a cent an hour: 20 minutes are worth nothing, twice"
+        );
+    }
+
+    #[test]
+    fn money_reads_as_a_person_writes_it() {
+        assert_eq!(money(11_760, "usd"), "117.60 USD");
+        assert_eq!(money(5, "eur"), "0.05 EUR");
+        assert_eq!(money(-250, "usd"), "-2.50 USD");
+        assert_eq!(money(0, "usd"), "0.00 USD");
     }
 
     #[test]

@@ -806,6 +806,21 @@ pub async fn change_power(
             ),
         ));
     }
+    // An account held by a declined, unpaid invoice starts nothing (issue #40, 2): what was
+    // stopped for it starts by itself once it is paid.
+    if action == VmAction::Start
+        && let Some(invoice) = state.store.declined_unpaid_invoice(&row.user_sub).await?
+    {
+        return Err(AppError::Rejected {
+            status: StatusCode::PAYMENT_REQUIRED,
+            code: PAYMENT_REQUIRED,
+            message: format!(
+                "an invoice of {} is unpaid (its payment was declined): pay it from the Billing \
+                 page (/billing); instances stopped for it start again by themselves once it is paid",
+                crate::billing::money(i64::from(invoice.amount_cents), &invoice.currency)
+            ),
+        });
+    }
     let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
     // L4.4: on a pair (or a ring) the customer's reboot is the pair's reboot, the same call
     // as /admin's: node1 first, both machines, the instance back as it was.

@@ -136,8 +136,16 @@ pub fn registry() -> Vec<Job> {
                 }
                 let r = super::billing::bill_usage_once(state).await?;
                 Ok(format!(
-                    "charged {} periods, refunded {}, closed {}, {} without a Stripe customer",
-                    r.charged, r.refunded, r.closed, r.no_customer
+                    "charged {} periods, refunded {}, closed {}, {} without a Stripe customer; invoiced {}, {} paid, {} declined; {} instances stopped unpaid, {} started paid",
+                    r.charged,
+                    r.refunded,
+                    r.closed,
+                    r.no_customer,
+                    r.invoiced,
+                    r.invoices_paid,
+                    r.payments_failed,
+                    r.unpaid_stopped,
+                    r.unpaid_started
                 ))
             })
         }),

@@ -51,6 +51,11 @@ pub fn describe(kind: NoticeKind) -> (&'static [Audience], &'static str) {
         NoticeKind::QueuePlaced => (&[Customers], "A queued instance of mine started"),
         NoticeKind::QueueExpired => (&[Customers], "A queued instance of mine expired unplaced"),
         NoticeKind::BookingLaunched => (&[Customers], "A booking of mine launched"),
+        NoticeKind::BillingPaymentFailed => (&[Customers], "A payment of mine was declined"),
+        NoticeKind::BillingInstancesStopped => (
+            &[Customers],
+            "My instances were stopped for an unpaid invoice",
+        ),
         NoticeKind::HostUnreachable => (&[Owners, Operators], "A host stopped answering"),
         NoticeKind::HostPrepareStopped => (
             &[Owners],
@@ -162,6 +167,64 @@ pub async fn queue_placed(
         &format!("queue.placed:{queue_id}"),
         user_sub,
         &format!("Your queued instance {name} is starting"),
+        &body,
+    )
+    .await;
+}
+
+/// The customer's notice that an invoice's payment was declined, and when their running
+/// instances stop if it stays unpaid (issue #40, 2). Once per invoice.
+pub async fn payment_failed(
+    state: &AppState,
+    invoice: &byo_db::invoices::InvoiceRow,
+    amount: &str,
+    stop_at: DateTime<Utc>,
+) {
+    let pay = invoice
+        .hosted_invoice_url
+        .clone()
+        .unwrap_or_else(|| url(state, "/billing"));
+    let body = format!(
+        "The payment of your invoice of {amount} was declined. Until it is paid you cannot \
+         create, queue or book instances.\n\nPay it at {pay}, or replace your payment method \
+         at {}. If it is still unpaid at {}, your running instances are stopped (never \
+         deleted: their disks are kept) and they start again by themselves once it is paid.\n",
+        url(state, "/billing"),
+        at(stop_at)
+    );
+    raise_event(
+        state,
+        NoticeKind::BillingPaymentFailed,
+        &format!("billing.payment_failed:{}", invoice.id),
+        &invoice.user_sub,
+        &format!("Your payment of {amount} was declined"),
+        &body,
+    )
+    .await;
+}
+
+/// The customer's notice that their instances were stopped for an unpaid invoice.
+pub async fn instances_stopped(
+    state: &AppState,
+    invoice: &byo_db::invoices::InvoiceRow,
+    amount: &str,
+    names: &[String],
+) {
+    let body = format!(
+        "Your invoice of {amount} is still unpaid, so these instances were stopped: {}. \
+         Nothing was deleted. Pay the invoice at {} and they start again by themselves.\n",
+        names.join(", "),
+        invoice
+            .hosted_invoice_url
+            .clone()
+            .unwrap_or_else(|| url(state, "/billing"))
+    );
+    raise_event(
+        state,
+        NoticeKind::BillingInstancesStopped,
+        &format!("billing.instances_stopped:{}", invoice.id),
+        &invoice.user_sub,
+        "Your instances were stopped: an invoice is unpaid",
         &body,
     )
     .await;

@@ -11,7 +11,9 @@
 //!   by its booker.
 //! - Payment (E3.1): with billing off, payment is collected off-band and a superadmin
 //!   records it ([`record_payment`], the one route to `mark_prebooking_paid` besides the
-//!   billing helper's verified webhook); with billing on, that route is refused.
+//!   billing helper's verified webhook); with billing on, through Checkout, and the
+//!   off-band route stays beside it with a reason, audited. A paid booking cancelled before
+//!   its window opens is refunded in full; a superadmin refunds any, with a reason.
 //! - The launcher ([`launch_once`], job `launch-prebookings`): for open, paid bookings
 //!   whose window is open; the gate is `paid_at` alone (no live billing check, the
 //!   deliberate difference from E2). The pinned host only (a legacy row without one: the
@@ -287,13 +289,10 @@ pub async fn cancel(state: &AppState, by: &CurrentUser, id: &str) -> AppResult<P
     if row.closed_at.is_some() {
         return Err(closed(&row));
     }
-    if row.paid_at.is_some() {
-        return Err(AppError::conflict(
-            "booking_paid",
-            "a paid booking is not cancelled here; ask the operators",
-        ));
-    }
     let now = state.clock.now();
+    if row.paid_at.is_some() {
+        return cancel_paid(state, by, &row, now).await;
+    }
     if state.store.cancel_prebooking(id, &by.user.sub, now).await? == GuardedWrite::AlreadySet {
         // Paid or closed between the read and the write.
         return Err(AppError::conflict(
@@ -314,17 +313,88 @@ pub async fn cancel(state: &AppState, by: &CurrentUser, id: &str) -> AppResult<P
     view(state, &booking(state, id).await?).await
 }
 
-/// A superadmin records a payment collected off-band (E3.1), with billing off only: with
-/// billing on, `paid_at` comes only from the verified payment.
+/// The rule for a paid booking (issue #40, 5): cancelled before its window opens, its
+/// Checkout payment is refunded in full; from the opening on, nothing is refunded and it is
+/// not cancelled here (operators may still refund it, with a reason).
+async fn cancel_paid(
+    state: &AppState,
+    by: &CurrentUser,
+    row: &PrebookingRow,
+    now: DateTime<Utc>,
+) -> AppResult<PrebookingView> {
+    if !state.billing.enabled() || state.store.booking_payment(&row.id).await?.is_none() {
+        return Err(AppError::conflict(
+            "booking_paid",
+            "this booking was paid off-band: ask the operators to cancel it and return the payment",
+        ));
+    }
+    if row.start_date <= now {
+        return Err(AppError::conflict(
+            "window_open",
+            "a paid booking is refunded only when cancelled before its window opens; this one has opened",
+        ));
+    }
+    super::billing::refund_booking(
+        state,
+        &row.id,
+        "cancelled by the booker before the window opened",
+        &by.user.sub,
+    )
+    .await?;
+    if state
+        .store
+        .cancel_paid_prebooking(&row.id, &by.user.sub, now)
+        .await?
+        == GuardedWrite::AlreadySet
+    {
+        tracing::warn!(prebooking = %row.id, "refunded, but the booking closed meanwhile");
+    }
+    state
+        .store
+        .audit(
+            Some(&by.user.sub),
+            "prebooking.cancelled",
+            Some(&row.id),
+            json!({"refunded": true}),
+            now,
+        )
+        .await?;
+    view(state, &booking(state, &row.id).await?).await
+}
+
+/// A superadmin refunds a booking's Checkout payment in full, with a reason (issue #40, 5),
+/// whatever its window; the booking itself is left as it is.
+pub async fn refund(
+    state: &AppState,
+    by: &Superadmin,
+    id: &str,
+    reason: &str,
+) -> AppResult<PrebookingView> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(AppError::bad_request(
+            "reason_required",
+            "say why the booking is refunded: the reason is audited",
+        ));
+    }
+    let row = booking(state, id).await?;
+    super::billing::refund_booking(state, &row.id, reason, &by.0.user.sub).await?;
+    overview_of(state, &booking(state, id).await?).await
+}
+
+/// A superadmin records a payment collected off-band (E3.1). With billing on too (the
+/// design keeps the off-band path beside Checkout), but then only with a reason, audited.
 pub async fn record_payment(
     state: &AppState,
     by: &Superadmin,
     id: &str,
+    reason: Option<&str>,
 ) -> AppResult<PrebookingView> {
-    if state.billing.enabled() {
-        return Err(AppError::conflict(
-            "billing_on",
-            "billing is on: a booking is marked paid only by its confirmed payment, not by hand",
+    let reason = reason.map(str::trim).filter(|r| !r.is_empty());
+    if state.billing.enabled() && reason.is_none() {
+        return Err(AppError::bad_request(
+            "reason_required",
+            "billing is on: a payment recorded by hand, beside Checkout, needs a reason (it is audited)",
         ));
     }
     let row = booking(state, id).await?;
@@ -344,7 +414,7 @@ pub async fn record_payment(
             Some(&by.0.user.sub),
             "prebooking.paid",
             Some(id),
-            json!({"recorded": "off_band"}),
+            json!({"recorded": "off_band", "reason": reason}),
             now,
         )
         .await?;

@@ -5,11 +5,14 @@
 
 use axum::extract::{Query, State};
 use axum::response::{IntoResponse, Redirect};
-use maud::html;
+use byo_wire::billing::{CreditView, InvoiceView, MonthUsage};
+use byo_wire::states::InvoiceStatus;
+use maud::{Markup, html};
 use serde::Deserialize;
 
+use super::instances::at;
 use super::{PageError, PageResult, layout};
-use crate::app::billing::{self, BILLING_OFF};
+use crate::app::billing::{self, BILLING_OFF, money};
 use crate::auth::CurrentUser;
 use crate::error::AppError;
 use crate::state::AppState;
@@ -42,13 +45,101 @@ pub async fn page(
                 } @else {
                     p #billing-refused role="alert" { "Your account cannot be charged yet: " (s.reason.as_deref().unwrap_or("")) }
                 }
-                form #add-payment-method method="post" action="/billing/payment-method" {
-                    button type="submit" { (if s.chargeable { "Replace the payment method" } else { "Add a payment method" }) }
+                h2 { "Payment method" }
+                @if let Some(card) = &s.payment_method {
+                    p #payment-method { "On file: " strong { (card) } ". Replacing it takes you to Stripe; an unpaid invoice is paid again with the new card at once." }
+                } @else {
+                    p #payment-method { "None on file." }
                 }
+                form #add-payment-method method="post" action="/billing/payment-method" {
+                    button type="submit" { (if s.payment_method.is_some() { "Replace the payment method" } else { "Add a payment method" }) }
+                }
+                @if let Some(m) = &s.this_month { (this_month(m)) }
+                h2 { "Invoices" }
+                (invoices(&s.invoices))
+                @if !s.credits.is_empty() { (credits(&s.credits)) }
             }
             Err(_) => { p.error role="alert" { "Stripe could not be asked just now; try again in a minute." } }
         }
     }).into_response())
+}
+
+/// This month's usage so far, per instance: what the next invoice will hold, live.
+fn this_month(m: &MonthUsage) -> Markup {
+    html! {
+        h2 { "This month so far" }
+        @if m.instances.is_empty() {
+            p #usage-none { "No usage since " (at(m.since)) "." }
+        } @else {
+            table #usage {
+                thead { tr { th { "Instance" } th { "Hours" } th { "Amount" } } }
+                tbody {
+                    @for i in &m.instances {
+                        tr data-vm=(i.vm_id) {
+                            td { (i.name) }
+                            td { (format!("{:.1}", i.seconds as f64 / 3600.0)) }
+                            td { (money(i.amount_cents, &m.currency)) }
+                        }
+                    }
+                }
+                tfoot { tr { th { "Total since " (at(m.since)) } td {} td #usage-total { (money(m.total_cents, &m.currency)) } } }
+            }
+            p.hint { "Live, from when each instance was created until its host confirmed the delete; each day is charged once it ends, and invoiced when the month ends or the total reaches this installation's threshold." }
+        }
+    }
+}
+
+/// Credits for deletes the host confirmed late: the time from the delete to the
+/// confirmation, taken off the next invoice.
+fn credits(list: &[CreditView]) -> Markup {
+    html! {
+        h2 { "Credits" }
+        table #credits {
+            thead { tr { th { "Instance" } th { "Deleted" } th { "Confirmed" } th { "Credit" } } }
+            tbody {
+                @for c in list {
+                    tr {
+                        td { code { (c.vm_id) } }
+                        td { (at(c.from)) }
+                        td { (at(c.to)) }
+                        td { (money(-c.amount_cents, &c.currency)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The account's invoices, newest first: when, why, how much, where it stands, and Stripe's
+/// page for it.
+fn invoices(list: &[InvoiceView]) -> Markup {
+    html! {
+        @if list.is_empty() {
+            p #no-invoices { "No invoices yet. Usage is invoiced when a month ends, or earlier once it reaches this installation's invoicing threshold." }
+        } @else {
+            table #invoices {
+                thead { tr { th { "Made" } th { "Why" } th { "Amount" } th { "Status" } th { "Invoice" } } }
+                tbody {
+                    @for i in list {
+                        tr data-invoice=(i.id) {
+                            td { (at(i.created_at)) }
+                            td { (match i.reason.as_str() { "month_end" => "the month ended", "threshold" => "usage reached the threshold", other => other }) }
+                            td { (money(i.amount_cents, &i.currency)) }
+                            td.status {
+                                @match (i.status, i.payment_failed_at) {
+                                    (InvoiceStatus::Paid, _) => { "paid" @if let Some(t) = i.paid_at { " " (at(t)) } }
+                                    (InvoiceStatus::Open, Some(t)) => { strong role="alert" { "payment declined " (at(t)) } ": pay it on Stripe's page, or replace the payment method above" }
+                                    (InvoiceStatus::Pending | InvoiceStatus::Draft, _) => { "being prepared" }
+                                    (other, _) => { (other.as_str()) }
+                                }
+                            }
+                            td { @if let Some(u) = &i.hosted_invoice_url { a href=(u) rel="noopener" { "view on Stripe" } } }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `POST /billing/payment-method`: to Stripe's Checkout page (setup mode).

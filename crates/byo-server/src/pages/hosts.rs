@@ -225,6 +225,12 @@ async fn gpus_page(
             }
         }
     }
+    // With billing on, for anyone with a GPU or with something it earned.
+    let earnings = match state.billing.enabled() {
+        true => Some(crate::app::earnings::mine(state, &v.user.sub).await?)
+            .filter(|e| !rows.is_empty() || !e.months.is_empty()),
+        false => None,
+    };
     Ok(layout(
         "Your GPUs",
         Some(v),
@@ -310,6 +316,7 @@ async fn gpus_page(
                     } } }
                 }
             }
+            @if let Some(e) = &earnings { (earnings_section(e)) }
             @if !logins.is_empty() {
                 h2 { "Operator logins" }
                 p { "Our operators administer your GPU as " code { "spark" } ", each with their own key. Every login sshd accepted, newest first:" }
@@ -333,6 +340,54 @@ async fn gpus_page(
             }
         },
     ))
+}
+
+/// What the owner's hosts earned, by month and host, with the CSV of every line.
+fn earnings_section(e: &byo_wire::billing::EarningsView) -> Markup {
+    let money = |c: i64| crate::billing::money(c, &e.currency);
+    html! {
+        section #earnings {
+            h2 { "Earnings" }
+            p { "Your share is " (e.owner_share_bps / 100) "." (format!("{:02}", e.owner_share_bps % 100)) " % of every cent invoiced for instances on your GPUs, credits taken off. "
+                a href="/hosts/earnings.csv" download { "Every instance-day as CSV" } }
+            @if e.months.is_empty() {
+                p #no-earnings { "Nothing invoiced yet: usage is invoiced when a month ends, or earlier once a customer's total reaches the threshold." }
+            } @else {
+                table #earnings-months {
+                    thead { tr { th { "Month" } th { "GPU" } th { "Hours sold" } th { "Invoiced" } th { "Your share" } th { "Of which paid" } th { "Platform" } } }
+                    tbody { @for m in &e.months { tr {
+                        td { (m.month) }
+                        td { (m.host_slug) }
+                        td { (format!("{:.1}", m.seconds as f64 / 3600.0)) }
+                        td { (money(m.amount_cents)) }
+                        td.owner { (money(m.owner_cents)) }
+                        td { (money(m.owner_paid_cents)) }
+                        td { (money(m.platform_cents)) }
+                    } } }
+                }
+            }
+        }
+    }
+}
+
+/// `GET /hosts/earnings.csv`: the signed-in owner's earnings line by line.
+pub async fn earnings_csv(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+) -> PageResult {
+    let v = super::signed_in(viewer)?;
+    let body = crate::app::earnings::csv(&state, &v.user.sub).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"earnings.csv\"",
+            ),
+        ],
+        body,
+    )
+        .into_response())
 }
 
 pub async fn gpus(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {

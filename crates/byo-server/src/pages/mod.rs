@@ -52,6 +52,7 @@ pub fn router() -> Router<AppState> {
         .route("/cloudflared/{file}", get(install::cloudflared_file))
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
         .route("/hosts/{host_id}/progress", get(hosts::progress))
+        .route("/hosts/earnings.csv", get(hosts::earnings_csv))
         .route("/admin", get(admin_fleet::page))
         .route("/admin/hosts", get(hosts::admin_hosts))
         .route("/admin/hosts/{host_id}", get(host_detail::show))
@@ -127,10 +128,18 @@ pub fn router() -> Router<AppState> {
             "/prebookings/{prebooking_id}/cancel",
             post(prebookings::cancel),
         )
+        .route(
+            "/prebookings/{prebooking_id}/checkout",
+            post(prebookings::checkout),
+        )
         .route("/admin/prebookings", get(prebookings::admin_page))
         .route(
             "/admin/prebookings/{prebooking_id}/paid",
             post(prebookings::record_payment),
+        )
+        .route(
+            "/admin/prebookings/{prebooking_id}/refund",
+            post(prebookings::refund),
         )
         .route(
             "/admin/prebookings/{prebooking_id}/launch",

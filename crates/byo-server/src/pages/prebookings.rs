@@ -103,6 +103,7 @@ async fn customer_page(
     let kinds = gpu_types(state, v).await?;
     let has_key = !state.store.ssh_keys_of(&v.user.sub).await?.is_empty();
     let picked = form.map(|f| f.gpu_type.as_str());
+    let billing_on = state.billing.enabled();
     Ok(layout(
         "Pre-bookings",
         Some(v),
@@ -111,6 +112,9 @@ async fn customer_page(
             @if let Some(e) = error { p.error role="alert" { (e) } }
             @if pay { p #pay { a.button href="/billing" { "Add a payment method" } } }
             p { "A pre-booking holds one box for a window. It launches by itself when the window opens, once it is paid, and is torn down when the window ends." }
+            @if billing_on {
+                p #refund-rule { "A paid booking cancelled before its window opens is refunded in full; once the window has opened it is not refunded." }
+            }
             @if !has_key {
                 p #needs-key { "Add an SSH key on " a href="/instances" { "Instances" } " before your window opens: a booking launches with your newest key, and waits without one." }
             }
@@ -128,8 +132,17 @@ async fn customer_page(
                             }
                             td.actions {
                                 @if b.state == PrebookingState::Unpaid {
+                                    @if billing_on {
+                                        form.inline.pay method="post" action={ "/prebookings/" (b.id) "/checkout" } {
+                                            button type="submit" { "Pay" }
+                                        }
+                                    }
                                     form.inline method="post" action={ "/prebookings/" (b.id) "/cancel" } {
                                         button type="submit" { "Cancel" }
+                                    }
+                                } @else if b.state == PrebookingState::PaidWaiting && billing_on {
+                                    form.inline.cancel-refund method="post" action={ "/prebookings/" (b.id) "/cancel" } {
+                                        button type="submit" { "Cancel and refund" }
                                     }
                                 }
                             }
@@ -220,6 +233,20 @@ pub async fn cancel(
     }
 }
 
+/// `POST /prebookings/{prebooking_id}/checkout`: to Stripe's Checkout page for the booking
+/// (as `POST /api/prebookings/{id}/checkout`).
+pub async fn checkout(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(prebooking_id): Path<String>,
+) -> PageResult {
+    let v = signed_in(viewer)?;
+    match crate::app::billing::prebooking_checkout(&state, &v, &prebooking_id).await {
+        Ok(c) => Ok(Redirect::to(&c.url).into_response()),
+        Err(e) => customer_refusal(&state, &v, e, None).await,
+    }
+}
+
 // ---------------------------------------------------------------- operators
 
 async fn operator_page(
@@ -238,7 +265,7 @@ async fn operator_page(
             h1 { "Pre-bookings" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
             @if billing_on {
-                p #billing { "Billing is on: a booking is marked paid by its confirmed payment." }
+                p #billing { "Billing is on: a booking is marked paid by its confirmed payment. A payment collected off-band may still be recorded here, with a reason; a Checkout payment may be refunded, with a reason." }
             } @else {
                 p #billing { "Billing is off: payment is collected off-band, and a superadmin records it here." }
             }
@@ -258,9 +285,18 @@ async fn operator_page(
                             td.paid { @if let Some(p) = b.paid_at { (short(p)) } @else { "—" } }
                             td.actions {
                                 @if b.state != PrebookingState::Closed {
-                                    @if superadmin && !billing_on && b.paid_at.is_none() {
+                                    @if superadmin && b.paid_at.is_none() {
                                         form.inline method="post" action={ "/admin/prebookings/" (b.id) "/paid" } {
+                                            @if billing_on {
+                                                input type="text" name="reason" required maxlength="500" placeholder="why, beside Checkout" aria-label="reason";
+                                            }
                                             button type="submit" { "Record payment" }
+                                        }
+                                    }
+                                    @if superadmin && billing_on && b.paid_at.is_some() {
+                                        form.inline.refund method="post" action={ "/admin/prebookings/" (b.id) "/refund" } {
+                                            input type="text" name="reason" required maxlength="500" placeholder="why" aria-label="reason";
+                                            button type="submit" { "Refund" }
                                         }
                                     }
                                     form.inline.reassign method="post" action={ "/admin/prebookings/" (b.id) "/reassign" } {
@@ -306,14 +342,37 @@ fn back(id: &str) -> PageResult {
     Ok(Redirect::to(&format!("/admin/prebookings#prebooking-{id}")).into_response())
 }
 
+#[derive(Default, Deserialize)]
+pub struct ReasonForm {
+    #[serde(default)]
+    reason: String,
+}
+
 /// `POST /admin/prebookings/{prebooking_id}/paid`: as the API's.
 pub async fn record_payment(
     State(state): State<AppState>,
     viewer: Option<CurrentUser>,
     Path(prebooking_id): Path<String>,
+    Form(form): Form<ReasonForm>,
 ) -> PageResult {
     let admin = require_superadmin(viewer)?;
-    match prebookings::record_payment(&state, &admin, &prebooking_id).await {
+    let reason = form.reason.trim();
+    let reason = (!reason.is_empty()).then_some(reason);
+    match prebookings::record_payment(&state, &admin, &prebooking_id, reason).await {
+        Ok(_) => back(&prebooking_id),
+        Err(e) => operator_refusal(&state, &Operator(admin.0), e).await,
+    }
+}
+
+/// `POST /admin/prebookings/{prebooking_id}/refund`: as the API's.
+pub async fn refund(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(prebooking_id): Path<String>,
+    Form(form): Form<ReasonForm>,
+) -> PageResult {
+    let admin = require_superadmin(viewer)?;
+    match prebookings::refund(&state, &admin, &prebooking_id, &form.reason).await {
         Ok(_) => back(&prebooking_id),
         Err(e) => operator_refusal(&state, &Operator(admin.0), e).await,
     }

@@ -28,6 +28,30 @@ pub struct BillingConfig {
     /// ISO 4217, lower case (`usd`).
     #[serde(default = "default_currency")]
     pub currency: String,
+    /// An account is invoiced each calendar month, and earlier once its uninvoiced usage
+    /// reaches this (in the currency's smallest unit; default 10000, $100).
+    #[serde(default = "default_invoice_threshold")]
+    pub invoice_threshold_cents: u32,
+    /// How long an account's running instances keep running after an invoice's payment is
+    /// declined; then they are stopped (never deleted) until it is paid. Default 72.
+    #[serde(default = "default_payment_grace_hours")]
+    pub payment_grace_hours: u32,
+    /// The owner's share of every cent invoiced for their hosts, in basis points (default
+    /// 7000: 70 %); the rest is the platform's.
+    #[serde(default = "default_owner_share_bps")]
+    pub owner_share_bps: u32,
+}
+
+fn default_owner_share_bps() -> u32 {
+    7_000
+}
+
+fn default_payment_grace_hours() -> u32 {
+    72
+}
+
+fn default_invoice_threshold() -> u32 {
+    10_000
 }
 
 fn default_api_base() -> String {
@@ -111,6 +135,32 @@ pub struct SetupIntent {
 pub struct InvoiceItem {
     pub id: String,
     pub amount: i64,
+}
+
+/// An invoice, as its API answers and its webhooks carry it.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Invoice {
+    pub id: String,
+    /// `draft`, `open`, `paid`, `uncollectible`, `void`.
+    pub status: Option<String>,
+    #[serde(default)]
+    pub total: i64,
+    #[serde(default)]
+    pub amount_due: i64,
+    #[serde(default)]
+    pub hosted_invoice_url: Option<String>,
+    #[serde(default)]
+    pub metadata: serde_json::Map<String, Value>,
+}
+
+/// A refund of a payment.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Refund {
+    pub id: String,
+    pub amount: i64,
+    /// `succeeded`, `pending`, `failed`, …
+    #[serde(default)]
+    pub status: Option<String>,
 }
 
 /// One line of a payment Checkout session.
@@ -318,6 +368,91 @@ impl StripeClient {
             &format!("v1/setup_intents/{id}"),
             &[],
             None,
+        )
+        .await
+    }
+
+    /// An invoice of every pending invoice item of `customer` (Stripe's default since
+    /// 2022-08-01 is to leave them out, hence `pending_invoice_items_behavior=include`), a
+    /// draft we finalize and pay ourselves (`auto_advance=false`), `metadata[invoice_id]`
+    /// naming our row, under the key `invoice-<id>`.
+    pub async fn create_invoice(
+        &self,
+        customer: &str,
+        currency: &str,
+        invoice_id: &str,
+    ) -> Result<Invoice, StripeError> {
+        let form: Vec<(String, String)> = vec![
+            ("customer".into(), customer.to_owned()),
+            ("currency".into(), currency.to_owned()),
+            ("collection_method".into(), "charge_automatically".into()),
+            ("auto_advance".into(), "false".into()),
+            ("pending_invoice_items_behavior".into(), "include".into()),
+            ("metadata[invoice_id]".into(), invoice_id.to_owned()),
+        ];
+        self.call(
+            reqwest::Method::POST,
+            "v1/invoices",
+            &form,
+            Some(&format!("invoice-{invoice_id}")),
+        )
+        .await
+    }
+
+    /// Finalize a draft (key `finalize-<our id>`): it becomes `open`, or `paid` when there is
+    /// nothing to collect.
+    pub async fn finalize_invoice(
+        &self,
+        stripe_id: &str,
+        invoice_id: &str,
+    ) -> Result<Invoice, StripeError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("v1/invoices/{stripe_id}/finalize"),
+            &[],
+            Some(&format!("finalize-{invoice_id}")),
+        )
+        .await
+    }
+
+    /// Pay an open invoice with the customer's default payment method, under
+    /// `idempotency_key` (`pay-<our id>` the first time, `pay-<our id>-<card>` with a new
+    /// card). A decline is `StripeError::Api` with status 402 and code `card_declined`.
+    pub async fn pay_invoice(
+        &self,
+        stripe_id: &str,
+        idempotency_key: &str,
+    ) -> Result<Invoice, StripeError> {
+        self.call(
+            reqwest::Method::POST,
+            &format!("v1/invoices/{stripe_id}/pay"),
+            &[],
+            Some(idempotency_key),
+        )
+        .await
+    }
+
+    /// Refund `amount` of a payment (its payment intent), `metadata` on the refund, under
+    /// `idempotency_key`.
+    pub async fn create_refund(
+        &self,
+        payment_intent: &str,
+        amount: i64,
+        metadata: &[(&str, &str)],
+        idempotency_key: &str,
+    ) -> Result<Refund, StripeError> {
+        let mut form: Vec<(String, String)> = vec![
+            ("payment_intent".into(), payment_intent.to_owned()),
+            ("amount".into(), amount.to_string()),
+        ];
+        for (k, v) in metadata {
+            form.push((format!("metadata[{k}]"), (*v).to_owned()));
+        }
+        self.call(
+            reqwest::Method::POST,
+            "v1/refunds",
+            &form,
+            Some(idempotency_key),
         )
         .await
     }

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use byo_wire::api::ErrorBody;
-use byo_wire::billing::{BillingView, CheckoutView};
+use byo_wire::billing::{BillingView, CheckoutView, EarningsView};
 
 use crate::app::billing::{self, WebhookOutcome};
 use crate::auth::CurrentUser;
@@ -72,5 +72,19 @@ pub async fn post_prebooking_checkout(
 ) -> AppResult<Json<CheckoutView>> {
     Ok(Json(
         billing::prebooking_checkout(&state, &user, &prebooking_id).await?,
+    ))
+}
+
+/// What your hosts earned (issue #40, 6): every cent invoiced for instances on them, split
+/// between you and the platform at the installation's share, by month and host. Empty for an
+/// account with no hosts, or with billing off.
+#[utoipa::path(get, path = "/api/me/earnings", tag = "billing",
+    responses((status = 200, body = EarningsView), (status = 401, body = ErrorBody)))]
+pub async fn get_earnings(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> AppResult<Json<EarningsView>> {
+    Ok(Json(
+        crate::app::earnings::mine(&state, &user.user.sub).await?,
     ))
 }

@@ -110,6 +110,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(placement::post_clear))
         .routes(routes!(billing::post_webhook))
         .routes(routes!(billing::get_billing))
+        .routes(routes!(billing::get_earnings))
         .routes(routes!(billing::post_payment_method))
         .routes(routes!(billing::post_prebooking_checkout))
         .routes(routes!(
@@ -119,6 +120,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(prebookings::post_cancel))
         .routes(routes!(prebookings::get_admin_prebookings))
         .routes(routes!(prebookings::post_paid))
+        .routes(routes!(prebookings::post_refund))
         .routes(routes!(prebookings::post_launch))
         .routes(routes!(prebookings::post_reassign))
         // The queue (E2, issue #13).

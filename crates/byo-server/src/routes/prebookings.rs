@@ -6,8 +6,10 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use byo_wire::api::ErrorBody;
+use byo_wire::limits::Bounded;
 use byo_wire::prebooking::{
-    PrebookingLaunch, PrebookingReassign, PrebookingRequest, PrebookingView,
+    PrebookingLaunch, PrebookingPaid, PrebookingReassign, PrebookingRefund, PrebookingRequest,
+    PrebookingView,
 };
 
 use crate::app::prebookings;
@@ -68,20 +70,46 @@ pub async fn get_admin_prebookings(
     Ok(Json(prebookings::overview(&state).await?))
 }
 
-/// Record a payment collected off-band (E3.1). Billing off only: with billing on, a
-/// booking is marked paid only by its confirmed payment (409 `billing_on`).
+/// Record a payment collected off-band (E3.1). With billing on too — beside Checkout, as the
+/// design keeps it — but then only with a reason (400 `reason_required`), audited.
 #[utoipa::path(post, path = "/api/admin/prebookings/{prebooking_id}/paid", tag = "prebookings",
     params(("prebooking_id" = String, Path, description = "the booking's id")),
-    responses((status = 200, body = PrebookingView), (status = 401, body = ErrorBody),
-              (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-              (status = 409, body = ErrorBody)))]
+    request_body(content = PrebookingPaid, description = "optional with billing off"),
+    responses((status = 200, body = PrebookingView), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 pub async fn post_paid(
     State(state): State<AppState>,
     admin: Superadmin,
     Path(prebooking_id): Path<String>,
+    body: Option<Json<PrebookingPaid>>,
+) -> AppResult<Json<PrebookingView>> {
+    let body = body.map(|Json(b)| b).unwrap_or_default();
+    body.check_bounds()
+        .map_err(crate::error::AppError::out_of_bounds)?;
+    let reason = body.reason;
+    Ok(Json(
+        prebookings::record_payment(&state, &admin, &prebooking_id, reason.as_deref()).await?,
+    ))
+}
+
+/// Refund a booking's Checkout payment in full, with a reason (audited), whatever its
+/// window. 409 with billing off, for a booking not paid through Checkout, or one already
+/// refunded; 400 without a reason.
+#[utoipa::path(post, path = "/api/admin/prebookings/{prebooking_id}/refund", tag = "prebookings",
+    params(("prebooking_id" = String, Path, description = "the booking's id")),
+    request_body = PrebookingRefund,
+    responses((status = 200, body = PrebookingView), (status = 400, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+              (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+pub async fn post_refund(
+    State(state): State<AppState>,
+    admin: Superadmin,
+    Path(prebooking_id): Path<String>,
+    Checked(req): Checked<PrebookingRefund>,
 ) -> AppResult<Json<PrebookingView>> {
     Ok(Json(
-        prebookings::record_payment(&state, &admin, &prebooking_id).await?,
+        prebookings::refund(&state, &admin, &prebooking_id, &req.reason).await?,
     ))
 }
 

@@ -76,12 +76,14 @@ pub async fn delete_vm(
     Ok((deletion_status(&d), Json(d)))
 }
 
-/// Start, stop or reboot one of your instances. 409 unless it is running or stopped; 502
-/// when the host refused and 504 when it did not answer (nothing changes either way).
+/// Start, stop or reboot one of your instances. 409 unless it is running or stopped; 402 for
+/// a start while an invoice of yours is declined and unpaid; 502 when the host refused and
+/// 504 when it did not answer (nothing changes either way).
 #[utoipa::path(post, path = "/api/vms/{vm_id}/state", tag = "instances", request_body = VmStateChange,
     params(("vm_id" = String, Path, description = "the instance's id")),
     responses((status = 200, body = InstanceView), (status = 400, body = ErrorBody),
-              (status = 401, body = ErrorBody), (status = 404, body = ErrorBody),
+              (status = 401, body = ErrorBody), (status = 402, body = ErrorBody),
+              (status = 404, body = ErrorBody),
               (status = 409, body = ErrorBody), (status = 502, body = ErrorBody),
               (status = 504, body = ErrorBody)))]
 pub async fn post_vm_state(

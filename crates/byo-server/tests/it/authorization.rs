@@ -328,6 +328,13 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::GET,
+            path: "/api/me/earnings",
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
             path: "/api/me/notices",
             expect: [401, 200, 200, 200, 200, 200],
             missing: None,
@@ -701,6 +708,14 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::POST,
+            path: "/api/admin/prebookings/{prebooking_id}/refund",
+            // Billing is off here: the superadmin passes the gate and meets billing_off.
+            expect: [401, 403, 403, 403, 403, 409],
+            missing: Some([401, 403, 403, 403, 403, 404]),
+            body: |_| Some(json!({"reason": "a goodwill refund"})),
+        },
+        ApiRow {
+            method: Method::POST,
             path: "/api/admin/prebookings/{prebooking_id}/launch",
             expect: [401, 403, 403, 403, 403, 409],
             missing: Some([401, 403, 403, 403, 403, 404]),
@@ -888,6 +903,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/hosts",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/hosts/earnings.csv",
             allowed: SIGNED_IN,
             body: none,
         },
@@ -1095,6 +1116,12 @@ fn page_table() -> Vec<Row> {
             body: none,
         },
         Row {
+            method: Method::POST,
+            path: "/prebookings/{prebooking_id}/checkout",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
             method: Method::GET,
             path: "/admin/prebookings",
             allowed: OPERATORS,
@@ -1104,7 +1131,13 @@ fn page_table() -> Vec<Row> {
             method: Method::POST,
             path: "/admin/prebookings/{prebooking_id}/paid",
             allowed: SUPERADMIN,
-            body: none,
+            body: |_| Some(json!("reason=")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/prebookings/{prebooking_id}/refund",
+            allowed: SUPERADMIN,
+            body: |_| Some(json!("reason=a+goodwill+refund")),
         },
         Row {
             method: Method::POST,

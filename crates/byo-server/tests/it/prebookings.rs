@@ -442,9 +442,12 @@ async fn e3_1_the_gate_is_paid_at_alone(mut w: World) {
     assert!(told[0].body.contains(&vm_id), "{}", told[0].body);
 }
 
-/// E3.1: with billing on, paid_at is not recorded by hand; twice is refused too. Nothing
-/// changes either time.
-async fn e3_1_payment_is_recorded_off_band_only_with_billing_off(mut w: World) {
+/// E3.1: a payment collected off-band is recorded by hand, once (a second time is refused);
+/// with billing on too — the design keeps it beside Checkout — but then only with a reason,
+/// audited (issue #40, 5). A refusal changes nothing.
+async fn e3_1_an_off_band_payment_is_recorded_once_and_with_billing_on_only_with_a_reason(
+    mut w: World,
+) {
     w.host("spark-1", Spec::default()).await;
     let id = booked(&w.customer, 2, 6).await;
     let admin = w.app.superadmin("root@example.com").await;
@@ -468,13 +471,40 @@ async fn e3_1_payment_is_recorded_off_band_only_with_billing_off(mut w: World) {
     w.app.state.billing = Arc::new(RefusingBilling);
     w.app.router = byo_server::router(w.app.state.clone());
     let admin = w.app.superadmin("root2@example.com").await;
-    let r = admin
-        .post_empty(&format!("/api/admin/prebookings/{second}/paid"))
-        .await;
-    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
-    assert_eq!(r.json()["error"], "billing_on");
+    for body in [None, Some(json!({"reason": "  "})), Some(json!({}))] {
+        let r = match &body {
+            None => {
+                admin
+                    .post_empty(&format!("/api/admin/prebookings/{second}/paid"))
+                    .await
+            }
+            Some(b) => {
+                admin
+                    .post(&format!("/api/admin/prebookings/{second}/paid"), b.clone())
+                    .await
+            }
+        };
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{body:?}: {}", r.text());
+        assert_eq!(r.json()["error"], "reason_required");
+    }
     assert_eq!(row(&w, &second).await.paid_at, None);
     assert_eq!(w.audits("prebooking.paid").await.len(), 1);
+    let r = admin
+        .post(
+            &format!("/api/admin/prebookings/{second}/paid"),
+            json!({"reason": "paid by bank transfer, ref 4471"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(row(&w, &second).await.paid_at.is_some());
+    let audits = w.audits("prebooking.paid").await;
+    assert_eq!(audits.len(), 2);
+    assert!(
+        audits
+            .iter()
+            .any(|a| a.details.0["reason"] == "paid by bank transfer, ref 4471"),
+        "{audits:?}"
+    );
 }
 
 /// E3.2: a pinned host that is unavailable (here: occupied by someone else) leaves the
@@ -1481,7 +1511,7 @@ with_world!(
     e3_a_window_at_each_bound_is_taken,
     e3_2_a_host_is_never_pinned_twice_for_overlapping_windows,
     e3_1_the_gate_is_paid_at_alone,
-    e3_1_payment_is_recorded_off_band_only_with_billing_off,
+    e3_1_an_off_band_payment_is_recorded_once_and_with_billing_on_only_with_a_reason,
     e3_2_an_unavailable_pinned_host_leaves_the_booking_open,
     e3_2_legacy_booking_without_pin_falls_back_to_the_pool,
     e3_3_step67_relaunches_when_the_launched_vm_is_not_live,

@@ -1,6 +1,6 @@
 //! A fake Stripe API that keeps the real one's shapes: form-encoded requests with
 //! `Authorization: Bearer sk_…`, objects with their `object` field (`customer`,
-//! `checkout.session`, `setup_intent`, `invoiceitem`), expanded fields on `expand[]`, and
+//! `checkout.session`, `setup_intent`, `invoiceitem`, `invoice`), expanded fields on `expand[]`, and
 //! the error envelope `{error: {type, code, message, decline_code, param}}` — 401 for a wrong
 //! key, 404 `resource_missing`, 402 `card_declined` with its `decline_code` (by fault
 //! injection). Idempotency as Stripe keeps it: a POST's `Idempotency-Key` replayed with the
@@ -43,8 +43,18 @@ pub struct Fake {
     pub payment_methods: BTreeMap<String, Value>,
     pub sessions: BTreeMap<String, Value>,
     pub setup_intents: BTreeMap<String, Value>,
-    /// Every invoice item created (a replayed key creates none).
+    /// Every invoice item created (a replayed key creates none); `invoice` is null while it
+    /// is pending, then the invoice that took it.
     pub invoice_items: Vec<Value>,
+    /// Every invoice, by id.
+    pub invoices: BTreeMap<String, Value>,
+    /// Payment intents a Checkout payment made: id → amount.
+    pub payment_intents: BTreeMap<String, i64>,
+    /// Every refund made (a replayed key makes none).
+    pub refunds: Vec<Value>,
+    /// Customers whose card attaches but declines every charge (Stripe's test card
+    /// 4000 0000 0000 0341).
+    pub declining: std::collections::BTreeSet<String>,
     /// Idempotency-Key → (the request's parameters, the first response).
     pub idempotency: BTreeMap<String, (String, u16, Vec<u8>)>,
     /// Every request: method, path, Idempotency-Key.
@@ -88,6 +98,19 @@ impl Fake {
                              "payment_status": "no_payment_required", "metadata": {}});
         self.sessions.insert(cs, session.clone());
         (session, pm)
+    }
+
+    /// The customer pays an open invoice on its hosted page (with a card that works): it is
+    /// paid and the customer no longer delinquent. The invoice, as the webhooks carry it.
+    pub fn pay_on_hosted_page(&mut self, invoice: &str) -> Value {
+        let inv = self.invoices.get_mut(invoice).expect("the invoice");
+        inv["status"] = json!("paid");
+        inv["amount_paid"] = inv["amount_due"].clone();
+        let inv = inv.clone();
+        let customer = inv["customer"].as_str().unwrap().to_owned();
+        self.declining.remove(&customer);
+        self.customers.get_mut(&customer).unwrap()["delinquent"] = json!(false);
+        inv
     }
 
     /// Make `pm` the customer's default, as the dashboard would.
@@ -351,13 +374,148 @@ async fn create_invoice_item(State(s): State<Shared>, axum::Form(form): Form) ->
         );
     };
     let id = f.id("ii");
-    let item = json!({"id": id, "object": "invoiceitem", "customer": customer,
+    let item = json!({"id": id, "object": "invoiceitem", "customer": customer, "invoice": null,
         "amount": amount, "currency": param(&form, "currency"),
         "description": param(&form, "description"), "metadata": metadata(&form),
         "period": {"start": param(&form, "period[start]").and_then(|v| v.parse::<i64>().ok()),
                    "end": param(&form, "period[end]").and_then(|v| v.parse::<i64>().ok())}});
     f.invoice_items.push(item.clone());
     Json(item).into_response()
+}
+
+fn invalid(message: &str) -> Response {
+    error(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        None,
+        message,
+    )
+}
+
+/// `POST /v1/invoices`: a draft. Its lines are the customer's pending items only with
+/// `pending_invoice_items_behavior=include`: since API version 2022-08-01 Stripe's default
+/// leaves them out, and the invoice is empty.
+async fn create_invoice(State(s): State<Shared>, axum::Form(form): Form) -> Response {
+    let mut f = s.lock().unwrap();
+    let customer = param(&form, "customer").unwrap_or_default().to_owned();
+    if !f.customers.contains_key(&customer) {
+        return missing("customer", &customer, "customer");
+    }
+    let id = f.id("in");
+    let include = param(&form, "pending_invoice_items_behavior") == Some("include");
+    let mut total = 0;
+    let mut lines = Vec::new();
+    if include {
+        for item in f.invoice_items.iter_mut() {
+            if item["customer"] == json!(customer) && item["invoice"].is_null() {
+                item["invoice"] = json!(id);
+                total += item["amount"].as_i64().unwrap_or(0);
+                lines.push(item["id"].clone());
+            }
+        }
+    }
+    let invoice = json!({"id": id, "object": "invoice", "customer": customer,
+        "status": "draft", "total": total, "amount_due": total.max(0), "amount_paid": 0,
+        "attempt_count": 0, "currency": param(&form, "currency"),
+        "auto_advance": param(&form, "auto_advance") != Some("false"),
+        "collection_method": param(&form, "collection_method").unwrap_or("charge_automatically"),
+        "hosted_invoice_url": null, "metadata": metadata(&form),
+        "lines": {"object": "list", "data": lines}});
+    f.invoices.insert(id, invoice.clone());
+    Json(invoice).into_response()
+}
+
+async fn get_invoice(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    match s.lock().unwrap().invoices.get(&id) {
+        Some(i) => Json(i.clone()).into_response(),
+        None => missing("invoice", &id, "invoice"),
+    }
+}
+
+/// `POST /v1/invoices/{id}/finalize`: a draft becomes open with its hosted page, or paid at
+/// once when there is nothing to collect; anything else is refused.
+async fn finalize_invoice(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let mut f = s.lock().unwrap();
+    let Some(inv) = f.invoices.get_mut(&id) else {
+        return missing("invoice", &id, "invoice");
+    };
+    if inv["status"] != "draft" {
+        return invalid(
+            "This invoice is already finalized, you can't re-finalize a non-draft invoice.",
+        );
+    }
+    let nothing_due = inv["amount_due"].as_i64().unwrap_or(0) == 0;
+    inv["status"] = json!(if nothing_due { "paid" } else { "open" });
+    inv["hosted_invoice_url"] = json!(format!("https://invoice.stripe.test/i/{id}"));
+    Json(inv.clone()).into_response()
+}
+
+/// `POST /v1/invoices/{id}/pay` with the customer's default payment method: paid, or a 402
+/// `card_declined` for a declining card (the invoice stays open, its `attempt_count` grows,
+/// and the customer becomes `delinquent`).
+async fn pay_invoice(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    let mut f = s.lock().unwrap();
+    let Some(inv) = f.invoices.get(&id).cloned() else {
+        return missing("invoice", &id, "invoice");
+    };
+    match inv["status"].as_str() {
+        Some("open") | Some("uncollectible") => {}
+        Some("paid") => return invalid("Invoice is already paid"),
+        _ => return invalid("You can only pay an open invoice."),
+    }
+    let customer = inv["customer"].as_str().unwrap_or_default().to_owned();
+    if f.customers[&customer]["invoice_settings"]["default_payment_method"].is_null() {
+        return invalid("This customer has no attached payment source or default payment method.");
+    }
+    let inv = f.invoices.get_mut(&id).unwrap();
+    inv["attempt_count"] = json!(inv["attempt_count"].as_i64().unwrap_or(0) + 1);
+    if f.declining.contains(&customer) {
+        f.customers.get_mut(&customer).unwrap()["delinquent"] = json!(true);
+        let e = json!({"error": {"type": "card_error", "code": "card_declined",
+            "decline_code": "generic_decline", "message": "Your card was declined.",
+            "invoice": id}});
+        return (StatusCode::PAYMENT_REQUIRED, Json(e)).into_response();
+    }
+    let inv = f.invoices.get_mut(&id).unwrap();
+    inv["status"] = json!("paid");
+    inv["amount_paid"] = inv["amount_due"].clone();
+    let paid = inv.clone();
+    f.customers.get_mut(&customer).unwrap()["delinquent"] = json!(false);
+    Json(paid).into_response()
+}
+
+/// `POST /v1/refunds`: a refund of a payment intent, at most what it took in all
+/// (`charge_already_refunded` past it).
+async fn create_refund(State(s): State<Shared>, axum::Form(form): Form) -> Response {
+    let mut f = s.lock().unwrap();
+    let pi = param(&form, "payment_intent")
+        .unwrap_or_default()
+        .to_owned();
+    let Some(&paid) = f.payment_intents.get(&pi) else {
+        return missing("payment_intent", &pi, "payment_intent");
+    };
+    let amount = param(&form, "amount")
+        .and_then(|a| a.parse::<i64>().ok())
+        .unwrap_or(paid);
+    let refunded: i64 = f
+        .refunds
+        .iter()
+        .filter(|r| r["payment_intent"] == json!(pi))
+        .map(|r| r["amount"].as_i64().unwrap_or(0))
+        .sum();
+    if amount <= 0 || refunded + amount > paid {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("charge_already_refunded"),
+            &format!("Charge for payment intent {pi} has already been refunded."),
+        );
+    }
+    let id = f.id("re");
+    let refund = json!({"id": id, "object": "refund", "amount": amount,
+        "payment_intent": pi, "status": "succeeded", "metadata": metadata(&form)});
+    f.refunds.push(refund.clone());
+    Json(refund).into_response()
 }
 
 /// The fake, on loopback, and a `[billing]` configuration pointing at it.
@@ -372,6 +530,11 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
         .route("/v1/checkout/sessions", post(create_session))
         .route("/v1/setup_intents/{id}", get(get_setup_intent))
         .route("/v1/invoiceitems", post(create_invoice_item))
+        .route("/v1/refunds", post(create_refund))
+        .route("/v1/invoices", post(create_invoice))
+        .route("/v1/invoices/{id}", get(get_invoice))
+        .route("/v1/invoices/{id}/finalize", post(finalize_invoice))
+        .route("/v1/invoices/{id}/pay", post(pay_invoice))
         .layer(axum::middleware::from_fn_with_state(fake.clone(), front))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -383,6 +546,9 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
         api_base: base,
         price_cents_per_hour,
         currency: "usd".into(),
+        invoice_threshold_cents: 10_000,
+        payment_grace_hours: 72,
+        owner_share_bps: 7_000,
     };
     (fake, config)
 }

@@ -170,7 +170,7 @@ impl Platform {
             });
             let waiting = failed
                 .as_deref()
-                .is_some_and(|e| e.contains("the relay has no public address yet"));
+                .is_some_and(crate::support::retried_prepare_failure);
             if (failed.is_some() && !waiting) || started.elapsed() > Duration::from_secs(480) {
                 panic!(
                     "the host did not prepare ({:?}):\n{}",
