@@ -2096,3 +2096,167 @@ fn billing_is_configured_by_its_section_and_validated() {
         Ok(())
     });
 }
+
+// ------------------------------------------------------------------- against localstripe
+
+/// localstripe (PyPI, issue #40, 7): a Stripe emulator we did not write, started on loopback.
+struct LocalStripe {
+    child: std::process::Child,
+    base: String,
+}
+
+impl LocalStripe {
+    fn start() -> Option<LocalStripe> {
+        if !byo_core::testing::have_tools(&["localstripe"]) {
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("localstripe")
+            .args(["--port", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("localstripe runs");
+        let mut ls = LocalStripe {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(ls);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = ls.child.kill();
+        panic!("localstripe did not start on 127.0.0.1:{port}");
+    }
+
+    fn config(&self) -> byo_server::providers::stripe::BillingConfig {
+        byo_server::providers::stripe::BillingConfig {
+            stripe_secret_key: "sk_test_localstripe".to_owned().into(),
+            stripe_webhook_secret: WEBHOOK_SECRET.to_owned().into(),
+            api_base: self.base.clone(),
+            price_cents_per_hour: PRICE,
+            currency: "usd".into(),
+            invoice_threshold_cents: 10_000,
+            payment_grace_hours: 72,
+            owner_share_bps: 7_000,
+        }
+    }
+
+    /// A card attached to `customer`, as a finished Checkout setup leaves it (Checkout's part,
+    /// not ours, so made directly).
+    async fn card_for(&self, customer: &str) -> String {
+        let http = reqwest::Client::new();
+        let pm: Value = http
+            .post(format!("{}/v1/payment_methods", self.base))
+            .bearer_auth("sk_test_localstripe")
+            .form(&[
+                ("type", "card"),
+                ("card[number]", "4242424242424242"),
+                ("card[exp_month]", "12"),
+                ("card[exp_year]", "2030"),
+                ("card[cvc]", "123"),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = pm["id"].as_str().expect("a payment method").to_owned();
+        let attached = http
+            .post(format!("{}/v1/payment_methods/{id}/attach", self.base))
+            .bearer_auth("sk_test_localstripe")
+            .form(&[("customer", customer)])
+            .send()
+            .await
+            .unwrap();
+        assert!(attached.status().is_success());
+        id
+    }
+}
+
+impl Drop for LocalStripe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Our Stripe client and the live check, against localstripe: a customer made with its
+/// metadata, a card made its default, the check allowing it with the card expanded and
+/// described, a missing customer refused, Stripe's error envelope read as an API error. What
+/// localstripe lacks — and so what runs only against our fake — is in docs/billing.md.
+mod against_localstripe {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_customer_and_the_live_check_run_against_a_stripe_we_did_not_write() {
+        let Some(ls) = LocalStripe::start() else {
+            return;
+        };
+        let Some(db) = byo_db::testing::fresh(Backend::Sqlite).await else {
+            return;
+        };
+        let now = Utc.with_ymd_and_hms(2026, 11, 1, 22, 0, 0).unwrap();
+        let user = db
+            .store
+            .create_user(
+                byo_db::users::NewUser {
+                    email: "payer@example.com",
+                    display_name: "",
+                    password_hash: "$argon2id$x",
+                },
+                now,
+            )
+            .await
+            .unwrap();
+        let config = ls.config();
+        let client = StripeClient::new(&config);
+        let cus = client
+            .create_customer(&user.sub, &user.email)
+            .await
+            .unwrap();
+        assert!(cus.id.starts_with("cus_"), "{cus:?}");
+        assert!(!cus.delinquent && !cus.deleted);
+        let billing = byo_server::billing::StripeBilling::new(config, db.store.clone());
+        // No customer on record yet: refused without asking Stripe.
+        let charge = billing.check(&user.sub, now).await.unwrap();
+        assert!(matches!(charge, Charge::Refused { .. }), "{charge:?}");
+        db.store
+            .keep_stripe_customer(&user.sub, &cus.id, now)
+            .await
+            .unwrap();
+        // A customer with no default card: refused.
+        let charge = billing.check(&user.sub, now).await.unwrap();
+        assert!(
+            matches!(&charge, Charge::Refused { reason } if reason.contains("no payment method")),
+            "{charge:?}"
+        );
+        // Checkout's part (a card attached), then ours: made the default.
+        let pm = ls.card_for(&cus.id).await;
+        let updated = client
+            .set_default_payment_method(&cus.id, &pm)
+            .await
+            .unwrap();
+        assert_eq!(
+            updated.invoice_settings.default_payment_method,
+            Some(json!(pm))
+        );
+        let (charge, card) = billing.inspect(&user.sub, now).await.unwrap();
+        assert_eq!(charge, Charge::Allowed);
+        assert_eq!(card.as_deref(), Some("visa ending 4242, expires 12/2030"));
+        // Stripe's error envelope, from a server that is not our fake.
+        let e = client
+            .retrieve_customer("cus_nonexistent")
+            .await
+            .unwrap_err();
+        assert!(matches!(&e, StripeError::Api { status: 404, .. }), "{e:?}");
+        assert!(!e.is_outage());
+    }
+}
