@@ -350,6 +350,42 @@ impl World {
         r
     }
 
+    /// The customer pays `invoice` on Stripe's hosted page, and Stripe says so: the invoice
+    /// as the events carried it.
+    async fn pays_on_hosted_page(&self, invoice: &str) -> Value {
+        let paid = self.fake.lock().unwrap().pay_on_hosted_page(invoice);
+        for (id, kind) in [
+            ("evt_p", "invoice.paid"),
+            ("evt_ps", "invoice.payment_succeeded"),
+        ] {
+            let r = self.send_event(id, kind, paid.clone()).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        }
+        paid
+    }
+
+    /// Until `vm` runs again (the webhook's release works in the background).
+    async fn until_running(&self, vm: &str) {
+        let began = std::time::Instant::now();
+        while self.status_of(vm).await != byo_wire::states::VmStatus::Running {
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(10),
+                "the paid account's instance was not started again"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The tables with a value not in `before` (a dump).
+    async fn tables_changed_since(&self, before: &[(String, String, String)]) -> Vec<String> {
+        self.dump()
+            .await
+            .into_iter()
+            .filter(|d| !before.contains(d))
+            .map(|d| d.0)
+            .collect()
+    }
+
     /// Dec 1, 00:15: November is over.
     fn december(&self) {
         let to = Utc.with_ymd_and_hms(2026, 12, 1, 0, 15, 0).unwrap();
@@ -1346,16 +1382,7 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
     assert_eq!(the_invoice(&w).await.1.status.as_str(), "open");
     // Paid later on the hosted page.
     w.clock.advance(TimeDelta::hours(5));
-    let paid = w.fake.lock().unwrap().pay_on_hosted_page(&sid);
-    for (id, kind) in [
-        ("evt_p", "invoice.paid"),
-        ("evt_ps", "invoice.payment_succeeded"),
-    ] {
-        assert_eq!(
-            w.send_event(id, kind, paid.clone()).await.status,
-            StatusCode::OK
-        );
-    }
+    let paid = w.pays_on_hosted_page(&sid).await;
     let row = the_invoice(&w).await.1;
     assert_eq!(row.status.as_str(), "paid");
     assert_eq!(row.paid_at, Some(w.clock.now()));
@@ -1368,13 +1395,7 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
     assert_eq!(late.status, StatusCode::OK);
     let replay = w.send_event("evt_p", "invoice.paid", paid.clone()).await;
     assert_eq!(replay.json()["replayed"], json!(true));
-    let changed: Vec<_> = w
-        .dump()
-        .await
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .map(|d| d.0)
-        .collect();
+    let changed = w.tables_changed_since(&before).await;
     assert!(
         changed.iter().all(|t| t == "stripe_events"),
         "only the late event's own record: {changed:?}"
@@ -1389,13 +1410,7 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
             .status,
         StatusCode::OK
     );
-    let changed: Vec<_> = w
-        .dump()
-        .await
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .map(|d| d.0)
-        .collect();
+    let changed = w.tables_changed_since(&before).await;
     assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
 }
 
@@ -1436,13 +1451,7 @@ async fn an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_an
     impostor["status"] = json!("void");
     let before = w.dump().await;
     w.send_event("evt_imp", "invoice.voided", impostor).await;
-    let changed: Vec<_> = w
-        .dump()
-        .await
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .map(|d| d.0)
-        .collect();
+    let changed = w.tables_changed_since(&before).await;
     assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
     // A decline Stripe reports only by webhook (its own retry, or the hosted page).
     w.clock.advance(TimeDelta::minutes(3));
@@ -1572,25 +1581,9 @@ async fn a_declined_payment_holds_the_account_and_stops_its_instances_until_it_p
         byo_wire::states::VmStatus::Stopped
     );
     w.clock.advance(TimeDelta::hours(2));
-    let paid = w.fake.lock().unwrap().pay_on_hosted_page(&sid);
-    for (id, kind) in [
-        ("evt_p", "invoice.paid"),
-        ("evt_ps", "invoice.payment_succeeded"),
-    ] {
-        assert_eq!(
-            w.send_event(id, kind, paid.clone()).await.status,
-            StatusCode::OK
-        );
-    }
+    w.pays_on_hosted_page(&sid).await;
     // Started again at once, by the webhook's release.
-    let began = std::time::Instant::now();
-    while w.status_of(&kept).await != byo_wire::states::VmStatus::Running {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
-            "the paid account's instance was not started again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    w.until_running(&kept).await;
     assert_eq!(
         w.power_calls(),
         [
@@ -1672,14 +1665,7 @@ async fn a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped(w: Worl
             Some(format!("pay-{}-{second}", row.id)),
         ]
     );
-    let began = std::time::Instant::now();
-    while w.status_of(&kept).await != byo_wire::states::VmStatus::Running {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
-            "the instance was not started again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    w.until_running(&kept).await;
     assert_eq!(
         w.audited(&row.id).await,
         ["billing.payment_failed", "billing.invoice_paid"]
