@@ -350,6 +350,42 @@ impl World {
         r
     }
 
+    /// The customer pays `invoice` on Stripe's hosted page, and Stripe says so: the invoice
+    /// as the events carried it.
+    async fn pays_on_hosted_page(&self, invoice: &str) -> Value {
+        let paid = self.fake.lock().unwrap().pay_on_hosted_page(invoice);
+        for (id, kind) in [
+            ("evt_p", "invoice.paid"),
+            ("evt_ps", "invoice.payment_succeeded"),
+        ] {
+            let r = self.send_event(id, kind, paid.clone()).await;
+            assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        }
+        paid
+    }
+
+    /// Until `vm` runs again (the webhook's release works in the background).
+    async fn until_running(&self, vm: &str) {
+        let began = std::time::Instant::now();
+        while self.status_of(vm).await != byo_wire::states::VmStatus::Running {
+            assert!(
+                began.elapsed() < std::time::Duration::from_secs(10),
+                "the paid account's instance was not started again"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The tables with a value not in `before` (a dump).
+    async fn tables_changed_since(&self, before: &[(String, String, String)]) -> Vec<String> {
+        self.dump()
+            .await
+            .into_iter()
+            .filter(|d| !before.contains(d))
+            .map(|d| d.0)
+            .collect()
+    }
+
     /// Dec 1, 00:15: November is over.
     fn december(&self) {
         let to = Utc.with_ymd_and_hms(2026, 12, 1, 0, 15, 0).unwrap();
@@ -1346,16 +1382,7 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
     assert_eq!(the_invoice(&w).await.1.status.as_str(), "open");
     // Paid later on the hosted page.
     w.clock.advance(TimeDelta::hours(5));
-    let paid = w.fake.lock().unwrap().pay_on_hosted_page(&sid);
-    for (id, kind) in [
-        ("evt_p", "invoice.paid"),
-        ("evt_ps", "invoice.payment_succeeded"),
-    ] {
-        assert_eq!(
-            w.send_event(id, kind, paid.clone()).await.status,
-            StatusCode::OK
-        );
-    }
+    let paid = w.pays_on_hosted_page(&sid).await;
     let row = the_invoice(&w).await.1;
     assert_eq!(row.status.as_str(), "paid");
     assert_eq!(row.paid_at, Some(w.clock.now()));
@@ -1368,13 +1395,7 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
     assert_eq!(late.status, StatusCode::OK);
     let replay = w.send_event("evt_p", "invoice.paid", paid.clone()).await;
     assert_eq!(replay.json()["replayed"], json!(true));
-    let changed: Vec<_> = w
-        .dump()
-        .await
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .map(|d| d.0)
-        .collect();
+    let changed = w.tables_changed_since(&before).await;
     assert!(
         changed.iter().all(|t| t == "stripe_events"),
         "only the late event's own record: {changed:?}"
@@ -1389,13 +1410,7 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
             .status,
         StatusCode::OK
     );
-    let changed: Vec<_> = w
-        .dump()
-        .await
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .map(|d| d.0)
-        .collect();
+    let changed = w.tables_changed_since(&before).await;
     assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
 }
 
@@ -1436,13 +1451,7 @@ async fn an_invoice_event_finds_its_invoice_by_metadata_when_it_overtakes_the_an
     impostor["status"] = json!("void");
     let before = w.dump().await;
     w.send_event("evt_imp", "invoice.voided", impostor).await;
-    let changed: Vec<_> = w
-        .dump()
-        .await
-        .into_iter()
-        .filter(|d| !before.contains(d))
-        .map(|d| d.0)
-        .collect();
+    let changed = w.tables_changed_since(&before).await;
     assert!(changed.iter().all(|t| t == "stripe_events"), "{changed:?}");
     // A decline Stripe reports only by webhook (its own retry, or the hosted page).
     w.clock.advance(TimeDelta::minutes(3));
@@ -1572,25 +1581,9 @@ async fn a_declined_payment_holds_the_account_and_stops_its_instances_until_it_p
         byo_wire::states::VmStatus::Stopped
     );
     w.clock.advance(TimeDelta::hours(2));
-    let paid = w.fake.lock().unwrap().pay_on_hosted_page(&sid);
-    for (id, kind) in [
-        ("evt_p", "invoice.paid"),
-        ("evt_ps", "invoice.payment_succeeded"),
-    ] {
-        assert_eq!(
-            w.send_event(id, kind, paid.clone()).await.status,
-            StatusCode::OK
-        );
-    }
+    w.pays_on_hosted_page(&sid).await;
     // Started again at once, by the webhook's release.
-    let began = std::time::Instant::now();
-    while w.status_of(&kept).await != byo_wire::states::VmStatus::Running {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
-            "the paid account's instance was not started again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    w.until_running(&kept).await;
     assert_eq!(
         w.power_calls(),
         [
@@ -1672,14 +1665,7 @@ async fn a_new_card_pays_the_declined_invoice_and_starts_what_it_stopped(w: Worl
             Some(format!("pay-{}-{second}", row.id)),
         ]
     );
-    let began = std::time::Instant::now();
-    while w.status_of(&kept).await != byo_wire::states::VmStatus::Running {
-        assert!(
-            began.elapsed() < std::time::Duration::from_secs(10),
-            "the instance was not started again"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    w.until_running(&kept).await;
     assert_eq!(
         w.audited(&row.id).await,
         ["billing.payment_failed", "billing.invoice_paid"]
@@ -2095,4 +2081,168 @@ fn billing_is_configured_by_its_section_and_validated() {
         }
         Ok(())
     });
+}
+
+// ------------------------------------------------------------------- against localstripe
+
+/// localstripe (PyPI, issue #40, 7): a Stripe emulator we did not write, started on loopback.
+struct LocalStripe {
+    child: std::process::Child,
+    base: String,
+}
+
+impl LocalStripe {
+    fn start() -> Option<LocalStripe> {
+        if !byo_core::testing::have_tools(&["localstripe"]) {
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = std::process::Command::new("localstripe")
+            .args(["--port", &port.to_string()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("localstripe runs");
+        let mut ls = LocalStripe {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Some(ls);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = ls.child.kill();
+        panic!("localstripe did not start on 127.0.0.1:{port}");
+    }
+
+    fn config(&self) -> byo_server::providers::stripe::BillingConfig {
+        byo_server::providers::stripe::BillingConfig {
+            stripe_secret_key: "sk_test_localstripe".to_owned().into(),
+            stripe_webhook_secret: WEBHOOK_SECRET.to_owned().into(),
+            api_base: self.base.clone(),
+            price_cents_per_hour: PRICE,
+            currency: "usd".into(),
+            invoice_threshold_cents: 10_000,
+            payment_grace_hours: 72,
+            owner_share_bps: 7_000,
+        }
+    }
+
+    /// A card attached to `customer`, as a finished Checkout setup leaves it (Checkout's part,
+    /// not ours, so made directly).
+    async fn card_for(&self, customer: &str) -> String {
+        let http = reqwest::Client::new();
+        let pm: Value = http
+            .post(format!("{}/v1/payment_methods", self.base))
+            .bearer_auth("sk_test_localstripe")
+            .form(&[
+                ("type", "card"),
+                ("card[number]", "4242424242424242"),
+                ("card[exp_month]", "12"),
+                ("card[exp_year]", "2030"),
+                ("card[cvc]", "123"),
+            ])
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = pm["id"].as_str().expect("a payment method").to_owned();
+        let attached = http
+            .post(format!("{}/v1/payment_methods/{id}/attach", self.base))
+            .bearer_auth("sk_test_localstripe")
+            .form(&[("customer", customer)])
+            .send()
+            .await
+            .unwrap();
+        assert!(attached.status().is_success());
+        id
+    }
+}
+
+impl Drop for LocalStripe {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Our Stripe client and the live check, against localstripe: a customer made with its
+/// metadata, a card made its default, the check allowing it with the card expanded and
+/// described, a missing customer refused, Stripe's error envelope read as an API error. What
+/// localstripe lacks — and so what runs only against our fake — is in docs/billing.md.
+mod against_localstripe {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_customer_and_the_live_check_run_against_a_stripe_we_did_not_write() {
+        let Some(ls) = LocalStripe::start() else {
+            return;
+        };
+        let Some(db) = byo_db::testing::fresh(Backend::Sqlite).await else {
+            return;
+        };
+        let now = Utc.with_ymd_and_hms(2026, 11, 1, 22, 0, 0).unwrap();
+        let user = db
+            .store
+            .create_user(
+                byo_db::users::NewUser {
+                    email: "payer@example.com",
+                    display_name: "",
+                    password_hash: "$argon2id$x",
+                },
+                now,
+            )
+            .await
+            .unwrap();
+        let config = ls.config();
+        let client = StripeClient::new(&config);
+        let cus = client
+            .create_customer(&user.sub, &user.email)
+            .await
+            .unwrap();
+        assert!(cus.id.starts_with("cus_"), "{cus:?}");
+        assert!(!cus.delinquent && !cus.deleted);
+        let billing = byo_server::billing::StripeBilling::new(config, db.store.clone());
+        // No customer on record yet: refused without asking Stripe.
+        let charge = billing.check(&user.sub, now).await.unwrap();
+        assert!(matches!(charge, Charge::Refused { .. }), "{charge:?}");
+        db.store
+            .keep_stripe_customer(&user.sub, &cus.id, now)
+            .await
+            .unwrap();
+        // A customer with no default card: refused.
+        let charge = billing.check(&user.sub, now).await.unwrap();
+        assert!(
+            matches!(&charge, Charge::Refused { reason } if reason.contains("no payment method")),
+            "{charge:?}"
+        );
+        // Checkout's part (a card attached), then ours: made the default.
+        let pm = ls.card_for(&cus.id).await;
+        let updated = client
+            .set_default_payment_method(&cus.id, &pm)
+            .await
+            .unwrap();
+        assert_eq!(
+            updated.invoice_settings.default_payment_method,
+            Some(json!(pm))
+        );
+        let (charge, card) = billing.inspect(&user.sub, now).await.unwrap();
+        assert_eq!(charge, Charge::Allowed);
+        assert_eq!(card.as_deref(), Some("visa ending 4242, expires 12/2030"));
+        // Stripe's error envelope, from a server that is not our fake.
+        let e = client
+            .retrieve_customer("cus_nonexistent")
+            .await
+            .unwrap_err();
+        assert!(matches!(&e, StripeError::Api { status: 404, .. }), "{e:?}");
+        assert!(!e.is_outage());
+    }
 }
