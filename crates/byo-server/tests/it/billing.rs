@@ -364,10 +364,15 @@ impl World {
         paid
     }
 
-    /// Until `vm` runs again (the webhook's release works in the background).
+    /// Until `vm` was started again and that audited, the release's last write (the
+    /// webhook's release works in the background).
     async fn until_running(&self, vm: &str) {
         let began = std::time::Instant::now();
-        while self.status_of(vm).await != byo_wire::states::VmStatus::Running {
+        while !self
+            .audited(vm)
+            .await
+            .contains(&"billing.instance_started".to_owned())
+        {
             assert!(
                 began.elapsed() < std::time::Duration::from_secs(10),
                 "the paid account's instance was not started again"
