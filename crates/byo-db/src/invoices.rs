@@ -482,4 +482,28 @@ impl Store {
             .await
         })?)
     }
+
+    /// Every account's invoices, newest first, at most `limit` (the operators' billing page).
+    pub async fn recent_invoices(&self, limit: i64) -> Result<Vec<InvoiceRow>> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_as::<_, InvoiceRow>(concat!(
+                "select ",
+                columns!(),
+                " from invoices order by created_at desc, id desc limit $1"
+            ))
+            .bind(limit)
+            .fetch_all(p)
+            .await
+        })?)
+    }
+
+    /// How many of the account's instances are stopped for payment now.
+    pub async fn payment_stops_of(&self, user_sub: &str) -> Result<i64> {
+        Ok(on_pool!(self, |p| {
+            sqlx::query_scalar::<_, i64>("select count(*) from payment_stops where user_sub = $1")
+                .bind(user_sub)
+                .fetch_one(p)
+                .await
+        })?)
+    }
 }

@@ -117,3 +117,34 @@ pub struct EarningsMonth {
     /// Of `owner_cents`, what sits on invoices already paid.
     pub owner_paid_cents: i64,
 }
+
+/// The operators' view of billing (issue #40): accounts held by a declined, unpaid invoice,
+/// and every account's recent invoices.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdminBillingView {
+    /// `false`: billing is off; nothing is invoiced.
+    pub enabled: bool,
+    pub held: Vec<HeldAccount>,
+    /// Newest first.
+    pub invoices: Vec<AdminInvoice>,
+}
+
+/// An account held by a declined invoice: what it owes, since when, and its instances' fate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HeldAccount {
+    pub email: String,
+    pub invoice: InvoiceView,
+    /// When its running instances stop (or stopped), the decline plus the grace.
+    pub stop_at: DateTime<Utc>,
+    /// How many of its instances are stopped for payment now.
+    pub stopped_instances: i64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdminInvoice {
+    pub email: String,
+    pub invoice: InvoiceView,
+}

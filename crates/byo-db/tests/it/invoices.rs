@@ -449,6 +449,18 @@ async fn instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid(
     assert!(db.running_vms_of(&a).await.unwrap().is_empty());
     assert_eq!(db.payment_stop(&vm).await.unwrap(), Some(inv.id.clone()));
     assert_eq!(db.payment_stop(&second).await.unwrap(), None);
+    assert_eq!(db.payment_stops_of(&a).await.unwrap(), 1);
+    assert_eq!(db.payment_stops_of(&b).await.unwrap(), 0);
+    let recent: Vec<_> = db
+        .recent_invoices(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(recent.len(), 2);
+    assert!(recent.contains(&inv.id) && recent.contains(&inv_b.id));
+    assert_eq!(db.recent_invoices(1).await.unwrap().len(), 1);
     db.record_payment_stop(&vm_b, &b, &inv_b.id, t)
         .await
         .unwrap();

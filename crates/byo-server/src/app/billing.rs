@@ -17,7 +17,8 @@
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
 use byo_wire::billing::{
-    BillingView, CheckoutView, CreditView, InvoiceView, MonthUsage, UsageLine,
+    AdminBillingView, AdminInvoice, BillingView, CheckoutView, CreditView, HeldAccount,
+    InvoiceView, MonthUsage, UsageLine,
 };
 use byo_wire::states::InvoiceStatus;
 use chrono::{DateTime, TimeDelta, Utc};
@@ -64,17 +65,7 @@ pub async fn status(state: &AppState, user: &CurrentUser) -> AppResult<BillingVi
         .invoices_for(&user.user.sub, INVOICES_LISTED)
         .await?
         .into_iter()
-        .map(|i| InvoiceView {
-            id: i.id,
-            created_at: i.created_at,
-            reason: i.reason,
-            amount_cents: i64::from(i.amount_cents),
-            currency: i.currency,
-            status: i.status,
-            hosted_invoice_url: i.hosted_invoice_url,
-            payment_failed_at: i.payment_failed_at,
-            paid_at: i.paid_at,
-        })
+        .map(invoice_view)
         .collect();
     let (charge, payment_method) = match state.stripe.as_deref() {
         Some(stripe) => stripe.inspect(sub, now).await?,
@@ -145,6 +136,74 @@ async fn month_so_far(
         currency: stripe.config.currency.clone(),
         total_cents: instances.iter().map(|i| i.amount_cents).sum(),
         instances,
+    })
+}
+
+/// One invoice as its account and the operators read it.
+fn invoice_view(i: byo_db::invoices::InvoiceRow) -> InvoiceView {
+    InvoiceView {
+        id: i.id,
+        created_at: i.created_at,
+        reason: i.reason,
+        amount_cents: i64::from(i.amount_cents),
+        currency: i.currency,
+        status: i.status,
+        hosted_invoice_url: i.hosted_invoice_url,
+        payment_failed_at: i.payment_failed_at,
+        paid_at: i.paid_at,
+    }
+}
+
+/// How many invoices the operators' billing page lists.
+pub const ADMIN_INVOICES_LISTED: i64 = 100;
+
+/// The operators' view: accounts held by a declined, unpaid invoice (oldest decline first)
+/// with when their instances stop and how many are stopped, then every account's recent
+/// invoices.
+pub async fn admin_view(state: &AppState) -> AppResult<AdminBillingView> {
+    let Some(stripe) = state.stripe.as_deref() else {
+        return Ok(AdminBillingView {
+            enabled: false,
+            held: Vec::new(),
+            invoices: Vec::new(),
+        });
+    };
+    let mut emails: std::collections::BTreeMap<String, String> = Default::default();
+    let mut email_of = async |sub: &str| -> AppResult<String> {
+        if let Some(e) = emails.get(sub) {
+            return Ok(e.clone());
+        }
+        let e = state
+            .store
+            .user(sub)
+            .await?
+            .map_or_else(|| sub.to_owned(), |u| u.email);
+        emails.insert(sub.to_owned(), e.clone());
+        Ok(e)
+    };
+    let mut held = Vec::new();
+    for i in state.store.declined_unpaid_invoices().await? {
+        let Some(declined) = i.payment_failed_at else {
+            continue;
+        };
+        held.push(HeldAccount {
+            email: email_of(&i.user_sub).await?,
+            stop_at: super::unpaid::stop_at(declined, stripe.config.payment_grace_hours),
+            stopped_instances: state.store.payment_stops_of(&i.user_sub).await?,
+            invoice: invoice_view(i),
+        });
+    }
+    let mut invoices = Vec::new();
+    for i in state.store.recent_invoices(ADMIN_INVOICES_LISTED).await? {
+        invoices.push(AdminInvoice {
+            email: email_of(&i.user_sub).await?,
+            invoice: invoice_view(i),
+        });
+    }
+    Ok(AdminBillingView {
+        enabled: true,
+        held,
+        invoices,
     })
 }
 

@@ -142,6 +142,56 @@ fn invoices(list: &[InvoiceView]) -> Markup {
     }
 }
 
+/// `GET /admin/billing`: the accounts held by a declined invoice, then every account's
+/// recent invoices (as `GET /api/admin/billing`).
+pub async fn admin(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+    let op = super::require_operator(viewer)?;
+    let v = billing::admin_view(&state).await?;
+    let invoice_row = |email: &str, i: &InvoiceView| {
+        html! {
+            tr data-invoice=(i.id) {
+                td { (at(i.created_at)) }
+                td { (email) }
+                td { (money(i.amount_cents, &i.currency)) }
+                td.status { (i.status.as_str()) @if i.payment_failed_at.is_some() && i.status != InvoiceStatus::Paid { " (declined)" } }
+                td { @if let Some(u) = &i.hosted_invoice_url { a href=(u) rel="noopener" { "on Stripe" } } }
+            }
+        }
+    };
+    Ok(super::ops_layout("Billing", Some(&op.0), html! {
+        h1 { "Billing" }
+        @if !v.enabled {
+            p #billing-off role="status" { (BILLING_OFF) }
+        } @else {
+            h2 { "Held accounts" }
+            p { "An account whose invoice was declined creates, queues, books and starts nothing until it pays; past the grace its running instances are stopped (never deleted) and start again once it is paid." }
+            @if v.held.is_empty() {
+                p #no-held { "None." }
+            } @else {
+                table #held {
+                    thead { tr { th { "Account" } th { "Owes" } th { "Declined" } th { "Instances stop" } th { "Stopped now" } } }
+                    tbody { @for h in &v.held { tr {
+                        td { (h.email) }
+                        td { (money(h.invoice.amount_cents, &h.invoice.currency)) }
+                        td { @if let Some(t) = h.invoice.payment_failed_at { (at(t)) } }
+                        td { (at(h.stop_at)) }
+                        td.stopped { (h.stopped_instances) }
+                    } } }
+                }
+            }
+            h2 { "Invoices" }
+            @if v.invoices.is_empty() {
+                p #no-invoices { "None yet." }
+            } @else {
+                table #all-invoices {
+                    thead { tr { th { "Made" } th { "Account" } th { "Amount" } th { "Status" } th { "" } } }
+                    tbody { @for i in &v.invoices { (invoice_row(&i.email, &i.invoice)) } }
+                }
+            }
+        }
+    }).into_response())
+}
+
 /// `POST /billing/payment-method`: to Stripe's Checkout page (setup mode).
 pub async fn add_payment_method(
     State(state): State<AppState>,

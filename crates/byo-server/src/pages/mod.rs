@@ -97,6 +97,7 @@ pub fn router() -> Router<AppState> {
         .route("/admin/instances", get(admin_instances::page))
         .route("/admin/jobs", get(admin_jobs::page))
         .route("/admin/outbox", get(notices::outbox))
+        .route("/admin/billing", get(billing::admin))
         .route("/notices", get(notices::mine).post(notices::switch))
         .route("/admin/releases", get(admin_releases::page))
         .route(
@@ -277,6 +278,7 @@ pub const OPERATIONS: &[(&str, &str)] = &[
     ("/admin/instances", "All instances"),
     ("/admin/queue", "Queue"),
     ("/admin/prebookings", "Bookings"),
+    ("/admin/billing", "Billing"),
     ("/admin/users", "Users"),
     ("/admin/operator-keys", "Operator keys"),
     ("/admin/releases", "Releases"),

@@ -6,10 +6,10 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use byo_wire::api::ErrorBody;
-use byo_wire::billing::{BillingView, CheckoutView, EarningsView};
+use byo_wire::billing::{AdminBillingView, BillingView, CheckoutView, EarningsView};
 
 use crate::app::billing::{self, WebhookOutcome};
-use crate::auth::CurrentUser;
+use crate::auth::{CurrentUser, Operator};
 use crate::error::AppResult;
 use crate::state::AppState;
 
@@ -87,4 +87,16 @@ pub async fn get_earnings(
     Ok(Json(
         crate::app::earnings::mine(&state, &user.user.sub).await?,
     ))
+}
+
+/// Billing for operators: the accounts held by a declined, unpaid invoice (when their
+/// instances stop, how many are stopped) and every account's recent invoices.
+#[utoipa::path(get, path = "/api/admin/billing", tag = "admin",
+    responses((status = 200, body = AdminBillingView), (status = 401, body = ErrorBody),
+              (status = 403, body = ErrorBody)))]
+pub async fn get_admin_billing(
+    State(state): State<AppState>,
+    _op: Operator,
+) -> AppResult<Json<AdminBillingView>> {
+    Ok(Json(billing::admin_view(&state).await?))
 }

@@ -598,7 +598,7 @@ async fn the_navigation_is_by_role(app: TestApp) {
     assert!(!page.contains("nav class=\"ops\""), "{page}");
     // Every page the sub-navigation names carries it, whole.
     let operations = byo_server::pages::OPERATIONS;
-    assert_eq!(operations.len(), 10);
+    assert_eq!(operations.len(), 11);
     for (path, _) in operations {
         let page = op.page(path).await;
         let ops = &page[page

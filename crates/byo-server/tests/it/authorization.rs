@@ -328,6 +328,13 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::GET,
+            path: "/api/admin/billing",
+            expect: [401, 403, 403, 403, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
             path: "/api/me/earnings",
             expect: [401, 200, 200, 200, 200, 200],
             missing: None,
@@ -1124,6 +1131,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::GET,
             path: "/admin/prebookings",
+            allowed: OPERATORS,
+            body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/admin/billing",
             allowed: OPERATORS,
             body: none,
         },

@@ -364,10 +364,15 @@ impl World {
         paid
     }
 
-    /// Until `vm` runs again (the webhook's release works in the background).
+    /// Until `vm` was started again and that audited, the release's last write (the
+    /// webhook's release works in the background).
     async fn until_running(&self, vm: &str) {
         let began = std::time::Instant::now();
-        while self.status_of(vm).await != byo_wire::states::VmStatus::Running {
+        while !self
+            .audited(vm)
+            .await
+            .contains(&"billing.instance_started".to_owned())
+        {
             assert!(
                 began.elapsed() < std::time::Duration::from_secs(10),
                 "the paid account's instance was not started again"
@@ -1366,6 +1371,25 @@ async fn a_declined_invoice_stays_open_until_paid_whatever_order_the_webhooks_co
     assert!(reason.contains("declined"), "{reason}");
     let page = w.now_sees("/billing").await.text();
     assert!(page.contains("payment declined"), "{page}");
+    // Operators see the account held, what it owes and when its instances stop.
+    let op = w.app.operator("op@example.com").await;
+    let ops = w.sees_as(&op.sub, "/api/admin/billing").await.json();
+    assert_eq!(ops["held"].as_array().unwrap().len(), 1, "{ops}");
+    assert_eq!(ops["held"][0]["email"], "payer@example.com");
+    assert_eq!(ops["held"][0]["stopped_instances"], json!(0));
+    assert_eq!(
+        ops["held"][0]["stop_at"],
+        json!(
+            (w.clock.now() + TimeDelta::hours(72))
+                .to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+        )
+    );
+    assert_eq!(ops["invoices"][0]["invoice"]["id"], json!(row.id));
+    let page = w.sees_as(&op.sub, "/admin/billing").await.text();
+    assert!(
+        page.contains("id=\"held\"") && page.contains("payer@example.com"),
+        "{page}"
+    );
     // No second attempt by the job: the webhooks and the customer carry it on.
     assert_eq!(w.bill().await.payments_failed, 0);
     assert_eq!(posts_to(&w, "/pay").len(), 1);
@@ -1566,6 +1590,9 @@ async fn a_declined_payment_holds_the_account_and_stops_its_instances_until_it_p
             .deleted_at
             .is_none()
     );
+    let op = w.app.operator("op@example.com").await;
+    let ops = w.sees_as(&op.sub, "/api/admin/billing").await.json();
+    assert_eq!(ops["held"][0]["stopped_instances"], json!(1), "{ops}");
     assert_eq!(w.bill().await.unpaid_stopped, 0, "stopped once");
     assert_eq!(w.power_calls().len(), 1);
 
@@ -1605,6 +1632,8 @@ async fn a_declined_payment_holds_the_account_and_stops_its_instances_until_it_p
         byo_wire::states::VmStatus::Stopped
     );
     assert_eq!(w.may_charge().await, Charge::Allowed);
+    let ops = w.sees_as(&op.sub, "/api/admin/billing").await.json();
+    assert_eq!(ops["held"], json!([]), "paid: held no more");
     // The next run has nothing to start.
     let r = w.bill().await;
     assert_eq!((r.unpaid_stopped, r.unpaid_started), (0, 0));
