@@ -69,6 +69,8 @@ pub struct PaymentStopVm {
     pub status: byo_wire::states::VmStatus,
     /// Asked to be deleted, or deleted: nothing to start.
     pub leaving: bool,
+    /// The invoice it was stopped for (none while it runs).
+    pub invoice_id: Option<String>,
 }
 
 /// One invoiced line of an owner's earnings (issue #40, 6): an instance-day charged on one of
@@ -377,7 +379,8 @@ impl Store {
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, PaymentStopVm>(
                 "select v.id as vm_id, v.user_sub, v.name, v.host_id, v.status, \
-                        (v.delete_requested_at is not null or v.deleted_at is not null) as leaving \
+                        (v.delete_requested_at is not null or v.deleted_at is not null) as leaving, \
+                        cast(null as text) as invoice_id \
                  from vms v \
                  where v.user_sub = $1 and v.status = 'running' \
                    and v.delete_requested_at is null and v.deleted_at is null \
@@ -419,7 +422,8 @@ impl Store {
         Ok(on_pool!(self, |p| {
             sqlx::query_as::<_, PaymentStopVm>(
                 "select v.id as vm_id, v.user_sub, v.name, v.host_id, v.status, \
-                        (v.delete_requested_at is not null or v.deleted_at is not null) as leaving \
+                        (v.delete_requested_at is not null or v.deleted_at is not null) as leaving, \
+                        s.invoice_id \
                  from payment_stops s join vms v on v.id = s.vm_id \
                  where not exists (select 1 from invoices i \
                                    where i.user_sub = s.user_sub \

@@ -438,6 +438,7 @@ async fn instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid(
         [vm.as_str()]
     );
     assert!(!running[0].leaving);
+    assert_eq!(running[0].invoice_id, None);
     assert_eq!(
         db.record_payment_stop(&vm, &a, &inv.id, t).await.unwrap(),
         GuardedWrite::Written
@@ -479,6 +480,7 @@ async fn instances_stopped_for_a_declined_invoice_are_released_once_it_is_paid(
         (vm.as_str(), a.as_str())
     );
     assert_eq!(release[0].name, "a@example.com");
+    assert_eq!(release[0].invoice_id.as_deref(), Some(inv.id.as_str()));
     assert_eq!(release[0].status, byo_wire::states::VmStatus::Running);
     // Asked to be deleted meanwhile: leaving.
     db.request_vm_delete(&vm, t).await.unwrap();

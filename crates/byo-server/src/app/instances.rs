@@ -809,6 +809,7 @@ pub async fn change_power(
     // An account held by a declined, unpaid invoice starts nothing (issue #40, 2): what was
     // stopped for it starts by itself once it is paid.
     if action == VmAction::Start
+        && state.billing.enabled()
         && let Some(invoice) = state.store.declined_unpaid_invoice(&row.user_sub).await?
     {
         return Err(AppError::Rejected {

@@ -116,7 +116,7 @@ async fn release(
     first_error: &mut Option<String>,
 ) -> AppResult<()> {
     for vm in state.store.payment_stops_to_release().await? {
-        let Some(invoice) = state.store.payment_stop(&vm.vm_id).await? else {
+        let Some(invoice) = vm.invoice_id.clone() else {
             continue;
         };
         if state.store.release_payment_stop(&vm.vm_id).await? == byo_db::GuardedWrite::AlreadySet {

@@ -341,13 +341,7 @@ impl World {
 
     /// `path` as the customer sees it now (a fresh session: tests move the clock past one).
     async fn now_sees(&self, path: &str) -> Reply {
-        let session = self.app.session_for(&self.customer.sub).await;
-        let r = self
-            .app
-            .request(Method::GET, path, Some(&session), None)
-            .await;
-        assert_eq!(r.status, StatusCode::OK, "{path}: {}", r.text());
-        r
+        self.sees_as(&self.customer.sub, path).await
     }
 
     /// The customer pays `invoice` on Stripe's hosted page, and Stripe says so: the invoice
