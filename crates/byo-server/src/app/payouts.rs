@@ -125,13 +125,12 @@ pub async fn mine(state: &AppState, owner_sub: &str) -> AppResult<PayoutsView> {
         });
     };
     let mut account = state.store.payout_account(owner_sub).await?;
-    if let Some(a) = account.as_mut().filter(|a| !a.transfers_active) {
-        if let Some(active) =
+    if let Some(a) = account.as_mut().filter(|a| !a.transfers_active)
+        && let Some(active) =
             ask_transfers_active(state, stripe, owner_sub, &a.stripe_account_id).await?
-        {
-            a.transfers_active = active;
-            a.checked_at = Some(state.clock.now());
-        }
+    {
+        a.transfers_active = active;
+        a.checked_at = Some(state.clock.now());
     }
     Ok(PayoutsView {
         enabled: true,
@@ -302,16 +301,15 @@ async fn transfer(
     p: &PayoutRow,
 ) -> Result<String, crate::providers::stripe::StripeError> {
     let group = transfer_group(&p.id);
-    if p.attempts > 0 {
-        if let Some(t) = stripe
+    if p.attempts > 0
+        && let Some(t) = stripe
             .client
             .transfers_in_group(&group)
             .await?
             .into_iter()
             .next()
-        {
-            return Ok(t.id);
-        }
+    {
+        return Ok(t.id);
     }
     let t = stripe
         .client
