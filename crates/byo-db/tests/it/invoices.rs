@@ -63,6 +63,38 @@ async fn account(store: &Store, email: &str) -> (String, String) {
     (sub, vm)
 }
 
+/// `owner`'s host `spark-a` and `customer`'s instance `on-a` on it: (host, instance).
+async fn owned_vm(store: &Store, owner: &str, customer: &str) -> (String, String) {
+    let host = store
+        .insert_host(
+            byo_db::hosts::NewHost {
+                slug: "spark-a",
+                owner_sub: owner,
+                profile_id: "gb10-spark-1",
+                gpu_type: "spark-1",
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    let vm = store
+        .create_vm(
+            NewVm {
+                user_sub: customer,
+                host_id: Some(&host),
+                name: "on-a",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    (host, vm)
+}
+
 async fn charge(store: &Store, sub: &str, vm: &str, day: i64, cents: i32) {
     let start = t0() + TimeDelta::days(day);
     let key = format!("usage-{vm}-{day}");
@@ -662,33 +694,7 @@ async fn an_owners_earning_lines_are_the_invoiced_charges_and_credits_of_their_h
     let (customer, _) = account(&db, "c@example.com").await;
     let (owner, _) = account(&db, "owner@example.com").await;
     let (other, _) = account(&db, "other@example.com").await;
-    let host = db
-        .insert_host(
-            byo_db::hosts::NewHost {
-                slug: "spark-a",
-                owner_sub: &owner,
-                profile_id: "gb10-spark-1",
-                gpu_type: "spark-1",
-            },
-            t0(),
-        )
-        .await
-        .unwrap()
-        .id;
-    let vm = db
-        .create_vm(
-            NewVm {
-                user_sub: &customer,
-                host_id: Some(&host),
-                name: "on-a",
-                gpu_type: "spark-1",
-                ssh_hostname: None,
-            },
-            t0(),
-        )
-        .await
-        .unwrap()
-        .id;
+    let (host, vm) = owned_vm(&db, &owner, &customer).await;
     charge(&db, &customer, &vm, 1, 2880).await;
     credit(&db, &customer, &vm, 60).await;
     assert!(
@@ -759,33 +765,7 @@ async fn a_payout_takes_an_owners_lines_paid_before_its_cutoff_once(db: testing:
     use byo_wire::states::PayoutStatus;
     let (customer, _) = account(&db, "c@example.com").await;
     let (owner, _) = account(&db, "owner@example.com").await;
-    let host = db
-        .insert_host(
-            byo_db::hosts::NewHost {
-                slug: "spark-a",
-                owner_sub: &owner,
-                profile_id: "gb10-spark-1",
-                gpu_type: "spark-1",
-            },
-            t0(),
-        )
-        .await
-        .unwrap()
-        .id;
-    let vm = db
-        .create_vm(
-            NewVm {
-                user_sub: &customer,
-                host_id: Some(&host),
-                name: "on-a",
-                gpu_type: "spark-1",
-                ssh_hostname: None,
-            },
-            t0(),
-        )
-        .await
-        .unwrap()
-        .id;
+    let (_, vm) = owned_vm(&db, &owner, &customer).await;
     charge(&db, &customer, &vm, 1, 2880).await;
     credit(&db, &customer, &vm, 60).await;
     let kept = db
@@ -886,7 +866,10 @@ async fn a_payout_takes_an_owners_lines_paid_before_its_cutoff_once(db: testing:
     assert!(db.open_payout(&new("m1"), |c| c).await.unwrap().is_none());
     assert!(db.open_payout(&new("m2"), |c| c).await.unwrap().is_none());
     assert!(db.owners_due_payout("m2", far).await.unwrap().is_empty());
-    assert_eq!(db.payouts_for(&owner, 10).await.unwrap(), std::slice::from_ref(&p));
+    assert_eq!(
+        db.payouts_for(&owner, 10).await.unwrap(),
+        std::slice::from_ref(&p)
+    );
 
     // A refused transfer waits for its next attempt.
     let next = far + TimeDelta::hours(1);
