@@ -781,6 +781,15 @@ async fn a_payout_takes_an_owners_lines_paid_before_its_cutoff_once(db: testing:
         "acct_1",
         "the first account is kept"
     );
+    assert_eq!((kept.transfers_active, kept.checked_at), (false, None));
+    db.record_payout_account_check(&owner, true, t0() + TimeDelta::hours(1))
+        .await
+        .unwrap();
+    let checked = db.payout_account(&owner).await.unwrap().unwrap();
+    assert_eq!(
+        (checked.transfers_active, checked.checked_at),
+        (true, Some(t0() + TimeDelta::hours(1)))
+    );
     let far = t0() + TimeDelta::days(40);
     assert!(
         db.owners_due_payout("m1", far).await.unwrap().is_empty(),

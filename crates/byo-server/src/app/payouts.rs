@@ -349,6 +349,20 @@ mod tests {
     }
 
     #[test]
+    fn a_run_says_what_it_did() {
+        let r = PayReport {
+            opened: 1,
+            waiting: 2,
+            paid: 3,
+            failed: 4,
+        };
+        assert_eq!(
+            r.to_string(),
+            "1 payouts made, 2 owners waiting on their Stripe account; 3 transferred, 4 refused or unanswered"
+        );
+    }
+
+    #[test]
     fn a_refused_transfer_backs_off_from_an_hour_to_a_day() {
         let hours: Vec<i64> = (1..=8).map(|a| backoff(a).num_hours()).collect();
         assert_eq!(hours, [1, 2, 4, 8, 16, 24, 24, 24]);

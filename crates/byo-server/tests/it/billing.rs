@@ -2066,6 +2066,14 @@ async fn an_owner_is_paid_their_share_once_the_month_the_customer_paid_in_ends(w
             f.accounts[&account]["metadata"]["user_sub"],
             json!(owner.sub)
         );
+        assert_eq!(f.account_links.len(), 2, "a fresh link each time");
+        let link = &f.account_links[1];
+        assert_eq!(link["account"], json!(account));
+        assert_eq!(link["refresh_url"], "http://localhost:8080/hosts#payouts");
+        assert_eq!(
+            link["return_url"],
+            "http://localhost:8080/hosts?connected=1#payouts"
+        );
     }
     assert_eq!(
         w.audited(&owner.sub).await,
@@ -2121,9 +2129,18 @@ async fn an_owner_is_paid_their_share_once_the_month_the_customer_paid_in_ends(w
     let t = &transfers[0];
     assert_eq!(t["amount"], json!(owed));
     assert_eq!(t["destination"], json!(account));
+    assert_eq!(t["transfer_group"], json!(format!("payout-{}", payout.id)));
+    let gets = w
+        .fake
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(m, p, _)| m == "GET" && p == "/v1/transfers")
+        .count();
     assert_eq!(
-        t["transfer_group"],
-        json!(payouts::transfer_group(&payout.id))
+        gets, 0,
+        "a first attempt looks for nothing before it transfers"
     );
     assert_eq!(payout.stripe_transfer_id.as_deref(), t["id"].as_str());
     // Every cent invoiced for the host is the owner's payout or the platform's.
@@ -2247,7 +2264,7 @@ async fn a_transfer_whose_answer_was_lost_is_found_not_made_again(w: World) {
     let made = w.fake.lock().unwrap().transfer_answered_to_nobody(
         p.amount_cents,
         &account,
-        &payouts::transfer_group(&p.id),
+        &format!("payout-{}", p.id),
     );
     w.clock.advance(TimeDelta::hours(1));
     assert_eq!(w.pay_owners().await.paid, 1);

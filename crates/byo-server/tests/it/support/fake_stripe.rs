@@ -54,6 +54,8 @@ pub struct Fake {
     pub refunds: Vec<Value>,
     /// Connected accounts (Connect, Express), by id.
     pub accounts: BTreeMap<String, Value>,
+    /// Every onboarding link made, with the URLs it returns to.
+    pub account_links: Vec<Value>,
     /// Every transfer made (a replayed key makes none), oldest first.
     pub transfers: Vec<Value>,
     /// The platform's available balance, which transfers draw on; None: enough for any.
@@ -589,11 +591,12 @@ async fn create_account_link(State(s): State<Shared>, axum::Form(form): Form) ->
         return invalid("Missing required param: type, refresh_url or return_url.");
     }
     let n = f.id("link");
-    Json(
-        json!({"object": "account_link", "created": 0, "expires_at": 300,
-        "url": format!("https://connect.stripe.test/setup/e/{account}/{n}")}),
-    )
-    .into_response()
+    let link = json!({"object": "account_link", "created": 0, "expires_at": 300,
+        "url": format!("https://connect.stripe.test/setup/e/{account}/{n}"),
+        "account": account, "refresh_url": param(&form, "refresh_url"),
+        "return_url": param(&form, "return_url")});
+    f.account_links.push(link.clone());
+    Json(link).into_response()
 }
 
 /// `POST /v1/transfers`: from the platform's balance to a connected account that takes
