@@ -979,7 +979,7 @@ fn page_table() -> Vec<Row> {
             method: Method::POST,
             path: "/admin/hosts/{host_id}/revoke",
             allowed: OPERATORS,
-            body: none,
+            body: |_| Some(json!("confirm=no-such-host")),
         },
         Row {
             method: Method::POST,
@@ -991,7 +991,7 @@ fn page_table() -> Vec<Row> {
             method: Method::POST,
             path: "/admin/hosts/{host_id}/retire",
             allowed: OPERATORS,
-            body: none,
+            body: |_| Some(json!("confirm=no-such-host")),
         },
         Row {
             method: Method::POST,
