@@ -77,6 +77,18 @@ pub struct NewHostNode<'a> {
 }
 
 impl Store {
+    /// How many hosts of `gpu_type` are in service (active, not retired), free or not: whether
+    /// a create of that kind has anywhere to go at all (issue #42, 1).
+    pub async fn hosts_in_service(&self, gpu_type: &str) -> Result<i64> {
+        on_pool!(self, |p| sqlx::query_scalar::<_, i64>(
+            "select count(*) from hosts where gpu_type = $1 and active = true and retired_at is null"
+        )
+        .bind(gpu_type)
+        .fetch_one(p)
+        .await)
+        .map_err(Into::into)
+    }
+
     /// Write a new hosts row. It is born inactive: `active = false` is the default and
     /// only [`Store::activate_host`] writes true.
     pub async fn insert_host(&self, new: NewHost<'_>, now: DateTime<Utc>) -> Result<HostRow> {

@@ -92,6 +92,8 @@ pub struct EarningLine {
     pub invoice_id: String,
     #[sqlx(try_from = "String")]
     pub invoice_status: InvoiceStatus,
+    /// The payout that paid the owner their part of it (migration 0024), once one has.
+    pub payout_id: Option<String>,
 }
 
 /// What Stripe said about an invoice (an API answer or a webhook's object).
@@ -466,14 +468,15 @@ impl Store {
             sqlx::query_as::<_, EarningLine>(
                 "select h.id as host_id, h.slug as host_slug, l.vm_id, l.at, l.kind, \
                         l.seconds, l.amount_cents, l.currency, l.invoice_id, \
-                        i.status as invoice_status \
+                        i.status as invoice_status, l.payout_id \
                  from (select vm_id, period_start as at, 'usage' as kind, \
                               cast(seconds as bigint) as seconds, \
-                              cast(amount_cents as bigint) as amount_cents, currency, invoice_id \
+                              cast(amount_cents as bigint) as amount_cents, currency, invoice_id, \
+                              payout_id \
                          from usage_charges where invoice_id is not null \
                        union all \
                        select vm_id, from_at, 'credit', -cast(seconds as bigint), \
-                              -cast(amount_cents as bigint), currency, invoice_id \
+                              -cast(amount_cents as bigint), currency, invoice_id, payout_id \
                          from refunds where invoice_id is not null) l \
                  join invoices i on i.id = l.invoice_id \
                  join vms v on v.id = l.vm_id \

@@ -66,6 +66,7 @@ pub mod lifecycle;
 pub mod logins;
 pub mod notices;
 pub mod operator_keys;
+pub mod payouts;
 pub mod prebookings;
 pub mod profiles;
 pub mod provisioning;

@@ -83,7 +83,7 @@ pub struct InvoiceView {
     pub paid_at: Option<DateTime<Utc>>,
 }
 
-/// A Stripe Checkout page to send the customer to.
+/// A Stripe page to send the person to: Checkout, or a connected account's onboarding.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct CheckoutView {
@@ -118,6 +118,60 @@ pub struct EarningsMonth {
     pub owner_paid_cents: i64,
 }
 
+/// An owner's payouts (issue #40, 6): the Stripe account their share is transferred to, and
+/// each month's transfer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PayoutsView {
+    /// `false`: billing is off; nothing is invoiced, so nothing is paid out.
+    pub enabled: bool,
+    /// None until the owner connects one.
+    pub account: Option<PayoutAccountView>,
+    /// Newest month first.
+    pub payouts: Vec<PayoutView>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PayoutAccountView {
+    pub stripe_account_id: String,
+    /// Whether Stripe takes transfers to it (its onboarding finished), as last asked.
+    pub transfers_active: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checked_at: Option<DateTime<Utc>>,
+}
+
+/// One month's payout: the owner's share of every line whose invoice was paid before the
+/// month ended and that no earlier payout took.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PayoutView {
+    pub id: String,
+    /// `2026-11`: the month whose end it follows.
+    pub month: String,
+    pub amount_cents: i64,
+    pub currency: String,
+    pub status: crate::states::PayoutStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stripe_transfer_id: Option<String>,
+    /// Transfers Stripe refused or did not answer; each is tried again later.
+    pub attempts: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When a pending payout is tried next.
+    pub next_attempt_at: DateTime<Utc>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid_at: Option<DateTime<Utc>>,
+}
+
+/// A payout not yet transferred, as the operators see it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct AdminPayout {
+    pub email: String,
+    pub payout: PayoutView,
+}
+
 /// The operators' view of billing (issue #40): accounts held by a declined, unpaid invoice,
 /// and every account's recent invoices.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +182,9 @@ pub struct AdminBillingView {
     pub held: Vec<HeldAccount>,
     /// Newest first.
     pub invoices: Vec<AdminInvoice>,
+    /// Owners' payouts not yet transferred (a refused transfer's reason on each), oldest
+    /// first.
+    pub pending_payouts: Vec<AdminPayout>,
 }
 
 /// An account held by a declined invoice: what it owes, since when, and its instances' fate.

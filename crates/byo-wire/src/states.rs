@@ -168,6 +168,7 @@ mod tests {
         round_trip(FleetHostState::ALL);
         round_trip(NoticeKind::ALL);
         round_trip(InvoiceStatus::ALL);
+        round_trip(PayoutStatus::ALL);
         assert!("Running".parse::<VmStatus>().is_err());
         assert!(VmStatus::try_from("unknown".to_owned()).is_err());
     }
@@ -258,6 +259,15 @@ text_enum! {
         Paid = "paid",
         Uncollectible = "uncollectible",
         Void = "void",
+    }
+}
+
+text_enum! {
+    /// `payouts.status` (issue #40, 6): an owner's payout made here and not yet taken by
+    /// Stripe (tried again with backoff), or transferred.
+    pub enum PayoutStatus {
+        Pending = "pending",
+        Paid = "paid",
     }
 }
 

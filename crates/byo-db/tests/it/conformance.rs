@@ -240,9 +240,17 @@ async fn n6_retired_host_is_held_inactive_and_undedicated(db: TestDb) {
     let op = user(&db, "op@example.com").await;
     let h = host(&db, &owner, "spark-7").await;
     db.mark_host_prepared(&h, now()).await.unwrap();
+    assert_eq!(
+        db.hosts_in_service("spark-1").await.unwrap(),
+        0,
+        "not active yet"
+    );
     db.activate_host(&h, "shared", None, false, &op, now())
         .await
         .unwrap();
+    // In service: active and not retired, counted by its kind (issue #42, 1).
+    assert_eq!(db.hosts_in_service("spark-1").await.unwrap(), 1);
+    assert_eq!(db.hosts_in_service("spark-2").await.unwrap(), 0);
 
     // Retiring an active host is refused by the schema, and nothing changes.
     let err = db.retire_host(&h, now()).await.unwrap_err();
@@ -282,6 +290,7 @@ async fn n6_retired_host_is_held_inactive_and_undedicated(db: TestDb) {
     }
     let row = db.host(&h).await.unwrap().unwrap();
     assert!(!row.active && !row.dedicated && row.retired_at.is_some());
+    assert_eq!(db.hosts_in_service("spark-1").await.unwrap(), 0, "retired");
 }
 
 async fn d3_activation_refused_until_preparation_finished(db: TestDb) {

@@ -1,7 +1,8 @@
 //! Invoices in the store (issue #40, 1; migration 0023), on both backends: an account's
 //! uninvoiced charges less its credits; an invoice made takes exactly those, once, and a
 //! second is refused while one is pending; nothing positive, no invoice; a status moves only
-//! forward with its stamps set once; the unfinished ones and an account's list.
+//! forward with its stamps set once; the unfinished ones and an account's list; an owner's
+//! payout (migration 0024) takes their lines paid before its cutoff, once.
 
 use byo_db::GuardedWrite;
 use byo_db::Store;
@@ -20,6 +21,7 @@ on_both!(
     the_billing_page_reads_the_instances_billable_since_and_the_credits,
     a_bookings_payment_and_refund_are_kept_once_and_a_paid_booking_cancels_only_before_its_window,
     an_owners_earning_lines_are_the_invoiced_charges_and_credits_of_their_hosts,
+    a_payout_takes_an_owners_lines_paid_before_its_cutoff_once,
 );
 
 fn t0() -> DateTime<Utc> {
@@ -59,6 +61,38 @@ async fn account(store: &Store, email: &str) -> (String, String) {
         .unwrap()
         .id;
     (sub, vm)
+}
+
+/// `owner`'s host `spark-a` and `customer`'s instance `on-a` on it: (host, instance).
+async fn owned_vm(store: &Store, owner: &str, customer: &str) -> (String, String) {
+    let host = store
+        .insert_host(
+            byo_db::hosts::NewHost {
+                slug: "spark-a",
+                owner_sub: owner,
+                profile_id: "gb10-spark-1",
+                gpu_type: "spark-1",
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    let vm = store
+        .create_vm(
+            NewVm {
+                user_sub: customer,
+                host_id: Some(&host),
+                name: "on-a",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            t0(),
+        )
+        .await
+        .unwrap()
+        .id;
+    (host, vm)
 }
 
 async fn charge(store: &Store, sub: &str, vm: &str, day: i64, cents: i32) {
@@ -660,33 +694,7 @@ async fn an_owners_earning_lines_are_the_invoiced_charges_and_credits_of_their_h
     let (customer, _) = account(&db, "c@example.com").await;
     let (owner, _) = account(&db, "owner@example.com").await;
     let (other, _) = account(&db, "other@example.com").await;
-    let host = db
-        .insert_host(
-            byo_db::hosts::NewHost {
-                slug: "spark-a",
-                owner_sub: &owner,
-                profile_id: "gb10-spark-1",
-                gpu_type: "spark-1",
-            },
-            t0(),
-        )
-        .await
-        .unwrap()
-        .id;
-    let vm = db
-        .create_vm(
-            NewVm {
-                user_sub: &customer,
-                host_id: Some(&host),
-                name: "on-a",
-                gpu_type: "spark-1",
-                ssh_hostname: None,
-            },
-            t0(),
-        )
-        .await
-        .unwrap()
-        .id;
+    let (host, vm) = owned_vm(&db, &owner, &customer).await;
     charge(&db, &customer, &vm, 1, 2880).await;
     credit(&db, &customer, &vm, 60).await;
     assert!(
@@ -746,4 +754,166 @@ async fn an_owners_earning_lines_are_the_invoiced_charges_and_credits_of_their_h
     .await
     .unwrap();
     assert!(db.earning_lines(None).await.unwrap().is_empty());
+}
+
+/// Issue #40, 6: a payout takes the owner's part of exactly the lines on their hosts whose
+/// invoice was paid before its cutoff and that no payout took; one per owner and month; a
+/// part that comes to nothing writes nothing; a refused transfer is counted and waits for its
+/// next attempt; a paid payout stays paid.
+async fn a_payout_takes_an_owners_lines_paid_before_its_cutoff_once(db: testing::TestDb) {
+    use byo_db::payouts::NewPayout;
+    use byo_wire::states::PayoutStatus;
+    let (customer, _) = account(&db, "c@example.com").await;
+    let (owner, _) = account(&db, "owner@example.com").await;
+    let (_, vm) = owned_vm(&db, &owner, &customer).await;
+    charge(&db, &customer, &vm, 1, 2880).await;
+    credit(&db, &customer, &vm, 60).await;
+    let kept = db
+        .keep_payout_account(&owner, "acct_1", t0())
+        .await
+        .unwrap();
+    assert_eq!(kept.stripe_account_id, "acct_1");
+    assert_eq!(
+        db.keep_payout_account(&owner, "acct_2", t0())
+            .await
+            .unwrap()
+            .stripe_account_id,
+        "acct_1",
+        "the first account is kept"
+    );
+    assert_eq!((kept.transfers_active, kept.checked_at), (false, None));
+    db.record_payout_account_check(&owner, true, t0() + TimeDelta::hours(1))
+        .await
+        .unwrap();
+    let checked = db.payout_account(&owner).await.unwrap().unwrap();
+    assert_eq!(
+        (checked.transfers_active, checked.checked_at),
+        (true, Some(t0() + TimeDelta::hours(1)))
+    );
+    let far = t0() + TimeDelta::days(40);
+    assert!(
+        db.owners_due_payout("m1", far).await.unwrap().is_empty(),
+        "nothing invoiced"
+    );
+    let inv = db
+        .open_invoice(
+            &customer,
+            "cus_c@example.com",
+            REASON_MONTH_END,
+            "usd",
+            t0(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        db.owners_due_payout("m1", far).await.unwrap().is_empty(),
+        "invoiced, not paid"
+    );
+    let paid_at = t0() + TimeDelta::days(10);
+    db.update_invoice(
+        &inv.id,
+        &InvoiceUpdate {
+            status: Some(InvoiceStatus::Paid),
+            ..Default::default()
+        },
+        paid_at,
+    )
+    .await
+    .unwrap();
+    assert!(
+        db.owners_due_payout("m1", paid_at)
+            .await
+            .unwrap()
+            .is_empty(),
+        "paid at the cutoff, not before it"
+    );
+    let due = db.owners_due_payout("m1", far).await.unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!(due[0].user_sub, owner);
+    let new = |month: &'static str| NewPayout {
+        user_sub: &owner,
+        month,
+        stripe_account_id: "acct_1",
+        currency: "usd",
+        owner_share_bps: 7_000,
+        paid_before: far,
+        now: far,
+    };
+    // A part that comes to nothing writes nothing.
+    assert!(db.open_payout(&new("m1"), |_| 0).await.unwrap().is_none());
+    assert!(db.payouts_for(&owner, 10).await.unwrap().is_empty());
+    assert!(
+        db.earning_lines(Some(&owner))
+            .await
+            .unwrap()
+            .iter()
+            .all(|l| l.payout_id.is_none())
+    );
+    let p = db
+        .open_payout(&new("m1"), |c| c * 7_000 / 10_000)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        p.amount_cents,
+        2016 - 42,
+        "each line's part, the credit's negative"
+    );
+    assert_eq!(
+        (p.status, p.attempts, p.owner_share_bps),
+        (PayoutStatus::Pending, 0, 7_000)
+    );
+    let lines = db.earning_lines(Some(&owner)).await.unwrap();
+    assert_eq!(lines.len(), 2);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.payout_id.as_deref() == Some(p.id.as_str()))
+    );
+    // Once per owner and month, and a line is paid out once.
+    assert!(db.open_payout(&new("m1"), |c| c).await.unwrap().is_none());
+    assert!(db.open_payout(&new("m2"), |c| c).await.unwrap().is_none());
+    assert!(db.owners_due_payout("m2", far).await.unwrap().is_empty());
+    assert_eq!(
+        db.payouts_for(&owner, 10).await.unwrap(),
+        std::slice::from_ref(&p)
+    );
+
+    // A refused transfer waits for its next attempt.
+    let next = far + TimeDelta::hours(1);
+    assert_eq!(
+        db.payout_failed(&p.id, "stripe: balance_insufficient", next, far)
+            .await
+            .unwrap(),
+        GuardedWrite::Written
+    );
+    assert!(db.payouts_to_transfer(far).await.unwrap().is_empty());
+    let due = db.payouts_to_transfer(next).await.unwrap();
+    assert_eq!((due.len(), due[0].attempts), (1, 1));
+    assert_eq!(db.pending_payouts().await.unwrap().len(), 1);
+    assert_eq!(
+        db.payout_paid(&p.id, "tr_1", next).await.unwrap(),
+        GuardedWrite::Written
+    );
+    assert_eq!(
+        db.payout_paid(&p.id, "tr_2", next).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    assert_eq!(
+        db.payout_failed(&p.id, "late", next, next).await.unwrap(),
+        GuardedWrite::AlreadySet
+    );
+    let p = db.payout(&p.id).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            p.status,
+            p.stripe_transfer_id.as_deref(),
+            p.last_error,
+            p.paid_at
+        ),
+        (PayoutStatus::Paid, Some("tr_1"), None, Some(next))
+    );
+    assert!(db.payouts_to_transfer(next).await.unwrap().is_empty());
+    assert!(db.pending_payouts().await.unwrap().is_empty());
 }

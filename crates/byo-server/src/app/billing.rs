@@ -17,8 +17,7 @@
 use anyhow::anyhow;
 use byo_db::billing::{EventSeen, NewRefund, NewUsageCharge};
 use byo_wire::billing::{
-    AdminBillingView, AdminInvoice, BillingView, CheckoutView, CreditView, HeldAccount,
-    InvoiceView, MonthUsage, UsageLine,
+    BillingView, CheckoutView, CreditView, InvoiceView, MonthUsage, UsageLine,
 };
 use byo_wire::states::InvoiceStatus;
 use chrono::{DateTime, TimeDelta, Utc};
@@ -140,7 +139,7 @@ async fn month_so_far(
 }
 
 /// One invoice as its account and the operators read it.
-fn invoice_view(i: byo_db::invoices::InvoiceRow) -> InvoiceView {
+pub(crate) fn invoice_view(i: byo_db::invoices::InvoiceRow) -> InvoiceView {
     InvoiceView {
         id: i.id,
         created_at: i.created_at,
@@ -154,63 +153,10 @@ fn invoice_view(i: byo_db::invoices::InvoiceRow) -> InvoiceView {
     }
 }
 
-/// How many invoices the operators' billing page lists.
-pub const ADMIN_INVOICES_LISTED: i64 = 100;
-
-/// The operators' view: accounts held by a declined, unpaid invoice (oldest decline first)
-/// with when their instances stop and how many are stopped, then every account's recent
-/// invoices.
-pub async fn admin_view(state: &AppState) -> AppResult<AdminBillingView> {
-    let Some(stripe) = state.stripe.as_deref() else {
-        return Ok(AdminBillingView {
-            enabled: false,
-            held: Vec::new(),
-            invoices: Vec::new(),
-        });
-    };
-    let mut emails: std::collections::BTreeMap<String, String> = Default::default();
-    let mut email_of = async |sub: &str| -> AppResult<String> {
-        if let Some(e) = emails.get(sub) {
-            return Ok(e.clone());
-        }
-        let e = state
-            .store
-            .user(sub)
-            .await?
-            .map_or_else(|| sub.to_owned(), |u| u.email);
-        emails.insert(sub.to_owned(), e.clone());
-        Ok(e)
-    };
-    let mut held = Vec::new();
-    for i in state.store.declined_unpaid_invoices().await? {
-        let Some(declined) = i.payment_failed_at else {
-            continue;
-        };
-        held.push(HeldAccount {
-            email: email_of(&i.user_sub).await?,
-            stop_at: super::unpaid::stop_at(declined, stripe.config.payment_grace_hours),
-            stopped_instances: state.store.payment_stops_of(&i.user_sub).await?,
-            invoice: invoice_view(i),
-        });
-    }
-    let mut invoices = Vec::new();
-    for i in state.store.recent_invoices(ADMIN_INVOICES_LISTED).await? {
-        invoices.push(AdminInvoice {
-            email: email_of(&i.user_sub).await?,
-            invoice: invoice_view(i),
-        });
-    }
-    Ok(AdminBillingView {
-        enabled: true,
-        held,
-        invoices,
-    })
-}
-
 /// How many of an account's invoices its billing status lists (two years of months).
 pub const INVOICES_LISTED: i64 = 24;
 
-fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
+pub(crate) fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
     state.stripe.as_deref().ok_or_else(|| {
         AppError::conflict(
             "billing_off",
@@ -219,7 +165,7 @@ fn stripe_of(state: &AppState) -> AppResult<&StripeBilling> {
     })
 }
 
-fn stripe_failed(e: StripeError) -> AppError {
+pub(crate) fn stripe_failed(e: StripeError) -> AppError {
     AppError::Internal(anyhow!("{e}"))
 }
 
@@ -243,7 +189,7 @@ async fn customer_for(
         .await?)
 }
 
-fn page_url(state: &AppState, path: &str) -> String {
+pub(crate) fn page_url(state: &AppState, path: &str) -> String {
     format!("{}{path}", state.config.public_url.trim_end_matches('/'))
 }
 

@@ -68,18 +68,19 @@ pub async fn mine(state: &AppState, owner_sub: &str) -> AppResult<EarningsView> 
     })
 }
 
-/// The owner's earnings line by line, as CSV: one row per instance-day and per credit.
+/// The owner's earnings line by line, as CSV: one row per instance-day and per credit, with
+/// the payout that paid the owner's part of it once one has.
 pub async fn csv(state: &AppState, owner_sub: &str) -> AppResult<String> {
     let (bps, _) = share(state);
     let lines = state.store.earning_lines(Some(owner_sub)).await?;
     let mut out = String::from(
-        "date,host,instance,kind,seconds,amount_cents,owner_cents,platform_cents,currency,invoice,invoice_status\n",
+        "date,host,instance,kind,seconds,amount_cents,owner_cents,platform_cents,currency,invoice,invoice_status,payout\n",
     );
     for l in &lines {
         let (owner, platform) = split(l.amount_cents, bps);
         // Every field is ours (ids, slugs, words): none holds a comma or a quote.
         out.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{},{},{}\n",
             l.at.format("%Y-%m-%d"),
             l.host_slug,
             l.vm_id,
@@ -90,7 +91,8 @@ pub async fn csv(state: &AppState, owner_sub: &str) -> AppResult<String> {
             platform,
             l.currency,
             l.invoice_id,
-            l.invoice_status
+            l.invoice_status,
+            l.payout_id.as_deref().unwrap_or("")
         ));
     }
     Ok(out)

@@ -596,7 +596,13 @@ pub fn owner_state(
     heard_since: DateTime<Utc>,
 ) -> Option<String> {
     if h.retired_at.is_some() {
-        return Some("retired".into());
+        // Issue #42, 7: the owner's next step, not a bare word.
+        return Some(
+            "retired: it is no longer rented and what was set aside for it is handed back; \
+             run `sudo byo-agent uninstall` on the machine to give it back to yourself, or add it \
+             again from this page"
+                .into(),
+        );
     }
     match h.revoke_step.0 {
         Some(RevokeStep::Revoked) => return Some("revoked by an operator".into()),

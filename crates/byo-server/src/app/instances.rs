@@ -269,6 +269,34 @@ pub async fn create(
     Ok(CreateOutcome::Queued(queued))
 }
 
+/// What a create of a GPU kind would meet now (issue #42, 1), told before it is sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KindCapacity {
+    /// This many hosts would take it now.
+    Free(usize),
+    /// Hosts of the kind exist but none is free: it would queue.
+    NoneFree,
+    /// No host of the kind is in service: it would queue until one is added.
+    NoneExist,
+}
+
+/// What a create of `gpu_type` by `user_sub` would meet now: the hosts the create's own pick
+/// would offer, else whether any exist.
+pub async fn capacity(state: &AppState, gpu_type: &str, user_sub: &str) -> AppResult<KindCapacity> {
+    let free = state
+        .store
+        .pick_hosts_for_gpu(host_pick(state, gpu_type, user_sub, None))
+        .await?
+        .len();
+    Ok(if free > 0 {
+        KindCapacity::Free(free)
+    } else if state.store.hosts_in_service(gpu_type).await? > 0 {
+        KindCapacity::NoneFree
+    } else {
+        KindCapacity::NoneExist
+    })
+}
+
 /// What one create places, whichever host takes it.
 pub(crate) struct Placing {
     pub(crate) user_sub: String,

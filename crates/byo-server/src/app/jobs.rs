@@ -149,6 +149,19 @@ pub fn registry() -> Vec<Job> {
                 ))
             })
         }),
+        // Owners paid their share (issue #40, 6).
+        Job::new(
+            super::payouts::PAY_OWNERS,
+            super::payouts::PAY_OWNERS_EVERY,
+            |state| {
+                Box::pin(async move {
+                    if state.stripe.is_none() {
+                        return Ok("billing is off: nothing to pay out".to_owned());
+                    }
+                    Ok(super::payouts::pay_owners_once(state).await?.to_string())
+                })
+            },
+        ),
         Job::new(
             "launch-prebookings",
             super::prebookings::LAUNCH_EVERY,

@@ -12,6 +12,7 @@ pub mod accounts;
 pub mod admin_host_action;
 pub mod admin_vm_action;
 pub mod billing;
+pub mod billing_admin;
 pub mod earnings;
 pub mod fleet_metrics;
 pub mod fleet_overview;
@@ -28,6 +29,7 @@ pub mod jobs;
 pub mod notices;
 pub mod notify_stuck_deletes;
 pub mod operator_keys;
+pub mod payouts;
 pub mod placement;
 pub mod prebookings;
 // The queue (E2): issue #13 item 2.

@@ -146,7 +146,7 @@ fn invoices(list: &[InvoiceView]) -> Markup {
 /// recent invoices (as `GET /api/admin/billing`).
 pub async fn admin(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
     let op = super::require_operator(viewer)?;
-    let v = billing::admin_view(&state).await?;
+    let v = crate::app::billing_admin::admin_view(&state).await?;
     let invoice_row = |email: &str, i: &InvoiceView| {
         html! {
             tr data-invoice=(i.id) {
@@ -176,6 +176,23 @@ pub async fn admin(State(state): State<AppState>, viewer: Option<CurrentUser>) -
                         td { @if let Some(t) = h.invoice.payment_failed_at { (at(t)) } }
                         td { (at(h.stop_at)) }
                         td.stopped { (h.stopped_instances) }
+                    } } }
+                }
+            }
+            h2 { "Payouts not yet sent" }
+            p { "Each owner's share is transferred to their Stripe account once a month has ended; a refused transfer is tried again after an hour, doubling to a day." }
+            @if v.pending_payouts.is_empty() {
+                p #no-pending-payouts { "None." }
+            } @else {
+                table #pending-payouts {
+                    thead { tr { th { "Owner" } th { "Month" } th { "Amount" } th { "Tries" } th { "Last refusal" } th { "Next try" } } }
+                    tbody { @for p in &v.pending_payouts { tr data-payout=(p.payout.id) {
+                        td { (p.email) }
+                        td { (p.payout.month) }
+                        td { (money(p.payout.amount_cents, &p.payout.currency)) }
+                        td { (p.payout.attempts) }
+                        td.error { (p.payout.last_error.as_deref().unwrap_or("")) }
+                        td { (at(p.payout.next_attempt_at)) }
                     } } }
                 }
             }

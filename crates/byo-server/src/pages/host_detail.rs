@@ -294,11 +294,13 @@ async fn page(
                     p.what { "Takes it out of placement (no new customers), with the reason, audited. Its instance stays until it ends or is deleted; activation brings it back." }
                     @if enrolled && revoke != Some(RevokeStep::Revoked) {
                         form.inline method="post" action=(action("revoke")) {
+                            @if !revoking { (type_to_confirm(&host.slug)) }
                             button type="submit" { @if revoking { "Resume revoke" } @else { "Revoke" } }
                         }
                         p.what { "De-pools, deletes its instances and waits for the host to confirm each (" (live) " live), then releases its relay, tunnel and DNS and clears its tokens. The machine stays configured; it is not retired. A host that does not answer leaves the revoke stopped at its step; revoke again resumes it." }
                     }
                     form.inline method="post" action=(action("retire")) {
+                        (type_to_confirm(&host.slug))
                         button type="submit" { "Retire" }
                     }
                     p.what { "Releases its relay and address, tunnel and every DNS record (with *." (host.slug) ".ssh), then stamps it retired for good; its machines may enrol again. Refused while active, dedicated, holding a live instance or an unended pre-booking, or never enrolled." }
@@ -393,12 +395,59 @@ pub async fn depool(
     answer(&state, &op, &host_id, out).await
 }
 
+/// What an operator typed to confirm an action that cannot be undone.
+#[derive(Deserialize)]
+pub struct ConfirmForm {
+    #[serde(default)]
+    confirm: String,
+}
+
+/// The field asking for the host's name before an action that cannot be undone (issue #42, 7).
+fn type_to_confirm(slug: &str) -> Markup {
+    html! {
+        label.confirm { "Type " code { (slug) } " to confirm "
+            input type="text" name="confirm" required autocomplete="off" spellcheck="false" placeholder=(slug);
+        }
+    }
+}
+
+/// None when `typed` is the host's name; otherwise the refusal, nothing done.
+async fn unconfirmed(
+    state: &AppState,
+    host_id: &str,
+    typed: &str,
+    what: &str,
+) -> Result<Option<AppError>, PageError> {
+    let host = state.store.host(host_id).await?.ok_or(AppError::NotFound)?;
+    Ok((typed.trim() != host.slug).then(|| {
+        AppError::bad_request(
+            "not_confirmed",
+            format!(
+                "to {what} this host, type its name ({}) in the box beside the button; nothing was done",
+                host.slug
+            ),
+        )
+    }))
+}
+
 pub async fn revoke(
     State(state): State<AppState>,
     viewer: Option<CurrentUser>,
     Path(host_id): Path<String>,
+    Form(form): Form<ConfirmForm>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
+    // Resuming a revoke under way needs no second confirmation: it was confirmed when it began.
+    let under_way = state
+        .store
+        .host_lifecycle(&host_id)
+        .await?
+        .is_some_and(|l| l.revoke_step.0.is_some());
+    if !under_way
+        && let Some(refused) = unconfirmed(&state, &host_id, &form.confirm, "revoke").await?
+    {
+        return answer(&state, &op, &host_id, Err(refused)).await;
+    }
     let out = host_lifecycle::revoke(&state, &op, &host_id)
         .await
         .map(|p| Some(p.message));
@@ -409,8 +458,12 @@ pub async fn retire(
     State(state): State<AppState>,
     viewer: Option<CurrentUser>,
     Path(host_id): Path<String>,
+    Form(form): Form<ConfirmForm>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
+    if let Some(refused) = unconfirmed(&state, &host_id, &form.confirm, "retire").await? {
+        return answer(&state, &op, &host_id, Err(refused)).await;
+    }
     let out = host_lifecycle::retire(&state, &op, &host_id)
         .await
         .map(|()| None);

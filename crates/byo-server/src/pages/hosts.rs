@@ -231,6 +231,10 @@ async fn gpus_page(
             .filter(|e| !rows.is_empty() || !e.months.is_empty()),
         false => None,
     };
+    let payouts = match &earnings {
+        Some(_) => Some(crate::app::payouts::mine(state, &v.user.sub).await?),
+        None => None,
+    };
     Ok(layout(
         "Your GPUs",
         Some(v),
@@ -317,6 +321,7 @@ async fn gpus_page(
                 }
             }
             @if let Some(e) = &earnings { (earnings_section(e)) }
+            @if let Some(p) = &payouts { (payouts_section(p, !rows.is_empty())) }
             @if !logins.is_empty() {
                 h2 { "Operator logins" }
                 p { "Our operators administer your GPU as " code { "spark" } ", each with their own key. Every login sshd accepted, newest first:" }
@@ -368,6 +373,67 @@ fn earnings_section(e: &byo_wire::billing::EarningsView) -> Markup {
             }
         }
     }
+}
+
+/// Where the owner's share is paid: their Stripe account (connect it, or finish its
+/// onboarding) and each month's payout, a refused transfer's reason and next try on it.
+fn payouts_section(p: &byo_wire::billing::PayoutsView, has_hosts: bool) -> Markup {
+    use byo_wire::states::PayoutStatus;
+    let when = |t: DateTime<Utc>| t.format("%Y-%m-%d %H:%M UTC").to_string();
+    html! {
+        section #payouts {
+            h2 { "Payouts" }
+            @match &p.account {
+                None => {
+                    p #payout-account { "Your share is paid to a Stripe account of yours once each month has ended. Connect one to be paid; until then what you earn waits here." }
+                    @if has_hosts {
+                        form #connect-payouts method="post" action="/hosts/payouts/connect" {
+                            button type="submit" { "Connect a Stripe account" }
+                        }
+                    }
+                }
+                Some(a) if a.transfers_active => {
+                    p #payout-account { "Paid to your Stripe account " code { (a.stripe_account_id) } " after each month ends, for what customers paid by then." }
+                }
+                Some(a) => {
+                    p #payout-account role="alert" { "Your Stripe account " code { (a.stripe_account_id) } " cannot take transfers yet: finish its onboarding on Stripe. What you earn waits until it can." }
+                    form #connect-payouts method="post" action="/hosts/payouts/connect" {
+                        button type="submit" { "Continue on Stripe" }
+                    }
+                }
+            }
+            @if !p.payouts.is_empty() {
+                table #payouts-list {
+                    thead { tr { th { "Month" } th { "Amount" } th { "Status" } th { "Transfer" } } }
+                    tbody { @for o in &p.payouts { tr data-payout=(o.id) {
+                        td { (o.month) }
+                        td { (crate::billing::money(o.amount_cents, &o.currency)) }
+                        td.status {
+                            @match o.status {
+                                PayoutStatus::Paid => { "paid" @if let Some(t) = o.paid_at { " " (when(t)) } }
+                                PayoutStatus::Pending => @match &o.last_error {
+                                    Some(e) => { strong role="alert" { "not sent yet" } ": Stripe refused the transfer (" (e) "); tried again " (when(o.next_attempt_at)) }
+                                    None => { "being sent" }
+                                },
+                            }
+                        }
+                        td { @if let Some(t) = &o.stripe_transfer_id { code { (t) } } }
+                    } } }
+                }
+            }
+        }
+    }
+}
+
+/// `POST /hosts/payouts/connect`: to Stripe's onboarding of the account the owner's share is
+/// paid to.
+pub async fn connect_payouts(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+) -> PageResult {
+    let v = super::signed_in(viewer)?;
+    let link = crate::app::payouts::connect(&state, &v).await?;
+    Ok(Redirect::to(&link.url).into_response())
 }
 
 /// `GET /hosts/earnings.csv`: the signed-in owner's earnings line by line.

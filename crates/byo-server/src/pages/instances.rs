@@ -141,7 +141,18 @@ async fn customer_page(
     let queued = queue_drain::mine(state, v).await?;
     let ended = queue_drain::ended(state, v).await?;
     let kinds = gpu_types(state, v).await?;
-    let picked_gpu = s.create.map(|c| c.gpu_type.as_str());
+    let mut capacity = Vec::with_capacity(kinds.len());
+    for (kind, _) in &kinds {
+        capacity.push(instances::capacity(state, kind, &v.user.sub).await?);
+    }
+    // What was sent again after a refusal; else the first kind a create would land on now.
+    let picked_gpu = s.create.map(|c| c.gpu_type.as_str()).or_else(|| {
+        kinds
+            .iter()
+            .zip(&capacity)
+            .find(|(_, c)| matches!(c, instances::KindCapacity::Free(_)))
+            .map(|((k, _), _)| k.as_str())
+    });
     let picked_key = s.create.map(|c| c.ssh_key_id.as_str());
     Ok(layout(
         "Instances",
@@ -183,8 +194,15 @@ async fn customer_page(
             form #create method="post" action="/instances" {
                 label { "GPU"
                     select name="gpu_type" required {
-                        @for (kind, description) in &kinds {
-                            option value=(kind) selected[picked_gpu == Some(kind.as_str())] { (kind) " — " (description) }
+                        @for ((kind, description), c) in kinds.iter().zip(&capacity) {
+                            option value=(kind) selected[picked_gpu == Some(kind.as_str())] {
+                                (description) " (" (kind) ") — "
+                                @match c {
+                                    instances::KindCapacity::Free(n) => { (n) " free now" }
+                                    instances::KindCapacity::NoneFree => { "none free now: a create waits in the queue" }
+                                    instances::KindCapacity::NoneExist => { "no host of this kind yet: a create waits in the queue until one is added" }
+                                }
+                            }
                         }
                     }
                 }

@@ -53,6 +53,7 @@ pub fn router() -> Router<AppState> {
         .route("/hosts", get(hosts::gpus).post(hosts::add_gpu))
         .route("/hosts/{host_id}/progress", get(hosts::progress))
         .route("/hosts/earnings.csv", get(hosts::earnings_csv))
+        .route("/hosts/payouts/connect", post(hosts::connect_payouts))
         .route("/admin", get(admin_fleet::page))
         .route("/admin/hosts", get(hosts::admin_hosts))
         .route("/admin/hosts/{host_id}", get(host_detail::show))

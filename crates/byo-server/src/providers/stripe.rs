@@ -163,6 +163,46 @@ pub struct Refund {
     pub status: Option<String>,
 }
 
+/// A connected account (Connect, Express): an owner's, which their payouts are transferred to.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Account {
+    pub id: String,
+    #[serde(default)]
+    pub details_submitted: bool,
+    #[serde(default)]
+    pub payouts_enabled: bool,
+    /// `{"transfers": "active" | "inactive" | "pending"}`.
+    #[serde(default)]
+    pub capabilities: serde_json::Map<String, Value>,
+}
+
+impl Account {
+    /// Whether a transfer to it would be taken now.
+    pub fn transfers_active(&self) -> bool {
+        self.capabilities.get("transfers").and_then(Value::as_str) == Some("active")
+    }
+}
+
+/// A single-use link to Stripe's onboarding of a connected account (it expires in minutes).
+#[derive(Clone, Debug, Deserialize)]
+pub struct AccountLink {
+    pub url: String,
+}
+
+/// A transfer from the platform's balance to a connected account.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Transfer {
+    pub id: String,
+    pub amount: i64,
+    #[serde(default)]
+    pub transfer_group: Option<String>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct List<T> {
+    data: Vec<T>,
+}
+
 /// One line of a payment Checkout session.
 #[derive(Clone, Debug)]
 pub struct PaymentLine<'a> {
@@ -477,6 +517,98 @@ impl StripeClient {
         self.call(
             reqwest::Method::POST,
             "v1/invoiceitems",
+            &form,
+            Some(idempotency_key),
+        )
+        .await
+    }
+
+    /// An Express connected account for an owner, able to receive transfers,
+    /// `metadata[user_sub]` naming them. Keyed by the owner (`connect-account-<sub>`), so two
+    /// racing requests get the one account.
+    pub async fn create_account(
+        &self,
+        user_sub: &str,
+        email: &str,
+    ) -> Result<Account, StripeError> {
+        let form = vec![
+            ("type".into(), "express".into()),
+            ("email".into(), email.to_owned()),
+            ("capabilities[transfers][requested]".into(), "true".into()),
+            ("metadata[user_sub]".into(), user_sub.to_owned()),
+        ];
+        self.call(
+            reqwest::Method::POST,
+            "v1/accounts",
+            &form,
+            Some(&format!("connect-account-{user_sub}")),
+        )
+        .await
+    }
+
+    pub async fn retrieve_account(&self, id: &str) -> Result<Account, StripeError> {
+        self.call(
+            reqwest::Method::GET,
+            &format!("v1/accounts/{id}"),
+            &[],
+            None,
+        )
+        .await
+    }
+
+    /// A link to the account's onboarding on Stripe's pages. Each is single-use, so each
+    /// call makes a new one (no derived key).
+    pub async fn account_link(
+        &self,
+        account: &str,
+        refresh_url: &str,
+        return_url: &str,
+    ) -> Result<AccountLink, StripeError> {
+        let form = vec![
+            ("account".into(), account.to_owned()),
+            ("refresh_url".into(), refresh_url.to_owned()),
+            ("return_url".into(), return_url.to_owned()),
+            ("type".into(), "account_onboarding".into()),
+        ];
+        self.call(reqwest::Method::POST, "v1/account_links", &form, None)
+            .await
+    }
+
+    /// The transfers made under `transfer_group` (a payout's), newest first.
+    pub async fn transfers_in_group(
+        &self,
+        transfer_group: &str,
+    ) -> Result<Vec<Transfer>, StripeError> {
+        let form = vec![("transfer_group".into(), transfer_group.to_owned())];
+        let list: List<Transfer> = self
+            .call(reqwest::Method::GET, "v1/transfers", &form, None)
+            .await?;
+        Ok(list.data)
+    }
+
+    /// Transfer `amount` of the platform's balance to `destination`, under `transfer_group`
+    /// and `idempotency_key`, `metadata` on the transfer.
+    pub async fn create_transfer(
+        &self,
+        amount: i64,
+        currency: &str,
+        destination: &str,
+        transfer_group: &str,
+        metadata: &[(&str, &str)],
+        idempotency_key: &str,
+    ) -> Result<Transfer, StripeError> {
+        let mut form: Vec<(String, String)> = vec![
+            ("amount".into(), amount.to_string()),
+            ("currency".into(), currency.to_owned()),
+            ("destination".into(), destination.to_owned()),
+            ("transfer_group".into(), transfer_group.to_owned()),
+        ];
+        for (k, v) in metadata {
+            form.push((format!("metadata[{k}]"), (*v).to_owned()));
+        }
+        self.call(
+            reqwest::Method::POST,
+            "v1/transfers",
             &form,
             Some(idempotency_key),
         )

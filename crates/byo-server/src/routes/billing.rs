@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use byo_wire::api::ErrorBody;
-use byo_wire::billing::{AdminBillingView, BillingView, CheckoutView, EarningsView};
+use byo_wire::billing::{AdminBillingView, BillingView, CheckoutView, EarningsView, PayoutsView};
 
 use crate::app::billing::{self, WebhookOutcome};
 use crate::auth::{CurrentUser, Operator};
@@ -89,6 +89,32 @@ pub async fn get_earnings(
     ))
 }
 
+/// Your payouts (issue #40, 6): the Stripe account your share is transferred to (asked of
+/// Stripe live until it can take transfers) and each month's payout, a refused transfer's
+/// reason and next attempt on it. Empty with billing off.
+#[utoipa::path(get, path = "/api/me/payouts", tag = "billing",
+    responses((status = 200, body = PayoutsView), (status = 401, body = ErrorBody)))]
+pub async fn get_payouts(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> AppResult<Json<PayoutsView>> {
+    Ok(Json(
+        crate::app::payouts::mine(&state, &user.user.sub).await?,
+    ))
+}
+
+/// Stripe's onboarding for the account your share is paid to: made on first use, each call a
+/// fresh single-use link. 409 with billing off, and for an account that has never had a host.
+#[utoipa::path(post, path = "/api/me/payouts/connect", tag = "billing",
+    responses((status = 200, body = CheckoutView), (status = 401, body = ErrorBody),
+              (status = 409, body = ErrorBody)))]
+pub async fn post_payouts_connect(
+    State(state): State<AppState>,
+    user: CurrentUser,
+) -> AppResult<Json<CheckoutView>> {
+    Ok(Json(crate::app::payouts::connect(&state, &user).await?))
+}
+
 /// Billing for operators: the accounts held by a declined, unpaid invoice (when their
 /// instances stop, how many are stopped) and every account's recent invoices.
 #[utoipa::path(get, path = "/api/admin/billing", tag = "admin",
@@ -98,5 +124,5 @@ pub async fn get_admin_billing(
     State(state): State<AppState>,
     _op: Operator,
 ) -> AppResult<Json<AdminBillingView>> {
-    Ok(Json(billing::admin_view(&state).await?))
+    Ok(Json(crate::app::billing_admin::admin_view(&state).await?))
 }

@@ -111,6 +111,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(billing::post_webhook))
         .routes(routes!(billing::get_billing))
         .routes(routes!(billing::get_earnings))
+        .routes(routes!(billing::get_payouts))
+        .routes(routes!(billing::post_payouts_connect))
         .routes(routes!(billing::get_admin_billing))
         .routes(routes!(billing::post_payment_method))
         .routes(routes!(billing::post_prebooking_checkout))

@@ -342,6 +342,20 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::GET,
+            path: "/api/me/payouts",
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::POST,
+            path: "/api/me/payouts/connect",
+            expect: [401, 409, 409, 409, 409, 409],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
+            method: Method::GET,
             path: "/api/me/notices",
             expect: [401, 200, 200, 200, 200, 200],
             missing: None,
@@ -965,7 +979,7 @@ fn page_table() -> Vec<Row> {
             method: Method::POST,
             path: "/admin/hosts/{host_id}/revoke",
             allowed: OPERATORS,
-            body: none,
+            body: |_| Some(json!("confirm=no-such-host")),
         },
         Row {
             method: Method::POST,
@@ -977,7 +991,7 @@ fn page_table() -> Vec<Row> {
             method: Method::POST,
             path: "/admin/hosts/{host_id}/retire",
             allowed: OPERATORS,
-            body: none,
+            body: |_| Some(json!("confirm=no-such-host")),
         },
         Row {
             method: Method::POST,
@@ -1043,6 +1057,12 @@ fn page_table() -> Vec<Row> {
         Row {
             method: Method::POST,
             path: "/billing/payment-method",
+            allowed: SIGNED_IN,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/hosts/payouts/connect",
             allowed: SIGNED_IN,
             body: none,
         },

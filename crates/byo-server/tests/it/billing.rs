@@ -12,6 +12,7 @@ use axum::http::{Method, Request, StatusCode};
 use byo_db::Backend;
 use byo_db::vms::NewVm;
 use byo_server::app::billing::{self, BILLING_OFF, Charge};
+use byo_server::app::payouts;
 use byo_server::clock::Clock;
 use byo_server::providers::stripe::{StripeClient, StripeError};
 use byo_server::{AppState, Config};
@@ -389,6 +390,60 @@ impl World {
     fn december(&self) {
         let to = Utc.with_ymd_and_hms(2026, 12, 1, 0, 15, 0).unwrap();
         self.clock.advance(to - self.clock.now());
+    }
+
+    /// Midnight UTC plus a quarter hour on the first of January 2027: December has ended.
+    fn january(&self) {
+        let to = Utc.with_ymd_and_hms(2027, 1, 1, 0, 15, 0).unwrap();
+        self.clock.advance(to - self.clock.now());
+    }
+
+    async fn pay_owners(&self) -> payouts::PayReport {
+        payouts::pay_owners_once(&self.app.state).await.unwrap()
+    }
+
+    /// `POST path` as `sub` (a fresh session).
+    async fn posts_as(&self, sub: &str, path: &str) -> Reply {
+        let session = self.app.session_for(sub).await;
+        self.app
+            .request(Method::POST, path, Some(&session), None)
+            .await
+    }
+
+    /// An owner with a host whose instance ran from `start()` until December, invoiced and
+    /// paid in December, their Stripe account connected and (with `onboarded`) able to take
+    /// transfers: (the owner, their account, what the invoice took for their host).
+    async fn owner_paid_in_december(&self, onboarded: bool) -> (User, String, i64) {
+        self.chargeable().await;
+        let (vm, owner) = self.running_on_a_host_of("earning").await;
+        let r = self.posts_as(&owner.sub, "/api/me/payouts/connect").await;
+        assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+        let account = self
+            .db()
+            .payout_account(&owner.sub)
+            .await
+            .unwrap()
+            .expect("connected")
+            .stripe_account_id;
+        if onboarded {
+            self.fake.lock().unwrap().finish_onboarding(&account);
+        }
+        self.december();
+        let r = self.bill().await;
+        assert_eq!((r.invoiced, r.invoices_paid), (1, 1), "{r:?}");
+        let invoiced: i64 = self
+            .db()
+            .usage_charges(&vm)
+            .await
+            .unwrap()
+            .iter()
+            .map(|c| i64::from(c.amount_cents))
+            .sum();
+        (owner, account, invoiced)
+    }
+
+    fn transfers(&self) -> Vec<Value> {
+        self.fake.lock().unwrap().transfers.clone()
     }
 
     fn invoice_items(&self) -> Vec<Value> {
@@ -1989,7 +2044,264 @@ async fn an_owners_earnings_split_every_invoiced_cent_exactly(w: World) {
     assert_eq!(mine["months"], json!([]));
 }
 
+/// Issue #40, 6 (payouts): an owner connects a Stripe account from their page (one account
+/// however often they ask, each time a fresh onboarding link); nothing is transferred while
+/// it cannot take transfers, nor before the month in which the customer paid has ended; then
+/// one payout of exactly their share — every line split as the earnings page splits it — is
+/// transferred once, and every later run transfers nothing.
+async fn an_owner_is_paid_their_share_once_the_month_the_customer_paid_in_ends(w: World) {
+    let (owner, account, invoiced) = w.owner_paid_in_december(false).await;
+    let again = w
+        .posts_as(&owner.sub, "/api/me/payouts/connect")
+        .await
+        .json();
+    assert!(
+        again["url"].as_str().unwrap().contains(&account),
+        "a second connect continues the same account's onboarding: {again}"
+    );
+    {
+        let f = w.fake.lock().unwrap();
+        assert_eq!(f.accounts.len(), 1, "one account per owner");
+        assert_eq!(
+            f.accounts[&account]["metadata"]["user_sub"],
+            json!(owner.sub)
+        );
+        assert_eq!(f.account_links.len(), 2, "a fresh link each time");
+        let link = &f.account_links[1];
+        assert_eq!(link["account"], json!(account));
+        assert_eq!(link["refresh_url"], "http://localhost:8080/hosts#payouts");
+        assert_eq!(
+            link["return_url"],
+            "http://localhost:8080/hosts?connected=1#payouts"
+        );
+    }
+    assert_eq!(
+        w.audited(&owner.sub).await,
+        ["payouts.account_connected"],
+        "connected once"
+    );
+    let p = w.sees_as(&owner.sub, "/api/me/payouts").await.json();
+    assert_eq!(p["account"]["transfers_active"], json!(false), "{p}");
+    let page = w.sees_as(&owner.sub, "/hosts").await.text();
+    assert!(page.contains("cannot take transfers yet"), "{page}");
+
+    // December: the invoice was paid in December, so nothing is due before December ends.
+    w.clock.advance(TimeDelta::hours(1));
+    assert_eq!(w.pay_owners().await, payouts::PayReport::default());
+    w.january();
+    // Not onboarded: the owner waits, nothing is made or sent.
+    let r = w.pay_owners().await;
+    assert_eq!((r.waiting, r.opened, r.paid), (1, 0, 0), "{r:?}");
+    assert!(w.db().payouts_for(&owner.sub, 10).await.unwrap().is_empty());
+    assert!(w.transfers().is_empty());
+
+    w.fake.lock().unwrap().finish_onboarding(&account);
+    let p = w.sees_as(&owner.sub, "/api/me/payouts").await.json();
+    assert_eq!(
+        p["account"]["transfers_active"],
+        json!(true),
+        "asked live: {p}"
+    );
+    let r = w.pay_owners().await;
+    assert_eq!(
+        (r.waiting, r.opened, r.paid, r.failed),
+        (0, 1, 1, 0),
+        "{r:?}"
+    );
+    let share = |c: i64| c * 7_000 / 10_000;
+    let owed: i64 = w
+        .db()
+        .earning_lines(Some(&owner.sub))
+        .await
+        .unwrap()
+        .iter()
+        .map(|l| share(l.amount_cents))
+        .sum();
+    let e = w.sees_as(&owner.sub, "/api/me/earnings").await.json();
+    assert_eq!(e["months"][0]["owner_cents"], json!(owed), "{e}");
+    let payout = w.db().payouts_for(&owner.sub, 10).await.unwrap().remove(0);
+    assert_eq!(
+        (payout.month.as_str(), payout.amount_cents, payout.status),
+        ("2026-12", owed, byo_wire::states::PayoutStatus::Paid)
+    );
+    let transfers = w.transfers();
+    assert_eq!(transfers.len(), 1);
+    let t = &transfers[0];
+    assert_eq!(t["amount"], json!(owed));
+    assert_eq!(t["destination"], json!(account));
+    assert_eq!(t["transfer_group"], json!(format!("payout-{}", payout.id)));
+    let gets = w
+        .fake
+        .lock()
+        .unwrap()
+        .requests
+        .iter()
+        .filter(|(m, p, _)| m == "GET" && p == "/v1/transfers")
+        .count();
+    assert_eq!(
+        gets, 0,
+        "a first attempt looks for nothing before it transfers"
+    );
+    assert_eq!(payout.stripe_transfer_id.as_deref(), t["id"].as_str());
+    // Every cent invoiced for the host is the owner's payout or the platform's.
+    assert!(owed > 0 && owed < invoiced);
+    let csv = w.sees_as(&owner.sub, "/hosts/earnings.csv").await.text();
+    assert!(
+        csv.lines()
+            .skip(1)
+            .all(|l| l.ends_with(&format!(",{}", payout.id))),
+        "every line names the payout that paid it: {csv}"
+    );
+    let page = w.sees_as(&owner.sub, "/hosts").await.text();
+    assert!(
+        page.contains("id=\"payouts-list\"")
+            && page.contains(&payout.id)
+            && page.contains(t["id"].as_str().unwrap()),
+        "{page}"
+    );
+    // Made and paid in one run, at one instant of the manual clock: compared as a set.
+    let mut audited = w.audited(&owner.sub).await;
+    audited.sort();
+    assert_eq!(
+        audited,
+        ["payout.made", "payout.paid", "payouts.account_connected"]
+    );
+
+    // Later runs, this month and the next: nothing more to pay.
+    w.clock.advance(TimeDelta::hours(2));
+    assert_eq!(w.pay_owners().await, payouts::PayReport::default());
+    w.clock.advance(TimeDelta::days(31));
+    assert_eq!(w.pay_owners().await, payouts::PayReport::default());
+    assert_eq!(w.transfers().len(), 1, "transferred once");
+}
+
+/// Issue #40, 6: a transfer Stripe refuses (the platform's balance is short) is shown to the
+/// owner and the operators and tried again after an hour, then two — each attempt under its
+/// own key, since Stripe answers a key's first result again, errors included — until it is
+/// taken, once; and an attempt whose answer was lost is found in the payout's transfer group
+/// rather than made again.
+async fn a_refused_transfer_is_retried_with_backoff_and_paid_once(w: World) {
+    let (owner, _, _) = w.owner_paid_in_december(true).await;
+    w.fake.lock().unwrap().balance = Some(0);
+    w.january();
+    let r = w.pay_owners().await;
+    assert_eq!((r.opened, r.paid, r.failed), (1, 0, 1), "{r:?}");
+    let p = w.db().payouts_for(&owner.sub, 10).await.unwrap().remove(0);
+    assert_eq!(
+        (p.status, p.attempts),
+        (byo_wire::states::PayoutStatus::Pending, 1)
+    );
+    assert!(
+        p.last_error
+            .as_deref()
+            .unwrap()
+            .contains("balance_insufficient"),
+        "{p:?}"
+    );
+    assert_eq!(p.next_attempt_at, w.clock.now() + TimeDelta::hours(1));
+    let mine = w.sees_as(&owner.sub, "/api/me/payouts").await.json();
+    assert_eq!(mine["payouts"][0]["attempts"], json!(1), "{mine}");
+    let page = w.sees_as(&owner.sub, "/hosts").await.text();
+    assert!(page.contains("Stripe refused the transfer"), "{page}");
+    let admin = w.app.operator("ops@example.com").await;
+    let ops = w.sees_as(&admin.sub, "/api/admin/billing").await.json();
+    assert_eq!(
+        ops["pending_payouts"][0]["payout"]["id"],
+        json!(p.id),
+        "{ops}"
+    );
+    assert_eq!(
+        ops["pending_payouts"][0]["email"],
+        json!("earning-owner@example.com")
+    );
+    let ops_page = w.sees_as(&admin.sub, "/admin/billing").await.text();
+    assert!(ops_page.contains("balance_insufficient"), "{ops_page}");
+
+    // Not due yet: nothing is asked of Stripe.
+    let posts = |w: &World| posts_to(w, "/v1/transfers");
+    w.clock.advance(TimeDelta::minutes(59));
+    assert_eq!(w.pay_owners().await, payouts::PayReport::default());
+    assert_eq!(posts(&w).len(), 1);
+    w.clock.advance(TimeDelta::minutes(1));
+    assert_eq!(w.pay_owners().await.failed, 1);
+    let p = w.db().payout(&p.id).await.unwrap().unwrap();
+    assert_eq!(p.attempts, 2);
+    assert_eq!(p.next_attempt_at, w.clock.now() + TimeDelta::hours(2));
+
+    w.fake.lock().unwrap().balance = None;
+    w.clock.advance(TimeDelta::hours(2));
+    assert_eq!(w.pay_owners().await.paid, 1);
+    let want: Vec<Option<String>> = (0..3)
+        .map(|a| Some(format!("payout-{}-{a}", p.id)))
+        .collect();
+    assert_eq!(posts(&w), want, "a key per attempt");
+    let transfers = w.transfers();
+    assert_eq!(transfers.len(), 1);
+    let p = w.db().payout(&p.id).await.unwrap().unwrap();
+    assert_eq!(p.stripe_transfer_id.as_deref(), transfers[0]["id"].as_str());
+    assert_eq!(p.last_error, None, "a paid payout shows no refusal");
+    let ops = w.sees_as(&admin.sub, "/api/admin/billing").await.json();
+    assert_eq!(ops["pending_payouts"], json!([]));
+}
+
+/// Issue #40, 6: Stripe made the transfer but its answer never arrived; the next attempt finds
+/// it in the payout's transfer group and records it, and transfers nothing more.
+async fn a_transfer_whose_answer_was_lost_is_found_not_made_again(w: World) {
+    let (owner, account, _) = w.owner_paid_in_december(true).await;
+    w.fake.lock().unwrap().faults.push(Fault {
+        method: Method::POST,
+        path_prefix: "/v1/transfers".into(),
+        status: StatusCode::BAD_GATEWAY,
+        kind: "api_error".into(),
+        code: None,
+        decline_code: None,
+        sticky: false,
+    });
+    w.january();
+    assert_eq!(w.pay_owners().await.failed, 1);
+    let p = w.db().payouts_for(&owner.sub, 10).await.unwrap().remove(0);
+    // What the lost answer carried: Stripe made it after all.
+    let made = w.fake.lock().unwrap().transfer_answered_to_nobody(
+        p.amount_cents,
+        &account,
+        &format!("payout-{}", p.id),
+    );
+    w.clock.advance(TimeDelta::hours(1));
+    assert_eq!(w.pay_owners().await.paid, 1);
+    assert_eq!(posts_to(&w, "/v1/transfers").len(), 1, "not made again");
+    assert_eq!(w.transfers().len(), 1);
+    let p = w.db().payout(&p.id).await.unwrap().unwrap();
+    assert_eq!(p.stripe_transfer_id, Some(made));
+}
+
+/// Issue #40, 6: connecting is for owners. An account that never had a host is refused in
+/// words, and nothing is made at Stripe or here.
+async fn connecting_payouts_without_a_host_is_refused_and_changes_nothing(w: World) {
+    let session = w.app.session_for(&w.customer.sub).await;
+    let before = w.dump().await;
+    let r = w
+        .app
+        .request(
+            Method::POST,
+            "/api/me/payouts/connect",
+            Some(&session),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CONFLICT, "{}", r.text());
+    assert_eq!(code(&r), "not_an_owner");
+    assert!(r.text().contains("add a GPU"), "{}", r.text());
+    assert!(w.fake.lock().unwrap().accounts.is_empty());
+    assert_eq!(w.tables_changed_since(&before).await, Vec::<String>::new());
+    let p = w.now_sees("/api/me/payouts").await.json();
+    assert_eq!(p, json!({"enabled": true, "account": null, "payouts": []}));
+}
+
 with_world!(
+    an_owner_is_paid_their_share_once_the_month_the_customer_paid_in_ends,
+    a_refused_transfer_is_retried_with_backoff_and_paid_once,
+    a_transfer_whose_answer_was_lost_is_found_not_made_again,
+    connecting_payouts_without_a_host_is_refused_and_changes_nothing,
     an_owners_earnings_split_every_invoiced_cent_exactly,
     a_paid_booking_is_refunded_before_its_window_and_by_operators_with_a_reason,
     the_billing_page_shows_the_card_this_months_usage_and_the_credits,

@@ -305,6 +305,7 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
             "retire-stopped",
             "renew-operator-keys",
             "bill-usage",
+            "pay-owners",
             "launch-prebookings",
             "expire-prebook",
             "expire-queue",

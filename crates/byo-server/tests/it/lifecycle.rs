@@ -90,6 +90,7 @@ with_world!(
     h2_a_host_that_does_not_confirm_its_drain_leaves_the_revoke_in_progress_and_revoke_again_resumes,
     h_revoking_a_host_that_never_redeemed_is_refused,
     h_a_revoked_host_can_be_retired,
+    h_the_host_page_revokes_and_retires_only_once_the_host_is_named,
     n1_retire_refusals_change_nothing,
     n2_a_provider_fault_stops_retire_before_the_stamp_and_retire_again_finishes,
     n7_a_retired_hosts_hardware_enrols_again,
@@ -1080,6 +1081,62 @@ async fn h_a_revoked_host_can_be_retired(w: World) {
     assert_eq!(w.enrollment_state(&h).await, EnrollmentState::Revoked);
 }
 
+/// Issue #42, 7: on the host's page, revoke and retire — neither can be undone — run only
+/// once the operator has typed the host's name; a missing or wrong name is refused in words
+/// and changes nothing. Afterwards the owner is told what to do next.
+async fn h_the_host_page_revokes_and_retires_only_once_the_host_is_named(w: World) {
+    let h = w.active_host().await;
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(
+        page.contains("name=\"confirm\"") && page.contains(&format!("placeholder=\"{}\"", h.slug)),
+        "{page}"
+    );
+    for (action, typed) in [
+        ("revoke", None),
+        ("revoke", Some("spark-999")),
+        ("retire", Some(" ")),
+    ] {
+        let before = snapshot(&w, &h).await;
+        let mut form = Vec::new();
+        if let Some(t) = typed {
+            form.push(("confirm", t));
+        }
+        let r =
+            w.op.post_form(&format!("/admin/hosts/{}/{action}", h.id), &form)
+                .await;
+        assert_eq!(r.status, StatusCode::BAD_REQUEST, "{action}: {}", r.text());
+        assert!(
+            r.text().contains(&format!("type its name ({})", h.slug))
+                && r.text().contains("nothing was done"),
+            "{}",
+            r.text()
+        );
+        assert_eq!(snapshot(&w, &h).await, before, "{action} with {typed:?}");
+    }
+    let r =
+        w.op.post_form(
+            &format!("/admin/hosts/{}/revoke", h.id),
+            &[("confirm", &h.slug)],
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert!(w.life(&h).await.revoke_step.0.is_some());
+    let r =
+        w.op.post_form(
+            &format!("/admin/hosts/{}/retire", h.id),
+            &[("confirm", &h.slug)],
+        )
+        .await;
+    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    assert!(w.life(&h).await.retired_at.is_some());
+    let mine = w.owner.page("/hosts").await;
+    assert!(
+        mine.contains("retired: it is no longer rented")
+            && mine.contains("sudo byo-agent uninstall"),
+        "{mine}"
+    );
+}
+
 async fn n1_retire_refusals_change_nothing(w: World) {
     let h = w.active_host().await;
     let retire = |id: String| {
@@ -1268,8 +1325,11 @@ async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
         .await
         .unwrap();
     let r =
-        w.op.post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
-            .await;
+        w.op.post_form(
+            &format!("/admin/hosts/{}/retire", h.id),
+            &[("confirm", &h.slug)],
+        )
+        .await;
     assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
     let nodes = w.db().host_nodes(&h.id).await.unwrap();
     assert!(nodes[0].retired_at.is_some(), "hosts_retire_nodes");
@@ -1439,8 +1499,11 @@ async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     // A refusal from an action is shown on the page.
     let r =
-        w.op.post_form(&format!("/admin/hosts/{}/retire", h.id), &[])
-            .await;
+        w.op.post_form(
+            &format!("/admin/hosts/{}/retire", h.id),
+            &[("confirm", &h.slug)],
+        )
+        .await;
     assert_eq!(r.status, StatusCode::CONFLICT);
     assert!(r.text().contains("de-pool it first"));
 }

@@ -459,7 +459,51 @@ async fn e1_the_connect_line_works_where_it_is_shown(mut w: World) {
     );
 }
 
+/// Issue #42, 1: before a create is sent, the form says for each GPU kind what it would meet —
+/// how many hosts are free now, none free (it would queue), or none at all (it would queue
+/// until one is added) — and starts on a kind a create would land on.
+async fn e1_the_create_form_says_what_each_kind_would_meet_before_it_is_sent(w: World) {
+    /// The `<option>` for `kind`, its text included.
+    fn option(page: &str, kind: &str) -> String {
+        let start = page
+            .find(&format!("<option value=\"{kind}\""))
+            .unwrap_or_else(|| panic!("{kind}: {page}"));
+        let rest = &page[start..];
+        rest[..rest.find("</option>").unwrap()].to_owned()
+    }
+    let page = w.customer.page("/instances").await;
+    let spark1 = option(&page, "spark-1");
+    assert!(
+        spark1.contains("no host of this kind yet: a create waits in the queue"),
+        "{spark1}"
+    );
+    assert!(
+        !page.contains("selected"),
+        "no kind would land: none is preselected"
+    );
+
+    w.host("spark-1", Spec::default()).await;
+    let page = w.customer.page("/instances").await;
+    let spark1 = option(&page, "spark-1");
+    assert!(spark1.contains("1 free now"), "{spark1}");
+    assert!(
+        spark1.contains(" selected"),
+        "the kind with a free host is the default: {spark1}"
+    );
+    assert!(option(&page, "spark-2").contains("no host of this kind yet"));
+
+    w.running().await;
+    let page = w.customer.page("/instances").await;
+    let spark1 = option(&page, "spark-1");
+    assert!(
+        spark1.contains("none free now: a create waits in the queue"),
+        "{spark1}"
+    );
+    assert!(!spark1.contains(" selected"), "{spark1}");
+}
+
 with_world!(
+    e1_the_create_form_says_what_each_kind_would_meet_before_it_is_sent,
     pages_show_each_refusal_in_place_and_change_nothing,
     e1_the_connect_line_works_where_it_is_shown,
 );

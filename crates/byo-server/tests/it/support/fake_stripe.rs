@@ -1,6 +1,6 @@
 //! A fake Stripe API that keeps the real one's shapes: form-encoded requests with
 //! `Authorization: Bearer sk_…`, objects with their `object` field (`customer`,
-//! `checkout.session`, `setup_intent`, `invoiceitem`, `invoice`), expanded fields on `expand[]`, and
+//! `checkout.session`, `setup_intent`, `invoiceitem`, `invoice`, `account`, `transfer`), expanded fields on `expand[]`, and
 //! the error envelope `{error: {type, code, message, decline_code, param}}` — 401 for a wrong
 //! key, 404 `resource_missing`, 402 `card_declined` with its `decline_code` (by fault
 //! injection). Idempotency as Stripe keeps it: a POST's `Idempotency-Key` replayed with the
@@ -52,6 +52,14 @@ pub struct Fake {
     pub payment_intents: BTreeMap<String, i64>,
     /// Every refund made (a replayed key makes none).
     pub refunds: Vec<Value>,
+    /// Connected accounts (Connect, Express), by id.
+    pub accounts: BTreeMap<String, Value>,
+    /// Every onboarding link made, with the URLs it returns to.
+    pub account_links: Vec<Value>,
+    /// Every transfer made (a replayed key makes none), oldest first.
+    pub transfers: Vec<Value>,
+    /// The platform's available balance, which transfers draw on; None: enough for any.
+    pub balance: Option<i64>,
     /// Customers whose card attaches but declines every charge (Stripe's test card
     /// 4000 0000 0000 0341).
     pub declining: std::collections::BTreeSet<String>,
@@ -111,6 +119,29 @@ impl Fake {
         self.declining.remove(&customer);
         self.customers.get_mut(&customer).unwrap()["delinquent"] = json!(false);
         inv
+    }
+
+    /// The owner finishes the account's onboarding on Stripe's pages: it takes transfers.
+    pub fn finish_onboarding(&mut self, account: &str) {
+        let a = self.accounts.get_mut(account).expect("the account");
+        a["details_submitted"] = json!(true);
+        a["payouts_enabled"] = json!(true);
+        a["capabilities"]["transfers"] = json!("active");
+    }
+
+    /// A transfer Stripe made whose answer never reached us (the connection dropped).
+    pub fn transfer_answered_to_nobody(
+        &mut self,
+        amount: i64,
+        destination: &str,
+        group: &str,
+    ) -> String {
+        let id = self.id("tr");
+        self.transfers
+            .push(json!({"id": id, "object": "transfer", "amount": amount,
+            "currency": "usd", "destination": destination, "transfer_group": group,
+            "metadata": {}, "reversed": false}));
+        id
     }
 
     /// Make `pm` the customer's default, as the dashboard would.
@@ -518,6 +549,120 @@ async fn create_refund(State(s): State<Shared>, axum::Form(form): Form) -> Respo
     Json(refund).into_response()
 }
 
+/// `POST /v1/accounts`: an Express account whose requested `transfers` capability stays
+/// `inactive` until its owner finishes onboarding ([`Fake::finish_onboarding`]).
+async fn create_account(State(s): State<Shared>, axum::Form(form): Form) -> Response {
+    let mut f = s.lock().unwrap();
+    if param(&form, "type") != Some("express") {
+        return invalid("The account type must be one of standard, express or custom.");
+    }
+    let id = f.id("acct");
+    let requested = param(&form, "capabilities[transfers][requested]") == Some("true");
+    let mut capabilities = json!({});
+    if requested {
+        capabilities["transfers"] = json!("inactive");
+    }
+    let a = json!({"id": id, "object": "account", "type": "express",
+        "email": param(&form, "email"), "metadata": metadata(&form),
+        "details_submitted": false, "charges_enabled": false, "payouts_enabled": false,
+        "capabilities": capabilities});
+    f.accounts.insert(id, a.clone());
+    Json(a).into_response()
+}
+
+async fn get_account(State(s): State<Shared>, Path(id): Path<String>) -> Response {
+    match s.lock().unwrap().accounts.get(&id) {
+        Some(a) => Json(a.clone()).into_response(),
+        None => missing("account", &id, "account"),
+    }
+}
+
+/// `POST /v1/account_links`: a single-use onboarding link for an existing account.
+async fn create_account_link(State(s): State<Shared>, axum::Form(form): Form) -> Response {
+    let mut f = s.lock().unwrap();
+    let account = param(&form, "account").unwrap_or_default().to_owned();
+    if !f.accounts.contains_key(&account) {
+        return missing("account", &account, "account");
+    }
+    if param(&form, "type") != Some("account_onboarding")
+        || param(&form, "refresh_url").is_none()
+        || param(&form, "return_url").is_none()
+    {
+        return invalid("Missing required param: type, refresh_url or return_url.");
+    }
+    let n = f.id("link");
+    let link = json!({"object": "account_link", "created": 0, "expires_at": 300,
+        "url": format!("https://connect.stripe.test/setup/e/{account}/{n}"),
+        "account": account, "refresh_url": param(&form, "refresh_url"),
+        "return_url": param(&form, "return_url")});
+    f.account_links.push(link.clone());
+    Json(link).into_response()
+}
+
+/// `POST /v1/transfers`: from the platform's balance to a connected account that takes
+/// transfers; `balance_insufficient` past the balance.
+async fn create_transfer(State(s): State<Shared>, axum::Form(form): Form) -> Response {
+    let mut f = s.lock().unwrap();
+    let destination = param(&form, "destination").unwrap_or_default().to_owned();
+    let Some(account) = f.accounts.get(&destination) else {
+        return missing("destination", &destination, "destination");
+    };
+    if account["capabilities"]["transfers"] != "active" {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            Some("insufficient_capabilities_for_transfer"),
+            "Your destination account needs to have at least one of the following capabilities enabled: transfers, crypto_transfers, legacy_payments",
+        );
+    }
+    let Some(amount) = param(&form, "amount").and_then(|a| a.parse::<i64>().ok()) else {
+        return invalid("Missing required param: amount.");
+    };
+    if let Some(balance) = f.balance {
+        if amount > balance {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("balance_insufficient"),
+                "You have insufficient available funds in your Stripe account. Try adding funds directly to your available balance by creating Charges using the 4000000000000077 test card.",
+            );
+        }
+        f.balance = Some(balance - amount);
+    }
+    let id = f.id("tr");
+    let t = json!({"id": id, "object": "transfer", "amount": amount,
+        "currency": param(&form, "currency"), "destination": destination,
+        "transfer_group": param(&form, "transfer_group"), "metadata": metadata(&form),
+        "reversed": false});
+    f.transfers.push(t.clone());
+    Json(t).into_response()
+}
+
+/// `GET /v1/transfers`: a list, newest first, filtered by `transfer_group` and
+/// `destination` when given.
+async fn list_transfers(
+    State(s): State<Shared>,
+    Query(q): Query<BTreeMap<String, String>>,
+) -> Response {
+    let f = s.lock().unwrap();
+    let data: Vec<Value> = f
+        .transfers
+        .iter()
+        .rev()
+        .filter(|t| {
+            q.get("transfer_group")
+                .is_none_or(|g| t["transfer_group"] == json!(g))
+        })
+        .filter(|t| {
+            q.get("destination")
+                .is_none_or(|d| t["destination"] == json!(d))
+        })
+        .cloned()
+        .collect();
+    Json(json!({"object": "list", "url": "/v1/transfers", "has_more": false, "data": data}))
+        .into_response()
+}
+
 /// The fake, on loopback, and a `[billing]` configuration pointing at it.
 pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
     let fake: Shared = Default::default();
@@ -535,6 +680,10 @@ pub async fn start(price_cents_per_hour: u32) -> (Shared, BillingConfig) {
         .route("/v1/invoices/{id}", get(get_invoice))
         .route("/v1/invoices/{id}/finalize", post(finalize_invoice))
         .route("/v1/invoices/{id}/pay", post(pay_invoice))
+        .route("/v1/accounts", post(create_account))
+        .route("/v1/accounts/{id}", get(get_account))
+        .route("/v1/account_links", post(create_account_link))
+        .route("/v1/transfers", post(create_transfer).get(list_transfers))
         .layer(axum::middleware::from_fn_with_state(fake.clone(), front))
         .with_state(fake.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
