@@ -2,7 +2,7 @@
 //! account's recent invoices, and the owners' payouts not yet transferred. Above both
 //! `billing` and `payouts`, which never import it.
 
-use byo_wire::billing::{AdminBillingView, AdminInvoice, HeldAccount};
+use byo_wire::billing::{AdminBillingView, AdminInvoice, AdminPayout, HeldAccount};
 
 use super::billing;
 use crate::error::AppResult;
@@ -55,10 +55,17 @@ pub async fn admin_view(state: &AppState) -> AppResult<AdminBillingView> {
             invoice: billing::invoice_view(i),
         });
     }
+    let mut pending_payouts = Vec::new();
+    for p in state.store.pending_payouts().await? {
+        pending_payouts.push(AdminPayout {
+            email: email_of(&p.user_sub).await?,
+            payout: super::payouts::payout_view(p),
+        });
+    }
     Ok(AdminBillingView {
         enabled: true,
         held,
         invoices,
-        pending_payouts: super::payouts::admin_pending(state).await?,
+        pending_payouts,
     })
 }

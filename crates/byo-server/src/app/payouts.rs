@@ -17,7 +17,7 @@
 use std::time::Duration;
 
 use byo_db::payouts::{NewPayout, PayoutRow};
-use byo_wire::billing::{AdminPayout, CheckoutView, PayoutAccountView, PayoutView, PayoutsView};
+use byo_wire::billing::{CheckoutView, PayoutAccountView, PayoutView, PayoutsView};
 use chrono::{DateTime, TimeDelta, Utc};
 
 use super::billing::{self, StripeBilling};
@@ -52,7 +52,8 @@ pub fn transfer_group(payout_id: &str) -> String {
     format!("payout-{payout_id}")
 }
 
-fn payout_view(p: PayoutRow) -> PayoutView {
+/// One payout as its owner and the operators read it.
+pub(crate) fn payout_view(p: PayoutRow) -> PayoutView {
     PayoutView {
         id: p.id,
         month: p.month,
@@ -170,23 +171,6 @@ async fn ask_transfers_active(
             Ok(None)
         }
     }
-}
-
-/// Payouts not yet transferred, for the operators' billing page.
-pub async fn admin_pending(state: &AppState) -> AppResult<Vec<AdminPayout>> {
-    let mut out = Vec::new();
-    for p in state.store.pending_payouts().await? {
-        let email = state
-            .store
-            .user(&p.user_sub)
-            .await?
-            .map_or_else(|| p.user_sub.clone(), |u| u.email);
-        out.push(AdminPayout {
-            email,
-            payout: payout_view(p),
-        });
-    }
-    Ok(out)
 }
 
 /// What one `pay-owners` run did.

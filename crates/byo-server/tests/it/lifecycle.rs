@@ -1121,13 +1121,7 @@ async fn h_the_host_page_revokes_and_retires_only_once_the_host_is_named(w: Worl
         .await;
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert!(w.life(&h).await.revoke_step.0.is_some());
-    let r =
-        w.op.post_form(
-            &format!("/admin/hosts/{}/retire", h.id),
-            &[("confirm", &h.slug)],
-        )
-        .await;
-    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    retire_on_page(&w, &h).await;
     assert!(w.life(&h).await.retired_at.is_some());
     let mine = w.owner.page("/hosts").await;
     assert!(
@@ -1135,6 +1129,17 @@ async fn h_the_host_page_revokes_and_retires_only_once_the_host_is_named(w: Worl
             && mine.contains("sudo byo-agent uninstall"),
         "{mine}"
     );
+}
+
+/// The operator retires `h` from its page, naming it as the form asks.
+async fn retire_on_page(w: &World, h: &Host) {
+    let r =
+        w.op.post_form(
+            &format!("/admin/hosts/{}/retire", h.id),
+            &[("confirm", &h.slug)],
+        )
+        .await;
+    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
 }
 
 async fn n1_retire_refusals_change_nothing(w: World) {
@@ -1324,13 +1329,7 @@ async fn n7_a_retired_hosts_hardware_enrols_again(w: World) {
         .depool_host(&h.id, "retiring", &w.op.sub, w.clock.now())
         .await
         .unwrap();
-    let r =
-        w.op.post_form(
-            &format!("/admin/hosts/{}/retire", h.id),
-            &[("confirm", &h.slug)],
-        )
-        .await;
-    assert!(r.status.is_redirection(), "{} {}", r.status, r.text());
+    retire_on_page(&w, &h).await;
     let nodes = w.db().host_nodes(&h.id).await.unwrap();
     assert!(nodes[0].retired_at.is_some(), "hosts_retire_nodes");
     // The same hardware redeems again, as a new host.
