@@ -35,16 +35,20 @@ pub enum TokenKind {
     /// What a relay presents once, at its first boot, for its WireGuard key and TLS
     /// certificate (`hosts.relay_secrets_token_hash`; spent by that one fetch).
     RelaySecrets,
+    /// A person's API token (`api_tokens.token_hash`, issue #43): their account through the
+    /// API, within the token's scope.
+    Api,
 }
 
 impl TokenKind {
-    pub const ALL: [TokenKind; 6] = [
+    pub const ALL: [TokenKind; 7] = [
         TokenKind::Session,
         TokenKind::Enrollment,
         TokenKind::Host,
         TokenKind::Agent,
         TokenKind::SshMap,
         TokenKind::RelaySecrets,
+        TokenKind::Api,
     ];
 
     pub fn prefix(self) -> &'static str {
@@ -55,6 +59,7 @@ impl TokenKind {
             TokenKind::Agent => "byo_agt_",
             TokenKind::SshMap => "byo_map_",
             TokenKind::RelaySecrets => "byo_rly_",
+            TokenKind::Api => "byo_api_",
         }
     }
 }

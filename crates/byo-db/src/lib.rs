@@ -53,6 +53,7 @@ macro_rules! in_tx {
     };
 }
 
+pub mod api_tokens;
 pub mod audit;
 pub mod billing;
 pub mod enrollments;

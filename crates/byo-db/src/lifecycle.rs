@@ -430,7 +430,7 @@ impl Store {
     /// instances or enrolments), newest first, at most `limit`.
     pub async fn audit_of_host(&self, host_id: &str, limit: i64) -> Result<Vec<AuditRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, AuditRow>(
-            "select id, at, actor_sub, action, target, details from audit_log
+            "select id, at, actor_sub, action, target, details, via_token from audit_log
              where target = $1
                 or target in (select id from vms where host_id = $1)
                 or target in (select id from host_enrollments where host_id = $1)

@@ -22,6 +22,14 @@ pub enum AppError {
     InvalidCredentials,
     #[error("{0}")]
     Forbidden(&'static str),
+    /// An API token that does not authenticate (malformed, unknown, expired, revoked; issue
+    /// #43): 401 with the code that says which, so a script's operator knows what to renew.
+    #[error("{message}")]
+    TokenRefused { code: &'static str, message: String },
+    /// A caller the gate knows but that may not do this (a token out of its scope, a route
+    /// that needs a session): 403 with its own code.
+    #[error("{message}")]
+    Denied { code: &'static str, message: String },
     #[error("not found")]
     NotFound,
     #[error("{message}")]
@@ -120,7 +128,8 @@ impl AppError {
         match self {
             AppError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             AppError::Unauthenticated | AppError::InvalidCredentials => StatusCode::UNAUTHORIZED,
-            AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+            AppError::Forbidden(_) | AppError::Denied { .. } => StatusCode::FORBIDDEN,
+            AppError::TokenRefused { .. } => StatusCode::UNAUTHORIZED,
             AppError::NotFound => StatusCode::NOT_FOUND,
             AppError::Conflict { .. } => StatusCode::CONFLICT,
             AppError::Host { status, .. } | AppError::Rejected { status, .. } => *status,
@@ -134,7 +143,9 @@ impl AppError {
             AppError::BadRequest { code, .. }
             | AppError::Conflict { code, .. }
             | AppError::Host { code, .. }
-            | AppError::Rejected { code, .. } => code,
+            | AppError::Rejected { code, .. }
+            | AppError::TokenRefused { code, .. }
+            | AppError::Denied { code, .. } => code,
             AppError::Unauthenticated => "unauthenticated",
             AppError::InvalidCredentials => "invalid_credentials",
             AppError::Forbidden(_) => "forbidden",

@@ -103,6 +103,9 @@ pub struct AuditEntry {
     pub action: String,
     pub target: Option<String>,
     pub details: serde_json::Value,
+    /// The API token the action was taken through (its name), if it was not a session's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via_token: Option<String>,
 }
 
 /// One background job as /admin/jobs shows it (issue #13): its period and its newest runs,
@@ -254,6 +257,12 @@ impl crate::limits::Bounded for SignupRequest {
     }
 }
 
+impl crate::limits::Bounded for NewApiToken {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::limits::chars("name", &self.name, crate::limits::KEY_NAME_CHARS)
+    }
+}
+
 impl crate::limits::Bounded for PasswordChange {
     fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
         use crate::limits::{PASSWORD, text};
@@ -341,5 +350,51 @@ impl crate::limits::Bounded for ActivateRequest {
                 crate::limits::text("dedicated_to", dedicated_to, crate::limits::SHORT)
             }
         }
+    }
+}
+
+/// `POST /api/me/tokens` (issue #43): a named API token with one scope. `expires_in_days`
+/// defaults to 90 and is at most 365.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct NewApiToken {
+    pub name: String,
+    pub scope: crate::states::ApiScope,
+    #[serde(default)]
+    pub expires_in_days: Option<u32>,
+}
+
+/// One of your API tokens as listed: never its secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ApiTokenView {
+    pub id: String,
+    pub name: String,
+    pub scope: crate::states::ApiScope,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+    /// Past `expires_at`: kept in the list until revoked, refused when presented.
+    pub expired: bool,
+    pub last_used_at: Option<DateTime<Utc>>,
+    /// The address it was last used from.
+    pub last_used_from: Option<String>,
+}
+
+/// A token just made: its secret, shown this once and never again, and its listing.
+#[derive(Clone, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct CreatedApiToken {
+    /// `byo_api_…`: send it as `Authorization: Bearer <token>`.
+    pub token: String,
+    pub api_token: ApiTokenView,
+}
+
+impl std::fmt::Debug for CreatedApiToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedApiToken")
+            .field("token", &"<redacted>")
+            .field("api_token", &self.api_token)
+            .finish()
     }
 }

@@ -132,6 +132,19 @@ text_enum! {
     }
 }
 
+text_enum! {
+    /// `api_tokens.scope` (issue #43): what an API token reaches. `read` every GET but the
+    /// operations' and the account's own; `instances` a customer's rentals, keys, queue and
+    /// bookings; `hosts` an owner's machines and earnings; `admin` (staff only) everything a
+    /// token may reach. No scope reaches what needs a session (docs/api-tokens.md).
+    pub enum ApiScope {
+        Read = "read",
+        Instances = "instances",
+        Hosts = "hosts",
+        Admin = "admin",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -169,6 +182,7 @@ mod tests {
         round_trip(NoticeKind::ALL);
         round_trip(InvoiceStatus::ALL);
         round_trip(PayoutStatus::ALL);
+        round_trip(ApiScope::ALL);
         assert!("Running".parse::<VmStatus>().is_err());
         assert!(VmStatus::try_from("unknown".to_owned()).is_err());
     }

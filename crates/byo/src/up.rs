@@ -244,7 +244,11 @@ async fn first_operator_key(
         .await?
         .context("the first superadmin is missing")?;
     let roles = state.store.roles_of(&user.sub).await?;
-    let admin = CurrentUser { user, roles };
+    let admin = CurrentUser {
+        user,
+        roles,
+        via: None,
+    };
     let op = Operator(admin.clone());
     let draft = operator_keys::change_keys(
         state,

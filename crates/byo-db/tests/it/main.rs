@@ -22,6 +22,7 @@ macro_rules! on_both {
     )*};
 }
 
+mod api_tokens;
 mod conformance;
 mod invoices;
 mod notices;

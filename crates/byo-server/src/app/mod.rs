@@ -11,6 +11,7 @@
 pub mod accounts;
 pub mod admin_host_action;
 pub mod admin_vm_action;
+pub mod api_tokens;
 pub mod billing;
 pub mod billing_admin;
 pub mod earnings;

@@ -104,6 +104,7 @@ pub async fn audit_log(state: &AppState, limit: Option<i64>) -> AppResult<Vec<Au
     Ok(rows
         .into_iter()
         .map(|r| AuditEntry {
+            via_token: r.via_token,
             id: r.id,
             at: r.at,
             actor_sub: r.actor_sub,

@@ -1,7 +1,8 @@
-//! Who is calling: sessions, role gates, the host token and the cross-site check. Password
+//! Who is calling: sessions, API tokens, role gates, the host token and the cross-site check. Password
 //! hashing is [`crate::password`]'s: the state holds the hasher, and the state is what
 //! these extractors read.
 
+pub mod api_token;
 pub mod csrf;
 pub mod host_token;
 pub mod session;

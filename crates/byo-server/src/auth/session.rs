@@ -34,6 +34,8 @@ pub fn session_cookie(secure: bool) -> &'static str {
 pub struct CurrentUser {
     pub user: UserRow,
     pub roles: Vec<Role>,
+    /// The API token the request came with, if not a session (issue #43).
+    pub via: Option<super::api_token::TokenUse>,
 }
 
 impl CurrentUser {
@@ -60,6 +62,13 @@ async fn current_user(
     parts: &mut Parts,
     state: &AppState,
 ) -> Result<Option<CurrentUser>, AppError> {
+    // A request that brings credentials in the header is judged by them alone.
+    if parts
+        .headers
+        .contains_key(axum::http::header::AUTHORIZATION)
+    {
+        return super::api_token::caller(parts);
+    }
     let jar = CookieJar::from_headers(&parts.headers);
     let Some(cookie) = jar.get(session_cookie(state.config.cookie_secure)) else {
         return Ok(None);
@@ -75,7 +84,11 @@ async fn current_user(
         return Ok(None);
     };
     let roles = state.store.roles_of(&user.sub).await?;
-    Ok(Some(CurrentUser { user, roles }))
+    Ok(Some(CurrentUser {
+        user,
+        roles,
+        via: None,
+    }))
 }
 
 impl FromRequestParts<AppState> for CurrentUser {

@@ -21,6 +21,7 @@ use crate::auth::{CurrentUser, Operator, Superadmin};
 use crate::error::{AppError, current_request_id};
 use crate::state::AppState;
 
+mod account;
 mod admin_fleet;
 mod admin_instances;
 mod admin_jobs;
@@ -41,6 +42,9 @@ pub fn router() -> Router<AppState> {
         .route("/login", get(login_page).post(login_submit))
         .route("/signup", get(signup_page).post(signup_submit))
         .route("/logout", post(logout_submit))
+        .route("/account", get(account::page))
+        .route("/account/tokens", post(account::create))
+        .route("/account/tokens/{token_id}/revoke", post(account::revoke))
         .route("/admin/users", get(users_page))
         .route(
             "/admin/users/{sub}/roles/{role}/{action}",
@@ -257,7 +261,7 @@ pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup)
                             @if v.is_operator() {
                                 a href="/admin" { "Operations" }
                             }
-                            span.who { (v.user.email) }
+                            a.who href="/account" title="Your account and API tokens" { (v.user.email) }
                             form.inline method="post" action="/logout" { button type="submit" { "Sign out" } }
                         } @else {
                             a href="/login" { "Sign in" }

@@ -23,6 +23,7 @@ pub mod accounts;
 pub mod admin;
 pub mod admin_host_action;
 pub mod admin_vm_action;
+pub mod api_tokens;
 pub mod billing;
 pub mod health;
 pub mod host_enroll;
@@ -45,7 +46,10 @@ pub mod vms;
     info(
         title = "byo control plane",
         description = "The API behind app pages, hosts and operators. Sessions are cookies \
-                       (`__Host-byo_session` when Secure, `byo_session` over plain HTTP); errors are `ErrorBody`."
+                       (`__Host-byo_session` when Secure, `byo_session` over plain HTTP); scripts \
+                       and the `byo` CLI send an API token (`Authorization: Bearer byo_api_…`, \
+                       made on the account page, reaching what its scope covers: \
+                       docs/api-tokens.md); errors are `ErrorBody`."
     ),
     tags(
         (name = "health", description = "Liveness and readiness"),
@@ -69,6 +73,8 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(accounts::logout))
         .routes(routes!(accounts::me))
         .routes(routes!(accounts::change_password))
+        .routes(routes!(api_tokens::get_tokens, api_tokens::post_token))
+        .routes(routes!(api_tokens::delete_token))
         .routes(routes!(notices::get_my_notices, notices::put_my_notices))
         .routes(routes!(notices::get_outbox))
         .routes(routes!(admin::list_users))
@@ -164,6 +170,10 @@ pub fn router(state: AppState) -> Router {
         .route_layer(middleware::from_fn_with_state(
             state.metrics.clone(),
             metrics::track,
+        ))
+        .layer(middleware::from_fn_with_state(
+            state.clone(),
+            auth::api_token::resolve,
         ))
         .layer(middleware::from_fn_with_state(
             state.clone(),

@@ -552,7 +552,8 @@ on_each_backend!(
 );
 
 /// Issue #42, 2: the header carries what each person uses — a customer their instances,
-/// bookings, billing and notices; an owner their GPUs too; staff one "Operations" link —
+/// bookings, billing and notices, and their account (their address links to it); an owner
+/// their GPUs too; staff one "Operations" link —
 /// and every operations page its own navigation, which no other page has.
 async fn the_navigation_is_by_role(app: TestApp) {
     fn header_links(page: &str) -> Vec<String> {
@@ -566,7 +567,14 @@ async fn the_navigation_is_by_role(app: TestApp) {
     let customer = app.customer("customer@example.com").await;
     let owner = app.community_host("owner@example.com").await;
     let op = app.operator("op@example.com").await;
-    let mine = ["/", "/instances", "/prebookings", "/billing", "/notices"];
+    let mine = [
+        "/",
+        "/instances",
+        "/prebookings",
+        "/billing",
+        "/notices",
+        "/account",
+    ];
     let page = customer.page("/instances").await;
     assert_eq!(header_links(&page), mine);
     assert!(!page.contains("nav class=\"ops\""), "{page}");
@@ -579,7 +587,8 @@ async fn the_navigation_is_by_role(app: TestApp) {
             "/prebookings",
             "/hosts",
             "/billing",
-            "/notices"
+            "/notices",
+            "/account"
         ]
     );
     let page = op.page("/instances").await;
@@ -592,7 +601,8 @@ async fn the_navigation_is_by_role(app: TestApp) {
             "/hosts",
             "/billing",
             "/notices",
-            "/admin"
+            "/admin",
+            "/account"
         ]
     );
     assert!(!page.contains("nav class=\"ops\""), "{page}");
@@ -613,7 +623,7 @@ async fn the_navigation_is_by_role(app: TestApp) {
         }
         assert_eq!(
             header_links(&page).len(),
-            7,
+            8,
             "{path}: the header stays short"
         );
     }

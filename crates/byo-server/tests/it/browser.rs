@@ -118,8 +118,7 @@ impl Site {
             .click()
             .await
             .unwrap();
-        self.wait_text("span.who", |t| t == email, "signed in")
-            .await;
+        self.wait_text(".who", |t| t == email, "signed in").await;
     }
 
     async fn text(&self, css: &str) -> Option<String> {

@@ -86,6 +86,7 @@ async fn world_on(listener: Option<tokio::net::TcpListener>) -> World {
         .unwrap();
     let owner = CurrentUser {
         roles: vec![Role::CommunityHost],
+        via: None,
         user,
     };
 

@@ -5,6 +5,7 @@
 mod support;
 
 mod accounts;
+mod api_tokens;
 mod authorization;
 mod billing;
 mod bounds;

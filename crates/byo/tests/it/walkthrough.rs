@@ -395,7 +395,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         .await;
     person
         .wait_text(
-            "span.who",
+            ".who",
             |t| t == up.email,
             Duration::from_secs(10),
             false,

@@ -106,6 +106,7 @@ pub async fn user(store: &byo_db::Store, email: &str, role: Role) -> CurrentUser
     CurrentUser {
         user,
         roles: vec![role],
+        via: None,
     }
 }
 
