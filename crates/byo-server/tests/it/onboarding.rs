@@ -983,6 +983,36 @@ async fn c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tr
         }
     }
 
+    // The API words it as the page does (issue #43, 3: `byo hosts show`).
+    let listed = w.owner.get("/api/hosts").await.json();
+    let listed = &listed.as_array().unwrap()[0];
+    assert_eq!(listed["host_id"], json!(host_id));
+    assert!(
+        listed["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("preparing: operator-access failed (no operator-key list"),
+        "{listed}"
+    );
+    assert!(
+        listed["last_step"]
+            .as_str()
+            .unwrap()
+            .starts_with("operator-access failed")
+    );
+    assert!(
+        listed["advice"]
+            .as_str()
+            .unwrap()
+            .starts_with("byo's operators cannot log in to this machine yet")
+            && listed["advice"]
+                .as_str()
+                .unwrap()
+                .ends_with("Nothing for you to do: we fix this on our side."),
+        "{listed}"
+    );
+    assert_eq!(listed["may_cancel"], json!(false));
+
     // apt held by another program: the owner's to fix. Its next try is already past (the
     // host may be off): no time is promised.
     report(failed(
@@ -1005,6 +1035,12 @@ async fn c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tr
     report(json!({"node": 0, "state": {"step": "self-check", "state": "satisfied", "attempt": 1, "error": null, "final": true, "at": "2026-11-29T12:01:00Z"}, "completed": true})).await;
     let (page, fragment) = views().await;
     assert!(page.contains("prepared: waiting for an operator"), "{page}");
+    let listed = w.owner.get("/api/hosts").await.json();
+    assert_eq!(
+        listed[0]["state"],
+        "prepared: waiting for an operator's approval"
+    );
+    assert_eq!(listed[0]["advice"], Value::Null);
     for view in [page, fragment] {
         assert!(!view.contains("tries again"), "{view}");
     }
