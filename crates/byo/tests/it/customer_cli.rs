@@ -346,14 +346,17 @@ async fn an_owner_adds_a_gpu_and_reads_it_in_the_pages_words_from_the_terminal()
     ));
     assert_eq!(code, 1);
     assert!(err.contains("403"), "{err}");
-    let none: Vec<OwnerHostView> = json(byo(&config, &["hosts", "list", "--json"], ""));
-    assert!(none.is_empty());
+    let (code, err) = refused(byo(&config, &["hosts", "list"], ""));
+    assert_eq!(code, 1);
+    assert!(err.contains("does not reach GET /api/hosts"), "{err}");
 
     ok(byo(
         &config,
         &["login", "--server", &up.url],
         &token(&up, "machines", "hosts").await,
     ));
+    let none: Vec<OwnerHostView> = json(byo(&config, &["hosts", "list", "--json"], ""));
+    assert!(none.is_empty(), "the refused add added nothing");
     let said = ok(byo(
         &config,
         &["hosts", "add", "--profile", "linux-test"],
