@@ -170,15 +170,12 @@ pub fn normalise_server(server: &str) -> Result<String, ApiError> {
     match url.scheme() {
         "https" => {}
         // A token crosses the network only inside TLS; plain http only to this machine
-        // (`byo up` on loopback).
-        "http"
-            if url
-                .host_str()
-                .is_some_and(|h| h == "localhost" || h == "127.0.0.1" || h == "[::1]") => {}
+        // (`byo up`, on loopback or on the LXD bridge's address here).
+        "http" if url.host_str().is_some_and(on_this_machine) => {}
         "http" => {
             return Err(ApiError::Local(format!(
-                "--server {server} is plain http: a token is sent only over https (or to this \
-                 machine's own loopback)"
+                "--server {server} is plain http: a token is sent only over https (or to an \
+                 address of this machine)"
             )));
         }
         other => {
@@ -188,6 +185,19 @@ pub fn normalise_server(server: &str) -> Result<String, ApiError> {
         }
     }
     Ok(server.to_owned())
+}
+
+/// Whether `host` (as a URL spells it) is this machine: `localhost`, a loopback address, or an
+/// address one of its interfaces holds (binding to it succeeds only then), so a request to it
+/// never leaves the machine.
+fn on_this_machine(host: &str) -> bool {
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    literal
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback() || std::net::TcpListener::bind((ip, 0)).is_ok())
 }
 
 /// One API, one token.
@@ -297,4 +307,33 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cause = c.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalise_server;
+
+    #[test]
+    fn a_token_goes_over_plain_http_only_to_this_machine() {
+        for here in [
+            "http://localhost:8080",
+            "http://127.0.0.1:8080/",
+            "http://[::1]:8080",
+            "https://app.enverge.ai/",
+        ] {
+            assert!(normalise_server(here).is_ok(), "{here}");
+        }
+        assert_eq!(
+            normalise_server("https://app.enverge.ai/").unwrap(),
+            "https://app.enverge.ai"
+        );
+        // TEST-NET-1 and a name: another machine, whatever DNS says.
+        for away in [
+            "http://192.0.2.1:8080",
+            "http://byo.example.com",
+            "ftp://localhost",
+        ] {
+            assert!(normalise_server(away).is_err(), "{away}");
+        }
+    }
 }
