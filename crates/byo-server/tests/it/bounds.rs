@@ -399,12 +399,13 @@ async fn i2_slugs_are_never_reused_across_reject_revoke_and_retire(w: World) {
 // ---- 3. Placement as a closed set -----------------------------------------------------
 
 async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_change(w: World) {
-    let (host_id, _) = w.enrolled().await;
+    let (host_id, host_token) = w.enrolled().await;
     w.app
         .db
         .mark_host_prepared(&host_id, w.clock.now())
         .await
         .unwrap();
+    w.app.idle_heartbeat(&host_token).await;
     let path = format!("/api/admin/hosts/{host_id}/activate");
     for bad in [
         json!({"placement": "pool-of-mine"}),

@@ -531,6 +531,8 @@ impl World {
             .mark_host_prepared(&id, self.clock.now())
             .await
             .unwrap();
+        // Its agent serves: an operator activates a host only on a fresh, healthy beat.
+        self.app.idle_heartbeat(&host_token).await;
         let a = self
             .op
             .post(
