@@ -4,7 +4,6 @@
 //! a second terminal, the queue and bookings, and every refusal with its exit code and
 //! nothing changed.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
@@ -12,33 +11,7 @@ use byo_wire::enroll::OwnerHostView;
 use byo_wire::vm::{InstanceQueued, InstanceView, QueuedView, SshKeyView};
 use serde_json::json;
 
-use crate::support::{ByoUp, sibling};
-
-/// `byo <args>` with its config in `config`, `stdin` fed to it.
-fn byo(config: &Path, args: &[&str], stdin: &str) -> Output {
-    let mut child = byo_command(config, args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("byo runs");
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
-}
-
-fn byo_command(config: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(sibling("byo"));
-    command
-        .args(args)
-        .env("BYO_CONFIG_DIR", config)
-        .env_remove("BYO_SERVER");
-    command
-}
+use crate::support::{ByoUp, byo_cli as byo, byo_command};
 
 fn text(out: &[u8]) -> String {
     String::from_utf8_lossy(out).into_owned()

@@ -658,22 +658,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     person.shot("api-token").await;
     let config = work.path().join("config");
     let cli = |args: &[&str], stdin: &str| -> Output {
-        use std::io::Write;
-        let mut child = Command::new(support::sibling("byo"))
-            .args(args)
-            .env("BYO_CONFIG_DIR", &config)
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(stdin.as_bytes())
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
+        let out = support::byo_cli(&config, args, stdin);
         assert!(
             out.status.success(),
             "byo {}:\n{}",
@@ -714,8 +699,9 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     let key_arg = key.to_string_lossy().into_owned();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let out = Command::new(support::sibling("byo"))
-            .args([
+        let out = support::byo_cli(
+            &config,
+            &[
                 "instances",
                 "ssh",
                 &cli_name,
@@ -724,25 +710,22 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
                 "/dev/null",
                 "-i",
                 &key_arg,
-            ])
-            .args([
                 "-o",
                 "StrictHostKeyChecking=no",
                 "-o",
                 "UserKnownHostsFile=/dev/null",
-            ])
-            .args([
                 "-o",
                 "BatchMode=yes",
                 "-o",
                 "ConnectTimeout=3",
                 "-o",
                 "IdentitiesOnly=yes",
-            ])
-            .args(["-o", "LogLevel=ERROR", "hostname"])
-            .env("BYO_CONFIG_DIR", &config)
-            .output()
-            .unwrap();
+                "-o",
+                "LogLevel=ERROR",
+                "hostname",
+            ],
+            "",
+        );
         if out.status.success() {
             assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), cli_name);
             break;
