@@ -120,9 +120,9 @@ pub async fn revoke(state: &AppState, by: &Operator, enrollment_id: &str) -> App
 }
 
 /// Problems that do not stop a host from renting: the fleet's key list nearing its expiry
-/// (every host's, signed by operators) and a key list not yet pushed (operators' access,
-/// not the customers').
-const RENTABLE_DESPITE: &[&str] = &["key list expiring", "key list lagging", "failed push"];
+/// (every host's, for operators to re-sign). A push not yet made (operators' access, not the
+/// customers') is not read at all.
+const RENTABLE_DESPITE: &[&str] = &["key list expiring"];
 
 /// A host goes into service only on its agent's word, not only its report's (issue #36, 8):
 /// a prepared host that is not in service must have beaten within placement's age and be
@@ -138,11 +138,6 @@ async fn refuse_unhealthy(state: &AppState, host_id: &str, now: DateTime<Utc>) -
         return Ok(());
     }
     let status = store.host_status(host_id).await?;
-    let push = store
-        .key_push_status()
-        .await?
-        .into_iter()
-        .find(|k| k.host_id == host_id);
     let published = store.published_key_list().await?;
     let vms = store.live_vms_of_host(host_id).await?;
     let bench = store.host_bench(host_id).await?;
@@ -151,7 +146,8 @@ async fn refuse_unhealthy(state: &AppState, host_id: &str, now: DateTime<Utc>) -
             host: &host,
             status: status.as_ref(),
             heard_since: state.config.placement.seen_since(now),
-            push: push.as_ref(),
+            // The key push is the operators' access, not what a customer meets: not read.
+            push: None,
             published: published.as_ref(),
             published_expires: list_expiry(published.as_ref()),
             vms: &vms,

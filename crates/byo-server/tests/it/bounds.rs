@@ -443,6 +443,9 @@ async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_ch
         (Some("shared"), false)
     );
     assert_eq!(w.app.db.audit_log(1000).await.unwrap().len(), audits);
+    // A change on a host in service is not held to a fresh heartbeat (its agent silent ten
+    // minutes here): it does not put the host into service (issue #36, 8).
+    w.clock.advance(chrono::Duration::minutes(10));
     // A dedicated_to naming no one is refused.
     let r =
         w.op.post(
