@@ -77,6 +77,35 @@ pub struct ProvisionResponse {
     pub command: String,
 }
 
+/// `GET /api/hosts`: one GPU its owner added, as *Your GPUs* words it (issue #43, 3).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct OwnerHostView {
+    /// `None` once the host is released or was rejected.
+    pub host_id: Option<String>,
+    pub slug: Option<String>,
+    pub enrollment_id: String,
+    pub profile_id: String,
+    pub enrollment_state: crate::states::EnrollmentState,
+    /// The state in the owner's words: waiting for the command, preparing (with its latest
+    /// step), waiting for approval, idle, renting, unreachable since…, stopping, stopped,
+    /// retired (with what to do next).
+    pub state: String,
+    /// While it is being prepared: node 0's latest step (`base-image done`, or the failure).
+    pub last_step: Option<String>,
+    /// Under a failed step: what it means and who fixes it.
+    pub advice: Option<String>,
+    pub prepared_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Its machines not retired (2 for a pair, 0 before it enrolled).
+    pub nodes: i64,
+    /// Stop hosting is open to you (`POST /api/hosts/{host_id}/stop`).
+    pub may_stop: bool,
+    /// Not enrolled yet: cancelling hands back what was set aside
+    /// (`POST /api/hosts/{host_id}/cancel`).
+    pub may_cancel: bool,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
 impl std::fmt::Debug for ProvisionResponse {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ProvisionResponse")

@@ -1,10 +1,16 @@
-//! `byo`: the operator's command line.
+//! `byo`: the command line for customers (log in with an API token, rent, reach and
+//! release instances), and for operators (run the platform, sign key lists, releases and
+//! fleet upgrades, break glass). Exit codes: 0 done, 1 refused (the server's message),
+//! 2 usage, 3 the server unreachable (docs/cli.md).
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
-/// byo, from an operator's machine.
+/// byo: rent GPU machines from the terminal, and run the platform.
+///
+/// Start with `byo login --server https://… ` and an API token from your account page, then
+/// `byo instances create --gpu spark-1 --wait`. Every command that prints data takes --json.
 #[derive(Parser)]
-#[command(version, about, long_about = None)]
+#[command(version, about, long_about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -12,13 +18,42 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Keep an API token for this machine's commands (read from standard input, unechoed
+    /// on a terminal), checked against the server first; stored 0600 in ~/.config/byo.
+    ///
+    /// Example: byo login --server https://app.enverge.ai < token.txt
+    Login(byo::customer::LoginArgs),
+    /// Forget the token kept on this machine (revoke it on your account page to end it).
+    ///
+    /// Example: byo logout
+    Logout,
+    /// Your instances: list, create, reach, stop, start, reboot, delete.
+    #[command(subcommand)]
+    Instances(byo::customer::InstancesCommand),
+    /// The SSH keys your instances are created with.
+    #[command(subcommand, name = "ssh-keys")]
+    SshKeys(byo::customer::SshKeysCommand),
+    /// Your creates waiting for a free host.
+    #[command(subcommand)]
+    Queue(byo::customer::QueueCommand),
+    /// Your GPUs, as their owner: list, show, add, stop hosting.
+    #[command(subcommand)]
+    Hosts(byo::owner::HostsCommand),
+    /// Your pre-bookings.
+    ///
+    /// Example: byo bookings --json
+    Bookings(byo::print::Output),
+    /// Print a shell completion script.
+    ///
+    /// Example: byo completions bash > ~/.local/share/bash-completion/completions/byo
+    Completions { shell: clap_complete::Shell },
     /// Run the whole platform on this machine: SQLite in a data directory, the control
     /// plane on loopback, and a first superadmin. Prints the URL and how to sign in.
     Up(byo::up::UpArgs),
     /// The signed operator-key lists.
     #[command(subcommand)]
     Keys(KeysCommand),
-    /// One host, by hand (break glass).
+    /// One host, by hand, as an operator (break glass).
     #[command(subcommand)]
     Host(HostCommand),
     /// Agent builds: sign one where the release key is, publish it, check the path an
@@ -91,13 +126,28 @@ fn main() -> std::process::ExitCode {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("byo: {e:#}");
-            std::process::ExitCode::FAILURE
+            let code = e
+                .downcast_ref::<byo::api::ApiError>()
+                .map_or(byo::api::EXIT_REFUSED, byo::api::ApiError::exit_code);
+            std::process::ExitCode::from(code)
         }
     }
 }
 
 async fn run() -> anyhow::Result<()> {
+    use byo::customer;
     match Cli::parse().command {
+        Command::Login(args) => Ok(customer::login(args).await?),
+        Command::Logout => Ok(customer::logout()?),
+        Command::Instances(c) => Ok(customer::instances(c).await?),
+        Command::SshKeys(c) => Ok(customer::ssh_keys(c).await?),
+        Command::Queue(c) => Ok(customer::queue(c).await?),
+        Command::Bookings(out) => Ok(customer::bookings(out).await?),
+        Command::Hosts(c) => Ok(byo::owner::hosts(c).await?),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "byo", &mut std::io::stdout());
+            Ok(())
+        }
         Command::Up(args) => byo::up::run(args).await,
         Command::Keys(KeysCommand::Sign(args)) => byo::keys::sign(args).await,
         Command::Host(HostCommand::Ssh(args)) => byo::host_ssh::run(args),

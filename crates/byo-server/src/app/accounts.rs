@@ -35,6 +35,31 @@ pub fn normalize_email(raw: &str) -> AppResult<String> {
     }
 }
 
+/// An address a new account may be made with (issue #36, 8): [`normalize_email`]'s, and
+/// also ASCII only (an internationalised domain in its `xn--` form), with no empty label
+/// in the domain — no trailing dot, no `..` — so no address can pass for another: a
+/// Cyrillic "а" for a Latin "a", `example.com.` for `example.com`. Sign-in keeps reading
+/// with [`normalize_email`] alone, so an account made before this still signs in.
+pub fn check_new_email(raw: &str) -> AppResult<String> {
+    let email = normalize_email(raw)?;
+    let refuse = |why: &str| {
+        Err(AppError::bad_request(
+            "invalid_email",
+            format!("that address cannot be used: {why}"),
+        ))
+    };
+    if !email.is_ascii() {
+        return refuse(
+            "write it in plain ASCII letters (an internationalised domain in its xn-- form)",
+        );
+    }
+    let domain = email.rsplit_once('@').map_or("", |(_, d)| d);
+    if domain.split('.').any(str::is_empty) {
+        return refuse("its domain has an empty part (a trailing dot, two dots)");
+    }
+    Ok(email)
+}
+
 /// The strength a password must reach on zxcvbn's 0–4 scale: 3, "safely unguessable" —
 /// about 10^8 guesses, out of reach of an online attack and costly offline against argon2.
 pub const MIN_PASSWORD_SCORE: zxcvbn::Score = zxcvbn::Score::Three;
@@ -114,8 +139,29 @@ const RESERVED_NAMES: &[&str] = &[
     "enverge",
 ];
 
+/// A display name as [`normalize_name`] keeps it, and each word in one script (issue #36,
+/// 8): a Latin word with a Cyrillic or Greek letter in it is how a name passes for another
+/// ("Pаul", "Administrαtor"); a name wholly in one script, or Japanese's usual mix, is fine.
 fn check_display_name(name: &str) -> AppResult<String> {
-    normalize_name("display_name", name, byo_wire::limits::NAME_CHARS)
+    use unicode_security::MixedScript;
+    let name = normalize_name("display_name", name, byo_wire::limits::NAME_CHARS)?;
+    if let Some(word) = name.split(' ').find(|w| !w.is_single_script()) {
+        return Err(AppError::bad_request(
+            "invalid_name",
+            format!(
+                "display_name mixes alphabets within a word ({word:?}); write each word in one"
+            ),
+        ));
+    }
+    Ok(name)
+}
+
+/// Whether `name` reads as one of [`RESERVED_NAMES`]: compared by their Unicode confusable
+/// skeletons (UTS #39), so "Admin", "ADMIN" and "Аdmin" with a Cyrillic "А" are all "admin".
+fn reads_as_reserved(name: &str) -> bool {
+    let skeleton = |s: &str| unicode_security::skeleton(&s.to_lowercase()).collect::<String>();
+    let seen = skeleton(name);
+    RESERVED_NAMES.iter().any(|r| skeleton(r) == seen)
 }
 
 /// Create a local user after checking every field.
@@ -125,7 +171,7 @@ pub async fn create_account(
     password: &str,
     display_name: &str,
 ) -> AppResult<UserRow> {
-    let email = normalize_email(email)?;
+    let email = check_new_email(email)?;
     let display_name = check_display_name(display_name)?;
     check_password(password, &[&email, &display_name])?;
     let password_hash = state.passwords.hash(password.to_owned()).await?;
@@ -198,7 +244,7 @@ pub async fn sign_up(
         ));
     }
     let normalized = check_display_name(display_name)?;
-    if RESERVED_NAMES.contains(&normalized.to_lowercase().as_str()) {
+    if reads_as_reserved(&normalized) {
         return Err(AppError::bad_request(
             "invalid_name",
             "that display name is kept for the installation's own accounts",
@@ -362,6 +408,54 @@ mod tests {
         );
         for bad in ["", "ana", "@x", "ana@", "a b@x", "a@b@c", "a@x\u{7}"] {
             assert!(normalize_email(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_new_address_is_plain_ascii_with_no_empty_label() {
+        assert_eq!(
+            check_new_email(" Ana@Example.com").unwrap(),
+            "ana@example.com"
+        );
+        assert!(check_new_email("root@localhost").is_ok());
+        assert!(check_new_email("ana@xn--bcher-kva.example").is_ok());
+        // A Cyrillic "а", a trailing dot, two dots, a leading dot.
+        for look_alike in [
+            "\u{430}na@example.com",
+            "ana@example.com.",
+            "ana@example..com",
+            "ana@.example.com",
+            "ana@bücher.example",
+        ] {
+            assert!(check_new_email(look_alike).is_err(), "{look_alike:?}");
+        }
+    }
+
+    #[test]
+    fn names_that_pass_for_another_are_refused() {
+        for reserved in [
+            "Administrator",
+            "ADMIN",
+            "\u{410}dministrator",   // Cyrillic А
+            "Admin\u{200B}istrator", // stripped to Administrator
+            "Enverge",
+        ] {
+            let name = check_display_name(reserved).unwrap_or_else(|_| reserved.to_owned());
+            assert!(reads_as_reserved(&name), "{reserved:?}");
+        }
+        assert!(!reads_as_reserved("Ana Lima"));
+        // A word mixing alphabets; one alphabet per word is anyone's name.
+        for mixed in ["P\u{430}ul Smith", "Administr\u{3b1}tor"] {
+            assert!(check_display_name(mixed).is_err(), "{mixed:?}");
+        }
+        for fine in [
+            "José Núñez",
+            "Ελένη Παππά",
+            "Олег",
+            "山田たろう",
+            "Jean-Luc O'Neil",
+        ] {
+            assert_eq!(check_display_name(fine).unwrap(), fine);
         }
     }
 

@@ -5,8 +5,10 @@
 use byo_db::DbError;
 use byo_db::hosts::Activation;
 use byo_wire::api::Placement;
+use chrono::{DateTime, Utc};
 use serde_json::json;
 
+use crate::app::host_problems::{Problem, Seen, list_expiry, problems};
 use crate::auth::Operator;
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
@@ -31,6 +33,7 @@ pub async fn activate(
         ));
     }
     let now = state.clock.now();
+    refuse_unhealthy(state, host_id, now).await?;
     let done = state
         .store
         .activate_host(
@@ -114,4 +117,60 @@ pub async fn revoke(state: &AppState, by: &Operator, enrollment_id: &str) -> App
         .await?;
     crate::app::reap::reap_once(state).await?;
     Ok(())
+}
+
+/// Problems that do not stop a host from renting: the fleet's key list nearing its expiry
+/// (every host's, for operators to re-sign). A push not yet made (operators' access, not the
+/// customers') is not read at all.
+const RENTABLE_DESPITE: &[&str] = &["key list expiring"];
+
+/// A host goes into service only on its agent's word, not only its report's (issue #36, 8):
+/// a prepared host that is not in service must have beaten within placement's age and be
+/// judged free of every problem a customer would meet (`app::host_problems`), or the
+/// activation is refused, naming each. A placement change on a host in service is not held
+/// to this: it does not put it into service.
+async fn refuse_unhealthy(state: &AppState, host_id: &str, now: DateTime<Utc>) -> AppResult<()> {
+    let store = &state.store;
+    let Some(host) = store.host(host_id).await? else {
+        return Ok(()); // the activation's own answer says so
+    };
+    if host.active || host.prepared_at.is_none() {
+        return Ok(());
+    }
+    let status = store.host_status(host_id).await?;
+    let published = store.published_key_list().await?;
+    let vms = store.live_vms_of_host(host_id).await?;
+    let bench = store.host_bench(host_id).await?;
+    let found: Vec<Problem> = problems(
+        &Seen {
+            host: &host,
+            status: status.as_ref(),
+            heard_since: state.config.placement.seen_since(now),
+            // The key push is the operators' access, not what a customer meets: not read.
+            push: None,
+            published: published.as_ref(),
+            published_expires: list_expiry(published.as_ref()),
+            vms: &vms,
+            bench: bench.as_ref(),
+        },
+        now,
+    )
+    .into_iter()
+    .filter(|p| !RENTABLE_DESPITE.contains(&p.name))
+    .collect();
+    if found.is_empty() {
+        return Ok(());
+    }
+    let named: Vec<String> = found
+        .iter()
+        .map(|p| format!("{} ({})", p.name, p.detail))
+        .collect();
+    Err(AppError::conflict(
+        "not_healthy",
+        format!(
+            "this host cannot go into service yet: {}. It is activated once its agent beats \
+             with nothing wrong; nothing was changed",
+            named.join("; ")
+        ),
+    ))
 }

@@ -30,6 +30,7 @@ pub mod jobs;
 pub mod notices;
 pub mod notify_stuck_deletes;
 pub mod operator_keys;
+pub mod owner_hosts;
 pub mod payouts;
 pub mod placement;
 pub mod prebookings;

@@ -215,10 +215,10 @@ async fn page(
                 @match (&host.prepared_at, &host.prepare_state) {
                     (Some(t), Some(p)) if p.0["state"].as_str() == Some("failed") => {
                         "finished " (at(*t)) "; prepared again since, which stopped at: "
-                        (cut(&super::hosts::step_line(&p.0), SHOWN_CHARS))
+                        (cut(&crate::app::owner_hosts::step_line(&p.0), SHOWN_CHARS))
                     }
                     (Some(t), _) => { "finished " (at(*t)) }
-                    (None, Some(p)) => { "stopped at: " (cut(&super::hosts::step_line(&p.0), SHOWN_CHARS)) }
+                    (None, Some(p)) => { "stopped at: " (cut(&crate::app::owner_hosts::step_line(&p.0), SHOWN_CHARS)) }
                     (None, None) => { "not started" }
                 }
                 @if nodes.len() > 1 { " — " (nodes.len()) " nodes" }

@@ -10,7 +10,7 @@ use byo_db::provisioning::EnrollmentView;
 use byo_wire::Role;
 use byo_wire::api::Placement;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
-use byo_wire::states::{EnrollmentState, RelayState};
+use byo_wire::states::RelayState;
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -18,6 +18,7 @@ use serde_json::Value;
 
 use super::{PageError, PageResult, layout, ops_layout, require_operator};
 use crate::app::host_report::{Fixer, failure_advice};
+use crate::app::owner_hosts::{Onboarding, after_go_live, step_failed, step_line};
 use crate::app::{admin_host_action, host_lifecycle, host_provision};
 use crate::auth::CurrentUser;
 use crate::error::AppError;
@@ -25,79 +26,6 @@ use crate::state::AppState;
 
 fn may_provision(v: &CurrentUser) -> bool {
     v.has(Role::CommunityHost) || v.has(Role::Superadmin)
-}
-
-/// What the pages know about one host's onboarding: its enrolment (if it came through "add
-/// a GPU") and the host row's own record.
-struct Facts<'a> {
-    /// The enrolment's state; `None` for a host that has no enrolment.
-    enrollment: Option<EnrollmentState>,
-    token_expires_at: Option<DateTime<Utc>>,
-    reject_reason: Option<&'a str>,
-    prepared_at: Option<DateTime<Utc>>,
-    prepare_state: Option<&'a Value>,
-    /// `None` once the hosts row is gone (released or rejected).
-    active: Option<bool>,
-}
-
-impl<'a> Facts<'a> {
-    fn of(e: &'a EnrollmentView) -> Self {
-        Facts {
-            enrollment: Some(e.state),
-            token_expires_at: Some(e.token_expires_at),
-            reject_reason: e.reject_reason.as_deref(),
-            prepared_at: e.prepared_at,
-            prepare_state: e.prepare_state.as_ref().map(|s| &s.0),
-            active: e.active,
-        }
-    }
-
-    fn summary(&self) -> String {
-        if self.active == Some(true) {
-            return "active: renting to customers".into();
-        }
-        match (self.enrollment, self.prepared_at, self.prepare_state) {
-            (Some(s), ..) if s.is_open() => match self.token_expires_at {
-                Some(at) => format!(
-                    "waiting for the command (expires {} UTC)",
-                    at.format("%H:%M")
-                ),
-                None => "waiting for the command".into(),
-            },
-            (Some(EnrollmentState::Rejected), ..) => {
-                format!("rejected: {}", self.reject_reason.unwrap_or(""))
-            }
-            (_, Some(_), _) if self.active.is_some() => {
-                "prepared: waiting for an operator's approval".into()
-            }
-            (_, None, Some(p)) if self.active.is_some() => format!("preparing: {}", step_line(p)),
-            (Some(EnrollmentState::Enrolled), ..) => "enrolled: preparing".into(),
-            (None, ..) => "not enrolled".into(),
-            (Some(other), ..) => other.to_string(),
-        }
-    }
-
-    /// Nothing more will change on this row: polling can stop. A prepared host still
-    /// waits for its activation, which the owner sees arrive.
-    fn settled(&self, now: DateTime<Utc>) -> bool {
-        self.active != Some(false)
-            || self.enrollment.is_some_and(EnrollmentState::is_ended)
-            || (self.enrollment.is_some_and(EnrollmentState::is_open)
-                && self.token_expires_at.is_some_and(|at| at <= now))
-    }
-}
-
-/// One prepare_state (`{step, state, attempt, error, final, at}`) as a line.
-pub(super) fn step_line(p: &Value) -> String {
-    format!(
-        "{} {}{}",
-        p["step"].as_str().unwrap_or("?"),
-        p["state"].as_str().unwrap_or("?"),
-        p["error"]
-            .as_str()
-            .map(|e| format!(" ({e})"))
-            .unwrap_or_default()
-    )
 }
 
 /// Under a failed step, for the owner: what is wrong and who fixes it in plain words, and
@@ -134,15 +62,15 @@ fn failure_advice_line(p: &Value, now: DateTime<Utc>, prepared: bool) -> Markup 
 }
 
 fn enrollment_state(e: &EnrollmentView) -> String {
-    Facts::of(e).summary()
+    Onboarding::of(e).summary()
 }
 
 /// The live part of a host's row: the state, the latest step of node 0 with its attempt and
 /// time, and each satellite's own latest step; under a failed one, what it means for the
 /// owner. `GET /hosts/{host_id}/progress` serves it
 /// alone; the page polls that and puts it in place.
-fn progress_fragment(facts: &Facts<'_>, nodes: &[HostNodeRow], now: DateTime<Utc>) -> Markup {
-    let failed = |p: &Value| p["state"].as_str() == Some("failed");
+fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTime<Utc>) -> Markup {
+    let failed = step_failed;
     html! {
         div.progress data-settled=(facts.settled(now)) {
             span.state { (facts.summary()) }
@@ -303,7 +231,7 @@ async fn gpus_page(
                                 }
                                 (Some((host_id, nodes)), None) => {
                                     div #{ "progress-" (host_id) } data-progress={ "/hosts/" (host_id) "/progress" } {
-                                        (progress_fragment(&Facts::of(e), nodes, now))
+                                        (progress_fragment(&Onboarding::of(e), nodes, now))
                                     }
                                     @if e.state.is_open() {
                                         form.inline method="post" action={ "/hosts/" (host_id) "/cancel" } {
@@ -507,7 +435,7 @@ pub async fn progress(
     let enrollment = enrollments
         .iter()
         .find(|e| e.host_id.as_deref() == Some(host.id.as_str()));
-    let facts = Facts {
+    let facts = Onboarding {
         enrollment: enrollment.map(|e| e.state),
         token_expires_at: enrollment.map(|e| e.token_expires_at),
         reject_reason: enrollment.and_then(|e| e.reject_reason.as_deref()),
@@ -736,36 +664,6 @@ pub async fn revoke(
             .into_response()),
         Err(e) => Err(e.into()),
     }
-}
-
-/// A host after go-live, as its owner's page shows it.
-struct AfterGoLive {
-    words: String,
-    may_stop: bool,
-    stopped: bool,
-}
-
-async fn after_go_live(
-    state: &AppState,
-    host_id: &str,
-    now: DateTime<Utc>,
-) -> Result<Option<AfterGoLive>, PageError> {
-    let Some(h) = state.store.host_lifecycle(host_id).await? else {
-        return Ok(None);
-    };
-    let seen = state.store.host_status(host_id).await?.map(|s| s.seen_at);
-    let live = state.store.live_vms_of_host(host_id).await?.len();
-    Ok(
-        host_lifecycle::owner_state(&h, seen, live, state.config.placement.seen_since(now)).map(
-            |words| AfterGoLive {
-                words,
-                may_stop: h.retired_at.is_none()
-                    && h.revoke_step.0.is_none()
-                    && !host_lifecycle::owner_stopped(&h, live),
-                stopped: host_lifecycle::owner_stopped(&h, live),
-            },
-        ),
-    )
 }
 
 /// `POST /hosts/{host_id}/cancel`: the owner cancels their own allocation before the GPU

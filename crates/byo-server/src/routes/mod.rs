@@ -88,7 +88,10 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(operator_keys::post_send_again))
         .routes(routes!(operator_keys::get_owner))
         .routes(routes!(operator_keys::get_host_operator_keys))
-        .routes(routes!(host_provision::post_host))
+        .routes(routes!(
+            host_provision::post_host,
+            host_provision::get_hosts
+        ))
         .routes(routes!(host_enroll::post_enroll))
         .routes(routes!(host_report::post_report))
         .routes(routes!(host_report::post_rails))

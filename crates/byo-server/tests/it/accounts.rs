@@ -66,6 +66,30 @@ async fn bad_signups_are_refused_and_create_nothing(app: TestApp) {
             json!({"email": "short@example.com", "password": "short"}),
             "weak_password",
         ),
+        // Issue #36, 8: an address or a name that passes for another.
+        (
+            json!({"email": "t\u{430}ken@example.com", "password": PASSWORD}),
+            "invalid_email",
+        ),
+        (
+            json!({"email": "taken@example.com.", "password": PASSWORD}),
+            "invalid_email",
+        ),
+        (
+            json!({"email": "ana@example.com", "password": PASSWORD,
+                   "display_name": "\u{410}dministrator"}),
+            "invalid_name",
+        ),
+        (
+            json!({"email": "ana@example.com", "password": PASSWORD,
+                   "display_name": "Admin\u{200B}istrator"}),
+            "invalid_name",
+        ),
+        (
+            json!({"email": "ana@example.com", "password": PASSWORD,
+                   "display_name": "Administr\u{3b1}tor"}),
+            "invalid_name",
+        ),
     ] {
         let reply = app
             .request(Method::POST, "/api/auth/signup", None, Some(body))

@@ -479,6 +479,13 @@ fn api_table() -> Vec<ApiRow> {
             body: |_| Some(json!({})),
         },
         ApiRow {
+            method: Method::GET,
+            path: "/api/hosts",
+            expect: [401, 200, 200, 200, 200, 200],
+            missing: None,
+            body: none,
+        },
+        ApiRow {
             method: Method::POST,
             path: "/api/hosts",
             expect: [401, 403, 403, 409, 403, 409],
@@ -1949,6 +1956,7 @@ fn token_reach(method: &Method, path: &str) -> TokenReach {
         ("GET", "/api/billing"),
     ];
     const OWNER: &[(&str, &str)] = &[
+        ("GET", "/api/hosts"),
         ("POST", "/api/hosts"),
         ("POST", "/api/hosts/{host_id}/cancel"),
         ("POST", "/api/hosts/{host_id}/stop"),

@@ -399,12 +399,13 @@ async fn i2_slugs_are_never_reused_across_reject_revoke_and_retire(w: World) {
 // ---- 3. Placement as a closed set -----------------------------------------------------
 
 async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_change(w: World) {
-    let (host_id, _) = w.enrolled().await;
+    let (host_id, host_token) = w.enrolled().await;
     w.app
         .db
         .mark_host_prepared(&host_id, w.clock.now())
         .await
         .unwrap();
+    w.app.idle_heartbeat(&host_token).await;
     let path = format!("/api/admin/hosts/{host_id}/activate");
     for bad in [
         json!({"placement": "pool-of-mine"}),
@@ -442,6 +443,9 @@ async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_ch
         (Some("shared"), false)
     );
     assert_eq!(w.app.db.audit_log(1000).await.unwrap().len(), audits);
+    // A change on a host in service is not held to a fresh heartbeat (its agent silent ten
+    // minutes here): it does not put the host into service (issue #36, 8).
+    w.clock.advance(chrono::Duration::minutes(10));
     // A dedicated_to naming no one is refused.
     let r =
         w.op.post(

@@ -438,6 +438,7 @@ async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host(
             .is_empty(),
         "not offered before preparation finished"
     );
+    site.heartbeat(ready_token).await;
     c.find(Locator::XPath(&activate_in(ready_slug)))
         .await
         .unwrap()
@@ -730,6 +731,7 @@ async fn c_the_owners_page_follows_preparation_live() {
         )
         .await;
     assert!(progress.contains("prepared at "), "{progress}");
+    site.heartbeat(host_token).await;
     let r = op
         .post(
             &format!("/api/admin/hosts/{host_id}/activate"),

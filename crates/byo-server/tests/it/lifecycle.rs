@@ -531,6 +531,8 @@ impl World {
             .mark_host_prepared(&id, self.clock.now())
             .await
             .unwrap();
+        // Its agent serves: an operator activates a host only on a fresh, healthy beat.
+        self.app.idle_heartbeat(&host_token).await;
         let a = self
             .op
             .post(
@@ -1515,6 +1517,10 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     let page = w.owner.page("/hosts").await;
     assert!(page.contains("renting: a customer is using it"), "{page}");
     assert!(page.contains("Stop hosting"));
+    // The API says what the page says (issue #43, 3: `byo hosts list`).
+    let listed = owner_api_view(&w, &h).await;
+    assert_eq!(listed["state"], "renting: a customer is using it");
+    assert_eq!(listed["may_stop"], json!(true));
     w.clock.advance(chrono::Duration::minutes(10));
     let page = w.owner.page("/hosts").await;
     assert!(
@@ -1579,6 +1585,9 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     assert_eq!(deleted.details.0["by"], "host_owner");
     let page = w.owner.page("/hosts").await;
     assert!(page.contains("stopped: you can uninstall now"), "{page}");
+    let listed = owner_api_view(&w, &h).await;
+    assert_eq!(listed["state"], "stopped: you can uninstall now");
+    assert_eq!(listed["may_stop"], json!(false));
     assert!(page.contains("sudo byo-agent uninstall"));
     assert!(page.contains("--keep-lxd"));
     assert!(
@@ -1599,6 +1608,24 @@ async fn stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstal
     let l = w.life(&h).await;
     assert!(l.revoke_step.0.is_none() && l.retired_at.is_none());
     assert_eq!(w.outside(&h.slug), (1, 1, 1, 2));
+}
+
+/// The owner's own listing of `h` (`GET /api/hosts`); nobody else's lists it.
+async fn owner_api_view(w: &World, h: &Host) -> Value {
+    let r = w.owner.get("/api/hosts").await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let mine = r.json().as_array().unwrap().clone();
+    let other = w.customer.get("/api/hosts").await.json();
+    assert!(
+        other
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["host_id"] != json!(h.id))
+    );
+    mine.into_iter()
+        .find(|v| v["host_id"] == json!(h.id))
+        .expect("the owner's host is listed")
 }
 
 /// An owner stopping a host an operator de-pooled takes it over as stopped: the reason

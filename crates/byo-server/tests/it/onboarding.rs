@@ -396,10 +396,9 @@ async fn k127_one_box_cannot_become_two_hosts(w: World) {
 async fn d3_activation_is_refused_until_preparation_finished(w: World) {
     let p = w.provision(&w.owner, "gb10-spark-1").await.json();
     let host_id = p["host_id"].as_str().unwrap().to_owned();
-    assert_eq!(
-        w.enroll(p["token"].as_str().unwrap(), spark()).await.status,
-        StatusCode::OK
-    );
+    let enrolled = w.enroll(p["token"].as_str().unwrap(), spark()).await;
+    assert_eq!(enrolled.status, StatusCode::OK);
+    let host_token = enrolled.json()["host_token"].as_str().unwrap().to_owned();
     let path = format!("/api/admin/hosts/{host_id}/activate");
     let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(
@@ -414,6 +413,29 @@ async fn d3_activation_is_refused_until_preparation_finished(w: World) {
         .mark_host_prepared(&host_id, w.clock.now())
         .await
         .unwrap();
+    // Prepared by its own report is not enough (issue #36, 8): its agent has never beaten,
+    // or beat longer ago than placement's age, and the activation is refused, naming why.
+    let refused_unheard = |r: support::Reply, why: &str| {
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (StatusCode::CONFLICT, Some("not_healthy")),
+            "{}",
+            r.text()
+        );
+        assert!(r.text().contains(why), "{}", r.text());
+    };
+    let audits = w.app.db.audit_log(1000).await.unwrap().len();
+    let r = w.op.post(&path, json!({"placement": "shared"})).await;
+    refused_unheard(r, "agent unreachable (no heartbeat ever arrived)");
+    w.app.idle_heartbeat(&host_token).await;
+    w.clock.advance(chrono::Duration::minutes(10));
+    let r = w.op.post(&path, json!({"placement": "shared"})).await;
+    refused_unheard(r, "agent unreachable (last heartbeat ");
+    let host = w.app.db.host(&host_id).await.unwrap().unwrap();
+    assert!(!host.active && host.placement.is_none(), "nothing changed");
+    assert_eq!(w.app.db.audit_log(1000).await.unwrap().len(), audits);
+    // A fresh, healthy beat: it goes into service.
+    w.app.idle_heartbeat(&host_token).await;
     let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
@@ -593,7 +615,9 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
         .split(|c: char| !c.is_ascii_alphanumeric() && c != '_')
         .next()
         .unwrap();
-    assert_eq!(w.enroll(token, spark()).await.status, StatusCode::OK);
+    let enrolled = w.enroll(token, spark()).await;
+    assert_eq!(enrolled.status, StatusCode::OK);
+    let host_token = enrolled.json()["host_token"].as_str().unwrap().to_owned();
     let admin = w.op.get("/admin/hosts").await.text();
     assert!(
         admin.contains("spark-1")
@@ -628,6 +652,7 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
         .await
         .unwrap();
     assert!(w.op.get("/admin/hosts").await.text().contains(">Activate<"));
+    w.app.idle_heartbeat(&host_token).await;
     let ok = w
         .app
         .send(form(
@@ -728,7 +753,7 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
     let act = || w.op.post(&path, json!({"placement": "shared"}));
     assert_eq!(act().await.status, StatusCode::CONFLICT);
     let r = report(
-        host_token,
+        host_token.clone(),
         json!({"node": 0, "state": step("self-check", "satisfied", true), "completed": true}),
     )
     .await;
@@ -743,6 +768,7 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
             .prepared_at
             .is_some()
     );
+    w.app.idle_heartbeat(&host_token).await;
     assert_eq!(act().await.status, StatusCode::NO_CONTENT);
 }
 
@@ -983,6 +1009,36 @@ async fn c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tr
         }
     }
 
+    // The API words it as the page does (issue #43, 3: `byo hosts show`).
+    let listed = w.owner.get("/api/hosts").await.json();
+    let listed = &listed.as_array().unwrap()[0];
+    assert_eq!(listed["host_id"], json!(host_id));
+    assert!(
+        listed["state"]
+            .as_str()
+            .unwrap()
+            .starts_with("preparing: operator-access failed (no operator-key list"),
+        "{listed}"
+    );
+    assert!(
+        listed["last_step"]
+            .as_str()
+            .unwrap()
+            .starts_with("operator-access failed")
+    );
+    assert!(
+        listed["advice"]
+            .as_str()
+            .unwrap()
+            .starts_with("byo's operators cannot log in to this machine yet")
+            && listed["advice"]
+                .as_str()
+                .unwrap()
+                .ends_with("Nothing for you to do: we fix this on our side."),
+        "{listed}"
+    );
+    assert_eq!(listed["may_cancel"], json!(false));
+
     // apt held by another program: the owner's to fix. Its next try is already past (the
     // host may be off): no time is promised.
     report(failed(
@@ -1005,6 +1061,12 @@ async fn c_a_failed_step_tells_the_owner_whats_wrong_who_fixes_it_and_that_it_tr
     report(json!({"node": 0, "state": {"step": "self-check", "state": "satisfied", "attempt": 1, "error": null, "final": true, "at": "2026-11-29T12:01:00Z"}, "completed": true})).await;
     let (page, fragment) = views().await;
     assert!(page.contains("prepared: waiting for an operator"), "{page}");
+    let listed = w.owner.get("/api/hosts").await.json();
+    assert_eq!(
+        listed[0]["state"],
+        "prepared: waiting for an operator's approval"
+    );
+    assert_eq!(listed[0]["advice"], Value::Null);
     for view in [page, fragment] {
         assert!(!view.contains("tries again"), "{view}");
     }

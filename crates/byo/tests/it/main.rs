@@ -17,6 +17,7 @@ mod relay_support;
 mod support;
 
 mod architecture;
+mod customer_cli;
 mod docs;
 mod fleet_upgrade;
 mod golden_path;

@@ -4,8 +4,8 @@
 //! step is done in headless Chromium the way a person would — sign in, *Your GPUs*, add a
 //! `linux-test` GPU, copy the one-liner and paste it into the simulated Spark, watch
 //! preparation, activate at /admin/hosts, add an SSH key and create at /instances, copy the
-//! `ssh root@…` the row prints and run it, stop, start, delete. A screenshot of every step
-//! is kept under `target/screenshots/walkthrough/`. When the README and the product drift
+//! `ssh root@…` the row prints and run it, stop, start, delete — then the same rental from
+//! the terminal with `byo` and a token made on /account. A screenshot of every step is kept under `target/screenshots/walkthrough/`. When the README and the product drift
 //! apart (a command, a page name, a profile, the connect line), this fails.
 
 use crate::chromium;
@@ -495,9 +495,22 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     person.follow("Operations").await;
     person.follow("Hosts").await;
     person.shot("admin-hosts").await;
-    person
-        .click("form[action$='/activate'] button[type=submit]")
-        .await;
+    // Until its agent has beaten (serving does as it starts) activation is refused and
+    // says why; the person tries again, as the refusal says.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        person
+            .click("form[action$='/activate'] button[type=submit]")
+            .await;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let page = person.text("main").await.unwrap_or_default();
+        if !page.contains("cannot go into service yet") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never activated:\n{page}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        person.goto("/admin/hosts").await;
+    }
     person
         .wait_text(
             "table.hosts td.state",
@@ -622,6 +635,118 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         "a deleted instance answers no ssh"
     );
     phase("deleted; ssh goes nowhere");
+
+    // Steps 5 and 6 from a terminal, as the README's terminal lines go (issue #43, 5): a
+    // token of scope `instances` made on /account, `byo login`, create --wait, ssh, delete.
+    person.follow(&up.email).await;
+    person
+        .type_into("#new-token-form input[name=name]", "terminal")
+        .await;
+    person
+        .click("#new-token-form input[name=scope][value=instances]")
+        .await;
+    person.click("#new-token-form button[type=submit]").await;
+    let secret = person
+        .wait_text(
+            "#new-token-secret",
+            |t| t.starts_with("byo_api_"),
+            Duration::from_secs(10),
+            false,
+            "the token, shown once",
+        )
+        .await;
+    person.shot("api-token").await;
+    let config = work.path().join("config");
+    let cli = |args: &[&str], stdin: &str| -> Output {
+        let out = support::byo_cli(&config, args, stdin);
+        assert!(
+            out.status.success(),
+            "byo {}:\n{}",
+            args.join(" "),
+            output_text(&out)
+        );
+        out
+    };
+    cli(&["login", "--server", &up.url], &secret);
+    let created = cli(
+        &[
+            "instances",
+            "create",
+            "--gpu",
+            "linux-test",
+            "--key",
+            "laptop",
+            "--wait",
+        ],
+        "",
+    );
+    let said = String::from_utf8_lossy(&created.stdout).into_owned();
+    let line = said
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("ssh root@"))
+        .unwrap_or_else(|| panic!("create --wait ends with the ssh line:\n{said}"))
+        .to_owned();
+    let cli_name = said
+        .split_whitespace()
+        .next()
+        .expect("it names the instance")
+        .to_owned();
+    assert_eq!(
+        line, copied,
+        "the terminal's line is the page's (one relay per host)"
+    );
+    let key_arg = key.to_string_lossy().into_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let out = support::byo_cli(
+            &config,
+            &[
+                "instances",
+                "ssh",
+                &cli_name,
+                "--",
+                "-F",
+                "/dev/null",
+                "-i",
+                &key_arg,
+                "-o",
+                "StrictHostKeyChecking=no",
+                "-o",
+                "UserKnownHostsFile=/dev/null",
+                "-o",
+                "BatchMode=yes",
+                "-o",
+                "ConnectTimeout=3",
+                "-o",
+                "IdentitiesOnly=yes",
+                "-o",
+                "LogLevel=ERROR",
+                "hostname",
+            ],
+            "",
+        );
+        if out.status.success() {
+            assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), cli_name);
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "byo instances ssh did not reach {cli_name}: {}",
+            output_text(&out)
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let deleted = cli(&["instances", "delete", &cli_name, "--json"], "");
+    let deleted: serde_json::Value = serde_json::from_slice(&deleted.stdout).unwrap();
+    assert_eq!(deleted["state"], "deleted", "{deleted}");
+    assert!(
+        run_ssh_line(&line, &key, "hostname").is_err(),
+        "a deleted instance answers no ssh"
+    );
+    phase(&format!(
+        "the terminal: {cli_name} created, reached and deleted with byo"
+    ));
     person.browser.client.clone().close().await.unwrap();
     drop(spark);
     drop(up);

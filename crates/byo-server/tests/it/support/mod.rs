@@ -181,6 +181,26 @@ impl TestApp {
         send(&self.router, req).await
     }
 
+    /// One heartbeat from a host's agent that holds nothing, all well: what an operator's
+    /// activation waits for (issue #36, 8).
+    pub async fn idle_heartbeat(&self, host_token: &str) -> Reply {
+        let r = self
+            .send(
+                Request::post("/api/host/heartbeat")
+                    .header(header::AUTHORIZATION, format!("Bearer {host_token}"))
+                    .header(header::CONTENT_TYPE, "application/json")
+                    .body(Body::from(
+                        serde_json::json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok",
+                               "tunnel": "ok", "gpu": "ok", "storage": "ok", "instances": 0})
+                        .to_string(),
+                    ))
+                    .unwrap(),
+            )
+            .await;
+        assert!(r.status.is_success(), "the heartbeat: {}", r.text());
+        r
+    }
+
     /// [`request`](Self::request) with an API token (`Authorization: Bearer`) and no session.
     pub async fn request_with_token(
         &self,

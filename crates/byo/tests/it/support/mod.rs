@@ -124,6 +124,36 @@ pub fn ssh(key: &Path, args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The built `byo` with its config (the token `byo login` keeps) in `config`, as a customer
+/// runs it: `stdin` fed to it, its output kept.
+pub fn byo_cli(config: &Path, args: &[&str], stdin: &str) -> std::process::Output {
+    use std::io::Write;
+    use std::process::Stdio;
+    let mut child = byo_command(config, args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("byo runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// [`byo_cli`]'s command, to start it another way.
+pub fn byo_command(config: &Path, args: &[&str]) -> std::process::Command {
+    let mut command = std::process::Command::new(sibling("byo"));
+    command
+        .args(args)
+        .env("BYO_CONFIG_DIR", config)
+        .env_remove("BYO_SERVER");
+    command
+}
+
 /// `byo up <args…>` started in `cwd` as a person starts it, with what its banner printed.
 /// Dropping it is Ctrl-C (and, if that does not stop it, a kill).
 pub struct ByoUp {

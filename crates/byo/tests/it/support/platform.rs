@@ -195,17 +195,29 @@ pub async fn publish_operator_key(
     published
 }
 
-/// D: the operator approves the host.
+/// D: the operator approves the host — once its agent has beaten with nothing wrong, which
+/// serving does as it starts: until then activation is refused (`not_healthy`) and the
+/// operator tries again, as they would.
 pub async fn activate(api: &Api, operator: &str, host_id: &str) {
-    let (status, body) = api
-        .call(
-            reqwest::Method::POST,
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            operator,
-            Some(serde_json::json!({"placement": "shared"})),
-        )
-        .await;
-    assert!(status == 204 || status == 200, "{status} {body}");
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (status, body) = api
+            .call(
+                reqwest::Method::POST,
+                &format!("/api/admin/hosts/{host_id}/activate"),
+                operator,
+                Some(serde_json::json!({"placement": "shared"})),
+            )
+            .await;
+        if status == 204 || status == 200 {
+            return;
+        }
+        assert!(
+            status == 409 && body["error"] == "not_healthy" && Instant::now() < deadline,
+            "{status} {body}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
 }
 
 /// The customer's key, on disk at `path` for their ssh and registered with the API: the
