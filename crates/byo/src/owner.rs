@@ -29,6 +29,11 @@ pub enum HostsCommand {
     ///
     /// Example: byo hosts add --profile gb10-spark-1
     Add(AddArgs),
+    /// Cancel a GPU you added and never ran the one-liner for: what was set aside for it (its
+    /// relay, address, tunnel and names) is handed back.
+    ///
+    /// Example: byo hosts cancel spark-7f3a
+    Cancel(HostRef),
     /// Stop hosting one of your GPUs: it takes no new rentals and what runs on it ends; run
     /// it again until it says you can uninstall.
     ///
@@ -145,6 +150,34 @@ pub async fn hosts(command: HostsCommand) -> Result<()> {
                     p.slug
                 )
             });
+        }
+        HostsCommand::Cancel(r) => {
+            let host = find_host(&api, &r.host).await?;
+            let id = match (&host.host_id, host.may_cancel) {
+                (Some(id), true) => id.clone(),
+                _ => {
+                    return Err(ApiError::Local(format!(
+                        "{} cannot be cancelled: it is {} (cancel is for a GPU that never ran \
+                         its one-liner; stop hosting is for one that did)",
+                        r.host, host.state
+                    )));
+                }
+            };
+            let status = api
+                .send_empty(Method::POST, &format!("/api/hosts/{id}/cancel"))
+                .await?;
+            if status == reqwest::StatusCode::ACCEPTED {
+                println!(
+                    "Cancelled {}; part of what was set aside is still being handed back, which \
+                     finishes on its own within minutes.",
+                    r.host
+                );
+            } else {
+                println!(
+                    "Cancelled {}; everything set aside for it is handed back.",
+                    r.host
+                );
+            }
         }
         HostsCommand::StopHosting(r) => {
             let host = find_host(&api, &r.host).await?;

@@ -366,6 +366,16 @@ async fn an_owner_adds_a_gpu_and_reads_it_in_the_pages_words_from_the_terminal()
     assert!(err.contains("never enrolled"), "{err}");
     let after: Vec<OwnerHostView> = json(byo(&config, &["hosts", "list", "--json"], ""));
     assert_eq!(after, mine);
+    // Never run: cancelled from the terminal, and then nothing more to cancel.
+    let said = ok(byo(&config, &["hosts", "cancel", &slug], ""));
+    assert!(said.starts_with(&format!("Cancelled {slug}")), "{said}");
+    let after: Vec<OwnerHostView> = json(byo(&config, &["hosts", "list", "--json"], ""));
+    assert!(
+        !after[0].may_cancel && after[0].host_id.is_none(),
+        "{after:?}"
+    );
+    let (code, err) = refused(byo(&config, &["hosts", "cancel", &slug], ""));
+    assert_eq!(code, 1, "{err}");
     let (code, err) = refused(byo(&config, &["hosts", "show", "spark-nope"], ""));
     assert_eq!(code, 1);
     assert!(
