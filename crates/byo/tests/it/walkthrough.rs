@@ -699,33 +699,10 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     let key_arg = key.to_string_lossy().into_owned();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let out = support::byo_cli(
-            &config,
-            &[
-                "instances",
-                "ssh",
-                &cli_name,
-                "--",
-                "-F",
-                "/dev/null",
-                "-i",
-                &key_arg,
-                "-o",
-                "StrictHostKeyChecking=no",
-                "-o",
-                "UserKnownHostsFile=/dev/null",
-                "-o",
-                "BatchMode=yes",
-                "-o",
-                "ConnectTimeout=3",
-                "-o",
-                "IdentitiesOnly=yes",
-                "-o",
-                "LogLevel=ERROR",
-                "hostname",
-            ],
-            "",
-        );
+        let mut args = vec!["instances", "ssh", &cli_name, "--", "-i", &key_arg];
+        args.extend(support::SSH_OPTIONS);
+        args.push("hostname");
+        let out = support::byo_cli(&config, &args, "");
         if out.status.success() {
             assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), cli_name);
             break;

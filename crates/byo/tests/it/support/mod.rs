@@ -89,27 +89,33 @@ pub fn relay_sha256() -> String {
     ))
 }
 
+/// How the tests' ssh runs, beside `-i <key>`: no config, no host-key prompt, that key only,
+/// a bounded connect, errors only.
+pub const SSH_OPTIONS: [&str; 14] = [
+    "-F",
+    "/dev/null",
+    "-o",
+    "StrictHostKeyChecking=no",
+    "-o",
+    "UserKnownHostsFile=/dev/null",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ConnectTimeout=3",
+    "-o",
+    "LogLevel=ERROR",
+    "-o",
+    "IdentitiesOnly=yes",
+];
+
 /// `ssh <args…>` as a person runs it, with `key` only, no config, no host-key prompt and
 /// a bounded connect: the remote command's output when the login worked, else what ssh
 /// said.
 pub fn ssh(key: &Path, args: &[&str]) -> Result<String, String> {
     let out = std::process::Command::new("ssh")
-        .args(["-F", "/dev/null", "-i"])
+        .args(["-i"])
         .arg(key)
-        .args([
-            "-o",
-            "StrictHostKeyChecking=no",
-            "-o",
-            "UserKnownHostsFile=/dev/null",
-            "-o",
-            "BatchMode=yes",
-            "-o",
-            "ConnectTimeout=3",
-            "-o",
-            "LogLevel=ERROR",
-            "-o",
-            "IdentitiesOnly=yes",
-        ])
+        .args(SSH_OPTIONS)
         .args(args)
         .output()
         .unwrap();
