@@ -441,12 +441,17 @@ fn a_network_the_host_joins_is_refused_within_a_beat(w: &World) {
 /// rate is dropped (counted), and once it has passed a tenant connects as before.
 fn a_flood_of_new_connections_is_cut(w: &World) {
     let rule = "new connections past the rate";
-    let before = counters(w)[rule];
+    let count = || {
+        *counters(w)
+            .get(rule)
+            .unwrap_or_else(|| panic!("no rule {rule:?} in the tenant firewall"))
+    };
+    let before = count();
     assert_eq!(before, 0, "ordinary probes never met the rate");
     w.host.sh_ok(
         "lxc exec c1 -- sh -c 'for i in $(seq 600); do busybox nc -w 1 203.0.113.1 80 </dev/null >/dev/null 2>&1 & done; wait'",
     );
-    let dropped = counters(w)[rule];
+    let dropped = count();
     assert!(
         dropped >= 50,
         "a burst of 600 new connections: {dropped} dropped"
