@@ -739,20 +739,12 @@ mod tests {
         assert_eq!(beat.details["rollback"]["at"], "2026-11-30T20:00:00Z");
     }
 
-    /// A host whose only programs are `ip -j addr`: its LAN address as told.
-    struct Addresses(std::rc::Rc<RefCell<String>>);
+    /// A host with programs only, each answered by the closure; no files, no LXD.
+    struct Commands<F>(F);
 
-    impl Host for Addresses {
+    impl<F: FnMut(&[&str]) -> Output> Host for Commands<F> {
         fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
-            let json = match argv {
-                ["ip", "-j", "-4", "addr", "show"] => format!(
-                    r#"[{{"ifname":"eth0","addr_info":[{{"local":"{}","prefixlen":24}}]}}]"#,
-                    self.0.borrow()
-                ),
-                ["ip", "-j", "-6", "addr", "show", "scope", "global"] => "[]".into(),
-                _ => return Ok(Output::failure(1, format!("{argv:?}"))),
-            };
-            Ok(Output::success(json))
+            Ok((self.0)(argv))
         }
         fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
             Ok(None)
@@ -764,7 +756,7 @@ mod tests {
             Ok(())
         }
         fn lxd(&mut self, _: &str, _: &str, _: LxdBody<'_>) -> crate::host::Fallible<LxdReply> {
-            Err("no LXD".into())
+            Err("no LXD here".into())
         }
         fn describe(&self) -> String {
             "node0".into()
@@ -782,7 +774,16 @@ mod tests {
             dir.path().join("firewall-requested"),
         );
         let lan = std::rc::Rc::new(RefCell::new("192.168.1.23".to_owned()));
-        let mut host = Addresses(lan.clone());
+        // Its only programs are `ip -j addr`: the LAN address as told.
+        let seen = lan.clone();
+        let mut host = Commands(move |argv: &[&str]| match argv {
+            ["ip", "-j", "-4", "addr", "show"] => Output::success(format!(
+                r#"[{{"ifname":"eth0","addr_info":[{{"local":"{}","prefixlen":24}}]}}]"#,
+                seen.borrow()
+            )),
+            ["ip", "-j", "-6", "addr", "show", "scope", "global"] => Output::success("[]"),
+            _ => Output::failure(1, format!("{argv:?}")),
+        });
         let mut watch = FirewallWatch::new(&wan, &flag);
         let seen: std::net::IpAddr = "198.51.100.7".parse().unwrap();
         let mut asked = |seen_from: Option<std::net::IpAddr>| {
@@ -906,16 +907,14 @@ mod tests {
     }
 
     /// node0 of a pair: its rails, a twin each, and what answers on them.
-    struct Rails;
-
-    impl Host for Rails {
-        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
+    fn rails() -> Commands<impl FnMut(&[&str]) -> Output> {
+        Commands(|argv: &[&str]| {
             let out = |stdout: &str| Output {
                 code: 0,
                 stdout: stdout.into(),
                 stderr: String::new(),
             };
-            Ok(match argv {
+            match argv {
                 ["ip", "-j", "-6", "addr", "show", "scope", "link"] => out(
                     r#"[{"ifname": "rail0", "addr_info": [{"local": "fe80::a0"}]},
                         {"ifname": "rail1", "addr_info": [{"local": "fe80::a1"}]}]"#,
@@ -934,23 +933,8 @@ mod tests {
                     stderr: String::new(),
                 },
                 other => panic!("unexpected {other:?}"),
-            })
-        }
-        fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
-            Ok(None)
-        }
-        fn write(&mut self, _: &str, _: &[u8], _: u32, _: &str) -> crate::host::Fallible<()> {
-            Ok(())
-        }
-        fn remove(&mut self, _: &str) -> crate::host::Fallible<()> {
-            Ok(())
-        }
-        fn lxd(&mut self, _: &str, _: &str, _: LxdBody<'_>) -> crate::host::Fallible<LxdReply> {
-            Err("no LXD here".into())
-        }
-        fn describe(&self) -> String {
-            "node0".into()
-        }
+            }
+        })
     }
 
     #[test]
@@ -960,11 +944,11 @@ mod tests {
             .collect();
         let ports = ["rail0".to_owned(), "rail1".to_owned(), "rail2".to_owned()];
         assert_eq!(
-            rail_neighbours(&mut Rails, &ports, &known),
+            rail_neighbours(&mut rails(), &ports, &known),
             Some(json!({"rail0": 1, "rail1": 0, "rail2": 0}))
         );
         assert_eq!(
-            rail_neighbours(&mut Rails, &[], &known),
+            rail_neighbours(&mut rails(), &[], &known),
             None,
             "a single Spark"
         );
