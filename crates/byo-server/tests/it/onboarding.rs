@@ -454,15 +454,7 @@ async fn a36_the_heartbeat_answer_names_the_address_the_beat_came_from(w: World)
     let enrolled = w.enroll(p["token"].as_str().unwrap(), spark()).await;
     let host_token = enrolled.json()["host_token"].as_str().unwrap().to_owned();
     let beat = |token: &str| {
-        let mut req = Request::post("/api/host/heartbeat")
-            .header(header::AUTHORIZATION, format!("Bearer {token}"))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(Body::from(
-                json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok", "tunnel": "ok",
-                       "gpu": "ok", "storage": "ok", "instances": 0})
-                .to_string(),
-            ))
-            .unwrap();
+        let mut req = support::idle_beat(token);
         req.extensions_mut()
             .insert(axum::extract::ConnectInfo(std::net::SocketAddr::new(
                 "198.51.100.7".parse().unwrap(),
