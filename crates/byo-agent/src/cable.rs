@@ -4,9 +4,10 @@
 //! apart, the management-LAN fallback that only wakes a cabled machine with no link-local, and
 //! peer.json recorded on the spot. `docs/pairs.md` has every step, refusal and test.
 //!
-//! The only simulated parts are what no container has: which interfaces are RDMA ports
-//! (`detect::SIMULATED_RDMA_PORTS`) and the GPU identity (an `nvidia-smi` stand-in the test bed
-//! installs). Everything else — ping, ip, sysctl, ssh, sudo — is the real thing.
+//! The only simulated parts are what no container has: which interfaces are RDMA ports (an
+//! iproute2 `rdma` stand-in) and the GPU identity (an `nvidia-smi` stand-in), tools the test
+//! bed installs; the agent asks them as it asks the real ones. Everything else — ping, ip,
+//! sysctl, ssh, sudo — is the real thing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

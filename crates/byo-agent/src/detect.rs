@@ -103,16 +103,33 @@ fn meminfo_mib(text: &str) -> Option<u64> {
     Some(kb / 1024)
 }
 
-/// The simulated GB10 part: a Debian test container has no ConnectX-7, so the test bed lists
-/// which of its interfaces stand for RDMA ports here, one `iface [device]` per line. Read
-/// only where `/sys/class/infiniband` names none (a real Spark always names its own).
-pub const SIMULATED_RDMA_PORTS: &str = "/etc/enverge-sim/rdma-ports";
-
 /// Every RDMA netdev the kernel knows: `<device>/device/net/<iface>` per line.
 const LIST_RDMA: &str = "for n in /sys/class/infiniband/*/device/net/*; do [ -e \"$n\" ] && echo \"${n#/sys/class/infiniband/}\"; done; true";
 
+/// iproute2's `rdma`, asked where sysfs names no port: it has the kernel's RDMA links over
+/// netlink, a device without a PCI parent (soft-RoCE) among them. A test container's RDMA
+/// ports come from a stand-in of this tool, as its GPU comes from an `nvidia-smi` one.
+pub const RDMA_LINK_ARGS: &[&str] = &["-j", "link", "show"];
+
+/// `rdma -j link show`'s links as (netdev, device); a link with no netdev is no port, and
+/// anything but a JSON array is no links.
+pub fn parse_rdma_links(json: &str) -> Vec<(String, Option<String>)> {
+    let Ok(serde_json::Value::Array(links)) = serde_json::from_str(json) else {
+        return Vec::new();
+    };
+    links
+        .iter()
+        .filter_map(|l| {
+            let netdev = l.get("netdev")?.as_str().filter(|n| !n.is_empty())?;
+            // iproute2 before 5.5 printed the device with its port (`mlx5_0/1`).
+            let device = l.get("ifname")?.as_str()?.split('/').next()?;
+            Some((netdev.to_owned(), Some(device.to_owned())))
+        })
+        .collect()
+}
+
 /// The machine's RDMA ports (the rails), as (iface, device): from /sys/class/infiniband,
-/// else the simulated list.
+/// else from `rdma link`.
 pub fn rdma_ports(probe: &dyn Probe) -> Vec<(String, Option<String>)> {
     let mut ports: Vec<(String, Option<String>)> = probe
         .run("sh", &["-c", LIST_RDMA])
@@ -124,16 +141,7 @@ pub fn rdma_ports(probe: &dyn Probe) -> Vec<(String, Option<String>)> {
         })
         .collect();
     if ports.is_empty() {
-        ports = probe
-            .read(SIMULATED_RDMA_PORTS)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| {
-                let mut w = l.split_whitespace();
-                let iface = w.next().filter(|i| !i.starts_with('#'))?;
-                Some((iface.to_owned(), w.next().map(str::to_owned)))
-            })
-            .collect();
+        ports = parse_rdma_links(&probe.run("rdma", RDMA_LINK_ARGS).unwrap_or_default());
     }
     ports.sort();
     ports.dedup();
@@ -219,5 +227,101 @@ impl<H: crate::host::Host + ?Sized> Probe for HostProbe<'_, H> {
         crate::host::read_string(&mut **self.0.borrow_mut(), path)
             .ok()
             .flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A Spark's ConnectX-7 (four functions, RoCE: no subnet prefix or LID) as iproute2 6.1,
+    /// Ubuntu 24.04's, prints it (`rdma/link.c`: fields in this order, one array).
+    const SPARK: &str = r#"[{"ifindex":0,"ifname":"rocep1s0f0","port":1,"state":"ACTIVE","physical_state":"LINK_UP","netdev":"enp1s0f0np0","netdev_index":3},{"ifindex":1,"ifname":"rocep1s0f1","port":1,"state":"DOWN","physical_state":"DISABLED","netdev":"enp1s0f1np1","netdev_index":4},{"ifindex":2,"ifname":"roceP2p1s0f0","port":1,"state":"ACTIVE","physical_state":"LINK_UP","netdev":"enP2p1s0f0np0","netdev_index":5},{"ifindex":3,"ifname":"roceP2p1s0f1","port":1,"state":"DOWN","physical_state":"DISABLED","netdev":"enP2p1s0f1np1","netdev_index":6}]
+"#;
+
+    fn ports(v: &[(&str, &str)]) -> Vec<(String, Option<String>)> {
+        v.iter()
+            .map(|(i, d)| ((*i).to_owned(), Some((*d).to_owned())))
+            .collect()
+    }
+
+    #[test]
+    fn rdma_links_name_each_netdev_and_its_device() {
+        assert_eq!(
+            parse_rdma_links(SPARK),
+            ports(&[
+                ("enp1s0f0np0", "rocep1s0f0"),
+                ("enp1s0f1np1", "rocep1s0f1"),
+                ("enP2p1s0f0np0", "roceP2p1s0f0"),
+                ("enP2p1s0f1np1", "roceP2p1s0f1"),
+            ])
+        );
+        // Before iproute2 5.5 the device came with its port.
+        assert_eq!(
+            parse_rdma_links(
+                r#"[{"ifindex":1,"port":1,"ifname":"mlx5_0/1","state":"ACTIVE","physical_state":"LINK_UP","netdev":"ens1f0","netdev_index":4}]"#
+            ),
+            ports(&[("ens1f0", "mlx5_0")])
+        );
+    }
+
+    #[test]
+    fn a_link_without_a_netdev_is_no_port() {
+        // An InfiniBand port with no netdev (a LID instead), and an empty netdev.
+        let ib = r#"[{"ifindex":0,"ifname":"mlx5_0","port":1,"subnet_prefix":"fe80:0000:0000:0000","lid":3,"sm_lid":1,"lmc":0,"state":"ACTIVE","physical_state":"LINK_UP"},{"ifindex":1,"ifname":"rxe0","port":1,"state":"ACTIVE","physical_state":"LINK_UP","netdev":"eth0","netdev_index":2},{"ifindex":2,"ifname":"rxe1","port":1,"netdev":""}]"#;
+        assert_eq!(parse_rdma_links(ib), ports(&[("eth0", "rxe0")]));
+    }
+
+    #[test]
+    fn anything_but_a_list_of_links_is_no_port() {
+        for garbage in [
+            "",
+            "[]\n",
+            "Failed to open NETLINK_RDMA socket\n",
+            "0/1: rocep1s0f0/1: state ACTIVE physical_state LINK_UP netdev enp1s0f0np0\n",
+            r#"{"ifname":"rocep1s0f0","netdev":"enp1s0f0np0"}"#,
+            r#"[1, "enp1s0f0np0", null, {"netdev": 7, "ifname": "x"}, {"netdev": "eth0"}]"#,
+            r#"[{"ifname":"rocep1s0f0","netdev":"enp1s0f0np0""#,
+        ] {
+            assert_eq!(parse_rdma_links(garbage), [], "{garbage:?}");
+        }
+    }
+
+    /// Commands only: sysfs's listing runs as `sh`, iproute2 as `rdma`.
+    struct Runs(&'static [(&'static str, &'static str)]);
+
+    impl Probe for Runs {
+        fn run(&self, program: &str, _: &[&str]) -> Option<String> {
+            self.0
+                .iter()
+                .find(|(p, _)| *p == program)
+                .map(|(_, out)| (*out).to_owned())
+        }
+        fn read(&self, _: &str) -> Option<String> {
+            None
+        }
+    }
+
+    #[test]
+    fn sysfs_comes_first_and_rdma_link_fills_in_sorted_without_duplicates() {
+        let both = Runs(&[
+            ("sh", "rocep1s0f0/device/net/enp1s0f0np0\n"),
+            ("rdma", SPARK),
+        ]);
+        assert_eq!(rdma_ports(&both), ports(&[("enp1s0f0np0", "rocep1s0f0")]));
+
+        let twice = Runs(&[
+            ("sh", ""),
+            (
+                "rdma",
+                r#"[{"ifname":"sim1","port":1,"netdev":"rail1"},{"ifname":"sim0","port":1,"netdev":"rail0"},{"ifname":"sim1","port":1,"netdev":"rail1"}]"#,
+            ),
+        ]);
+        assert_eq!(
+            rdma_ports(&twice),
+            ports(&[("rail0", "sim0"), ("rail1", "sim1")])
+        );
+
+        assert_eq!(rdma_ports(&Runs(&[])), [], "neither tool: no ports");
     }
 }

@@ -305,6 +305,71 @@ pub fn rail_neighbours<H: Host + ?Sized>(
     Some(serde_json::Value::Object(counts))
 }
 
+/// The tenant firewall follows the host (issue #36): after each beat, serving keeps the
+/// address the backend saw the beat come from (`tenants::WAN_FILE`) and asks root to bring
+/// the table to what the host is now (`units::FIREWALL_FLAG`) when that address or the
+/// host's networks differ from what it last asked for. Serving's first beat always asks:
+/// what changed while it was down is not known. Root re-renders from its own reading of the
+/// host and reloads only when the table differs, so asking too often costs a render.
+pub struct FirewallWatch {
+    pub wan_file: std::path::PathBuf,
+    pub flag: std::path::PathBuf,
+    /// The networks and address the last request was made for.
+    asked: Option<FirewallInputs>,
+}
+
+/// What the tenant firewall is rendered from that can change under a running host.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct FirewallInputs {
+    nets4: Vec<(String, String)>,
+    nets6: Vec<(String, String)>,
+    wan: Option<std::net::IpAddr>,
+}
+
+impl FirewallWatch {
+    pub fn new(
+        wan_file: impl Into<std::path::PathBuf>,
+        flag: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        FirewallWatch {
+            wan_file: wan_file.into(),
+            flag: flag.into(),
+            asked: None,
+        }
+    }
+
+    /// After a beat: `seen_from` is what the backend said, `None` when the beat did not land
+    /// or the backend said nothing (then the address kept stands). `Ok(true)` when root was
+    /// asked.
+    pub fn after_beat<H: Host + ?Sized>(
+        &mut self,
+        host: &mut H,
+        seen_from: Option<std::net::IpAddr>,
+    ) -> Result<bool, String> {
+        let kept = std::fs::read_to_string(&self.wan_file)
+            .ok()
+            .and_then(|t| t.trim().parse::<std::net::IpAddr>().ok());
+        if let Some(seen) = seen_from
+            && kept != Some(seen)
+        {
+            std::fs::write(&self.wan_file, format!("{seen}\n"))
+                .map_err(|e| format!("keeping {}: {e}", self.wan_file.display()))?;
+        }
+        let now = FirewallInputs {
+            nets4: crate::host::ipv4_networks(host)?,
+            nets6: crate::host::ipv6_networks(host)?,
+            wan: seen_from.or(kept),
+        };
+        if self.asked.as_ref() == Some(&now) {
+            return Ok(false);
+        }
+        std::fs::write(&self.flag, b"requested by serving\n")
+            .map_err(|e| format!("asking root at {}: {e}", self.flag.display()))?;
+        self.asked = Some(now);
+        Ok(true)
+    }
+}
+
 /// The schedule, on a thread of its own (every call it makes blocks: LXD, the relay, the
 /// backend); the async workers only answer the API.
 pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
@@ -326,6 +391,10 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
     } else {
         crate::report::Reporter::new(&handed.server, &handed.host_token).ok()
     };
+    let mut firewall = FirewallWatch::new(
+        byo_core::render::nft::tenants::WAN_FILE,
+        byo_core::render::units::FIREWALL_FLAG,
+    );
     // The first beat goes out at once: placement picks only hosts it has heard from.
     loop {
         let (mut body, cursor) = beat(&svc);
@@ -337,17 +406,32 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
         ) {
             body.details[byo_wire::vm::RAIL_NEIGHBOURS] = rails;
         }
+        let mut seen_from = None;
         if let Some(r) = reporter.as_mut() {
             match r.heartbeat(&body) {
                 Err(e) => tracing::warn!(error = %e, "heartbeat not delivered"),
                 // Delivered: the logins it carried are the backend's now.
-                Ok(()) => {
+                Ok(seen) => {
+                    seen_from = seen;
                     if let Some(c) = cursor {
                         let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
                         if let Err(e) = crate::logins::delivered(&mut *host, &c) {
                             tracing::warn!(error = %e, "the journal cursor could not be kept");
                         }
                     }
+                }
+            }
+        }
+        // A host serving a backend (a prepared one); serving without one is a test's.
+        if reporter.is_some() {
+            match firewall.after_beat(&mut crate::host::LocalHost::default(), seen_from) {
+                Ok(true) => tracing::info!(
+                    ?seen_from,
+                    "asked root to bring the tenant firewall to the host's networks"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "the tenant firewall's refresh was not asked for")
                 }
             }
         }
@@ -655,6 +739,77 @@ mod tests {
         assert_eq!(beat.details["rollback"]["at"], "2026-11-30T20:00:00Z");
     }
 
+    /// A host with programs only, each answered by the closure; no files, no LXD.
+    struct Commands<F>(F);
+
+    impl<F: FnMut(&[&str]) -> Output> Host for Commands<F> {
+        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
+            Ok((self.0)(argv))
+        }
+        fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        fn write(&mut self, _: &str, _: &[u8], _: u32, _: &str) -> crate::host::Fallible<()> {
+            Ok(())
+        }
+        fn remove(&mut self, _: &str) -> crate::host::Fallible<()> {
+            Ok(())
+        }
+        fn lxd(&mut self, _: &str, _: &str, _: LxdBody<'_>) -> crate::host::Fallible<LxdReply> {
+            Err("no LXD here".into())
+        }
+        fn describe(&self) -> String {
+            "node0".into()
+        }
+    }
+
+    /// Issue #36: serving keeps the owner's public address the backend saw and asks root for
+    /// the tenant firewall once per change of that address or of the host's networks — at
+    /// its first beat, never again for the same, and not for a beat that did not land.
+    #[test]
+    fn the_tenant_firewall_is_asked_for_when_the_address_or_the_networks_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let (wan, flag) = (
+            dir.path().join("wan-address"),
+            dir.path().join("firewall-requested"),
+        );
+        let lan = std::rc::Rc::new(RefCell::new("192.168.1.23".to_owned()));
+        // Its only programs are `ip -j addr`: the LAN address as told.
+        let seen = lan.clone();
+        let mut host = Commands(move |argv: &[&str]| match argv {
+            ["ip", "-j", "-4", "addr", "show"] => Output::success(format!(
+                r#"[{{"ifname":"eth0","addr_info":[{{"local":"{}","prefixlen":24}}]}}]"#,
+                seen.borrow()
+            )),
+            ["ip", "-j", "-6", "addr", "show", "scope", "global"] => Output::success("[]"),
+            _ => Output::failure(1, format!("{argv:?}")),
+        });
+        let mut watch = FirewallWatch::new(&wan, &flag);
+        let seen: std::net::IpAddr = "198.51.100.7".parse().unwrap();
+        let mut asked = |seen_from: Option<std::net::IpAddr>| {
+            let _ = std::fs::remove_file(&flag);
+            let said = watch.after_beat(&mut host, seen_from).unwrap();
+            assert_eq!(said, flag.exists(), "the answer is the flag");
+            said
+        };
+        assert!(asked(Some(seen)), "the first beat asks");
+        assert_eq!(std::fs::read_to_string(&wan).unwrap(), "198.51.100.7\n");
+        assert!(!asked(Some(seen)), "nothing changed");
+        assert!(!asked(None), "a beat that did not land keeps the address");
+        assert_eq!(std::fs::read_to_string(&wan).unwrap(), "198.51.100.7\n");
+        // The owner's router got a new address.
+        assert!(asked(Some("203.0.113.44".parse().unwrap())));
+        assert_eq!(std::fs::read_to_string(&wan).unwrap(), "203.0.113.44\n");
+        assert!(!asked(Some("203.0.113.44".parse().unwrap())));
+        // The host moved to another LAN.
+        *lan.borrow_mut() = "10.20.30.40".into();
+        assert!(asked(None));
+        assert!(!asked(None));
+        // Serving restarted: it does not know what changed while it was down.
+        let mut again = FirewallWatch::new(&wan, &flag);
+        assert!(again.after_beat(&mut host, None).unwrap());
+    }
+
     /// #16: the beat carries the kept operator-key list's version and expiry.
     #[test]
     fn the_kept_key_lists_version_and_expiry_ride_on_the_beat() {
@@ -752,16 +907,14 @@ mod tests {
     }
 
     /// node0 of a pair: its rails, a twin each, and what answers on them.
-    struct Rails;
-
-    impl Host for Rails {
-        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> crate::host::Fallible<Output> {
+    fn rails() -> Commands<impl FnMut(&[&str]) -> Output> {
+        Commands(|argv: &[&str]| {
             let out = |stdout: &str| Output {
                 code: 0,
                 stdout: stdout.into(),
                 stderr: String::new(),
             };
-            Ok(match argv {
+            match argv {
                 ["ip", "-j", "-6", "addr", "show", "scope", "link"] => out(
                     r#"[{"ifname": "rail0", "addr_info": [{"local": "fe80::a0"}]},
                         {"ifname": "rail1", "addr_info": [{"local": "fe80::a1"}]}]"#,
@@ -780,23 +933,8 @@ mod tests {
                     stderr: String::new(),
                 },
                 other => panic!("unexpected {other:?}"),
-            })
-        }
-        fn read(&mut self, _: &str) -> crate::host::Fallible<Option<Vec<u8>>> {
-            Ok(None)
-        }
-        fn write(&mut self, _: &str, _: &[u8], _: u32, _: &str) -> crate::host::Fallible<()> {
-            Ok(())
-        }
-        fn remove(&mut self, _: &str) -> crate::host::Fallible<()> {
-            Ok(())
-        }
-        fn lxd(&mut self, _: &str, _: &str, _: LxdBody<'_>) -> crate::host::Fallible<LxdReply> {
-            Err("no LXD here".into())
-        }
-        fn describe(&self) -> String {
-            "node0".into()
-        }
+            }
+        })
     }
 
     #[test]
@@ -806,11 +944,11 @@ mod tests {
             .collect();
         let ports = ["rail0".to_owned(), "rail1".to_owned(), "rail2".to_owned()];
         assert_eq!(
-            rail_neighbours(&mut Rails, &ports, &known),
+            rail_neighbours(&mut rails(), &ports, &known),
             Some(json!({"rail0": 1, "rail1": 0, "rail2": 0}))
         );
         assert_eq!(
-            rail_neighbours(&mut Rails, &[], &known),
+            rail_neighbours(&mut rails(), &[], &known),
             None,
             "a single Spark"
         );

@@ -115,6 +115,15 @@ enum Command {
         #[arg(long)]
         again: bool,
     },
+    /// Bring the tenant firewall to what this host is now (as root; what
+    /// enverge-tenant-firewall-refresh.service runs when serving asks, after a heartbeat
+    /// found the host's networks or the owner's public address changed). The firewall
+    /// step's own render, check and load: the table is reloaded only when it differs.
+    /// Does nothing before preparation has completed.
+    FirewallRefresh {
+        #[arg(long, default_value = "/")]
+        root: PathBuf,
+    },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
@@ -296,6 +305,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             again: true,
         } => prepare::unit::run_again(&root),
         Command::Prepare { root, dry_run, .. } => prepare::unit::run(&root, dry_run),
+        Command::FirewallRefresh { root } => prepare::unit::refresh_firewall(&root),
         Command::OperatorKeys(cmd) => match cmd {
             KeysCommand::Apply { file, paths } => {
                 operator_keys::apply_command(&keys(paths)?, &file)

@@ -42,7 +42,11 @@ impl Reporter {
     }
 
     /// POST `body` with the host token; `Err` says why it did not land.
-    fn post(&self, url: &str, body: &impl serde::Serialize) -> Result<(), String> {
+    fn post(
+        &self,
+        url: &str,
+        body: &impl serde::Serialize,
+    ) -> Result<reqwest::header::HeaderMap, String> {
         let resp = self
             .client
             .post(url)
@@ -52,7 +56,7 @@ impl Reporter {
             .map_err(|e| format!("could not reach the backend: {}", e.without_url()))?;
         let status = resp.status();
         if status.is_success() {
-            return Ok(());
+            return Ok(resp.headers().clone());
         }
         let body = resp.text().unwrap_or_default();
         Err(format!(
@@ -91,8 +95,16 @@ impl Reporter {
     }
 
     /// One heartbeat (host_status).
-    pub fn heartbeat(&mut self, beat: &byo_wire::vm::Heartbeat) -> Result<(), String> {
-        self.post(&self.heartbeat_url, beat)
+    /// `Ok` carries the address the backend saw the beat come from, when it said one.
+    pub fn heartbeat(
+        &mut self,
+        beat: &byo_wire::vm::Heartbeat,
+    ) -> Result<Option<std::net::IpAddr>, String> {
+        let headers = self.post(&self.heartbeat_url, beat)?;
+        Ok(headers
+            .get(byo_wire::vm::SEEN_FROM_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse().ok()))
     }
 
     /// The operator-key list the backend publishes now, as signed bytes, unverified (the

@@ -17,7 +17,8 @@ use std::io::IsTerminal;
 use byo_core::prepare::{Check, Mode, Outcome, Progress, Step};
 use byo_core::render::nft::tenants;
 use byo_core::render::units::{
-    PREPARE, RAILS, RAILS_PATH, REBOOT, REBOOT_PATH, ROLLBACK, SERVING, TENANT_FIREWALL,
+    FIREWALL_PATH, FIREWALL_REFRESH, PREPARE, RAILS, RAILS_PATH, REBOOT, REBOOT_PATH, ROLLBACK,
+    SERVING, TENANT_FIREWALL,
 };
 use byo_wire::prepare::StepState;
 use serde_json::Value;
@@ -402,6 +403,8 @@ const AGENT_UNITS: &[&str] = &[
     REBOOT,
     RAILS_PATH,
     RAILS,
+    FIREWALL_PATH,
+    FIREWALL_REFRESH,
 ];
 
 fn unit_leftovers(h: &mut dyn Host, units: &[&str]) -> Fallible<Vec<String>> {

@@ -74,6 +74,7 @@ pub mod provisioning;
 pub mod queue;
 pub mod relay_ca;
 pub mod releases;
+pub mod sealed;
 pub mod sessions;
 pub mod ssh_keys;
 #[cfg(feature = "testing")]
@@ -211,8 +212,9 @@ impl Store {
     }
 }
 
-/// A fresh random id for a row.
-pub(crate) fn new_id() -> String {
+/// A fresh random id for a row; public so that a caller can seal a value for its row
+/// (`sealed`) before the row is written.
+pub fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
 

@@ -15,6 +15,9 @@ pub const MAX_OUTSTANDING: i64 = 3;
 
 #[derive(Clone, Debug)]
 pub struct NewProvision<'a> {
+    /// The enrolment's id, made by the caller (`new_id`): its secrets are sealed for its row
+    /// before the row is written.
+    pub enrollment_id: &'a str,
     pub owner_sub: &'a str,
     pub profile_id: &'a str,
     pub gpu_type: &'a str,
@@ -173,13 +176,12 @@ impl Store {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-            let enrollment_id = new_id();
             sqlx::query(
                 "insert into host_enrollments
                    (id, host_id, owner_sub, profile_id, state, token_hash, token_expires_at, wg_config, created_at)
                  values ($1, $2, $3, $4, 'pending', $5, $6, $7, $8)",
             )
-            .bind(&enrollment_id)
+            .bind(new.enrollment_id)
             .bind(&host_id)
             .bind(new.owner_sub)
             .bind(new.profile_id)
@@ -192,7 +194,7 @@ impl Store {
             Ok(Provisioned {
                 host_id,
                 slug,
-                enrollment_id,
+                enrollment_id: new.enrollment_id.to_owned(),
             })
         })
     }

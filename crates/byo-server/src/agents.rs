@@ -14,7 +14,7 @@ use byo_wire::vm::{
 use futures::future::BoxFuture;
 
 use crate::relay_ca::{RelayCaSource, relay_name};
-use crate::seal::Sealer;
+use crate::seal::{SealedAt, Sealer};
 
 /// How long the real client lets one VM call run. The callers (`crate::app::instances`) bound
 /// their own wait, which may be shorter; these only keep a request from outliving it.
@@ -255,7 +255,9 @@ impl HttpAgents {
             .sealer
             .as_ref()
             .ok_or("this server has no secret_key to open agent tokens")?;
-        let token = sealer.open(sealed).map_err(|e| e.to_string())?;
+        let token = sealer
+            .open(&SealedAt::agent_token(&host.id), sealed)
+            .map_err(|e| e.to_string())?;
         let client = self.client().await?;
         let name = relay_name(&host.slug, &self.public_url);
         self.names

@@ -41,12 +41,17 @@ pub use state::AppState;
 pub const REAP_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Serve the API and pages on `listener` (and metrics on their own listener, when
-/// configured) until `shutdown` resolves; in-flight requests are allowed to finish.
+/// configured) until `shutdown` resolves; in-flight requests are allowed to finish. Sealed
+/// values written before they were bound to their place are re-sealed first
+/// (`app::sealed`), so no request or job reads one.
 pub async fn serve(
     state: AppState,
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    app::sealed::reseal_at_start(&state)
+        .await
+        .context("re-sealing the sealed values in place")?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let metrics_task = match state.config.metrics_listen {
         Some(addr) => {

@@ -13,7 +13,7 @@ use rcgen::{
     Issuer, KeyPair, KeyUsagePurpose, date_time_ymd,
 };
 
-use crate::seal::Sealer;
+use crate::seal::{SealedAt, Sealer};
 
 /// The CA's subject. The issuer of every relay certificate is rebuilt from it and the key,
 /// so it never changes.
@@ -67,7 +67,7 @@ impl RelayCa {
     /// The kept CA: its certificate and its key, unsealed.
     pub fn from_row(row: &byo_db::relay_ca::RelayCaRow, sealer: &Sealer) -> anyhow::Result<Self> {
         let key_pem = sealer
-            .open(&row.sealed_key)
+            .open(&SealedAt::relay_ca_key(), &row.sealed_key)
             .map_err(|e| anyhow::anyhow!("opening the relay CA's key: {e}"))?;
         Ok(RelayCa {
             cert_pem: row.cert_pem.clone(),
@@ -79,7 +79,7 @@ impl RelayCa {
     pub fn to_row(&self, sealer: &Sealer, now: DateTime<Utc>) -> byo_db::relay_ca::RelayCaRow {
         byo_db::relay_ca::RelayCaRow {
             cert_pem: self.cert_pem.clone(),
-            sealed_key: sealer.seal(&self.key.serialize_pem()),
+            sealed_key: sealer.seal(&SealedAt::relay_ca_key(), &self.key.serialize_pem()),
             created_at: now,
         }
     }

@@ -141,6 +141,11 @@ pub struct Heartbeat {
     pub vms: Vec<HeldVm>,
 }
 
+/// The header on the heartbeat's answer naming the address the backend saw the beat come
+/// from: the owner's public address, which the host's tenant firewall drops (issue #36).
+/// Behind a reverse proxy it is the proxy's, and then tenants are kept from the proxy instead.
+pub const SEEN_FROM_HEADER: &str = "byo-seen-from";
+
 /// The key in a heartbeat's `details` under which the agent sends the logins to `spark` that
 /// sshd accepted since the last delivered beat (#16, 5): a list of [`OperatorLogin`].
 pub const OPERATOR_LOGINS: &str = "operator_logins";

@@ -20,7 +20,7 @@ use crate::host::{Fallible, Host, LxdBody, LxdReply, Output};
 
 pub use steps::{
     BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, PROFILE_NAME, SPARK, STEP_NAMES,
-    UDHCPC_SCRIPT, recipe_digest, render_base_profile, render_wireguard,
+    UDHCPC_SCRIPT, recipe_digest, refresh_tenant_firewall, render_base_profile, render_wireguard,
 };
 
 /// The last act of a completed preparation hands the credentials to the serving user, and

@@ -69,6 +69,37 @@ pub fn run_again(root: &Path) -> anyhow::Result<()> {
     prepare(root, How::Again)
 }
 
+/// `byo-agent firewall-refresh` (root's `enverge-tenant-firewall-refresh.service`, started
+/// when serving asks): the tenant firewall brought to what the host is now — its networks
+/// and the owner's public address — by the firewall step's own render, check and load, on a
+/// host whose preparation completed. Nothing else is read from serving but that address.
+pub fn refresh_firewall(root: &Path) -> anyhow::Result<()> {
+    let mut host = LocalHost {
+        root: root.to_path_buf(),
+        ..Default::default()
+    };
+    if !handed_over(&mut host).map_err(anyhow::Error::msg)? {
+        println!("preparation has not completed; its firewall step loads the table");
+        return Ok(());
+    }
+    let enroller = Enroller::new(
+        "",
+        EnrollPaths {
+            root: root.to_path_buf(),
+        },
+    );
+    let creds = enroller
+        .kept()?
+        .context("no credentials were kept by enrolment")?;
+    let plan = plan_from(&creds, None).map_err(anyhow::Error::msg)?;
+    if super::refresh_tenant_firewall(&mut host, &plan).map_err(anyhow::Error::msg)? {
+        println!("the tenant firewall was reloaded for what this host is now");
+    } else {
+        println!("the tenant firewall already holds what this host is now");
+    }
+    Ok(())
+}
+
 fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
     let dry_run = how == How::DryRun;
     let mut host = LocalHost {

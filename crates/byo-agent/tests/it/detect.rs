@@ -105,23 +105,30 @@ fn a_machine_without_nvidia_reports_no_gpu_and_no_hardware_id() {
 }
 
 /// K1: the rails appear in every machine's report — a Spark's from /sys/class/infiniband
-/// (device and netdev, the netdev's MTU, the RDMA device's active MTU), a test container's
-/// from the simulated list — with no neighbours and no rail until the cable probe.
+/// (device and netdev, the netdev's MTU, the RDMA device's active MTU), else from iproute2's
+/// `rdma -j link show` (a test container's stand-in) — with no neighbours and no rail until
+/// the cable probe.
 #[test]
-fn the_rails_come_from_the_rdma_devices_or_the_simulated_list() {
+fn the_rails_come_from_the_rdma_devices_or_rdma_link() {
     let spark = Fixture {
-        commands: HashMap::from([(
-            "sh",
-            "roceP2p1s0f0/device/net/enP2p1s0f0np0\nrocep1s0f0/device/net/enp1s0f0np0\n".into(),
-        )]),
+        commands: HashMap::from([
+            (
+                "sh",
+                "roceP2p1s0f0/device/net/enP2p1s0f0np0\nrocep1s0f0/device/net/enp1s0f0np0\n".into(),
+            ),
+            // Never asked while sysfs names RDMA ports.
+            (
+                "rdma",
+                r#"[{"ifindex":0,"ifname":"sim0","port":1,"netdev":"rail0","netdev_index":2}]"#
+                    .into(),
+            ),
+        ]),
         files: HashMap::from([
             ("/sys/class/net/enp1s0f0np0/mtu", "9000\n".into()),
             (
                 "/sys/class/infiniband/rocep1s0f0/ports/1/active_mtu",
                 "4096 (5)\n".into(),
             ),
-            // Never read while the kernel names RDMA ports.
-            (byo_agent::detect::SIMULATED_RDMA_PORTS, "rail0\n".into()),
         ]),
     };
     let rails = detect(&spark).rails;
@@ -143,23 +150,38 @@ fn the_rails_come_from_the_rdma_devices_or_the_simulated_list() {
             .all(|r| r.neighbours_discovered == 0 && r.index.is_none())
     );
 
+    // sysfs names nothing: the links `rdma` lists with a netdev, sorted, each once.
     let container = Fixture {
-        commands: HashMap::from([("sh", String::new())]),
-        files: HashMap::from([(
-            byo_agent::detect::SIMULATED_RDMA_PORTS,
-            "# the bed's ports\nrail1\nrail0 sim-dev0\nrail0 sim-dev0\n".into(),
-        )]),
+        commands: HashMap::from([
+            ("sh", String::new()),
+            (
+                "rdma",
+                concat!(
+                    r#"[{"ifindex":1,"ifname":"rocerail1","port":1,"state":"ACTIVE","#,
+                    r#""physical_state":"LINK_UP","netdev":"rail1","netdev_index":7},"#,
+                    r#"{"ifindex":0,"ifname":"rocerail0","port":1,"state":"ACTIVE","#,
+                    r#""physical_state":"LINK_UP","netdev":"rail0","netdev_index":6},"#,
+                    r#"{"ifindex":2,"ifname":"mlx5_2","port":1,"state":"DOWN","#,
+                    r#""physical_state":"DISABLED"},"#,
+                    r#"{"ifindex":0,"ifname":"rocerail0","port":1,"netdev":"rail0"}]"#,
+                    "\n"
+                )
+                .into(),
+            ),
+        ]),
+        files: HashMap::from([("/sys/class/net/rail0/mtu", "1500\n".into())]),
     };
-    let seen: Vec<(String, Option<String>)> = detect(&container)
+    type Found = (String, Option<String>, Option<u32>);
+    let seen: Vec<Found> = detect(&container)
         .rails
         .into_iter()
-        .map(|r| (r.iface, r.device))
+        .map(|r| (r.iface, r.device, r.mtu))
         .collect();
     assert_eq!(
         seen,
         vec![
-            ("rail0".to_owned(), Some("sim-dev0".to_owned())),
-            ("rail1".to_owned(), None)
+            ("rail0".to_owned(), Some("rocerail0".to_owned()), Some(1500)),
+            ("rail1".to_owned(), Some("rocerail1".to_owned()), None)
         ]
     );
 }

@@ -88,6 +88,7 @@ fn the_tenant_firewall_passes_nft_and_refuses_every_owner_range() {
             ("198.51.100.7".parse().unwrap(), 28),
         ],
         host_nets6: vec![("2001:db8:1::23".parse().unwrap(), 64)],
+        wan4: vec!["203.0.113.9".parse().unwrap()],
     });
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("tenant-firewall.nft");
@@ -123,6 +124,10 @@ fn the_tenant_firewall_passes_nft_and_refuses_every_owner_range() {
         "192.168.1.0/24",
         "198.51.100.0/28",
         "2001:db8:1::/64",
+        "64:ff9b::/96",
+        "64:ff9b:1::/48",
+        "2002::/16",
+        "203.0.113.9",
     ] {
         assert!(listed.contains(range), "{range} missing from:\n{listed}");
     }
@@ -132,6 +137,11 @@ fn the_tenant_firewall_passes_nft_and_refuses_every_owner_range() {
         "ip daddr 10.117.0.1 udp dport 53 accept",
         "ip daddr 10.117.0.1 tcp dport 53 accept",
         "ip daddr @owner_nets4 counter packets 0 bytes 0 drop",
+        "ip daddr @owner_wan4 counter packets 0 bytes 0 drop",
+        "meta nfproto ipv6 counter packets 0 bytes 0 drop",
+        "tcp dport 25 counter packets 0 bytes 0 drop",
+        "ct state new limit rate over 50/second burst 250 packets counter packets 0 bytes 0 drop",
+        "ct state new ct count over 1024 counter packets 0 bytes 0 drop",
     ] {
         assert!(listed.contains(rule), "{rule:?} missing from:\n{listed}");
     }

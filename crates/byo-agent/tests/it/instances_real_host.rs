@@ -365,7 +365,10 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
-    let who = w.host.sh_ok("ps -o user= -C byo-agent | sort -u");
+    // Serving's own process: root's refresh of the tenant firewall runs beside it on request.
+    let who = w
+        .host
+        .sh_ok("ps -o user= -p \"$(pgrep -d, -f '^/usr/local/bin/byo-agent serve')\" | sort -u");
     assert_eq!(who.trim(), "spark", "serving runs unprivileged");
 
     unauthenticated_calls_are_refused(&w);

@@ -643,6 +643,58 @@ fn the_tenant_firewall_is_a_table_of_our_own_that_ufw_reloads_and_reboots_keep()
     assert!(sim.state.nft["inet enverge_tenants"].contains("198.51.100.0/24"));
 }
 
+/// Issue #36: a bridge that was there before preparation (an owner's `lxd init`) with IPv6
+/// on and dnsmasq forwarding to the host's resolver is named by the check and put right by a
+/// run: no IPv6, public resolvers only. The step's own bridge is made that way.
+#[test]
+fn a36_the_bridge_has_no_ipv6_and_asks_public_resolvers_only() {
+    let config =
+        |sim: &SimSpark| sim.state.lxd.as_ref().unwrap().networks["lxdbr0"]["config"].clone();
+    let want_dns = "no-resolv\nserver=1.1.1.1\nserver=9.9.9.9\n";
+    let made = config(&prepared());
+    assert_eq!(made["ipv6.address"], "none", "{made}");
+    assert_eq!(made["raw.dnsmasq"], want_dns, "{made}");
+    // As `lxd init` leaves it.
+    let mut sim = prepared();
+    {
+        let n = &mut sim
+            .state
+            .lxd
+            .as_mut()
+            .unwrap()
+            .networks
+            .get_mut("lxdbr0")
+            .unwrap()["config"];
+        n["ipv6.address"] = serde_json::json!("fd42:4242:4242:1010::1/64");
+        n["ipv6.nat"] = serde_json::json!("true");
+        n.as_object_mut().unwrap().remove("raw.dnsmasq");
+    }
+    let before = config(&sim);
+    let (out, _) = run_build(&mut sim, &plan(), Mode::DryRun, "byo-agent 2.0");
+    let said: Vec<&String> = out
+        .changes
+        .iter()
+        .filter(|(step, _)| step == "lxd-network")
+        .map(|(_, what)| what)
+        .collect();
+    assert!(
+        said.iter().any(|w| w.contains("turn off IPv6 on lxdbr0"))
+            && said.iter().any(|w| w.contains("public resolvers")),
+        "{:?}",
+        out.changes
+    );
+    assert_eq!(config(&sim), before, "a dry run changed the bridge");
+    let (out, _) = run_build(&mut sim, &plan(), Mode::Run, "byo-agent 2.0");
+    assert!(out.completed, "{:?}", out.failed);
+    let after = config(&sim);
+    assert_eq!(after["ipv6.address"], "none", "{after}");
+    assert_eq!(after["raw.dnsmasq"], want_dns, "{after}");
+    assert_eq!(
+        after["ipv4.address"], before["ipv4.address"],
+        "the bridge kept its address"
+    );
+}
+
 #[test]
 fn landmine_storage_pool_is_created_explicitly_never_a_dir_pool() {
     let mut state = dgx_os();

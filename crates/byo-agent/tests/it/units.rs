@@ -2,8 +2,9 @@
 //! firewall step installs to load the tenant firewall at boot.
 
 use byo_core::render::units::{
-    NETPLAN_RAILS, PREPARE, PREPARE_RETRY_SECS, RAILS, RAILS_FLAG, RAILS_PATH, REBOOT, REBOOT_FLAG,
-    REBOOT_PATH, ROLLBACK, ROLLBACK_SCRIPT, SERVING, TENANT_FIREWALL, tenant_firewall, units,
+    FIREWALL_FLAG, FIREWALL_PATH, FIREWALL_REFRESH, NETPLAN_RAILS, PREPARE, PREPARE_RETRY_SECS,
+    RAILS, RAILS_FLAG, RAILS_PATH, REBOOT, REBOOT_FLAG, REBOOT_PATH, ROLLBACK, ROLLBACK_SCRIPT,
+    SERVING, TENANT_FIREWALL, tenant_firewall, units,
 };
 
 /// The `key=value` lines of `section` in a unit's text.
@@ -73,12 +74,11 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
         "preparation retries on its own: {prepare_unit:?} {prepare_service:?}"
     );
     assert!((30..=60).contains(&PREPARE_RETRY_SECS));
-    // No timer: nothing on a host runs on a schedule of its own but this retry (I). The one
-    // path unit waits for serving's reboot request (L4), which is no schedule.
-    assert!(
-        all.iter()
-            .all(|(name, _)| name.ends_with(".service") || [REBOOT_PATH, RAILS_PATH].contains(name))
-    );
+    // No timer: nothing on a host runs on a schedule of its own but this retry (I). The path
+    // units wait for serving's requests (L4's reboot, the rails, the tenant firewall), which
+    // is no schedule.
+    assert!(all.iter().all(|(name, _)| name.ends_with(".service")
+        || [REBOOT_PATH, RAILS_PATH, FIREWALL_PATH].contains(name)));
     // L4: root's side of the reboot serving asks for: the flag is in serving's own state
     // directory, removed before the reboot, and the machine goes down a moment later.
     assert!(text(REBOOT_PATH).contains(&format!("PathExists={REBOOT_FLAG}\nUnit={REBOOT}\n")));
@@ -108,6 +108,25 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     assert!(
         RAILS_FLAG.starts_with("/var/lib/enverge-agent/"),
         "serving may write it"
+    );
+    // The tenant firewall brought to the host's networks on serving's word (#36): the flag
+    // first, then the agent's own refresh, as root.
+    assert!(text(FIREWALL_PATH).contains(&format!(
+        "PathExists={FIREWALL_FLAG}\nUnit={FIREWALL_REFRESH}\n"
+    )));
+    let refresh = text(FIREWALL_REFRESH);
+    let rm = refresh
+        .find(&format!("ExecStart=/bin/rm -f {FIREWALL_FLAG}"))
+        .expect("the flag removed");
+    assert!(
+        rm < refresh.find(" firewall-refresh\n").unwrap(),
+        "{refresh}"
+    );
+    assert!(!refresh.contains("User="), "root's: {refresh}");
+    assert!(
+        FIREWALL_FLAG.starts_with("/var/lib/enverge-agent/")
+            && byo_core::render::nft::tenants::WAN_FILE.starts_with("/var/lib/enverge-agent/"),
+        "serving may write them"
     );
     // The tenant firewall is in the kernel before LXD restores an instance, and comes back
     // after an nftables.service whose `flush ruleset` would take it away.

@@ -30,6 +30,18 @@ pub const REBOOT_FLAG: &str = "/var/lib/enverge-agent/reboot-requested";
 pub const RAILS_PATH: &str = "enverge-agent-rails.path";
 pub const RAILS: &str = "enverge-agent-rails.service";
 pub const RAILS_FLAG: &str = "/var/lib/enverge-agent/rails-requested";
+/// The tenant firewall follows the host (issue #36): a heartbeat that finds the host's
+/// networks or the owner's public address changed has serving ask root to bring the table to
+/// what the host is now, by creating [`FIREWALL_FLAG`]; this path unit, root's, starts
+/// [`FIREWALL_REFRESH`], which removes the flag and runs `byo-agent firewall-refresh` (the
+/// firewall step's own render, check and load). The request carries no data: the address
+/// is read from `tenants::WAN_FILE` as an address and nothing else.
+pub const FIREWALL_PATH: &str = "enverge-tenant-firewall-refresh.path";
+pub const FIREWALL_REFRESH: &str = "enverge-tenant-firewall-refresh.service";
+pub const FIREWALL_FLAG: &str = "/var/lib/enverge-agent/firewall-requested";
+/// The path units by which serving asks root for something, enabled and started by every
+/// install and upgrade.
+pub const SERVING_ASKS: &[&str] = &[REBOOT_PATH, RAILS_PATH, FIREWALL_PATH];
 /// The rails' netplan file rail-network writes (130).
 pub const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
 /// The operator tunnel's connector (cloudflared) as a unit: preparation's operator-access
@@ -103,6 +115,18 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
             RAILS,
             format!(
                 "[Unit]\nDescription=byo agent: a pair's rails addressed again, once its containers gave them back\n\n[Service]\nType=oneshot\n# The flag goes first; a host with no rails file (a single Spark) has nothing to apply.\nExecStart=/bin/rm -f {RAILS_FLAG}\nExecStart=/bin/sh -c 'test -e {NETPLAN_RAILS} || exit 0; exec netplan apply'\n"
+            ),
+        ),
+        (
+            FIREWALL_PATH,
+            format!(
+                "[Unit]\nDescription=byo agent: the tenant firewall brought to the host's networks when serving asks (#36)\n\n[Path]\nPathExists={FIREWALL_FLAG}\nUnit={FIREWALL_REFRESH}\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            FIREWALL_REFRESH,
+            format!(
+                "[Unit]\nDescription=byo agent: the tenant firewall brought to what this host is now\n\n[Service]\nType=oneshot\n# The flag goes first: a change that lands while this runs asks again.\nExecStart=/bin/rm -f {FIREWALL_FLAG}\nExecStart={bin} firewall-refresh\n"
             ),
         ),
     ]
@@ -202,8 +226,9 @@ mv -f {ROLLBACK_SCRIPT}.new {ROLLBACK_SCRIPT}
 {units_text}systemctl daemon-reload
 systemctl enable {PREPARE} {SERVING}
 # What serving may ask root for, watching from now on: the host's reboot (L4), a pair's
-# rails addressed again once its containers gave them back.
-systemctl enable --now {REBOOT_PATH} {RAILS_PATH}
+# rails addressed again once its containers gave them back, the tenant firewall brought to
+# the host's networks.
+systemctl enable --now {asks}
 if [ -f {HANDED_OVER} ]; then
   # An upgrade: serving may be running (then Wants= would start nothing) or down (failed,
   # at its start limit): either way it is reset and restarted on the new build. The
@@ -218,6 +243,7 @@ else
 fi
 "#,
         rollback = rollback_script(bin),
+        asks = SERVING_ASKS.join(" "),
     )
 }
 
@@ -264,7 +290,7 @@ mod tests {
             format!("cat > /etc/systemd/system/{PREPARE} <<'UNIT'\n"),
             "systemctl daemon-reload".to_owned(),
             format!("systemctl enable {PREPARE} {SERVING}"),
-            format!("systemctl enable --now {REBOOT_PATH} {RAILS_PATH}"),
+            format!("systemctl enable --now {REBOOT_PATH} {RAILS_PATH} {FIREWALL_PATH}"),
             format!("if [ -f {HANDED_OVER} ]"),
             format!("systemctl reset-failed {SERVING}"),
             format!("systemctl restart {SERVING}"),
@@ -292,7 +318,8 @@ mod tests {
     }
 
     /// What install.sh writes, by name and in order: the three units J names, then what
-    /// serving may ask root for (L4's reboot, a pair's rails), each running what it says.
+    /// serving may ask root for (L4's reboot, a pair's rails, the tenant firewall brought to
+    /// the host's networks), each running what it says.
     /// `systemd-analyze verify` and the real hosts run them (byo-agent's tests); this pins
     /// the list itself, which install.sh, the uninstaller and the tests all read.
     #[test]
@@ -308,7 +335,9 @@ mod tests {
                 REBOOT_PATH,
                 REBOOT,
                 RAILS_PATH,
-                RAILS
+                RAILS,
+                FIREWALL_PATH,
+                FIREWALL_REFRESH
             ]
         );
         let text = |name: &str| &all.iter().find(|(n, _)| *n == name).unwrap().1;
@@ -319,5 +348,7 @@ mod tests {
         assert!(text(REBOOT).contains("SuccessAction=reboot\n"));
         assert!(text(RAILS_PATH).contains(&format!("Unit={RAILS}\n")));
         assert!(text(RAILS).contains("exec netplan apply"));
+        assert!(text(FIREWALL_PATH).contains(&format!("Unit={FIREWALL_REFRESH}\n")));
+        assert!(text(FIREWALL_REFRESH).contains("ExecStart=/opt/byo-agent firewall-refresh\n"));
     }
 }

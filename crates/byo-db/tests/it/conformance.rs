@@ -81,6 +81,7 @@ conformance!(
     h_revoking_a_booked_never_redeemed_host_is_refused_and_reap_keeps_what_is_named,
     e2_keep_waiting_and_the_ended_rows,
     fleet_read_gauges_and_stopped_hosts,
+    a36_8_sealed_values_are_read_by_version_and_replaced_only_where_unchanged,
 );
 
 // The Store rules of the files whose rules the server's suites drove alone (issue #19: a byo-db
@@ -97,6 +98,9 @@ use lifecycle_rules::*;
 #[path = "conformance/provisioning.rs"]
 mod provisioning_rules;
 use provisioning_rules::*;
+#[path = "conformance/sealed.rs"]
+mod sealed_rules;
+use sealed_rules::*;
 
 /// Microsecond precision: what both backends store.
 fn now() -> DateTime<Utc> {

@@ -580,6 +580,7 @@ fn i_break_glass_reaches_the_hosts_sshd_from_the_relay_with_the_tunnel_down() {
             ("192.168.77.2".parse().unwrap(), 24),
         ],
         host_nets6: vec![],
+        wan4: vec![],
     });
     let file = w.dir.path().join("tenant-firewall.nft");
     std::fs::write(&file, &ruleset).unwrap();

@@ -12,6 +12,7 @@ use serde_json::json;
 
 use crate::app::host_provision::{EnrollmentSecrets, sealer, wireguard_endpoint};
 use crate::error::{AppError, AppResult};
+use crate::seal::SealedAt;
 use crate::state::AppState;
 
 /// What a redeem came to.
@@ -48,7 +49,11 @@ pub async fn redeem(
             let secrets = ctx
                 .sealed_secrets
                 .as_deref()
-                .and_then(|s| sealer.open(s).ok())
+                .and_then(|s| {
+                    sealer
+                        .open(&SealedAt::enrollment_secrets(&ctx.enrollment_id), s)
+                        .ok()
+                })
                 .and_then(|s| serde_json::from_str::<EnrollmentSecrets>(&s).ok());
             let plan = serde_json::from_value::<ProfilePlan>(ctx.constants.clone());
             let (Some(secrets), Ok(plan)) = (secrets, plan) else {
@@ -77,7 +82,8 @@ pub async fn redeem(
                         fingerprint: byo_core::redeem::identity(&req.node),
                         host_pubkey: secrets.host_wg_public.clone(),
                         host_token_hash: host_token.hash(),
-                        sealed_agent_token: sealer.seal(agent_token.expose()),
+                        sealed_agent_token: sealer
+                            .seal(&SealedAt::agent_token(&ctx.host_id), agent_token.expose()),
                     };
                     delivered = Some(secrets);
                     decision
@@ -114,6 +120,16 @@ pub async fn redeem(
             let secrets = delivered.expect("an accepted enrolment carries its secrets");
             let (relay_name, relay_ip, tunnel_hostname, tunnel_token) =
                 state.store.host_delivery(&context.host_id).await?;
+            // A token that does not open (sealed for another host's row) is not handed over;
+            // the host then runs without its tunnel, and the log says why.
+            let tunnel_connector_token = tunnel_token.and_then(|t| {
+                sealer
+                    .open(&SealedAt::tunnel_token(&context.host_id), &t)
+                    .map_err(|e| {
+                        tracing::error!(slug = %context.slug, error = %e, "the tunnel's connector token does not open");
+                    })
+                    .ok()
+            });
             let published = state.store.published_key_list().await?;
             // The answer carries the published list, so from here the host holds that
             // version: record it where publish and "send again" record theirs, or the
@@ -154,7 +170,7 @@ pub async fn redeem(
                 ssh_map_endpoint: "10.8.0.1:8754".into(),
                 ssh_map_token: secrets.ssh_map_token,
                 tunnel_hostname,
-                tunnel_connector_token: tunnel_token.and_then(|t| sealer.open(&t).ok()),
+                tunnel_connector_token,
                 operator_keys: published.and_then(|p| p.envelope),
                 // The trust in force now (M.13): after a rotation the configured keys no
                 // longer sign, and the published list handed over is the successors'.

@@ -508,7 +508,7 @@ pub async fn replace_relay(
     // The replacement fetches the kept key at its first boot: it must open, or nothing is
     // touched.
     host_provision::sealer(state)?
-        .open(&key)
+        .open(&crate::seal::SealedAt::relay_wg_key(host_id), &key)
         .map_err(|e| AppError::Internal(anyhow::anyhow!("opening the relay key: {e}")))?;
     let bootstrap = match &state.config.relay_release {
         Some(release) => Some(

@@ -20,7 +20,7 @@ use serde_json::json;
 
 use crate::auth::CurrentUser;
 use crate::error::{AppError, AppResult};
-use crate::seal::Sealer;
+use crate::seal::{SealedAt, Sealer};
 use crate::state::AppState;
 
 /// How long an enrolment token lives (A note 4: "expires within the hour").
@@ -124,10 +124,16 @@ pub async fn provision(
         relay_wg_public,
         ssh_map_token: ssh_map_token.expose().to_owned(),
     };
-    let sealed = sealer.seal(&serde_json::to_string(&secrets).expect("secrets serialise"));
+    // The enrolment's id is made here so that its secrets are sealed for its row.
+    let enrollment_id = byo_db::new_id();
+    let sealed = sealer.seal(
+        &SealedAt::enrollment_secrets(&enrollment_id),
+        &serde_json::to_string(&secrets).expect("secrets serialise"),
+    );
     let now = state.clock.now();
     let expires_at = now + chrono::Duration::minutes(TOKEN_MINUTES);
     let new = NewProvision {
+        enrollment_id: &enrollment_id,
         owner_sub: &by.user.sub,
         profile_id: &profile.id,
         gpu_type: &profile.gpu_type,
@@ -146,14 +152,23 @@ pub async fn provision(
     // Kept sealed so a dead relay can be replaced by one the host's tunnel trusts (A.3).
     state
         .store
-        .record_relay_key(&provisioned.host_id, &sealer.seal(&relay_wg_private))
+        .record_relay_key(
+            &provisioned.host_id,
+            &sealer.seal(
+                &SealedAt::relay_wg_key(&provisioned.host_id),
+                &relay_wg_private,
+            ),
+        )
         .await?;
 
     // The operator tunnel and its DNS are part of the call; a failure hands the allocation
     // straight back rather than leaving half of it.
     match state.tunnels.create(&slug).await {
         Ok(t) => {
-            let sealed_token = sealer.seal(&t.connector_token);
+            let sealed_token = sealer.seal(
+                &SealedAt::tunnel_token(&provisioned.host_id),
+                &t.connector_token,
+            );
             state
                 .store
                 .record_tunnel(&provisioned.host_id, &t.id, &t.hostname, &sealed_token)

@@ -12,6 +12,7 @@ use serde_json::json;
 use crate::app::host_provision::wireguard_endpoint;
 use crate::error::{AppError, AppResult};
 use crate::relay_ca::relay_name;
+use crate::seal::SealedAt;
 use crate::state::AppState;
 
 /// The relay of the host `token` belongs to, as it stands now; `None` when the token is no
@@ -58,7 +59,7 @@ pub async fn secrets(
         ))
     })?;
     let wireguard_private_key = crate::app::host_provision::sealer(state)?
-        .open(&sealed)
+        .open(&SealedAt::relay_wg_key(&spent.host_id), &sealed)
         .map_err(|e| AppError::Internal(anyhow::anyhow!("opening the relay key: {e}")))?;
     let cert = state
         .relay_ca

@@ -39,6 +39,7 @@ pub mod queue_drain;
 pub mod reap;
 pub mod releases;
 pub mod retire_stopped;
+pub mod sealed;
 pub mod settle_creates;
 pub mod ssh_keys;
 pub mod unpaid;

@@ -12,13 +12,18 @@ use crate::app::host_report::HostCall;
 use crate::auth::host_token::{invalid_host_token, presented_host_token};
 use crate::error::{AppError, AppResult};
 use crate::extract::Checked;
+use crate::rate_limit::Source;
 use crate::state::AppState;
 
-/// Report the host's health; kept as its host_status row.
+/// Report the host's health; kept as its host_status row. The answer names the address the
+/// beat came from (`Byo-Seen-From`): the owner's public address, which the host's tenant
+/// firewall keeps tenants from (issue #36).
 #[utoipa::path(post, path = "/api/host/heartbeat", tag = "hosts", request_body = Heartbeat,
-    responses((status = 204), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
+    responses((status = 204, headers(("byo-seen-from" = String, description = "the address this beat came from, as the backend saw it"))),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)))]
 pub async fn post_heartbeat(
     State(state): State<AppState>,
+    Source(source): Source,
     headers: HeaderMap,
     body: Result<Checked<Heartbeat>, AppError>,
 ) -> AppResult<Response> {
@@ -39,7 +44,13 @@ pub async fn post_heartbeat(
         Err(e) => Err(e.to_string()),
     };
     Ok(match host_heartbeat::record(&state, &token, beat).await? {
-        HostCall::Recorded => StatusCode::NO_CONTENT.into_response(),
+        // Said only to the host itself, and only where the listener said where it came from.
+        HostCall::Recorded if source.is_unspecified() => StatusCode::NO_CONTENT.into_response(),
+        HostCall::Recorded => (
+            StatusCode::NO_CONTENT,
+            [(byo_wire::vm::SEEN_FROM_HEADER, source.to_string())],
+        )
+            .into_response(),
         HostCall::InvalidToken => invalid_host_token(),
     })
 }

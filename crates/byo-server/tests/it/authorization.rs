@@ -160,7 +160,10 @@ impl Fixture {
             .id;
         // Bookable (active, prepared, reachable, shared) but never heard from, so no create
         // is placed on it.
-        let sealed = app.state.sealer.as_ref().unwrap().seal("agent-token");
+        let sealed = app.state.sealer.as_ref().unwrap().seal(
+            &byo_server::seal::SealedAt::agent_token(&host),
+            "agent-token",
+        );
         app.db
             .execute_unchecked(&format!(
                 "update hosts set agent_token = '{sealed}' where id = '{host}'"

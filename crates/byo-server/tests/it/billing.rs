@@ -243,7 +243,10 @@ impl World {
             .unwrap()
             .id;
         let agent = byo_core::tokens::SecretToken::generate(byo_core::tokens::TokenKind::Agent);
-        let sealed = self.app.state.sealer.as_ref().unwrap().seal(agent.expose());
+        let sealed = self.app.state.sealer.as_ref().unwrap().seal(
+            &byo_server::seal::SealedAt::agent_token(&host),
+            agent.expose(),
+        );
         self.db()
             .execute_unchecked(&format!(
                 "update hosts set agent_token = '{sealed}' where id = '{host}'"

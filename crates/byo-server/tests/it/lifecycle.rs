@@ -631,7 +631,7 @@ impl World {
             .sealer
             .as_ref()
             .unwrap()
-            .open(&sealed)
+            .open(&byo_server::seal::SealedAt::relay_wg_key(id), &sealed)
             .unwrap()
     }
 

@@ -26,4 +26,5 @@ mod operator_logins;
 mod prebookings;
 mod queue;
 mod releases;
+mod sealed;
 mod secrets;

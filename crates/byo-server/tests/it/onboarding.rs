@@ -446,6 +446,39 @@ async fn d3_activation_is_refused_until_preparation_finished(w: World) {
     );
 }
 
+/// Issue #36: the heartbeat's answer names the address the beat came from, which the host's
+/// tenant firewall keeps tenants from (the owner's public address). Only a host's own
+/// accepted beat hears it; a stranger's beat is refused without it.
+async fn a36_the_heartbeat_answer_names_the_address_the_beat_came_from(w: World) {
+    let p = w.provision(&w.owner, "gb10-spark-1").await.json();
+    let enrolled = w.enroll(p["token"].as_str().unwrap(), spark()).await;
+    let host_token = enrolled.json()["host_token"].as_str().unwrap().to_owned();
+    let beat = |token: &str| {
+        let mut req = support::idle_beat(token);
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::new(
+                "198.51.100.7".parse().unwrap(),
+                40_000,
+            )));
+        req
+    };
+    let r = w.app.send(beat(&host_token)).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    assert_eq!(
+        r.headers
+            .get(byo_wire::vm::SEEN_FROM_HEADER)
+            .map(|v| v.to_str().unwrap()),
+        Some("198.51.100.7")
+    );
+    let stranger = SecretToken::generate(TokenKind::Host).expose().to_owned();
+    let r = w.app.send(beat(&stranger)).await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert!(r.headers.get(byo_wire::vm::SEEN_FROM_HEADER).is_none());
+    // Where the listener did not say (a request built in-process), nothing is said.
+    let r = w.app.idle_heartbeat(&host_token).await;
+    assert!(r.headers.get(byo_wire::vm::SEEN_FROM_HEADER).is_none());
+}
+
 async fn a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure(w: World) {
     let p = w.provision(&w.owner, "gb10-spark-1").await.json();
     let host_id = p["host_id"].as_str().unwrap().to_owned();
@@ -913,6 +946,7 @@ with_world!(
     b28_hardware_that_is_not_the_profiles_is_rejected_and_released,
     k127_one_box_cannot_become_two_hosts,
     d3_activation_is_refused_until_preparation_finished,
+    a36_the_heartbeat_answer_names_the_address_the_beat_came_from,
     a4_reap_hands_back_a_lapsed_allocation_and_resumes_after_a_failure,
     h_revoking_before_redeem_releases_the_allocation,
     h_revoking_from_the_page_is_the_apis_revoke,
@@ -1276,6 +1310,8 @@ async fn install_sh_is_shellcheck_clean_and_serves_only_agent_builds() {
         "enverge-agent-reboot.service",
         "enverge-agent-rails.path",
         "enverge-agent-rails.service",
+        "enverge-tenant-firewall-refresh.path",
+        "enverge-tenant-firewall-refresh.service",
     ] {
         assert!(
             text.contains(&format!("/etc/systemd/system/{unit}")),

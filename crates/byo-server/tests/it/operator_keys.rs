@@ -15,7 +15,7 @@ use byo_core::keylist_testing as testing;
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::hosts::AgentTargetRow;
 use byo_server::agents::{HostAgents, HttpAgents};
-use byo_server::seal::Sealer;
+use byo_server::seal::{SealedAt, Sealer};
 use serde_json::{Value, json};
 use ssh_key::PrivateKey;
 use support::agents::{Answer, FakeAgents, Op};
@@ -479,7 +479,10 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
     let wrong = SecretToken::generate(TokenKind::Agent);
     let refused = client
         .push_operator_keys(
-            &target(Some(sealer.seal(wrong.expose())), Some("127.0.0.1")),
+            &target(
+                Some(sealer.seal(&SealedAt::agent_token("h"), wrong.expose())),
+                Some("127.0.0.1"),
+            ),
             &envelope,
         )
         .await;
@@ -493,12 +496,21 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
         .await;
     assert!(unenrolled.unwrap_err().contains("no agent token"));
     let no_relay = client
-        .push_operator_keys(&target(Some(sealer.seal(token.expose())), None), &envelope)
+        .push_operator_keys(
+            &target(
+                Some(sealer.seal(&SealedAt::agent_token("h"), token.expose())),
+                None,
+            ),
+            &envelope,
+        )
         .await;
     assert!(no_relay.unwrap_err().contains("no relay"));
     let garbage = client
         .push_operator_keys(
-            &target(Some(sealer.seal(token.expose())), Some("127.0.0.1")),
+            &target(
+                Some(sealer.seal(&SealedAt::agent_token("h"), token.expose())),
+                Some("127.0.0.1"),
+            ),
             b"{}",
         )
         .await;
@@ -509,7 +521,10 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
 
     client
         .push_operator_keys(
-            &target(Some(sealer.seal(token.expose())), Some("127.0.0.1")),
+            &target(
+                Some(sealer.seal(&SealedAt::agent_token("h"), token.expose())),
+                Some("127.0.0.1"),
+            ),
             &envelope,
         )
         .await

@@ -616,12 +616,11 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
 
     // No agent token crossed the relay's public interface in the clear: the backend's
     // calls went over TLS to the relay's name (its SNI is the one readable thing).
+    let target = store.agent_targets().await.unwrap().remove(0);
     let agent_token = sealer
         .open(
-            &store.agent_targets().await.unwrap()[0]
-                .agent_token
-                .clone()
-                .unwrap(),
+            &byo_server::seal::SealedAt::agent_token(&target.id),
+            &target.agent_token.unwrap(),
         )
         .unwrap();
     let captured = capture.bytes();

@@ -37,7 +37,11 @@ fn index_of(rows: &[HostNodeRow], n0: &HostContainer, h: &HostContainer) -> u64 
         return 0;
     }
     let smi = h.sh_ok("nvidia-smi");
-    let uuid = smi.split(", ").nth(1).unwrap().trim();
+    let uuid = smi
+        .split(", ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("nvidia-smi on {} printed {smi:?}", h.name()))
+        .trim();
     let hw = byo_agent::detect::hardware_id(&[uuid.to_owned()]).unwrap();
     rows.iter()
         .find(|r| r.hardware_id == hw)

@@ -65,6 +65,18 @@ impl StepDef for Firewall {
     }
 }
 
+/// The tenant firewall brought to what the host is now (its networks, the owner's public
+/// address serving last heard): rendered, checked and loaded exactly as the step's apply
+/// does, and only when the kernel's table is not already that. What root's
+/// `enverge-tenant-firewall-refresh.service` runs when serving asks (issue #36). `Ok(true)`
+/// when it reloaded.
+pub fn refresh<H: Host>(h: &mut H, plan: &Plan) -> Fallible<bool> {
+    if tenant_needs(h, plan)?.is_empty() {
+        return Ok(false);
+    }
+    apply_tenants(h, plan).map(|()| true)
+}
+
 /// What the tenant firewall lacks on this host.
 fn tenant_needs<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Vec<String>> {
     let Some(want) = render(h, plan)? else {
@@ -160,7 +172,27 @@ fn render<H: Host>(h: &mut H, plan: &Plan) -> Fallible<Option<String>> {
         bridge_address,
         host_nets4,
         host_nets6,
+        wan4: wan4(h)?,
     })))
+}
+
+/// The owner's public address as serving last heard it from the backend ([`tenants::WAN_FILE`]),
+/// when there is one and it is an IPv4 address. Serving writes the file, so it is read as an
+/// address and nothing else: a line that does not parse is no address (and said so).
+fn wan4<H: Host>(h: &mut H) -> Fallible<Vec<Ipv4Addr>> {
+    let Some(text) = read_string(h, tenants::WAN_FILE)? else {
+        return Ok(Vec::new());
+    };
+    let line = text.trim();
+    match line.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V4(a)) if !a.is_unspecified() && !a.is_loopback() => Ok(vec![a]),
+        // An IPv6 source is the host's own address (host_nets6), and tenants have no IPv6.
+        Ok(_) => Ok(Vec::new()),
+        Err(_) => {
+            tracing::warn!(file = tenants::WAN_FILE, "not an address; ignored");
+            Ok(Vec::new())
+        }
+    }
 }
 
 fn prefix<A: std::str::FromStr>(s: &str) -> Option<(A, u8)> {

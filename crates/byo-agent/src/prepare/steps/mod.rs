@@ -20,6 +20,7 @@ mod shared;
 pub use base_image::{
     BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, UDHCPC_SCRIPT, recipe_digest,
 };
+pub use firewall::refresh as refresh_tenant_firewall;
 pub use profiles::render_base_profile;
 pub use rail_network::{DUAL_PROFILE, render_dual_profile};
 pub use relay_peer::render_wireguard;

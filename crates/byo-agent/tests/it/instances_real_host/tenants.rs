@@ -9,6 +9,13 @@
 //! first shown to answer the host itself, so "refused" from the container is the rule, not an
 //! empty address; the listeners' log and the table's counters show the container's attempts
 //! never arrived. No packet is sent to an address outside this machine.
+//!
+//! Issue #36 closed the rest: the owner's public address (198.51.100.7 in `world`, the router
+//! answering there; the fake backend's heartbeat answer names it, as the real backend names
+//! the address a beat came from), mail to port 25, the owner's resolver (a DNS server on
+//! 192.168.77.1 the host resolves through; the bridge's dnsmasq must ask the public
+//! resolvers, here fakes on 1.1.1.1 and 9.9.9.9 inside `world`), a network the host joins
+//! while it runs (refused within a heartbeat), and a flood of new connections.
 
 use std::collections::BTreeMap;
 
@@ -36,6 +43,38 @@ for spec in sys.argv[2:]:
 "#;
 
 const PUBLIC: &str = "203.0.113.1:80";
+/// The owner's router on its public address: what the backend sees the host's beats come from.
+const WAN: &str = "198.51.100.7";
+/// Mail straight to port 25 somewhere on the internet.
+const SMTP: &str = "203.0.113.1:25";
+/// A neighbour on a network the host joins while it runs (198.18/15 is in no fixed range).
+const JOINED: &str = "198.18.5.9:80";
+/// A tiny DNS server per `addr=answer`: every A question answered with `answer`, every other
+/// question with no answer, each logged (server <- peer name).
+const DNS_PY: &str = r#"import socket, sys, threading
+log = open(sys.argv[1], "a", buffering=1)
+def serve(addr, answer):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.bind((addr, 53))
+    while True:
+        q, peer = s.recvfrom(512)
+        i, labels = 12, []
+        while q[i] != 0:
+            labels.append(q[i + 1:i + 1 + q[i]].decode()); i += 1 + q[i]
+        qtype, qend = q[i + 1:i + 3], i + 5
+        log.write("%s <- %s %s\n" % (addr, peer[0], ".".join(labels)))
+        a = qtype == b"\x00\x01"
+        hdr = q[:2] + b"\x81\x80" + q[4:6] + (b"\x00\x01" if a else b"\x00\x00") + b"\x00\x00\x00\x00"
+        ans = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x05\x00\x04" + socket.inet_aton(answer) if a else b""
+        s.sendto(hdr + q[12:qend] + ans, peer)
+for spec in sys.argv[2:]:
+    a, ans = spec.split("=")
+    threading.Thread(target=serve, args=(a, ans)).start()
+"#;
+const DNS_LOG: &str = "/root/dns.log";
+/// The owner's resolver (on the owner's LAN) answers the owner's names with a LAN address.
+const OWNER_RESOLVER: &str = "192.168.77.1";
+const LAN_NAME_ANSWER: &str = "192.168.77.10";
 /// The owner's private networks and the cloud metadata address, each with a listener.
 const PRIVATE: &[&str] = &[
     "192.168.77.1:80",
@@ -78,10 +117,13 @@ fn addresses(w: &World) -> Addresses {
 /// agent's port; again after a reboot (namespaces and transient units do not survive one).
 fn start_listeners(w: &World, a: &Addresses) {
     w.host.write("/root/listen.py", LISTEN_PY.as_bytes(), 0o644);
-    let private: Vec<&str> = PRIVATE
+    w.host.write("/root/dns.py", DNS_PY.as_bytes(), 0o644);
+    let mut private: Vec<&str> = PRIVATE
         .iter()
         .map(|p| p.split(':').next().unwrap())
         .collect();
+    // The router's public address and the joined network's neighbour live in `world` too.
+    private.extend([WAN, JOINED.split(':').next().unwrap()]);
     let mut script = String::from(
         "set -e
          ip netns del world 2>/dev/null || true
@@ -100,9 +142,11 @@ fn start_listeners(w: &World, a: &Addresses) {
         ));
     }
     script.push_str(&format!(
-        ": > {WORLD_LOG}; : > /root/lan.log
-         systemctl reset-failed byo-world byo-lan 2>/dev/null || true
-         systemd-run --quiet --unit byo-world ip netns exec world python3 /root/listen.py {WORLD_LOG} {PUBLIC} {}
+        "ip -n world addr add 1.1.1.1/32 dev byo-w1 && ip -n world addr add 9.9.9.9/32 dev byo-w1
+         : > {WORLD_LOG}; : > /root/lan.log; : > {DNS_LOG}
+         systemctl reset-failed byo-world byo-lan byo-dns 2>/dev/null || true
+         systemd-run --quiet --unit byo-world ip netns exec world python3 /root/listen.py {WORLD_LOG} {PUBLIC} {SMTP} {WAN}:80 {JOINED} {}
+         systemd-run --quiet --unit byo-dns ip netns exec world python3 /root/dns.py {DNS_LOG} {OWNER_RESOLVER}={LAN_NAME_ANSWER} 1.1.1.1=203.0.113.1 9.9.9.9=203.0.113.1
          systemd-run --quiet --unit byo-lan python3 /root/listen.py /root/lan.log {}:8080\n",
         PRIVATE.join(" "),
         a.lan
@@ -143,10 +187,11 @@ fn counters(w: &World) -> BTreeMap<String, u64> {
     let listed = w.host.sh_ok("nft list table inet enverge_tenants");
     let mut got = BTreeMap::new();
     for line in listed.lines() {
-        let (Some(p), Some(c)) = (line.find("packets "), line.find("comment \"")) else {
+        // The counter's, not the rate limit's "burst 250 packets".
+        let (Some(p), Some(c)) = (line.find("counter packets "), line.find("comment \"")) else {
             continue;
         };
-        let packets: u64 = line[p + 8..]
+        let packets: u64 = line[p + 16..]
             .split_whitespace()
             .next()
             .unwrap()
@@ -218,6 +263,12 @@ fn forbidden(a: &Addresses) -> Vec<(&'static str, String, bool)> {
     for (name, t) in names.into_iter().zip(PRIVATE) {
         f.push((name, t.to_string(), true));
     }
+    f.push((
+        "the owner's router on its public address",
+        format!("{WAN}:80"),
+        true,
+    ));
+    f.push(("mail to port 25 on the internet", SMTP.into(), true));
     f
 }
 
@@ -284,6 +335,8 @@ fn check_all(w: &World, a: &Addresses, when: &str) {
         "nothing else of the host, on any of its addresses",
         "the tunnel: ssh_mapd, the agent",
         "the owner's networks",
+        "the owner's public address: the router's own services and port forwards",
+        "mail to port 25",
     ] {
         assert!(
             count_after[rule] > count_before[rule],
@@ -309,19 +362,120 @@ fn check_all(w: &World, a: &Addresses, when: &str) {
         "{when}: DNS over TCP from the bridge answered {} bytes",
         tcp.trim()
     );
+    lan_names_are_not_answered(w, a, when);
+}
+
+/// The bridge's dnsmasq asks the public resolvers, never the host's own (the owner's, which
+/// knows the LAN's names): with the host resolving through the owner's resolver, a tenant's
+/// question for a LAN name is answered by a public resolver and the owner's never hears it.
+/// The public resolvers are fakes in `world` for the length of the check.
+fn lan_names_are_not_answered(w: &World, a: &Addresses, when: &str) {
+    let name = format!("nas-{}.home", when.replace(' ', "-"));
+    w.host.sh_ok(&format!(
+        "cp -P /etc/resolv.conf /root/resolv.conf.kept && rm -f /etc/resolv.conf
+         echo 'nameserver {OWNER_RESOLVER}' > /etc/resolv.conf
+         ip route replace 1.1.1.1/32 via 192.0.2.2 && ip route replace 9.9.9.9/32 via 192.0.2.2"
+    ));
+    // The owner's resolver is there, and the host does resolve through it.
+    let host_said = w
+        .host
+        .sh_ok(&format!("getent ahostsv4 host-{name} | head -n 1"));
+    let before = lines(w, DNS_LOG).len();
+    let said = w
+        .host
+        .sh(&format!("lxc exec c1 -- nslookup {name} {} 2>&1", a.bridge));
+    w.host.sh_ok(
+        "ip route del 1.1.1.1/32 via 192.0.2.2; ip route del 9.9.9.9/32 via 192.0.2.2
+         rm -f /etc/resolv.conf && cp -P /root/resolv.conf.kept /etc/resolv.conf",
+    );
+    assert!(
+        host_said.starts_with(LAN_NAME_ANSWER),
+        "{when}: the host does not resolve through the owner's resolver, so this proves nothing: {host_said:?}"
+    );
+    let said = super::text(&said);
+    let asked: Vec<String> = lines(w, DNS_LOG)[before..].to_vec();
+    assert!(
+        !said.contains(LAN_NAME_ANSWER) && !asked.iter().any(|l| l.starts_with(OWNER_RESOLVER)),
+        "{when}: a tenant's question reached the owner's resolver:\n{said}\nasked: {asked:#?}"
+    );
+    assert!(
+        said.contains("203.0.113.1") && asked.iter().any(|l| l.ends_with(&name)),
+        "{when}: the public resolvers did not answer the tenant:\n{said}\nasked: {asked:#?}"
+    );
+}
+
+/// The table holds `element` in `set` within `within` (serving asks at its next beat).
+fn wait_for_set(w: &World, set: &str, element: &str, within: std::time::Duration) {
+    w.wait_for(&format!("{element} in {set}"), within, || {
+        w.host
+            .sh_ok(&format!("nft list set inet enverge_tenants {set}"))
+            .contains(element)
+            .then_some(())
+    });
+}
+
+/// A network the host joins while it runs is refused within a heartbeat: reachable until
+/// then (the listener is there), refused once serving asked and root reloaded.
+fn a_network_the_host_joins_is_refused_within_a_beat(w: &World) {
+    let target = [JOINED.to_owned()];
+    let before = probe(w, true, &target);
+    assert_eq!(
+        before[JOINED], "hello from 198.18.5.9:80",
+        "before the host joined it, 198.18.5.0/24 is the internet to a tenant"
+    );
+    w.host.sh_ok("ip addr add 198.18.5.1/24 dev byo-w0");
+    wait_for_set(
+        w,
+        "host_nets4",
+        "198.18.5.0/24",
+        std::time::Duration::from_secs(20),
+    );
+    let after = probe(w, true, &target);
+    assert_eq!(
+        after[JOINED], "",
+        "the joined network still answers a tenant"
+    );
+}
+
+/// What leaves the owner's home address is bounded: a burst of new connections past the
+/// rate is dropped (counted), and once it has passed a tenant connects as before.
+fn a_flood_of_new_connections_is_cut(w: &World) {
+    let rule = "new connections past the rate";
+    let count = || {
+        *counters(w)
+            .get(rule)
+            .unwrap_or_else(|| panic!("no rule {rule:?} in the tenant firewall"))
+    };
+    let before = count();
+    assert_eq!(before, 0, "ordinary probes never met the rate");
+    w.host.sh_ok(
+        "lxc exec c1 -- sh -c 'for i in $(seq 600); do busybox nc -w 1 203.0.113.1 80 </dev/null >/dev/null 2>&1 & done; wait'",
+    );
+    let dropped = count();
+    assert!(
+        dropped >= 50,
+        "a burst of 600 new connections: {dropped} dropped"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(6));
+    let again = probe(w, true, &[PUBLIC.to_owned()]);
+    assert_eq!(again[PUBLIC], "hello from 203.0.113.1:80");
 }
 
 /// After the instance exists: the whole check, then again after `ufw reload`.
 pub fn tenants_see_the_internet_and_nothing_of_the_owners(w: &World) {
     let started = std::time::Instant::now();
     let a = addresses(w);
+    *w.mapd.seen_from.lock().unwrap() = Some(WAN.into());
     start_listeners(w, &a);
+    wait_for_set(w, "owner_wan4", WAN, std::time::Duration::from_secs(20));
     check_all(w, &a, "after preparation");
     // ufw rewrites its own tables only (the image has ufw enabled, as an owner's host does).
     let ufw = w.host.sh_ok("ufw status | head -n 1");
     assert!(ufw.contains("active"), "{ufw}");
     w.host.sh_ok("ufw reload");
     check_all(w, &a, "after ufw reload");
+    a_network_the_host_joins_is_refused_within_a_beat(w);
+    a_flood_of_new_connections_is_cut(w);
     eprintln!(
         "tenant isolation: checked twice in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -336,5 +490,6 @@ pub fn still_after_a_reboot(w: &World) {
     assert_eq!(active.trim(), "active");
     let a = addresses(w);
     start_listeners(w, &a);
+    wait_for_set(w, "owner_wan4", WAN, std::time::Duration::from_secs(20));
     check_all(w, &a, "after a reboot");
 }

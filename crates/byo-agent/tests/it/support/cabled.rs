@@ -6,10 +6,11 @@
 //! they share with other machines — among them `extra`, cabled to nothing, which accepts the
 //! same login: the rack of eleven Sparks.
 //!
-//! The simulated GB10 parts, and only those: which interfaces are RDMA ports
-//! (`byo_agent::detect::SIMULATED_RDMA_PORTS`) and the GPU's identity (an `nvidia-smi` stand-in
-//! printing a GB10 with a UUID of the bed's choosing). Ping, ip, sysctl, sshd, sudo and the
-//! agent binary are the real ones.
+//! The simulated GB10 parts, and only those: which interfaces are RDMA ports (an iproute2
+//! `rdma` stand-in listing them as RoCE links) and the GPU's identity (an `nvidia-smi` stand-in
+//! printing a GB10 with a UUID of the bed's choosing), both in /usr/local/bin, ahead of the
+//! real ones on every PATH the agent runs with (sudo's `secure_path` too). Ping, ip, sysctl,
+//! sshd, sudo and the agent binary are the real ones.
 #![allow(dead_code)]
 
 use std::path::Path;
@@ -51,6 +52,27 @@ fn nvidia_smi(uuid: &str) -> String {
     format!(
         "#!/bin/sh\n# The simulated GB10 part of the cable bed: a Debian container has no GPU.\n\
          echo 'NVIDIA GB10, GPU-{uuid}, [N/A], 580.65.06'\n"
+    )
+}
+
+/// iproute2's `rdma -j link show` with `ports` as RoCE ports, in the shape iproute2 6.1 prints
+/// them: the simulated RDMA part. Anything else it is asked fails, so nothing leans on it
+/// unseen.
+fn rdma(ports: &[&str]) -> String {
+    let links: Vec<String> = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            format!(
+                r#"{{"ifindex":{i},"ifname":"roce{p}","port":1,"state":"ACTIVE","physical_state":"LINK_UP","netdev":"{p}"}}"#
+            )
+        })
+        .collect();
+    format!(
+        "#!/bin/sh\n# The simulated GB10 part of the cable bed: a Debian container has no ConnectX-7.\n\
+         [ \"$*\" = '-j link show' ] || {{ echo 'rdma stand-in: only -j link show' >&2; exit 1; }}\n\
+         echo '[{}]'\n",
+        links.join(",")
     )
 }
 
@@ -165,12 +187,7 @@ impl Bed {
                 nvidia_smi(uuid).as_bytes(),
                 0o755,
             );
-            let list: String = ports.iter().map(|p| format!("{p}\n")).collect();
-            host.write(
-                byo_agent::detect::SIMULATED_RDMA_PORTS,
-                list.as_bytes(),
-                0o644,
-            );
+            host.write("/usr/local/bin/rdma", rdma(ports).as_bytes(), 0o755);
         }
         // The agent binary where this crate's tests built it; a platform test (crates/byo)
         // has node0 fetch it by the one-liner instead.

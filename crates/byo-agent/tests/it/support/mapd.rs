@@ -28,6 +28,9 @@ pub struct FakeMapd {
     pub reports: Arc<Mutex<Vec<Value>>>,
     /// Every heartbeat the agent sent.
     pub beats: Arc<Mutex<Vec<Value>>>,
+    /// What the heartbeat's answer says the beat came from (`Byo-Seen-From`), when set: the
+    /// owner's public address, as the backend would see it through the owner's router.
+    pub seen_from: Arc<Mutex<Option<String>>>,
 }
 
 fn authorised(m: &FakeMapd, headers: &HeaderMap) -> bool {
@@ -72,9 +75,17 @@ async fn post_report(State(m): State<FakeMapd>, Json(report): Json<Value>) -> St
     StatusCode::NO_CONTENT
 }
 
-async fn post_beat(State(m): State<FakeMapd>, Json(beat): Json<Value>) -> StatusCode {
+async fn post_beat(State(m): State<FakeMapd>, Json(beat): Json<Value>) -> axum::response::Response {
+    use axum::response::IntoResponse;
     m.beats.lock().unwrap().push(beat);
-    StatusCode::NO_CONTENT
+    match m.seen_from.lock().unwrap().clone() {
+        Some(addr) => (
+            StatusCode::NO_CONTENT,
+            [(byo_wire::vm::SEEN_FROM_HEADER, addr)],
+        )
+            .into_response(),
+        None => StatusCode::NO_CONTENT.into_response(),
+    }
 }
 
 async fn put_port(

@@ -270,8 +270,13 @@ pub fn install_units(host: &HostContainer, heartbeat_every: u64) {
         .as_bytes(),
         0o644,
     );
-    // As install.sh does: preparation and serving enabled, root's reboot path watching (L4).
-    host.sh_ok("systemctl daemon-reload && systemctl enable enverge-agent-prepare.service enverge-agent.service && systemctl enable --now enverge-agent-reboot.path enverge-agent-rails.path");
+    // As install.sh does: preparation and serving enabled, root's paths watching for what
+    // serving asks (the reboot, the rails, the tenant firewall).
+    use byo_core::render::units::{PREPARE, SERVING, SERVING_ASKS};
+    host.sh_ok(&format!(
+        "systemctl daemon-reload && systemctl enable {PREPARE} {SERVING} && systemctl enable --now {}",
+        SERVING_ASKS.join(" ")
+    ));
 }
 
 /// The agent's API called from inside the host on its tunnel address, as the relay's Caddy

@@ -6,14 +6,30 @@
 //! table inet enverge_tenants
 //!   set owner_nets4       RFC 1918, link-local 169.254/16, CGNAT 100.64/10: the owner's side
 //!   set host_nets4        the host's own networks (its LAN, wg0, the rails), found at apply time
-//!   set owner_nets6       ULA fc00::/7, link-local fe80::/10
+//!   set owner_wan4        the owner's public address (the backend saw the beat come from)
+//!   set owner_nets6       ULA, link-local, NAT64 and the prefixes that embed an IPv4 address
 //!   set host_nets6        the host's own IPv6 networks, found at apply time
 //!   chain input           hook input:   what arrives on the bridge jumps to tenant_to_host
 //!   chain tenant_to_host  replies, DHCP and DNS to the bridge's dnsmasq; everything else dropped
 //!   chain forward         hook forward: what the bridge routes out jumps to tenant_out
-//!   chain tenant_out      replies; the tunnel and every set above dropped; the rest (the
-//!                         internet) goes on to LXD's NAT
+//!   chain tenant_out      replies; the tunnel and every set above dropped; any other IPv6
+//!                         dropped (tenants have IPv4 only); mail to port 25 dropped; new
+//!                         connections past a rate and live ones past a count dropped; the
+//!                         rest (the internet) goes on to LXD's NAT
 //! ```
+//!
+//! **The owner's public address** (issue #36): a tenant's packet to it leaves through the
+//! owner's router, which answers on its own WAN address (its admin page, its port forwards
+//! into the LAN) as if the packet came from inside. No range covers it, so the agent drops
+//! the address the backend last saw the host's heartbeat come from ([`WAN_FILE`]), refreshed
+//! when it changes.
+//!
+//! **Egress from the owner's home address** is what blocklists judge: mail sent straight to
+//! port 25 and scans are what get a home address listed, so a tenant sends no mail to port 25
+//! (submission on 587 and 465 is untouched, as on every cloud), opens at most
+//! [`NEW_PER_SECOND`] connections a second (a burst of [`NEW_BURST`]) and holds at most
+//! [`LIVE_CONNECTIONS`]. A host carries one live instance, so a limit on the chain is a limit
+//! per tenant; no per-address meter is needed, whose elements would show in the listing.
 //!
 //! A separate table, because `ufw reload` and LXD rewrite only their own; a drop here is final
 //! whatever another table's chain accepts, so the priority (before `filter`) only orders the
@@ -40,7 +56,30 @@ pub const OWNER_NETS4: &[&str] = &[
     "172.16.0.0/12",
     "192.168.0.0/16",
 ];
-pub const OWNER_NETS6: &[&str] = &["fc00::/7", "fe80::/10"];
+/// The owner's side in IPv6: ULA and link-local, and every prefix that carries an IPv4
+/// address inside it and could be translated back into the owner's LAN: NAT64's well-known
+/// and local-use prefixes (a home router doing DNS64/NAT64 maps `64:ff9b::192.168.1.1` to its
+/// LAN), IPv4-mapped addresses, and 6to4. Tenants have no IPv6 at all (the bridge has none,
+/// and the table drops any), so these are named for the counters and for a bridge an owner
+/// gives IPv6 later.
+pub const OWNER_NETS6: &[&str] = &[
+    "::ffff:0:0/96",
+    "64:ff9b::/96",
+    "64:ff9b:1::/48",
+    "2002::/16",
+    "fc00::/7",
+    "fe80::/10",
+];
+/// Where serving keeps the address the backend last saw this host's heartbeat come from
+/// (`Byo-Seen-From`): one address on one line. Serving's own state directory, so it can write
+/// it unprivileged; the firewall reads it as nothing but an address, and an address it cannot
+/// parse is no address.
+pub const WAN_FILE: &str = "/var/lib/enverge-agent/wan-address";
+/// New connections a tenant may open a second, and the burst above it.
+pub const NEW_PER_SECOND: u32 = 50;
+pub const NEW_BURST: u32 = 250;
+/// Connections a tenant may hold open through the host at once.
+pub const LIVE_CONNECTIONS: u32 = 1024;
 
 /// What the agent read from the host to render the table.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -53,6 +92,8 @@ pub struct Tenants {
     pub host_nets4: Vec<(Ipv4Addr, u8)>,
     /// The host's own IPv6 networks.
     pub host_nets6: Vec<(Ipv6Addr, u8)>,
+    /// The owner's public IPv4 address(es), as the backend saw them ([`WAN_FILE`]).
+    pub wan4: Vec<Ipv4Addr>,
 }
 
 fn net4((a, len): (Ipv4Addr, u8)) -> String {
@@ -95,6 +136,7 @@ pub fn ruleset(t: &Tenants) -> String {
     };
     let host4 = sorted(t.host_nets4.iter().copied().map(net4).collect());
     let host6 = sorted(t.host_nets6.iter().copied().map(net6).collect());
+    let wan4 = sorted(t.wan4.iter().map(Ipv4Addr::to_string).collect());
     let owner4: Vec<String> = OWNER_NETS4.iter().map(|s| s.to_string()).collect();
     let owner6: Vec<String> = OWNER_NETS6.iter().map(|s| s.to_string()).collect();
     let (bridge, addr) = (&t.bridge, t.bridge_address);
@@ -108,6 +150,7 @@ pub fn ruleset(t: &Tenants) -> String {
     );
     set(&mut out, "owner_nets4", "ipv4_addr", false, &owner4);
     set(&mut out, "host_nets4", "ipv4_addr", true, &host4);
+    set(&mut out, "owner_wan4", "ipv4_addr", true, &wan4);
     set(&mut out, "owner_nets6", "ipv6_addr", false, &owner6);
     set(&mut out, "host_nets6", "ipv6_addr", true, &host6);
     let _ = write!(
@@ -135,8 +178,13 @@ pub fn ruleset(t: &Tenants) -> String {
 		ip daddr {TUNNEL} counter drop comment "the tunnel: ssh_mapd, the agent"
 		ip daddr @owner_nets4 counter drop comment "the owner's networks"
 		ip daddr @host_nets4 counter drop comment "the host's own networks and rails"
+		ip daddr @owner_wan4 counter drop comment "the owner's public address: the router's own services and port forwards"
 		ip6 daddr @owner_nets6 counter drop comment "the owner's IPv6 networks"
 		ip6 daddr @host_nets6 counter drop comment "the host's own IPv6 networks"
+		meta nfproto ipv6 counter drop comment "tenants have IPv4 only"
+		tcp dport 25 counter drop comment "mail to port 25"
+		ct state new limit rate over {NEW_PER_SECOND}/second burst {NEW_BURST} packets counter drop comment "new connections past the rate"
+		ct state new ct count over {LIVE_CONNECTIONS} counter drop comment "connections past the count"
 	}}
 }}
 "#
@@ -176,6 +224,7 @@ mod tests {
                 (Ipv4Addr::new(192, 168, 1, 99), 24),
             ],
             host_nets6: vec![("2001:db8:1::23".parse().unwrap(), 64)],
+            wan4: vec![Ipv4Addr::new(198, 51, 100, 7)],
         }
     }
 
@@ -192,9 +241,26 @@ mod tests {
             "10.8.0.0/24",
             "fc00::/7",
             "fe80::/10",
+            "64:ff9b::/96",
+            "64:ff9b:1::/48",
+            "::ffff:0:0/96",
+            "2002::/16",
         ] {
             assert!(text.contains(range), "{range} is missing:\n{text}");
         }
+        // The owner's public address, and what leaves the home address bounded.
+        assert!(text.contains("elements = { 198.51.100.7 }"), "{text}");
+        assert!(text.contains("ip daddr @owner_wan4 counter drop"), "{text}");
+        assert!(text.contains("meta nfproto ipv6 counter drop"), "{text}");
+        assert!(text.contains("tcp dport 25 counter drop"), "{text}");
+        assert!(
+            text.contains("ct state new limit rate over 50/second burst 250 packets counter drop"),
+            "{text}"
+        );
+        assert!(
+            text.contains("ct state new ct count over 1024 counter drop"),
+            "{text}"
+        );
         // The host's own networks, host bits cleared and once each.
         assert!(text.contains("elements = { 10.8.0.0/24, 192.168.1.0/24 }"));
         assert!(text.contains("elements = { 2001:db8:1::/64 }"));

@@ -19,6 +19,7 @@ async fn provision(db: &TestDb, owner: &str) -> (byo_db::provisioning::Provision
     let p = db
         .provision_host(
             NewProvision {
+                enrollment_id: &byo_db::new_id(),
                 owner_sub: owner,
                 profile_id: "gb10-spark-1",
                 gpu_type: "spark-1",
@@ -79,6 +80,7 @@ pub(super) async fn a_provision_counts_the_cap_and_never_reuses_a_slug(db: TestD
     let past = db
         .provision_host(
             NewProvision {
+                enrollment_id: &byo_db::new_id(),
                 owner_sub: &owner,
                 profile_id: "gb10-spark-1",
                 gpu_type: "spark-1",

@@ -12,7 +12,7 @@ async fn the_http_client_speaks_the_agents_vm_api() {
     use axum::extract::Path;
     use axum::routing::{delete, post};
     use byo_server::relay_ca::{RelayCa, RelayCaSource, relay_name};
-    use byo_server::seal::Sealer;
+    use byo_server::seal::{SealedAt, Sealer};
 
     let token = SecretToken::generate(TokenKind::Agent);
     let expected = format!("Bearer {}", token.expose());
@@ -105,7 +105,7 @@ async fn the_http_client_speaks_the_agents_vm_api() {
         id: "h".into(),
         slug: "spark-1".into(),
         relay_ip: Some("127.0.0.1".into()),
-        agent_token: Some(sealer.seal(token.expose())),
+        agent_token: Some(sealer.seal(&SealedAt::agent_token("h"), token.expose())),
     };
     let trust = RelayCaSource::fixed(ca);
     let client_on = |port: u16| {
@@ -170,7 +170,10 @@ async fn the_http_client_speaks_the_agents_vm_api() {
     );
 
     let wrong = AgentTargetRow {
-        agent_token: Some(sealer.seal(SecretToken::generate(TokenKind::Agent).expose())),
+        agent_token: Some(sealer.seal(
+            &SealedAt::agent_token("h"),
+            SecretToken::generate(TokenKind::Agent).expose(),
+        )),
         ..target.clone()
     };
     assert!(matches!(

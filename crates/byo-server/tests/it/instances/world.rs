@@ -269,7 +269,10 @@ impl World {
         let token = SecretToken::generate(TokenKind::Host);
         if spec.reachable {
             let agent = SecretToken::generate(TokenKind::Agent);
-            let sealed = self.app.state.sealer.as_ref().unwrap().seal(agent.expose());
+            let sealed = self.app.state.sealer.as_ref().unwrap().seal(
+                &byo_server::seal::SealedAt::agent_token(&id),
+                agent.expose(),
+            );
             self.db()
                 .execute_unchecked(&format!(
                     "update hosts set token_hash = '{}', agent_token = '{sealed}' where id = '{id}'",

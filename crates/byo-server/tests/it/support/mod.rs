@@ -76,6 +76,19 @@ pub struct TestApp {
 /// A whole answer as [`Reply::as_seen`] gives it: status, headers (name, value), body.
 pub type AsSeen = (StatusCode, Vec<(String, Vec<u8>)>, Vec<u8>);
 
+/// The request of one heartbeat from a host's agent that holds nothing, all well.
+pub fn idle_beat(host_token: &str) -> Request<Body> {
+    Request::post("/api/host/heartbeat")
+        .header(header::AUTHORIZATION, format!("Bearer {host_token}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Body::from(
+            serde_json::json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok",
+                   "tunnel": "ok", "gpu": "ok", "storage": "ok", "instances": 0})
+            .to_string(),
+        ))
+        .unwrap()
+}
+
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
@@ -184,19 +197,7 @@ impl TestApp {
     /// One heartbeat from a host's agent that holds nothing, all well: what an operator's
     /// activation waits for (issue #36, 8).
     pub async fn idle_heartbeat(&self, host_token: &str) -> Reply {
-        let r = self
-            .send(
-                Request::post("/api/host/heartbeat")
-                    .header(header::AUTHORIZATION, format!("Bearer {host_token}"))
-                    .header(header::CONTENT_TYPE, "application/json")
-                    .body(Body::from(
-                        serde_json::json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok",
-                               "tunnel": "ok", "gpu": "ok", "storage": "ok", "instances": 0})
-                        .to_string(),
-                    ))
-                    .unwrap(),
-            )
-            .await;
+        let r = self.send(idle_beat(host_token)).await;
         assert!(r.status.is_success(), "the heartbeat: {}", r.text());
         r
     }
