@@ -72,6 +72,11 @@ pub struct Config {
     /// Whether anyone may create an account at /signup.
     #[serde(default = "defaults::yes")]
     pub allow_signup: bool,
+    /// `byo up` only: its customers may rent the staff-only test profiles (`linux-test`), a
+    /// local platform's only hosts being test hosts (issue #42). `byo up` sets it in code; no
+    /// file or environment variable reaches it (`serde(skip)`), so no installation can.
+    #[serde(skip)]
+    pub test_hosts_for_everyone: bool,
     #[serde(default)]
     pub password_hashing: PasswordHashing,
     /// This installation's id, inside every signed operator-key list so a list for one
@@ -398,6 +403,7 @@ impl Default for Config {
             cookie_secure: true,
             session_hours: defaults::session_hours(),
             allow_signup: true,
+            test_hosts_for_everyone: false,
             password_hashing: PasswordHashing::default(),
             environment: defaults::environment(),
             secret_key: None,
@@ -683,6 +689,14 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("listne"), "{err}");
+            // `byo up`'s own setting (issue #42): no file and no variable turns it on.
+            jail.create_file("up.toml", "test_hosts_for_everyone = true")?;
+            let err = Config::load(Some(Path::new("up.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("test_hosts_for_everyone"), "{err}");
+            jail.set_env("BYO_TEST_HOSTS_FOR_EVERYONE", "true");
+            assert!(!Config::load(None).unwrap().test_hosts_for_everyone);
             Ok(())
         });
         let err = Config::load(Some(Path::new("/nonexistent/byo.toml"))).unwrap_err();

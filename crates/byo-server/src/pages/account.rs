@@ -69,6 +69,9 @@ async fn render(
                 p { strong { "Copy it now: it is shown this once and never again." } " We keep only its hash." }
                 pre #new-token-secret { (c.token) }
                 p { "Try it: " code { "curl -H 'Authorization: Bearer …' " (state.config.public_url.trim_end_matches('/')) "/api/me" } }
+                p { "Or keep it for the " code { "byo" } " command line: "
+                    code #try-cli { "byo login --server " (state.config.public_url.trim_end_matches('/')) }
+                    ", and paste it when asked." }
             }
         }
         @if let Some(r) = &shown.refusal {

@@ -116,15 +116,17 @@ struct Shown<'a> {
 }
 
 /// The GPU kinds a user may ask for: those of every profile that is not staff-only, and
-/// the staff-only ones (linux-test) for staff. (gpu_type, description), in profile order.
+/// the staff-only ones (linux-test) for staff, and for everyone under `byo up`
+/// (`Config::test_hosts_for_everyone`). (gpu_type, description), in profile order.
 pub(super) async fn gpu_types(
     state: &AppState,
     v: &CurrentUser,
 ) -> Result<Vec<(String, String)>, PageError> {
     let mut seen = BTreeMap::new();
     let mut out = Vec::new();
+    let may_test = v.is_operator() || state.config.test_hosts_for_everyone;
     for p in state.store.profiles().await? {
-        if (!p.staff_only || v.is_operator()) && seen.insert(p.gpu_type.clone(), ()).is_none() {
+        if (!p.staff_only || may_test) && seen.insert(p.gpu_type.clone(), ()).is_none() {
             out.push((p.gpu_type, p.description));
         }
     }

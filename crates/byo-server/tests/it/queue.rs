@@ -818,6 +818,42 @@ async fn admin_queue_page_lists_open_rows_with_place_and_close(w: World) {
     );
 }
 
+/// Under `byo up` its customers rent its test hosts (issue #42): a local platform's only
+/// hosts are test hosts. The setting is `byo up`'s own, set in code; the installation here
+/// (its default) keeps linux-test for staff (the scenario below).
+async fn byo_ups_customers_rent_its_test_hosts(w: World) {
+    w.host(
+        "spark-1",
+        Spec {
+            gpu_type: "linux-test",
+            ..Spec::default()
+        },
+    )
+    .await;
+    let mut config = (*w.app.state.config).clone();
+    config.test_hosts_for_everyone = true;
+    let up = byo_server::state::AppState {
+        config: std::sync::Arc::new(config),
+        ..w.app.state.clone()
+    };
+    let customer = w.customer.on(byo_server::router(up));
+    let offered = |page: &str| page.contains("value=\"linux-test\"");
+    assert!(!offered(&w.customer.page("/instances").await));
+    assert!(
+        offered(&customer.page("/instances").await),
+        "the form offers the test hosts"
+    );
+    let key = w.add_key(&w.customer).await;
+    let r = customer
+        .post(
+            "/api/vms",
+            json!({"gpu_type": "linux-test", "ssh_key_id": key}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
+    assert_eq!(w.all_vms().await.len(), 1);
+}
+
 async fn staff_only_refused_to_customers_at_rent_time(w: World) {
     let host = w
         .host(
@@ -1344,6 +1380,7 @@ with_world!(
     e0_caller4_operator_places_a_queued_vm,
     admin_queue_page_lists_open_rows_with_place_and_close,
     staff_only_refused_to_customers_at_rent_time,
+    byo_ups_customers_rent_its_test_hosts,
     e2_a_run_stops_claiming_a_kind_with_no_free_host,
     per_account_limit_counts_live_and_queued,
     per_account_limit_holds_under_racing_creates,

@@ -656,6 +656,29 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         )
         .await;
     person.shot("api-token").await;
+    // The scope's radio buttons sit beside their words, not stretched across the form
+    // above them (issue #42).
+    let radio = person
+        .c()
+        .execute(
+            "return document.querySelector('#new-token-form input[name=scope]').getBoundingClientRect().width",
+            vec![],
+        )
+        .await
+        .unwrap()
+        .as_f64()
+        .unwrap();
+    assert!(
+        radio < 40.0,
+        "a scope's radio button is {radio} px wide: stretched above its words, not beside them"
+    );
+    // The command line's login as the page words it, run as written.
+    let login = person
+        .text("#try-cli")
+        .await
+        .expect("the page shows the login line");
+    let words: Vec<&str> = login.split_whitespace().collect();
+    assert_eq!(words[..3], ["byo", "login", "--server"], "{login}");
     let config = work.path().join("config");
     let cli = |args: &[&str], stdin: &str| -> Output {
         let out = support::byo_cli(&config, args, stdin);
@@ -667,7 +690,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         );
         out
     };
-    cli(&["login", "--server", &up.url], &secret);
+    cli(&words[1..], &secret);
     let created = cli(
         &[
             "instances",

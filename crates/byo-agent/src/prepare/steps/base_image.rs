@@ -17,9 +17,9 @@ use sha2::{Digest, Sha256};
 
 use super::StepDef;
 use super::shared::{NEEDS_LXD, PROFILE_NAME, forward_policy_in_file, lxd_answers, ufw_active};
-use crate::prepare::Plan;
 use crate::host::{Fallible, Host, LxdBody, apt_install, must, package_installed};
 use crate::lxd;
+use crate::prepare::Plan;
 
 pub const BASE_ALIAS: &str = "lofispark-base";
 pub const BUILD_INSTANCE: &str = "enverge-image-build";
@@ -136,8 +136,6 @@ fn built<H: Host>(h: &mut H, digest: &str) -> Fallible<Option<String>> {
             .flatten()
     }))
 }
-
-
 
 fn build<H: Host>(h: &mut H, plan: &Plan, digest: &str) -> Fallible<String> {
     // A scratch source a run killed part way left behind.
@@ -370,7 +368,12 @@ fn minimal_rootfs(
     for (path, bytes) in extra {
         file(&mut tar, &format!("rootfs/{path}"), bytes, 0o755)?;
     }
-    file(&mut tar, "rootfs/etc/inittab", MINIMAL_INITTAB.as_bytes(), 0o644)?;
+    file(
+        &mut tar,
+        "rootfs/etc/inittab",
+        MINIMAL_INITTAB.as_bytes(),
+        0o644,
+    )?;
     file(
         &mut tar,
         "rootfs/etc/passwd",

@@ -8,7 +8,7 @@
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{verdict};
+use super::shared::verdict;
 use crate::host::{Fallible, Host, apt_purge, must, package_installed};
 use crate::prepare::Plan;
 

@@ -8,8 +8,10 @@
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{verdict, file_is, swaps};
-use crate::host::{Fallible, Host, apt_install, must, package_installed, unit_active, unit_enabled};
+use super::shared::{file_is, swaps, verdict};
+use crate::host::{
+    Fallible, Host, apt_install, must, package_installed, unit_active, unit_enabled,
+};
 use crate::prepare::Plan;
 
 const EARLYOOM_DEFAULTS: &str = "/etc/default/earlyoom";

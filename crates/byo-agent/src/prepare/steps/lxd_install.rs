@@ -7,10 +7,10 @@
 //! **Why here:** `lxd init` is deliberately never run: the pool and the bridge are their own steps.
 
 use byo_core::prepare::Check;
-use byo_wire::profile::{LxdSource};
+use byo_wire::profile::LxdSource;
 
 use super::StepDef;
-use super::shared::{SPARK, verdict, lxd_answers};
+use super::shared::{SPARK, lxd_answers, verdict};
 use crate::host::{Fallible, Host, apt_install, must, user_groups};
 use crate::prepare::Plan;
 

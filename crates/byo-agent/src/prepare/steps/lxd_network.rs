@@ -19,7 +19,7 @@ use byo_core::prepare::Check;
 use serde_json::json;
 
 use super::StepDef;
-use super::shared::{BRIDGE, TUNNEL_NET, verdict, NEEDS_LXD, lxd_answers, parse_net, overlaps};
+use super::shared::{BRIDGE, NEEDS_LXD, TUNNEL_NET, lxd_answers, overlaps, parse_net, verdict};
 use crate::host::{self, Fallible, Host};
 use crate::lxd;
 use crate::prepare::Plan;

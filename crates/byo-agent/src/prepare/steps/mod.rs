@@ -17,6 +17,28 @@ use crate::host::{Fallible, Host};
 
 mod shared;
 
+// The steps' modules, declared here rather than by `registry!` so that rustfmt, which does
+// not follow a module a macro declares, formats them (issue #37).
+mod base_image;
+mod docker_purge;
+mod earlyoom;
+mod firewall;
+mod lxd_install;
+mod lxd_network;
+mod operator_access;
+mod owner_lockout;
+mod peer_access;
+mod profiles;
+mod rail_network;
+mod rail_verify;
+mod relay_peer;
+mod satellites;
+mod self_check;
+mod storage_pool;
+mod swap_off;
+mod watchdog;
+mod zfs_arc_cap;
+
 pub use base_image::{
     BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, UDHCPC_SCRIPT, recipe_digest,
 };
@@ -107,11 +129,9 @@ fn bound<'p, D: StepDef + 'p, H: Host + 'p>(plan: &'p Plan) -> Box<dyn Step<H> +
     })
 }
 
-/// Declares each step's module and derives everything that lists steps from the one list.
+/// Derives everything that lists steps from the one list.
 macro_rules! registry {
     ($($module:ident::$def:ident),* $(,)?) => {
-        $(mod $module;)*
-
         /// Every step, in the order whose landmines `docs/prepare.md` explains.
         pub const STEPS: &[StepInfo] = &[
             $(StepInfo { name: <$module::$def as StepDef>::NAME, scope: <$module::$def as StepDef>::SCOPE },)*

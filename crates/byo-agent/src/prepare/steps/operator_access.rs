@@ -14,7 +14,7 @@
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{SPARK, verdict, file_is};
+use super::shared::{SPARK, file_is, verdict};
 use crate::host::{self, Fallible, Host, apt_install, must, read_string, unit_active, user_exists};
 use crate::prepare::Plan;
 
@@ -68,7 +68,9 @@ fn install_cloudflared<H: Host>(h: &mut H, plan: &Plan) -> Fallible<String> {
         "cloudflared (the operator tunnel) is not installed, and enrolment named no build to install \
          (the server pins one per arch: cloudflared-<arch> in its release_dir, [cloudflared.sha256])",
     )?;
-    let dir = CLOUDFLARED_DOWNLOAD.rsplit_once('/').map_or("/", |(d, _)| d);
+    let dir = CLOUDFLARED_DOWNLOAD
+        .rsplit_once('/')
+        .map_or("/", |(d, _)| d);
     must(h, &["install", "-d", "-m", "0700", dir])?;
     let fetched = must(
         h,

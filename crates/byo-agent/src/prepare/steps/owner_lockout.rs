@@ -12,7 +12,7 @@ use byo_core::prepare::Check;
 
 use super::StepDef;
 use super::operator_access::problems;
-use super::shared::{SPARK, verdict, file_is};
+use super::shared::{SPARK, file_is, verdict};
 use crate::host::{Fallible, Host, must, read_string, user_exists, user_groups};
 use crate::prepare::{OWNER_FILE, Plan};
 
@@ -34,7 +34,8 @@ impl StepDef for OwnerLockout {
 
     fn skip<H: Host>(_: &mut H, plan: &Plan) -> Option<String> {
         (!plan.lockout_owner).then(|| {
-            "hosts.lockout_owner is false: the owner's own login stays as the recovery path".to_owned()
+            "hosts.lockout_owner is false: the owner's own login stays as the recovery path"
+                .to_owned()
         })
     }
 

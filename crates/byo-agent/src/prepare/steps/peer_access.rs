@@ -13,7 +13,7 @@ use super::operator_access::{OperatorAccess, problems};
 use super::shared::{single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host};
-use crate::prepare::peers::{satellite_plan, satellites, lent_user, PEER_LOGIN};
+use crate::prepare::peers::{PEER_LOGIN, lent_user, satellite_plan, satellites};
 use crate::prepare::{OWNER_FILE, Plan};
 
 pub(crate) struct PeerAccess;

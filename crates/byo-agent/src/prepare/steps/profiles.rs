@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use super::StepDef;
-use super::shared::{PROFILE_NAME, POOL, BRIDGE, NEEDS_LXD, lxd_answers};
+use super::shared::{BRIDGE, NEEDS_LXD, POOL, PROFILE_NAME, lxd_answers};
 use crate::host::{Fallible, Host};
 use crate::lxd;
 use crate::prepare::Plan;

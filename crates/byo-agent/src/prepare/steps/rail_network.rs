@@ -21,8 +21,8 @@ use byo_core::prepare::Check;
 use super::shared::{SPARK, single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host, read_string};
-use crate::prepare::peers::{node_rails, node0_ports, peer_ports, render_rails, satellites};
 use crate::prepare::Plan;
+use crate::prepare::peers::{node_rails, node0_ports, peer_ports, render_rails, satellites};
 
 use byo_core::render::units::NETPLAN_RAILS;
 const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
@@ -98,7 +98,13 @@ impl StepDef for RailNetwork {
             let want = wanted(&mut node, plan, peer.index, &peer_ports(peer))?;
             if !rails_on(&mut node, &want)? {
                 apply_rails(&mut node, &want)?;
-                sats.rails(node_rails(&mut node, plan, peer.index, &peer_ports(peer), false)?);
+                sats.rails(node_rails(
+                    &mut node,
+                    plan,
+                    peer.index,
+                    &peer_ports(peer),
+                    false,
+                )?);
             }
         }
         Ok(())
@@ -130,13 +136,12 @@ fn wanted<H: Host + ?Sized>(
     node: u32,
     cabled: &[(String, u32)],
 ) -> Fallible<Rails> {
-    let mut ports: Vec<String> = crate::detect::rdma_ports(&crate::detect::HostProbe(
-        std::cell::RefCell::new(h),
-    ))
-    .into_iter()
-    .map(|(iface, _)| iface)
-    .chain(cabled.iter().map(|(iface, _)| iface.clone()))
-    .collect();
+    let mut ports: Vec<String> =
+        crate::detect::rdma_ports(&crate::detect::HostProbe(std::cell::RefCell::new(h)))
+            .into_iter()
+            .map(|(iface, _)| iface)
+            .chain(cabled.iter().map(|(iface, _)| iface.clone()))
+            .collect();
     ports.sort();
     ports.dedup();
     // Only ports the kernel has: a function with no netdev (a missing module) has no sysctl
@@ -194,9 +199,11 @@ pub fn render_dual_profile(cabled: &[(String, u32)]) -> serde_json::Value {
 
 fn rails_on<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<bool> {
     let dual = crate::lxd::get(h, &format!("/1.0/profiles/{DUAL_PROFILE}"))?;
-    Ok(read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want.netplan.as_str())
-        && read_string(h, SYSCTL_RAILS)?.as_deref() == Some(want.sysctl.as_str())
-        && dual.is_some_and(|p| p["description"] == want.dual["description"]))
+    Ok(
+        read_string(h, NETPLAN_RAILS)?.as_deref() == Some(want.netplan.as_str())
+            && read_string(h, SYSCTL_RAILS)?.as_deref() == Some(want.sysctl.as_str())
+            && dual.is_some_and(|p| p["description"] == want.dual["description"]),
+    )
 }
 
 fn apply_rails<H: Host + ?Sized>(h: &mut H, want: &Rails) -> Fallible<()> {

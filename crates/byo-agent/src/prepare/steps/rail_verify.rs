@@ -10,8 +10,10 @@ use byo_core::prepare::Check;
 use super::shared::single;
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host};
-use crate::prepare::peers::{node_rails, node0_ports, peer_ports, rail_address, rail_plan, satellites};
 use crate::prepare::Plan;
+use crate::prepare::peers::{
+    node_rails, node0_ports, peer_ports, rail_address, rail_plan, satellites,
+};
 
 pub(crate) struct RailVerify;
 
@@ -39,7 +41,15 @@ impl StepDef for RailVerify {
                     wrong.extend(across(h, link.index, "node0", local, &there, &theirs, mtu)?);
                     let from = format!("node{}", peer.index);
                     let back = format!("node0 {ours}");
-                    wrong.extend(across(&mut node, link.index, &from, &link.remote, &back, &ours, mtu)?);
+                    wrong.extend(across(
+                        &mut node,
+                        link.index,
+                        &from,
+                        &link.remote,
+                        &back,
+                        &ours,
+                        mtu,
+                    )?);
                 } else if link.peer_node() > peer.index {
                     // A ring's cable between two satellites (the diagonal's two among them),
                     // once, from both ends.
@@ -52,13 +62,37 @@ impl StepDef for RailVerify {
                         .iter()
                         .find(|l| l.index == link.index)
                         .map(|l| l.remote.clone())
-                        .ok_or_else(|| format!("node{other} records no end of rail {}", link.index))?;
+                        .ok_or_else(|| {
+                            format!("node{other} records no end of rail {}", link.index)
+                        })?;
                     let (far_addr, _) = rail_address(&subnet, other).ok_or("rail subnet")?;
-                    let (from, to) = (format!("node{}", peer.index), format!("node{other} {far_addr}"));
-                    wrong.extend(across(&mut node, link.index, &from, &link.remote, &to, &far_addr, mtu)?);
+                    let (from, to) = (
+                        format!("node{}", peer.index),
+                        format!("node{other} {far_addr}"),
+                    );
+                    wrong.extend(across(
+                        &mut node,
+                        link.index,
+                        &from,
+                        &link.remote,
+                        &to,
+                        &far_addr,
+                        mtu,
+                    )?);
                     let mut far_node = sats.spark(far)?;
-                    let (from, to) = (format!("node{other}"), format!("node{} {theirs}", peer.index));
-                    wrong.extend(across(&mut far_node, link.index, &from, &far_port, &to, &theirs, mtu)?);
+                    let (from, to) = (
+                        format!("node{other}"),
+                        format!("node{} {theirs}", peer.index),
+                    );
+                    wrong.extend(across(
+                        &mut far_node,
+                        link.index,
+                        &from,
+                        &far_port,
+                        &to,
+                        &theirs,
+                        mtu,
+                    )?);
                 }
             }
         }
@@ -69,7 +103,13 @@ impl StepDef for RailVerify {
         sats.rails(node_rails(h, plan, 0, &node0_ports(plan), true)?);
         for peer in &plan.peers {
             let mut node = sats.spark(peer)?;
-            sats.rails(node_rails(&mut node, plan, peer.index, &peer_ports(peer), true)?);
+            sats.rails(node_rails(
+                &mut node,
+                plan,
+                peer.index,
+                &peer_ports(peer),
+                true,
+            )?);
         }
         Ok(Check::Satisfied)
     }
@@ -85,17 +125,28 @@ fn across<H: Host + ?Sized>(
     addr: &str,
     mtu: u32,
 ) -> Fallible<Option<String>> {
-    let ping = h.run(&["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "2", "-I", iface, addr], None)?;
+    let ping = h.run(
+        &[
+            "ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "2", "-I", iface, addr,
+        ],
+        None,
+    )?;
     if !ping.ok() {
-        return Ok(Some(format!("no traffic across rail {rail}: {from} {iface} → {to}")));
+        return Ok(Some(format!(
+            "no traffic across rail {rail}: {from} {iface} → {to}"
+        )));
     }
     // The ICMP and IPv4 headers are 28 bytes of the MTU.
     let size = mtu.saturating_sub(28).to_string();
     let whole = h.run(
-        &["ping", "-n", "-q", "-c", "1", "-W", "2", "-M", "do", "-s", &size, "-I", iface, addr],
+        &[
+            "ping", "-n", "-q", "-c", "1", "-W", "2", "-M", "do", "-s", &size, "-I", iface, addr,
+        ],
         None,
     )?;
     Ok((!whole.ok()).then(|| {
-        format!("rail {rail}: {from} {iface} → {to} does not carry the rail's MTU {mtu} unfragmented")
+        format!(
+            "rail {rail}: {from} {iface} → {to} does not carry the rail's MTU {mtu} unfragmented"
+        )
     }))
 }

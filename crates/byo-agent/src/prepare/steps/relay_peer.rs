@@ -10,8 +10,8 @@
 
 use byo_core::prepare::Check;
 
-use super::{StepDef, Scope};
-use super::shared::{WG_UNIT, TUNNEL_NET, verdict, file_is, parse_net, overlaps};
+use super::shared::{TUNNEL_NET, WG_UNIT, file_is, overlaps, parse_net, verdict};
+use super::{Scope, StepDef};
 use crate::host::{self, Fallible, Host, apt_install, must, unit_active, unit_enabled};
 use crate::prepare::Plan;
 

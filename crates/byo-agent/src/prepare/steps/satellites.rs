@@ -11,8 +11,8 @@ use byo_core::prepare::{Check, Mode, Progress, Step};
 use super::shared::{single, verdict};
 use super::{Scope, StepDef};
 use crate::host::{Fallible, Host};
-use crate::prepare::peers::{satellite_plan, satellites, lent_user, satellite_steps};
 use crate::prepare::Plan;
+use crate::prepare::peers::{lent_user, satellite_plan, satellite_steps, satellites};
 
 pub(crate) struct Satellites;
 

@@ -9,7 +9,7 @@ use byo_core::prepare::Check;
 
 use super::StepDef;
 use super::base_image::BASE_ALIAS;
-use super::shared::{SPARK, PROFILE_NAME, POOL, BRIDGE, WG_UNIT, lxd_answers, swaps};
+use super::shared::{BRIDGE, POOL, PROFILE_NAME, SPARK, WG_UNIT, lxd_answers, swaps};
 use crate::host::{Fallible, Host, unit_active};
 use crate::lxd;
 use crate::prepare::Plan;
@@ -29,10 +29,7 @@ impl StepDef for SelfCheck {
                 ("storage pool", format!("/1.0/storage-pools/{POOL}")),
                 ("bridge", format!("/1.0/networks/{BRIDGE}")),
                 ("profile", format!("/1.0/profiles/{PROFILE_NAME}")),
-                (
-                    "image alias",
-                    format!("/1.0/images/aliases/{}", BASE_ALIAS),
-                ),
+                ("image alias", format!("/1.0/images/aliases/{}", BASE_ALIAS)),
             ] {
                 if lxd::get(h, &path)?.is_none() {
                     wrong.push(format!("the {what} at {path} is missing"));

@@ -6,11 +6,11 @@
 //! with another driver fails the step and says so.
 
 use byo_core::prepare::Check;
-use byo_wire::profile::{StorageDriver};
+use byo_wire::profile::StorageDriver;
 use serde_json::json;
 
 use super::StepDef;
-use super::shared::{POOL, NEEDS_LXD, lxd_answers};
+use super::shared::{NEEDS_LXD, POOL, lxd_answers};
 use crate::host::{Fallible, Host};
 use crate::lxd;
 use crate::prepare::Plan;

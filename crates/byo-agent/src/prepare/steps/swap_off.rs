@@ -7,7 +7,7 @@
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{verdict, swaps};
+use super::shared::{swaps, verdict};
 use crate::host::{Fallible, Host, must, read_string};
 use crate::prepare::Plan;
 

@@ -7,7 +7,7 @@
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{verdict, file_is};
+use super::shared::{file_is, verdict};
 use crate::host::{Fallible, Host, exists, must};
 use crate::prepare::Plan;
 
@@ -23,7 +23,9 @@ impl StepDef for Watchdog {
     fn skip<H: Host>(h: &mut H, _: &Plan) -> Option<String> {
         match exists(h, "/dev/watchdog") {
             Ok(true) => None,
-            Ok(false) => Some("no hardware watchdog on this board (/dev/watchdog is absent)".into()),
+            Ok(false) => {
+                Some("no hardware watchdog on this board (/dev/watchdog is absent)".into())
+            }
             Err(e) => Some(format!("could not look for /dev/watchdog: {e}")),
         }
     }

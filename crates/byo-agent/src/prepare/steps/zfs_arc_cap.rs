@@ -9,7 +9,7 @@
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{file_is};
+use super::shared::file_is;
 use crate::host::{Fallible, Host, read_string};
 use crate::prepare::Plan;
 
