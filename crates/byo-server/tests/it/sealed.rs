@@ -63,20 +63,7 @@ impl World {
         assert_eq!(r.status, StatusCode::CREATED, "{}", r.text());
         let p = r.json();
         let id = p["host_id"].as_str().unwrap().to_owned();
-        for _ in 0..500 {
-            if self
-                .db()
-                .host(&id)
-                .await
-                .unwrap()
-                .unwrap()
-                .relay_ip
-                .is_some()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        self.app.relay_recorded(&id).await;
         Provisioned {
             id,
             slug: p["slug"].as_str().unwrap().to_owned(),

@@ -110,20 +110,7 @@ async fn full_flow_leaves_no_secret_in_logs_or_tables(backend: Backend, logs: &C
     );
     let provisioned = provisioned.json();
     let host_id = provisioned["host_id"].as_str().unwrap();
-    for _ in 0..200 {
-        if app
-            .db
-            .host(host_id)
-            .await
-            .unwrap()
-            .unwrap()
-            .relay_ip
-            .is_some()
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
+    app.relay_recorded(host_id).await;
     let enroll_token = provisioned["token"].as_str().unwrap().to_owned();
     let node = json!({
         "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",

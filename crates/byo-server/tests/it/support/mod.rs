@@ -194,6 +194,18 @@ impl TestApp {
         send(&self.router, req).await
     }
 
+    /// Wait (up to 5 s) for relay-provision, which runs after "Add a GPU" answers, to record
+    /// the host's relay address.
+    pub async fn relay_recorded(&self, host_id: &str) {
+        for _ in 0..500 {
+            let host = self.db.host(host_id).await.unwrap().unwrap();
+            if host.relay_ip.is_some() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+
     /// One heartbeat from a host's agent that holds nothing, all well: what an operator's
     /// activation waits for (issue #36, 8).
     pub async fn idle_heartbeat(&self, host_token: &str) -> Reply {
