@@ -18,7 +18,13 @@ pub enum AppError {
     BadRequest { code: &'static str, message: String },
     #[error("sign in first")]
     Unauthenticated,
-    #[error("that email and password do not match an account")]
+    /// One set of words for an unknown address, a wrong password, a disabled account and a
+    /// sign-up not confirmed yet (whose account does not exist until it is), so sign-in
+    /// tells none of them apart.
+    #[error(
+        "that email and password do not match an account (after signing up, follow the link \
+         mailed to you first)"
+    )]
     InvalidCredentials,
     #[error("{0}")]
     Forbidden(&'static str),
@@ -88,6 +94,15 @@ impl AppError {
         };
         AppError::Rejected {
             status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A service this needs is not there (503): no mail to confirm a sign-up with.
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Rejected {
+            status: StatusCode::SERVICE_UNAVAILABLE,
             code,
             message: message.into(),
         }

@@ -9,6 +9,7 @@ use byo_db::enrollments::NewEnrollment;
 use byo_db::hosts::{NewHost, NewHostNode};
 use byo_db::operator_keys::KeyChange;
 use byo_db::provisioning::{RedeemDecision, RedeemNode, Redeemed};
+use byo_db::signups::SignupRow;
 use byo_db::testing::{self, TestDb};
 use byo_db::users::NewUser;
 use byo_db::vms::{HostBenchRow, NewVm, PlacementScore};
@@ -51,6 +52,7 @@ conformance!(
     a_the_relay_ca_is_made_once_and_the_first_insert_wins,
     e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an_operator_clears_it,
     sessions_expire_and_end,
+    a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed,
     email_is_unique,
     no_table_holds_a_plaintext_token,
     m10_changes_before_a_signature_add_up_in_one_draft,
@@ -676,6 +678,71 @@ async fn email_is_unique(db: TestDb) {
         .unwrap_err();
     assert!(matches!(err, DbError::Conflict(_)), "{err:?}");
     assert_eq!(db.users_overview().await.unwrap().len(), 1);
+}
+
+/// Issue #36 (8): a sign-up is read by its token only while it lives; confirming forgets
+/// every sign-up of the address and no other; the purge takes what expired, and counts it.
+async fn a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed(db: TestDb) {
+    let start = now();
+    let waiting = |email: &str, hours: i64| SignupRow {
+        email: email.to_owned(),
+        display_name: "Ana".to_owned(),
+        password_hash: "$argon2id$v=19$m=256,t=1,p=1$c2FsdHNhbHQ$aGFzaA".to_owned(),
+        created_at: start,
+        expires_at: start + Duration::hours(hours),
+    };
+    let (a1, a2, b1) = (
+        SecretToken::generate(TokenKind::SignupConfirm),
+        SecretToken::generate(TokenKind::SignupConfirm),
+        SecretToken::generate(TokenKind::SignupConfirm),
+    );
+    db.create_signup(&a1.hash(), &waiting("a@example.com", 24))
+        .await
+        .unwrap();
+    db.create_signup(&a2.hash(), &waiting("a@example.com", 1))
+        .await
+        .unwrap();
+    db.create_signup(&b1.hash(), &waiting("b@example.com", 24))
+        .await
+        .unwrap();
+    let read = db
+        .signup_by_token(&a1.hash(), start)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (read.email.as_str(), read.display_name.as_str()),
+        ("a@example.com", "Ana")
+    );
+    // Expired is as unknown.
+    let later = start + Duration::hours(2);
+    assert!(
+        db.signup_by_token(&a2.hash(), later)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let unknown = SecretToken::generate(TokenKind::SignupConfirm);
+    assert!(
+        db.signup_by_token(&unknown.hash(), start)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // An expiry not after the sign-up is refused by the schema.
+    let mut backwards = waiting("c@example.com", 1);
+    backwards.expires_at = start;
+    assert!(db.create_signup(&unknown.hash(), &backwards).await.is_err());
+    assert_eq!(db.purge_expired_signups(later).await.unwrap(), 1);
+    assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 1);
+    assert_eq!(db.delete_signups_of("a@example.com").await.unwrap(), 1);
+    assert!(
+        db.signup_by_token(&a1.hash(), start)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(db.signups_waiting("b@example.com").await.unwrap(), 1);
 }
 
 async fn no_table_holds_a_plaintext_token(db: TestDb) {

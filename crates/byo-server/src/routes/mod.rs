@@ -69,6 +69,7 @@ pub fn api() -> OpenApiRouter<AppState> {
     OpenApiRouter::with_openapi(ApiDoc::openapi())
         .routes(routes!(health::healthz))
         .routes(routes!(accounts::signup))
+        .routes(routes!(accounts::confirm_signup))
         .routes(routes!(accounts::login))
         .routes(routes!(accounts::logout))
         .routes(routes!(accounts::me))
