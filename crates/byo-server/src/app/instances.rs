@@ -75,12 +75,15 @@ pub async fn views(state: &AppState, rows: &[VmRow]) -> AppResult<Vec<InstanceVi
 }
 
 /// The line a customer logs in with: the instance's name where DNS is published, else its
-/// host's relay address.
+/// host's relay address under the instance's own `HostKeyAlias`. Every instance on a host
+/// shares that address and each has its own host key, so without the alias ssh would take
+/// the second instance (or the next one after a delete) for an impostor of the first and
+/// refuse it (issue #42, 4); with it, each instance's key is known under its own name.
 pub fn ssh_command(state: &AppState, row: &VmRow, relay_address: Option<&str>) -> Option<String> {
     if state.tunnels.publishes_dns() {
         row.ssh_hostname.as_deref().map(|h| format!("ssh root@{h}"))
     } else {
-        relay_address.map(|a| format!("ssh root@{a}"))
+        relay_address.map(|a| format!("ssh -o HostKeyAlias=byo-{} root@{a}", row.id))
     }
 }
 

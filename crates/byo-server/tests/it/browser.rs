@@ -902,7 +902,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         .unwrap()
         .relay_ip
         .expect("the relay has an address");
-    let command = format!("ssh root@{relay}");
+    let command = format!("ssh -o HostKeyAlias=byo-{} root@{relay}", vm.id);
     assert_eq!(
         site.text(&format!("#ssh-{}", vm.id)).await.as_deref(),
         Some(command.as_str())
