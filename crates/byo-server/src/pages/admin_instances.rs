@@ -69,7 +69,7 @@ async fn operator_page(
             @if stuck.is_empty() {
                 p #no-stuck { "None." }
             } @else {
-                table #stuck {
+                div.scroll { table #stuck {
                     thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "Requested" } th { "Waiting" } th { "" } } }
                     tbody { @for s in &stuck {
                         tr #{ "stuck-" (s.vm_id) } data-name=(s.name) {
@@ -81,13 +81,13 @@ async fn operator_page(
                             td { a.button href={ "/admin/instances/" (s.vm_id) "/delete" } { "Delete again" } }
                         }
                     } }
-                }
+                } }
             }
             h2 { "Live instances" }
             @if live.is_empty() {
                 p #no-instances { "None." }
             } @else {
-                table #instances {
+                div.scroll { table #instances {
                     thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "GPU" } th { "Status" } th { "Created" } th { "" } } }
                     tbody { @for l in &live {
                         tr #{ "instance-" (l.instance.id) } data-name=(l.instance.name) {
@@ -104,7 +104,7 @@ async fn operator_page(
                             } }
                         }
                     } }
-                }
+                } }
             }
         },
     ))

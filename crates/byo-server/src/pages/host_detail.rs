@@ -237,7 +237,7 @@ async fn page(
             }
             h2 { "Operator logins" }
             @if logins.is_empty() { p #logins { "None reported." } } @else {
-                table #logins {
+                div.scroll { table #logins {
                     thead { tr { th { "When" } th { "Operator" } th { "Key" } th { "From" } } }
                     tbody { @for l in &logins { tr {
                         td { (at(l.logged_in_at)) }
@@ -250,11 +250,11 @@ async fn page(
                         td { (cut(l.key_label.as_deref().unwrap_or(""), 64)) " " code { (cut(&l.fingerprint, 80)) } }
                         td { (cut(&l.source, 45)) " port " (l.source_port) }
                     } } }
-                }
+                } }
             }
             h2 { "Instances" }
             @if vms.is_empty() { p #instances { "None." } } @else {
-                table #instances {
+                div.scroll { table #instances {
                     thead { tr { th { "Name" } th { "Status" } th { "Created" } th { "Delete requested" } th { "Ended" } } }
                     tbody { @for v in &vms { tr {
                         td { (cut(&v.name, 64)) }
@@ -267,7 +267,7 @@ async fn page(
                             @else { "live" }
                         }
                     } } }
-                }
+                } }
             }
             h2 { "Stuck deletes" }
             @if stuck.is_empty() { p #stuck { "None." } } @else {
@@ -318,14 +318,14 @@ async fn page(
             }
             h2 { "Audit trail" }
             @if audit.is_empty() { p #audit { "Nothing yet." } } @else {
-                table #audit {
+                div.scroll { table #audit {
                     thead { tr { th { "When" } th { "What" } th { "Details" } } }
                     tbody { @for a in &audit { tr {
                         td { (at(a.at)) }
                         td { (cut(&a.action, 64)) }
                         td { (fields(&a.details.0)) }
                     } } }
-                }
+                } }
             }
         },
     ))

@@ -212,7 +212,7 @@ async fn gpus_page(
             }
             h2 { "Enrolments" }
             @if rows.is_empty() { p { "None yet." } } @else {
-                table {
+                div.scroll { table {
                     thead { tr { th { "Host" } th { "Profile" } th { "State" } th { "Added" } } }
                     tbody { @for (e, live, after) in &rows { tr {
                         td { (e.slug.as_deref().unwrap_or("—")) }
@@ -246,7 +246,7 @@ async fn gpus_page(
                         }
                         td { (e.created_at.format("%Y-%m-%d %H:%M")) }
                     } } }
-                }
+                } }
             }
             @if let Some(e) = &earnings { (earnings_section(e)) }
             @if let Some(p) = &payouts { (payouts_section(p, !rows.is_empty())) }
@@ -255,7 +255,7 @@ async fn gpus_page(
                 p { "Our operators administer your GPU as " code { "spark" } ", each with their own key. Every login sshd accepted, newest first:" }
                 @for (slug, host_id, seen) in &logins {
                     h3 { (slug) }
-                    table.logins #{ "logins-" (host_id) } {
+                    div.scroll { table.logins #{ "logins-" (host_id) } {
                         thead { tr { th { "When" } th { "Who" } th { "From" } } }
                         tbody { @for l in seen { tr {
                             td { (l.logged_in_at.format("%Y-%m-%d %H:%M:%S UTC")) }
@@ -268,7 +268,7 @@ async fn gpus_page(
                             }
                             td { (super::host_detail::cut(&l.source, 45)) }
                         } } }
-                    }
+                    } }
                 }
             }
         },
@@ -286,7 +286,7 @@ fn earnings_section(e: &byo_wire::billing::EarningsView) -> Markup {
             @if e.months.is_empty() {
                 p #no-earnings { "Nothing invoiced yet: usage is invoiced when a month ends, or earlier once a customer's total reaches the threshold." }
             } @else {
-                table #earnings-months {
+                div.scroll { table #earnings-months {
                     thead { tr { th { "Month" } th { "GPU" } th { "Hours sold" } th { "Invoiced" } th { "Your share" } th { "Of which paid" } th { "Platform" } } }
                     tbody { @for m in &e.months { tr {
                         td { (m.month) }
@@ -297,7 +297,7 @@ fn earnings_section(e: &byo_wire::billing::EarningsView) -> Markup {
                         td { (money(m.owner_paid_cents)) }
                         td { (money(m.platform_cents)) }
                     } } }
-                }
+                } }
             }
         }
     }
@@ -331,7 +331,7 @@ fn payouts_section(p: &byo_wire::billing::PayoutsView, has_hosts: bool) -> Marku
                 }
             }
             @if !p.payouts.is_empty() {
-                table #payouts-list {
+                div.scroll { table #payouts-list {
                     thead { tr { th { "Month" } th { "Amount" } th { "Status" } th { "Transfer" } } }
                     tbody { @for o in &p.payouts { tr data-payout=(o.id) {
                         td { (o.month) }
@@ -347,7 +347,7 @@ fn payouts_section(p: &byo_wire::billing::PayoutsView, has_hosts: bool) -> Marku
                         }
                         td { @if let Some(t) = &o.stripe_transfer_id { code { (t) } } }
                     } } }
-                }
+                } }
             }
         }
     }
@@ -538,7 +538,7 @@ async fn admin_page(
                 section #worklist {
                     h2 { "Needs an operator" }
                     p { small { "Their owners stopped hosting and they have been silent for a day, so they would be retired on their own, but retire refuses them for the reason given. Settle it and they are retired within five minutes." } }
-                    table {
+                    div.scroll { table {
                         thead { tr { th { "Host" } th { "Stopped" } th { "Last heard from" } th { "Why it is not retired" } } }
                         tbody { @for w in &worklist { tr #{ "worklist-" (w.host_id) } {
                             td { a href={ "/admin/hosts/" (w.host_id) } { (w.slug) } }
@@ -546,11 +546,11 @@ async fn admin_page(
                             td { (w.last_seen_at.map_or("never".to_owned(), |t| t.format("%Y-%m-%d %H:%M").to_string())) }
                             td.refusal { (w.message) }
                         } } }
-                    }
+                    } }
                 }
             }
             p { "Activation is the only thing between an enrolled machine and a paying customer. It is offered once preparation has finished; the backend refuses it otherwise, whatever sends it." }
-            table.hosts {
+            div.scroll { table.hosts {
                 thead { tr { th { "Host" } th { "Owner" } th { "Profile" } th { "State" } th { "Relay" } th { "What turned up" } th { "" } } }
                 tbody { @for e in &enrollments { tr {
                     td.ours {
@@ -584,7 +584,7 @@ async fn admin_page(
                         }
                     }
                 } } }
-            }
+            } }
         },
     ))
 }

@@ -168,26 +168,26 @@ async fn customer_page(
             @if list.is_empty() {
                 p #no-instances { "No instances yet." }
             } @else {
-                table #instances {
+                div.scroll { table #instances {
                     thead { tr { th { "Name" } th { "GPU" } th { "Status" } th { "Connect" } th { "Created" } th { "Deleted" } th { "" } } }
                     tbody { @for i in &list { (instance_row(i)) } }
-                }
+                } }
                 p { small { "Billing runs from an instance's creation until its host confirms the delete. An instance that was never created is not billed." } }
             }
             @if !queued.is_empty() {
                 h2 { "Queued" }
                 p { small { "No host of that kind was free. Each is placed on the next host that frees up, in order; nothing is billed until a host takes it. One no host took by its expiry is closed; keep waiting moves its expiry " (state.config.instances.queue_expires_after_hours) " hours from now." } }
-                table #queued {
+                div.scroll { table #queued {
                     thead { tr { th { "GPU" } th { "Place in line" } th { "Queued" } th { "Expires" } th { "Last try" } th { "" } } }
                     tbody { @for q in &queued { (queued_row(q)) } }
-                }
+                } }
             }
             @if !ended.is_empty() {
                 h3 { "Queued creates that ended this week" }
-                table #queue-ended {
+                div.scroll { table #queue-ended {
                     thead { tr { th { "GPU" } th { "Queued" } th { "Ended" } th { "How" } } }
                     tbody { @for e in &ended { (ended_row(e)) } }
-                }
+                } }
             }
             h2 { "Create an instance" }
             @if keys.is_empty() {
@@ -222,10 +222,10 @@ async fn customer_page(
             @if keys.is_empty() {
                 p #no-keys { "None yet." }
             } @else {
-                table #ssh-keys {
+                div.scroll { table #ssh-keys {
                     thead { tr { th { "Name" } th { "Fingerprint" } th { "Added" } th { "" } } }
                     tbody { @for k in &keys { (key_row(k)) } }
-                }
+                } }
                 p { small { "Removing a key does not take it out of instances already created with it." } }
             }
             h3 { "Add a key" }

@@ -529,7 +529,7 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
     Ok(ops_layout("Users", Some(&v), html! {
         h1 { "Users" }
         p { "Grant " strong { "community_host" } " to let an owner add GPUs. Only a superadmin changes operator and superadmin grants." }
-        table {
+        div.scroll { table {
             thead { tr { th { "Email" } th { "Name" } th { "Grants" } th { "Hosts" } th { "Since" } th { "Change" } } }
             tbody {
                 @for u in &users {
@@ -552,7 +552,7 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
                     }
                 }
             }
-        }
+        } }
     }).into_response())
 }
 
@@ -602,7 +602,7 @@ fn list_table(
 ) -> Markup {
     html! {
         p { "Version " (list.version) ", issued " (list.issued_at.format("%Y-%m-%d %H:%M UTC")) ", expires " (list.expires.format("%Y-%m-%d")) "." }
-        table {
+        div.scroll { table {
             thead { tr { th { "Operator" } th { "Machine" } th { "Fingerprint" } @if mine.is_some() { th { "" } } } }
             tbody {
                 @for k in &list.keys {
@@ -624,7 +624,7 @@ fn list_table(
                     }
                 }
             }
-        }
+        } }
     }
 }
 
@@ -718,7 +718,7 @@ async fn render_keys_page(
                 }
             }
             h2 { "Hosts" }
-            table {
+            div.scroll { table {
                 thead { tr { th { "Host" } th { "Holds version" } th { "Last attempt" } th { "Failure" } th { "" } } }
                 tbody {
                     @for h in &view.hosts {
@@ -733,7 +733,7 @@ async fn render_keys_page(
                         }
                     }
                 }
-            }
+            } }
         },
     ))
 }
