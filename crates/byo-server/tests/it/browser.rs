@@ -1126,25 +1126,30 @@ async fn every_page_passes_axe_and_fits_at_1280_and_390() {
     );
 
     site.sign_in("customer@example.com").await;
-    faults.extend(
-        sweep(
-            &site,
-            &axe,
-            "customer",
-            &["/", "/instances", "/billing", "/notices", "/account"].map(str::to_owned),
-        )
-        .await,
-    );
+    let pages = with_nav(&site, &["/"]).await;
+    for must in [
+        "/instances",
+        "/prebookings",
+        "/billing",
+        "/notices",
+        "/account",
+    ] {
+        assert!(pages.iter().any(|p| p == must), "{must}: {pages:?}");
+    }
+    faults.extend(sweep(&site, &axe, "customer", &pages).await);
     site.c().delete_all_cookies().await.unwrap();
     site.sign_in("owner@example.com").await;
-    faults.extend(sweep(&site, &axe, "owner", &["/", "/hosts"].map(str::to_owned)).await);
+    let pages = with_nav(&site, &["/"]).await;
+    assert!(pages.iter().any(|p| p == "/hosts"), "{pages:?}");
+    faults.extend(sweep(&site, &axe, "owner", &pages).await);
     site.c().delete_all_cookies().await.unwrap();
     site.sign_in("root@example.com").await;
-    let mut ops: Vec<String> = byo_server::pages::OPERATIONS
-        .iter()
-        .map(|(p, _)| (*p).to_owned())
-        .collect();
-    ops.push(format!("/admin/hosts/{host_id}"));
+    site.goto("/admin").await;
+    let host_page = format!("/admin/hosts/{host_id}");
+    let ops = with_nav(&site, &["/", &host_page]).await;
+    for (must, _) in byo_server::pages::OPERATIONS {
+        assert!(ops.iter().any(|p| p == must), "{must}: {ops:?}");
+    }
     faults.extend(sweep(&site, &axe, "operator", &ops).await);
 
     assert!(
@@ -1168,7 +1173,20 @@ async fn sweep(site: &Site, axe: &str, who: &str, paths: &[String]) -> Vec<Strin
             for f in chromium::page_faults(c, axe, width).await {
                 faults.push(format!("{who} {path} at {f}"));
             }
-            let name = path.trim_matches('/').replace(['/', '?', '='], "-");
+            // A page named by an id is kept under "one", so runs do not pile up copies.
+            let name = path
+                .trim_matches('/')
+                .split('/')
+                .map(|seg| {
+                    if seg.matches('-').count() == 4 {
+                        "one"
+                    } else {
+                        seg
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("-")
+                .replace(['?', '='], "-");
             let name = if name.is_empty() { "home".into() } else { name };
             site.browser
                 .screenshot(&format!("pages/{who}-{name}-{width}.png"))
@@ -1176,4 +1194,26 @@ async fn sweep(site: &Site, axe: &str, who: &str, paths: &[String]) -> Vec<Strin
         }
     }
     faults
+}
+
+/// `extra` and every page the open page's navigation links to (the header's and the
+/// operations' own), once each, in order.
+async fn with_nav(site: &Site, extra: &[&str]) -> Vec<String> {
+    let found = site
+        .c()
+        .execute(
+            "return [...document.querySelectorAll('header nav a[href^=\"/\"], nav.ops a[href^=\"/\"]')] \
+               .map(a => a.getAttribute('href'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let mut pages: Vec<String> = extra.iter().map(|p| (*p).to_owned()).collect();
+    for href in found.as_array().unwrap() {
+        let href = href.as_str().unwrap().to_owned();
+        if !pages.contains(&href) {
+            pages.push(href);
+        }
+    }
+    pages
 }
