@@ -965,6 +965,8 @@ pub fn run(keep_lxd: bool, yes: bool, owner: Option<String>) -> Result<(), Unins
             ));
         }
     }
+    // Read before the uninstall removes them: the server is told last (issue #39, 3).
+    let server = reporter_of(&mut host);
     let started = std::time::Instant::now();
     let outcome = uninstall(&mut host, &plan, |p| {
         if let Some(line) = describe(&p) {
@@ -977,5 +979,26 @@ pub fn run(keep_lxd: bool, yes: bool, owner: Option<String>) -> Result<(), Unins
         outcome.changes.len(),
         plan.owner.as_deref().unwrap_or("the owner"),
     );
+    match server.map(|r| r.uninstalled()) {
+        Some(Ok(())) => println!(
+            "the server was told: it stops this host, ends its instances and retires it (its relay, address, tunnel and names handed back) within minutes"
+        ),
+        Some(Err(e)) => println!(
+            "the server could not be told ({e}): it retires this host on its own once it has been silent for a day"
+        ),
+        None => {}
+    }
     Ok(())
+}
+
+/// The backend this host enrolled with and its host token, while both are still on disk.
+fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
+    let server = read_string(host, crate::upgrade::SERVER_FILE)
+        .ok()
+        .flatten()?;
+    let kept = read_string(host, crate::upgrade::CREDENTIALS)
+        .ok()
+        .flatten()?;
+    let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
+    crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
 }

@@ -96,6 +96,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_enroll::post_enroll))
         .routes(routes!(host_report::post_report))
         .routes(routes!(host_report::post_rails))
+        .routes(routes!(host_report::post_uninstalled))
         .routes(routes!(admin_host_action::post_activate))
         .routes(routes!(admin_host_action::post_revoke))
         .routes(routes!(host_lifecycle::post_depool))

@@ -64,6 +64,12 @@ fn token_table() -> Vec<Row> {
             body: |_| Some(json!({"node": 0, "ports": []})),
         },
         Row {
+            method: Method::POST,
+            path: "/api/host/uninstalled",
+            allowed: &[],
+            body: none,
+        },
+        Row {
             method: Method::GET,
             path: "/api/host/relay",
             allowed: &[],
