@@ -21,6 +21,7 @@ use byo_core::render::units::{
     SERVING, TENANT_FIREWALL,
 };
 use byo_wire::prepare::StepState;
+use byo_wire::profile::LxdSource;
 use serde_json::Value;
 
 use crate::host::{
@@ -524,15 +525,19 @@ fn lxd_skip(h: &mut dyn Host, plan: &Plan) -> Option<String> {
     }
 }
 
-fn lxd_source(h: &mut dyn Host) -> Fallible<String> {
-    Ok(read_string(h, LXD_INSTALLED)?
-        .unwrap_or_default()
-        .trim()
-        .to_owned())
+/// Where preparation installed LXD from, as lxd-install recorded it (`LxdSource`'s name);
+/// a record that names neither reads as Debian's package, the one other source.
+fn lxd_source(h: &mut dyn Host) -> Fallible<LxdSource> {
+    let recorded = read_string(h, LXD_INSTALLED)?.unwrap_or_default();
+    Ok(if recorded.trim() == LxdSource::Snap.as_str() {
+        LxdSource::Snap
+    } else {
+        LxdSource::Apt
+    })
 }
 
 fn lxd_installed(h: &mut dyn Host) -> Fallible<bool> {
-    Ok(if lxd_source(h)? == "snap" {
+    Ok(if lxd_source(h)? == LxdSource::Snap {
         h.run(&["snap", "list", "lxd"], None)?.ok()
     } else {
         package_installed(h, "lxd")?
@@ -585,7 +590,7 @@ fn lxd_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
             )?;
         }
     }
-    if lxd_source(h)? == "snap" {
+    if lxd_source(h)? == LxdSource::Snap {
         must(h, &["snap", "remove", "--purge", "lxd"])?;
     } else {
         try_run(

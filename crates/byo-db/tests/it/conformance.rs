@@ -15,6 +15,7 @@ use byo_db::users::NewUser;
 use byo_db::vms::{HostBenchRow, NewVm, PlacementScore};
 use byo_db::{DbError, GuardedWrite, Store};
 use byo_wire::Role;
+use byo_wire::prepare::{PrepareState, StepState};
 use chrono::{DateTime, Duration, DurationRound, TimeDelta, Utc};
 use serde_json::json;
 
@@ -2135,7 +2136,15 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         .await
         .unwrap();
     let (t1, t2) = (now(), now() + Duration::seconds(5));
-    let running = json!({"state": "running", "step": "lxd"});
+    let step = |step: &str, state: StepState, at: DateTime<Utc>| PrepareState {
+        step: step.to_owned(),
+        state,
+        attempt: 1,
+        error: None,
+        is_final: false,
+        at,
+    };
+    let running = step("lxd", StepState::Applying, t1);
     assert!(
         store
             .record_prepare_state(&a, 0, &running, false, t1)
@@ -2147,7 +2156,10 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         (row.prepare_state.map(|s| s.0), row.prepared_at),
         (Some(running.clone()), None)
     );
-    let done = json!({"state": "done"});
+    let done = PrepareState {
+        is_final: true,
+        ..step("self-check", StepState::Satisfied, t1)
+    };
     for at in [t1, t2] {
         assert!(
             store
@@ -2162,7 +2174,7 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         (Some(done.clone()), Some(t1))
     );
     // A satellite's on its node row; the host's row is left as it was.
-    let node1 = json!({"state": "running", "step": "rail-network"});
+    let node1 = step("rail-network", StepState::Applying, t2);
     assert!(
         store
             .record_prepare_state(&a, 1, &node1, false, t2)

@@ -213,7 +213,7 @@ async fn page(
             h2 { "Preparation" }
             p #prepare {
                 @match (&host.prepared_at, &host.prepare_state) {
-                    (Some(t), Some(p)) if p.0["state"].as_str() == Some("failed") => {
+                    (Some(t), Some(p)) if p.0.failed() => {
                         "finished " (at(*t)) "; prepared again since, which stopped at: "
                         (cut(&crate::app::owner_hosts::step_line(&p.0), SHOWN_CHARS))
                     }

@@ -10,11 +10,11 @@ use byo_db::provisioning::EnrollmentView;
 use byo_wire::Role;
 use byo_wire::api::Placement;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
+use byo_wire::prepare::PrepareState;
 use byo_wire::states::RelayState;
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::{PageError, PageResult, layout, ops_layout, require_operator};
 use crate::app::host_report::{Fixer, failure_advice};
@@ -32,14 +32,10 @@ fn may_provision(v: &CurrentUser) -> bool {
 /// that preparation tries again on its own (the unit's `RestartSec=`), with roughly when
 /// the next try is while that is still ahead. On a machine already prepared the failure is
 /// an operator's deliberate run (L), which does not retry: that is said instead.
-fn failure_advice_line(p: &Value, now: DateTime<Utc>, prepared: bool) -> Markup {
-    let advice = failure_advice(p["step"].as_str().unwrap_or_default());
+fn failure_advice_line(p: &PrepareState, now: DateTime<Utc>, prepared: bool) -> Markup {
+    let advice = failure_advice(&p.step);
     let every = byo_core::render::units::PREPARE_RETRY_SECS;
-    let next = p["at"]
-        .as_str()
-        .and_then(|at| at.parse::<DateTime<Utc>>().ok())
-        .map(|at| at + chrono::Duration::seconds(every as i64))
-        .filter(|next| *next > now);
+    let next = Some(p.at + chrono::Duration::seconds(every as i64)).filter(|next| *next > now);
     html! {
         br;
         small.advice {
@@ -79,8 +75,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                     br;
                     small.step.error[failed(p)] {
                         (if nodes.len() > 1 { "node 0: " } else { "last step: " }) (step_line(p))
-                        @if let Some(n) = p["attempt"].as_u64() { ", attempt " (n) }
-                        @if let Some(at) = p["at"].as_str() { ", at " (at) }
+                        ", attempt " (p.attempt) ", at " (p.at_text())
                     }
                     @if failed(p) { (failure_advice_line(p, now, facts.prepared_at.is_some())) }
                 }
@@ -91,8 +86,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                         @match &n.prepare_state {
                             Some(p) => {
                                 (step_line(&p.0))
-                                @if let Some(k) = p.0["attempt"].as_u64() { ", attempt " (k) }
-                                @if let Some(at) = p.0["at"].as_str() { ", at " (at) }
+                                ", attempt " (p.0.attempt) ", at " (p.0.at_text())
                             }
                             None => "not started",
                         }

@@ -1830,7 +1830,14 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
         .record_prepare_state(
             &id,
             0,
-            &json!({"step": "lxd-install", "state": "failed", "error": "apt said no"}),
+            &byo_wire::prepare::PrepareState {
+                step: "lxd-install".into(),
+                state: byo_wire::prepare::StepState::Failed,
+                attempt: 1,
+                error: Some("apt said no".into()),
+                is_final: false,
+                at: w.clock.now(),
+            },
             false,
             w.clock.now(),
         )

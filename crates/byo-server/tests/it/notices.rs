@@ -320,7 +320,7 @@ async fn each_swept_failure_reaches_exactly_its_people_once(w: World) {
         .unwrap()
         .id;
     db.execute_unchecked(&format!(
-        r#"update hosts set pubkey = 'wg', prepare_state = '{{"state": "failed", "step": "lxd-install"}}'
+        r#"update hosts set pubkey = 'wg', prepare_state = '{{"state": "failed", "step": "lxd-install", "attempt": 1, "error": null, "final": false, "at": "2026-11-29T12:00:00Z"}}'
            where id = '{preparing}'"#
     ))
     .await
