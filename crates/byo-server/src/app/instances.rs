@@ -261,13 +261,10 @@ pub async fn create(
         let placed = tokio::spawn(async move { place(&task_state, request, candidates).await })
             .await
             .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?;
-        match placed {
-            Ok(created) => return Ok(CreateOutcome::Created(Box::new(created))),
-            Err(AppError::Conflict {
-                code: "no_capacity",
-                ..
-            }) => {}
-            Err(e) => return Err(e),
+        match placed? {
+            Placement::Created(created) => return Ok(CreateOutcome::Created(created)),
+            // No host could take it: it waits in the queue instead.
+            Placement::NoCapacity(_) => {}
         }
     }
     let queued = crate::app::queue_drain::enqueue(state, sub, gpu_type, &req.ssh_key_id).await?;
@@ -321,9 +318,24 @@ pub(crate) async fn place_booking(
     candidates: Vec<AgentTargetRow>,
 ) -> AppResult<InstanceCreated> {
     let task_state = state.clone();
-    tokio::spawn(async move { place(&task_state, request, candidates).await })
+    let placed = tokio::spawn(async move { place(&task_state, request, candidates).await })
         .await
-        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?;
+    match placed? {
+        Placement::Created(created) => Ok(*created),
+        Placement::NoCapacity(said) => Err(said),
+    }
+}
+
+/// What E1's walk came to, when nothing went wrong on our side.
+pub(crate) enum Placement {
+    /// A host took it.
+    Created(Box<InstanceCreated>),
+    /// No host could take it — none was left to try, or the one tried still held another
+    /// instance — with the words the customer hears (`no_capacity`). A create queues on it;
+    /// a booking's launch waits. A host that refused or could not be reached is not this:
+    /// that is the walk's error, told as it is.
+    NoCapacity(AppError),
 }
 
 /// How one attempt on one host ended.
@@ -334,6 +346,8 @@ pub(crate) enum Attempt {
     /// has `creation_failed_at`, and the next candidate may be tried. The error is what the
     /// customer hears if none is left.
     Failed(AppError),
+    /// As `Failed`, but the host still held another instance: to the customer, no capacity.
+    Occupied(AppError),
     /// The request's deadline ran out with the host silent: it may still be creating, so
     /// the row stays `creating` (its host stays occupied, G.2's bias) and the heartbeat
     /// settles it. No other host is tried: that could make two instances of one request.
@@ -348,9 +362,11 @@ async fn place(
     state: &AppState,
     req: Placing,
     candidates: Vec<AgentTargetRow>,
-) -> AppResult<InstanceCreated> {
+) -> AppResult<Placement> {
     let deadline = tokio::time::Instant::now() + state.waits.create;
-    let mut last = None;
+    // How the last attempt failed: `Ok` a host still holding another instance (no
+    // capacity), `Err` a refusal or no connection (told as it is).
+    let mut last: Option<Result<AppError, AppError>> = None;
     for host in candidates {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if remaining.is_zero() {
@@ -423,20 +439,23 @@ async fn place(
         };
         let bench_after = state.config.placement.bench_after_failures;
         match attempt(state, &host, row, request, remaining, bench_after).await? {
-            Attempt::Placed(created) => return Ok(*created),
+            Attempt::Placed(created) => return Ok(Placement::Created(created)),
             Attempt::Silent(e) => return Err(e),
-            Attempt::Failed(e) => last = Some(e),
+            Attempt::Failed(e) => last = Some(Err(e)),
+            Attempt::Occupied(e) => last = Some(Ok(e)),
         }
     }
-    Err(last.unwrap_or_else(|| {
-        AppError::conflict(
+    match last {
+        Some(Err(refused)) => Err(refused),
+        Some(Ok(occupied)) => Ok(Placement::NoCapacity(occupied)),
+        None => Ok(Placement::NoCapacity(AppError::conflict(
             "no_capacity",
             format!(
                 "no {} host is free right now; nothing was created and nothing is billed",
                 req.gpu_type
             ),
-        )
-    }))
+        ))),
+    }
 }
 
 /// What a host answered a create.
@@ -495,9 +514,13 @@ pub(crate) async fn attempt(
             ));
         }
     };
-    Ok(Attempt::Failed(
-        settle_refused(state, host, &row, e, bench_after).await?,
-    ))
+    let occupied = matches!(e, AgentError::Occupied(_));
+    let said = settle_refused(state, host, &row, e, bench_after).await?;
+    Ok(if occupied {
+        Attempt::Occupied(said)
+    } else {
+        Attempt::Failed(said)
+    })
 }
 
 /// A host stayed silent to the deadline: the row stays `creating` for the heartbeat to
