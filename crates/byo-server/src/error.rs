@@ -99,6 +99,34 @@ impl AppError {
         }
     }
 
+    /// An outside system (GCP, Cloudflare) failed part way (502): nothing more was recorded,
+    /// and the same action run again carries on.
+    pub fn provider_failed(message: impl Into<String>) -> Self {
+        AppError::Host {
+            status: StatusCode::BAD_GATEWAY,
+            code: "provider_failed",
+            message: message.into(),
+        }
+    }
+
+    /// What this caller may never have (403), with the code that names why.
+    pub fn refused(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Rejected {
+            status: StatusCode::FORBIDDEN,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// What needs paying for first (402), with the code that names it.
+    pub fn payment_required(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Rejected {
+            status: StatusCode::PAYMENT_REQUIRED,
+            code,
+            message: message.into(),
+        }
+    }
+
     /// A service this needs is not there (503): no mail to confirm a sign-up with.
     pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
         AppError::Rejected {
@@ -265,5 +293,15 @@ mod tests {
             message.contains("still refer to this") && message.contains("nothing was changed"),
             "{message}"
         );
+    }
+}
+
+/// The status a delete answers with, on the API and the pages alike: 200 once the host
+/// confirmed, 202 while the delete is only requested (G). Here with the other mappings of
+/// an outcome to HTTP, so the rules (`app`) never name a status.
+pub fn deletion_status(d: &byo_wire::vm::InstanceDeletion) -> StatusCode {
+    match d.state {
+        byo_wire::vm::DeletionState::Deleted => StatusCode::OK,
+        byo_wire::vm::DeletionState::Requested => StatusCode::ACCEPTED,
     }
 }

@@ -6,7 +6,6 @@
 //! running the action again resumes it. `docs/lifecycle.md` has each order, what a failure
 //! at each point leaves, and every refusal with its test.
 
-use axum::http::StatusCode;
 use byo_db::lifecycle::HostLifecycleRow;
 use byo_db::{DbError, GuardedWrite};
 use byo_wire::lifecycle::{Drain, HostProgress, RelayReplaced};
@@ -51,11 +50,9 @@ fn refuse_retired(h: &HostLifecycleRow) -> AppResult<()> {
 /// An outside system (GCP, Cloudflare) failed part way: nothing more was recorded, and the
 /// same action run again carries on.
 fn provider_failed(what: &str, e: impl std::fmt::Display) -> AppError {
-    AppError::Host {
-        status: StatusCode::BAD_GATEWAY,
-        code: "provider_failed",
-        message: format!("{what}: {e}; run it again to carry on from where it stopped"),
-    }
+    AppError::provider_failed(format!(
+        "{what}: {e}; run it again to carry on from where it stopped"
+    ))
 }
 
 /// De-pool (issue #12, 1): take a host out of placement with a reason. Its instance stays

@@ -18,7 +18,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
@@ -174,13 +173,10 @@ pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) ->
         .any(|r| matches!(r, Role::Operator | Role::Superadmin))
         || state.config.test_hosts_for_everyone;
     if !staff && state.store.gpu_type_staff_only(gpu_type).await? {
-        return Err(AppError::Rejected {
-            status: StatusCode::FORBIDDEN,
-            code: "staff_only",
-            message: format!(
-                "{gpu_type} is for Enverge staff only; nothing was created, queued or booked"
-            ),
-        });
+        return Err(AppError::refused(
+            "staff_only",
+            format!("{gpu_type} is for Enverge staff only; nothing was created, queued or booked"),
+        ));
     }
     Ok(())
 }
@@ -196,14 +192,13 @@ pub async fn check_may_charge(state: &AppState, user_sub: &str) -> AppResult<()>
     }
     match state.billing.may_charge(user_sub).await? {
         Charge::Allowed => Ok(()),
-        Charge::Refused { reason } => Err(AppError::Rejected {
-            status: StatusCode::PAYMENT_REQUIRED,
-            code: PAYMENT_REQUIRED,
-            message: format!(
+        Charge::Refused { reason } => Err(AppError::payment_required(
+            PAYMENT_REQUIRED,
+            format!(
                 "{reason}. Nothing was created, queued or booked: add a payment method on the \
                  Billing page (/billing), then try again"
             ),
-        }),
+        )),
     }
 }
 
@@ -695,15 +690,6 @@ pub async fn get(state: &AppState, user: &CurrentUser, vm_id: &str) -> AppResult
     }
 }
 
-/// The status a delete answers with, on the API and the pages alike: 200 once the host
-/// confirmed, 202 while the delete is only requested (G).
-pub fn deletion_status(d: &InstanceDeletion) -> StatusCode {
-    match d.state {
-        DeletionState::Deleted => StatusCode::OK,
-        DeletionState::Requested => StatusCode::ACCEPTED,
-    }
-}
-
 /// G: the delete every caller uses.
 pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult<InstanceDeletion> {
     let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
@@ -868,15 +854,14 @@ pub async fn change_power(
         && state.billing.enabled()
         && let Some(invoice) = state.store.declined_unpaid_invoice(&row.user_sub).await?
     {
-        return Err(AppError::Rejected {
-            status: StatusCode::PAYMENT_REQUIRED,
-            code: PAYMENT_REQUIRED,
-            message: format!(
+        return Err(AppError::payment_required(
+            PAYMENT_REQUIRED,
+            format!(
                 "an invoice of {} is unpaid (its payment was declined): pay it from the Billing \
                  page (/billing); instances stopped for it start again by themselves once it is paid",
                 crate::billing::money(i64::from(invoice.amount_cents), &invoice.currency)
             ),
-        });
+        ));
     }
     let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
     // L4.4: on a pair (or a ring) the customer's reboot is the pair's reboot, the same call

@@ -12,10 +12,11 @@ use maud::{Markup, html};
 use super::instances::{at, confirm_page, deletable, shown, status_line, waited};
 use super::{PageError, PageResult, ops_layout, require_operator};
 use crate::app::admin_vm_action;
-use crate::app::instances::{self, deletion_status};
+use crate::app::instances;
 use crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
+use crate::error::deletion_status;
 use crate::state::AppState;
 
 /// One live instance as operators see it.

@@ -18,11 +18,12 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{PageError, PageResult, layout, signed_in};
-use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
+use crate::app::instances::{self, CreateOutcome, Deleter};
 use crate::app::queue_drain;
 use crate::app::ssh_keys;
 use crate::auth::CurrentUser;
 use crate::error::AppError;
+use crate::error::deletion_status;
 use crate::state::AppState;
 
 /// What a deleting instance shows until its host confirms (G: requested, not gone).
