@@ -261,6 +261,18 @@ pub struct InstanceView {
     pub deleted_at: Option<DateTime<Utc>>,
 }
 
+impl InstanceView {
+    /// Where it is in its life ([`crate::states::InstancePhase`]).
+    pub fn phase(&self) -> crate::states::InstancePhase {
+        crate::states::InstancePhase::of(
+            self.status,
+            self.creation_failed_at.is_some(),
+            self.delete_requested_at.is_some(),
+            self.deleted_at.is_some(),
+        )
+    }
+}
+
 /// The answer to a create that the host accepted. The two checks are reported, never fatal.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]

@@ -123,7 +123,7 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         }
     }
     for v in seen.vms {
-        if v.deleted_at.is_none() && v.delete_requested_at.is_some() {
+        if v.phase() == byo_wire::states::InstancePhase::Deleting {
             add(
                 "stuck delete",
                 format!(

@@ -23,7 +23,7 @@ use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{HostPick, NewVm, VmRow};
 use byo_wire::Role;
-use byo_wire::states::VmStatus;
+use byo_wire::states::{InstancePhase, VmStatus};
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
     InstanceView, VmAction, VmCreated,
@@ -836,9 +836,7 @@ pub async fn change_power(
     if row.user_sub != by.user.sub {
         return Err(AppError::NotFound);
     }
-    let live = row.status.is_powered_state()
-        && row.delete_requested_at.is_none()
-        && row.deleted_at.is_none();
+    let live = matches!(row.phase(), InstancePhase::Running | InstancePhase::Stopped);
     if !live {
         return Err(AppError::conflict(
             "not_live",

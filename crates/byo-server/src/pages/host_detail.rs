@@ -112,13 +112,10 @@ async fn page(
         },
         now,
     );
-    let live = vms
-        .iter()
-        .filter(|v| v.deleted_at.is_none() && v.creation_failed_at.is_none())
-        .count();
+    let live = vms.iter().filter(|v| v.phase().is_live()).count();
     let stuck: Vec<_> = vms
         .iter()
-        .filter(|v| v.deleted_at.is_none() && v.delete_requested_at.is_some())
+        .filter(|v| v.phase() == byo_wire::states::InstancePhase::Deleting)
         .collect();
     let revoke = life.revoke_step.0;
     let revoking = matches!(

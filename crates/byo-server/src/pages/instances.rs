@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect};
-use byo_wire::states::VmStatus;
+use byo_wire::states::{InstancePhase, VmStatus};
 use byo_wire::vm::{
     DeletionState, EndedQueuedView, InstanceRequest, InstanceView, NewSshKey, QueueEnding,
     QueuedView, SshKeyView,
@@ -29,29 +29,21 @@ use crate::state::AppState;
 /// What a deleting instance shows until its host confirms (G: requested, not gone).
 pub const DELETING: &str = "deleting: waiting for the host to confirm";
 
-/// One instance's state in words, from its four facts.
+/// One instance's state in words, from its phase.
 pub(super) fn status_line(i: &InstanceView) -> &'static str {
-    if i.deleted_at.is_some() {
-        "deleted"
-    } else if i.creation_failed_at.is_some() {
-        "failed: never created, not billed"
-    } else if i.delete_requested_at.is_some() {
-        DELETING
-    } else {
-        match i.status {
-            VmStatus::Creating => "creating",
-            VmStatus::Running => "running",
-            VmStatus::Stopped => "stopped",
-            // Closed rows carry their fact too (above); the status agrees with it.
-            VmStatus::Failed => "failed: never created, not billed",
-            VmStatus::Deleted => "deleted",
-        }
+    match i.phase() {
+        InstancePhase::Deleted => "deleted",
+        InstancePhase::NeverCreated => "failed: never created, not billed",
+        InstancePhase::Deleting => DELETING,
+        InstancePhase::Creating => "creating",
+        InstancePhase::Running => "running",
+        InstancePhase::Stopped => "stopped",
     }
 }
 
 /// Live (billed, holding its host): neither closed nor failed.
 fn live(i: &InstanceView) -> bool {
-    i.deleted_at.is_none() && i.creation_failed_at.is_none()
+    i.phase().is_live()
 }
 
 /// Whether a delete may be asked for: live and past its create.
