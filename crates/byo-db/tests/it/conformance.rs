@@ -706,6 +706,8 @@ async fn a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed(db: Tes
     db.create_signup(&b1.hash(), &waiting("b@example.com", 24))
         .await
         .unwrap();
+    assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 2);
+    assert_eq!(db.signups_waiting("c@example.com").await.unwrap(), 0);
     let read = db
         .signup_by_token(&a1.hash(), start)
         .await
@@ -737,6 +739,7 @@ async fn a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed(db: Tes
     assert_eq!(db.purge_expired_signups(later).await.unwrap(), 1);
     assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 1);
     assert_eq!(db.delete_signups_of("a@example.com").await.unwrap(), 1);
+    assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 0);
     assert!(
         db.signup_by_token(&a1.hash(), start)
             .await
@@ -940,6 +943,18 @@ async fn fleet_read_gauges_and_stopped_hosts(db: TestDb) {
             .is_empty(),
         "silent, but not yet past the bound"
     );
+    // The agent said it was uninstalled: a candidate at once, beating a moment ago or not;
+    // stamped once, and never on a retired host.
+    assert!(db.mark_uninstalled(&beating, t).await.unwrap());
+    assert!(!db.mark_uninstalled(&beating, t).await.unwrap(), "once");
+    let found: Vec<String> = db
+        .stopped_and_silent(reason, since, 10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.host.id)
+        .collect();
+    assert_eq!(found, [quiet.clone(), beating.clone()]);
 
     db.record_key_push(&beating, Err("sshd refused it"), t)
         .await
