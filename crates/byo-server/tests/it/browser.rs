@@ -206,6 +206,40 @@ impl Site {
             == json!(true)
     }
 
+    /// One host of `owner`'s onboarded as an owner's would be — added, enrolled, prepared,
+    /// beating — and activated by `op`: its id and slug.
+    async fn active_host(
+        &self,
+        owner: &support::User,
+        op: &support::User,
+        hw: &str,
+    ) -> (String, String) {
+        let p = owner
+            .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+            .await;
+        assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+        let p = p.json();
+        let host_id = p["host_id"].as_str().unwrap().to_owned();
+        let slug = p["slug"].as_str().unwrap().to_owned();
+        let e = self.enroll(p["token"].as_str().unwrap(), spark(hw)).await;
+        assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+        let host_token = e.json()["host_token"].as_str().unwrap().to_owned();
+        self.report(
+            &host_token,
+            json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
+        )
+        .await;
+        self.heartbeat(&host_token).await;
+        let r = op
+            .post(
+                &format!("/api/admin/hosts/{host_id}/activate"),
+                json!({"placement": "shared"}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+        (host_id, slug)
+    }
+
     async fn close(self) {
         self.browser.client.close().await.unwrap();
     }
@@ -765,31 +799,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     let (customer_sub, _) = site.app.user_with("customer@example.com", &[]).await;
 
     // One host, onboarded as an owner's would be: added, enrolled, prepared, activated.
-    let p = owner
-        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
-        .await;
-    assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
-    let p = p.json();
-    let host_id = p["host_id"].as_str().unwrap().to_owned();
-    let slug = p["slug"].as_str().unwrap().to_owned();
-    let e = site
-        .enroll(p["token"].as_str().unwrap(), spark("hw-e1"))
-        .await;
-    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
-    let host_token = e.json()["host_token"].as_str().unwrap().to_owned();
-    site.report(
-        &host_token,
-        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
-    )
-    .await;
-    site.heartbeat(&host_token).await;
-    let r = op
-        .post(
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            json!({"placement": "shared"}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let (host_id, slug) = site.active_host(&owner, &op, "hw-e1").await;
     // Its relay is recorded by relay-provision, in the background.
     let deadline = Instant::now() + LIVE;
     while !site
@@ -1048,30 +1058,7 @@ async fn every_page_passes_axe_and_fits_at_1280_and_390() {
     let root = site.app.superadmin("root@example.com").await;
     let customer = site.app.customer("customer@example.com").await;
 
-    let p = owner
-        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
-        .await;
-    assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
-    let p = p.json();
-    let host_id = p["host_id"].as_str().unwrap().to_owned();
-    let e = site
-        .enroll(p["token"].as_str().unwrap(), spark("hw-pages"))
-        .await;
-    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
-    let host_token = e.json()["host_token"].as_str().unwrap().to_owned();
-    site.report(
-        &host_token,
-        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
-    )
-    .await;
-    site.heartbeat(&host_token).await;
-    let r = root
-        .post(
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            json!({"placement": "shared"}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let (host_id, _) = site.active_host(&owner, &root, "hw-pages").await;
     site.app.relay_recorded(&host_id).await;
     // A second host still waiting for its one-liner, for the pages that list enrolments.
     let waiting = owner

@@ -60,16 +60,6 @@ fn token_of(link: &str) -> String {
     link.rsplit_once("token=").unwrap().1.to_owned()
 }
 
-async fn sign_in(app: &TestApp, email: &str, password: &str) -> support::Reply {
-    app.request(
-        Method::POST,
-        "/api/auth/login",
-        None,
-        Some(json!({"email": email, "password": password})),
-    )
-    .await
-}
-
 async fn confirm(app: &TestApp, token: &str, password: &str) -> support::Reply {
     app.request(
         Method::POST,
@@ -125,8 +115,10 @@ async fn a36_8_an_address_is_confirmed_by_mail_before_its_account_exists(backend
     );
 
     // Before confirming, sign-in reads like a wrong password, and says what to do.
-    let early = sign_in(&app, "ana@example.com", PASSWORD).await;
-    let wrong = sign_in(&app, "taken@example.com", "not the password at all").await;
+    let early = app.sign_in("ana@example.com", PASSWORD).await;
+    let wrong = app
+        .sign_in("taken@example.com", "not the password at all")
+        .await;
     assert_eq!(early.status, StatusCode::UNAUTHORIZED);
     assert_eq!(early.as_seen(), wrong.as_seen());
     assert!(
@@ -196,7 +188,7 @@ async fn a36_8_an_address_is_confirmed_by_mail_before_its_account_exists(backend
         assert_eq!(again.json()["error"], "link_expired");
     }
     assert_eq!(
-        sign_in(&app, "ana@example.com", PASSWORD).await.status,
+        app.sign_in("ana@example.com", PASSWORD).await.status,
         StatusCode::OK
     );
 

@@ -162,6 +162,17 @@ pub fn test_config() -> Config {
 }
 
 impl TestApp {
+    /// `POST /api/auth/login` with an email and a password.
+    pub async fn sign_in(&self, email: &str, password: &str) -> Reply {
+        self.request(
+            axum::http::Method::POST,
+            "/api/auth/login",
+            None,
+            Some(serde_json::json!({"email": email, "password": password})),
+        )
+        .await
+    }
+
     /// `POST /api/auth/signup` with an email, a password and a display name.
     pub async fn sign_up(&self, email: &str, password: &str, name: &str) -> Reply {
         self.request(
