@@ -277,6 +277,16 @@ impl IntoResponse for AppError {
     }
 }
 
+/// The status a delete answers with, on the API and the pages alike: 200 once the host
+/// confirmed, 202 while the delete is only requested (G). Here with the other mappings of
+/// an outcome to HTTP, so the rules (`app`) never name a status.
+pub fn deletion_status(d: &byo_wire::vm::InstanceDeletion) -> StatusCode {
+    match d.state {
+        byo_wire::vm::DeletionState::Deleted => StatusCode::OK,
+        byo_wire::vm::DeletionState::Requested => StatusCode::ACCEPTED,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -293,15 +303,5 @@ mod tests {
             message.contains("still refer to this") && message.contains("nothing was changed"),
             "{message}"
         );
-    }
-}
-
-/// The status a delete answers with, on the API and the pages alike: 200 once the host
-/// confirmed, 202 while the delete is only requested (G). Here with the other mappings of
-/// an outcome to HTTP, so the rules (`app`) never name a status.
-pub fn deletion_status(d: &byo_wire::vm::InstanceDeletion) -> StatusCode {
-    match d.state {
-        byo_wire::vm::DeletionState::Deleted => StatusCode::OK,
-        byo_wire::vm::DeletionState::Requested => StatusCode::ACCEPTED,
     }
 }

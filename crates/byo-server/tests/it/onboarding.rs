@@ -1281,7 +1281,7 @@ async fn c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan(w: 
     .unwrap()
     .unwrap();
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
-    assert_eq!(host.prepare_state.unwrap().0.is_final, true);
+    assert!(host.prepare_state.unwrap().0.is_final);
     assert!(
         host.prepared_at.is_some(),
         "completion is the record activation waits for"
