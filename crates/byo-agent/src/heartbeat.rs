@@ -139,15 +139,7 @@ struct Observed {
 fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
     let lxd_up = crate::lxd::get(host, "/1.0").ok().flatten().is_some();
     let held: Vec<HeldVm> = if lxd_up {
-        crate::vms::list(host)
-            .unwrap_or_default()
-            .into_iter()
-            .map(|v| HeldVm {
-                name: v.name,
-                status: v.status,
-                ssh_port: v.ssh_port,
-            })
-            .collect()
+        crate::vms::list(host).unwrap_or_default()
     } else {
         Vec::new()
     };

@@ -87,6 +87,16 @@ impl Reporter {
             .map_err(|e| format!("the backend's answer does not parse: {e}"))
     }
 
+    /// Tell the backend this host was uninstalled (`POST /api/host/uninstalled`, issue #39,
+    /// 3): the last thing `byo-agent uninstall` does, with the token it read before the
+    /// uninstall removed it. `Err` says why it did not land.
+    pub fn uninstalled(&self) -> Result<(), String> {
+        let url = self
+            .url
+            .replace("/api/host/report", "/api/host/uninstalled");
+        self.post(&url, &serde_json::json!({})).map(|_| ())
+    }
+
     /// Send one report; `Err` says why it did not land.
     pub fn send(&mut self, report: &HostReport) -> Result<(), String> {
         self.post(&self.url, report)?;

@@ -21,6 +21,7 @@ use byo_core::render::units::{
     SERVING, TENANT_FIREWALL,
 };
 use byo_wire::prepare::StepState;
+use byo_wire::profile::LxdSource;
 use serde_json::Value;
 
 use crate::host::{
@@ -524,15 +525,19 @@ fn lxd_skip(h: &mut dyn Host, plan: &Plan) -> Option<String> {
     }
 }
 
-fn lxd_source(h: &mut dyn Host) -> Fallible<String> {
-    Ok(read_string(h, LXD_INSTALLED)?
-        .unwrap_or_default()
-        .trim()
-        .to_owned())
+/// Where preparation installed LXD from, as lxd-install recorded it (`LxdSource`'s name);
+/// a record that names neither reads as Debian's package, the one other source.
+fn lxd_source(h: &mut dyn Host) -> Fallible<LxdSource> {
+    let recorded = read_string(h, LXD_INSTALLED)?.unwrap_or_default();
+    Ok(if recorded.trim() == LxdSource::Snap.as_str() {
+        LxdSource::Snap
+    } else {
+        LxdSource::Apt
+    })
 }
 
 fn lxd_installed(h: &mut dyn Host) -> Fallible<bool> {
-    Ok(if lxd_source(h)? == "snap" {
+    Ok(if lxd_source(h)? == LxdSource::Snap {
         h.run(&["snap", "list", "lxd"], None)?.ok()
     } else {
         package_installed(h, "lxd")?
@@ -585,7 +590,7 @@ fn lxd_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
             )?;
         }
     }
-    if lxd_source(h)? == "snap" {
+    if lxd_source(h)? == LxdSource::Snap {
         must(h, &["snap", "remove", "--purge", "lxd"])?;
     } else {
         try_run(
@@ -965,6 +970,8 @@ pub fn run(keep_lxd: bool, yes: bool, owner: Option<String>) -> Result<(), Unins
             ));
         }
     }
+    // Read before the uninstall removes them: the server is told last (issue #39, 3).
+    let server = reporter_of(&mut host);
     let started = std::time::Instant::now();
     let outcome = uninstall(&mut host, &plan, |p| {
         if let Some(line) = describe(&p) {
@@ -977,5 +984,26 @@ pub fn run(keep_lxd: bool, yes: bool, owner: Option<String>) -> Result<(), Unins
         outcome.changes.len(),
         plan.owner.as_deref().unwrap_or("the owner"),
     );
+    match server.map(|r| r.uninstalled()) {
+        Some(Ok(())) => println!(
+            "the server was told: it stops this host, ends its instances and retires it (its relay, address, tunnel and names handed back) within minutes"
+        ),
+        Some(Err(e)) => println!(
+            "the server could not be told ({e}): it retires this host on its own once it has been silent for a day"
+        ),
+        None => {}
+    }
     Ok(())
+}
+
+/// The backend this host enrolled with and its host token, while both are still on disk.
+fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
+    let server = read_string(host, crate::upgrade::SERVER_FILE)
+        .ok()
+        .flatten()?;
+    let kept = read_string(host, crate::upgrade::CREDENTIALS)
+        .ok()
+        .flatten()?;
+    let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
+    crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
 }

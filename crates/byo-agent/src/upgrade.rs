@@ -23,7 +23,7 @@ use crate::host::{Host, LocalHost};
 
 /// Where the installer recorded the server this host enrolled with (root's, 0644).
 pub const SERVER_FILE: &str = "/etc/enverge/server";
-const CREDENTIALS: &str = "/etc/enverge/credentials.json";
+pub const CREDENTIALS: &str = "/etc/enverge/credentials.json";
 /// The most of a build this fetches: the server's own limit on a published build.
 pub const MAX_BUILD: u64 = 512 * 1024 * 1024;
 

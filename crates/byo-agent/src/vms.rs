@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use byo_wire::relay::{MapEntry, MapTarget, SshMap};
-use byo_wire::vm::{Advisory, CreateVm, VmAction, VmCreated, VmStatus};
+use byo_wire::vm::{Advisory, CreateVm, HeldVm, VmAction, VmCreated};
 use serde_json::json;
 
 use crate::host::{Fallible, Host, LxdBody};
@@ -268,10 +268,10 @@ pub fn live<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<String>> {
         .collect())
 }
 
-pub fn list<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<VmStatus>> {
+pub fn list<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<HeldVm>> {
     Ok(ours(h)?
         .into_iter()
-        .map(|(name, status, port, _)| VmStatus {
+        .map(|(name, status, port, _)| HeldVm {
             name,
             status,
             ssh_port: Some(port),

@@ -38,10 +38,13 @@ pub enum TokenKind {
     /// A person's API token (`api_tokens.token_hash`, issue #43): their account through the
     /// API, within the token's scope.
     Api,
+    /// The link mailed to a new address at sign-up (`signup_confirmations.token_hash`,
+    /// issue #36): whoever reads that mailbox makes the account, once.
+    SignupConfirm,
 }
 
 impl TokenKind {
-    pub const ALL: [TokenKind; 7] = [
+    pub const ALL: [TokenKind; 8] = [
         TokenKind::Session,
         TokenKind::Enrollment,
         TokenKind::Host,
@@ -49,6 +52,7 @@ impl TokenKind {
         TokenKind::SshMap,
         TokenKind::RelaySecrets,
         TokenKind::Api,
+        TokenKind::SignupConfirm,
     ];
 
     pub fn prefix(self) -> &'static str {
@@ -60,6 +64,7 @@ impl TokenKind {
             TokenKind::SshMap => "byo_map_",
             TokenKind::RelaySecrets => "byo_rly_",
             TokenKind::Api => "byo_api_",
+            TokenKind::SignupConfirm => "byo_cnf_",
         }
     }
 }

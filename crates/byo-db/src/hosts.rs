@@ -34,7 +34,7 @@ pub struct HostRow {
     pub dedicated: bool,
     pub dedicated_to: Option<String>,
     pub placement: Option<String>,
-    pub prepare_state: Option<Json<Value>>,
+    pub prepare_state: Option<Json<byo_wire::prepare::PrepareState>>,
     pub prepared_at: Option<DateTime<Utc>>,
     pub pubkey: Option<String>,
     pub lockout_owner: bool,
@@ -61,7 +61,7 @@ pub struct HostNodeRow {
     pub hardware_id: String,
     pub fingerprint: Json<Value>,
     pub rails: Json<Value>,
-    pub prepare_state: Option<Json<Value>>,
+    pub prepare_state: Option<Json<byo_wire::prepare::PrepareState>>,
     pub created_at: DateTime<Utc>,
     pub retired_at: Option<DateTime<Utc>>,
 }
@@ -366,7 +366,7 @@ impl Store {
         &self,
         host_id: &str,
         node: i32,
-        state: &Value,
+        state: &byo_wire::prepare::PrepareState,
         completed: bool,
         now: DateTime<Utc>,
     ) -> Result<bool> {

@@ -76,6 +76,7 @@ pub mod relay_ca;
 pub mod releases;
 pub mod sealed;
 pub mod sessions;
+pub mod signups;
 pub mod ssh_keys;
 #[cfg(feature = "testing")]
 pub mod testing;

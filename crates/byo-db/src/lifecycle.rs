@@ -74,7 +74,8 @@ pub struct StoppedHost {
 impl Store {
     /// Hosts de-pooled by their own owner with `reason` (the owner's stop-hosting), enrolled,
     /// not retired, inactive, with no revoke under way, whose agent has not beaten since
-    /// `silent_since` and whose stop is older than it too: longest silent first.
+    /// `silent_since` and whose stop is older than it too — or whose agent said it was
+    /// uninstalled (`uninstalled_at`), however recently: longest silent first.
     pub async fn stopped_and_silent(
         &self,
         reason: &str,
@@ -89,8 +90,9 @@ impl Store {
              from hosts h left join host_status s on s.host_id = h.id
              where h.retired_at is null and h.active = false and h.pubkey is not null
                and h.depool_reason = $1 and h.depooled_by = h.owner_sub
-               and h.revoke_step is null and h.depooled_at <= $2
-               and (s.seen_at is null or s.seen_at <= $2)
+               and h.revoke_step is null
+               and (h.uninstalled_at is not null
+                    or (h.depooled_at <= $2 and (s.seen_at is null or s.seen_at <= $2)))
              order by coalesce(s.seen_at, h.depooled_at), h.id
              limit $3"
         )
@@ -100,6 +102,21 @@ impl Store {
         .fetch_all(p)
         .await)
         .map_err(Into::into)
+    }
+
+    /// The host's agent said it was uninstalled: stamped once, the first time. Whether this
+    /// call stamped it.
+    pub async fn mark_uninstalled(&self, id: &str, now: DateTime<Utc>) -> Result<bool> {
+        let done = on_pool!(self, |p| sqlx::query(
+            "update hosts set uninstalled_at = $2
+             where id = $1 and uninstalled_at is null and retired_at is null"
+        )
+        .bind(id)
+        .bind(now)
+        .execute(p)
+        .await
+        .map(|r| r.rows_affected()))?;
+        Ok(done == 1)
     }
 
     pub async fn host_lifecycle(&self, id: &str) -> Result<Option<HostLifecycleRow>> {

@@ -518,7 +518,7 @@ pub struct EnrollmentView {
     pub created_at: DateTime<Utc>,
     pub redeemed_at: Option<DateTime<Utc>>,
     pub prepared_at: Option<DateTime<Utc>>,
-    pub prepare_state: Option<Json<Value>>,
+    pub prepare_state: Option<Json<byo_wire::prepare::PrepareState>>,
     pub active: Option<bool>,
     #[sqlx(try_from = "Option<String>")]
     pub relay_state: MaybeState<RelayState>,

@@ -77,6 +77,18 @@ pub struct VmRow {
     pub deleted_at: Option<DateTime<Utc>>,
 }
 
+impl VmRow {
+    /// Where it is in its life, judged as every reader judges it.
+    pub fn phase(&self) -> byo_wire::states::InstancePhase {
+        byo_wire::states::InstancePhase::of(
+            self.status,
+            self.creation_failed_at.is_some(),
+            self.delete_requested_at.is_some(),
+            self.deleted_at.is_some(),
+        )
+    }
+}
+
 /// A live instance as the operator's list shows it.
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct LiveVmRow {

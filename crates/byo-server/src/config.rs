@@ -77,6 +77,12 @@ pub struct Config {
     /// file or environment variable reaches it (`serde(skip)`), so no installation can.
     #[serde(skip)]
     pub test_hosts_for_everyone: bool,
+    /// `byo up` only: a sign-up makes the account at once, with no mail confirming the
+    /// address, a platform on one machine having no mail to send (issue #36). Everywhere
+    /// else a sign-up is confirmed by mail (`[notices] smtp_url`), and refused while none is
+    /// configured. Set in code only, like `test_hosts_for_everyone`.
+    #[serde(skip)]
+    pub signup_without_mail: bool,
     #[serde(default)]
     pub password_hashing: PasswordHashing,
     /// This installation's id, inside every signed operator-key list so a list for one
@@ -404,6 +410,7 @@ impl Default for Config {
             session_hours: defaults::session_hours(),
             allow_signup: true,
             test_hosts_for_everyone: false,
+            signup_without_mail: false,
             password_hashing: PasswordHashing::default(),
             environment: defaults::environment(),
             secret_key: None,
@@ -697,6 +704,13 @@ mod tests {
             assert!(err.contains("test_hosts_for_everyone"), "{err}");
             jail.set_env("BYO_TEST_HOSTS_FOR_EVERYONE", "true");
             assert!(!Config::load(None).unwrap().test_hosts_for_everyone);
+            jail.create_file("mail.toml", "signup_without_mail = true")?;
+            let err = Config::load(Some(Path::new("mail.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("signup_without_mail"), "{err}");
+            jail.set_env("BYO_SIGNUP_WITHOUT_MAIL", "true");
+            assert!(!Config::load(None).unwrap().signup_without_mail);
             Ok(())
         });
         let err = Config::load(Some(Path::new("/nonexistent/byo.toml"))).unwrap_err();

@@ -18,7 +18,13 @@ pub enum AppError {
     BadRequest { code: &'static str, message: String },
     #[error("sign in first")]
     Unauthenticated,
-    #[error("that email and password do not match an account")]
+    /// One set of words for an unknown address, a wrong password, a disabled account and a
+    /// sign-up not confirmed yet (whose account does not exist until it is), so sign-in
+    /// tells none of them apart.
+    #[error(
+        "that email and password do not match an account (after signing up, follow the link \
+         mailed to you first)"
+    )]
     InvalidCredentials,
     #[error("{0}")]
     Forbidden(&'static str),
@@ -88,6 +94,43 @@ impl AppError {
         };
         AppError::Rejected {
             status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// An outside system (GCP, Cloudflare) failed part way (502): nothing more was recorded,
+    /// and the same action run again carries on.
+    pub fn provider_failed(message: impl Into<String>) -> Self {
+        AppError::Host {
+            status: StatusCode::BAD_GATEWAY,
+            code: "provider_failed",
+            message: message.into(),
+        }
+    }
+
+    /// What this caller may never have (403), with the code that names why.
+    pub fn refused(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Rejected {
+            status: StatusCode::FORBIDDEN,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// What needs paying for first (402), with the code that names it.
+    pub fn payment_required(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Rejected {
+            status: StatusCode::PAYMENT_REQUIRED,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// A service this needs is not there (503): no mail to confirm a sign-up with.
+    pub fn unavailable(code: &'static str, message: impl Into<String>) -> Self {
+        AppError::Rejected {
+            status: StatusCode::SERVICE_UNAVAILABLE,
             code,
             message: message.into(),
         }
@@ -231,6 +274,16 @@ impl IntoResponse for AppError {
                 .insert(axum::http::header::RETRY_AFTER, secs.into());
         }
         response
+    }
+}
+
+/// The status a delete answers with, on the API and the pages alike: 200 once the host
+/// confirmed, 202 while the delete is only requested (G). Here with the other mappings of
+/// an outcome to HTTP, so the rules (`app`) never name a status.
+pub fn deletion_status(d: &byo_wire::vm::InstanceDeletion) -> StatusCode {
+    match d.state {
+        byo_wire::vm::DeletionState::Deleted => StatusCode::OK,
+        byo_wire::vm::DeletionState::Requested => StatusCode::ACCEPTED,
     }
 }
 

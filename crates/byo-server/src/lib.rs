@@ -74,6 +74,15 @@ pub async fn serve(
     let jobs =
         app::jobs::JobDriver::new(state.clone(), app::jobs::registry()).spawn(stop_rx.clone());
     tracing::info!(addr = %listener.local_addr()?, backend = %state.store.backend(), "serving");
+    if state.config.allow_signup
+        && !state.config.signup_without_mail
+        && !state.notifier.sends_email()
+    {
+        tracing::warn!(
+            "sign-up is open but refused: it confirms each address by mail and [notices] \
+             smtp_url is not set (set it, or allow_signup = false)"
+        );
+    }
     let store = state.store.clone();
     let limits = state.config.listener;
     byo_listen::serve(listener, router(state), limits, async move {

@@ -34,11 +34,13 @@ use crate::error::AppError;
 pub const LIMITED: &[(&str, &str)] = &[
     ("POST", "/api/auth/login"),
     ("POST", "/api/auth/signup"),
+    ("POST", "/api/auth/signup/confirm"),
     ("PUT", "/api/me/password"),
     ("POST", "/api/enroll"),
     ("POST", "/api/relay/secrets"),
     ("POST", "/login"),
     ("POST", "/signup"),
+    ("POST", "/signup/confirm"),
 ];
 
 /// How long a good sign-in makes its source known to the account.

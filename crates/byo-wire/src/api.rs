@@ -60,6 +60,20 @@ impl std::fmt::Debug for SignupRequest {
     }
 }
 
+/// The link a sign-up mailed (its `token`) and the password chosen at sign-up.
+#[derive(Clone, Deserialize, Serialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ConfirmSignup {
+    pub token: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for ConfirmSignup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConfirmSignup { <redacted> }")
+    }
+}
+
 /// What sign-up answers, the same for a new address and one that had an account.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -244,6 +258,14 @@ impl crate::limits::Bounded for LoginRequest {
     fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
         use crate::limits::{EMAIL, PASSWORD, text};
         text("email", &self.email, EMAIL)?;
+        text("password", &self.password, PASSWORD)
+    }
+}
+
+impl crate::limits::Bounded for ConfirmSignup {
+    fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        use crate::limits::{PASSWORD, SHORT, text};
+        text("token", &self.token, SHORT)?;
         text("password", &self.password, PASSWORD)
     }
 }

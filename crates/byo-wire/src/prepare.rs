@@ -28,6 +28,32 @@ pub enum StepState {
     Failed,
 }
 
+impl StepState {
+    /// The state as the wire and the pages name it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StepState::Checking => "checking",
+            StepState::Satisfied => "satisfied",
+            StepState::Applying => "applying",
+            StepState::Applied => "applied",
+            StepState::Skipped => "skipped",
+            StepState::Failed => "failed",
+        }
+    }
+}
+
+impl PrepareState {
+    /// A step that stopped preparation.
+    pub fn failed(&self) -> bool {
+        self.state == StepState::Failed
+    }
+
+    /// When it was reported, as the wire wrote it (RFC 3339, `Z`).
+    pub fn at_text(&self) -> String {
+        self.at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+    }
+}
+
 /// host-report: the agent's progress after each prepare step (C), with the node it is
 /// about: node 0 lands on `hosts.prepare_state`, a satellite on its `host_nodes` row.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -63,6 +63,65 @@ text_enum! {
     }
 }
 
+/// Where an instance is in its life, judged once from its four facts — its status,
+/// `creation_failed_at`, `delete_requested_at`, `deleted_at` — for every page, answer and job
+/// that asks (issue #37, 2). A confirmed delete wins over everything, a create that never
+/// completed over a delete asked, and a delete asked (not yet confirmed) over the status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InstancePhase {
+    Creating,
+    Running,
+    Stopped,
+    /// Asked to go, not yet confirmed gone by its host: still billed, still on its host (G).
+    Deleting,
+    Deleted,
+    /// A create that never completed: never billed.
+    NeverCreated,
+}
+
+impl InstancePhase {
+    pub fn of(
+        status: VmStatus,
+        creation_failed: bool,
+        delete_requested: bool,
+        deleted: bool,
+    ) -> InstancePhase {
+        if deleted {
+            InstancePhase::Deleted
+        } else if creation_failed {
+            InstancePhase::NeverCreated
+        } else if delete_requested {
+            InstancePhase::Deleting
+        } else {
+            match status {
+                VmStatus::Creating => InstancePhase::Creating,
+                VmStatus::Running => InstancePhase::Running,
+                VmStatus::Stopped => InstancePhase::Stopped,
+                VmStatus::Failed => InstancePhase::NeverCreated,
+                VmStatus::Deleted => InstancePhase::Deleted,
+            }
+        }
+    }
+
+    /// Billed and holding its host: neither confirmed deleted nor a create that never was
+    /// (by their facts; a status alone closes nothing).
+    pub fn is_live(self) -> bool {
+        !matches!(self, InstancePhase::Deleted | InstancePhase::NeverCreated)
+    }
+
+    /// The word the CLI and the API's readers use.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstancePhase::Creating => "creating",
+            InstancePhase::Running => "running",
+            InstancePhase::Stopped => "stopped",
+            InstancePhase::Deleting => "deleting",
+            InstancePhase::Deleted => "deleted",
+            InstancePhase::NeverCreated => "failed",
+        }
+    }
+}
+
 impl VmStatus {
     /// Running or stopped: what start, stop and reboot act on.
     pub fn is_powered_state(self) -> bool {
@@ -147,6 +206,29 @@ text_enum! {
 
 #[cfg(test)]
 mod tests {
+    /// A confirmed delete wins over everything, a create that never was over a delete asked,
+    /// a delete asked over the status; only the first two close an instance.
+    #[test]
+    fn an_instances_phase_is_judged_from_its_four_facts_in_one_order() {
+        use InstancePhase::*;
+        let of = InstancePhase::of;
+        assert_eq!(of(VmStatus::Running, false, false, false), Running);
+        assert_eq!(of(VmStatus::Stopped, false, false, false), Stopped);
+        assert_eq!(of(VmStatus::Creating, false, false, false), Creating);
+        assert_eq!(of(VmStatus::Running, false, true, false), Deleting);
+        assert_eq!(of(VmStatus::Running, false, true, true), Deleted);
+        assert_eq!(of(VmStatus::Failed, true, true, false), NeverCreated);
+        assert_eq!(of(VmStatus::Deleted, true, true, true), Deleted);
+        for live in [Creating, Running, Stopped, Deleting] {
+            assert!(live.is_live(), "{live:?}");
+        }
+        for closed in [Deleted, NeverCreated] {
+            assert!(!closed.is_live(), "{closed:?}");
+        }
+        assert_eq!(Deleting.as_str(), "deleting");
+        assert_eq!(NeverCreated.as_str(), "failed");
+    }
+
     use super::*;
 
     #[test]

@@ -83,16 +83,6 @@ pub struct SatelliteRebooting {
     pub error: Option<String>,
 }
 
-/// One instance as the agent sees it (`GET /v1/vms`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VmStatus {
-    pub name: String,
-    /// LXD's status: Running, Stopped, …
-    pub status: String,
-    #[serde(default)]
-    pub ssh_port: Option<u16>,
-}
-
 /// The state of one subsystem in the heartbeat.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -181,7 +171,7 @@ pub struct OperatorLogin {
 /// host that drifted, so it can still be seen and put right.
 pub const MAX_HELD_VMS: usize = 64;
 
-/// One instance a host holds, in the heartbeat.
+/// One instance a host holds: in the heartbeat, and as the agent lists it (`GET /v1/vms`).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -259,6 +249,18 @@ pub struct InstanceView {
     pub delete_requested_at: Option<DateTime<Utc>>,
     /// When the container was confirmed gone: billing stops here.
     pub deleted_at: Option<DateTime<Utc>>,
+}
+
+impl InstanceView {
+    /// Where it is in its life ([`crate::states::InstancePhase`]).
+    pub fn phase(&self) -> crate::states::InstancePhase {
+        crate::states::InstancePhase::of(
+            self.status,
+            self.creation_failed_at.is_some(),
+            self.delete_requested_at.is_some(),
+            self.deleted_at.is_some(),
+        )
+    }
 }
 
 /// The answer to a create that the host accepted. The two checks are reported, never fatal.

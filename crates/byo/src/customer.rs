@@ -691,9 +691,5 @@ fn instance_detail(v: &InstanceView) -> String {
 
 /// The status as the page words it: a delete asked and not yet confirmed says so.
 fn phase(v: &InstanceView) -> String {
-    if v.delete_requested_at.is_some() && v.deleted_at.is_none() {
-        "deleting".to_owned()
-    } else {
-        v.status.to_string()
-    }
+    v.phase().as_str().to_owned()
 }

@@ -19,10 +19,12 @@ use ssh_key::PublicKey;
 
 #[derive(Debug, clap::Args)]
 pub struct SignArgs {
-    /// The control plane's URL.
+    /// The control plane's URL: the one `byo up` printed (with `--listen 10.231.0.1:8080`,
+    /// http://10.231.0.1:8080).
     #[arg(long, env = "BYO_SERVER", default_value = "http://localhost:8080")]
     pub server: String,
     /// Your account (a superadmin: publishing takes a superadmin session and the signing key).
+    /// Its password comes from BYO_PASSWORD, else it is asked on the terminal.
     #[arg(long, env = "BYO_EMAIL")]
     pub email: String,
     /// Read the signing key's private half from the clipboard (wl-paste, xclip or xsel)
@@ -334,23 +336,7 @@ fn confirm(question: &str) -> anyhow::Result<bool> {
 
 pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
     let base = args.server.trim_end_matches('/').to_owned();
-    let client = reqwest::Client::builder().cookie_store(true).build()?;
-    let password = match std::env::var("BYO_PASSWORD") {
-        Ok(p) => p,
-        Err(_) => rpassword::prompt_password(format!("Password for {}: ", args.email))?,
-    };
-    let login = client
-        .post(format!("{base}/api/auth/login"))
-        .json(&serde_json::json!({"email": args.email, "password": password}))
-        .send()
-        .await
-        .with_context(|| format!("reaching {base}"))?;
-    if !login.status().is_success() {
-        bail!(
-            "signing in failed: {}",
-            login.text().await.unwrap_or_default()
-        );
-    }
+    let client = crate::release::signed_in(&base, &args.email).await?;
     let view: OperatorKeysView = client
         .get(format!("{base}/api/admin/operator-keys"))
         .send()

@@ -143,7 +143,9 @@ pub async fn signed_in(base: &str, email: &str) -> anyhow::Result<reqwest::Clien
     let client = reqwest::Client::builder().cookie_store(true).build()?;
     let password = match std::env::var("BYO_PASSWORD") {
         Ok(p) => p,
-        Err(_) => rpassword::prompt_password(format!("Password for {email}: "))?,
+        Err(_) => rpassword::prompt_password(format!("Password for {email}: ")).context(
+            "asking for the password on the terminal; where there is none, set BYO_PASSWORD",
+        )?,
     };
     let login = client
         .post(format!("{base}/api/auth/login"))

@@ -368,6 +368,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         loopback_origins: byo_server::config::loopback_origins(addr),
         // Its hosts are test hosts (linux-test): customers who sign up here rent them too.
         test_hosts_for_everyone: true,
+        signup_without_mail: true,
         ..Config::default()
     };
     config.operator_keys.signing_keys = vec![signing_public];

@@ -9,11 +9,13 @@ use byo_db::enrollments::NewEnrollment;
 use byo_db::hosts::{NewHost, NewHostNode};
 use byo_db::operator_keys::KeyChange;
 use byo_db::provisioning::{RedeemDecision, RedeemNode, Redeemed};
+use byo_db::signups::SignupRow;
 use byo_db::testing::{self, TestDb};
 use byo_db::users::NewUser;
 use byo_db::vms::{HostBenchRow, NewVm, PlacementScore};
 use byo_db::{DbError, GuardedWrite, Store};
 use byo_wire::Role;
+use byo_wire::prepare::{PrepareState, StepState};
 use chrono::{DateTime, Duration, DurationRound, TimeDelta, Utc};
 use serde_json::json;
 
@@ -51,6 +53,7 @@ conformance!(
     a_the_relay_ca_is_made_once_and_the_first_insert_wins,
     e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an_operator_clears_it,
     sessions_expire_and_end,
+    a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed,
     email_is_unique,
     no_table_holds_a_plaintext_token,
     m10_changes_before_a_signature_add_up_in_one_draft,
@@ -678,6 +681,74 @@ async fn email_is_unique(db: TestDb) {
     assert_eq!(db.users_overview().await.unwrap().len(), 1);
 }
 
+/// Issue #36 (8): a sign-up is read by its token only while it lives; confirming forgets
+/// every sign-up of the address and no other; the purge takes what expired, and counts it.
+async fn a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed(db: TestDb) {
+    let start = now();
+    let waiting = |email: &str, hours: i64| SignupRow {
+        email: email.to_owned(),
+        display_name: "Ana".to_owned(),
+        password_hash: "$argon2id$v=19$m=256,t=1,p=1$c2FsdHNhbHQ$aGFzaA".to_owned(),
+        created_at: start,
+        expires_at: start + Duration::hours(hours),
+    };
+    let (a1, a2, b1) = (
+        SecretToken::generate(TokenKind::SignupConfirm),
+        SecretToken::generate(TokenKind::SignupConfirm),
+        SecretToken::generate(TokenKind::SignupConfirm),
+    );
+    db.create_signup(&a1.hash(), &waiting("a@example.com", 24))
+        .await
+        .unwrap();
+    db.create_signup(&a2.hash(), &waiting("a@example.com", 1))
+        .await
+        .unwrap();
+    db.create_signup(&b1.hash(), &waiting("b@example.com", 24))
+        .await
+        .unwrap();
+    assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 2);
+    assert_eq!(db.signups_waiting("c@example.com").await.unwrap(), 0);
+    let read = db
+        .signup_by_token(&a1.hash(), start)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        (read.email.as_str(), read.display_name.as_str()),
+        ("a@example.com", "Ana")
+    );
+    // Expired is as unknown.
+    let later = start + Duration::hours(2);
+    assert!(
+        db.signup_by_token(&a2.hash(), later)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let unknown = SecretToken::generate(TokenKind::SignupConfirm);
+    assert!(
+        db.signup_by_token(&unknown.hash(), start)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // An expiry not after the sign-up is refused by the schema.
+    let mut backwards = waiting("c@example.com", 1);
+    backwards.expires_at = start;
+    assert!(db.create_signup(&unknown.hash(), &backwards).await.is_err());
+    assert_eq!(db.purge_expired_signups(later).await.unwrap(), 1);
+    assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 1);
+    assert_eq!(db.delete_signups_of("a@example.com").await.unwrap(), 1);
+    assert_eq!(db.signups_waiting("a@example.com").await.unwrap(), 0);
+    assert!(
+        db.signup_by_token(&a1.hash(), start)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    assert_eq!(db.signups_waiting("b@example.com").await.unwrap(), 1);
+}
+
 async fn no_table_holds_a_plaintext_token(db: TestDb) {
     let owner = user(&db, "owner@example.com").await;
     let session = SecretToken::generate(TokenKind::Session);
@@ -851,14 +922,15 @@ async fn fleet_read_gauges_and_stopped_hosts(db: TestDb) {
         .await
         .unwrap();
     let since = t - TimeDelta::hours(24);
-    let found: Vec<String> = db
-        .stopped_and_silent(reason, since, 10)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|c| c.host.id)
-        .collect();
-    assert_eq!(found, std::slice::from_ref(&quiet));
+    let found = || async {
+        db.stopped_and_silent(reason, since, 10)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|c| c.host.id)
+            .collect::<Vec<String>>()
+    };
+    assert_eq!(found().await, std::slice::from_ref(&quiet));
     assert!(
         db.stopped_and_silent("another reason", since, 10)
             .await
@@ -872,6 +944,11 @@ async fn fleet_read_gauges_and_stopped_hosts(db: TestDb) {
             .is_empty(),
         "silent, but not yet past the bound"
     );
+    // The agent said it was uninstalled: a candidate at once, beating a moment ago or not;
+    // stamped once.
+    assert!(db.mark_uninstalled(&beating, t).await.unwrap());
+    assert!(!db.mark_uninstalled(&beating, t).await.unwrap(), "once");
+    assert_eq!(found().await, [quiet.clone(), beating.clone()]);
 
     db.record_key_push(&beating, Err("sshd refused it"), t)
         .await
@@ -2068,7 +2145,15 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         .await
         .unwrap();
     let (t1, t2) = (now(), now() + Duration::seconds(5));
-    let running = json!({"state": "running", "step": "lxd"});
+    let step = |step: &str, state: StepState, at: DateTime<Utc>| PrepareState {
+        step: step.to_owned(),
+        state,
+        attempt: 1,
+        error: None,
+        is_final: false,
+        at,
+    };
+    let running = step("lxd", StepState::Applying, t1);
     assert!(
         store
             .record_prepare_state(&a, 0, &running, false, t1)
@@ -2080,7 +2165,10 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         (row.prepare_state.map(|s| s.0), row.prepared_at),
         (Some(running.clone()), None)
     );
-    let done = json!({"state": "done"});
+    let done = PrepareState {
+        is_final: true,
+        ..step("self-check", StepState::Satisfied, t1)
+    };
     for at in [t1, t2] {
         assert!(
             store
@@ -2095,7 +2183,7 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         (Some(done.clone()), Some(t1))
     );
     // A satellite's on its node row; the host's row is left as it was.
-    let node1 = json!({"state": "running", "step": "rail-network"});
+    let node1 = step("rail-network", StepState::Applying, t2);
     assert!(
         store
             .record_prepare_state(&a, 1, &node1, false, t2)

@@ -4,7 +4,9 @@
 use std::net::IpAddr;
 
 use axum_extra::extract::cookie::Cookie;
+use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::DbError;
+use byo_db::signups::SignupRow;
 use byo_db::users::{NewUser, UserRow};
 use byo_wire::Role;
 use byo_wire::api::UserView;
@@ -215,34 +217,72 @@ pub async fn create_superadmin(
     Ok(user)
 }
 
-/// What sign-up answers, whether the address was new or already had an account: the same
-/// words, status and work (the password is hashed either way), and no session, so sign-up
-/// tells no one which addresses have accounts (docs/security.md).
+/// What sign-up answers under `byo up` (`Config::signup_without_mail`), whether the
+/// address was new or already had an account: the same words, status and work (the
+/// password is hashed either way), and no session, so sign-up tells no one which
+/// addresses have accounts (docs/security.md).
 pub const SIGNED_UP: &str = "If this address had no account, it has one now: sign in with it \
      and the password you chose. If it already had one, nothing changed: sign in with that \
      account's password.";
 
-/// Whether sign-up made an account; only the server's log and audit know.
+/// What sign-up answers everywhere else: a mail went to the address either way (issue #36).
+pub const CHECK_YOUR_MAIL: &str = "Check your mail: a message is on its way to that address. \
+     If the address had no account, the message holds a link that makes one with the password \
+     you chose (the link is good for 24 hours). If it already had one, the message says so \
+     and nothing changed.";
+
+/// How long a mailed sign-up link makes an account.
+pub const SIGNUP_LINK_HOURS: i64 = 24;
+
+/// What sign-up said, for this installation.
+pub fn signed_up_message(state: &AppState) -> &'static str {
+    if state.config.signup_without_mail {
+        SIGNED_UP
+    } else {
+        CHECK_YOUR_MAIL
+    }
+}
+
+/// What sign-up did; only the server's log, audit and the mailbox know.
 #[derive(Debug)]
 pub enum SignUp {
+    /// Made at once (`byo up`).
     Created(UserRow),
-    /// The address already had an account; it is untouched.
+    /// A link that makes the account was mailed to the address.
+    Mailed,
+    /// The address already had an account; it is untouched (and, where mail confirms
+    /// sign-ups, its owner was mailed a note saying someone tried).
     Existing,
 }
 
-/// Sign-up, when it is open: the account, checked as [`create_account`] checks it. An
-/// address that already has an account is not an error the caller hears about.
+/// Whether anyone may sign up here: sign-up is open, and there is mail to confirm an
+/// address with (or `byo up`, which needs none).
+pub fn signup_open(state: &AppState) -> AppResult<()> {
+    if !state.config.allow_signup {
+        return Err(AppError::Forbidden(
+            "sign-up is closed on this installation",
+        ));
+    }
+    if !state.config.signup_without_mail && !state.notifier.sends_email() {
+        return Err(AppError::unavailable(
+            "signup_needs_mail",
+            "sign-up confirms each address by mail, and this installation has no mail set up \
+             ([notices] smtp_url): ask its operator for an account",
+        ));
+    }
+    Ok(())
+}
+
+/// Sign-up, when it is open. Where mail confirms addresses (everywhere but `byo up`) the
+/// account is not made here: a link is mailed, and [`confirm_sign_up`] makes it. An address
+/// that already has an account is not an error the caller hears about.
 pub async fn sign_up(
     state: &AppState,
     email: &str,
     password: &str,
     display_name: &str,
 ) -> AppResult<SignUp> {
-    if !state.config.allow_signup {
-        return Err(AppError::Forbidden(
-            "sign-up is closed on this installation",
-        ));
-    }
+    signup_open(state)?;
     let normalized = check_display_name(display_name)?;
     if reads_as_reserved(&normalized) {
         return Err(AppError::bad_request(
@@ -250,26 +290,151 @@ pub async fn sign_up(
             "that display name is kept for the installation's own accounts",
         ));
     }
-    match create_account(state, email, password, display_name).await {
-        Ok(user) => {
-            state
-                .store
-                .audit(
-                    Some(&user.sub),
-                    "user.signup",
-                    Some(&user.sub),
-                    json!({}),
-                    state.clock.now(),
-                )
-                .await?;
-            Ok(SignUp::Created(user))
-        }
-        Err(AppError::Conflict {
-            code: "email_taken",
-            ..
-        }) => Ok(SignUp::Existing),
-        Err(e) => Err(e),
+    if state.config.signup_without_mail {
+        return match create_account(state, email, password, display_name).await {
+            Ok(user) => {
+                audit_signup(state, &user).await?;
+                Ok(SignUp::Created(user))
+            }
+            Err(AppError::Conflict {
+                code: "email_taken",
+                ..
+            }) => Ok(SignUp::Existing),
+            Err(e) => Err(e),
+        };
     }
+    let email = check_new_email(email)?;
+    let display_name = normalized;
+    check_password(password, &[&email, &display_name])?;
+    // Hashed either way, so a taken address costs what a new one does.
+    let password_hash = state.passwords.hash(password.to_owned()).await?;
+    let now = state.clock.now();
+    let sign_in = public_link(state, "/login");
+    let (subject, body, done) = if state.store.user_by_email(&email).await?.is_some() {
+        let body = format!(
+            "Someone, perhaps you, tried to create an account at {site} with this address.\n\n\
+             It already has one, and nothing about it changed. To use it, sign in at\n{sign_in}\n\n\
+             If it was not you, you need do nothing.\n",
+            site = public_link(state, ""),
+        );
+        ("Your account already exists", body, SignUp::Existing)
+    } else {
+        let token = SecretToken::generate(TokenKind::SignupConfirm);
+        let row = SignupRow {
+            email: email.clone(),
+            display_name,
+            password_hash,
+            created_at: now,
+            expires_at: now + chrono::Duration::hours(SIGNUP_LINK_HOURS),
+        };
+        state.store.create_signup(&token.hash(), &row).await?;
+        let link = public_link(state, &format!("/signup/confirm?token={}", token.expose()));
+        let body = format!(
+            "To make your account at {site}, open this link and give the password you chose\n\
+             when you signed up:\n\n{link}\n\n\
+             The link is good for {SIGNUP_LINK_HOURS} hours and makes one account. If you did not sign up,\n\
+             you need do nothing: without that password no account is made with this address.\n",
+            site = public_link(state, ""),
+        );
+        ("Confirm your address", body, SignUp::Mailed)
+    };
+    if let Err(e) = state.notifier.mail(&email, subject, &body, None).await {
+        tracing::warn!(error = %e.error, permanent = e.permanent, "sign-up's mail was not sent");
+        return Err(if e.permanent {
+            AppError::bad_request(
+                "mail_refused",
+                "mail to that address was refused: check the address and sign up again",
+            )
+        } else {
+            AppError::unavailable(
+                "mail_unavailable",
+                "the mail could not be sent just now: sign up again in a few minutes",
+            )
+        });
+    }
+    let outcome = match done {
+        SignUp::Mailed => "a link that makes the account",
+        _ => "a note to the account's owner",
+    };
+    tracing::info!(outcome, "sign-up mailed");
+    Ok(done)
+}
+
+/// An address on this installation's public URL, for a mail.
+fn public_link(state: &AppState, path: &str) -> String {
+    format!("{}{path}", state.config.public_url.trim_end_matches('/'))
+}
+
+async fn audit_signup(state: &AppState, user: &UserRow) -> AppResult<()> {
+    state
+        .store
+        .audit(
+            Some(&user.sub),
+            "user.signup",
+            Some(&user.sub),
+            json!({}),
+            state.clock.now(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// Make the account a mailed link stands for (issue #36), given the password chosen at
+/// sign-up: whoever reads the mailbox proves the address, and the password proves they are
+/// who signed up, so a stranger's sign-up with someone's address never becomes an account
+/// with the stranger's password. Every waiting sign-up of the address is then forgotten.
+pub async fn confirm_sign_up(
+    state: &AppState,
+    token: &str,
+    password: &str,
+    source: IpAddr,
+) -> AppResult<UserRow> {
+    let expired = || {
+        AppError::bad_request(
+            "link_expired",
+            "this link has expired or was already used: sign in if you confirmed it already, \
+             or sign up again for a new one",
+        )
+    };
+    let Ok(token) = SecretToken::parse(TokenKind::SignupConfirm, token.trim()) else {
+        return Err(expired());
+    };
+    let now = state.clock.now();
+    let Some(waiting) = state.store.signup_by_token(&token.hash(), now).await? else {
+        return Err(expired());
+    };
+    state.rate_limits.account(&waiting.email, source, now)?;
+    let ok = password.len() <= MAX_PASSWORD_BYTES
+        && state
+            .passwords
+            .verify(Some(waiting.password_hash.clone()), password.to_owned())
+            .await?;
+    if !ok {
+        return Err(AppError::bad_request(
+            "wrong_password",
+            "that is not the password chosen at sign-up; the account is made only with that one",
+        ));
+    }
+    let new = NewUser {
+        email: &waiting.email,
+        display_name: &waiting.display_name,
+        password_hash: &waiting.password_hash,
+    };
+    let made = state.store.create_user(new, now).await;
+    state.store.delete_signups_of(&waiting.email).await?;
+    let user = match made {
+        Ok(user) => user,
+        Err(DbError::Conflict(_)) => {
+            return Err(AppError::conflict(
+                "email_taken",
+                "this address has an account already: sign in with it",
+            ));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    state.rate_limits.signed_in(&waiting.email, source, now);
+    state.rate_limits.signed_in(&user.sub, source, now);
+    Ok(user)
 }
 
 /// Record how `user` signed in (`user.signup`, `user.login`) and open their session.

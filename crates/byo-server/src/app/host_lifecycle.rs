@@ -6,9 +6,8 @@
 //! running the action again resumes it. `docs/lifecycle.md` has each order, what a failure
 //! at each point leaves, and every refusal with its test.
 
-use axum::http::StatusCode;
-use byo_db::DbError;
 use byo_db::lifecycle::HostLifecycleRow;
+use byo_db::{DbError, GuardedWrite};
 use byo_wire::lifecycle::{Drain, HostProgress, RelayReplaced};
 use byo_wire::states::{RelayState, RevokeStep, VmStatus};
 use byo_wire::vm::DeletionState;
@@ -28,7 +27,7 @@ pub const REASON_MAX_CHARS: usize = 500;
 
 /// The reason a revoke and a stop-hosting record when they de-pool.
 const REVOKE_REASON: &str = "revoked by an operator";
-pub(crate) const STOP_REASON: &str = "the owner stopped hosting";
+pub const STOP_REASON: &str = "the owner stopped hosting";
 
 async fn lifecycle_row(state: &AppState, host_id: &str) -> AppResult<HostLifecycleRow> {
     state
@@ -51,11 +50,9 @@ fn refuse_retired(h: &HostLifecycleRow) -> AppResult<()> {
 /// An outside system (GCP, Cloudflare) failed part way: nothing more was recorded, and the
 /// same action run again carries on.
 fn provider_failed(what: &str, e: impl std::fmt::Display) -> AppError {
-    AppError::Host {
-        status: StatusCode::BAD_GATEWAY,
-        code: "provider_failed",
-        message: format!("{what}: {e}; run it again to carry on from where it stopped"),
-    }
+    AppError::provider_failed(format!(
+        "{what}: {e}; run it again to carry on from where it stopped"
+    ))
 }
 
 /// De-pool (issue #12, 1): take a host out of placement with a reason. Its instance stays
@@ -282,6 +279,56 @@ pub async fn stop_hosting(
         drain: drained,
         message,
     })
+}
+
+/// The host's agent finished `byo-agent uninstall` (issue #39, 3) and says so with the host
+/// token it still held. The machine is its owner's again and holds nothing of ours, so the
+/// host is stopped as its owner's stop-hosting stops it (if it was not already), the
+/// instances still live on it end now — the uninstall deleted their containers, and this
+/// is the host's confirmation, billing stops here — and `uninstalled_at` is stamped, so
+/// `retire-stopped` retires it at its next run (N's order) rather than after a silent day.
+/// Said again (an uninstall run twice), it changes nothing.
+pub async fn host_uninstalled(
+    state: &AppState,
+    token: &byo_core::tokens::SecretToken,
+) -> AppResult<crate::app::host_report::HostCall> {
+    use crate::app::host_report::HostCall;
+    let Some(host_id) = state.store.host_id_by_token(&token.hash()).await? else {
+        return Ok(HostCall::InvalidToken);
+    };
+    let Some(h) = state.store.host_lifecycle(&host_id).await? else {
+        return Ok(HostCall::InvalidToken);
+    };
+    let now = state.clock.now();
+    if h.active
+        || h.depool_reason.as_deref() != Some(STOP_REASON)
+        || h.depooled_by.as_deref() != Some(h.owner_sub.as_str())
+    {
+        state
+            .store
+            .depool_host(&host_id, STOP_REASON, &h.owner_sub, now)
+            .await?;
+    }
+    let mut ended = Vec::new();
+    for vm in state.store.live_vms_of_host(&host_id).await? {
+        state.store.request_vm_delete(&vm.id, now).await?;
+        if state.store.confirm_vm_deleted(&vm.id, now).await? == GuardedWrite::Written {
+            ended.push(vm.name);
+        }
+    }
+    if state.store.mark_uninstalled(&host_id, now).await? || !ended.is_empty() {
+        state
+            .store
+            .audit(
+                None,
+                "host.uninstalled",
+                Some(&host_id),
+                json!({"slug": h.slug, "was_active": h.active, "instances_ended": ended}),
+                now,
+            )
+            .await?;
+    }
+    Ok(HostCall::Recorded)
 }
 
 /// The owner cancels their own pending allocation (issue #39, A.4: "an owner who clicks and

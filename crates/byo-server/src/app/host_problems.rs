@@ -59,9 +59,9 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         _ => {}
     }
     if let Some(p) = &host.prepare_state
-        && p.0["state"].as_str() == Some("failed")
+        && p.0.failed()
     {
-        let step = p.0["step"].as_str().unwrap_or("?");
+        let step = p.0.step.as_str();
         if serving {
             // A failed step on a host that completed preparation is the deliberate run's
             // (L): reported and left, the host still serving, nothing rolled back.
@@ -69,7 +69,7 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
                 "re-prepare failed",
                 format!(
                     "at {step}: {}",
-                    p.0["error"].as_str().unwrap_or("no reason given")
+                    p.0.error.as_deref().unwrap_or("no reason given")
                 ),
             );
         } else {
@@ -123,7 +123,7 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         }
     }
     for v in seen.vms {
-        if v.deleted_at.is_none() && v.delete_requested_at.is_some() {
+        if v.phase() == byo_wire::states::InstancePhase::Deleting {
             add(
                 "stuck delete",
                 format!(

@@ -29,11 +29,16 @@ pub async fn record(
     let report = report.map_err(|why| AppError::bad_request("invalid_report", why))?;
     let node = i32::try_from(report.node)
         .map_err(|_| AppError::bad_request("invalid_report", "no such node"))?;
-    let value = serde_json::to_value(&report.state).map_err(anyhow::Error::from)?;
     let now = state.clock.now();
     if !state
         .store
-        .record_prepare_state(&host_id, node, &value, report.completed && node == 0, now)
+        .record_prepare_state(
+            &host_id,
+            node,
+            &report.state,
+            report.completed && node == 0,
+            now,
+        )
         .await?
     {
         return Err(AppError::bad_request(

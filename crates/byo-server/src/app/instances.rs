@@ -18,13 +18,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::http::StatusCode;
 use byo_db::DbError;
 use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{HostPick, NewVm, VmRow};
 use byo_wire::Role;
-use byo_wire::states::VmStatus;
+use byo_wire::states::{InstancePhase, VmStatus};
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
     InstanceView, VmAction, VmCreated,
@@ -75,12 +74,15 @@ pub async fn views(state: &AppState, rows: &[VmRow]) -> AppResult<Vec<InstanceVi
 }
 
 /// The line a customer logs in with: the instance's name where DNS is published, else its
-/// host's relay address.
+/// host's relay address under the instance's own `HostKeyAlias`. Every instance on a host
+/// shares that address and each has its own host key, so without the alias ssh would take
+/// the second instance (or the next one after a delete) for an impostor of the first and
+/// refuse it (issue #42, 4); with it, each instance's key is known under its own name.
 pub fn ssh_command(state: &AppState, row: &VmRow, relay_address: Option<&str>) -> Option<String> {
     if state.tunnels.publishes_dns() {
         row.ssh_hostname.as_deref().map(|h| format!("ssh root@{h}"))
     } else {
-        relay_address.map(|a| format!("ssh root@{a}"))
+        relay_address.map(|a| format!("ssh -o HostKeyAlias=byo-{} root@{a}", row.id))
     }
 }
 
@@ -171,13 +173,10 @@ pub async fn check_may_rent(state: &AppState, roles: &[Role], gpu_type: &str) ->
         .any(|r| matches!(r, Role::Operator | Role::Superadmin))
         || state.config.test_hosts_for_everyone;
     if !staff && state.store.gpu_type_staff_only(gpu_type).await? {
-        return Err(AppError::Rejected {
-            status: StatusCode::FORBIDDEN,
-            code: "staff_only",
-            message: format!(
-                "{gpu_type} is for Enverge staff only; nothing was created, queued or booked"
-            ),
-        });
+        return Err(AppError::refused(
+            "staff_only",
+            format!("{gpu_type} is for Enverge staff only; nothing was created, queued or booked"),
+        ));
     }
     Ok(())
 }
@@ -193,14 +192,13 @@ pub async fn check_may_charge(state: &AppState, user_sub: &str) -> AppResult<()>
     }
     match state.billing.may_charge(user_sub).await? {
         Charge::Allowed => Ok(()),
-        Charge::Refused { reason } => Err(AppError::Rejected {
-            status: StatusCode::PAYMENT_REQUIRED,
-            code: PAYMENT_REQUIRED,
-            message: format!(
+        Charge::Refused { reason } => Err(AppError::payment_required(
+            PAYMENT_REQUIRED,
+            format!(
                 "{reason}. Nothing was created, queued or booked: add a payment method on the \
                  Billing page (/billing), then try again"
             ),
-        }),
+        )),
     }
 }
 
@@ -258,13 +256,10 @@ pub async fn create(
         let placed = tokio::spawn(async move { place(&task_state, request, candidates).await })
             .await
             .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?;
-        match placed {
-            Ok(created) => return Ok(CreateOutcome::Created(Box::new(created))),
-            Err(AppError::Conflict {
-                code: "no_capacity",
-                ..
-            }) => {}
-            Err(e) => return Err(e),
+        match placed? {
+            Placement::Created(created) => return Ok(CreateOutcome::Created(created)),
+            // No host could take it: it waits in the queue instead.
+            Placement::NoCapacity(_) => {}
         }
     }
     let queued = crate::app::queue_drain::enqueue(state, sub, gpu_type, &req.ssh_key_id).await?;
@@ -318,9 +313,24 @@ pub(crate) async fn place_booking(
     candidates: Vec<AgentTargetRow>,
 ) -> AppResult<InstanceCreated> {
     let task_state = state.clone();
-    tokio::spawn(async move { place(&task_state, request, candidates).await })
+    let placed = tokio::spawn(async move { place(&task_state, request, candidates).await })
         .await
-        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("the create task failed: {e}")))?;
+    match placed? {
+        Placement::Created(created) => Ok(*created),
+        Placement::NoCapacity(said) => Err(said),
+    }
+}
+
+/// What E1's walk came to, when nothing went wrong on our side.
+pub(crate) enum Placement {
+    /// A host took it.
+    Created(Box<InstanceCreated>),
+    /// No host could take it — none was left to try, or the one tried still held another
+    /// instance — with the words the customer hears (`no_capacity`). A create queues on it;
+    /// a booking's launch waits. A host that refused or could not be reached is not this:
+    /// that is the walk's error, told as it is.
+    NoCapacity(AppError),
 }
 
 /// How one attempt on one host ended.
@@ -331,6 +341,8 @@ pub(crate) enum Attempt {
     /// has `creation_failed_at`, and the next candidate may be tried. The error is what the
     /// customer hears if none is left.
     Failed(AppError),
+    /// As `Failed`, but the host still held another instance: to the customer, no capacity.
+    Occupied(AppError),
     /// The request's deadline ran out with the host silent: it may still be creating, so
     /// the row stays `creating` (its host stays occupied, G.2's bias) and the heartbeat
     /// settles it. No other host is tried: that could make two instances of one request.
@@ -345,9 +357,11 @@ async fn place(
     state: &AppState,
     req: Placing,
     candidates: Vec<AgentTargetRow>,
-) -> AppResult<InstanceCreated> {
+) -> AppResult<Placement> {
     let deadline = tokio::time::Instant::now() + state.waits.create;
-    let mut last = None;
+    // How the last attempt failed: `Ok` a host still holding another instance (no
+    // capacity), `Err` a refusal or no connection (told as it is).
+    let mut last: Option<Result<AppError, AppError>> = None;
     for host in candidates {
         let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
         if remaining.is_zero() {
@@ -420,20 +434,23 @@ async fn place(
         };
         let bench_after = state.config.placement.bench_after_failures;
         match attempt(state, &host, row, request, remaining, bench_after).await? {
-            Attempt::Placed(created) => return Ok(*created),
+            Attempt::Placed(created) => return Ok(Placement::Created(created)),
             Attempt::Silent(e) => return Err(e),
-            Attempt::Failed(e) => last = Some(e),
+            Attempt::Failed(e) => last = Some(Err(e)),
+            Attempt::Occupied(e) => last = Some(Ok(e)),
         }
     }
-    Err(last.unwrap_or_else(|| {
-        AppError::conflict(
+    match last {
+        Some(Err(refused)) => Err(refused),
+        Some(Ok(occupied)) => Ok(Placement::NoCapacity(occupied)),
+        None => Ok(Placement::NoCapacity(AppError::conflict(
             "no_capacity",
             format!(
                 "no {} host is free right now; nothing was created and nothing is billed",
                 req.gpu_type
             ),
-        )
-    }))
+        ))),
+    }
 }
 
 /// What a host answered a create.
@@ -492,9 +509,13 @@ pub(crate) async fn attempt(
             ));
         }
     };
-    Ok(Attempt::Failed(
-        settle_refused(state, host, &row, e, bench_after).await?,
-    ))
+    let occupied = matches!(e, AgentError::Occupied(_));
+    let said = settle_refused(state, host, &row, e, bench_after).await?;
+    Ok(if occupied {
+        Attempt::Occupied(said)
+    } else {
+        Attempt::Failed(said)
+    })
 }
 
 /// A host stayed silent to the deadline: the row stays `creating` for the heartbeat to
@@ -669,15 +690,6 @@ pub async fn get(state: &AppState, user: &CurrentUser, vm_id: &str) -> AppResult
     }
 }
 
-/// The status a delete answers with, on the API and the pages alike: 200 once the host
-/// confirmed, 202 while the delete is only requested (G).
-pub fn deletion_status(d: &InstanceDeletion) -> StatusCode {
-    match d.state {
-        DeletionState::Deleted => StatusCode::OK,
-        DeletionState::Requested => StatusCode::ACCEPTED,
-    }
-}
-
 /// G: the delete every caller uses.
 pub async fn delete(state: &AppState, by: Deleter<'_>, vm_id: &str) -> AppResult<InstanceDeletion> {
     let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
@@ -824,9 +836,7 @@ pub async fn change_power(
     if row.user_sub != by.user.sub {
         return Err(AppError::NotFound);
     }
-    let live = row.status.is_powered_state()
-        && row.delete_requested_at.is_none()
-        && row.deleted_at.is_none();
+    let live = matches!(row.phase(), InstancePhase::Running | InstancePhase::Stopped);
     if !live {
         return Err(AppError::conflict(
             "not_live",
@@ -842,15 +852,14 @@ pub async fn change_power(
         && state.billing.enabled()
         && let Some(invoice) = state.store.declined_unpaid_invoice(&row.user_sub).await?
     {
-        return Err(AppError::Rejected {
-            status: StatusCode::PAYMENT_REQUIRED,
-            code: PAYMENT_REQUIRED,
-            message: format!(
+        return Err(AppError::payment_required(
+            PAYMENT_REQUIRED,
+            format!(
                 "an invoice of {} is unpaid (its payment was declined): pay it from the Billing \
                  page (/billing); instances stopped for it start again by themselves once it is paid",
                 crate::billing::money(i64::from(invoice.amount_cents), &invoice.currency)
             ),
-        });
+        ));
     }
     let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
     // L4.4: on a pair (or a ring) the customer's reboot is the pair's reboot, the same call

@@ -63,9 +63,11 @@ pub fn registry() -> Vec<Job> {
                 let now = state.clock.now();
                 state.rate_limits.tidy(now);
                 let purged = state.store.purge_expired_sessions(now).await?;
+                let signups = state.store.purge_expired_signups(now).await?;
                 let r = super::reap::reap_once(state).await?;
                 Ok(format!(
-                    "released {}, failed {}, {purged} expired sessions purged",
+                    "released {}, failed {}, {purged} expired sessions and {signups} expired \
+                     sign-ups purged",
                     r.released, r.failed
                 ))
             })

@@ -6,9 +6,9 @@
 
 use byo_db::provisioning::EnrollmentView;
 use byo_wire::enroll::OwnerHostView;
+use byo_wire::prepare::PrepareState;
 use byo_wire::states::EnrollmentState;
 use chrono::{DateTime, Utc};
-use serde_json::Value;
 
 use crate::app::host_lifecycle;
 use crate::app::host_report::{Fixer, failure_advice};
@@ -24,7 +24,7 @@ pub struct Onboarding<'a> {
     pub token_expires_at: Option<DateTime<Utc>>,
     pub reject_reason: Option<&'a str>,
     pub prepared_at: Option<DateTime<Utc>>,
-    pub prepare_state: Option<&'a Value>,
+    pub prepare_state: Option<&'a PrepareState>,
     /// `None` once the hosts row is gone (released or rejected).
     pub active: Option<bool>,
 }
@@ -78,21 +78,21 @@ impl<'a> Onboarding<'a> {
 }
 
 /// One prepare_state (`{step, state, attempt, error, final, at}`) as a line.
-pub fn step_line(p: &Value) -> String {
+pub fn step_line(p: &PrepareState) -> String {
     format!(
         "{} {}{}",
-        p["step"].as_str().unwrap_or("?"),
-        p["state"].as_str().unwrap_or("?"),
-        p["error"]
-            .as_str()
+        p.step,
+        p.state.as_str(),
+        p.error
+            .as_deref()
             .map(|e| format!(" ({e})"))
             .unwrap_or_default()
     )
 }
 
 /// Whether a prepare_state is a failed step.
-pub fn step_failed(p: &Value) -> bool {
-    p["state"].as_str() == Some("failed")
+pub fn step_failed(p: &PrepareState) -> bool {
+    p.failed()
 }
 
 /// A failed step in plain words: what is wrong, the usual cause, who fixes it.
@@ -174,7 +174,7 @@ pub async fn mine(state: &AppState, by: &CurrentUser) -> AppResult<Vec<OwnerHost
             last_step: step.map(step_line),
             advice: step
                 .filter(|p| step_failed(p))
-                .map(|p| advice_text(p["step"].as_str().unwrap_or_default())),
+                .map(|p| advice_text(&p.step)),
             prepared_at: e.prepared_at,
             nodes: e.node_count,
             may_stop: after.as_ref().is_some_and(|a| a.may_stop),

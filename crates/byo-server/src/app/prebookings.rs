@@ -61,7 +61,7 @@ pub const OVERVIEW_LIMIT: i64 = 500;
 
 /// Whether an instance row is live: not confirmed deleted, not a failed create.
 fn live(vm: &VmRow) -> bool {
-    vm.deleted_at.is_none() && vm.creation_failed_at.is_none()
+    vm.phase().is_live()
 }
 
 async fn launched_live(state: &AppState, row: &PrebookingRow) -> AppResult<Option<VmRow>> {

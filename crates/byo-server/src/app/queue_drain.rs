@@ -597,8 +597,7 @@ async fn drain_row(
     // created, or failed (try again).
     if let Some(vm_id) = &row.vm_id
         && let Some(vm) = state.store.vm(vm_id).await?
-        && vm.deleted_at.is_none()
-        && vm.creation_failed_at.is_none()
+        && vm.phase().is_live()
     {
         if vm.status == VmStatus::Creating {
             return Ok(RowOutcome::Pending);

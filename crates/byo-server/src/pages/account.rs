@@ -108,7 +108,7 @@ fn tokens_table(tokens: &[ApiTokenView]) -> Markup {
         @if tokens.is_empty() {
             p.empty #no-tokens { "No tokens yet." }
         } @else {
-            table #tokens {
+            div.scroll { table #tokens {
                 thead { tr { th { "Name" } th { "Scope" } th { "Made" } th { "Expires" } th { "Last used" } th {} } }
                 tbody { @for t in tokens {
                     tr.token #{ "token-" (t.id) } {
@@ -133,7 +133,7 @@ fn tokens_table(tokens: &[ApiTokenView]) -> Markup {
                         }
                     }
                 } }
-            }
+            } }
         }
     }
 }

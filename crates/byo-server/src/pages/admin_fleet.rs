@@ -114,7 +114,7 @@ pub async fn page(
                 p #no-hosts { "No host matches." }
             } @else {
                 p.matching { (o.matching) " matching; page " (o.page) " of " (o.pages) "." }
-                table #fleet {
+                div.scroll { table #fleet {
                     thead { tr { th { "Host" } th { "State" } th { "Problems" } th { "Heartbeat" } th { "Agent" } th { "Key list" } th { "Instances" } th { "GPU" } th { "Owner" } } }
                     tbody { @for h in &o.hosts { tr #{ "fleet-" (h.host_id) } {
                         td.host { a href={ "/admin/hosts/" (h.host_id) } { (h.slug) } }
@@ -136,7 +136,7 @@ pub async fn page(
                         td.gpu { (h.gpu_type) }
                         td.owner { (h.owner_email) }
                     } } }
-                }
+                } }
                 nav.pager {
                     @if o.page > 1 { a rel="prev" href=(link(&q, o.page - 1)) { "← previous" } " " }
                     @if o.page < o.pages { a rel="next" href=(link(&q, o.page + 1)) { "next →" } }

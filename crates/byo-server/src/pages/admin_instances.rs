@@ -12,10 +12,11 @@ use maud::{Markup, html};
 use super::instances::{at, confirm_page, deletable, shown, status_line, waited};
 use super::{PageError, PageResult, ops_layout, require_operator};
 use crate::app::admin_vm_action;
-use crate::app::instances::{self, deletion_status};
+use crate::app::instances;
 use crate::app::notify_stuck_deletes::STUCK_AFTER_MINUTES;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
+use crate::error::deletion_status;
 use crate::state::AppState;
 
 /// One live instance as operators see it.
@@ -69,7 +70,7 @@ async fn operator_page(
             @if stuck.is_empty() {
                 p #no-stuck { "None." }
             } @else {
-                table #stuck {
+                div.scroll { table #stuck {
                     thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "Requested" } th { "Waiting" } th { "" } } }
                     tbody { @for s in &stuck {
                         tr #{ "stuck-" (s.vm_id) } data-name=(s.name) {
@@ -81,13 +82,13 @@ async fn operator_page(
                             td { a.button href={ "/admin/instances/" (s.vm_id) "/delete" } { "Delete again" } }
                         }
                     } }
-                }
+                } }
             }
             h2 { "Live instances" }
             @if live.is_empty() {
                 p #no-instances { "None." }
             } @else {
-                table #instances {
+                div.scroll { table #instances {
                     thead { tr { th { "Instance" } th { "Host" } th { "Owner" } th { "GPU" } th { "Status" } th { "Created" } th { "" } } }
                     tbody { @for l in &live {
                         tr #{ "instance-" (l.instance.id) } data-name=(l.instance.name) {
@@ -104,7 +105,7 @@ async fn operator_page(
                             } }
                         }
                     } }
-                }
+                } }
             }
         },
     ))

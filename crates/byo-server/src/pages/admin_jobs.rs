@@ -27,7 +27,7 @@ pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) ->
         html! {
             h1 { "Background jobs" }
             p { "Each job runs on its period and when nudged, on one server at a time. A server that finds another running a job skips that tick and records nothing." }
-            table #jobs {
+            div.scroll { table #jobs {
                 thead { tr { th { "Job" } th { "Period" } th { "Last run" } th { "Outcome" } th { "Duration" } th { "Error" } } }
                 tbody { @for j in &jobs {
                     tr #{ "job-" (j.name) } {
@@ -43,13 +43,13 @@ pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) ->
                         }
                     }
                 } }
-            }
+            } }
             @for j in &jobs {
                 h2 { "Recent runs of " code { (j.name) } }
                 @if j.runs.is_empty() {
                     p.no-runs { "None yet." }
                 } @else {
-                    table.runs #{ "runs-" (j.name) } {
+                    div.scroll { table.runs #{ "runs-" (j.name) } {
                         thead { tr { th { "Started" } th { "Outcome" } th { "Duration" } th { "Summary or error" } } }
                         tbody { @for r in &j.runs {
                             tr.run {
@@ -59,7 +59,7 @@ pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) ->
                                 td.detail { (r.error.as_deref().or(r.summary.as_deref()).unwrap_or("")) }
                             }
                         } }
-                    }
+                    } }
                 }
             }
         },

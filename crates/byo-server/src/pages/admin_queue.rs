@@ -44,7 +44,7 @@ async fn render(
             @if rows.is_empty() {
                 p #queue-empty { "Nothing is queued." }
             } @else {
-                table #queue {
+                div.scroll { table #queue {
                     thead { tr { th { "User" } th { "GPU" } th { "Place" } th { "Queued" } th { "Waiting" } th { "Expires" } th { "Tries" } th { "Last reason" } th { "Place on host" } th { "Close" } } }
                     tbody { @for r in &rows {
                         tr #{ "queued-" (r.queued.id) } {
@@ -70,7 +70,7 @@ async fn render(
                             }
                         }
                     } }
-                }
+                } }
             }
         },
     ))

@@ -39,7 +39,7 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
             @if builds.is_empty() {
                 p #releases-empty { "No build is published: the installer serves the release directory's own files." }
             } @else {
-                table #releases {
+                div.scroll { table #releases {
                     thead { tr { th { "Arch" } th { "Version" } th { "Build" } th { "Size" } th { "Published" } th { "Served" } } }
                     tbody { @for b in &builds {
                         tr #{ "release-" (b.arch) "-" (b.build) } {
@@ -51,7 +51,7 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
                             td.served { @if b.served { "served" } @else { "—" } }
                         }
                     } }
-                }
+                } }
             }
             h2 { "Fleet upgrades" }
             @if shown_runs.is_empty() {
@@ -72,7 +72,7 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
                             button type="submit" { "Close" }
                         }
                     }
-                    table.fleet-hosts {
+                    div.scroll { table.fleet-hosts {
                         thead { tr { th { "Host" } th { "Wave" } th { "State" } th { "Reason" } th { "Heartbeat reports" } } }
                         tbody { @for h in &run.hosts {
                             tr #{ "fleet-" (run.id) "-" (h.slug) } {
@@ -83,7 +83,7 @@ async fn render(state: &AppState, op: &Operator, error: Option<&str>) -> Result<
                                 td.version { (h.agent_version.as_deref().unwrap_or("—")) }
                             }
                         } }
-                    }
+                    } }
                 }
             }
         },

@@ -177,7 +177,21 @@
     setInterval(render, 30000);
   }
 
+  // A table wider than its window scrolls in its own box (div.scroll); while it does, the
+  // box takes keyboard focus so arrow keys can scroll it too (issue #42, 3).
+  function focusScrolling() {
+    document.querySelectorAll("div.scroll").forEach(function (box) {
+      if (box.scrollWidth > box.clientWidth) {
+        box.setAttribute("tabindex", "0");
+      } else {
+        box.removeAttribute("tabindex");
+      }
+    });
+  }
+
   function start() {
+    focusScrolling();
+    window.addEventListener("resize", focusScrolling);
     document.querySelectorAll("time[datetime]").forEach(setUpRelative);
     document.querySelectorAll("button[data-copy]").forEach(setUpCopy);
     document.querySelectorAll("time[data-countdown]").forEach(setUpCountdown);

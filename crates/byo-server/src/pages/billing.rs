@@ -71,7 +71,7 @@ fn this_month(m: &MonthUsage) -> Markup {
         @if m.instances.is_empty() {
             p #usage-none { "No usage since " (at(m.since)) "." }
         } @else {
-            table #usage {
+            div.scroll { table #usage {
                 thead { tr { th { "Instance" } th { "Hours" } th { "Amount" } } }
                 tbody {
                     @for i in &m.instances {
@@ -83,7 +83,7 @@ fn this_month(m: &MonthUsage) -> Markup {
                     }
                 }
                 tfoot { tr { th { "Total since " (at(m.since)) } td {} td #usage-total { (money(m.total_cents, &m.currency)) } } }
-            }
+            } }
             p.hint { "Live, from when each instance was created until its host confirmed the delete; each day is charged once it ends, and invoiced when the month ends or the total reaches this installation's threshold." }
         }
     }
@@ -94,7 +94,7 @@ fn this_month(m: &MonthUsage) -> Markup {
 fn credits(list: &[CreditView]) -> Markup {
     html! {
         h2 { "Credits" }
-        table #credits {
+        div.scroll { table #credits {
             thead { tr { th { "Instance" } th { "Deleted" } th { "Confirmed" } th { "Credit" } } }
             tbody {
                 @for c in list {
@@ -106,7 +106,7 @@ fn credits(list: &[CreditView]) -> Markup {
                     }
                 }
             }
-        }
+        } }
     }
 }
 
@@ -117,7 +117,7 @@ fn invoices(list: &[InvoiceView]) -> Markup {
         @if list.is_empty() {
             p #no-invoices { "No invoices yet. Usage is invoiced when a month ends, or earlier once it reaches this installation's invoicing threshold." }
         } @else {
-            table #invoices {
+            div.scroll { table #invoices {
                 thead { tr { th { "Made" } th { "Why" } th { "Amount" } th { "Status" } th { "Invoice" } } }
                 tbody {
                     @for i in list {
@@ -137,7 +137,7 @@ fn invoices(list: &[InvoiceView]) -> Markup {
                         }
                     }
                 }
-            }
+            } }
         }
     }
 }
@@ -168,7 +168,7 @@ pub async fn admin(State(state): State<AppState>, viewer: Option<CurrentUser>) -
             @if v.held.is_empty() {
                 p #no-held { "None." }
             } @else {
-                table #held {
+                div.scroll { table #held {
                     thead { tr { th { "Account" } th { "Owes" } th { "Declined" } th { "Instances stop" } th { "Stopped now" } } }
                     tbody { @for h in &v.held { tr {
                         td { (h.email) }
@@ -177,14 +177,14 @@ pub async fn admin(State(state): State<AppState>, viewer: Option<CurrentUser>) -
                         td { (at(h.stop_at)) }
                         td.stopped { (h.stopped_instances) }
                     } } }
-                }
+                } }
             }
             h2 { "Payouts not yet sent" }
             p { "Each owner's share is transferred to their Stripe account once a month has ended; a refused transfer is tried again after an hour, doubling to a day." }
             @if v.pending_payouts.is_empty() {
                 p #no-pending-payouts { "None." }
             } @else {
-                table #pending-payouts {
+                div.scroll { table #pending-payouts {
                     thead { tr { th { "Owner" } th { "Month" } th { "Amount" } th { "Tries" } th { "Last refusal" } th { "Next try" } } }
                     tbody { @for p in &v.pending_payouts { tr data-payout=(p.payout.id) {
                         td { (p.email) }
@@ -194,16 +194,16 @@ pub async fn admin(State(state): State<AppState>, viewer: Option<CurrentUser>) -
                         td.error { (p.payout.last_error.as_deref().unwrap_or("")) }
                         td { (at(p.payout.next_attempt_at)) }
                     } } }
-                }
+                } }
             }
             h2 { "Invoices" }
             @if v.invoices.is_empty() {
                 p #no-invoices { "None yet." }
             } @else {
-                table #all-invoices {
+                div.scroll { table #all-invoices {
                     thead { tr { th { "Made" } th { "Account" } th { "Amount" } th { "Status" } th { "" } } }
                     tbody { @for i in &v.invoices { (invoice_row(&i.email, &i.invoice)) } }
-                }
+                } }
             }
         }
     }).into_response())

@@ -112,13 +112,10 @@ async fn page(
         },
         now,
     );
-    let live = vms
-        .iter()
-        .filter(|v| v.deleted_at.is_none() && v.creation_failed_at.is_none())
-        .count();
+    let live = vms.iter().filter(|v| v.phase().is_live()).count();
     let stuck: Vec<_> = vms
         .iter()
-        .filter(|v| v.deleted_at.is_none() && v.delete_requested_at.is_some())
+        .filter(|v| v.phase() == byo_wire::states::InstancePhase::Deleting)
         .collect();
     let revoke = life.revoke_step.0;
     let revoking = matches!(
@@ -213,7 +210,7 @@ async fn page(
             h2 { "Preparation" }
             p #prepare {
                 @match (&host.prepared_at, &host.prepare_state) {
-                    (Some(t), Some(p)) if p.0["state"].as_str() == Some("failed") => {
+                    (Some(t), Some(p)) if p.0.failed() => {
                         "finished " (at(*t)) "; prepared again since, which stopped at: "
                         (cut(&crate::app::owner_hosts::step_line(&p.0), SHOWN_CHARS))
                     }
@@ -237,7 +234,7 @@ async fn page(
             }
             h2 { "Operator logins" }
             @if logins.is_empty() { p #logins { "None reported." } } @else {
-                table #logins {
+                div.scroll { table #logins {
                     thead { tr { th { "When" } th { "Operator" } th { "Key" } th { "From" } } }
                     tbody { @for l in &logins { tr {
                         td { (at(l.logged_in_at)) }
@@ -250,11 +247,11 @@ async fn page(
                         td { (cut(l.key_label.as_deref().unwrap_or(""), 64)) " " code { (cut(&l.fingerprint, 80)) } }
                         td { (cut(&l.source, 45)) " port " (l.source_port) }
                     } } }
-                }
+                } }
             }
             h2 { "Instances" }
             @if vms.is_empty() { p #instances { "None." } } @else {
-                table #instances {
+                div.scroll { table #instances {
                     thead { tr { th { "Name" } th { "Status" } th { "Created" } th { "Delete requested" } th { "Ended" } } }
                     tbody { @for v in &vms { tr {
                         td { (cut(&v.name, 64)) }
@@ -267,7 +264,7 @@ async fn page(
                             @else { "live" }
                         }
                     } } }
-                }
+                } }
             }
             h2 { "Stuck deletes" }
             @if stuck.is_empty() { p #stuck { "None." } } @else {
@@ -318,14 +315,14 @@ async fn page(
             }
             h2 { "Audit trail" }
             @if audit.is_empty() { p #audit { "Nothing yet." } } @else {
-                table #audit {
+                div.scroll { table #audit {
                     thead { tr { th { "When" } th { "What" } th { "Details" } } }
                     tbody { @for a in &audit { tr {
                         td { (at(a.at)) }
                         td { (cut(&a.action, 64)) }
                         td { (fields(&a.details.0)) }
                     } } }
-                }
+                } }
             }
         },
     ))

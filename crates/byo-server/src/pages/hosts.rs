@@ -10,11 +10,11 @@ use byo_db::provisioning::EnrollmentView;
 use byo_wire::Role;
 use byo_wire::api::Placement;
 use byo_wire::enroll::{ProvisionRequest, ProvisionResponse};
+use byo_wire::prepare::PrepareState;
 use byo_wire::states::RelayState;
 use chrono::{DateTime, SecondsFormat, Utc};
 use maud::{Markup, html};
 use serde::Deserialize;
-use serde_json::Value;
 
 use super::{PageError, PageResult, layout, ops_layout, require_operator};
 use crate::app::host_report::{Fixer, failure_advice};
@@ -32,14 +32,10 @@ fn may_provision(v: &CurrentUser) -> bool {
 /// that preparation tries again on its own (the unit's `RestartSec=`), with roughly when
 /// the next try is while that is still ahead. On a machine already prepared the failure is
 /// an operator's deliberate run (L), which does not retry: that is said instead.
-fn failure_advice_line(p: &Value, now: DateTime<Utc>, prepared: bool) -> Markup {
-    let advice = failure_advice(p["step"].as_str().unwrap_or_default());
+fn failure_advice_line(p: &PrepareState, now: DateTime<Utc>, prepared: bool) -> Markup {
+    let advice = failure_advice(&p.step);
     let every = byo_core::render::units::PREPARE_RETRY_SECS;
-    let next = p["at"]
-        .as_str()
-        .and_then(|at| at.parse::<DateTime<Utc>>().ok())
-        .map(|at| at + chrono::Duration::seconds(every as i64))
-        .filter(|next| *next > now);
+    let next = Some(p.at + chrono::Duration::seconds(every as i64)).filter(|next| *next > now);
     html! {
         br;
         small.advice {
@@ -79,8 +75,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                     br;
                     small.step.error[failed(p)] {
                         (if nodes.len() > 1 { "node 0: " } else { "last step: " }) (step_line(p))
-                        @if let Some(n) = p["attempt"].as_u64() { ", attempt " (n) }
-                        @if let Some(at) = p["at"].as_str() { ", at " (at) }
+                        ", attempt " (p.attempt) ", at " (p.at_text())
                     }
                     @if failed(p) { (failure_advice_line(p, now, facts.prepared_at.is_some())) }
                 }
@@ -91,8 +86,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                         @match &n.prepare_state {
                             Some(p) => {
                                 (step_line(&p.0))
-                                @if let Some(k) = p.0["attempt"].as_u64() { ", attempt " (k) }
-                                @if let Some(at) = p.0["at"].as_str() { ", at " (at) }
+                                ", attempt " (p.0.attempt) ", at " (p.0.at_text())
                             }
                             None => "not started",
                         }
@@ -212,7 +206,7 @@ async fn gpus_page(
             }
             h2 { "Enrolments" }
             @if rows.is_empty() { p { "None yet." } } @else {
-                table {
+                div.scroll { table {
                     thead { tr { th { "Host" } th { "Profile" } th { "State" } th { "Added" } } }
                     tbody { @for (e, live, after) in &rows { tr {
                         td { (e.slug.as_deref().unwrap_or("—")) }
@@ -246,7 +240,7 @@ async fn gpus_page(
                         }
                         td { (e.created_at.format("%Y-%m-%d %H:%M")) }
                     } } }
-                }
+                } }
             }
             @if let Some(e) = &earnings { (earnings_section(e)) }
             @if let Some(p) = &payouts { (payouts_section(p, !rows.is_empty())) }
@@ -255,7 +249,7 @@ async fn gpus_page(
                 p { "Our operators administer your GPU as " code { "spark" } ", each with their own key. Every login sshd accepted, newest first:" }
                 @for (slug, host_id, seen) in &logins {
                     h3 { (slug) }
-                    table.logins #{ "logins-" (host_id) } {
+                    div.scroll { table.logins #{ "logins-" (host_id) } {
                         thead { tr { th { "When" } th { "Who" } th { "From" } } }
                         tbody { @for l in seen { tr {
                             td { (l.logged_in_at.format("%Y-%m-%d %H:%M:%S UTC")) }
@@ -268,7 +262,7 @@ async fn gpus_page(
                             }
                             td { (super::host_detail::cut(&l.source, 45)) }
                         } } }
-                    }
+                    } }
                 }
             }
         },
@@ -286,7 +280,7 @@ fn earnings_section(e: &byo_wire::billing::EarningsView) -> Markup {
             @if e.months.is_empty() {
                 p #no-earnings { "Nothing invoiced yet: usage is invoiced when a month ends, or earlier once a customer's total reaches the threshold." }
             } @else {
-                table #earnings-months {
+                div.scroll { table #earnings-months {
                     thead { tr { th { "Month" } th { "GPU" } th { "Hours sold" } th { "Invoiced" } th { "Your share" } th { "Of which paid" } th { "Platform" } } }
                     tbody { @for m in &e.months { tr {
                         td { (m.month) }
@@ -297,7 +291,7 @@ fn earnings_section(e: &byo_wire::billing::EarningsView) -> Markup {
                         td { (money(m.owner_paid_cents)) }
                         td { (money(m.platform_cents)) }
                     } } }
-                }
+                } }
             }
         }
     }
@@ -331,7 +325,7 @@ fn payouts_section(p: &byo_wire::billing::PayoutsView, has_hosts: bool) -> Marku
                 }
             }
             @if !p.payouts.is_empty() {
-                table #payouts-list {
+                div.scroll { table #payouts-list {
                     thead { tr { th { "Month" } th { "Amount" } th { "Status" } th { "Transfer" } } }
                     tbody { @for o in &p.payouts { tr data-payout=(o.id) {
                         td { (o.month) }
@@ -347,7 +341,7 @@ fn payouts_section(p: &byo_wire::billing::PayoutsView, has_hosts: bool) -> Marku
                         }
                         td { @if let Some(t) = &o.stripe_transfer_id { code { (t) } } }
                     } } }
-                }
+                } }
             }
         }
     }
@@ -538,7 +532,7 @@ async fn admin_page(
                 section #worklist {
                     h2 { "Needs an operator" }
                     p { small { "Their owners stopped hosting and they have been silent for a day, so they would be retired on their own, but retire refuses them for the reason given. Settle it and they are retired within five minutes." } }
-                    table {
+                    div.scroll { table {
                         thead { tr { th { "Host" } th { "Stopped" } th { "Last heard from" } th { "Why it is not retired" } } }
                         tbody { @for w in &worklist { tr #{ "worklist-" (w.host_id) } {
                             td { a href={ "/admin/hosts/" (w.host_id) } { (w.slug) } }
@@ -546,11 +540,11 @@ async fn admin_page(
                             td { (w.last_seen_at.map_or("never".to_owned(), |t| t.format("%Y-%m-%d %H:%M").to_string())) }
                             td.refusal { (w.message) }
                         } } }
-                    }
+                    } }
                 }
             }
             p { "Activation is the only thing between an enrolled machine and a paying customer. It is offered once preparation has finished; the backend refuses it otherwise, whatever sends it." }
-            table.hosts {
+            div.scroll { table.hosts {
                 thead { tr { th { "Host" } th { "Owner" } th { "Profile" } th { "State" } th { "Relay" } th { "What turned up" } th { "" } } }
                 tbody { @for e in &enrollments { tr {
                     td.ours {
@@ -584,7 +578,7 @@ async fn admin_page(
                         }
                     }
                 } } }
-            }
+            } }
         },
     ))
 }

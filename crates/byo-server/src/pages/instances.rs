@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use axum::Form;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Redirect};
-use byo_wire::states::VmStatus;
+use byo_wire::states::{InstancePhase, VmStatus};
 use byo_wire::vm::{
     DeletionState, EndedQueuedView, InstanceRequest, InstanceView, NewSshKey, QueueEnding,
     QueuedView, SshKeyView,
@@ -18,39 +18,32 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{PageError, PageResult, layout, signed_in};
-use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
+use crate::app::instances::{self, CreateOutcome, Deleter};
 use crate::app::queue_drain;
 use crate::app::ssh_keys;
 use crate::auth::CurrentUser;
 use crate::error::AppError;
+use crate::error::deletion_status;
 use crate::state::AppState;
 
 /// What a deleting instance shows until its host confirms (G: requested, not gone).
 pub const DELETING: &str = "deleting: waiting for the host to confirm";
 
-/// One instance's state in words, from its four facts.
+/// One instance's state in words, from its phase.
 pub(super) fn status_line(i: &InstanceView) -> &'static str {
-    if i.deleted_at.is_some() {
-        "deleted"
-    } else if i.creation_failed_at.is_some() {
-        "failed: never created, not billed"
-    } else if i.delete_requested_at.is_some() {
-        DELETING
-    } else {
-        match i.status {
-            VmStatus::Creating => "creating",
-            VmStatus::Running => "running",
-            VmStatus::Stopped => "stopped",
-            // Closed rows carry their fact too (above); the status agrees with it.
-            VmStatus::Failed => "failed: never created, not billed",
-            VmStatus::Deleted => "deleted",
-        }
+    match i.phase() {
+        InstancePhase::Deleted => "deleted",
+        InstancePhase::NeverCreated => "failed: never created, not billed",
+        InstancePhase::Deleting => DELETING,
+        InstancePhase::Creating => "creating",
+        InstancePhase::Running => "running",
+        InstancePhase::Stopped => "stopped",
     }
 }
 
 /// Live (billed, holding its host): neither closed nor failed.
 fn live(i: &InstanceView) -> bool {
-    i.deleted_at.is_none() && i.creation_failed_at.is_none()
+    i.phase().is_live()
 }
 
 /// Whether a delete may be asked for: live and past its create.
@@ -168,26 +161,26 @@ async fn customer_page(
             @if list.is_empty() {
                 p #no-instances { "No instances yet." }
             } @else {
-                table #instances {
+                div.scroll { table #instances {
                     thead { tr { th { "Name" } th { "GPU" } th { "Status" } th { "Connect" } th { "Created" } th { "Deleted" } th { "" } } }
                     tbody { @for i in &list { (instance_row(i)) } }
-                }
+                } }
                 p { small { "Billing runs from an instance's creation until its host confirms the delete. An instance that was never created is not billed." } }
             }
             @if !queued.is_empty() {
                 h2 { "Queued" }
                 p { small { "No host of that kind was free. Each is placed on the next host that frees up, in order; nothing is billed until a host takes it. One no host took by its expiry is closed; keep waiting moves its expiry " (state.config.instances.queue_expires_after_hours) " hours from now." } }
-                table #queued {
+                div.scroll { table #queued {
                     thead { tr { th { "GPU" } th { "Place in line" } th { "Queued" } th { "Expires" } th { "Last try" } th { "" } } }
                     tbody { @for q in &queued { (queued_row(q)) } }
-                }
+                } }
             }
             @if !ended.is_empty() {
                 h3 { "Queued creates that ended this week" }
-                table #queue-ended {
+                div.scroll { table #queue-ended {
                     thead { tr { th { "GPU" } th { "Queued" } th { "Ended" } th { "How" } } }
                     tbody { @for e in &ended { (ended_row(e)) } }
-                }
+                } }
             }
             h2 { "Create an instance" }
             @if keys.is_empty() {
@@ -222,10 +215,10 @@ async fn customer_page(
             @if keys.is_empty() {
                 p #no-keys { "None yet." }
             } @else {
-                table #ssh-keys {
+                div.scroll { table #ssh-keys {
                     thead { tr { th { "Name" } th { "Fingerprint" } th { "Added" } th { "" } } }
                     tbody { @for k in &keys { (key_row(k)) } }
-                }
+                } }
                 p { small { "Removing a key does not take it out of instances already created with it." } }
             }
             h3 { "Add a key" }

@@ -4,7 +4,7 @@
 
 use axum::Form;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
@@ -41,6 +41,7 @@ pub fn router() -> Router<AppState> {
         .route("/", get(home))
         .route("/login", get(login_page).post(login_submit))
         .route("/signup", get(signup_page).post(signup_submit))
+        .route("/signup/confirm", get(confirm_page).post(confirm_submit))
         .route("/logout", post(logout_submit))
         .route("/account", get(account::page))
         .route("/account/tokens", post(account::create))
@@ -403,17 +404,31 @@ fn signup_form(form: Option<&SignupForm>, error: Option<&str>) -> Markup {
 }
 
 async fn signup_page(State(state): State<AppState>) -> PageResult {
-    if !state.config.allow_signup {
-        return Err(AppError::Forbidden("sign-up is closed on this installation").into());
+    match accounts::signup_open(&state) {
+        Ok(()) => Ok(signup_form(None, None).into_response()),
+        // No mail to confirm an address with: said in words, not as our fault.
+        Err(e @ AppError::Rejected { .. }) => Ok((
+            e.status(),
+            layout(
+                "Sign-up is not open",
+                None,
+                html! {
+                    h1 { "Sign-up is not open" }
+                    p.error role="alert" { (e) }
+                    p { a href="/login" { "Sign in" } }
+                },
+            ),
+        )
+            .into_response()),
+        Err(e) => Err(e.into()),
     }
-    Ok(signup_form(None, None).into_response())
 }
 
 async fn signup_submit(State(state): State<AppState>, Form(form): Form<SignupForm>) -> PageResult {
     match accounts::sign_up(&state, &form.email, &form.password, &form.display_name).await {
         // The same page either way (docs/security.md): sign-up tells no one which
         // addresses have accounts.
-        Ok(_) => Ok(layout(
+        Ok(_) if state.config.signup_without_mail => Ok(layout(
             "Signed up",
             None,
             html! {
@@ -423,8 +438,76 @@ async fn signup_submit(State(state): State<AppState>, Form(form): Form<SignupFor
             },
         )
         .into_response()),
+        Ok(_) => Ok(layout(
+            "Check your mail",
+            None,
+            html! {
+                h1 { "Check your mail" }
+                p.notice role="status" { (accounts::CHECK_YOUR_MAIL) }
+                p { "Nothing came? Look in the spam folder, then "
+                    a href="/signup" { "sign up again" } " with the same address." }
+            },
+        )
+        .into_response()),
+        Err(
+            e @ (AppError::BadRequest { .. }
+            | AppError::Conflict { .. }
+            | AppError::Rejected { .. }),
+        ) => Ok((e.status(), signup_form(Some(&form), Some(&e.to_string()))).into_response()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+#[derive(Deserialize)]
+struct ConfirmQuery {
+    #[serde(default)]
+    token: String,
+}
+
+#[derive(Deserialize)]
+struct ConfirmForm {
+    token: String,
+    password: String,
+}
+
+/// The page a sign-up's mailed link opens. Opening it changes nothing (a mail scanner
+/// that follows links makes no account); the password chosen at sign-up, posted, does.
+fn confirm_form(token: &str, error: Option<&str>) -> Markup {
+    layout(
+        "Confirm your address",
+        None,
+        html! {
+            h1 { "Confirm your address" }
+            @if let Some(e) = error { p.error role="alert" { (e) } }
+            p { "Give the password you chose when you signed up, and your account is made." }
+            form method="post" action="/signup/confirm" {
+                input type="hidden" name="token" value=(token);
+                label { "Password"
+                    input type="password" name="password" required autocomplete="current-password"; }
+                button type="submit" { "Make my account" }
+            }
+            p { "Link too old? " a href="/signup" { "Sign up again" } " for a new one." }
+        },
+    )
+}
+
+async fn confirm_page(Query(q): Query<ConfirmQuery>) -> PageResult {
+    Ok(confirm_form(&q.token, None).into_response())
+}
+
+async fn confirm_submit(
+    State(state): State<AppState>,
+    crate::rate_limit::Source(source): crate::rate_limit::Source,
+    jar: CookieJar,
+    Form(form): Form<ConfirmForm>,
+) -> PageResult {
+    match accounts::confirm_sign_up(&state, &form.token, &form.password, source).await {
+        Ok(user) => {
+            let cookie = open_session(&state, &user, "user.signup").await?;
+            Ok((jar.add(cookie), Redirect::to("/")).into_response())
+        }
         Err(e @ (AppError::BadRequest { .. } | AppError::Conflict { .. })) => {
-            Ok((e.status(), signup_form(Some(&form), Some(&e.to_string()))).into_response())
+            Ok((e.status(), confirm_form(&form.token, Some(&e.to_string()))).into_response())
         }
         Err(e) => Err(e.into()),
     }
@@ -446,7 +529,7 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
     Ok(ops_layout("Users", Some(&v), html! {
         h1 { "Users" }
         p { "Grant " strong { "community_host" } " to let an owner add GPUs. Only a superadmin changes operator and superadmin grants." }
-        table {
+        div.scroll { table {
             thead { tr { th { "Email" } th { "Name" } th { "Grants" } th { "Hosts" } th { "Since" } th { "Change" } } }
             tbody {
                 @for u in &users {
@@ -469,7 +552,7 @@ async fn users_page(State(state): State<AppState>, viewer: Option<CurrentUser>) 
                     }
                 }
             }
-        }
+        } }
     }).into_response())
 }
 
@@ -519,7 +602,7 @@ fn list_table(
 ) -> Markup {
     html! {
         p { "Version " (list.version) ", issued " (list.issued_at.format("%Y-%m-%d %H:%M UTC")) ", expires " (list.expires.format("%Y-%m-%d")) "." }
-        table {
+        div.scroll { table {
             thead { tr { th { "Operator" } th { "Machine" } th { "Fingerprint" } @if mine.is_some() { th { "" } } } }
             tbody {
                 @for k in &list.keys {
@@ -541,7 +624,7 @@ fn list_table(
                     }
                 }
             }
-        }
+        } }
     }
 }
 
@@ -635,7 +718,7 @@ async fn render_keys_page(
                 }
             }
             h2 { "Hosts" }
-            table {
+            div.scroll { table {
                 thead { tr { th { "Host" } th { "Holds version" } th { "Last attempt" } th { "Failure" } th { "" } } }
                 tbody {
                     @for h in &view.hosts {
@@ -650,7 +733,7 @@ async fn render_keys_page(
                         }
                     }
                 }
-            }
+            } }
         },
     ))
 }

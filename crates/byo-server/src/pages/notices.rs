@@ -23,7 +23,7 @@ fn table(rows: &[NoticeView], with_recipient: bool) -> Markup {
         @if rows.is_empty() {
             p.empty { "No notices yet." }
         } @else {
-            table.notices {
+            div.scroll { table.notices {
                 thead { tr {
                     th { "Raised" }
                     @if with_recipient { th { "To" } }
@@ -45,7 +45,7 @@ fn table(rows: &[NoticeView], with_recipient: bool) -> Markup {
                         td.error { (n.last_error.as_deref().unwrap_or("")) }
                     }
                 } }
-            }
+            } }
         }
     }
 }
@@ -60,7 +60,7 @@ pub async fn mine(State(state): State<AppState>, viewer: Option<CurrentUser>) ->
         html! {
             h1 { "Your notices" }
             p { "What we tell you, sent to " strong { (me.user.email) } ". Turn off what you do not want; what you turn off is not sent, and not kept here either." }
-            table #notice-kinds {
+            div.scroll { table #notice-kinds {
                 thead { tr { th { "Notice" } th { "Sent to you" } th {} } }
                 tbody { @for p in &mine.preferences {
                     tr #{ "kind-" (p.kind.as_str()) } {
@@ -75,7 +75,7 @@ pub async fn mine(State(state): State<AppState>, viewer: Option<CurrentUser>) ->
                         }
                     }
                 } }
-            }
+            } }
             h2 { "Lately" }
             (table(&mine.recent, false))
         },

@@ -121,7 +121,7 @@ async fn customer_page(
             @if list.is_empty() {
                 p #no-prebookings { "No pre-bookings yet." }
             } @else {
-                table #prebookings {
+                div.scroll { table #prebookings {
                     thead { tr { th { "GPU" } th { "Window (UTC)" } th { "State" } th { "" } } }
                     tbody { @for b in &list {
                         tr #{ "prebooking-" (b.id) } {
@@ -148,7 +148,7 @@ async fn customer_page(
                             }
                         }
                     } }
-                }
+                } }
             }
             h2 { "Book a box" }
             form #book method="post" action="/prebookings" {
@@ -273,7 +273,7 @@ async fn operator_page(
             @if list.is_empty() {
                 p #no-prebookings { "None." }
             } @else {
-                table #prebookings {
+                div.scroll { table #prebookings {
                     thead { tr { th { "Booker" } th { "GPU" } th { "Host" } th { "Window (UTC)" } th { "State" } th { "Paid" } th { "" } } }
                     tbody { @for b in &list {
                         tr #{ "prebooking-" (b.id) } {
@@ -317,7 +317,7 @@ async fn operator_page(
                             }
                         }
                     } }
-                }
+                } }
             }
         },
     ))

@@ -190,21 +190,34 @@ impl Notifier {
     /// Mail `n` to its recipient. The notice's id is the message's `Message-ID`, so a mail
     /// system can tell a re-delivery from a new notice.
     pub async fn email(&self, n: &NoticeRow) -> Result<(), SendError> {
+        self.mail(&n.email, &n.subject, &n.body, Some(&n.id)).await
+    }
+
+    /// Mail `body` to `to` now, on the one SMTP transport (a notice, or the link that
+    /// confirms an address at sign-up). `id` makes the `Message-ID`; with none the mail
+    /// system gives one. Without SMTP configured, nothing is sent.
+    pub async fn mail(
+        &self,
+        to: &str,
+        subject: &str,
+        body: &str,
+        id: Option<&str>,
+    ) -> Result<(), SendError> {
         let Some((transport, from)) = &self.email else {
             return Ok(());
         };
-        let to: Mailbox = n.email.parse().map_err(|e| SendError {
+        let to: Mailbox = to.parse().map_err(|e| SendError {
             permanent: true,
-            error: format!("the address {:?} does not parse: {e}", n.email),
+            error: format!("the address {to:?} does not parse: {e}"),
         })?;
         let domain = from.email.domain().to_owned();
         let message = Message::builder()
             .from(from.clone())
             .to(to)
-            .subject(n.subject.clone())
-            .message_id(Some(format!("<{}@{domain}>", n.id)))
+            .subject(subject)
+            .message_id(id.map(|id| format!("<{id}@{domain}>")))
             .header(ContentType::TEXT_PLAIN)
-            .body(n.body.clone())
+            .body(body.to_owned())
             .map_err(|e| SendError {
                 permanent: true,
                 error: format!("the message could not be built: {e}"),

@@ -5,7 +5,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum_extra::extract::CookieJar;
-use byo_wire::api::{ErrorBody, LoginRequest, PasswordChange, SignedUp, SignupRequest, UserView};
+use byo_wire::api::{
+    ConfirmSignup, ErrorBody, LoginRequest, PasswordChange, SignedUp, SignupRequest, UserView,
+};
 
 use crate::app::accounts::{self, user_view};
 use crate::auth::CurrentUser;
@@ -15,11 +17,13 @@ use crate::extract::Checked;
 use crate::rate_limit::Source;
 use crate::state::AppState;
 
-/// Create an account (when sign-up is open). The answer is the same whether the address
-/// was new or already had an account, and opens no session: sign in next.
+/// Sign up (when sign-up is open). A mail goes to the address, holding a link that makes
+/// the account (`POST /api/auth/signup/confirm`); under `byo up` the account is made at
+/// once. The answer is the same whether the address was new or already had an account,
+/// and opens no session.
 #[utoipa::path(post, path = "/api/auth/signup", tag = "accounts", request_body = SignupRequest,
     responses((status = 202, body = SignedUp), (status = 400, body = ErrorBody),
-              (status = 403, body = ErrorBody)))]
+              (status = 403, body = ErrorBody), (status = 503, body = ErrorBody)))]
 pub async fn signup(
     State(state): State<AppState>,
     Checked(req): Checked<SignupRequest>,
@@ -28,9 +32,26 @@ pub async fn signup(
     Ok((
         StatusCode::ACCEPTED,
         Json(SignedUp {
-            message: accounts::SIGNED_UP.to_owned(),
+            message: accounts::signed_up_message(&state).to_owned(),
         }),
     ))
+}
+
+/// Make the account a sign-up's mailed link stands for, with the password chosen at
+/// sign-up, and sign in to it.
+#[utoipa::path(post, path = "/api/auth/signup/confirm", tag = "accounts",
+    request_body = ConfirmSignup,
+    responses((status = 200, body = UserView), (status = 400, body = ErrorBody),
+              (status = 409, body = ErrorBody), (status = 429, body = ErrorBody)))]
+pub async fn confirm_signup(
+    State(state): State<AppState>,
+    Source(source): Source,
+    jar: CookieJar,
+    Checked(req): Checked<ConfirmSignup>,
+) -> AppResult<(CookieJar, Json<UserView>)> {
+    let user = accounts::confirm_sign_up(&state, &req.token, &req.password, source).await?;
+    let cookie = accounts::open_session(&state, &user, "user.signup").await?;
+    Ok((jar.add(cookie), Json(user_view(&state, user).await?)))
 }
 
 #[utoipa::path(post, path = "/api/auth/login", tag = "accounts", request_body = LoginRequest,

@@ -9,9 +9,9 @@ use byo_wire::vm::{InstanceDeletion, StuckDelete};
 use serde::Deserialize;
 
 use crate::app::admin_vm_action;
-use crate::app::instances::deletion_status;
 use crate::auth::Operator;
 use crate::error::AppResult;
+use crate::error::deletion_status;
 use crate::state::AppState;
 
 /// Delete any instance, as its customer would: 200 when the host confirmed, 202 when the

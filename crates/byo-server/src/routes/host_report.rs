@@ -44,6 +44,20 @@ pub async fn post_rails(
     answer(host_report::record_rails(&state, &token, rails).await?)
 }
 
+/// The agent finished `byo-agent uninstall` on this host (issue #39, 3): the host is stopped,
+/// its instances end, and `retire-stopped` retires it at its next run. No body.
+#[utoipa::path(post, path = "/api/host/uninstalled", tag = "hosts",
+    responses((status = 204), (status = 401, body = ErrorBody)))]
+pub async fn post_uninstalled(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> AppResult<Response> {
+    let Some(token) = presented_host_token(&headers) else {
+        return Ok(invalid_host_token());
+    };
+    answer(crate::app::host_lifecycle::host_uninstalled(&state, &token).await?)
+}
+
 /// A body too large or not JSON is refused before the token is looked at; any other fault
 /// is the rule's to answer, once the token is known to be a host's.
 fn unpack<T>(body: Result<Checked<T>, AppError>) -> AppResult<Result<T, String>> {

@@ -10,9 +10,10 @@ use byo_wire::vm::{
     InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest, InstanceView, VmStateChange,
 };
 
-use crate::app::instances::{self, CreateOutcome, Deleter, deletion_status};
+use crate::app::instances::{self, CreateOutcome, Deleter};
 use crate::auth::CurrentUser;
 use crate::error::AppResult;
+use crate::error::deletion_status;
 use crate::extract::Checked;
 use crate::state::AppState;
 

@@ -337,18 +337,7 @@ async fn with_rate_limits(app: TestApp, per_address: u32, per_account: u32) -> T
 async fn sign_in_and_sign_up_are_rate_limited_per_account_and_per_address(app: TestApp) {
     let app = with_rate_limits(app, 6, 3).await;
     app.customer("ana@example.com").await;
-    let sign_in = |email: &'static str, password: &'static str| {
-        let app = &app;
-        async move {
-            app.request(
-                Method::POST,
-                "/api/auth/login",
-                None,
-                Some(json!({"email": email, "password": password})),
-            )
-            .await
-        }
-    };
+    let sign_in = |email: &'static str, password: &'static str| app.sign_in(email, password);
     for _ in 0..3 {
         assert_eq!(
             sign_in("ana@example.com", "wrong").await.status,

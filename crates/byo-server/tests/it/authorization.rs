@@ -64,6 +64,12 @@ fn token_table() -> Vec<Row> {
             body: |_| Some(json!({"node": 0, "ports": []})),
         },
         Row {
+            method: Method::POST,
+            path: "/api/host/uninstalled",
+            allowed: &[],
+            body: none,
+        },
+        Row {
             method: Method::GET,
             path: "/api/host/relay",
             allowed: &[],
@@ -312,6 +318,14 @@ fn api_table() -> Vec<ApiRow> {
             expect: [202, 202, 202, 202, 202, 202],
             missing: None,
             body: |n| Some(json!({"email": format!("new{n}@example.com"), "password": PASSWORD})),
+        },
+        // Anyone holding a mailed link; a link that names no sign-up is judged by the rule.
+        ApiRow {
+            method: Method::POST,
+            path: "/api/auth/signup/confirm",
+            expect: [400, 400, 400, 400, 400, 400],
+            missing: None,
+            body: |_| Some(json!({"token": "byo_cnf_none", "password": PASSWORD})),
         },
         ApiRow {
             method: Method::POST,
@@ -858,6 +872,22 @@ fn page_table() -> Vec<Row> {
             path: "/signup",
             allowed: EVERYONE,
             body: none,
+        },
+        Row {
+            method: Method::GET,
+            path: "/signup/confirm",
+            allowed: EVERYONE,
+            body: none,
+        },
+        Row {
+            method: Method::POST,
+            path: "/signup/confirm",
+            allowed: EVERYONE,
+            body: |_| {
+                Some(json!(
+                    "token=byo_cnf_none&password=correct+horse+battery+staple"
+                ))
+            },
         },
         Row {
             method: Method::GET,
@@ -1972,6 +2002,7 @@ fn token_reach(method: &Method, path: &str) -> TokenReach {
     match (m, path) {
         ("GET", "/healthz")
         | ("POST", "/api/auth/signup")
+        | ("POST", "/api/auth/signup/confirm")
         | ("POST", "/api/auth/login")
         | ("POST", "/api/stripe/webhook") => TokenReach::NoPerson,
         ("POST", "/api/auth/logout")

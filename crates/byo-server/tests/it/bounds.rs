@@ -978,7 +978,7 @@ async fn i7_hostile_host_reports_are_never_stored_unbounded_nor_answered_500(w: 
             .unwrap()
             .unwrap()
             .prepare_state;
-        let size = stored.map_or(0, |s| s.0.to_string().len());
+        let size = stored.map_or(0, |s| serde_json::to_string(&s.0).unwrap().len());
         assert!(
             size <= limits::SHORT + limits::MESSAGE * 6 + 256,
             "{size} bytes"

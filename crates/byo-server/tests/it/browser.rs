@@ -206,6 +206,40 @@ impl Site {
             == json!(true)
     }
 
+    /// One host of `owner`'s onboarded as an owner's would be — added, enrolled, prepared,
+    /// beating — and activated by `op`: its id and slug.
+    async fn active_host(
+        &self,
+        owner: &support::User,
+        op: &support::User,
+        hw: &str,
+    ) -> (String, String) {
+        let p = owner
+            .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+            .await;
+        assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
+        let p = p.json();
+        let host_id = p["host_id"].as_str().unwrap().to_owned();
+        let slug = p["slug"].as_str().unwrap().to_owned();
+        let e = self.enroll(p["token"].as_str().unwrap(), spark(hw)).await;
+        assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+        let host_token = e.json()["host_token"].as_str().unwrap().to_owned();
+        self.report(
+            &host_token,
+            json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
+        )
+        .await;
+        self.heartbeat(&host_token).await;
+        let r = op
+            .post(
+                &format!("/api/admin/hosts/{host_id}/activate"),
+                json!({"placement": "shared"}),
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+        (host_id, slug)
+    }
+
     async fn close(self) {
         self.browser.client.close().await.unwrap();
     }
@@ -765,31 +799,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
     let (customer_sub, _) = site.app.user_with("customer@example.com", &[]).await;
 
     // One host, onboarded as an owner's would be: added, enrolled, prepared, activated.
-    let p = owner
-        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
-        .await;
-    assert_eq!(p.status, StatusCode::CREATED, "{}", p.text());
-    let p = p.json();
-    let host_id = p["host_id"].as_str().unwrap().to_owned();
-    let slug = p["slug"].as_str().unwrap().to_owned();
-    let e = site
-        .enroll(p["token"].as_str().unwrap(), spark("hw-e1"))
-        .await;
-    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
-    let host_token = e.json()["host_token"].as_str().unwrap().to_owned();
-    site.report(
-        &host_token,
-        json!({"node": 0, "state": step("self-check", "satisfied", None, true), "completed": true}),
-    )
-    .await;
-    site.heartbeat(&host_token).await;
-    let r = op
-        .post(
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            json!({"placement": "shared"}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let (host_id, slug) = site.active_host(&owner, &op, "hw-e1").await;
     // Its relay is recorded by relay-provision, in the background.
     let deadline = Instant::now() + LIVE;
     while !site
@@ -902,7 +912,7 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         .unwrap()
         .relay_ip
         .expect("the relay has an address");
-    let command = format!("ssh root@{relay}");
+    let command = format!("ssh -o HostKeyAlias=byo-{} root@{relay}", vm.id);
     assert_eq!(
         site.text(&format!("#ssh-{}", vm.id)).await.as_deref(),
         Some(command.as_str())
@@ -1029,4 +1039,168 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         "the host is free again"
     );
     site.close().await;
+}
+
+/// Issue #42 (3): every page, as each person meets it with something on it (a host enrolled,
+/// prepared and active, a customer's key and running instance), passes axe-core with no
+/// serious or critical violation and fits its window without scrolling sideways, at 1,280 px
+/// and at a 390 px phone width; a screenshot of each is kept (`target/screenshots/pages/`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_page_passes_axe_and_fits_at_1280_and_390() {
+    let Some(axe) = chromium::axe_source() else {
+        return;
+    };
+    let agents = Arc::new(FakeAgents::new());
+    let Some(site) = site_with(Some(agents.clone())).await else {
+        return;
+    };
+    let owner = site.app.community_host("owner@example.com").await;
+    let root = site.app.superadmin("root@example.com").await;
+    let customer = site.app.customer("customer@example.com").await;
+
+    let (host_id, _) = site.active_host(&owner, &root, "hw-pages").await;
+    site.app.relay_recorded(&host_id).await;
+    // A second host still waiting for its one-liner, for the pages that list enrolments.
+    let waiting = owner
+        .post("/api/hosts", json!({"profile_id": "gb10-spark-1"}))
+        .await;
+    assert_eq!(waiting.status, StatusCode::CREATED, "{}", waiting.text());
+    let key = customer
+        .post(
+            "/api/ssh-keys",
+            json!({"name": "laptop", "public_key": format!("{} me@laptop", public_key_line())}),
+        )
+        .await;
+    assert_eq!(key.status, StatusCode::CREATED, "{}", key.text());
+    let created = customer
+        .post(
+            "/api/vms",
+            json!({"gpu_type": "spark-1", "ssh_key_id": key.json()["id"]}),
+        )
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
+
+    let mut faults = Vec::new();
+    faults.extend(
+        sweep(
+            &site,
+            &axe,
+            "anonymous",
+            &["/login", "/signup", "/signup/confirm?token=byo_cnf_none"].map(str::to_owned),
+        )
+        .await,
+    );
+    // The checks themselves fail a page that breaks them: an input with no label, and
+    // something wider than the window.
+    site.goto("/login").await;
+    site.c()
+        .execute(
+            "document.querySelector('main').insertAdjacentHTML('beforeend', \
+               '<input id=unlabelled><div id=wide>wide</div>'); \
+             document.getElementById('wide').style.width = '2000px';",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let broken = chromium::page_faults(site.c(), &axe, 390).await;
+    assert!(
+        broken.iter().any(|f| f.contains("critical label:")),
+        "{broken:?}"
+    );
+    assert!(
+        broken.iter().any(|f| f.contains("px wide in a")),
+        "{broken:?}"
+    );
+
+    site.sign_in("customer@example.com").await;
+    let pages = with_nav(&site, &["/"]).await;
+    for must in [
+        "/instances",
+        "/prebookings",
+        "/billing",
+        "/notices",
+        "/account",
+    ] {
+        assert!(pages.iter().any(|p| p == must), "{must}: {pages:?}");
+    }
+    faults.extend(sweep(&site, &axe, "customer", &pages).await);
+    site.c().delete_all_cookies().await.unwrap();
+    site.sign_in("owner@example.com").await;
+    let pages = with_nav(&site, &["/"]).await;
+    assert!(pages.iter().any(|p| p == "/hosts"), "{pages:?}");
+    faults.extend(sweep(&site, &axe, "owner", &pages).await);
+    site.c().delete_all_cookies().await.unwrap();
+    site.sign_in("root@example.com").await;
+    site.goto("/admin").await;
+    let host_page = format!("/admin/hosts/{host_id}");
+    let ops = with_nav(&site, &["/", &host_page]).await;
+    for (must, _) in byo_server::pages::OPERATIONS {
+        assert!(ops.iter().any(|p| p == must), "{must}: {ops:?}");
+    }
+    faults.extend(sweep(&site, &axe, "operator", &ops).await);
+
+    assert!(
+        faults.is_empty(),
+        "{} faults:\n{}",
+        faults.len(),
+        faults.join("\n")
+    );
+    site.close().await;
+}
+
+/// Each of `paths` at 1,280 and 390 px, as the signed-in `who`: its faults
+/// ([`chromium::page_faults`]), and a screenshot of each.
+async fn sweep(site: &Site, axe: &str, who: &str, paths: &[String]) -> Vec<String> {
+    let c = site.c();
+    let mut faults = Vec::new();
+    for width in [1280, 390] {
+        c.set_window_size(width, 900).await.unwrap();
+        for path in paths {
+            site.goto(path).await;
+            for f in chromium::page_faults(c, axe, width).await {
+                faults.push(format!("{who} {path} at {f}"));
+            }
+            // A page named by an id is kept under "one", so runs do not pile up copies.
+            let name = path
+                .trim_matches('/')
+                .split('/')
+                .map(|seg| {
+                    if seg.matches('-').count() == 4 {
+                        "one"
+                    } else {
+                        seg
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("-")
+                .replace(['?', '='], "-");
+            let name = if name.is_empty() { "home".into() } else { name };
+            site.browser
+                .screenshot(&format!("pages/{who}-{name}-{width}.png"))
+                .await;
+        }
+    }
+    faults
+}
+
+/// `extra` and every page the open page's navigation links to (the header's and the
+/// operations' own), once each, in order.
+async fn with_nav(site: &Site, extra: &[&str]) -> Vec<String> {
+    let found = site
+        .c()
+        .execute(
+            "return [...document.querySelectorAll('header nav a[href^=\"/\"], nav.ops a[href^=\"/\"]')] \
+               .map(a => a.getAttribute('href'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let mut pages: Vec<String> = extra.iter().map(|p| (*p).to_owned()).collect();
+    for href in found.as_array().unwrap() {
+        let href = href.as_str().unwrap().to_owned();
+        if !pages.contains(&href) {
+            pages.push(href);
+        }
+    }
+    pages
 }

@@ -341,7 +341,9 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     assert!(html.contains(r#"id="job-reap""#));
     assert!(html.contains("every 1 min"));
     assert!(html.contains("every 5 min"));
-    assert!(html.contains("released 0, failed 0, 0 expired sessions purged"));
+    assert!(
+        html.contains("released 0, failed 0, 0 expired sessions and 0 expired sign-ups purged")
+    );
     assert!(html.contains("0 stuck deletes"));
     assert!(
         html.contains("database unreachable &lt;b&gt;"),
@@ -356,7 +358,7 @@ async fn the_admin_jobs_page_shows_the_runs(app: TestApp) {
     assert_eq!(jobs[0]["runs"][0]["outcome"], "ok");
     assert_eq!(
         jobs[0]["runs"][0]["summary"],
-        "released 0, failed 0, 0 expired sessions purged"
+        "released 0, failed 0, 0 expired sessions and 0 expired sign-ups purged"
     );
     assert_eq!(jobs[1]["name"], "notify-stuck-deletes");
     assert_eq!(jobs[1]["runs"][0]["outcome"], "failed");
@@ -412,7 +414,7 @@ async fn reap_purges_expired_sessions_and_keeps_live_ones(app: TestApp) {
     let runs = app.db.job_runs("reap", 1).await.unwrap();
     assert_eq!(
         runs[0].summary.as_deref(),
-        Some("released 0, failed 0, 1 expired sessions purged")
+        Some("released 0, failed 0, 1 expired sessions and 0 expired sign-ups purged")
     );
     assert!(!kept(&app).await, "the expired one is gone");
     assert!(

@@ -84,6 +84,7 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
 }
 
 with_world!(
+    n_a_host_whose_agent_says_it_uninstalled_is_stopped_its_instances_end_and_it_is_retired_at_once,
     depool_takes_a_host_out_of_placement_with_its_reason_and_keeps_its_instance,
     depool_refuses_a_missing_or_unbounded_reason_and_changes_nothing,
     h1_revoke_depools_drains_then_removes_access,
@@ -217,6 +218,91 @@ async fn h_revoking_a_booked_never_redeemed_host_is_refused_in_words_and_nothing
 /// de-pooled is not the job's. A refusal of N's (a pre-booking still owed) puts it on the
 /// operators' worklist (API and page) with nothing touched, until it is settled; a provider
 /// failing part way stamps nothing and the next run finishes.
+/// Issue #39 (3): `byo-agent uninstall` ends by telling the server (`POST
+/// /api/host/uninstalled`, the host token). An active host renting an instance is stopped as
+/// its owner's stop-hosting stops it, the instance (whose container the uninstall deleted)
+/// ends at that moment and bills no further, and `retire-stopped` retires the host at its next
+/// run — no silent day — leaving nothing outside. Said twice, nothing more happens; a token
+/// that is no host's is refused and changes nothing.
+async fn n_a_host_whose_agent_says_it_uninstalled_is_stopped_its_instances_end_and_it_is_retired_at_once(
+    w: World,
+) {
+    use byo_server::app::retire_stopped;
+    let say = |token: &str| {
+        let req = axum::http::Request::post("/api/host/uninstalled")
+            .header(axum::http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .body(axum::body::Body::empty())
+            .unwrap();
+        w.app.send(req)
+    };
+    let host = w.active_host_on("hw-uninstalled").await;
+    let other = w.active_host_on("hw-other").await;
+    let vm = w.instance(&host, "vm-renting").await;
+    assert!(w.beat(&host.token).await.status.is_success());
+    let before = w.outside(&host.slug);
+    assert_eq!(before.0, 1, "{before:?}");
+
+    let stranger = byo_core::tokens::SecretToken::generate(byo_core::tokens::TokenKind::Host);
+    assert_eq!(
+        say(stranger.expose()).await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert!(w.life(&host).await.active);
+
+    w.clock.advance(chrono::TimeDelta::seconds(5));
+    let at = w.clock.now();
+    let r = say(&host.token).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let life = w.life(&host).await;
+    assert!(!life.active);
+    assert_eq!(
+        (life.depool_reason.as_deref(), life.depooled_by.as_deref()),
+        (
+            Some(byo_server::app::host_lifecycle::STOP_REASON),
+            Some(w.owner.sub.as_str())
+        )
+    );
+    let ended = w.db().vm(&vm).await.unwrap().unwrap();
+    assert_eq!(
+        ended.deleted_at,
+        Some(at),
+        "billing ends when the host says so"
+    );
+    let audit: Vec<_> = w
+        .db()
+        .audit_of_host(&host.id, 50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "host.uninstalled")
+        .collect();
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].details.0["instances_ended"], json!(["vm-renting"]));
+    // Said again: nothing more.
+    assert_eq!(say(&host.token).await.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        w.db()
+            .audit_of_host(&host.id, 50)
+            .await
+            .unwrap()
+            .iter()
+            .filter(|a| a.action == "host.uninstalled")
+            .count(),
+        1
+    );
+
+    // Retired at the job's next run, a minute later, though it beat a minute ago.
+    w.clock.advance(chrono::TimeDelta::minutes(1));
+    let r = retire_stopped::retire_stopped_once(&w.app.state)
+        .await
+        .unwrap();
+    assert_eq!((r.retired, r.refused, r.failed), (1, 0, 0), "{r}");
+    assert!(w.life(&host).await.retired_at.is_some());
+    assert_eq!(w.outside(&host.slug), (0, 0, 0, 0));
+    assert!(w.life(&other).await.retired_at.is_none(), "only that host");
+    assert_eq!(say(&host.token).await.status, StatusCode::UNAUTHORIZED);
+}
+
 async fn n_a_stopped_host_silent_a_day_is_retired_on_its_own_or_listed_for_an_operator(
     mut w: World,
 ) {
@@ -1744,7 +1830,14 @@ async fn the_one_host_page_names_each_failure_within_one_heartbeat(w: World) {
         .record_prepare_state(
             &id,
             0,
-            &json!({"step": "lxd-install", "state": "failed", "error": "apt said no"}),
+            &byo_wire::prepare::PrepareState {
+                step: "lxd-install".into(),
+                state: byo_wire::prepare::StepState::Failed,
+                attempt: 1,
+                error: Some("apt said no".into()),
+                is_final: false,
+                at: w.clock.now(),
+            },
             false,
             w.clock.now(),
         )

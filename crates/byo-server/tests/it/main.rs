@@ -28,3 +28,4 @@ mod queue;
 mod releases;
 mod sealed;
 mod secrets;
+mod signup_by_mail;

@@ -8,11 +8,8 @@
 
 use crate::with_world;
 
-use std::path::PathBuf;
-use std::process::{Child, Command};
 use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
@@ -28,6 +25,7 @@ use byo_wire::states::NoticeKind;
 use chrono::{DateTime, TimeDelta, Utc};
 use serde_json::{Value, json};
 
+use crate::support::smtp::Smtp;
 use crate::support::{self, TestApp, User};
 
 with_world!(
@@ -322,7 +320,7 @@ async fn each_swept_failure_reaches_exactly_its_people_once(w: World) {
         .unwrap()
         .id;
     db.execute_unchecked(&format!(
-        r#"update hosts set pubkey = 'wg', prepare_state = '{{"state": "failed", "step": "lxd-install"}}'
+        r#"update hosts set pubkey = 'wg', prepare_state = '{{"state": "failed", "step": "lxd-install", "attempt": 1, "error": null, "final": false, "at": "2026-11-29T12:00:00Z"}}'
            where id = '{preparing}'"#
     ))
     .await
@@ -554,76 +552,6 @@ async fn what_a_person_turned_off_is_not_raised_and_a_kind_not_theirs_is_refused
 }
 
 // ------------------------------------------------------------------ delivery, for real
-
-/// Debian's aiosmtpd on a free loopback port, with its spool.
-struct Smtp {
-    child: Child,
-    spool: tempfile::TempDir,
-    port: u16,
-}
-
-impl Smtp {
-    fn start() -> Option<Smtp> {
-        if !byo_core::testing::have_tools(&["aiosmtpd"]) {
-            return None;
-        }
-        let spool = tempfile::tempdir().unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let script: PathBuf = [env!("CARGO_MANIFEST_DIR"), "tests/it/support/smtp_sink.py"]
-            .iter()
-            .collect();
-        let mut child = Command::new("/usr/bin/python3")
-            .arg(script)
-            .arg(spool.path())
-            .arg(port.to_string())
-            .spawn()
-            .expect("python3 runs");
-        let ready = spool.path().join("ready");
-        for _ in 0..200 {
-            if ready.exists() {
-                return Some(Smtp { child, spool, port });
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = child.kill();
-        let _ = child.wait();
-        panic!("aiosmtpd did not start on 127.0.0.1:{port}");
-    }
-
-    fn refuse(&self, refusing: bool) {
-        let flag = self.spool.path().join("refuse");
-        if refusing {
-            std::fs::write(flag, b"").unwrap();
-        } else {
-            std::fs::remove_file(flag).unwrap();
-        }
-    }
-
-    /// Every message received, in order.
-    fn messages(&self) -> Vec<String> {
-        let mut names: Vec<_> = std::fs::read_dir(self.spool.path())
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .filter(|p| p.extension().is_some_and(|e| e == "eml"))
-            .collect();
-        names.sort();
-        names
-            .into_iter()
-            .map(|p| std::fs::read_to_string(p).unwrap())
-            .collect()
-    }
-}
-
-impl Drop for Smtp {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What the webhook receiver was sent: each request's headers and body.
 type Received = Arc<Mutex<Vec<(HeaderMap, Vec<u8>)>>>;

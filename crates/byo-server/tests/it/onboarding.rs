@@ -725,7 +725,7 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
     .await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
-    assert_eq!(host.prepare_state.unwrap().0["step"], "lxd-install");
+    assert_eq!(host.prepare_state.unwrap().0.step, "lxd-install");
     assert!(host.prepared_at.is_none());
     let page = w.owner.get("/hosts").await.text();
     assert!(
@@ -1267,7 +1267,7 @@ async fn c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan(w: 
     sent.0.unwrap();
     assert!(sent.1.unwrap_err().contains("401"));
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
-    assert_eq!(host.prepare_state.unwrap().0["step"], "firewall");
+    assert_eq!(host.prepare_state.unwrap().0.step, "firewall");
     assert!(host.prepared_at.is_none());
     let mut r = sent.2;
     tokio::task::spawn_blocking(move || {
@@ -1281,7 +1281,7 @@ async fn c_the_agents_reporter_lands_on_host_report_and_the_answer_is_a_plan(w: 
     .unwrap()
     .unwrap();
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
-    assert_eq!(host.prepare_state.unwrap().0["final"], true);
+    assert!(host.prepare_state.unwrap().0.is_final);
     assert!(
         host.prepared_at.is_some(),
         "completion is the record activation waits for"

@@ -1154,7 +1154,13 @@ async fn e2_a_queued_create_no_host_took_expires_and_its_customer_is_told(mut w:
     let vm = w.vm(placed.vm_id.as_deref().unwrap()).await;
     let body = recent[0]["body"].as_str().unwrap();
     assert!(body.contains(&vm.name), "{theirs}");
-    assert!(body.contains("Log in with: ssh root@"), "{theirs}");
+    assert!(
+        body.contains(&format!(
+            "Log in with: ssh -o HostKeyAlias=byo-{} root@",
+            vm.id
+        )),
+        "{theirs}"
+    );
     assert_eq!(expire(&w).await, 0);
     assert_eq!(w.db().notices(None, 10).await.unwrap().len(), 2);
 

@@ -291,6 +291,27 @@ fn server_modules_keep_their_layers_and_form_no_cycle() {
     );
 }
 
+/// The rules (`byo-server`'s `app/`) answer with outcomes and `AppError`s, never with HTTP
+/// statuses (issue #37, 3): which status an outcome becomes is the edge's (`error.rs`,
+/// `routes`, `pages`). So no file under `app/` names `StatusCode` or `axum::http`.
+#[test]
+fn the_rules_name_no_http_status() {
+    let app = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../byo-server/src/app");
+    let mut named = Vec::new();
+    for entry in std::fs::read_dir(&app).expect("the rules' source is readable") {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let code = text.split("#[cfg(test)]").next().unwrap();
+        for (n, line) in code.lines().enumerate() {
+            let line = line.split("//").next().unwrap();
+            if line.contains("StatusCode") || line.contains("axum::http") {
+                named.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(named.is_empty(), "app/ names HTTP statuses: {named:#?}");
+}
+
 /// "Skip locally, fail under CI" is read from `CI` in one place, `byo_core::testing`
 /// (issue #19 found two helpers reading it two ways): no other Rust file of the workspace
 /// names the variable in an environment read.

@@ -288,9 +288,10 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
             break;
         }
         // relay-peer fails while the endpoint is unknown, and the next scheduled try heals it.
-        let failed = h.prepare_state.as_ref().and_then(|s| {
-            (s.0["state"] == "failed").then(|| s.0["error"].as_str().unwrap_or("").to_owned())
-        });
+        let failed = h
+            .prepare_state
+            .as_ref()
+            .and_then(|s| s.0.failed().then(|| s.0.error.clone().unwrap_or_default()));
         match &failed {
             Some(e) if e.contains("the relay has no public address yet") => {
                 waited_for_endpoint = true

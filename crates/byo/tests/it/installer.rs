@@ -704,7 +704,7 @@ async fn a_preparation_stopped_by_an_expired_list_recovers_on_its_own_once_a_new
     let failed = loop {
         let h = store.host(&host_id).await.unwrap().unwrap();
         if let Some(p) = h.prepare_state.as_ref().map(|p| p.0.clone())
-            && p["state"] == "failed"
+            && p.failed()
         {
             break p;
         }
@@ -717,13 +717,14 @@ async fn a_preparation_stopped_by_an_expired_list_recovers_on_its_own_once_a_new
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     phase("operator-access failed");
-    assert_eq!(failed["step"], "operator-access", "{failed}");
+    assert_eq!(failed.step, "operator-access", "{failed:?}");
     assert!(
-        failed["error"]
-            .as_str()
+        failed
+            .error
+            .as_deref()
             .unwrap()
             .contains("no operator-key list is kept on this host"),
-        "{failed}"
+        "{failed:?}"
     );
     let said = journal();
     assert!(

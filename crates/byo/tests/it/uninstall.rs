@@ -67,6 +67,8 @@ struct Onboarded {
     host: HostContainer,
     ip: String,
     server: String,
+    host_id: String,
+    state: byo_server::AppState,
     t0: Instant,
     _db: byo_db::testing::TestDb,
     _work: tempfile::TempDir,
@@ -165,6 +167,8 @@ async fn onboarded(prefix: &str) -> Option<Onboarded> {
         host,
         ip,
         server,
+        host_id,
+        state,
         t0,
         _db: db,
         _work: work,
@@ -232,9 +236,22 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
         step_line("lxd", "skipped: --keep-lxd"),
         step_line("agent-files", "removed"),
         "uninstalled in".to_owned(),
+        "the server was told".to_owned(),
     ] {
         assert!(ran.terminal.contains(&says), "{says:?}:\n{}", ran.terminal);
     }
+    // Leaving gives everything back (issue #39, 3): the server heard it from the host and
+    // retires it at the job's next run, without waiting for a silent day.
+    let store = &o.state.store;
+    let h = store.host(&o.host_id).await.unwrap().unwrap();
+    assert!(!h.active, "the uninstalled host is out of placement");
+    let r = byo_server::app::retire_stopped::retire_stopped_once(&o.state)
+        .await
+        .unwrap();
+    assert_eq!((r.retired, r.refused, r.failed), (1, 0, 0), "{r}");
+    let life = store.host_lifecycle(&o.host_id).await.unwrap().unwrap();
+    assert!(life.retired_at.is_some(), "retired on its own");
+    phase("the server retired the host");
 
     // The owner logs in with their password and administers the machine.
     let admin = owner_ssh(ip, &format!("echo '{PASSWORD}' | sudo -S -p '' id -u"));

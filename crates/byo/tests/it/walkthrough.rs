@@ -274,10 +274,56 @@ fn run_ssh_line(line: &str, key: &Path, remote: &str) -> Result<String, String> 
     support::ssh(key, &args)
 }
 
-async fn ssh_until(line: &str, key: &Path, expect: &str, within: Duration) {
+/// The ssh options of a customer who keeps host keys, as ssh does by default: each new key
+/// is learnt into `known_hosts`, and a changed one is refused ("REMOTE HOST IDENTIFICATION HAS
+/// CHANGED"). Only what the test must fix (no config, that key only, no prompt) besides.
+fn keeping_host_keys(key: &Path, known_hosts: &Path) -> Vec<String> {
+    [
+        "-i",
+        &key.to_string_lossy(),
+        "-F",
+        "/dev/null",
+        "-o",
+        &format!("UserKnownHostsFile={}", known_hosts.display()),
+        "-o",
+        "StrictHostKeyChecking=accept-new",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=3",
+        "-o",
+        "IdentitiesOnly=yes",
+    ]
+    .map(str::to_owned)
+    .to_vec()
+}
+
+/// A customer's connect line run as they run it, host keys kept in `known_hosts`.
+fn run_customer_line(
+    line: &str,
+    key: &Path,
+    known_hosts: &Path,
+    remote: &str,
+) -> Result<String, String> {
+    let words: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"ssh"), "a connect line: {line:?}");
+    let out = Command::new("ssh")
+        .args(keeping_host_keys(key, known_hosts))
+        .args(&words[1..])
+        .arg(remote)
+        .output()
+        .unwrap();
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    } else {
+        Err(output_text(&out))
+    }
+}
+
+async fn ssh_until(line: &str, key: &Path, known_hosts: &Path, expect: &str, within: Duration) {
     let deadline = Instant::now() + within;
     loop {
-        match run_ssh_line(line, key, "hostname") {
+        match run_customer_line(line, key, known_hosts, "hostname") {
             Ok(name) if name == expect => return,
             other => assert!(
                 Instant::now() < deadline,
@@ -342,7 +388,8 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         "`/instances`",
         "add an SSH key",
         "create an instance",
-        "`ssh root@…`",
+        "`ssh … root@…`",
+        "HostKeyAlias",
         "the relay's address",
     ] {
         assert!(
@@ -579,10 +626,17 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     assert_eq!(copied, shown, "the Copy button hands over what is shown");
     assert_eq!(
         copied,
-        format!("ssh root@{}", relay.trim_start_matches("relay ")),
-        "under byo up the connect line is the relay's address"
+        format!(
+            "ssh -o HostKeyAlias=byo-{vm_id} root@{}",
+            relay.trim_start_matches("relay ")
+        ),
+        "under byo up the connect line is the relay's address, under the instance's own \
+         host-key name"
     );
-    ssh_until(&copied, &key, &name, Duration::from_secs(60)).await;
+    // Host keys are kept as a customer's ssh keeps them: the terminal's instance below, on
+    // the same relay address with its own key, must not read as this one changed.
+    let known_hosts = work.path().join("known_hosts");
+    ssh_until(&copied, &key, &known_hosts, &name, Duration::from_secs(60)).await;
     phase(&format!("6. `{copied}` reached {name}"));
 
     // Stop, start, delete, from the row's buttons.
@@ -614,7 +668,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         )
         .await;
     person.shot("started").await;
-    ssh_until(&copied, &key, &name, Duration::from_secs(60)).await;
+    ssh_until(&copied, &key, &known_hosts, &name, Duration::from_secs(60)).await;
     phase("stopped and started again; ssh works again");
 
     person.follow("Delete").await;
@@ -707,7 +761,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     let line = said
         .lines()
         .map(str::trim)
-        .find(|l| l.starts_with("ssh root@"))
+        .find(|l| l.starts_with("ssh ") && l.contains(" root@"))
         .unwrap_or_else(|| panic!("create --wait ends with the ssh line:\n{said}"))
         .to_owned();
     let cli_name = said
@@ -715,15 +769,21 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         .next()
         .expect("it names the instance")
         .to_owned();
-    assert_eq!(
-        line, copied,
-        "the terminal's line is the page's (one relay per host)"
+    // The page's form, the same relay (one per host), under this instance's own alias.
+    let (alias, at) = line
+        .strip_prefix("ssh -o HostKeyAlias=")
+        .and_then(|rest| rest.split_once(' '))
+        .unwrap_or_else(|| panic!("the terminal's line: {line}"));
+    assert!(copied.ends_with(&format!(" {at}")), "{line} / {copied}");
+    assert!(
+        alias.starts_with("byo-") && alias != format!("byo-{vm_id}"),
+        "{line}"
     );
-    let key_arg = key.to_string_lossy().into_owned();
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let mut args = vec!["instances", "ssh", &cli_name, "--", "-i", &key_arg];
-        args.extend(support::SSH_OPTIONS);
+        let keeping = keeping_host_keys(&key, &known_hosts);
+        let mut args = vec!["instances", "ssh", &cli_name, "--"];
+        args.extend(keeping.iter().map(String::as_str));
         args.push("hostname");
         let out = support::byo_cli(&config, &args, "");
         if out.status.success() {

@@ -234,7 +234,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
             .unwrap()
             .to_owned();
         assert!(listed.contains("failed: never created, not billed"));
-        assert!(!listed.contains("ssh root@") && !listed.contains("/delete"));
+        assert!(!listed.contains("root@") && !listed.contains("/delete"));
     }
 
     // Silence: the host may still be making it, so the page says it stays "creating" until
@@ -276,8 +276,9 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     assert_eq!(vm.status, VmStatus::Running);
     let page = w.customer.page("/instances").await;
     let listed = row(&page, &format!("instance-{id}")).unwrap();
-    // No DNS is published here (local tunnels): the command is the relay's address.
-    let command = "ssh root@10.8.0.1";
+    // No DNS is published here (local tunnels): the command is the relay's address, under
+    // the instance's own host-key name.
+    let command = format!("ssh -o HostKeyAlias=byo-{id} root@10.8.0.1");
     assert!(
         listed.contains(&format!("<code id=\"ssh-{id}\">{command}</code>")),
         "{listed}"
@@ -357,7 +358,7 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         .now()
         .to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
     assert!(listed.contains(&format!("<time datetime=\"{deleted_at}\">")));
-    assert!(!listed.contains("ssh root@") && !listed.contains("/delete\""));
+    assert!(!listed.contains("root@") && !listed.contains("/delete\""));
 
     // The key goes; the page says there are none.
     let r = w
@@ -431,10 +432,12 @@ async fn e1_the_connect_line_works_where_it_is_shown(mut w: World) {
         .unwrap()
         .to_owned();
     assert_eq!(body["instance"]["relay_address"], "10.8.0.1");
-    assert_eq!(body["instance"]["ssh_command"], "ssh root@10.8.0.1");
+    let first = body["instance"]["id"].as_str().unwrap().to_owned();
+    let line = format!("ssh -o HostKeyAlias=byo-{first} root@10.8.0.1");
+    assert_eq!(body["instance"]["ssh_command"], line.as_str());
     let page = w.customer.page("/instances").await;
     assert!(page.contains("<code id=\"ssh-"), "{page}");
-    assert!(page.contains(">ssh root@10.8.0.1</code>"), "{page}");
+    assert!(page.contains(&format!(">{line}</code>")), "{page}");
     assert!(page.contains("relay 10.8.0.1"), "{page}");
     assert!(!page.contains(&format!("ssh root@{hostname}")), "{page}");
 

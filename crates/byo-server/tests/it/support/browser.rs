@@ -188,3 +188,84 @@ impl Browser {
 pub fn screenshot_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/screenshots")
 }
+
+/// axe-core's version, pinned: `scripts/test` installs exactly this one from npm.
+pub const AXE_VERSION: &str = "4.10.3";
+
+/// axe-core's script (from npm, installed by `scripts/test` under the cache, or named by
+/// `BYO_AXE_JS`), or a loud skip (a failure under CI).
+pub fn axe_source() -> Option<String> {
+    let path = std::env::var_os("BYO_AXE_JS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let cache = std::env::var_os("BYO_CACHE").unwrap_or_else(|| "/var/cache/byo".into());
+            PathBuf::from(cache).join(format!(
+                "axe-core-{AXE_VERSION}/node_modules/axe-core/axe.min.js"
+            ))
+        });
+    match std::fs::read_to_string(&path) {
+        Ok(source) => Some(source),
+        Err(e) => {
+            byo_core::testing::skip(
+                "axe-core",
+                &format!(
+                    "{} could not be read ({e}); the accessibility checks did not run",
+                    path.display()
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// What a page fails as a browser sees it at `width` px: axe-core's serious and critical
+/// violations (each with the first nodes it names), and a page wider than its window.
+pub async fn page_faults(client: &Client, axe: &str, width: u32) -> Vec<String> {
+    let mut faults = Vec::new();
+    let loaded = client
+        .execute("return typeof window.axe !== 'undefined';", vec![])
+        .await
+        .unwrap();
+    if loaded != json!(true) {
+        client.execute(axe, vec![]).await.expect("axe-core loads");
+    }
+    let found = client
+        .execute_async(
+            "const done = arguments[arguments.length - 1];
+             axe.run(document, {resultTypes: ['violations']})
+               .then(r => done(r.violations
+                 .filter(v => v.impact === 'serious' || v.impact === 'critical')
+                 .map(v => `${v.impact} ${v.id}: ${v.help} at ${v.nodes.slice(0, 3)
+                   .map(n => n.target.join(' ')).join(', ')}`)))
+               .catch(e => done([`axe failed: ${e}`]));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    for v in found.as_array().cloned().unwrap_or_default() {
+        faults.push(format!("{width} px: {}", v.as_str().unwrap_or_default()));
+    }
+    let m = client
+        .execute(
+            "return {width: document.documentElement.clientWidth, \
+               scroll: document.documentElement.scrollWidth, \
+               widest: [...document.querySelectorAll('body *')] \
+                 .filter(e => e.getBoundingClientRect().right > document.documentElement.clientWidth + 1) \
+                 .slice(0, 3).map(e => e.tagName.toLowerCase() + (e.id ? '#' + e.id : '') \
+                   + (e.className && typeof e.className === 'string' ? '.' + e.className.split(' ').join('.') : ''))};",
+            vec![],
+        )
+        .await
+        .unwrap();
+    let (inner, scroll) = (
+        m["width"].as_f64().unwrap_or_default(),
+        m["scroll"].as_f64().unwrap_or_default(),
+    );
+    if scroll > inner + 1.0 {
+        faults.push(format!(
+            "{width} px: the page is {scroll} px wide in a {inner} px window (past it: {})",
+            m["widest"]
+        ));
+    }
+    faults
+}

@@ -7,6 +7,7 @@ pub mod fake_cloudflare;
 pub mod fake_gcp;
 pub mod fake_stripe;
 pub mod relay_tls;
+pub mod smtp;
 
 use axum::Router;
 use axum::body::Body;
@@ -146,6 +147,9 @@ pub fn test_config() -> Config {
             parallelism: 1,
         },
         secret_key: Some(byo_server::seal::Sealer::generate_hex().into()),
+        // Sign-up's mail is tested where it is (`accounts::a36_…`); elsewhere a sign-up
+        // makes its account at once, as under `byo up`.
+        signup_without_mail: true,
         // Tests sign in far more often than a person: the limits have their own test.
         rate_limits: byo_server::config::RateLimitConfig {
             per_address_per_minute: 100_000,
@@ -158,6 +162,17 @@ pub fn test_config() -> Config {
 }
 
 impl TestApp {
+    /// `POST /api/auth/login` with an email and a password.
+    pub async fn sign_in(&self, email: &str, password: &str) -> Reply {
+        self.request(
+            axum::http::Method::POST,
+            "/api/auth/login",
+            None,
+            Some(serde_json::json!({"email": email, "password": password})),
+        )
+        .await
+    }
+
     /// `POST /api/auth/signup` with an email, a password and a display name.
     pub async fn sign_up(&self, email: &str, password: &str, name: &str) -> Reply {
         self.request(

@@ -165,9 +165,10 @@ impl Platform {
             if h.prepared_at.is_some() {
                 break;
             }
-            let failed = h.prepare_state.as_ref().and_then(|s| {
-                (s.0["state"] == "failed").then(|| s.0["error"].as_str().unwrap_or("").to_owned())
-            });
+            let failed = h
+                .prepare_state
+                .as_ref()
+                .and_then(|s| s.0.failed().then(|| s.0.error.clone().unwrap_or_default()));
             let waiting = failed
                 .as_deref()
                 .is_some_and(crate::support::retried_prepare_failure);
@@ -203,9 +204,7 @@ impl Platform {
                 assert!(p["verified_at"].is_string(), "node{} {iface}: {p}", n.index);
             }
             assert!(
-                n.prepare_state
-                    .as_ref()
-                    .is_none_or(|s| s.0["state"] != "failed"),
+                n.prepare_state.as_ref().is_none_or(|s| !s.0.failed()),
                 "node{}: {:?}",
                 n.index,
                 n.prepare_state
