@@ -342,6 +342,7 @@ text_enum! {
         BookingLaunched = "booking.launched",
         BillingPaymentFailed = "billing.payment_failed",
         BillingInstancesStopped = "billing.instances_stopped",
+        InstanceEnded = "instance.ended",
     }
 }
 

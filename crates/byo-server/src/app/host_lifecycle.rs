@@ -313,6 +313,7 @@ pub async fn host_uninstalled(
     for vm in state.store.live_vms_of_host(&host_id).await? {
         state.store.request_vm_delete(&vm.id, now).await?;
         if state.store.confirm_vm_deleted(&vm.id, now).await? == GuardedWrite::Written {
+            crate::app::notices::instance_ended(state, &vm.id, &vm.name, &vm.user_sub, now).await;
             ended.push(vm.name);
         }
     }

@@ -56,6 +56,10 @@ pub fn describe(kind: NoticeKind) -> (&'static [Audience], &'static str) {
             &[Customers],
             "My instances were stopped for an unpaid invoice",
         ),
+        NoticeKind::InstanceEnded => (
+            &[Customers],
+            "An instance of mine ended because its host left the platform",
+        ),
         NoticeKind::HostUnreachable => (&[Owners, Operators], "A host stopped answering"),
         NoticeKind::HostPrepareStopped => (
             &[Owners],
@@ -244,6 +248,33 @@ pub async fn queue_expired(state: &AppState, queue_id: &str, user_sub: &str, gpu
         &format!("queue.expired:{queue_id}"),
         user_sub,
         &format!("Your queued {gpu_type} instance expired"),
+        &body,
+    )
+    .await;
+}
+
+/// The customer's notice that their instance ended with its host (issue #39, 3): the
+/// machine's owner uninstalled byo, which deleted the container.
+pub async fn instance_ended(
+    state: &AppState,
+    vm_id: &str,
+    name: &str,
+    user_sub: &str,
+    at: DateTime<Utc>,
+) {
+    let body = format!(
+        "Your instance {name} has ended: the owner of the machine it ran on took that machine \
+         off the platform, which deleted the instance with everything on it. Billing stopped at \
+         {}.\n\nCreate another from {}.\n",
+        self::at(at),
+        url(state, "/instances")
+    );
+    raise_event(
+        state,
+        NoticeKind::InstanceEnded,
+        &format!("instance.ended:{vm_id}"),
+        user_sub,
+        &format!("Your instance {name} has ended"),
         &body,
     )
     .await;

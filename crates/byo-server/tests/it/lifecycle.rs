@@ -278,6 +278,13 @@ async fn n_a_host_whose_agent_says_it_uninstalled_is_stopped_its_instances_end_a
         .collect();
     assert_eq!(audit.len(), 1);
     assert_eq!(audit[0].details.0["instances_ended"], json!(["vm-renting"]));
+    // The customer is told, once.
+    let told = w.db().notices(Some(&w.customer.sub), 10).await.unwrap();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(
+        (told[0].kind.as_str(), told[0].subject.as_str()),
+        ("instance.ended", "Your instance vm-renting has ended")
+    );
     // Said again: nothing more.
     assert_eq!(say(&host.token).await.status, StatusCode::NO_CONTENT);
     assert_eq!(
@@ -288,6 +295,14 @@ async fn n_a_host_whose_agent_says_it_uninstalled_is_stopped_its_instances_end_a
             .iter()
             .filter(|a| a.action == "host.uninstalled")
             .count(),
+        1
+    );
+    assert_eq!(
+        w.db()
+            .notices(Some(&w.customer.sub), 10)
+            .await
+            .unwrap()
+            .len(),
         1
     );
 

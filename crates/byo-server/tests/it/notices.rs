@@ -492,11 +492,12 @@ async fn what_a_person_turned_off_is_not_raised_and_a_kind_not_theirs_is_refused
             ("booking.launched".to_owned(), true),
             ("billing.payment_failed".to_owned(), true),
             ("billing.instances_stopped".to_owned(), true),
+            ("instance.ended".to_owned(), true),
         ],
-        "a customer is sent only their own queue, bookings and billing"
+        "a customer is sent only their own queue, bookings, billing and instances"
     );
-    assert_eq!(kinds(&w.op.get("/api/me/notices").await.json()).len(), 13);
-    assert_eq!(kinds(&w.owner.get("/api/me/notices").await.json()).len(), 8);
+    assert_eq!(kinds(&w.op.get("/api/me/notices").await.json()).len(), 14);
+    assert_eq!(kinds(&w.owner.get("/api/me/notices").await.json()).len(), 9);
 
     // A kind that is not theirs, and one that does not exist: refused, nothing stored.
     for (kind, status, code) in [
