@@ -309,13 +309,13 @@ pub async fn sign_up(
     // Hashed either way, so a taken address costs what a new one does.
     let password_hash = state.passwords.hash(password.to_owned()).await?;
     let now = state.clock.now();
-    let sign_in = public_link(state, "/login");
+    let sign_in = crate::app::notices::url(state, "/login");
     let (subject, body, done) = if state.store.user_by_email(&email).await?.is_some() {
         let body = format!(
             "Someone, perhaps you, tried to create an account at {site} with this address.\n\n\
              It already has one, and nothing about it changed. To use it, sign in at\n{sign_in}\n\n\
              If it was not you, you need do nothing.\n",
-            site = public_link(state, ""),
+            site = crate::app::notices::url(state, ""),
         );
         ("Your account already exists", body, SignUp::Existing)
     } else {
@@ -328,13 +328,14 @@ pub async fn sign_up(
             expires_at: now + chrono::Duration::hours(SIGNUP_LINK_HOURS),
         };
         state.store.create_signup(&token.hash(), &row).await?;
-        let link = public_link(state, &format!("/signup/confirm?token={}", token.expose()));
+        let link =
+            crate::app::notices::url(state, &format!("/signup/confirm?token={}", token.expose()));
         let body = format!(
             "To make your account at {site}, open this link and give the password you chose\n\
              when you signed up:\n\n{link}\n\n\
              The link is good for {SIGNUP_LINK_HOURS} hours and makes one account. If you did not sign up,\n\
              you need do nothing: without that password no account is made with this address.\n",
-            site = public_link(state, ""),
+            site = crate::app::notices::url(state, ""),
         );
         ("Confirm your address", body, SignUp::Mailed)
     };
@@ -358,11 +359,6 @@ pub async fn sign_up(
     };
     tracing::info!(outcome, "sign-up mailed");
     Ok(done)
-}
-
-/// An address on this installation's public URL, for a mail.
-fn public_link(state: &AppState, path: &str) -> String {
-    format!("{}{path}", state.config.public_url.trim_end_matches('/'))
 }
 
 async fn audit_signup(state: &AppState, user: &UserRow) -> AppResult<()> {

@@ -138,8 +138,8 @@ pub async fn raise_event(
     }
 }
 
-/// The address a person's links point at.
-fn url(state: &AppState, path: &str) -> String {
+/// The address a person's links point at (a notice's, sign-up's mail).
+pub(crate) fn url(state: &AppState, path: &str) -> String {
     format!("{}{path}", state.config.public_url.trim_end_matches('/'))
 }
 

@@ -230,13 +230,7 @@ impl Site {
         )
         .await;
         self.heartbeat(&host_token).await;
-        let r = op
-            .post(
-                &format!("/api/admin/hosts/{host_id}/activate"),
-                json!({"placement": "shared"}),
-            )
-            .await;
-        assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+        activate(op, &host_id).await;
         (host_id, slug)
     }
 
@@ -766,13 +760,7 @@ async fn c_the_owners_page_follows_preparation_live() {
         .await;
     assert!(progress.contains("prepared at "), "{progress}");
     site.heartbeat(host_token).await;
-    let r = op
-        .post(
-            &format!("/api/admin/hosts/{host_id}/activate"),
-            json!({"placement": "shared"}),
-        )
-        .await;
-    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    activate(&op, &host_id).await;
     site.wait_text(state, |t| t == "active: renting to customers", "active")
         .await;
     assert!(
@@ -1203,4 +1191,15 @@ async fn with_nav(site: &Site, extra: &[&str]) -> Vec<String> {
         }
     }
     pages
+}
+
+/// The operator activates the host, shared: 204.
+async fn activate(op: &support::User, host_id: &str) {
+    let r = op
+        .post(
+            &format!("/api/admin/hosts/{host_id}/activate"),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
 }
