@@ -159,8 +159,12 @@ pub fn ring_routes(pair: &Pair, index: u32) -> Vec<byo_core::ring::Route> {
 /// The script a container of a pair or a ring runs at every boot: its cables' addresses and
 /// MTU; on a ring, forwarding on its cables and a route to each rail it is not on (K2 note 7).
 pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fallible<String> {
+    // Never a moment without the address: node0's agent runs this at create while a container
+    // still booting may run it too (its init's sysinit, its unit), so a flush-then-add would
+    // let one run take away what the other just set. Only other addresses are deleted; an
+    // add refused because the address is there is success; anything else fails loudly.
     let mut s = String::from(
-        "#!/bin/sh\n# This container's rails (lofispark-dual), written by node0's agent at create;\n# run at every boot, so a restarted container comes back addressed.\n",
+        "#!/bin/sh\n# This container's rails (lofispark-dual), written by node0's agent at create;\n# run at every boot, so a restarted container comes back addressed.\nset -e\n",
     );
     for r in rails {
         let addr_ok = r.address.split_once('/').is_some_and(|(a, len)| {
@@ -170,7 +174,12 @@ pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fal
             return Err(format!("a rail does not read: {} {}", r.port, r.address));
         }
         s.push_str(&format!(
-            "ip link set dev {p} mtu {m}\nip addr flush dev {p} scope global\nip addr add {a} dev {p}\nip link set dev {p} up\n",
+            "ip link set dev {p} mtu {m}\n\
+             for old in $(ip -o -4 addr show dev {p} | awk '{{print $4}}'); do\n\
+             \x20 [ \"$old\" = {a} ] || ip addr del \"$old\" dev {p}\n\
+             done\n\
+             ip addr add {a} dev {p} 2>/dev/null || ip -o -4 addr show dev {p} | grep -qF ' {a} '\n\
+             ip link set dev {p} up\n",
             p = r.port,
             m = r.mtu,
             a = r.address
@@ -832,9 +841,12 @@ mod tests {
         assert!(!s.contains("forwarding") && !s.contains("route"), "{s}");
         assert!(s.starts_with("#!/bin/sh\n"));
         assert!(
-            s.contains("ip addr add 192.168.100.11/24 dev rail0\n"),
+            s.contains("ip addr add 192.168.100.11/24 dev rail0 2>/dev/null || "),
             "{s}"
         );
+        // A second run never leaves the port bare, even for a moment.
+        assert!(!s.contains("flush"), "{s}");
+        assert!(s.contains("\nset -e\n"), "{s}");
         assert!(s.contains("ip link set dev rail0 mtu 9000\n"), "{s}");
         for (port, addr) in [
             ("rail0;reboot", "192.168.100.11/24"),
