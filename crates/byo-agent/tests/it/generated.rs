@@ -188,7 +188,11 @@ fn the_rails_script_passes_shellcheck_and_runs_twice_at_once_without_a_bare_mome
         .arg(&applets)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let path = path.to_str().unwrap();
     // Addressed once; then a stale address beside it, and eight runs at once while the port
     // is read in a loop: every read must show the address.
@@ -229,6 +233,9 @@ ip -o link show dev rail0
     assert!(out.status.success(), "{said}\n{script}");
     assert!(said.contains("bare=0\n"), "the port was seen bare: {said}");
     assert!(said.contains(" 192.168.100.11/24 "), "{said}");
-    assert!(!said.contains("192.168.100.99"), "the stale address stays: {said}");
+    assert!(
+        !said.contains("192.168.100.99"),
+        "the stale address stays: {said}"
+    );
     assert!(said.contains("mtu 9000") && said.contains(",UP"), "{said}");
 }

@@ -113,6 +113,7 @@ pub fn dgx_os() -> State {
         "/etc/fstab".into(),
         b"UUID=abcd / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n".to_vec(),
     );
+    files.insert("/swap.img".into(), Vec::new());
     files.insert(
         "/etc/default/ufw".into(),
         b"IPV6=yes\nDEFAULT_INPUT_POLICY=\"DROP\"\nDEFAULT_OUTPUT_POLICY=\"ACCEPT\"\nDEFAULT_FORWARD_POLICY=\"DROP\"\n".to_vec(),
@@ -710,6 +711,13 @@ impl SimSpark {
                     fail(1, &format!("{path}: syntax error"))
                 }
             }
+            ["nft", "delete", "table", family, name] => {
+                self.change()?;
+                match self.state.nft.remove(&format!("{family} {name}")) {
+                    Some(_) => ok(""),
+                    None => fail(1, "Error: No such file or directory"),
+                }
+            }
             ["nft", "list", "table", family, name] => {
                 match s.nft.get(&format!("{family} {name}")) {
                     Some(t) => ok(t),
@@ -739,6 +747,31 @@ impl SimSpark {
             ["swapoff", "-a"] => {
                 self.change()?;
                 self.state.swap.clear();
+                ok("")
+            }
+            ["swapon", dev] => {
+                let there = s.files.contains_key(*dev);
+                self.change()?;
+                if !there {
+                    fail(
+                        255,
+                        &format!("swapon: cannot open {dev}: No such file or directory"),
+                    )
+                } else {
+                    if !self.state.swap.iter().any(|d| d == dev) {
+                        self.state.swap.push((*dev).to_owned());
+                    }
+                    ok("")
+                }
+            }
+            ["rm", flags, paths @ ..] if flags.starts_with('-') => {
+                self.change()?;
+                for p in paths {
+                    let under = format!("{}/", p.trim_end_matches('/'));
+                    self.state
+                        .files
+                        .retain(|f, _| f != p && !f.starts_with(&under));
+                }
                 ok("")
             }
             ["test", "-e", path] => {
@@ -818,6 +851,18 @@ impl SimSpark {
                 self.change()?;
                 self.ufw_reload();
                 ok("Firewall reloaded\n")
+            }
+            ["ufw", "--force", "delete", rule @ ..] => {
+                self.change()?;
+                let r = format!("ufw {}", rule.join(" "));
+                self.state.ufw_rules.retain(|x| *x != r);
+                ok("Rule deleted\n")
+            }
+            ["ufw", "--force", "route", "delete", rule @ ..] => {
+                self.change()?;
+                let r = format!("ufw route {}", rule.join(" "));
+                self.state.ufw_rules.retain(|x| *x != r);
+                ok("Rule deleted\n")
             }
             ["ufw", rule @ ..] => {
                 self.change()?;
