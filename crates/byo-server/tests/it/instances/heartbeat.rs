@@ -7,7 +7,7 @@ fn beat() -> Value {
     json!({
         "agent_version": "0.1.0", "lxd": "ok", "relay": "ok", "tunnel": "unknown",
         "gpu": "degraded", "storage": "ok", "instances": 1,
-        "details": {"relay_map": "rewritten"}
+        "details": {"relay_map": "drift_rewritten"}
     })
 }
 
@@ -49,7 +49,10 @@ async fn heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically(w:
         ),
         (Some("ok"), Some("degraded"), Some("unknown"), Some(1))
     );
-    assert_eq!(s.details.0["relay_map"], "rewritten");
+    assert_eq!(
+        s.details.0.relay_map,
+        Some(byo_wire::vm::RelayMapCheck::DriftRewritten)
+    );
 
     // The next beat replaces it: one row per host.
     w.clock.advance(TimeDelta::seconds(30));
@@ -215,7 +218,7 @@ async fn k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current(w: World) {
     assert_eq!(rails().await, vec![want.clone(), rails1.clone()]);
     let status = w.db().host_status(&host.id).await.unwrap().unwrap();
     assert!(
-        status.details.0.get("rail_neighbours").is_none(),
+        status.details.0.rail_neighbours.is_none(),
         "kept on the node, not here"
     );
 
