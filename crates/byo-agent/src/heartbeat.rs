@@ -18,7 +18,7 @@ use crate::host::Host;
 use crate::vms::{RelayMap, VmConfig};
 
 use crate::prepare::HandOver;
-use crate::serve::VmService;
+use crate::vms::VmService;
 
 /// How a drifted relay map is named in the beat's details: what the relay held, as
 /// `port->target:port` (at most a few entries).
@@ -299,7 +299,7 @@ pub fn rail_neighbours<H: Host + ?Sized>(
     for port in ports {
         let answered = crate::cable::all_nodes_unprivileged(host, port).unwrap_or_default();
         let n = byo_core::probe::machines_answering(&answered, &own, known);
-        counts.insert(port.clone(), u64::try_from(n).unwrap_or(u64::MAX));
+        counts.insert(port.clone(), u64::from(n));
     }
     Some(counts)
 }

@@ -302,7 +302,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 probe_for: Duration::from_secs(probe_for),
             },
         ),
-        Command::ProbeCables { root } => byo_agent::cable::probe_command(&root),
+        Command::ProbeCables { root } => enroll::probe_command(&root),
         Command::Prepare {
             root,
             dry_run: _,

@@ -17,12 +17,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use byo_core::lockstep::{self, Half, Head, Move, Satellite, Worker};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::host::{Fallible, Host, SshHost};
 use crate::lxd;
-use crate::prepare::{BASE_ALIAS, PROFILE_NAME};
+pub use crate::machines::{
+    PEER_KEY_COMMENT, PairNode, RailAddr, SERVING_PEER_KEY, SERVING_STATE, known_hosts_file,
+};
+use crate::names::{BASE_ALIAS, DUAL_PROFILE, PROFILE_NAME};
 
 /// The config key a worker records its head under: what makes a container on a satellite ours.
 pub const HEAD_KEY: &str = "user.enverge.head";
@@ -34,32 +36,6 @@ const LAUNCHER_PUB: &str = "/etc/enverge/launcher.pub";
 pub const CLUSTER_MD: &str = "/etc/enverge/cluster.md";
 /// The account a worker is reached as, from the head, with the launcher key.
 pub const WORKER_USER: &str = "user";
-
-/// One of a rail's ends on one machine: the port, the plan's address on it, its MTU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RailAddr {
-    pub port: String,
-    /// `a.b.c.d/len`: the subnet's tenth host plus the node's index.
-    pub address: String,
-    pub mtu: u32,
-}
-
-/// One machine of a pair or a ring as serving knows it (handed over by preparation).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PairNode {
-    pub index: u32,
-    /// A satellite's management address (node0 has none here).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mgmt_addr: Option<String>,
-    /// A satellite's SSH host key, pinned from the cable at 125.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_key: Option<String>,
-    /// Where a satellite's LXD answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lxd_socket: Option<String>,
-    /// The cables this machine's containers hold, in rail order.
-    pub rails: Vec<RailAddr>,
-}
 
 /// How serving reaches a satellite's LXD.
 pub trait SatelliteHosts: Send + Sync + std::fmt::Debug {
@@ -100,15 +76,6 @@ pub struct SshSatelliteHosts {
     pub dir: PathBuf,
 }
 
-/// serving's state directory (its unit may write there).
-pub const SERVING_STATE: &str = "/var/lib/enverge-agent";
-/// serving's copy of node0's peer key, in its state directory.
-pub const SERVING_PEER_KEY: &str = "peer.key";
-
-pub fn known_hosts_file(node: u32) -> String {
-    format!("peer-{node}.known_hosts")
-}
-
 impl SatelliteHosts for SshSatelliteHosts {
     fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
         let addr = node
@@ -117,7 +84,7 @@ impl SatelliteHosts for SshSatelliteHosts {
             .ok_or_else(|| format!("node{} has no management address", node.index))?;
         Ok(Box::new(SshHost {
             node: node.index,
-            user: crate::prepare::SPARK.to_owned(),
+            user: crate::names::SPARK.to_owned(),
             addr,
             key: self.dir.join(SERVING_PEER_KEY),
             known_hosts: self.dir.join(known_hosts_file(node.index)),
@@ -500,7 +467,6 @@ fn launch_one(
     head: &str,
     launcher_public: &str,
 ) -> Fallible<()> {
-    use crate::prepare::steps::DUAL_PROFILE;
     let name = lockstep::worker_name(head, n.index);
     let body = json!({
         "name": name,
@@ -590,8 +556,6 @@ pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
 /// Where a satellite's spark logs in from (M.4: node1's belongs to the spark user node0
 /// already reaches it as).
 const SATELLITE_AUTHORIZED_KEYS: &str = "/home/spark/.ssh/authorized_keys";
-/// The comment preparation gives node0's peer key in a satellite's authorized_keys.
-pub const PEER_KEY_COMMENT: &str = "enverge-node0-peer";
 
 /// M.4 on a pair or a ring: the operators' keys, as node0 just applied them, written to each
 /// satellite's spark, which keeps node0's peer key (the line preparation marked) and nothing

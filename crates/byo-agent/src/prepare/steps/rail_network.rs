@@ -41,8 +41,7 @@ struct Rails {
     dual: serde_json::Value,
 }
 
-/// The profile a pair's containers add to lofispark-base: the node's cables.
-pub const DUAL_PROFILE: &str = "lofispark-dual";
+pub use crate::names::DUAL_PROFILE;
 
 pub(crate) struct RailNetwork;
 

@@ -7,9 +7,7 @@ use crate::host::{Fallible, Host, read_string};
 use crate::lxd;
 use crate::prepare::Plan;
 
-/// The one administrator of a BYO host: every operator logs in as spark (I).
-pub const SPARK: &str = "spark";
-pub const PROFILE_NAME: &str = "lofispark-base";
+pub use crate::names::{PROFILE_NAME, SPARK};
 pub(crate) const POOL: &str = "default";
 pub(crate) const BRIDGE: &str = "lxdbr0";
 pub(crate) const UFW_DEFAULTS: &str = "/etc/default/ufw";
