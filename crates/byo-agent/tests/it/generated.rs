@@ -22,19 +22,24 @@ fn the_image_builder_and_the_dhcp_hook_are_shellcheck_clean() {
         ("build-base-image.sh", BUILDER_SCRIPT),
         ("udhcpc.script", UDHCPC_SCRIPT),
     ] {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        let out = Command::new("shellcheck")
-            .args(["-s", "sh"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}:\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        shellcheck_clean(&dir.path().join(name), text);
     }
+}
+
+/// Write `text` at `path` and have shellcheck read it as POSIX sh (busybox runs these).
+fn shellcheck_clean(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    let out = Command::new("shellcheck")
+        .args(["-s", "sh"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}:\n{}\n{text}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -169,17 +174,7 @@ fn the_rails_script_passes_shellcheck_and_runs_twice_at_once_without_a_bare_mome
     .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rails.sh");
-    std::fs::write(&path, &script).unwrap();
-    let out = Command::new("shellcheck")
-        .args(["-s", "sh"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{script}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    shellcheck_clean(&path, &script);
     // Busybox's applets first on the PATH, as inside the minimal image.
     let applets = dir.path().join("bin");
     std::fs::create_dir(&applets).unwrap();
