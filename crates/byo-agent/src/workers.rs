@@ -221,15 +221,56 @@ fn address_rails<H: Host + ?Sized>(
             return Err(format!("enabling the rails' unit: {}", out.stderr.trim()));
         }
     }
-    let out = lxd::exec(h, instance, &["/bin/sh", RAILS_SCRIPT])?;
-    if out.code != 0 {
-        return Err(format!(
-            "addressing the rails in {instance}: {}",
-            out.stderr.trim()
-        ));
+    let run = |h: &mut H| -> Fallible<()> {
+        let out = lxd::exec(h, instance, &["/bin/sh", RAILS_SCRIPT])?;
+        if out.code != 0 {
+            return Err(format!(
+                "addressing the rails in {instance}: {}",
+                out.stderr.trim()
+            ));
+        }
+        Ok(())
+    };
+    run(h)?;
+    // Handed over addressed, and still addressed a moment later: the ports arrived with the
+    // container's start, which may still be running its own boot (its init runs this script
+    // too). A port seen bare is addressed again, within a bound, and named when it will not
+    // stay: caught here rather than by the customer's first job across the cables.
+    let check: String = rails
+        .iter()
+        .map(|r| {
+            format!(
+                "ip -o -4 addr show dev {p} | grep -qF ' {a} ' || echo {p}\n",
+                p = r.port,
+                a = r.address
+            )
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + RAILS_SETTLE;
+    let mut steady = 0;
+    while steady < 3 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let out = lxd::exec(h, instance, &["/bin/sh", "-c", &check])?;
+        let bare = out.stdout.split_whitespace().collect::<Vec<_>>().join(", ");
+        if out.code == 0 && bare.is_empty() {
+            steady += 1;
+            continue;
+        }
+        steady = 0;
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "{instance}'s {bare} would not keep its rail address for a second within {}s",
+                RAILS_SETTLE.as_secs()
+            ));
+        }
+        tracing::warn!(%instance, ports = %bare, "a rail lost its address right after it was set; addressing it again");
+        run(h)?;
     }
     Ok(())
 }
+
+/// How long a container's rails may take to stay addressed after create.
+const RAILS_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
 
 fn mkdir<H: Host + ?Sized>(h: &mut H, instance: &str, path: &str, mode: u32) -> Fallible<()> {
     let out = lxd::exec(
