@@ -498,23 +498,31 @@ fn instances_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     Ok(())
 }
 
+/// Our profiles: lofispark-base, and a pair's lofispark-dual (the node's cables).
+const PROFILES: &[&str] = &[PROFILE_NAME, crate::names::DUAL_PROFILE];
+
 fn profile_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
-    Ok(verdict(
-        match lxd::get(h, &format!("/1.0/profiles/{PROFILE_NAME}"))? {
-            Some(_) => vec![format!("delete the profile {PROFILE_NAME}")],
-            None => vec![],
-        },
-    ))
+    let mut needs = Vec::new();
+    for p in PROFILES {
+        if lxd::get(h, &format!("/1.0/profiles/{p}"))?.is_some() {
+            needs.push(format!("delete the profile {p}"));
+        }
+    }
+    Ok(verdict(needs))
 }
 
 fn profile_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
-    lxd::call(
-        h,
-        "DELETE",
-        &format!("/1.0/profiles/{PROFILE_NAME}"),
-        crate::host::LxdBody::None,
-    )
-    .map(drop)
+    for p in PROFILES {
+        if lxd::get(h, &format!("/1.0/profiles/{p}"))?.is_some() {
+            lxd::call(
+                h,
+                "DELETE",
+                &format!("/1.0/profiles/{p}"),
+                crate::host::LxdBody::None,
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn lxd_skip(h: &mut dyn Host, plan: &Plan) -> Option<String> {
@@ -804,7 +812,33 @@ fn spark_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
 
 // host-settings -------------------------------------------------------------------------
 
-const SETTINGS: &[&str] = &[ZFS_CONF, WATCHDOG_CONF];
+const SETTINGS: &[&str] = &[
+    ZFS_CONF,
+    WATCHDOG_CONF,
+    byo_core::render::units::NETPLAN_RAILS,
+    SYSCTL_RAILS,
+    SYSCTL_PING,
+];
+
+/// The (port, address) pairs rail-network's netplan file gives (`render_rails`' shape).
+fn rail_addresses(netplan: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut port = None;
+    for line in netplan.lines() {
+        let t = line.trim();
+        if line.starts_with("    ") && !line.starts_with("      ") && t.ends_with(':') {
+            port = Some(t.trim_end_matches(':').to_owned());
+        } else if let (Some(p), Some(list)) = (&port, t.strip_prefix("addresses: [")) {
+            for a in list.trim_end_matches(']').split(',') {
+                let a = a.trim().trim_matches('"');
+                if !a.is_empty() {
+                    out.push((p.clone(), a.to_owned()));
+                }
+            }
+        }
+    }
+    out
+}
 
 fn fstab_restored(h: &mut dyn Host) -> Fallible<Option<String>> {
     let Some(fstab) = read_string(h, "/etc/fstab")? else {
@@ -853,6 +887,13 @@ fn settings_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
 
 fn settings_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     let watchdog = exists(h, WATCHDOG_CONF)?;
+    // A pair's rails: the addresses rail-network gave the ports go with its file (networkd
+    // leaves a port it no longer configures as it is); its ARP and ping settings hold until
+    // the next boot.
+    let netplan = read_string(h, byo_core::render::units::NETPLAN_RAILS)?.unwrap_or_default();
+    for (port, address) in rail_addresses(&netplan) {
+        try_run(h, &["ip", "addr", "del", &address, "dev", &port])?;
+    }
     for f in SETTINGS {
         h.remove(f)?;
     }
@@ -1121,4 +1162,20 @@ fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
         .flatten()?;
     let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
     crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
+}
+
+#[cfg(test)]
+mod rail_files {
+    #[test]
+    fn the_rails_netplan_file_reads_back_as_its_ports_and_addresses() {
+        let text = "# Written by enverge preparation (rail-network).\nnetwork:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [\"192.168.100.10/24\"]\n      link-local: [ipv6]\n      ipv6-address-generation: eui64\n    enP2p1s0f1np1:\n      mtu: 9000\n      addresses: [\"192.168.101.10/24\"]\n";
+        assert_eq!(
+            super::rail_addresses(text),
+            vec![
+                ("enP2p1s0f0np0".to_owned(), "192.168.100.10/24".to_owned()),
+                ("enP2p1s0f1np1".to_owned(), "192.168.101.10/24".to_owned())
+            ]
+        );
+        assert!(super::rail_addresses("").is_empty());
+    }
 }

@@ -453,8 +453,53 @@ fn h4_uninstall_gives_back_the_forward_policy_swap_and_docker_preparation_took()
     assert!(out.completed);
     assert_eq!(text(&sim, "/etc/enverge/ufw-forward-policy"), "DROP\n");
 
-    let steps = ["tenant-firewall", "host-settings", "docker"];
+    // A pair's node0 also holds rail-network's files and addresses: they go with it.
+    let netplan = "network:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [\"192.168.100.10/24\"]\n";
+    for (path, text) in [
+        ("/etc/netplan/60-enverge-rails.yaml", netplan),
+        (
+            "/etc/sysctl.d/60-enverge-rails.conf",
+            "net.ipv4.conf.all.arp_ignore = 1\n",
+        ),
+        (
+            "/etc/sysctl.d/60-enverge-ping.conf",
+            "net.ipv4.ping_group_range = 0 2147483647\n",
+        ),
+    ] {
+        sim.state
+            .files
+            .insert(path.into(), text.as_bytes().to_vec());
+    }
+    sim.state
+        .addresses
+        .push(("enP2p1s0f0np0".into(), "192.168.100.10/24".into()));
+    sim.state.lxd.as_mut().unwrap().profiles.insert(
+        "lofispark-dual".into(),
+        serde_json::json!({"name": "lofispark-dual"}),
+    );
+    let steps = ["lxd-profile", "tenant-firewall", "host-settings", "docker"];
     let said = uninstall_steps(&mut sim, &Leave::default(), &steps);
+    let profiles = &sim.state.lxd.as_ref().unwrap().profiles;
+    assert!(
+        !profiles.contains_key("lofispark-dual") && !profiles.contains_key("lofispark-base"),
+        "{:?}",
+        profiles.keys()
+    );
+    for gone in [
+        "/etc/netplan/60-enverge-rails.yaml",
+        "/etc/sysctl.d/60-enverge-rails.conf",
+        "/etc/sysctl.d/60-enverge-ping.conf",
+    ] {
+        assert!(!sim.state.files.contains_key(gone), "{gone} stays");
+    }
+    assert!(
+        !sim.state
+            .addresses
+            .iter()
+            .any(|(i, _)| i == "enP2p1s0f0np0"),
+        "the rail keeps its address: {:?}",
+        sim.state.addresses
+    );
     // The owner's file as DGX OS shipped it, every line.
     let shipped = String::from_utf8(dgx_os().files["/etc/default/ufw"].clone()).unwrap();
     assert_eq!(text(&sim, "/etc/default/ufw"), shipped);

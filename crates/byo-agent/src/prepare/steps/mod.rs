@@ -59,6 +59,7 @@ pub(crate) mod written {
         CLOUDFLARED_BIN, CLOUDFLARED_INSTALLED, SPARK_CREATED, SUDOERS, TUNNEL_UNIT,
     };
     pub(crate) use super::owner_lockout::{ADMIN_GROUPS, LOCKOUT_CONF, OWNER_GROUPS};
+    pub(crate) use super::rail_network::{SYSCTL_PING, SYSCTL_RAILS};
     pub(crate) use super::relay_peer::WG_CONF;
     pub(crate) use super::shared::{BRIDGE, POOL, WG_UNIT};
     pub(crate) use super::shared::{

@@ -685,6 +685,18 @@ impl SimSpark {
                     fail(1, "Device does not exist.")
                 }
             }
+            ["ip", "addr", "del", address, "dev", port] => {
+                self.change()?;
+                let before = self.state.addresses.len();
+                self.state
+                    .addresses
+                    .retain(|(i, a)| !(i == port && a == address));
+                if self.state.addresses.len() < before {
+                    ok("")
+                } else {
+                    fail(2, "RTNETLINK answers: Cannot assign requested address")
+                }
+            }
             ["ip", "link", "delete", name] => {
                 self.change()?;
                 self.state.links.remove(*name);
@@ -1082,6 +1094,10 @@ impl SimSpark {
             }
             ("GET", ["profiles", name]) => match lxd.profiles.get(*name) {
                 Some(p) => sync(p.clone()),
+                None => lxd_error(404, "Profile not found"),
+            },
+            ("DELETE", ["profiles", name]) => match lxd.profiles.remove(*name) {
+                Some(_) => sync(json!({})),
                 None => lxd_error(404, "Profile not found"),
             },
             ("POST", ["profiles"]) | ("PUT", ["profiles", _]) => {
