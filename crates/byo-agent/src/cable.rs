@@ -25,7 +25,7 @@ use crate::host::{Fallible, Host, LocalHost, SshHost, must, read_string};
 pub const PEER_NODES: &str = "/etc/enverge/peer-nodes";
 /// node1's login from step 123: user, then password. Root-only, read at 125 and 129, deleted
 /// at 129 (peer-access); never logged, never in a request body.
-pub const PEER_LOGIN: &str = crate::prepare::peers::PEER_LOGIN;
+pub use crate::names::PEER_LOGIN;
 /// Names node1 outright: skips both the cable-first search and the LAN fallback.
 pub const PEER_ADDR_ENV: &str = "ENVERGE_PEER_ADDR";
 
@@ -79,7 +79,7 @@ impl CableProbe {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
         let text = serde_json::to_string_pretty(file).map_err(|e| e.to_string())?;
-        crate::operator_keys::write_atomic(&path, format!("{text}\n").as_bytes(), 0o600)
+        crate::host::write_atomic(&path, format!("{text}\n").as_bytes(), 0o600)
             .map_err(|e| format!("recording {PEER_FILE}: {e}"))
     }
 
@@ -799,23 +799,5 @@ pub fn decision_json(d: &Decision) -> Value {
             "why": retry.to_string(),
             "ports": verdicts(v),
         }),
-    }
-}
-
-/// `byo-agent probe-cables`: step 125 once; prints the decision as JSON.
-pub fn probe_command(root: &Path) -> anyhow::Result<()> {
-    let cable = CableProbe {
-        root: root.to_path_buf(),
-        ..CableProbe::system()
-    };
-    let d = cable
-        .run_once(&mut LocalHost::default())
-        .map_err(anyhow::Error::msg)?;
-    println!("{}", serde_json::to_string_pretty(&decision_json(&d))?);
-    match d {
-        Decision::Enroll(_) => Ok(()),
-        Decision::Retry { retry, .. } => {
-            Err(crate::enroll::EnrollError::NoPeer(retry.to_string()).into())
-        }
     }
 }

@@ -532,3 +532,24 @@ fn probe_until(
         std::thread::sleep(enroller.probe_every);
     }
 }
+
+/// `byo-agent probe-cables`: step 125 once; prints the decision as JSON.
+pub fn probe_command(root: &Path) -> anyhow::Result<()> {
+    let cable = crate::cable::CableProbe {
+        root: root.to_path_buf(),
+        ..crate::cable::CableProbe::system()
+    };
+    let d = cable
+        .run_once(&mut crate::host::LocalHost::default())
+        .map_err(anyhow::Error::msg)?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&crate::cable::decision_json(&d))?
+    );
+    match d {
+        byo_core::probe::Decision::Enroll(_) => Ok(()),
+        byo_core::probe::Decision::Retry { retry, .. } => {
+            Err(EnrollError::NoPeer(retry.to_string()).into())
+        }
+    }
+}

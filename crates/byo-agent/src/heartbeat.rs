@@ -9,14 +9,16 @@ use std::time::Duration;
 
 use byo_core::render::units;
 use byo_wire::relay::SshMap;
-use byo_wire::vm::{Health, Heartbeat, HeldVm, MAX_HELD_VMS};
-use serde_json::json;
+use byo_wire::vm::{
+    BeatDetails, Health, Heartbeat, HeldVm, KeysHeld, MAX_HELD_VMS, RelayDrift, RelayMapCheck,
+    RollbackRecord,
+};
 
 use crate::host::Host;
 use crate::vms::{RelayMap, VmConfig};
 
 use crate::prepare::HandOver;
-use crate::serve::VmService;
+use crate::vms::VmService;
 
 /// How a drifted relay map is named in the beat's details: what the relay held, as
 /// `port->target:port` (at most a few entries).
@@ -124,10 +126,10 @@ struct Observed {
     tunnel: (Health, String),
     gpu: (Health, String),
     /// What enverge-agent-rollback recorded, if it fired since the last install.
-    rollback: Option<serde_json::Value>,
+    rollback: Option<RollbackRecord>,
     /// The kept operator-key list's version and expiry (#16: the backend sees a host whose
     /// list is about to lapse, or has).
-    operator_keys: Option<serde_json::Value>,
+    operator_keys: Option<KeysHeld>,
     /// sshd's accepted logins to spark since the last delivered beat (#16, 5).
     logins: crate::logins::Read,
     /// A pair's or a ring's lockstep this beat (L3): why it is half a pair (empty: whole,
@@ -164,7 +166,10 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
         .as_deref()
         .and_then(|b| byo_core::keylist::SignedList::from_bytes(b).ok())
         .and_then(|s| byo_core::keylist::KeyList::from_canonical(&s.body).ok())
-        .map(|l| json!({"version": l.version, "expires": l.expires}));
+        .map(|l| KeysHeld {
+            version: l.version,
+            expires: l.expires,
+        });
     let logins = crate::logins::read(host, &crate::logins::applied_keys(held_keys.as_deref()));
     // L3: each satellite's LXD asked over the management network, its worker brought in
     // step with the head. Under the host's lock, so it never crosses a create or a delete.
@@ -202,24 +207,25 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
 /// cursor to keep once the beat is delivered.
 fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
     let (relay, relay_map, drift) = match seen.want {
-        None => (Health::Unknown, "unchecked", None),
+        None => (Health::Unknown, RelayMapCheck::Unchecked, None),
         Some(want) => match want
             .and_then(|w| crate::vms::sync_map_drift(relay, &w).map(|had| (had, w)))
         {
-            Ok((None, _)) => (Health::Ok, "in_sync", None),
+            Ok((None, _)) => (Health::Ok, RelayMapCheck::InSync, None),
             Ok((Some(had), runs)) => {
                 tracing::warn!("the relay's SSH map differed from what this host runs; rewritten");
                 (
                     Health::Ok,
-                    "drift_rewritten",
-                    Some(
-                        json!({"relay_had": describe_map(&had), "host_runs": describe_map(&runs)}),
-                    ),
+                    RelayMapCheck::DriftRewritten,
+                    Some(RelayDrift {
+                        relay_had: describe_map(&had),
+                        host_runs: describe_map(&runs),
+                    }),
                 )
             }
             Err(e) => {
                 tracing::warn!(error = %e, "the relay's SSH map could not be checked");
-                (Health::Down, "unreachable", None)
+                (Health::Down, RelayMapCheck::Unreachable, None)
             }
         },
     };
@@ -243,18 +249,19 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
         gpu: seen.gpu.0,
         storage: seen.storage,
         instances,
-        details: json!({
-            "relay_map": relay_map,
-            "relay_drift": drift,
-            "tunnel": seen.tunnel.1,
-            "gpu": seen.gpu.1,
-            "rollback": seen.rollback,
-            "operator_keys": seen.operator_keys,
-            (byo_wire::vm::OPERATOR_LOGINS): seen.logins.logins,
-            "operator_logins_error": seen.logins.error,
-            "half_a_pair": (!seen.half.is_empty()).then_some(&seen.half),
-            "lockstep": (!seen.moved.is_empty()).then_some(&seen.moved),
-        }),
+        details: BeatDetails {
+            relay_map: Some(relay_map),
+            relay_drift: drift,
+            tunnel: Some(seen.tunnel.1),
+            gpu: Some(seen.gpu.1),
+            rollback: seen.rollback,
+            operator_keys: seen.operator_keys,
+            operator_logins: Some(seen.logins.logins),
+            operator_logins_error: seen.logins.error,
+            half_a_pair: (!seen.half.is_empty()).then_some(seen.half),
+            lockstep: (!seen.moved.is_empty()).then_some(seen.moved),
+            rail_neighbours: None,
+        },
         vms,
     };
     (beat, seen.logins.cursor)
@@ -279,7 +286,7 @@ pub fn rail_neighbours<H: Host + ?Sized>(
     host: &mut H,
     ports: &[String],
     known: &std::collections::BTreeMap<String, u32>,
-) -> Option<serde_json::Value> {
+) -> Option<std::collections::BTreeMap<String, u64>> {
     if ports.is_empty() {
         return None;
     }
@@ -288,13 +295,13 @@ pub fn rail_neighbours<H: Host + ?Sized>(
         .into_values()
         .flatten()
         .collect();
-    let mut counts = serde_json::Map::new();
+    let mut counts = std::collections::BTreeMap::new();
     for port in ports {
         let answered = crate::cable::all_nodes_unprivileged(host, port).unwrap_or_default();
         let n = byo_core::probe::machines_answering(&answered, &own, known);
-        counts.insert(port.clone(), json!(n));
+        counts.insert(port.clone(), u64::from(n));
     }
-    Some(serde_json::Value::Object(counts))
+    Some(counts)
 }
 
 /// The tenant firewall follows the host (issue #36): after each beat, serving keeps the
@@ -396,7 +403,7 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
             &handed.rail_ports,
             &handed.rail_neighbours,
         ) {
-            body.details[byo_wire::vm::RAIL_NEIGHBOURS] = rails;
+            body.details.rail_neighbours = Some(rails);
         }
         let mut seen_from = None;
         if let Some(r) = reporter.as_mut() {
@@ -436,6 +443,8 @@ mod tests {
     use std::cell::RefCell;
 
     use byo_wire::relay::{MapEntry, MapTarget};
+
+    use serde_json::json;
 
     use super::*;
     use crate::host::{LxdBody, LxdReply, Output};
@@ -598,14 +607,13 @@ mod tests {
         );
         assert_eq!(beat.instances, 2);
         assert_eq!(beat.relay, Health::Ok);
-        assert_eq!(beat.details["relay_map"], "drift_rewritten");
+        assert_eq!(beat.details.relay_map, Some(RelayMapCheck::DriftRewritten));
         assert_eq!(
-            beat.details["relay_drift"]["relay_had"],
-            "22->10.8.0.2:22007"
-        );
-        assert_eq!(
-            beat.details["relay_drift"]["host_runs"],
-            "22->10.8.0.2:22000"
+            beat.details.relay_drift,
+            Some(RelayDrift {
+                relay_had: "22->10.8.0.2:22007".into(),
+                host_runs: "22->10.8.0.2:22000".into()
+            })
         );
         assert_eq!(
             relay.put.borrow().as_ref().unwrap().mappings[0].target_port,
@@ -617,8 +625,8 @@ mod tests {
             put: RefCell::new(None),
         };
         let (beat, _) = report(observe(&mut host, &config(Some(true), false)), &relay);
-        assert_eq!(beat.details["relay_map"], "in_sync");
-        assert!(beat.details["relay_drift"].is_null());
+        assert_eq!(beat.details.relay_map, Some(RelayMapCheck::InSync));
+        assert!(beat.details.relay_drift.is_none());
         assert!(relay.put.borrow().is_none());
     }
 
@@ -704,7 +712,7 @@ mod tests {
                 (want_tunnel, want_gpu),
                 "{tunnel:?} {state:?} {gpu}"
             );
-            assert!(beat.details["tunnel"].is_string() && beat.details["gpu"].is_string());
+            assert!(beat.details.tunnel.is_some() && beat.details.gpu.is_some());
         }
     }
 
@@ -724,11 +732,18 @@ mod tests {
             journal_asked: Vec::new(),
         };
         let (beat, _) = report(observe(&mut host, &config(None, false)), &relay);
-        assert!(beat.details["rollback"].is_null());
+        assert!(beat.details.rollback.is_none());
         host.rolled_back =
             Some(r#"{"at":"2026-11-30T20:00:00Z","from_sha256":"aa","to_sha256":"bb"}"#);
         let (beat, _) = report(observe(&mut host, &config(None, false)), &relay);
-        assert_eq!(beat.details["rollback"]["at"], "2026-11-30T20:00:00Z");
+        assert_eq!(
+            beat.details.rollback,
+            Some(RollbackRecord {
+                at: Some("2026-11-30T20:00:00Z".into()),
+                from_sha256: Some("aa".into()),
+                to_sha256: Some("bb".into())
+            })
+        );
     }
 
     /// A host with programs only, each answered by the closure; no files, no LXD.
@@ -824,14 +839,16 @@ mod tests {
         let mut with_keys = config(None, false);
         with_keys.operator_keys_held = Some("/var/lib/enverge/operator-keys.signed".into());
         let (beat, _) = report(observe(&mut host, &with_keys), &relay);
-        assert_eq!(beat.details["operator_keys"]["version"], 7);
         assert_eq!(
-            beat.details["operator_keys"]["expires"],
-            json!(list.expires)
+            beat.details.operator_keys,
+            Some(KeysHeld {
+                version: 7,
+                expires: list.expires
+            })
         );
         host.held_keys = None;
         let (beat, _) = report(observe(&mut host, &with_keys), &relay);
-        assert!(beat.details["operator_keys"].is_null());
+        assert!(beat.details.operator_keys.is_none());
     }
 
     /// #16, 5: the logins to spark since the kept cursor ride on the beat, attributed against
@@ -870,8 +887,7 @@ mod tests {
         with_keys.operator_keys_held = Some("/var/lib/enverge/operator-keys.signed".into());
         let (beat, cursor) = report(observe(&mut host, &with_keys), &relay);
         assert_eq!(cursor.as_deref(), Some("c2"));
-        let logins: Vec<byo_wire::vm::OperatorLogin> =
-            serde_json::from_value(beat.details["operator_logins"].clone()).unwrap();
+        let logins = beat.details.operator_logins.clone().unwrap();
         assert_eq!(logins.len(), 2);
         assert_eq!(logins[0].user_sub.as_deref(), Some("op-sub-1"));
         assert_eq!(logins[0].fingerprint, fp);
@@ -880,7 +896,7 @@ mod tests {
             ("10.8.0.1", 40001)
         );
         assert_eq!(logins[1].user_sub, None, "not an operator key");
-        assert!(beat.details["operator_logins_error"].is_null());
+        assert!(beat.details.operator_logins_error.is_none());
         assert!(
             !host
                 .journal_asked
@@ -891,10 +907,10 @@ mod tests {
         host.journal = None;
         let (beat, cursor) = report(observe(&mut host, &with_keys), &relay);
         assert_eq!(cursor, None);
-        assert_eq!(beat.details["operator_logins"], json!([]));
+        assert_eq!(beat.details.operator_logins, Some(vec![]));
         assert_eq!(
-            beat.details["operator_logins_error"],
-            "journalctl: no journal"
+            beat.details.operator_logins_error.as_deref(),
+            Some("journalctl: no journal")
         );
     }
 
@@ -937,7 +953,11 @@ mod tests {
         let ports = ["rail0".to_owned(), "rail1".to_owned(), "rail2".to_owned()];
         assert_eq!(
             rail_neighbours(&mut rails(), &ports, &known),
-            Some(json!({"rail0": 1, "rail1": 0, "rail2": 0}))
+            Some(
+                [("rail0", 1), ("rail1", 0), ("rail2", 0)]
+                    .map(|(p, n)| (p.to_owned(), n))
+                    .into()
+            )
         );
         assert_eq!(
             rail_neighbours(&mut rails(), &[], &known),

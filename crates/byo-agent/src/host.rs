@@ -343,7 +343,7 @@ impl Host for LocalHost {
         if let Some(dir) = full.parent() {
             std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
-        crate::operator_keys::write_atomic(&full, bytes, mode)
+        crate::host::write_atomic(&full, bytes, mode)
             .map_err(|e| format!("writing {path}: {e}"))?;
         let (user, group) = owner.split_once(':').unwrap_or((owner, owner));
         let passwd = std::fs::read_to_string(self.path("/etc/passwd")).unwrap_or_default();
@@ -668,4 +668,35 @@ impl Host for SshHost {
     fn describe(&self) -> String {
         format!("node{} ({})", self.node, self.addr)
     }
+}
+
+/// Write `bytes` to `path` so that a reader sees the old file or the new one, never a
+/// part: a temporary file beside it, fsynced, renamed over, and the directory fsynced.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8], mode: u32) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let dir = path
+        .parent()
+        .ok_or_else(|| std::io::Error::other("path has no parent"))?;
+    let name = path
+        .file_name()
+        .ok_or_else(|| std::io::Error::other("path has no file name"))?;
+    let tmp = dir.join(format!(
+        ".{}.tmp-{}",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+    }
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }

@@ -170,13 +170,14 @@ enum Command {
     /// ufw rules); the relay peer (wg-quick@wg0, /etc/wireguard/wg0.conf); the operator
     /// tunnel (enverge-tunnel, the cloudflared build we installed); spark's access (its
     /// sudoers drop-in, authorized_keys, and the spark user if we created it); our host
-    /// settings (the ZFS ARC cap, the watchdog drop-in, fstab's swap lines given back);
-    /// and last /var/lib/enverge-agent, /etc/enverge and the agent's binary.
+    /// settings (the ZFS ARC cap, the watchdog drop-in, fstab's swap lines given back and the
+    /// swap preparation turned off turned on); Docker, when asked (--restore-docker); and
+    /// last /var/lib/enverge-agent, /etc/enverge and the agent's binary. ufw's
+    /// DEFAULT_FORWARD_POLICY goes back to what it was before preparation set ACCEPT.
     ///
-    /// Kept: what preparation purged or changed that was the owner's before (Docker is not
-    /// reinstalled, ufw's forward policy stays ACCEPT, swap comes back at the next boot),
-    /// packages it installed (earlyoom, wireguard-tools, nftables), and an LXD or a spark
-    /// account that were already here.
+    /// Kept: Docker unless --restore-docker (the run names what was removed and how to
+    /// have it back), packages preparation installed (earlyoom, wireguard-tools, nftables),
+    /// and an LXD or a spark account that were already here.
     ///
     /// Each step checks before it removes and checks again after, so an uninstall cut
     /// short finishes when run again, and one on a machine with nothing of ours says so
@@ -187,6 +188,9 @@ enum Command {
         /// Keep LXD and its images (our instances and profile still go).
         #[arg(long)]
         keep_lxd: bool,
+        /// Reinstall the Docker packages preparation purged (recorded when it purged them).
+        #[arg(long)]
+        restore_docker: bool,
         /// Go ahead without asking.
         #[arg(long)]
         yes: bool,
@@ -298,7 +302,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 probe_for: Duration::from_secs(probe_for),
             },
         ),
-        Command::ProbeCables { root } => byo_agent::cable::probe_command(&root),
+        Command::ProbeCables { root } => enroll::probe_command(&root),
         Command::Prepare {
             root,
             dry_run: _,
@@ -316,9 +320,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         },
         Command::Uninstall {
             keep_lxd,
+            restore_docker,
             yes,
             owner,
-        } => uninstall::run(keep_lxd, yes, owner).map_err(anyhow::Error::from),
+        } => uninstall::run(keep_lxd, restore_docker, yes, owner).map_err(anyhow::Error::from),
         Command::Upgrade { build } => upgrade::run(build.as_deref()).map_err(anyhow::Error::from),
         Command::FinishScript => {
             use byo_core::render::units;

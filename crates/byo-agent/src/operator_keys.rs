@@ -9,8 +9,7 @@
 //! operator removed since (M.5).
 
 use std::fs;
-use std::io::{self, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::io;
 use std::path::{Path, PathBuf};
 
 use byo_core::keylist::{self, Held, KeyList, Refusal, SignedList};
@@ -54,34 +53,7 @@ pub struct OperatorKeys {
     pub environment: String,
 }
 
-/// Write `bytes` to `path` so that a reader sees the old file or the new one, never a
-/// part: a temporary file beside it, fsynced, renamed over, and the directory fsynced.
-pub fn write_atomic(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::other("path has no parent"))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::other("path has no file name"))?;
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(mode)
-            .open(&tmp)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-    }
-    fs::rename(&tmp, path)?;
-    fs::File::open(dir)?.sync_all()
-}
+pub use crate::host::write_atomic;
 
 impl OperatorKeys {
     /// The pinned signing keys; none when the file is absent (a host enrolled before

@@ -20,7 +20,7 @@ use serde_json::json;
 
 use crate::host::LocalHost;
 use crate::operator_keys::{OperatorKeys, ReceiveError};
-use crate::vms::{self, RelayMap, VmConfig, VmError};
+use crate::vms::{self, VmConfig, VmError, VmService};
 
 #[derive(Clone)]
 pub struct Serving {
@@ -28,30 +28,6 @@ pub struct Serving {
     pub operator_keys: OperatorKeys,
     /// The VM API; `None` until preparation handed the credentials over.
     pub vms: Option<Arc<VmService>>,
-}
-
-/// What the VM API acts through: LXD on this host, and the relay's ssh_mapd.
-pub struct VmService {
-    pub config: VmConfig,
-    pub relay: Box<dyn RelayMap + Send + Sync>,
-    pub host: std::sync::Mutex<LocalHost>,
-}
-
-impl VmService {
-    /// Run one VM operation off the async workers, one at a time (ports and names are
-    /// picked from what LXD holds, so two creates must not interleave).
-    async fn with<T: Send + 'static>(
-        self: &Arc<Self>,
-        op: impl FnOnce(&mut LocalHost, &dyn RelayMap, &VmConfig) -> T + Send + 'static,
-    ) -> Result<T, String> {
-        let me = self.clone();
-        tokio::task::spawn_blocking(move || {
-            let mut host = me.host.lock().unwrap_or_else(|p| p.into_inner());
-            op(&mut host, me.relay.as_ref(), &me.config)
-        })
-        .await
-        .map_err(|e| e.to_string())
-    }
 }
 
 fn authorised(state: &Serving, headers: &HeaderMap) -> bool {
@@ -424,7 +400,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 gpu: handed.gpu,
                 tunnel: handed.tunnel,
                 operator_keys_held: Some(operator_keys.paths.held.clone()),
-                prepare_lock: Some(crate::prepare::again::PREPARE_LOCK.into()),
+                prepare_lock: Some(crate::lock::PREPARE_LOCK.into()),
                 reboot_flag: Some(byo_core::render::units::REBOOT_FLAG.into()),
                 pair: (!handed.pair.is_empty()).then(|| crate::workers::Pair {
                     nodes: handed.pair.clone(),

@@ -50,6 +50,9 @@ pub struct Plan {
     pub keep_lxd: bool,
     /// The owner's login: `--owner`, else what install.sh recorded, else who ran sudo.
     pub owner: Option<String>,
+    /// Reinstall the Docker packages docker-purge removed (offered, not done unasked: the
+    /// owner may not want Docker back).
+    pub restore_docker: bool,
 }
 
 /// Why an uninstall stopped, with the exit status `byo-agent uninstall` ends with.
@@ -129,6 +132,7 @@ pub const STEP_NAMES: &[&str] = &[
     "tunnel",
     "spark-access",
     "host-settings",
+    "docker",
     "agent-files",
 ];
 
@@ -152,6 +156,7 @@ pub fn steps(plan: &Plan) -> Vec<UninstallStep<'_>> {
         step("tunnel", tunnel_check, tunnel_apply, never),
         step("spark-access", spark_check, spark_apply, never),
         step("host-settings", settings_check, settings_apply, never),
+        step("docker", docker_check, docker_apply, docker_skip),
         step("agent-files", files_check, files_apply, never),
     ];
     debug_assert!(steps.iter().map(|s| s.name).eq(STEP_NAMES.iter().copied()));
@@ -493,23 +498,31 @@ fn instances_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     Ok(())
 }
 
+/// Our profiles: lofispark-base, and a pair's lofispark-dual (the node's cables).
+const PROFILES: &[&str] = &[PROFILE_NAME, crate::names::DUAL_PROFILE];
+
 fn profile_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
-    Ok(verdict(
-        match lxd::get(h, &format!("/1.0/profiles/{PROFILE_NAME}"))? {
-            Some(_) => vec![format!("delete the profile {PROFILE_NAME}")],
-            None => vec![],
-        },
-    ))
+    let mut needs = Vec::new();
+    for p in PROFILES {
+        if lxd::get(h, &format!("/1.0/profiles/{p}"))?.is_some() {
+            needs.push(format!("delete the profile {p}"));
+        }
+    }
+    Ok(verdict(needs))
 }
 
 fn profile_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
-    lxd::call(
-        h,
-        "DELETE",
-        &format!("/1.0/profiles/{PROFILE_NAME}"),
-        crate::host::LxdBody::None,
-    )
-    .map(drop)
+    for p in PROFILES {
+        if lxd::get(h, &format!("/1.0/profiles/{p}"))?.is_some() {
+            lxd::call(
+                h,
+                "DELETE",
+                &format!("/1.0/profiles/{p}"),
+                crate::host::LxdBody::None,
+            )?;
+        }
+    }
+    Ok(())
 }
 
 fn lxd_skip(h: &mut dyn Host, plan: &Plan) -> Option<String> {
@@ -631,6 +644,18 @@ fn our_ufw_rules(h: &mut dyn Host) -> Fallible<Vec<&'static [&'static str]>> {
         .collect())
 }
 
+/// ufw's forward policy as it was before the firewall step set ACCEPT, while the file still
+/// holds that ACCEPT (a policy the owner changed since is theirs, and stays).
+fn ufw_policy_to_restore(h: &mut dyn Host) -> Fallible<Option<String>> {
+    let was = read_string(h, UFW_POLICY_WAS)?
+        .and_then(|t| t.lines().next().map(|l| l.trim().to_owned()))
+        .filter(|w| !w.is_empty() && w != "ACCEPT");
+    if was.is_none() || forward_policy_in_file(h)?.as_deref() != Some("ACCEPT") {
+        return Ok(None);
+    }
+    Ok(was)
+}
+
 fn firewall_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
     let mut needs = unit_leftovers(h, &[TENANT_FIREWALL])?;
     if h.run(&["nft", "list", "table", "inet", tenants::TABLE], None)?
@@ -640,6 +665,11 @@ fn firewall_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
     }
     if !our_ufw_rules(h)?.is_empty() {
         needs.push("delete the ufw rules for lxdbr0 and wg0".into());
+    }
+    if let Some(was) = ufw_policy_to_restore(h)? {
+        needs.push(format!(
+            "give {UFW_DEFAULTS} its DEFAULT_FORWARD_POLICY back ({was}, as before preparation)"
+        ));
     }
     Ok(verdict(needs))
 }
@@ -667,6 +697,20 @@ fn firewall_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
             }
         }
         must(h, &argv)?;
+    }
+    if let Some(was) = ufw_policy_to_restore(h)? {
+        let text = read_string(h, UFW_DEFAULTS)?.unwrap_or_default();
+        let policy = (was != UFW_POLICY_UNSET).then_some(was.as_str());
+        h.write(
+            UFW_DEFAULTS,
+            with_forward_policy(&text, policy).as_bytes(),
+            0o644,
+            "root:root",
+        )?;
+        // The file is what ufw applies: reloaded, the kernel's policy is the owner's again.
+        if ufw_active(h)? {
+            must(h, &["ufw", "reload"])?;
+        }
     }
     Ok(())
 }
@@ -768,7 +812,33 @@ fn spark_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
 
 // host-settings -------------------------------------------------------------------------
 
-const SETTINGS: &[&str] = &[ZFS_CONF, WATCHDOG_CONF];
+const SETTINGS: &[&str] = &[
+    ZFS_CONF,
+    WATCHDOG_CONF,
+    byo_core::render::units::NETPLAN_RAILS,
+    SYSCTL_RAILS,
+    SYSCTL_PING,
+];
+
+/// The (port, address) pairs rail-network's netplan file gives (`render_rails`' shape).
+fn rail_addresses(netplan: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut port = None;
+    for line in netplan.lines() {
+        let t = line.trim();
+        if line.starts_with("    ") && !line.starts_with("      ") && t.ends_with(':') {
+            port = Some(t.trim_end_matches(':').to_owned());
+        } else if let (Some(p), Some(list)) = (&port, t.strip_prefix("addresses: [")) {
+            for a in list.trim_end_matches(']').split(',') {
+                let a = a.trim().trim_matches('"');
+                if !a.is_empty() {
+                    out.push((p.clone(), a.to_owned()));
+                }
+            }
+        }
+    }
+    out
+}
 
 fn fstab_restored(h: &mut dyn Host) -> Fallible<Option<String>> {
     let Some(fstab) = read_string(h, "/etc/fstab")? else {
@@ -785,6 +855,19 @@ fn fstab_restored(h: &mut dyn Host) -> Fallible<Option<String>> {
     ))
 }
 
+/// The swap devices swap-off turned off that are there and still off.
+fn swap_to_turn_on(h: &mut dyn Host) -> Fallible<Vec<String>> {
+    let recorded = read_string(h, SWAP_WAS_ON)?.unwrap_or_default();
+    let on = swaps(h)?;
+    let mut off = Vec::new();
+    for dev in recorded.lines().map(str::trim).filter(|d| !d.is_empty()) {
+        if !on.iter().any(|o| o == dev) && exists(h, dev)? {
+            off.push(dev.to_owned());
+        }
+    }
+    Ok(off)
+}
+
 fn settings_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
     let mut needs = Vec::new();
     for f in SETTINGS {
@@ -795,11 +878,22 @@ fn settings_check(h: &mut dyn Host, _: &Plan) -> Fallible<Check> {
     if fstab_restored(h)?.is_some() {
         needs.push("give /etc/fstab its swap lines back".into());
     }
+    let off = swap_to_turn_on(h)?;
+    if !off.is_empty() {
+        needs.push(format!("turn swap back on ({})", off.join(", ")));
+    }
     Ok(verdict(needs))
 }
 
 fn settings_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     let watchdog = exists(h, WATCHDOG_CONF)?;
+    // A pair's rails: the addresses rail-network gave the ports go with its file (networkd
+    // leaves a port it no longer configures as it is); its ARP and ping settings hold until
+    // the next boot.
+    let netplan = read_string(h, byo_core::render::units::NETPLAN_RAILS)?.unwrap_or_default();
+    for (port, address) in rail_addresses(&netplan) {
+        try_run(h, &["ip", "addr", "del", &address, "dev", &port])?;
+    }
     for f in SETTINGS {
         h.remove(f)?;
     }
@@ -808,6 +902,62 @@ fn settings_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     }
     if let Some(text) = fstab_restored(h)? {
         h.write("/etc/fstab", text.as_bytes(), 0o644, "root:root")?;
+    }
+    for dev in swap_to_turn_on(h)? {
+        must(h, &["swapon", &dev]).map_err(|e| {
+            format!("swap on {dev} would not come back on ({e}); its /etc/fstab line is back, so the next boot turns it on")
+        })?;
+    }
+    Ok(())
+}
+
+// docker --------------------------------------------------------------------------------
+
+/// The Docker packages docker-purge removed that are not installed now.
+fn docker_removed(h: &mut dyn Host) -> Fallible<Vec<String>> {
+    let recorded = read_string(h, DOCKER_REMOVED)?.unwrap_or_default();
+    let mut gone = Vec::new();
+    for p in recorded.lines().map(str::trim).filter(|p| !p.is_empty()) {
+        if !package_installed(h, p)? {
+            gone.push(p.to_owned());
+        }
+    }
+    Ok(gone)
+}
+
+/// Asked (`--restore-docker`), the packages go back; unasked, the step says how to have them.
+fn docker_skip(h: &mut dyn Host, plan: &Plan) -> Option<String> {
+    if plan.restore_docker {
+        return None;
+    }
+    let gone = docker_removed(h).ok().filter(|g| !g.is_empty())?;
+    Some(format!(
+        "preparation removed Docker ({list}); it is put back only when asked (--restore-docker). To have it back now: sudo apt-get install {list_sp}",
+        list = gone.join(", "),
+        list_sp = gone.join(" ")
+    ))
+}
+
+fn docker_check(h: &mut dyn Host, plan: &Plan) -> Fallible<Check> {
+    if !plan.restore_docker {
+        return Ok(Check::Satisfied);
+    }
+    let gone = docker_removed(h)?;
+    Ok(verdict(if gone.is_empty() {
+        vec![]
+    } else {
+        vec![format!(
+            "reinstall {} (preparation removed it; --restore-docker)",
+            gone.join(", ")
+        )]
+    }))
+}
+
+fn docker_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
+    let gone = docker_removed(h)?;
+    let names: Vec<&str> = gone.iter().map(String::as_str).collect();
+    if !names.is_empty() {
+        crate::host::apt_install(h, &names)?;
     }
     Ok(())
 }
@@ -924,7 +1074,12 @@ pub fn resolve_owner<H: Host>(host: &mut H, given: Option<String>) -> Option<Str
 }
 
 /// `byo-agent uninstall`, as root on node0.
-pub fn run(keep_lxd: bool, yes: bool, owner: Option<String>) -> Result<(), UninstallError> {
+pub fn run(
+    keep_lxd: bool,
+    restore_docker: bool,
+    yes: bool,
+    owner: Option<String>,
+) -> Result<(), UninstallError> {
     let mut host = LocalHost::default();
     let uid = host
         .run(&["id", "-u"], None)
@@ -938,6 +1093,7 @@ pub fn run(keep_lxd: bool, yes: bool, owner: Option<String>) -> Result<(), Unins
     let plan = Plan {
         keep_lxd,
         owner: resolve_owner(&mut host, owner),
+        restore_docker,
     };
     let found = survey(&mut host, &plan);
     if found.is_empty() {
@@ -1006,4 +1162,20 @@ fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
         .flatten()?;
     let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
     crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
+}
+
+#[cfg(test)]
+mod rail_files {
+    #[test]
+    fn the_rails_netplan_file_reads_back_as_its_ports_and_addresses() {
+        let text = "# Written by enverge preparation (rail-network).\nnetwork:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [\"192.168.100.10/24\"]\n      link-local: [ipv6]\n      ipv6-address-generation: eui64\n    enP2p1s0f1np1:\n      mtu: 9000\n      addresses: [\"192.168.101.10/24\"]\n";
+        assert_eq!(
+            super::rail_addresses(text),
+            vec![
+                ("enP2p1s0f0np0".to_owned(), "192.168.100.10/24".to_owned()),
+                ("enP2p1s0f1np1".to_owned(), "192.168.101.10/24".to_owned())
+            ]
+        );
+        assert!(super::rail_addresses("").is_empty());
+    }
 }

@@ -23,9 +23,9 @@ use byo_wire::relay::{MapEntry, MapTarget, SshMap};
 use byo_wire::vm::{Advisory, CreateVm, HeldVm, VmAction, VmCreated};
 use serde_json::json;
 
-use crate::host::{Fallible, Host, LxdBody};
+use crate::host::{Fallible, Host, LocalHost, LxdBody};
 use crate::lxd;
-use crate::prepare::{BASE_ALIAS, LOGIN_BANNER, PROFILE_NAME};
+use crate::names::{BASE_ALIAS, DUAL_PROFILE, LOGIN_BANNER, PROFILE_NAME};
 
 /// The relay's public port a host's instance is reached on: plain ssh, no client software.
 pub const PUBLIC_SSH_PORT: u16 = 22;
@@ -180,7 +180,7 @@ pub struct VmConfig {
     pub tunnel: Option<bool>,
     /// The kept operator-key list, whose version and expiry the heartbeat reports (#16).
     pub operator_keys_held: Option<std::path::PathBuf>,
-    /// The lock a deliberate re-prepare holds (`prepare::again::PREPARE_LOCK`): creates,
+    /// The lock a deliberate re-prepare holds (`lock::PREPARE_LOCK`): creates,
     /// starts and reboots share it, and are refused while the run holds it.
     pub prepare_lock: Option<std::path::PathBuf>,
     /// A pair's or a ring's machines (`None` on a single Spark): the workers go with the head.
@@ -226,7 +226,7 @@ fn not_while_preparing(config: &VmConfig) -> Result<Option<std::fs::File>, VmErr
     let Some(path) = &config.prepare_lock else {
         return Ok(None);
     };
-    match crate::prepare::again::lock_shared(path) {
+    match crate::lock::lock_shared(path) {
         Ok(Some(held)) => Ok(Some(held)),
         Ok(None) => Err(VmError::Preparing),
         Err(e) => Err(VmError::Failed(format!(
@@ -350,7 +350,7 @@ pub fn create<H: Host + ?Sized>(
     };
     let mut profiles = vec![PROFILE_NAME];
     if config.pair.is_some() {
-        profiles.push(crate::prepare::steps::DUAL_PROFILE);
+        profiles.push(DUAL_PROFILE);
     }
     let body = json!({
         "name": req.name,
@@ -701,6 +701,30 @@ pub fn restore<H: Host + ?Sized>(
     }
     reassert_map(h, relay, config)?;
     Ok(started_again)
+}
+
+/// What the VM API acts through: LXD on this host, and the relay's ssh_mapd.
+pub struct VmService {
+    pub config: VmConfig,
+    pub relay: Box<dyn RelayMap + Send + Sync>,
+    pub host: std::sync::Mutex<LocalHost>,
+}
+
+impl VmService {
+    /// Run one VM operation off the async workers, one at a time (ports and names are
+    /// picked from what LXD holds, so two creates must not interleave).
+    pub(crate) async fn with<T: Send + 'static>(
+        self: &std::sync::Arc<Self>,
+        op: impl FnOnce(&mut LocalHost, &dyn RelayMap, &VmConfig) -> T + Send + 'static,
+    ) -> Result<T, String> {
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut host = me.host.lock().unwrap_or_else(|p| p.into_inner());
+            op(&mut host, me.relay.as_ref(), &me.config)
+        })
+        .await
+        .map_err(|e| e.to_string())
+    }
 }
 
 #[cfg(test)]

@@ -17,12 +17,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use byo_core::lockstep::{self, Half, Head, Move, Satellite, Worker};
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::host::{Fallible, Host, SshHost};
 use crate::lxd;
-use crate::prepare::{BASE_ALIAS, PROFILE_NAME};
+pub use crate::machines::{
+    PEER_KEY_COMMENT, PairNode, RailAddr, SERVING_PEER_KEY, SERVING_STATE, known_hosts_file,
+};
+use crate::names::{BASE_ALIAS, DUAL_PROFILE, PROFILE_NAME};
 
 /// The config key a worker records its head under: what makes a container on a satellite ours.
 pub const HEAD_KEY: &str = "user.enverge.head";
@@ -34,32 +36,6 @@ const LAUNCHER_PUB: &str = "/etc/enverge/launcher.pub";
 pub const CLUSTER_MD: &str = "/etc/enverge/cluster.md";
 /// The account a worker is reached as, from the head, with the launcher key.
 pub const WORKER_USER: &str = "user";
-
-/// One of a rail's ends on one machine: the port, the plan's address on it, its MTU.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RailAddr {
-    pub port: String,
-    /// `a.b.c.d/len`: the subnet's tenth host plus the node's index.
-    pub address: String,
-    pub mtu: u32,
-}
-
-/// One machine of a pair or a ring as serving knows it (handed over by preparation).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PairNode {
-    pub index: u32,
-    /// A satellite's management address (node0 has none here).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mgmt_addr: Option<String>,
-    /// A satellite's SSH host key, pinned from the cable at 125.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub host_key: Option<String>,
-    /// Where a satellite's LXD answers.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lxd_socket: Option<String>,
-    /// The cables this machine's containers hold, in rail order.
-    pub rails: Vec<RailAddr>,
-}
 
 /// How serving reaches a satellite's LXD.
 pub trait SatelliteHosts: Send + Sync + std::fmt::Debug {
@@ -100,15 +76,6 @@ pub struct SshSatelliteHosts {
     pub dir: PathBuf,
 }
 
-/// serving's state directory (its unit may write there).
-pub const SERVING_STATE: &str = "/var/lib/enverge-agent";
-/// serving's copy of node0's peer key, in its state directory.
-pub const SERVING_PEER_KEY: &str = "peer.key";
-
-pub fn known_hosts_file(node: u32) -> String {
-    format!("peer-{node}.known_hosts")
-}
-
 impl SatelliteHosts for SshSatelliteHosts {
     fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
         let addr = node
@@ -117,7 +84,7 @@ impl SatelliteHosts for SshSatelliteHosts {
             .ok_or_else(|| format!("node{} has no management address", node.index))?;
         Ok(Box::new(SshHost {
             node: node.index,
-            user: crate::prepare::SPARK.to_owned(),
+            user: crate::names::SPARK.to_owned(),
             addr,
             key: self.dir.join(SERVING_PEER_KEY),
             known_hosts: self.dir.join(known_hosts_file(node.index)),
@@ -159,8 +126,12 @@ pub fn ring_routes(pair: &Pair, index: u32) -> Vec<byo_core::ring::Route> {
 /// The script a container of a pair or a ring runs at every boot: its cables' addresses and
 /// MTU; on a ring, forwarding on its cables and a route to each rail it is not on (K2 note 7).
 pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fallible<String> {
+    // Never a moment without the address: node0's agent runs this at create while a container
+    // still booting may run it too (its init's sysinit, its unit), so a flush-then-add would
+    // let one run take away what the other just set. Only other addresses are deleted; an
+    // add refused because the address is there is success; anything else fails loudly.
     let mut s = String::from(
-        "#!/bin/sh\n# This container's rails (lofispark-dual), written by node0's agent at create;\n# run at every boot, so a restarted container comes back addressed.\n",
+        "#!/bin/sh\n# This container's rails (lofispark-dual), written by node0's agent at create;\n# run at every boot, so a restarted container comes back addressed.\nset -e\n",
     );
     for r in rails {
         let addr_ok = r.address.split_once('/').is_some_and(|(a, len)| {
@@ -170,7 +141,12 @@ pub fn rails_script(rails: &[RailAddr], routes: &[byo_core::ring::Route]) -> Fal
             return Err(format!("a rail does not read: {} {}", r.port, r.address));
         }
         s.push_str(&format!(
-            "ip link set dev {p} mtu {m}\nip addr flush dev {p} scope global\nip addr add {a} dev {p}\nip link set dev {p} up\n",
+            "ip link set dev {p} mtu {m}\n\
+             for old in $(ip -o -4 addr show dev {p} | awk '{{print $4}}'); do\n\
+             \x20 [ \"$old\" = {a} ] || ip addr del \"$old\" dev {p}\n\
+             done\n\
+             ip addr add {a} dev {p} 2>/dev/null || ip -o -4 addr show dev {p} | grep -qF ' {a} '\n\
+             ip link set dev {p} up\n",
             p = r.port,
             m = r.mtu,
             a = r.address
@@ -245,15 +221,56 @@ fn address_rails<H: Host + ?Sized>(
             return Err(format!("enabling the rails' unit: {}", out.stderr.trim()));
         }
     }
-    let out = lxd::exec(h, instance, &["/bin/sh", RAILS_SCRIPT])?;
-    if out.code != 0 {
-        return Err(format!(
-            "addressing the rails in {instance}: {}",
-            out.stderr.trim()
-        ));
+    let run = |h: &mut H| -> Fallible<()> {
+        let out = lxd::exec(h, instance, &["/bin/sh", RAILS_SCRIPT])?;
+        if out.code != 0 {
+            return Err(format!(
+                "addressing the rails in {instance}: {}",
+                out.stderr.trim()
+            ));
+        }
+        Ok(())
+    };
+    run(h)?;
+    // Handed over addressed, and still addressed a moment later: the ports arrived with the
+    // container's start, which may still be running its own boot (its init runs this script
+    // too). A port seen bare is addressed again, within a bound, and named when it will not
+    // stay: caught here rather than by the customer's first job across the cables.
+    let check: String = rails
+        .iter()
+        .map(|r| {
+            format!(
+                "ip -o -4 addr show dev {p} | grep -qF ' {a} ' || echo {p}\n",
+                p = r.port,
+                a = r.address
+            )
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + RAILS_SETTLE;
+    let mut steady = 0;
+    while steady < 3 {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        let out = lxd::exec(h, instance, &["/bin/sh", "-c", &check])?;
+        let bare = out.stdout.split_whitespace().collect::<Vec<_>>().join(", ");
+        if out.code == 0 && bare.is_empty() {
+            steady += 1;
+            continue;
+        }
+        steady = 0;
+        if std::time::Instant::now() > deadline {
+            return Err(format!(
+                "{instance}'s {bare} would not keep its rail address for a second within {}s",
+                RAILS_SETTLE.as_secs()
+            ));
+        }
+        tracing::warn!(%instance, ports = %bare, "a rail lost its address right after it was set; addressing it again");
+        run(h)?;
     }
     Ok(())
 }
+
+/// How long a container's rails may take to stay addressed after create.
+const RAILS_SETTLE: std::time::Duration = std::time::Duration::from_secs(15);
 
 fn mkdir<H: Host + ?Sized>(h: &mut H, instance: &str, path: &str, mode: u32) -> Fallible<()> {
     let out = lxd::exec(
@@ -491,7 +508,6 @@ fn launch_one(
     head: &str,
     launcher_public: &str,
 ) -> Fallible<()> {
-    use crate::prepare::steps::DUAL_PROFILE;
     let name = lockstep::worker_name(head, n.index);
     let body = json!({
         "name": name,
@@ -581,8 +597,6 @@ pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
 /// Where a satellite's spark logs in from (M.4: node1's belongs to the spark user node0
 /// already reaches it as).
 const SATELLITE_AUTHORIZED_KEYS: &str = "/home/spark/.ssh/authorized_keys";
-/// The comment preparation gives node0's peer key in a satellite's authorized_keys.
-pub const PEER_KEY_COMMENT: &str = "enverge-node0-peer";
 
 /// M.4 on a pair or a ring: the operators' keys, as node0 just applied them, written to each
 /// satellite's spark, which keeps node0's peer key (the line preparation marked) and nothing
@@ -832,9 +846,12 @@ mod tests {
         assert!(!s.contains("forwarding") && !s.contains("route"), "{s}");
         assert!(s.starts_with("#!/bin/sh\n"));
         assert!(
-            s.contains("ip addr add 192.168.100.11/24 dev rail0\n"),
+            s.contains("ip addr add 192.168.100.11/24 dev rail0 2>/dev/null || "),
             "{s}"
         );
+        // A second run never leaves the port bare, even for a moment.
+        assert!(!s.contains("flush"), "{s}");
+        assert!(s.contains("\nset -e\n"), "{s}");
         assert!(s.contains("ip link set dev rail0 mtu 9000\n"), "{s}");
         for (port, addr) in [
             ("rail0;reboot", "192.168.100.11/24"),

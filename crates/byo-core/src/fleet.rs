@@ -155,20 +155,17 @@ pub struct Rollback {
 }
 
 impl Rollback {
-    /// Read `details.rollback` (`{"at", "from_sha256", "to_sha256"}`); `None` when absent.
-    pub fn from_details(details: &serde_json::Value) -> Option<Rollback> {
-        let r = details.get("rollback").filter(|r| !r.is_null())?;
-        Some(Rollback {
-            from_build: r
-                .get("from_sha256")
-                .and_then(|v| v.as_str())
-                .map(crate::release::build_id),
+    /// Read what the beat carried (`details.rollback`): the build by its digest, the time
+    /// when it reads as RFC 3339 (the rollback script's `date`).
+    pub fn from_record(r: &byo_wire::vm::RollbackRecord) -> Rollback {
+        Rollback {
+            from_build: r.from_sha256.as_deref().map(crate::release::build_id),
             at: r
-                .get("at")
-                .and_then(|v| v.as_str())
+                .at
+                .as_deref()
                 .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
                 .map(|t| t.with_timezone(&Utc)),
-        })
+        }
     }
 
     /// Whether this rollback undid the upgrade to `build` started at `started_at`: it went
@@ -555,25 +552,26 @@ mod tests {
 
     #[test]
     fn a_rollback_is_read_from_the_heartbeats_details() {
+        let read = |v: serde_json::Value| {
+            let details: byo_wire::vm::BeatDetails = serde_json::from_value(v).unwrap();
+            details.rollback.as_ref().map(Rollback::from_record)
+        };
         let details = serde_json::json!({"rollback": {
             "at": "2030-03-17T17:46:40Z",
             "from_sha256": "AAAAAAAAAAAAbbbb",
             "to_sha256": "cccc"
         }});
         assert_eq!(
-            Rollback::from_details(&details),
+            read(details),
             Some(Rollback {
                 from_build: Some(B.into()),
                 at: Some(DateTime::from_timestamp(1_900_000_000, 0).unwrap()),
             })
         );
-        assert_eq!(Rollback::from_details(&serde_json::json!({})), None);
+        assert_eq!(read(serde_json::json!({})), None);
+        assert_eq!(read(serde_json::json!({"rollback": null})), None);
         assert_eq!(
-            Rollback::from_details(&serde_json::json!({"rollback": null})),
-            None
-        );
-        assert_eq!(
-            Rollback::from_details(&serde_json::json!({"rollback": {"at": "yesterday"}})),
+            read(serde_json::json!({"rollback": {"at": "yesterday"}})),
             Some(Rollback {
                 from_build: None,
                 at: None

@@ -431,7 +431,9 @@ pub struct HostStatusRow {
     pub gpu: Option<String>,
     pub storage: Option<String>,
     pub instances: Option<i32>,
-    pub details: Json<Value>,
+    /// What the beat said beyond the columns, less the logins and rail counts, which are
+    /// kept where they belong.
+    pub details: Json<byo_wire::vm::BeatDetails>,
 }
 
 impl Store {
@@ -446,11 +448,6 @@ impl Store {
         now: DateTime<Utc>,
     ) -> Result<Option<(String, bool)>> {
         let instances = i32::try_from(beat.instances).unwrap_or(i32::MAX);
-        let details = if beat.details.is_null() {
-            Value::Object(Default::default())
-        } else {
-            beat.details.clone()
-        };
         let _turn = self.write_turn().await;
         // The answer says whether the host holds a live row, so a beat from an idle host
         // with nothing to list needs no second round trip to reconcile.
@@ -476,7 +473,7 @@ impl Store {
         .bind(beat.gpu.as_str())
         .bind(beat.storage.as_str())
         .bind(instances)
-        .bind(Json(&details))
+        .bind(Json(&beat.details))
         .fetch_optional(p)
         .await)
         .map_err(Into::into)

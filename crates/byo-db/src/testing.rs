@@ -188,7 +188,7 @@ pub fn healthy_beat() -> byo_wire::vm::Heartbeat {
         gpu: Health::Ok,
         storage: Health::Ok,
         instances: 0,
-        details: serde_json::json!({}),
+        details: Default::default(),
         vms: Vec::new(),
     }
 }

@@ -1,3 +1,9 @@
+//! `AppState`, what every handler reaches: the store, the config, the providers, the hosts'
+//! agents and how long to wait for them, the sealer, the relay CA, the billing gate, the
+//! rate limits, the notifier and step 84's hook (`queue::NudgeDrain`, which nudges the
+//! `queue-drain` job). What it holds of billing, the queue and the jobs' triggers sits beside
+//! it (`billing`, `queue`, `job_trigger`) so that `state` never imports `app`.
+
 use std::sync::Arc;
 
 use byo_db::Store;

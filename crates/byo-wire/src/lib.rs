@@ -1,7 +1,9 @@
 //! Wire shapes shared by the server, the agent, the relay and the operator CLI.
 //!
 //! Only this crate derives serde for anything that crosses a process boundary, so a
-//! shape has one definition and one spelling. Names follow the design document.
+//! shape has one definition and one spelling. Names follow the design document. The server
+//! enables the `openapi` feature to derive schemas; the agent and the relay do not pay for
+//! it. A shape holding a password or a token implements `Debug` by hand, the secret redacted.
 
 pub mod api;
 pub mod billing;

@@ -23,7 +23,7 @@ pub const MESSAGE: usize = 2048;
 pub const PUBLIC_KEY: usize = 8192;
 /// An armored SSHSIG.
 pub const SIGNATURE: usize = 16384;
-/// The heartbeat's free-form `details`, serialised.
+/// The heartbeat's `details` (`vm::BeatDetails`), serialised.
 pub const DETAILS: usize = 8192;
 /// Machines in one enrolment request besides node0 (a ring has three).
 pub const PEERS: usize = 8;

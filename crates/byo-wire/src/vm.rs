@@ -124,11 +124,96 @@ pub struct Heartbeat {
     pub storage: Health,
     pub instances: u32,
     #[serde(default)]
-    pub details: serde_json::Value,
+    pub details: BeatDetails,
     /// The instances the host holds, as LXD sees them (at most [`MAX_HELD_VMS`]): what the
     /// backend settles rows still being created from and finds orphans in.
     #[serde(default)]
     pub vms: Vec<HeldVm>,
+}
+
+/// How the agent found the relay's SSH map this beat.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum RelayMapCheck {
+    /// LXD did not answer, so what the host runs was not known.
+    Unchecked,
+    InSync,
+    /// The relay's map differed from what the host runs, and the agent rewrote it.
+    DriftRewritten,
+    /// The relay's map could not be read.
+    Unreachable,
+}
+
+/// What the relay's map held and what the host runs, when they differed (at most four
+/// entries each, `port->target:port`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RelayDrift {
+    pub relay_had: String,
+    pub host_runs: String,
+}
+
+/// What `enverge-agent-rollback` recorded when it restored the previous build
+/// (`ROLLED_BACK`, written by its shell script): when, by the host's clock, and the two
+/// builds' digests. Reported on every beat until the next install.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RollbackRecord {
+    #[serde(default)]
+    pub at: Option<String>,
+    #[serde(default)]
+    pub from_sha256: Option<String>,
+    #[serde(default)]
+    pub to_sha256: Option<String>,
+}
+
+/// The operator-key list a host holds: its version and expiry (#16: the backend sees a list
+/// about to lapse, or lapsed).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct KeysHeld {
+    pub version: u64,
+    pub expires: DateTime<Utc>,
+}
+
+/// What a beat says beyond host_status' columns, each field the agent fills and the backend
+/// judges. Every field may be absent; a key this build does not know is ignored (a newer
+/// agent's addition does not cost an older backend its beats). The logins and the rail
+/// counts are taken out before the rest is kept as host_status.details.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BeatDetails {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_map: Option<RelayMapCheck>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub relay_drift: Option<RelayDrift>,
+    /// Why the tunnel reads as it does, in words (`systemctl is-active`'s answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tunnel: Option<String>,
+    /// Why the GPU reads as it does, in words.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<RollbackRecord>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_keys: Option<KeysHeld>,
+    /// sshd's accepted logins to spark since the last delivered beat (#16, 5), at most
+    /// [`MAX_LOGINS_PER_BEAT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_logins: Option<Vec<OperatorLogin>>,
+    /// Why the logins could not be read this beat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator_logins_error: Option<String>,
+    /// A pair or a ring (L3.3): why it is half a pair (absent: whole, or a single Spark).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub half_a_pair: Option<Vec<String>>,
+    /// The lockstep moves that brought a worker back in step this beat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lockstep: Option<Vec<String>>,
+    /// node0 of a pair or a ring (133): per rail port, how many machines answered on it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rail_neighbours: Option<std::collections::BTreeMap<String, u64>>,
 }
 
 /// The header on the heartbeat's answer naming the address the backend saw the beat come
@@ -136,13 +221,6 @@ pub struct Heartbeat {
 /// Behind a reverse proxy it is the proxy's, and then tenants are kept from the proxy instead.
 pub const SEEN_FROM_HEADER: &str = "byo-seen-from";
 
-/// The key in a heartbeat's `details` under which the agent sends the logins to `spark` that
-/// sshd accepted since the last delivered beat (#16, 5): a list of [`OperatorLogin`].
-pub const OPERATOR_LOGINS: &str = "operator_logins";
-/// The key in a heartbeat's `details` under which node0 of a pair or a ring sends, per rail
-/// port, how many machines answered on it (133): `{iface: count}`, at most
-/// [`crate::limits::RAILS`] ports, each count at most [`MAX_RAIL_NEIGHBOURS`].
-pub const RAIL_NEIGHBOURS: &str = "rail_neighbours";
 /// More machines than this on one port is a LAN, whatever the number.
 pub const MAX_RAIL_NEIGHBOURS: u64 = 1024;
 /// How many logins one beat carries at most; the rest wait in the journal for the next beat.
@@ -473,7 +551,8 @@ impl crate::limits::Bounded for Heartbeat {
     fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
         use crate::limits::{DETAILS, SHORT, json, text};
         text("agent_version", &self.agent_version, SHORT)?;
-        json("details", &self.details, DETAILS)
+        let details = serde_json::to_value(&self.details).unwrap_or_default();
+        json("details", &details, DETAILS)
     }
 }
 

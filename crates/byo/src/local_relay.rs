@@ -85,9 +85,17 @@ impl LxdRelay {
         c
     }
 
-    /// A reboot, as the VM would have one: the startup script runs again.
+    /// A reboot, as the VM would have one: the startup script runs again. A clean restart
+    /// first; one whose shutdown does not finish (seen under load: LXD's "shutting down the
+    /// container failed") is forced, as a VM's reset does not wait on its guest either.
     pub fn reboot(&self) -> Result<(), ProviderError> {
-        lxc(&["restart", &self.container]).map(drop)
+        match lxc(&["restart", "--timeout", "60", &self.container]) {
+            Ok(_) => Ok(()),
+            Err(clean) => {
+                tracing::warn!(relay = %self.container, error = %clean, "the relay's clean restart failed; forcing it");
+                lxc(&["restart", "--force", &self.container]).map(drop)
+            }
+        }
     }
 
     /// Wait until the startup script has finished since the relay last booted, and say how

@@ -17,15 +17,13 @@
 //! `host_preparing` (the backend's "no capacity"), and the run refuses while a create is
 //! under way. The lock is in the kernel, so a run that dies releases it.
 
-use std::fs::{File, OpenOptions};
-use std::io;
+use std::fs::File;
 use std::path::Path;
 
 use crate::host::Host;
 
-/// The lock between the deliberate run and serving's creates and starts. In the agent's own
-/// state directory, which serving may write (its unit's `ReadWritePaths=`).
-pub const PREPARE_LOCK: &str = "/var/lib/enverge-agent/prepare.lock";
+use crate::lock::open;
+pub use crate::lock::{PREPARE_LOCK, lock_shared};
 
 /// Why the deliberate run did not start, or how it ended. Each has its own exit status.
 #[derive(Debug, thiserror::Error)]
@@ -70,18 +68,6 @@ impl AgainError {
     }
 }
 
-fn open(path: &Path) -> io::Result<File> {
-    // Serving (spark) can read a lock root created; the one that finds none creates it.
-    match File::open(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(path),
-        other => other,
-    }
-}
-
 /// The deliberate run's hold: released when dropped (or when the process dies).
 #[derive(Debug)]
 pub struct Exclusive(#[allow(dead_code)] File);
@@ -95,17 +81,6 @@ pub fn lock_exclusive(path: &Path) -> Result<Exclusive, AgainError> {
         Err(std::fs::TryLockError::Error(e)) => {
             Err(AgainError::Io(format!("locking {}: {e}", path.display())))
         }
-    }
-}
-
-/// Serving's hold around a create, a start or a reboot: `Ok(None)` while a deliberate run
-/// holds the lock (the caller refuses, `host_preparing`).
-pub fn lock_shared(path: &Path) -> io::Result<Option<File>> {
-    let file = open(path)?;
-    match file.try_lock_shared() {
-        Ok(()) => Ok(Some(file)),
-        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(e)) => Err(e),
     }
 }
 

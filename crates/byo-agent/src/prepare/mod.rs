@@ -255,7 +255,7 @@ pub struct HandOver {
     /// creates, deletes and keeps the workers with (K1 note 11, `crate::workers`). Empty on a
     /// single Spark.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pair: Vec<crate::workers::PairNode>,
+    pub pair: Vec<crate::machines::PairNode>,
 }
 
 impl std::fmt::Debug for HandOver {
@@ -293,10 +293,10 @@ pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
         let key = host
             .read(&format!("/etc/enverge/{}", peers::PEER_KEY))?
             .ok_or("a pair's preparation made no peer key")?;
-        let state = std::path::Path::new(crate::workers::SERVING_STATE);
+        let state = std::path::Path::new(crate::machines::SERVING_STATE);
         host.write(
             &state
-                .join(crate::workers::SERVING_PEER_KEY)
+                .join(crate::machines::SERVING_PEER_KEY)
                 .to_string_lossy(),
             &key,
             0o600,
@@ -308,7 +308,7 @@ pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
             };
             host.write(
                 &state
-                    .join(crate::workers::known_hosts_file(n.index))
+                    .join(crate::machines::known_hosts_file(n.index))
                     .to_string_lossy(),
                 peers::known_hosts_line(addr, key).as_bytes(),
                 0o644,

@@ -21,7 +21,7 @@ pub fn satellite_steps() -> impl Iterator<Item = &'static str> {
         .map(|s| s.name)
 }
 
-pub const PEER_LOGIN: &str = "/etc/enverge/peer-login";
+pub use crate::names::PEER_LOGIN;
 /// node0's peer key (K: peer.key), Ed25519, root-only; its public half beside it.
 pub const PEER_KEY: &str = "peer.key";
 /// peer.json's shape is byo-wire's: the pure cable probe (`byo_core::probe`) writes it.
@@ -44,7 +44,7 @@ pub fn ensure_peer_key(dir: &std::path::Path) -> Fallible<String> {
             let text = key
                 .to_openssh(LineEnding::LF)
                 .map_err(|e| format!("encoding node0's peer key: {e}"))?;
-            crate::operator_keys::write_atomic(&private, text.as_bytes(), 0o600)
+            crate::host::write_atomic(&private, text.as_bytes(), 0o600)
                 .map_err(|e| format!("writing {}: {e}", private.display()))?;
             key
         }
@@ -61,7 +61,7 @@ pub fn ensure_peer_key(dir: &std::path::Path) -> Fallible<String> {
         .map(str::trim)
         != Some(line.as_str())
     {
-        crate::operator_keys::write_atomic(&public, format!("{line}\n").as_bytes(), 0o644)
+        crate::host::write_atomic(&public, format!("{line}\n").as_bytes(), 0o644)
             .map_err(|e| format!("writing {}: {e}", public.display()))?;
     }
     Ok(line)
@@ -131,7 +131,7 @@ pub fn satellite_plan(plan: &Plan, peer: &Peer, owner: Option<String>) -> Plan {
         keys.push_str(&format!(
             "{} {}\n",
             k.trim(),
-            crate::workers::PEER_KEY_COMMENT
+            crate::machines::PEER_KEY_COMMENT
         ));
     }
     Plan {
@@ -176,7 +176,7 @@ pub fn lxd_socket(plan: &Plan) -> &'static str {
 /// What serving knows of a pair's machines (`HandOver::pair`): each one's cables with the
 /// plan's address and MTU, a satellite's management address and pinned host key. Empty on a
 /// single Spark.
-pub fn pair_nodes(plan: &Plan) -> Fallible<Vec<crate::workers::PairNode>> {
+pub fn pair_nodes(plan: &Plan) -> Fallible<Vec<crate::machines::PairNode>> {
     if plan.peers.is_empty() {
         return Ok(Vec::new());
     }
@@ -186,11 +186,11 @@ pub fn pair_nodes(plan: &Plan) -> Fallible<Vec<crate::workers::PairNode>> {
             .into_iter()
             .map(|(port, rail)| {
                 let (address, mtu) = planned_address(plan, rail, node)?;
-                Ok(crate::workers::RailAddr { port, address, mtu })
+                Ok(crate::machines::RailAddr { port, address, mtu })
             })
             .collect::<Fallible<Vec<_>>>()
     };
-    let mut nodes = vec![crate::workers::PairNode {
+    let mut nodes = vec![crate::machines::PairNode {
         index: 0,
         mgmt_addr: None,
         host_key: None,
@@ -198,7 +198,7 @@ pub fn pair_nodes(plan: &Plan) -> Fallible<Vec<crate::workers::PairNode>> {
         rails: rails(0, node0_ports(plan))?,
     }];
     for peer in &plan.peers {
-        nodes.push(crate::workers::PairNode {
+        nodes.push(crate::machines::PairNode {
             index: peer.index,
             mgmt_addr: peer.mgmt_addr.clone().or_else(|| peer.addr.clone()),
             host_key: Some(peer.host_key.clone()),

@@ -22,19 +22,24 @@ fn the_image_builder_and_the_dhcp_hook_are_shellcheck_clean() {
         ("build-base-image.sh", BUILDER_SCRIPT),
         ("udhcpc.script", UDHCPC_SCRIPT),
     ] {
-        let path = dir.path().join(name);
-        std::fs::write(&path, text).unwrap();
-        let out = Command::new("shellcheck")
-            .args(["-s", "sh"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}:\n{}",
-            String::from_utf8_lossy(&out.stdout)
-        );
+        shellcheck_clean(&dir.path().join(name), text);
     }
+}
+
+/// Write `text` at `path` and have shellcheck read it as POSIX sh (busybox runs these).
+fn shellcheck_clean(path: &std::path::Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    let out = Command::new("shellcheck")
+        .args(["-s", "sh"])
+        .arg(path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}:\n{}\n{text}",
+        path.display(),
+        String::from_utf8_lossy(&out.stdout)
+    );
 }
 
 #[test]
@@ -145,4 +150,87 @@ fn the_tenant_firewall_passes_nft_and_refuses_every_owner_range() {
     ] {
         assert!(listed.contains(rule), "{rule:?} missing from:\n{listed}");
     }
+}
+
+/// The rails script node0's agent writes into a pair's containers: shellcheck-clean as POSIX
+/// sh, and, run for real by busybox's sh (the minimal image's) on a port in a network
+/// namespace, it leaves the plan's address, MTU and link up, drops a stale address, and
+/// never leaves the port bare while runs overlap — the agent's run at create beside the
+/// booting container's own (once seen as a worker's rail without its address after create).
+#[test]
+fn the_rails_script_passes_shellcheck_and_runs_twice_at_once_without_a_bare_moment() {
+    use byo_agent::workers::{RailAddr, rails_script};
+    if !have("shellcheck") || !have("busybox") || !have("unshare") || !have("ip") {
+        return;
+    }
+    let script = rails_script(
+        &[RailAddr {
+            port: "rail0".into(),
+            address: "192.168.100.11/24".into(),
+            mtu: 9000,
+        }],
+        &[],
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rails.sh");
+    shellcheck_clean(&path, &script);
+    // Busybox's applets first on the PATH, as inside the minimal image.
+    let applets = dir.path().join("bin");
+    std::fs::create_dir(&applets).unwrap();
+    let out = Command::new("busybox")
+        .args(["--install", "-s"])
+        .arg(&applets)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = path.to_str().unwrap();
+    // Addressed once; then a stale address beside it, and eight runs at once while the port
+    // is read in a loop: every read must show the address.
+    let scenario = format!(
+        r#"set -u
+# The port made by iproute2 (busybox's ip makes no links); the rest is busybox's.
+"$(command -v ip)" link add rail0 type veth peer name rail0b
+export PATH={bin}:$PATH
+busybox sh {path} || {{ echo "first run failed"; exit 1; }}
+ip addr add 192.168.100.99/24 dev rail0
+i=0; while [ $i -lt 8 ]; do busybox sh {path} >/dev/null 2>&1 & i=$((i + 1)); done
+bare=0; n=0
+while [ $n -lt 300 ]; do
+  ip -o -4 addr show dev rail0 | grep -qF ' 192.168.100.11/24 ' || bare=$((bare + 1))
+  n=$((n + 1))
+done
+wait
+busybox sh {path} || {{ echo "a later run failed"; exit 1; }}
+echo "bare=$bare"
+ip -o -4 addr show dev rail0
+ip -o link show dev rail0
+"#,
+        bin = applets.display()
+    );
+    let out = Command::new("unshare")
+        .args(["--net", "--", "sh", "-c", &scenario])
+        .output()
+        .unwrap();
+    if !out.status.success() && String::from_utf8_lossy(&out.stderr).contains("unshare failed") {
+        byo_core::testing::skip("a network namespace", "unshare --net needs root");
+        return;
+    }
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{said}\n{script}");
+    assert!(said.contains("bare=0\n"), "the port was seen bare: {said}");
+    assert!(said.contains(" 192.168.100.11/24 "), "{said}");
+    assert!(
+        !said.contains("192.168.100.99"),
+        "the stale address stays: {said}"
+    );
+    assert!(said.contains("mtu 9000") && said.contains(",UP"), "{said}");
 }

@@ -392,6 +392,161 @@ fn c_killed_after_any_change_then_run_again_converges_to_the_same_prepared_host(
     }
 }
 
+/// Uninstall's steps named, run on the simulated Spark: (step, state, what it said).
+fn uninstall_steps(
+    sim: &mut SimSpark,
+    plan: &byo_agent::uninstall::Plan,
+    names: &[&str],
+) -> Vec<(String, StepState, String)> {
+    let all = byo_agent::uninstall::steps(plan);
+    let chosen: Vec<&dyn Step<SimSpark>> = names
+        .iter()
+        .map(|n| {
+            all.iter()
+                .find(|s| Step::<SimSpark>::name(*s) == *n)
+                .unwrap() as &dyn Step<SimSpark>
+        })
+        .collect();
+    let mut said = Vec::new();
+    let out = byo_core::prepare::run(&chosen, sim, 0, "uninstall", None, Mode::Run, at, |p| {
+        said.push(p)
+    });
+    assert!(out.completed, "{:?}", out.failed);
+    said.into_iter()
+        .filter(|p| p.state.state != StepState::Applying)
+        .map(|p| {
+            (
+                p.state.step.clone(),
+                p.state.state,
+                p.state.error.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// H.4 and issue #39 (4): what preparation changed that was the owner's is recorded when it is
+/// changed, and uninstall gives it back — ufw's forward policy in the file and, reloaded, in
+/// the kernel; the swap swap-off turned off, on again; Docker offered with the command that
+/// brings it back, and brought back when asked.
+#[test]
+fn h4_uninstall_gives_back_the_forward_policy_swap_and_docker_preparation_took() {
+    use byo_agent::uninstall::Plan as Leave;
+    let mut sim = prepared();
+    let text = |sim: &SimSpark, p: &str| {
+        String::from_utf8_lossy(
+            sim.state
+                .files
+                .get(p)
+                .map(Vec::as_slice)
+                .unwrap_or_default(),
+        )
+        .into_owned()
+    };
+    // Recorded when it was changed, before the change.
+    assert_eq!(text(&sim, "/etc/enverge/ufw-forward-policy"), "DROP\n");
+    assert_eq!(text(&sim, "/etc/enverge/swap-was-on"), "/swap.img\n");
+    assert_eq!(text(&sim, "/etc/enverge/docker-removed"), "docker.io\n");
+    assert!(text(&sim, "/etc/default/ufw").contains("DEFAULT_FORWARD_POLICY=\"ACCEPT\""));
+    assert!(sim.state.swap.is_empty() && !sim.state.packages.contains("docker.io"));
+    // A run again records nothing new: the first run's word on the owner's state stays.
+    let (out, _) = run(&mut sim, &plan(), Mode::Run);
+    assert!(out.completed);
+    assert_eq!(text(&sim, "/etc/enverge/ufw-forward-policy"), "DROP\n");
+
+    // A pair's node0 also holds rail-network's files and addresses: they go with it.
+    let netplan = "network:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [\"192.168.100.10/24\"]\n";
+    for (path, text) in [
+        ("/etc/netplan/60-enverge-rails.yaml", netplan),
+        (
+            "/etc/sysctl.d/60-enverge-rails.conf",
+            "net.ipv4.conf.all.arp_ignore = 1\n",
+        ),
+        (
+            "/etc/sysctl.d/60-enverge-ping.conf",
+            "net.ipv4.ping_group_range = 0 2147483647\n",
+        ),
+    ] {
+        sim.state
+            .files
+            .insert(path.into(), text.as_bytes().to_vec());
+    }
+    sim.state
+        .addresses
+        .push(("enP2p1s0f0np0".into(), "192.168.100.10/24".into()));
+    sim.state.lxd.as_mut().unwrap().profiles.insert(
+        "lofispark-dual".into(),
+        serde_json::json!({"name": "lofispark-dual"}),
+    );
+    let steps = ["lxd-profile", "tenant-firewall", "host-settings", "docker"];
+    let said = uninstall_steps(&mut sim, &Leave::default(), &steps);
+    let profiles = &sim.state.lxd.as_ref().unwrap().profiles;
+    assert!(
+        !profiles.contains_key("lofispark-dual") && !profiles.contains_key("lofispark-base"),
+        "{:?}",
+        profiles.keys()
+    );
+    for gone in [
+        "/etc/netplan/60-enverge-rails.yaml",
+        "/etc/sysctl.d/60-enverge-rails.conf",
+        "/etc/sysctl.d/60-enverge-ping.conf",
+    ] {
+        assert!(!sim.state.files.contains_key(gone), "{gone} stays");
+    }
+    assert!(
+        !sim.state
+            .addresses
+            .iter()
+            .any(|(i, _)| i == "enP2p1s0f0np0"),
+        "the rail keeps its address: {:?}",
+        sim.state.addresses
+    );
+    // The owner's file as DGX OS shipped it, every line.
+    let shipped = String::from_utf8(dgx_os().files["/etc/default/ufw"].clone()).unwrap();
+    assert_eq!(text(&sim, "/etc/default/ufw"), shipped);
+    assert_eq!(
+        sim.state.forward_policy, "DROP",
+        "ufw reloaded the owner's policy"
+    );
+    assert_eq!(sim.state.swap, vec!["/swap.img".to_owned()]);
+    assert!(text(&sim, "/etc/fstab").contains("\n/swap.img none swap sw 0 0\n"));
+    let docker = said.iter().find(|(s, ..)| s == "docker").unwrap();
+    assert_eq!(docker.1, StepState::Skipped, "{said:?}");
+    assert!(
+        docker.2.contains("preparation removed Docker (docker.io)")
+            && docker.2.contains("--restore-docker")
+            && docker.2.contains("sudo apt-get install docker.io"),
+        "{}",
+        docker.2
+    );
+    assert!(
+        !sim.state.packages.contains("docker.io"),
+        "not put back unasked"
+    );
+
+    // Asked, Docker comes back; then every step has nothing to do.
+    let asked = Leave {
+        restore_docker: true,
+        ..Leave::default()
+    };
+    uninstall_steps(&mut sim, &asked, &["docker"]);
+    assert!(sim.state.packages.contains("docker.io"));
+    let again = uninstall_steps(&mut sim, &asked, &steps);
+    assert!(
+        again.iter().all(|(_, st, _)| *st == StepState::Satisfied),
+        "{again:?}"
+    );
+
+    // A policy the owner changed after preparation is theirs: it stays.
+    let mut sim = prepared();
+    let ufw = text(&sim, "/etc/default/ufw")
+        .replace("FORWARD_POLICY=\"ACCEPT\"", "FORWARD_POLICY=\"REJECT\"");
+    sim.state
+        .files
+        .insert("/etc/default/ufw".into(), ufw.into_bytes());
+    uninstall_steps(&mut sim, &Leave::default(), &["tenant-firewall"]);
+    assert!(text(&sim, "/etc/default/ufw").contains("DEFAULT_FORWARD_POLICY=\"REJECT\""));
+}
+
 #[test]
 fn c_a_prepared_host_survives_a_reboot_and_stays_prepared() {
     let mut sim = prepared();

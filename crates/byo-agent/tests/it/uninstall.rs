@@ -183,8 +183,8 @@ fn refused(host: &mut Prepared, plan: &Plan) -> (String, Vec<String>) {
 #[test]
 fn h3_an_owner_whose_login_cannot_be_proved_stops_the_uninstall_before_anything_is_removed() {
     let plan = |owner: Option<&str>| Plan {
-        keep_lxd: false,
         owner: owner.map(str::to_owned),
+        ..Plan::default()
     };
 
     // Whose machine is it? Not recorded, not given, not run through sudo.
@@ -244,8 +244,8 @@ fn h3_a_restorable_owner_is_restored_first_and_only_then_do_removals_begin() {
     // failure too stops everything after it.)
     let mut host = Prepared::new();
     let plan = Plan {
-        keep_lxd: false,
         owner: Some("owner".into()),
+        ..Plan::default()
     };
     let err = uninstall::uninstall(&mut host, &plan, |_| {}).unwrap_err();
     assert!(

@@ -349,7 +349,6 @@ mod tests {
     use byo_db::hosts::{HostRow, HostStatusRow};
     use byo_wire::states::VmStatus;
     use chrono::TimeDelta;
-    use serde_json::json;
 
     use super::*;
 
@@ -401,7 +400,7 @@ mod tests {
             gpu: None,
             storage: None,
             instances: None,
-            details: Json(json!({})),
+            details: Json(Default::default()),
         }
     }
 

@@ -305,7 +305,12 @@ async fn step(state: &AppState, by: &Superadmin, run: &FleetRunRow) -> AppResult
                 .and_then(release::build_of_version)
                 .map(str::to_owned),
             healthy: s.lxd.as_deref() == Some("ok") && s.relay.as_deref() == Some("ok"),
-            rollback: fleet::Rollback::from_details(&s.details.0),
+            rollback: s
+                .details
+                .0
+                .rollback
+                .as_ref()
+                .map(fleet::Rollback::from_record),
         });
         let (to, reason) = match fleet::judge(&run.build, started_at, beat.as_ref(), now, wait) {
             Verdict::Pending => continue,

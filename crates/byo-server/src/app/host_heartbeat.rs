@@ -14,8 +14,8 @@ use byo_core::tokens::SecretToken;
 use byo_db::GuardedWrite;
 use byo_wire::states::VmStatus;
 use byo_wire::vm::{
-    Heartbeat, HeldVm, MAX_HELD_VMS, MAX_LOGINS_PER_BEAT, MAX_RAIL_NEIGHBOURS, OPERATOR_LOGINS,
-    OperatorLogin, RAIL_NEIGHBOURS, is_instance_name,
+    BeatDetails, Heartbeat, HeldVm, MAX_HELD_VMS, MAX_LOGINS_PER_BEAT, MAX_RAIL_NEIGHBOURS,
+    OperatorLogin, is_instance_name,
 };
 use serde_json::json;
 
@@ -23,20 +23,14 @@ use crate::app::host_report::HostCall;
 use crate::error::{AppError, AppResult};
 use crate::state::AppState;
 
-/// The beat's shape beyond its wire bounds: a printable agent version, details an object, and
-/// the held instances' names and status words.
+/// The beat's shape beyond its wire bounds and types: a printable agent version, and the held
+/// instances' names and status words.
 fn check(beat: &Heartbeat) -> AppResult<()> {
     let v = &beat.agent_version;
     if v.is_empty() || v.len() > 64 || v.chars().any(char::is_control) {
         return Err(AppError::bad_request(
             "invalid_heartbeat",
             "agent_version is 1 to 64 printable characters",
-        ));
-    }
-    if !(beat.details.is_null() || beat.details.is_object()) {
-        return Err(AppError::bad_request(
-            "invalid_heartbeat",
-            "details is a JSON object",
         ));
     }
     // Sizes (agent_version, details) are the wire type's bounds (`Bounded for Heartbeat`),
@@ -66,16 +60,9 @@ fn check(beat: &Heartbeat) -> AppResult<()> {
 /// them (they are kept in their own table, not in host_status) and checked: at most
 /// [`MAX_LOGINS_PER_BEAT`], each an address, a `SHA256:` fingerprint and, when attributed, a
 /// printable user sub of the list's bound. A list that does not read refuses the whole beat.
-pub fn take_logins(details: &mut serde_json::Value) -> AppResult<Vec<OperatorLogin>> {
+pub fn take_logins(details: &mut BeatDetails) -> AppResult<Vec<OperatorLogin>> {
     let refused = |m: &str| AppError::bad_request("invalid_heartbeat", m.to_owned());
-    let Some(value) = details
-        .as_object_mut()
-        .and_then(|d| d.remove(OPERATOR_LOGINS))
-    else {
-        return Ok(Vec::new());
-    };
-    let logins: Vec<OperatorLogin> = serde_json::from_value(value)
-        .map_err(|_| refused("operator_logins is a list of logins"))?;
+    let logins = details.operator_logins.take().unwrap_or_default();
     if logins.len() > MAX_LOGINS_PER_BEAT {
         return Err(refused(&format!(
             "operator_logins lists at most {MAX_LOGINS_PER_BEAT} logins"
@@ -101,17 +88,10 @@ pub fn take_logins(details: &mut serde_json::Value) -> AppResult<Vec<OperatorLog
 /// checked: at most `limits::RAILS` ports, each a short printable name with a count of at most
 /// [`MAX_RAIL_NEIGHBOURS`]. A map that does not read refuses the whole beat.
 pub fn take_rail_neighbours(
-    details: &mut serde_json::Value,
+    details: &mut BeatDetails,
 ) -> AppResult<std::collections::BTreeMap<String, u64>> {
     let refused = |m: &str| AppError::bad_request("invalid_heartbeat", m.to_owned());
-    let Some(value) = details
-        .as_object_mut()
-        .and_then(|d| d.remove(RAIL_NEIGHBOURS))
-    else {
-        return Ok(Default::default());
-    };
-    let counts: std::collections::BTreeMap<String, u64> = serde_json::from_value(value)
-        .map_err(|_| refused("rail_neighbours maps each rail port to a count"))?;
+    let counts = details.rail_neighbours.take().unwrap_or_default();
     if counts.len() > byo_wire::limits::RAILS
         || counts.iter().any(|(iface, n)| {
             iface.is_empty()

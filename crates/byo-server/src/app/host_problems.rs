@@ -6,6 +6,7 @@
 use byo_db::hosts::{HostRow, HostStatusRow};
 use byo_db::operator_keys::{HostKeyPushRow, KeyListRow};
 use byo_db::vms::{HostBenchRow, VmRow};
+use byo_wire::vm::RelayMapCheck;
 use chrono::{DateTime, Utc};
 
 pub use byo_core::keylist::{KEY_LIST_EXPIRY_WARNING_DAYS, expiry_warning};
@@ -77,47 +78,41 @@ pub fn problems(seen: &Seen<'_>, now: DateTime<Utc>) -> Vec<Problem> {
         }
     }
     if let Some(s) = seen.status {
-        match s.details.0["relay_map"].as_str() {
-            Some("drift_rewritten") => add(
+        let details = &s.details.0;
+        match details.relay_map {
+            Some(RelayMapCheck::DriftRewritten) => add(
                 "relay map drift",
                 "the relay's SSH map differed from what the host runs; the agent rewrote it"
                     .to_owned(),
             ),
-            Some("unreachable") => add(
+            Some(RelayMapCheck::Unreachable) => add(
                 "relay map drift",
                 "the agent could not read the relay's SSH map".to_owned(),
             ),
-            _ => {}
+            Some(RelayMapCheck::InSync | RelayMapCheck::Unchecked) | None => {}
         }
-        if let Some(k) = s.details.0.get("operator_keys").filter(|k| !k.is_null())
-            && let Some(expires) = k["expires"]
-                .as_str()
-                .and_then(|e| e.parse::<DateTime<Utc>>().ok())
-            && expires <= now
+        if let Some(k) = &details.operator_keys
+            && k.expires <= now
         {
             add(
                 "key list expired",
                 format!(
                     "the list this host holds (version {}) expired {}: sshd refuses every operator until a newer list reaches it",
-                    k["version"],
-                    expires.format("%Y-%m-%d %H:%M UTC")
+                    k.version,
+                    k.expires.format("%Y-%m-%d %H:%M UTC")
                 ),
             );
         }
         // L3.3: half a pair, named; de-pooling stays the operator's decision.
-        if let Some(half) = s.details.0["half_a_pair"]
-            .as_array()
-            .filter(|h| !h.is_empty())
-        {
-            let why: Vec<&str> = half.iter().filter_map(|w| w.as_str()).collect();
-            add("half a pair", why.join("; ").chars().take(300).collect());
+        if let Some(half) = details.half_a_pair.as_ref().filter(|h| !h.is_empty()) {
+            add("half a pair", half.join("; ").chars().take(300).collect());
         }
-        if let Some(r) = s.details.0.get("rollback").filter(|r| !r.is_null()) {
+        if let Some(r) = &details.rollback {
             add(
                 "rollback fired",
                 format!(
                     "the agent restored its previous build at {}",
-                    r["at"].as_str().unwrap_or("?")
+                    r.at.as_deref().unwrap_or("?")
                 ),
             );
         }
@@ -227,7 +222,7 @@ mod tests {
             gpu: None,
             storage: None,
             instances: None,
-            details: Json(details),
+            details: Json(serde_json::from_value(details).unwrap()),
         }
     }
 

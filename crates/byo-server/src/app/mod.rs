@@ -3,10 +3,12 @@
 //! function here and shapes its answer; a page does the same with HTML. Nothing here
 //! imports `routes` or `pages`, so both reach the same rules and neither reaches the other.
 //!
-//! The scheduled jobs live here too: `jobs` is the one driver and its one list (`reap`,
-//! `notify-stuck-deletes`); reap's sweep is a rule host-provision, host-enroll and
-//! admin-host-action call, and the stuck list is what admin-vm-action answers, so each
-//! job is a call to that one function.
+//! The scheduled jobs live here too: `jobs` is the one driver and its one list,
+//! `jobs::registry()` (`docs/jobs.md` has each job). A job is a call to a rule others call
+//! as well: reap's sweep is what host-provision, host-enroll, admin-host-action and the
+//! owner's cancel run at once, the stuck list is what admin-vm-action answers, and
+//! settle-creates fails a create through `instances::fail_create`, the one way any create
+//! is failed.
 
 pub mod accounts;
 pub mod admin_host_action;

@@ -200,7 +200,7 @@ async fn gpus_page(
                     h2 { "Uninstall" }
                     p { "You stopped hosting " (stopped.join(", ")) ". To hand the machine back, run on it:" }
                     pre { code #uninstall-agent { (uninstall[0]) } }
-                    p { "(add " code { "--keep-lxd" } " to keep LXD and its images), or:" }
+                    p { "(add " code { "--keep-lxd" } " to keep LXD and its images, " code { "--restore-docker" } " to have Docker back if preparation removed it), or:" }
                     pre { code #uninstall-curl { (uninstall[1]) } }
                 }
             }

@@ -9,7 +9,7 @@
 //! units, and starts preparation only, whose `Wants=` starts serving once credentials exist;
 //! on an upgrade (already enrolled, no token, /etc/enverge left as it is) it resets and
 //! restarts serving instead, and preparation exits at once (J notes 3–6, L1;
-//! `docs/upgrades.md`). `--uninstall [--keep-lxd]` runs the installed
+//! `docs/upgrades.md`). `--uninstall [--keep-lxd] [--restore-docker]` runs the installed
 //! agent's `uninstall` (or, when an uninstall cut short removed it first, fetches it again
 //! to finish), and says so when nothing of byo's is installed (H.3–H.4).
 
@@ -34,7 +34,7 @@ pub fn install_script(server: &str, release_key: Option<&str>) -> String {
         r#"#!/usr/bin/env bash
 # byo host installer, from {server}.
 #   curl -fsSL {server}/install.sh | sudo bash -s -- --token TOKEN [--peer --nodes=N [--peer-login-file FILE]]
-#   curl -fsSL {server}/install.sh | sudo bash -s -- --uninstall [--keep-lxd]
+#   curl -fsSL {server}/install.sh | sudo bash -s -- --uninstall [--keep-lxd] [--restore-docker]
 # The token can also come from a file: --token-file PATH. --uninstall hands the machine
 # back: the owner's login restored and proved first, then everything of byo's removed
 # (byo-agent uninstall --help says what, in which order, and what stays).
@@ -60,6 +60,7 @@ nodes=1
 peer_login_file=""
 uninstall=0
 keep_lxd=0
+restore_docker=0
 say() {{ echo "install.sh: $*" >&2; }}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -70,6 +71,7 @@ while [ $# -gt 0 ]; do
     --nodes=*) nodes="${{1#*=}}"; shift ;;
     --uninstall) uninstall=1; shift ;;
     --keep-lxd) keep_lxd=1; shift ;;
+    --restore-docker) restore_docker=1; shift ;;
     --peer-login-file) peer_login_file="${{2:-}}"; shift; [ $# -eq 0 ] || shift ;;
     --peer-login-file=*) peer_login_file="${{1#*=}}"; shift ;;
     -h|--help) sed -n '2,17p' "$0" 2>/dev/null || true; exit 0 ;;
@@ -83,6 +85,7 @@ fi
 
 uninstall_args=(uninstall --yes)
 if [ "$keep_lxd" -eq 1 ]; then uninstall_args+=(--keep-lxd); fi
+if [ "$restore_docker" -eq 1 ]; then uninstall_args+=(--restore-docker); fi
 if [ "$uninstall" -eq 1 ]; then
   # A dropped SSH session must not cut an uninstall short (a re-run would finish it).
   trap '' HUP

@@ -236,6 +236,9 @@ impl IntoResponse for PageError {
 
 pub(crate) type PageResult = Result<Response, PageError>;
 
+/// Every page's frame: the header by role (instances, pre-bookings, billing and notices for
+/// everyone signed in, "Your GPUs" for community hosts and staff, one "Operations" link for
+/// staff, whose pages use [`ops_layout`]), then `content`.
 pub(crate) fn layout(title: &str, viewer: Option<&CurrentUser>, content: Markup) -> Markup {
     html! {
         (DOCTYPE)

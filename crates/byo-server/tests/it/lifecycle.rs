@@ -1556,7 +1556,7 @@ async fn the_one_host_page_shows_the_host_and_its_actions_bounded(w: World) {
     let vm = w.instance(&h, "on-the-page").await;
     let beat = json!({"agent_version": "0.7.3+abc", "lxd": "ok", "relay": "ok",
         "tunnel": "down", "gpu": "ok", "storage": "ok",
-        "instances": 1, "details": {"note": "q".repeat(8_000)}});
+        "instances": 1, "details": {"tunnel": "q".repeat(8_000)}});
     let r = w
         .app
         .send(

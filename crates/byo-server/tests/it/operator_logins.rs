@@ -140,11 +140,14 @@ async fn i_logins_on_the_beat_are_kept_once_and_shown_to_the_owner_and_admin_onl
     // They are kept in their own table, not in the host's status details.
     let status = w.app.db.host_status(&w.host_id).await.unwrap().unwrap();
     assert!(
-        status.details.0.get("operator_logins").is_none(),
+        status.details.0.operator_logins.is_none(),
         "{:?}",
         status.details.0
     );
-    assert_eq!(status.details.0["tunnel"], "cloudflared: failed");
+    assert_eq!(
+        status.details.0.tunnel.as_deref(),
+        Some("cloudflared: failed")
+    );
 
     // The owner's page: who, when, from where; a key on no list is named as such.
     let page = w.owner.page("/hosts").await;

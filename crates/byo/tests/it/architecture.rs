@@ -2,6 +2,7 @@
 //! (`cargo tree`), so a new dependency that breaks one fails here.
 
 use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Normal (non-dev) dependencies of `package`, or with `invert`, the packages depending on it.
@@ -80,103 +81,95 @@ fn the_server_links_neither_the_agent_nor_the_relay() {
     }
 }
 
-/// The server's layers, read from its source: every `crate::…` (and `super::…`) path in
-/// `crates/byo-server/src`, outside `#[cfg(test)]` modules, as an edge between modules —
-/// top-level modules, and `routes::X`, `pages::X` and `app::X` on their own. Routes never
-/// import routes (`routes::X` reaches neither `routes::Y` nor the router); pages never
-/// import routes; app never imports routes or pages; and no two top-level modules import
-/// each other, directly or round a longer cycle.
-#[test]
-fn server_modules_keep_their_layers_and_form_no_cycle() {
-    use std::collections::{BTreeMap, BTreeSet};
-    use std::path::{Path, PathBuf};
+// --- reading a crate's modules from its source --------------------------------------------
 
-    const LAYERED: &[&str] = &["routes", "pages", "app"];
-
-    fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
-        for entry in std::fs::read_dir(dir).expect("the server's source is readable") {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                rust_files(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("the crate's source is readable") {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
         }
     }
+}
 
-    /// `a::{b::{self, C}, d}` → [a, b, self], [a, b, C], [a, d].
-    fn expand(tree: &str) -> Vec<Vec<String>> {
-        let tree = tree.trim();
-        if let Some(inner) = tree.strip_prefix('{') {
-            let inner = inner.strip_suffix('}').unwrap_or(inner);
-            let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
-            for (i, c) in inner.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' => depth -= 1,
-                    ',' if depth == 0 => {
-                        items.push(&inner[start..i]);
-                        start = i + 1;
-                    }
-                    _ => {}
+/// `a::{b::{self, C}, d}` → [a, b, self], [a, b, C], [a, d].
+fn expand(tree: &str) -> Vec<Vec<String>> {
+    let tree = tree.trim();
+    if let Some(inner) = tree.strip_prefix('{') {
+        let inner = inner.strip_suffix('}').unwrap_or(inner);
+        let (mut items, mut depth, mut start) = (Vec::new(), 0, 0);
+        for (i, c) in inner.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' => depth -= 1,
+                ',' if depth == 0 => {
+                    items.push(&inner[start..i]);
+                    start = i + 1;
                 }
+                _ => {}
             }
-            items.push(&inner[start..]);
-            return items
-                .into_iter()
-                .filter(|i| !i.trim().is_empty())
-                .flat_map(expand)
-                .collect();
         }
-        let end = tree
-            .find(|c: char| !(c.is_alphanumeric() || c == '_'))
-            .unwrap_or(tree.len());
-        let (head, rest) = tree.split_at(end);
-        match rest.trim_start().strip_prefix("::") {
-            Some(rest) => expand(rest)
-                .into_iter()
-                .map(|mut p| {
-                    p.insert(0, head.to_owned());
-                    p
-                })
-                .collect(),
-            None => vec![vec![head.to_owned()]],
-        }
+        items.push(&inner[start..]);
+        return items
+            .into_iter()
+            .filter(|i| !i.trim().is_empty())
+            .flat_map(expand)
+            .collect();
     }
+    let end = tree
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(tree.len());
+    let (head, rest) = tree.split_at(end);
+    match rest.trim_start().strip_prefix("::") {
+        Some(rest) => expand(rest)
+            .into_iter()
+            .map(|mut p| {
+                p.insert(0, head.to_owned());
+                p
+            })
+            .collect(),
+        None => vec![vec![head.to_owned()]],
+    }
+}
 
-    /// Every path written after `crate::` in `code`.
-    fn crate_paths(code: &str) -> Vec<Vec<String>> {
-        let mut out = Vec::new();
-        for (at, _) in code.match_indices("crate::") {
-            let before = code[..at].chars().next_back();
-            if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
-                continue;
-            }
-            let rest = &code[at + "crate::".len()..];
-            let mut depth = 0;
-            let mut end = rest.len();
-            for (i, c) in rest.char_indices() {
-                match c {
-                    '{' => depth += 1,
-                    '}' if depth > 0 => depth -= 1,
-                    c if depth > 0 && (c == ',' || c.is_whitespace()) => {}
-                    c if c.is_alphanumeric() || c == '_' || c == ':' => {}
-                    _ => {
-                        end = i;
-                        break;
-                    }
-                }
-                if depth == 0 && c == '}' {
-                    end = i + 1;
+/// Every path written after `crate::` in `code`.
+fn crate_paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for (at, _) in code.match_indices("crate::") {
+        let before = code[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
+            continue;
+        }
+        let rest = &code[at + "crate::".len()..];
+        let mut depth = 0;
+        let mut end = rest.len();
+        for (i, c) in rest.char_indices() {
+            match c {
+                '{' => depth += 1,
+                '}' if depth > 0 => depth -= 1,
+                c if depth > 0 && (c == ',' || c.is_whitespace()) => {}
+                c if c.is_alphanumeric() || c == '_' || c == ':' => {}
+                _ => {
+                    end = i;
                     break;
                 }
             }
-            out.extend(expand(&rest[..end]));
+            if depth == 0 && c == '}' {
+                end = i + 1;
+                break;
+            }
         }
-        out
+        out.extend(expand(&rest[..end]));
     }
+    out
+}
 
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../byo-server/src");
+/// Each source file of `krate` as (its module path, its code without comments and tests,
+/// `super::` written out): `routes/vms.rs` is [routes, vms], `pages/mod.rs` is [pages].
+fn modules_of(krate: &str) -> Vec<(Vec<String>, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../{krate}/src"));
     let mut files = Vec::new();
     rust_files(&src, &mut files);
     // Each file's module path: `routes/vms.rs` is [routes, vms], `pages/mod.rs` is [pages].
@@ -209,6 +202,44 @@ fn server_modules_keep_their_layers_and_form_no_cycle() {
         };
         modules.push((path, code.replace("super::", &parent)));
     }
+    modules
+}
+
+/// Every way a module of `graph` comes back to itself, written out (`a → b → a`).
+fn cycles_in(graph: &std::collections::BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut cycles = Vec::new();
+    for start in graph.keys() {
+        // Depth-first from `start`, remembering the way, to show the cycle if there is one.
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        let mut seen = BTreeSet::new();
+        while let Some((at, way)) = stack.pop() {
+            for next in graph.get(&at).into_iter().flatten() {
+                if next == start {
+                    cycles.push(format!("{} → {start}", way.join(" → ")));
+                } else if seen.insert(next.clone()) {
+                    let mut way = way.clone();
+                    way.push(next.clone());
+                    stack.push((next.clone(), way));
+                }
+            }
+        }
+    }
+    cycles
+}
+
+/// The server's layers, read from its source: every `crate::…` (and `super::…`) path in
+/// `crates/byo-server/src`, outside `#[cfg(test)]` modules, as an edge between modules —
+/// top-level modules, and `routes::X`, `pages::X` and `app::X` on their own. Routes never
+/// import routes (`routes::X` reaches neither `routes::Y` nor the router); pages never
+/// import routes; app never imports routes or pages; and no two top-level modules import
+/// each other, directly or round a longer cycle.
+#[test]
+fn server_modules_keep_their_layers_and_form_no_cycle() {
+    use std::collections::BTreeMap;
+
+    const LAYERED: &[&str] = &["routes", "pages", "app"];
+
+    let modules = modules_of("byo-server");
     let tops: BTreeSet<String> = modules.iter().map(|(p, _)| p[0].clone()).collect();
     let subs: BTreeSet<(String, String)> = modules
         .iter()
@@ -268,26 +299,60 @@ fn server_modules_keep_their_layers_and_form_no_cycle() {
             graph.entry(from).or_default().insert(to);
         }
     }
-    let mut cycles = Vec::new();
-    for start in graph.keys() {
-        // Depth-first from `start`, remembering the way, to show the cycle if there is one.
-        let mut stack = vec![(start.clone(), vec![start.clone()])];
-        let mut seen = BTreeSet::new();
-        while let Some((at, way)) = stack.pop() {
-            for next in graph.get(&at).into_iter().flatten() {
-                if next == start {
-                    cycles.push(format!("{} → {start}", way.join(" → ")));
-                } else if seen.insert(next.clone()) {
-                    let mut way = way.clone();
-                    way.push(next.clone());
-                    stack.push((next.clone(), way));
-                }
+    let cycles = cycles_in(&graph);
+    assert!(
+        cycles.is_empty(),
+        "top-level modules of byo-server import each other in a cycle: {cycles:#?}"
+    );
+}
+
+/// The agent's floors (issue #37, 1): at the bottom, modules that import nothing of the agent
+/// but one another — the host's command runner and files (`host`, `lxd`), the names and paths
+/// every part agrees on (`names`), the machines a host spans as preparation hands them over
+/// (`machines`), the re-prepare lock (`lock`), the report client and the rollback record —
+/// and above them no two modules that reach each other again. A floor that imports a unit, or
+/// a circle such as the old `prepare → workers → prepare`, fails here.
+#[test]
+fn agent_modules_stand_on_floors_and_form_no_cycle() {
+    use std::collections::BTreeMap;
+
+    const FLOORS: &[&str] = &[
+        "host", "lxd", "names", "machines", "lock", "report", "rollback",
+    ];
+    let modules = modules_of("byo-agent");
+    let tops: BTreeSet<String> = modules.iter().map(|(p, _)| p[0].clone()).collect();
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (path, code) in &modules {
+        for to in crate_paths(code) {
+            if tops.contains(&to[0]) && to[0] != path[0] {
+                graph
+                    .entry(path[0].clone())
+                    .or_default()
+                    .insert(to[0].clone());
             }
         }
     }
     assert!(
+        graph["vms"].contains("names") && graph["serve"].contains("vms"),
+        "the scan reads the source: {graph:?}"
+    );
+    for floor in FLOORS {
+        assert!(tops.contains(*floor), "{floor} is a module of the agent");
+    }
+    let up: Vec<String> = graph
+        .iter()
+        .filter(|(from, _)| FLOORS.contains(&from.as_str()))
+        .flat_map(|(from, to)| {
+            to.iter()
+                .filter(|t| !FLOORS.contains(&t.as_str()))
+                .map(move |t| format!("{from} imports {t}"))
+        })
+        .collect();
+    assert!(up.is_empty(), "a floor imports only floors: {up:#?}");
+    let cycles = cycles_in(&graph);
+    assert!(
         cycles.is_empty(),
-        "top-level modules of byo-server import each other in a cycle: {cycles:#?}"
+        "top-level modules of byo-agent import each other in a cycle: {cycles:#?}"
     );
 }
 

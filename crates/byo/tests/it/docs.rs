@@ -417,3 +417,306 @@ fn nothing_that_exists_is_called_not_built() {
         wrong.join("\n")
     );
 }
+
+/// The number a word spells, as the docs write counts: digits, or a word up to twenty.
+fn count_word(word: &str) -> Option<usize> {
+    const WORDS: &[&str] = &[
+        "zero",
+        "one",
+        "two",
+        "three",
+        "four",
+        "five",
+        "six",
+        "seven",
+        "eight",
+        "nine",
+        "ten",
+        "eleven",
+        "twelve",
+        "thirteen",
+        "fourteen",
+        "fifteen",
+        "sixteen",
+        "seventeen",
+        "eighteen",
+        "nineteen",
+        "twenty",
+    ];
+    let word = word.to_lowercase();
+    word.parse()
+        .ok()
+        .or_else(|| WORDS.iter().position(|w| *w == word))
+}
+
+/// Every count of jobs `text` states: the number before "jobs" (or "background jobs",
+/// "scheduled jobs"), across line breaks.
+fn job_counts(text: &str) -> Vec<(String, usize)> {
+    let words: Vec<&str> = text
+        .split_whitespace()
+        .map(|w| w.trim_matches(|c: char| !c.is_alphanumeric()))
+        .collect();
+    let mut out = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let noun = match words.get(i + 1) {
+            Some(&"background" | &"scheduled") => words.get(i + 2),
+            next => next,
+        };
+        if noun == Some(&"jobs")
+            && let Some(n) = count_word(w)
+        {
+            out.push((format!("{w} jobs"), n));
+        }
+    }
+    out
+}
+
+/// The source paths `text` names: each word starting `crates/` or `src/` (a placeholder or
+/// a glob, `crates/*/src`, is not a path), cut at a `::function` that follows it.
+fn source_paths(text: &str) -> Vec<(String, Option<String>)> {
+    text.split(|c: char| c.is_whitespace() || "`()[]|,;\"'".contains(c))
+        .filter(|w| w.starts_with("crates/") || w.starts_with("src/"))
+        .filter(|w| !w.contains(['*', '…', '<', '{']))
+        .map(|w| {
+            let (path, function) = match w.split_once("::") {
+                Some((p, f)) => (p, Some(f.trim_end_matches(['.', ':']).to_owned())),
+                None => (w.trim_end_matches(['.', ':']), None),
+            };
+            (path.to_owned(), function)
+        })
+        .collect()
+}
+
+/// Whether a named source path exists: `crates/…` from the repository's root, `src/…` in
+/// some crate.
+fn source_path_exists(path: &str) -> bool {
+    if path.starts_with("crates/") {
+        return root().join(path).exists();
+    }
+    std::fs::read_dir(root().join("crates"))
+        .unwrap()
+        .any(|c| c.unwrap().path().join(path).exists())
+}
+
+/// ARCHITECTURE.md stays a map a newcomer reads in ten minutes, and a true one (issue #37):
+/// - it is under 15,000 bytes — detail belongs in module docs and `docs/`;
+/// - every source path it names (`crates/…`, or `src/…` in some crate) exists, and a
+///   `path.rs::name` names a function `name` of that file (the invariants' tests);
+/// - every count of jobs it states ("twelve jobs") is the number of jobs in
+///   `app::jobs::registry()`; docs/jobs.md's count is held to the same.
+#[test]
+fn architecture_md_is_a_short_true_map() {
+    let text = std::fs::read_to_string(root().join("ARCHITECTURE.md")).unwrap();
+    assert!(
+        text.len() < 15_000,
+        "ARCHITECTURE.md is {} bytes: at 15,000 or more it is no longer a map; move detail to \
+         the module's //! docs or to docs/",
+        text.len()
+    );
+
+    let named = source_paths(&text);
+    assert!(named.len() > 20, "read the paths: {named:?}");
+    let mut wrong = Vec::new();
+    for (path, function) in &named {
+        if !source_path_exists(path) {
+            wrong.push(format!("`{path}` does not exist"));
+        } else if let Some(f) = function {
+            let code = std::fs::read_to_string(root().join(path)).unwrap_or_default();
+            if !code.contains(&format!("fn {f}(")) && !code.contains(&format!("fn {f}<")) {
+                wrong.push(format!("`{path}` has no function `{f}`"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "ARCHITECTURE.md names what does not exist:\n{}",
+        wrong.join("\n")
+    );
+
+    let registered = jobs().len();
+    let mut counts = 0;
+    for doc in ["ARCHITECTURE.md", "docs/jobs.md"] {
+        let text = std::fs::read_to_string(root().join(doc)).unwrap();
+        for (said, n) in job_counts(&text) {
+            counts += 1;
+            assert_eq!(
+                n, registered,
+                "{doc} says \"{said}\"; app::jobs::registry() holds {registered}"
+            );
+        }
+    }
+    assert!(counts >= 2, "both documents state how many jobs there are");
+}
+
+/// Every `.rs` file under `dir`.
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// `a–b` (en dash or hyphen) or `a`: the numbers it spans.
+fn number_range(word: &str) -> Option<(u32, u32)> {
+    match word.split_once(['–', '-']) {
+        Some((a, b)) => {
+            let (a, b) = (a.parse().ok()?, b.parse().ok()?);
+            (a < b).then_some((a, b))
+        }
+        None => word.parse().ok().map(|n| (n, n)),
+    }
+}
+
+/// A section tag: a letter A–N with digits, `.N` or both (`E1`, `L2.3`, `G.4`), and at least
+/// one digit. A bare letter is too ambiguous in prose ("A", "I") to read as a tag.
+fn section_tag(word: &str) -> bool {
+    if !word.starts_with(|c: char| ('A'..='N').contains(&c)) {
+        return false;
+    }
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    match word[1..].split_once('.') {
+        None => digits(&word[1..]),
+        Some((sub, note)) => (sub.is_empty() || digits(sub)) && digits(note),
+    }
+}
+
+/// What a comment cites, each as the alternatives the glossary may spell it by: one of the
+/// alternatives in every inner list must be a span of the glossary.
+fn citations(comment: &str) -> Vec<(String, Vec<Vec<String>>)> {
+    let words: Vec<&str> = comment
+        .split_whitespace()
+        .map(|w| {
+            let w = w.trim_matches(|c: char| "()[],;:\"`*!?".contains(c));
+            let w = w
+                .strip_suffix("'s")
+                .or_else(|| w.strip_suffix("’s"))
+                .unwrap_or(w);
+            w.trim_end_matches(['.', ',', ':', ';', ')'])
+        })
+        .collect();
+    let mut out = Vec::new();
+    // One requirement per number of `a–b`: the range as written, else each number.
+    let range = |written: String, (a, b): (u32, u32), one: &dyn Fn(u32) -> String| {
+        if a == b {
+            vec![vec![one(a)]]
+        } else {
+            (a..=b).map(|k| vec![written.clone(), one(k)]).collect()
+        }
+    };
+    for (i, w) in words.iter().enumerate() {
+        let next = words.get(i + 1).copied().unwrap_or("");
+        let after = words.get(i + 2).copied().unwrap_or("");
+        // `L4.1–2`: a note range on a tag.
+        let (tag, tail) = match w.split_once('–') {
+            Some((t, n)) if n.bytes().all(|b| b.is_ascii_digit()) => (t, Some(n)),
+            _ => (*w, None),
+        };
+        if section_tag(tag) {
+            match (tag.rsplit_once('.'), tail) {
+                (Some((head, a)), Some(b)) => {
+                    if let Some(r) = number_range(&format!("{a}–{b}")) {
+                        out.push((
+                            w.to_string(),
+                            range(w.to_string(), r, &|k| format!("{head}.{k}")),
+                        ));
+                    }
+                }
+                _ => out.push((tag.to_owned(), vec![vec![tag.to_owned()]])),
+            }
+        }
+        // `K1 note 11`, `J notes 5–6`, `L rule 4`, `E0 caller 5`, `G trigger 5`.
+        let prefix = *w;
+        let letter = prefix
+            .chars()
+            .next()
+            .is_some_and(|c| ('A'..='N').contains(&c))
+            && prefix[1..].bytes().all(|b| b.is_ascii_digit());
+        let kind = next.strip_suffix('s').unwrap_or(next);
+        if letter
+            && ["note", "rule", "caller", "trigger"].contains(&kind)
+            && let Some(r) = number_range(after)
+        {
+            let written = format!("{prefix} {kind}s {after}").replace('-', "–");
+            let one = |k: u32| match kind {
+                "note" => format!("{prefix}.{k}"),
+                _ => format!("{prefix} {kind} {k}"),
+            };
+            out.push((format!("{prefix} {next} {after}"), range(written, r, &one)));
+        }
+        // `step 44`, `steps 28–29`; not "step 12 of the list" (the prepare registry's).
+        if (w.eq_ignore_ascii_case("step") || w.eq_ignore_ascii_case("steps"))
+            && let Some(r) = number_range(next)
+            && !(words.get(i + 2) == Some(&"of") && words.get(i + 4) == Some(&"list"))
+        {
+            let written = format!("steps {next}").replace('-', "–");
+            out.push((
+                format!("{w} {next}"),
+                range(written, r, &|k| format!("step {k}")),
+            ));
+        }
+    }
+    out
+}
+
+/// Every design tag a comment under `crates/*/src` cites has its line in docs/glossary.md
+/// (issue #37). A comment is what follows `//` on a line (`///` and `//!` too); the
+/// glossary's tags are its `` `…` `` spans. Read from a comment, each looked up as a span:
+/// - a section tag: a letter A–N with a number, a `.N` or both — `E1`, `L2.3`, `G.4`, and
+///   `L4.1–2` as `L4.1` and `L4.2` (a bare letter is not read: "A" and "I" are words);
+/// - a note, rule, caller or trigger of a section: `K1 note 11` as `K1.11`, `L rule 4`,
+///   `E0's caller 5` and `G's trigger 5` as `E0 caller 5` and `G trigger 5`;
+/// - a design step: `step 44`; but not "step 12 of the list", a place in the prepare
+///   registry (docs/prepare.md).
+///
+/// A range (`K2 notes 3–5`, `steps 28–29`) is found as one line for the range as written
+/// (`steps 28–29`, with an en dash), else as a line for each of its numbers.
+#[test]
+fn every_design_tag_a_comment_cites_is_in_the_glossary() {
+    let glossary = std::fs::read_to_string(root().join("docs/glossary.md")).unwrap();
+    let defined: BTreeSet<String> = glossary
+        .lines()
+        .flat_map(|l| spans(l).into_iter().map(|(_, _, s)| s.to_owned()))
+        .collect();
+    let mut files = Vec::new();
+    for krate in std::fs::read_dir(root().join("crates")).unwrap() {
+        let src = krate.unwrap().path().join("src");
+        if src.is_dir() {
+            rust_files(&src, &mut files);
+        }
+    }
+    files.sort();
+    let mut missing: BTreeSet<String> = BTreeSet::new();
+    let mut seen = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let Some((_, comment)) = line.split_once("//") else {
+                continue;
+            };
+            for (cited, needs) in citations(comment) {
+                seen += 1;
+                for alternatives in needs {
+                    if !alternatives.iter().any(|a| defined.contains(a)) {
+                        let rel = file.strip_prefix(root()).unwrap_or(file);
+                        missing.insert(format!(
+                            "{}:{}: {cited} (needs `{}`)",
+                            rel.display(),
+                            n + 1,
+                            alternatives.last().unwrap()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(seen > 200, "read the comments' tags: {seen}");
+    assert!(
+        missing.is_empty(),
+        "design tags cited in comments with no line in docs/glossary.md:\n{}",
+        missing.into_iter().collect::<Vec<_>>().join("\n")
+    );
+}

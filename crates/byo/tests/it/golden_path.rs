@@ -1128,7 +1128,7 @@ async fn upgrades_and_rollbacks(u: Upgrade<'_>) {
                 .host_status(u.host_id)
                 .await
                 .unwrap()
-                .filter(|s| !s.details.0["rollback"].is_null())
+                .filter(|s| s.details.0.rollback.is_some())
                 .map(|_| ())
         },
     )

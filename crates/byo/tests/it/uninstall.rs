@@ -190,6 +190,17 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
     let facts = host.sh_ok(
         "cat /etc/enverge/owner-groups; nft list tables; ls /etc/sudoers.d; systemctl list-unit-files 'enverge*' --no-legend; id spark",
     );
+    // What preparation changed that was the owner's, recorded as it changed it (issue #39, 4):
+    // the image's ufw forwarded nothing and its Docker ran.
+    let recorded = host.sh_ok(
+        "cat /etc/enverge/ufw-forward-policy /etc/enverge/docker-removed; grep ^DEFAULT_FORWARD_POLICY= /etc/default/ufw",
+    );
+    assert!(
+        recorded.starts_with("DROP\n")
+            && recorded.contains("docker.io\n")
+            && recorded.ends_with("DEFAULT_FORWARD_POLICY=\"ACCEPT\"\n"),
+        "{recorded}"
+    );
     for want in [
         "sudo",
         "enverge_tenants",
@@ -237,9 +248,16 @@ async fn h3_uninstall_restores_the_owner_first_and_leaves_nothing_of_ours() {
         step_line("agent-files", "removed"),
         "uninstalled in".to_owned(),
         "the server was told".to_owned(),
+        // Docker is offered back, not put back unasked.
+        step_line("docker", "skipped: preparation removed Docker (docker.io"),
+        "sudo apt-get install docker.io".to_owned(),
     ] {
         assert!(ran.terminal.contains(&says), "{says:?}:\n{}", ran.terminal);
     }
+    // ufw forwards as it did before preparation, in its file and, reloaded, in the kernel.
+    let ufw = host
+        .sh_ok("grep ^DEFAULT_FORWARD_POLICY= /etc/default/ufw; iptables -S FORWARD | head -n 1");
+    assert_eq!(ufw, "DEFAULT_FORWARD_POLICY=\"DROP\"\n-P FORWARD DROP\n");
     // Leaving gives everything back (issue #39, 3): the server heard it from the host and
     // retires it at the job's next run, without waiting for a silent day.
     let store = &o.state.store;

@@ -21,10 +21,9 @@ use crate::host::{Fallible, Host, LxdBody, apt_install, must, package_installed}
 use crate::lxd;
 use crate::prepare::Plan;
 
-pub const BASE_ALIAS: &str = "lofispark-base";
+pub use crate::names::{BASE_ALIAS, LOGIN_BANNER};
 pub const BUILD_INSTANCE: &str = "enverge-image-build";
 pub const BUILDER_SCRIPT: &str = include_str!("../../../assets/build-base-image.sh");
-pub const LOGIN_BANNER: &str = include_str!("../../../assets/login-banner.txt");
 pub const UDHCPC_SCRIPT: &str = include_str!("../../../assets/udhcpc.script");
 const RECIPE_PROPERTY: &str = "enverge.recipe";
 const SCRATCH_DESCRIPTION: &str = "enverge minimal source (busybox)";

@@ -4,13 +4,17 @@
 //! **Apply:** disable, `apt-get purge`, `iptables -P FORWARD ACCEPT`, delete `docker0` (purging
 //! leaves it).
 //! **Why here:** Docker's FORWARD DROP breaks lxdbr0's NAT, so the image build loses egress.
+//! **Recorded:** the packages purged, in [`DOCKER_REMOVED`] first: uninstall offers them back.
 
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::verdict;
+use super::shared::{record, verdict};
 use crate::host::{Fallible, Host, apt_purge, must, package_installed};
 use crate::prepare::Plan;
+
+/// The Docker packages docker-purge removed, one per line (uninstall's `docker` step).
+pub(crate) const DOCKER_REMOVED: &str = "/etc/enverge/docker-removed";
 
 const DOCKER_PACKAGES: &[&str] = &[
     "docker.io",
@@ -59,6 +63,7 @@ impl StepDef for DockerPurge {
                 ],
                 None,
             )?;
+            record(h, DOCKER_REMOVED, &installed)?;
             apt_purge(h, &installed)?;
         }
         if forward_policy(h)?.as_deref() == Some("DROP") {

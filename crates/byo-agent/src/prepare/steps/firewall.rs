@@ -10,6 +10,8 @@
 //! **Apply:** nftables if missing; the file (`nft -c -f` first, a refused file is taken back),
 //! the unit, `enable`, `restart` (which loads the table); edit the ufw file, add the rules, `ufw
 //! reload`.
+//! **Recorded:** the file's policy before the first change, in [`UFW_POLICY_WAS`]: uninstall
+//! puts it back.
 //! **Why here:** After `lxd-network` (the bridge's address), before `base-image` and
 //! `relay-peer`. The file, not `iptables -P`: that lasts only until the next reload. A table of
 //! our own loaded by our own unit: `ufw reload` rewrites only ufw's tables, a reboot loads ours
@@ -40,6 +42,11 @@ pub(crate) const UFW_RULES: &[&[&str]] = &[
     &["route", "allow", "in", "on", "wg0"],
 ];
 
+/// ufw's `DEFAULT_FORWARD_POLICY` as it was before the firewall step first set it to
+/// ACCEPT (uninstall's `tenant-firewall` puts it back).
+pub(crate) const UFW_POLICY_WAS: &str = "/etc/enverge/ufw-forward-policy";
+/// What [`UFW_POLICY_WAS`] holds when the file had no such line.
+pub(crate) const UFW_POLICY_UNSET: &str = "unset";
 const NFT: &str = "/usr/sbin/nft";
 pub(crate) const UNIT_PATH: &str = "/etc/systemd/system/enverge-tenant-firewall.service";
 
@@ -237,22 +244,14 @@ fn ufw_needs<H: Host>(h: &mut H) -> Fallible<Vec<String>> {
 }
 
 fn apply_ufw<H: Host>(h: &mut H) -> Fallible<()> {
-    let text = read_string(h, UFW_DEFAULTS)?.unwrap_or_default();
-    let mut seen = false;
-    let mut out: String = text
-        .lines()
-        .map(|l| {
-            if l.trim_start().starts_with("DEFAULT_FORWARD_POLICY=") {
-                seen = true;
-                "DEFAULT_FORWARD_POLICY=\"ACCEPT\"\n".to_owned()
-            } else {
-                format!("{l}\n")
-            }
-        })
-        .collect();
-    if !seen {
-        out.push_str("DEFAULT_FORWARD_POLICY=\"ACCEPT\"\n");
+    // The owner's policy, recorded once before the first change (uninstall puts it back).
+    let was = forward_policy_in_file(h)?;
+    if was.as_deref() != Some("ACCEPT") && read_string(h, UFW_POLICY_WAS)?.is_none() {
+        let was = was.unwrap_or_else(|| UFW_POLICY_UNSET.to_owned());
+        super::shared::record(h, UFW_POLICY_WAS, &[&was])?;
     }
+    let text = read_string(h, UFW_DEFAULTS)?.unwrap_or_default();
+    let out = super::shared::with_forward_policy(&text, Some("ACCEPT"));
     h.write(UFW_DEFAULTS, out.as_bytes(), 0o644, "root:root")?;
     for rule in UFW_RULES {
         let mut argv = vec!["ufw"];

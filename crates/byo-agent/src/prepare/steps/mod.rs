@@ -50,15 +50,22 @@ pub use shared::{PROFILE_NAME, SPARK};
 
 /// What uninstall (`crate::uninstall`) must know of what the steps write.
 pub(crate) mod written {
-    pub(crate) use super::firewall::{UFW_RULES, UNIT_PATH as TENANT_FIREWALL_UNIT};
+    pub(crate) use super::docker_purge::DOCKER_REMOVED;
+    pub(crate) use super::firewall::{
+        UFW_POLICY_UNSET, UFW_POLICY_WAS, UFW_RULES, UNIT_PATH as TENANT_FIREWALL_UNIT,
+    };
     pub(crate) use super::lxd_install::{APT_DROP_IN as APT_LXD_DROP_IN, LXD_INSTALLED};
     pub(crate) use super::operator_access::{
         CLOUDFLARED_BIN, CLOUDFLARED_INSTALLED, SPARK_CREATED, SUDOERS, TUNNEL_UNIT,
     };
     pub(crate) use super::owner_lockout::{ADMIN_GROUPS, LOCKOUT_CONF, OWNER_GROUPS};
+    pub(crate) use super::rail_network::{SYSCTL_PING, SYSCTL_RAILS};
     pub(crate) use super::relay_peer::WG_CONF;
     pub(crate) use super::shared::{BRIDGE, POOL, WG_UNIT};
-    pub(crate) use super::swap_off::SWAP_DISABLED;
+    pub(crate) use super::shared::{
+        UFW_DEFAULTS, forward_policy_in_file, swaps, ufw_active, with_forward_policy,
+    };
+    pub(crate) use super::swap_off::{SWAP_DISABLED, SWAP_WAS_ON};
     pub(crate) use super::watchdog::WATCHDOG_CONF;
     pub(crate) use super::zfs_arc_cap::ZFS_CONF;
 }

@@ -96,20 +96,7 @@ impl StepDef for OwnerLockout {
                 .filter(|g| groups.iter().any(|x| x == g))
                 .collect();
             // Recorded before any is taken, so uninstall can give every one back.
-            let mut record: Vec<String> = read_string(h, OWNER_GROUPS)?
-                .unwrap_or_default()
-                .lines()
-                .map(str::to_owned)
-                .collect();
-            for g in &taken {
-                if !record.iter().any(|r| r == g) {
-                    record.push((*g).to_owned());
-                }
-            }
-            if !taken.is_empty() {
-                let text: String = record.iter().map(|g| format!("{g}\n")).collect();
-                h.write(OWNER_GROUPS, text.as_bytes(), 0o644, "root:root")?;
-            }
+            super::shared::record(h, OWNER_GROUPS, &taken)?;
             for g in taken {
                 must(h, &["gpasswd", "--delete", &owner, g])?;
             }

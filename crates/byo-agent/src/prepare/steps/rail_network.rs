@@ -25,12 +25,12 @@ use crate::prepare::Plan;
 use crate::prepare::peers::{node_rails, node0_ports, peer_ports, render_rails, satellites};
 
 use byo_core::render::units::NETPLAN_RAILS;
-const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
+pub(crate) const SYSCTL_RAILS: &str = "/etc/sysctl.d/60-enverge-rails.conf";
 /// node0's serving counts the machines on each rail every beat (133) with an unprivileged
 /// multicast ping: an ICMP datagram socket, which the kernel allows only to the groups in
 /// `net.ipv4.ping_group_range` (IPv6's too). DGX OS admits every group; a host that does not
 /// admit spark's gets it, and only it.
-const SYSCTL_PING: &str = "/etc/sysctl.d/60-enverge-ping.conf";
+pub(crate) const SYSCTL_PING: &str = "/etc/sysctl.d/60-enverge-ping.conf";
 const PING_GROUP_RANGE: &str = "/proc/sys/net/ipv4/ping_group_range";
 
 /// What one machine's rails should be: its netplan file and its ARP settings.
@@ -41,8 +41,7 @@ struct Rails {
     dual: serde_json::Value,
 }
 
-/// The profile a pair's containers add to lofispark-base: the node's cables.
-pub const DUAL_PROFILE: &str = "lofispark-dual";
+pub use crate::names::DUAL_PROFILE;
 
 pub(crate) struct RailNetwork;
 

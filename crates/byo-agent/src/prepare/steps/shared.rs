@@ -7,12 +7,10 @@ use crate::host::{Fallible, Host, read_string};
 use crate::lxd;
 use crate::prepare::Plan;
 
-/// The one administrator of a BYO host: every operator logs in as spark (I).
-pub const SPARK: &str = "spark";
-pub const PROFILE_NAME: &str = "lofispark-base";
+pub use crate::names::{PROFILE_NAME, SPARK};
 pub(crate) const POOL: &str = "default";
 pub(crate) const BRIDGE: &str = "lxdbr0";
-pub(super) const UFW_DEFAULTS: &str = "/etc/default/ufw";
+pub(crate) const UFW_DEFAULTS: &str = "/etc/default/ufw";
 pub(crate) const WG_UNIT: &str = "wg-quick@wg0.service";
 /// The tunnel's range (10.8.0.1 the relay, 10.8.0.2 the host).
 pub(super) const TUNNEL_NET: (u32, u32) = (0x0A08_0000, 24);
@@ -23,6 +21,28 @@ pub(super) fn verdict(needs: Vec<String>) -> Check {
     } else {
         Check::Needs(needs.join("; "))
     }
+}
+
+/// Add `lines` to the record at `path`, each once, before the change they record is made:
+/// what was the owner's before preparation first changed it, which uninstall gives back. A
+/// later run adds only what is new, so the first run's word on the owner's state stays.
+pub(super) fn record<H: Host>(h: &mut H, path: &str, lines: &[&str]) -> Fallible<()> {
+    let mut kept: Vec<String> = read_string(h, path)?
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let before = kept.len();
+    for l in lines {
+        if !kept.iter().any(|k| k == l) {
+            kept.push((*l).to_owned());
+        }
+    }
+    if kept.len() == before {
+        return Ok(());
+    }
+    let text: String = kept.iter().map(|l| format!("{l}\n")).collect();
+    h.write(path, text.as_bytes(), 0o644, "root:root")
 }
 
 pub(super) fn file_is<H: Host>(h: &mut H, path: &str, want: &str) -> Fallible<bool> {
@@ -37,7 +57,7 @@ pub(super) fn lxd_answers<H: Host>(h: &mut H) -> bool {
 }
 
 /// Active swap devices, from /proc/swaps.
-pub(super) fn swaps<H: Host>(h: &mut H) -> Fallible<Vec<String>> {
+pub(crate) fn swaps<H: Host + ?Sized>(h: &mut H) -> Fallible<Vec<String>> {
     Ok(read_string(h, "/proc/swaps")?
         .unwrap_or_default()
         .lines()
@@ -63,12 +83,35 @@ pub(super) fn overlaps(a: (u32, u32), b: (u32, u32)) -> bool {
     a.0 & mask == b.0 & mask
 }
 
-pub(super) fn ufw_active<H: Host>(h: &mut H) -> Fallible<bool> {
+pub(crate) fn ufw_active<H: Host + ?Sized>(h: &mut H) -> Fallible<bool> {
     let out = h.run(&["ufw", "status"], None)?;
     Ok(out.ok() && out.stdout.contains("Status: active"))
 }
 
-pub(super) fn forward_policy_in_file<H: Host>(h: &mut H) -> Fallible<Option<String>> {
+/// `/etc/default/ufw`'s text with its `DEFAULT_FORWARD_POLICY` line set to `policy` (added
+/// when there is none), or taken out when `policy` is `None`; every other line as it was.
+pub(crate) fn with_forward_policy(text: &str, policy: Option<&str>) -> String {
+    let line = policy.map(|p| format!("DEFAULT_FORWARD_POLICY=\"{p}\"\n"));
+    let mut seen = false;
+    let mut out = String::new();
+    for l in text.lines() {
+        if l.trim_start().starts_with("DEFAULT_FORWARD_POLICY=") {
+            if !seen {
+                out.push_str(line.as_deref().unwrap_or_default());
+            }
+            seen = true;
+        } else {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    if !seen {
+        out.push_str(line.as_deref().unwrap_or_default());
+    }
+    out
+}
+
+pub(crate) fn forward_policy_in_file<H: Host + ?Sized>(h: &mut H) -> Fallible<Option<String>> {
     Ok(read_string(h, UFW_DEFAULTS)?.and_then(|t| {
         t.lines().find_map(|l| {
             l.trim()

@@ -3,17 +3,21 @@
 //! **Check:** `/proc/swaps` empty; no active swap line in `/etc/fstab`.
 //! **Apply:** `swapoff -a`, comment the fstab lines.
 //! **Why here:** What arms earlyoom.
+//! **Recorded:** the devices that were on, in [`SWAP_WAS_ON`] first: uninstall turns them on.
 
 use byo_core::prepare::Check;
 
 use super::StepDef;
-use super::shared::{swaps, verdict};
+use super::shared::{record, swaps, verdict};
 use crate::host::{Fallible, Host, must, read_string};
 use crate::prepare::Plan;
 
 /// What swap-off puts before each swap line it comments out of /etc/fstab (uninstall takes
 /// it away again).
 pub(crate) const SWAP_DISABLED: &str = "# disabled by enverge (swap disarms earlyoom): ";
+
+/// The swap devices that were on when swap-off turned them off, one per line.
+pub(crate) const SWAP_WAS_ON: &str = "/etc/enverge/swap-was-on";
 
 pub(crate) struct SwapOff;
 
@@ -37,6 +41,12 @@ impl StepDef for SwapOff {
     }
 
     fn apply<H: Host>(h: &mut H, _: &Plan) -> Fallible<()> {
+        let on = swaps(h)?;
+        record(
+            h,
+            SWAP_WAS_ON,
+            &on.iter().map(String::as_str).collect::<Vec<_>>(),
+        )?;
         must(h, &["swapoff", "-a"])?;
         if let Some(fstab) = read_string(h, "/etc/fstab")? {
             let swap = fstab_swap_lines(&fstab);

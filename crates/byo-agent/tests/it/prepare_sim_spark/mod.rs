@@ -113,6 +113,7 @@ pub fn dgx_os() -> State {
         "/etc/fstab".into(),
         b"UUID=abcd / ext4 defaults 0 1\n/swap.img none swap sw 0 0\n".to_vec(),
     );
+    files.insert("/swap.img".into(), Vec::new());
     files.insert(
         "/etc/default/ufw".into(),
         b"IPV6=yes\nDEFAULT_INPUT_POLICY=\"DROP\"\nDEFAULT_OUTPUT_POLICY=\"ACCEPT\"\nDEFAULT_FORWARD_POLICY=\"DROP\"\n".to_vec(),
@@ -684,6 +685,18 @@ impl SimSpark {
                     fail(1, "Device does not exist.")
                 }
             }
+            ["ip", "addr", "del", address, "dev", port] => {
+                self.change()?;
+                let before = self.state.addresses.len();
+                self.state
+                    .addresses
+                    .retain(|(i, a)| !(i == port && a == address));
+                if self.state.addresses.len() < before {
+                    ok("")
+                } else {
+                    fail(2, "RTNETLINK answers: Cannot assign requested address")
+                }
+            }
             ["ip", "link", "delete", name] => {
                 self.change()?;
                 self.state.links.remove(*name);
@@ -708,6 +721,13 @@ impl SimSpark {
                     ok("")
                 } else {
                     fail(1, &format!("{path}: syntax error"))
+                }
+            }
+            ["nft", "delete", "table", family, name] => {
+                self.change()?;
+                match self.state.nft.remove(&format!("{family} {name}")) {
+                    Some(_) => ok(""),
+                    None => fail(1, "Error: No such file or directory"),
                 }
             }
             ["nft", "list", "table", family, name] => {
@@ -739,6 +759,31 @@ impl SimSpark {
             ["swapoff", "-a"] => {
                 self.change()?;
                 self.state.swap.clear();
+                ok("")
+            }
+            ["swapon", dev] => {
+                let there = s.files.contains_key(*dev);
+                self.change()?;
+                if !there {
+                    fail(
+                        255,
+                        &format!("swapon: cannot open {dev}: No such file or directory"),
+                    )
+                } else {
+                    if !self.state.swap.iter().any(|d| d == dev) {
+                        self.state.swap.push((*dev).to_owned());
+                    }
+                    ok("")
+                }
+            }
+            ["rm", flags, paths @ ..] if flags.starts_with('-') => {
+                self.change()?;
+                for p in paths {
+                    let under = format!("{}/", p.trim_end_matches('/'));
+                    self.state
+                        .files
+                        .retain(|f, _| f != p && !f.starts_with(&under));
+                }
                 ok("")
             }
             ["test", "-e", path] => {
@@ -818,6 +863,18 @@ impl SimSpark {
                 self.change()?;
                 self.ufw_reload();
                 ok("Firewall reloaded\n")
+            }
+            ["ufw", "--force", "delete", rule @ ..] => {
+                self.change()?;
+                let r = format!("ufw {}", rule.join(" "));
+                self.state.ufw_rules.retain(|x| *x != r);
+                ok("Rule deleted\n")
+            }
+            ["ufw", "--force", "route", "delete", rule @ ..] => {
+                self.change()?;
+                let r = format!("ufw route {}", rule.join(" "));
+                self.state.ufw_rules.retain(|x| *x != r);
+                ok("Rule deleted\n")
             }
             ["ufw", rule @ ..] => {
                 self.change()?;
@@ -1037,6 +1094,10 @@ impl SimSpark {
             }
             ("GET", ["profiles", name]) => match lxd.profiles.get(*name) {
                 Some(p) => sync(p.clone()),
+                None => lxd_error(404, "Profile not found"),
+            },
+            ("DELETE", ["profiles", name]) => match lxd.profiles.remove(*name) {
+                Some(_) => sync(json!({})),
                 None => lxd_error(404, "Profile not found"),
             },
             ("POST", ["profiles"]) | ("PUT", ["profiles", _]) => {

@@ -7,7 +7,7 @@ fn beat() -> Value {
     json!({
         "agent_version": "0.1.0", "lxd": "ok", "relay": "ok", "tunnel": "unknown",
         "gpu": "degraded", "storage": "ok", "instances": 1,
-        "details": {"relay_map": "rewritten"}
+        "details": {"relay_map": "drift_rewritten"}
     })
 }
 
@@ -49,7 +49,10 @@ async fn heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically(w:
         ),
         (Some("ok"), Some("degraded"), Some("unknown"), Some(1))
     );
-    assert_eq!(s.details.0["relay_map"], "rewritten");
+    assert_eq!(
+        s.details.0.relay_map,
+        Some(byo_wire::vm::RelayMapCheck::DriftRewritten)
+    );
 
     // The next beat replaces it: one row per host.
     w.clock.advance(TimeDelta::seconds(30));
@@ -215,7 +218,7 @@ async fn k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current(w: World) {
     assert_eq!(rails().await, vec![want.clone(), rails1.clone()]);
     let status = w.db().host_status(&host.id).await.unwrap().unwrap();
     assert!(
-        status.details.0.get("rail_neighbours").is_none(),
+        status.details.0.rail_neighbours.is_none(),
         "kept on the node, not here"
     );
 
@@ -258,7 +261,43 @@ async fn k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current(w: World) {
     assert_eq!(rails().await, vec![want, rails1]);
 }
 
+/// Issue #37, 2: a host on the last release's agent keeps beating after the details became
+/// typed. The beat below is byte for byte what that build's `heartbeat::report` sent (its
+/// `json!` spelled every key, nulls included); it lands, and what the backend judges from it
+/// reads as before: the drift and the expired list named, the logins kept in their table.
+async fn a_beat_from_the_last_releases_agent_still_lands_and_reads_as_before(w: World) {
+    let host = w.host("spark-1", Spec::default()).await;
+    let old = r#"{"agent_version":"byo-agent 0.1.0 (f849085)","lxd":"ok","relay":"ok","tunnel":"ok","gpu":"ok","storage":"ok","instances":0,
+        "details":{"relay_map":"drift_rewritten","relay_drift":{"relay_had":"empty","host_runs":"22->10.8.0.2:22000"},
+                   "tunnel":"active","gpu":"NVIDIA GB10","rollback":null,
+                   "operator_keys":{"version":3,"expires":"2020-01-01T00:00:00Z"},
+                   "operator_logins":[{"at":"2026-12-01T10:00:00Z","source":"10.8.0.1","source_port":40001,
+                                       "fingerprint":"SHA256:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}],
+                   "operator_logins_error":null,"half_a_pair":null,"lockstep":null},
+        "vms":[]}"#;
+    let r = heartbeat(&w, Some(&format!("Bearer {}", host.token)), old).await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let s = w.db().host_status(&host.id).await.unwrap().unwrap();
+    assert_eq!(
+        s.details.0.relay_map,
+        Some(byo_wire::vm::RelayMapCheck::DriftRewritten)
+    );
+    assert_eq!(
+        s.details.0.operator_keys.as_ref().map(|k| k.version),
+        Some(3)
+    );
+    assert!(
+        s.details.0.operator_logins.is_none(),
+        "kept in their own table"
+    );
+    let page = w.op.page(&format!("/admin/hosts/{}", host.id)).await;
+    for named in ["relay map drift", "key list expired"] {
+        assert!(page.contains(named), "{named} missing");
+    }
+}
+
 with_world!(
     heartbeat_upserts_host_status_and_refuses_unknown_tokens_identically,
     k_133_a_pairs_beat_keeps_node0s_rail_neighbours_current,
+    a_beat_from_the_last_releases_agent_still_lands_and_reads_as_before,
 );
