@@ -64,12 +64,30 @@ pub async fn page(
     let op = require_operator(viewer)?;
     let filter = q.filter()?;
     let o = fleet_overview::fleet_overview(&state, &filter).await?;
+    // The operator-key list's expiry is every host's at once (issue #39, 5): said here, in
+    // red, from 14 days out, not only on the keys' own page.
+    let keys_expire = crate::app::operator_keys::published_expiry(&state)
+        .await?
+        .and_then(|e| {
+            crate::app::host_problems::expiry_warning(e, state.clock.now()).map(|d| (e, d))
+        });
     let picked = |v: &Option<String>, want: &str| v.as_deref() == Some(want);
     Ok(ops_layout(
         "Fleet",
         Some(&op.0),
         html! {
             h1 { "The fleet" }
+            @if let Some((expires, days)) = keys_expire {
+                p.error #fleet-keys role="alert" {
+                    @if days == 0 {
+                        "The operator-key list expired " (at(expires)) ": every host refuses every operator's login. "
+                    } @else {
+                        "The operator-key list expires " (at(expires)) " — within " (days) " day(s) — and with it every operator's login to every host. "
+                    }
+                    a href="/admin/operator-keys" { "Sign the renewal" }
+                    " (" code { "byo keys sign" } ")."
+                }
+            }
             (counts(&o))
             form #fleet-filter method="get" action="/admin" {
                 label { "State "

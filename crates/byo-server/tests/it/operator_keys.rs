@@ -1104,21 +1104,43 @@ async fn renewal_is_drafted_at_two_thirds_of_validity_and_the_pages_warn(mut w: 
     assert_eq!(changes[0].action, "renew");
     // The page warns within 14 days, and names an expired list as such. (Sessions from
     // then: the first ones have lapsed on the test's clock.)
-    let page = |n: u32| {
+    let page = |n: u32, path: &'static str| {
         let app = &w.app;
         async move {
-            let root = app.superadmin(&format!("later-{n}@example.com")).await;
-            root.get("/admin/operator-keys").await.text()
+            let root = app
+                .superadmin(&format!("later-{n}-{}@example.com", path.len()))
+                .await;
+            root.get(path).await.text()
         }
     };
-    assert!(!page(1).await.contains("within 14 day"));
+    // The fleet's page says it too, for every host at once (issue #39, 5).
+    assert!(
+        !page(1, "/admin/operator-keys")
+            .await
+            .contains("within 14 day")
+    );
+    assert!(!page(1, "/admin").await.contains("fleet-keys"));
     clock.advance(validity / 3 - chrono::Duration::days(10));
-    assert!(page(2).await.contains("within 14 day(s)"));
+    assert!(
+        page(2, "/admin/operator-keys")
+            .await
+            .contains("within 14 day(s)")
+    );
+    let fleet = page(2, "/admin").await;
+    assert!(
+        fleet.contains("id=\"fleet-keys\"") && fleet.contains("within 14 day(s)"),
+        "{fleet}"
+    );
     clock.advance(chrono::Duration::days(11));
-    let text = page(3).await;
+    let text = page(3, "/admin/operator-keys").await;
     assert!(
         text.contains("expired") && text.contains("stops at operator-access"),
         "{text}"
+    );
+    let fleet = page(3, "/admin").await;
+    assert!(
+        fleet.contains("The operator-key list expired") && fleet.contains("refuses every operator"),
+        "{fleet}"
     );
 }
 
