@@ -1163,19 +1163,3 @@ fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
     let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
     crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
 }
-
-#[cfg(test)]
-mod rail_files {
-    #[test]
-    fn the_rails_netplan_file_reads_back_as_its_ports_and_addresses() {
-        let text = "# Written by enverge preparation (rail-network).\nnetwork:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [\"192.168.100.10/24\"]\n      link-local: [ipv6]\n      ipv6-address-generation: eui64\n    enP2p1s0f1np1:\n      mtu: 9000\n      addresses: [\"192.168.101.10/24\"]\n";
-        assert_eq!(
-            super::rail_addresses(text),
-            vec![
-                ("enP2p1s0f0np0".to_owned(), "192.168.100.10/24".to_owned()),
-                ("enP2p1s0f1np1".to_owned(), "192.168.101.10/24".to_owned())
-            ]
-        );
-        assert!(super::rail_addresses("").is_empty());
-    }
-}

@@ -26,6 +26,17 @@ fn the_image_builder_and_the_dhcp_hook_are_shellcheck_clean() {
     }
 }
 
+/// Run `cmd`, which must succeed; what it printed.
+fn succeeds(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
 /// Write `text` at `path` and have shellcheck read it as POSIX sh (busybox runs these).
 fn shellcheck_clean(path: &std::path::Path, text: &str) {
     std::fs::write(path, text).unwrap();
@@ -61,16 +72,7 @@ fn the_relay_peer_configuration_parses_as_wg_quick_reads_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("wg0.conf");
     std::fs::write(&path, render_wireguard(&wg)).unwrap();
-    let out = Command::new("wg-quick")
-        .arg("strip")
-        .arg(&path)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let out = succeeds(Command::new("wg-quick").arg("strip").arg(&path));
     let stripped = String::from_utf8_lossy(&out.stdout);
     assert!(stripped.contains("PersistentKeepalive = 25") && !stripped.contains("Address"));
 }
@@ -178,15 +180,10 @@ fn the_rails_script_passes_shellcheck_and_runs_twice_at_once_without_a_bare_mome
     // Busybox's applets first on the PATH, as inside the minimal image.
     let applets = dir.path().join("bin");
     std::fs::create_dir(&applets).unwrap();
-    let out = Command::new("busybox")
-        .args(["--install", "-s"])
-        .arg(&applets)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    succeeds(
+        Command::new("busybox")
+            .args(["--install", "-s"])
+            .arg(&applets),
     );
     let path = path.to_str().unwrap();
     // Addressed once; then a stale address beside it, and eight runs at once while the port

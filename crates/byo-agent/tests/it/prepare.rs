@@ -453,10 +453,18 @@ fn h4_uninstall_gives_back_the_forward_policy_swap_and_docker_preparation_took()
     assert!(out.completed);
     assert_eq!(text(&sim, "/etc/enverge/ufw-forward-policy"), "DROP\n");
 
-    // A pair's node0 also holds rail-network's files and addresses: they go with it.
-    let netplan = "network:\n  version: 2\n  ethernets:\n    enP2p1s0f0np0:\n      mtu: 9000\n      addresses: [\"192.168.100.10/24\"]\n";
+    // A pair's node0 also holds rail-network's files and addresses: they go with it. The
+    // netplan file is the one rail-network renders for a pair's node0.
+    let mut pair = plan();
+    pair.profile = serde_json::from_value(serde_json::json!({
+        "gpu_model": "GB10", "gpu_count": 1, "gpu_mem_mib": 122880, "arch": "aarch64",
+        "cuda_repo_arch": "sbsa", "node_count": 2,
+        "rails": [{"index": 0, "subnet": "192.168.100.0/24", "mtu": 9000}]
+    }))
+    .unwrap();
+    let netplan = prepare::peers::render_rails(&pair, 0, &[("enP2p1s0f0np0".into(), 0)]).unwrap();
     for (path, text) in [
-        ("/etc/netplan/60-enverge-rails.yaml", netplan),
+        ("/etc/netplan/60-enverge-rails.yaml", netplan.as_str()),
         (
             "/etc/sysctl.d/60-enverge-rails.conf",
             "net.ipv4.conf.all.arp_ignore = 1\n",
