@@ -361,6 +361,7 @@ impl Enroller {
                 authorized_keys: self.paths.authorized_keys(),
             },
             environment: environment.to_owned(),
+            host: None,
         }
     }
 }
@@ -388,6 +389,7 @@ pub fn enrolled_environment(
             authorized_keys: PathBuf::new(),
         },
         environment: String::new(),
+        host: None,
     };
     let held = keys
         .held()

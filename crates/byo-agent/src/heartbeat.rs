@@ -15,6 +15,7 @@ use byo_wire::vm::{
 };
 
 use crate::host::Host;
+use crate::operator_keys::OperatorKeys;
 use crate::vms::{RelayMap, VmConfig};
 
 use crate::prepare::HandOver;
@@ -371,7 +372,7 @@ impl FirewallWatch {
 
 /// The schedule, on a thread of its own (every call it makes blocks: LXD, the relay, the
 /// backend); the async workers only answer the API.
-pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
+pub fn run(svc: Arc<VmService>, handed: HandOver, keys: OperatorKeys, every: Duration) {
     let restored = {
         let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
         crate::vms::restore(
@@ -396,6 +397,17 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
     );
     // The first beat goes out at once: placement picks only hosts it has heard from.
     loop {
+        // The kept list may have expired since the last beat: that is when break glass is
+        // admitted, and a list received since ends it (`byo_core::break_glass`).
+        match keys.reconcile(chrono::Utc::now()) {
+            Ok(true) => tracing::warn!(
+                "authorized_keys rewritten from the kept operator-key list (its expiry passed, or a new one came)"
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "authorized_keys could not be brought to the kept list")
+            }
+        }
         let (mut body, cursor) = beat(&svc);
         // Outside the host's lock: a multicast ping waits up to a second a port.
         if let Some(rails) = rail_neighbours(
