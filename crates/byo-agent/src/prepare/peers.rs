@@ -274,30 +274,43 @@ pub struct SshSatellites {
     pub report_rails: Box<dyn Fn(NodeRails)>,
 }
 
+/// `peer` over SSH from node0 as `user`, with node0's peer key in `dir` (/etc/enverge) and
+/// only its pinned host key accepted; through the lent login when `lent`. `shared`: one
+/// connection for every command (a satellite's subset is hundreds of short ones).
+pub fn satellite_host(
+    dir: &std::path::Path,
+    peer: &Peer,
+    user: &str,
+    lxd_socket: &str,
+    lent: bool,
+    shared: bool,
+) -> Fallible<crate::host::SshHost> {
+    let addr = peer
+        .mgmt_addr
+        .clone()
+        .or_else(|| peer.addr.clone())
+        .ok_or_else(|| format!("node{} has no address in {PEER_FILE}", peer.index))?;
+    let known = dir.join(format!("peer-{}.known_hosts", peer.index));
+    std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
+        .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
+    Ok(crate::host::SshHost {
+        node: peer.index,
+        user: user.to_owned(),
+        addr,
+        key: dir.join(PEER_KEY),
+        known_hosts: known,
+        port: 22,
+        lxd_socket: lxd_socket.to_owned(),
+        password_file: lent.then(|| dir.join("peer-login")),
+        host_key_alias: None,
+        control_path: shared.then(|| dir.join(format!("peer-{}-{user}.ctl", peer.index))),
+        proxy: None,
+    })
+}
+
 impl SshSatellites {
     fn host(&self, peer: &Peer, user: &str, lent: bool) -> Fallible<crate::host::SshHost> {
-        let addr = peer
-            .mgmt_addr
-            .clone()
-            .or_else(|| peer.addr.clone())
-            .ok_or_else(|| format!("node{} has no address in {PEER_FILE}", peer.index))?;
-        let known = self.dir.join(format!("peer-{}.known_hosts", peer.index));
-        std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
-            .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
-        Ok(crate::host::SshHost {
-            node: peer.index,
-            user: user.to_owned(),
-            addr,
-            key: self.dir.join(PEER_KEY),
-            known_hosts: known,
-            port: 22,
-            lxd_socket: self.lxd_socket.clone(),
-            password_file: lent.then(|| self.dir.join("peer-login")),
-            host_key_alias: None,
-            // A satellite's subset is hundreds of short commands: one connection per login.
-            control_path: Some(self.dir.join(format!("peer-{}-{user}.ctl", peer.index))),
-            proxy: None,
-        })
+        satellite_host(&self.dir, peer, user, &self.lxd_socket, lent, true)
     }
 }
 
