@@ -18,7 +18,7 @@ use crate::host::Host;
 use crate::operator_keys::OperatorKeys;
 use crate::vms::{RelayMap, VmConfig};
 
-use crate::prepare::HandOver;
+use crate::machines::HandOver;
 use crate::vms::VmService;
 
 /// How a drifted relay map is named in the beat's details: what the relay held, as
@@ -238,7 +238,7 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
         .take(MAX_HELD_VMS)
         .collect();
     let beat = Heartbeat {
-        agent_version: crate::prepare::build_version().to_owned(),
+        agent_version: crate::report::build_version().to_owned(),
         // Half a pair lands on lxd (L3.3: host_status has no column for a pair).
         lxd: match (seen.lxd_up, seen.half.is_empty()) {
             (false, _) => Health::Down,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byo_agent::operator_keys::{self, OperatorKeys, Paths};
 use byo_agent::serve::{self, ServeOptions};
-use byo_agent::{enroll, prepare, uninstall, upgrade};
+use byo_agent::{enroll, machines, prepare, uninstall, upgrade};
 use clap::{Args, Parser, Subcommand};
 
 /// The byo host agent. It is installed by the one-liner from the owner's dashboard and
@@ -32,7 +32,7 @@ enum Command {
         #[arg(long, default_value = "/etc/enverge/agent-token.sha256")]
         agent_token_hash: PathBuf,
         /// What preparation handed over; without it the VM API answers 503.
-        #[arg(long, default_value = prepare::HANDED_OVER)]
+        #[arg(long, default_value = machines::HANDED_OVER)]
         serving_file: PathBuf,
         /// Seconds between heartbeats (the relay map is re-asserted at each).
         #[arg(long, default_value_t = 30)]
@@ -263,9 +263,9 @@ fn keys(paths: KeyPaths) -> anyhow::Result<OperatorKeys> {
         });
     // The host's slug, for break glass at expiry, from what preparation handed serving
     // (readable by spark and root alike); serve reads its own --serving-file.
-    let host = std::fs::read(prepare::HANDED_OVER)
+    let host = std::fs::read(machines::HANDED_OVER)
         .ok()
-        .and_then(|b| serde_json::from_slice::<prepare::HandOver>(&b).ok())
+        .and_then(|b| serde_json::from_slice::<machines::HandOver>(&b).ok())
         .map(|h| h.slug);
     Ok(OperatorKeys {
         paths: Paths {

@@ -380,7 +380,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
     );
     let vms = match std::fs::read(&serving_file) {
         Ok(bytes) => {
-            let handed: crate::prepare::HandOver = serde_json::from_slice(&bytes)
+            let handed: crate::machines::HandOver = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{} does not parse", serving_file.display()))?;
             Some(handed)
         }

@@ -29,9 +29,10 @@ use crate::host::{
     read_string, shell_quote, unit_active, unit_enabled, user_exists, user_groups,
 };
 use crate::lxd;
-use crate::prepare::peers::{PEER_FILE, Peer, parse_peer_file, satellite_host};
+use crate::machines::satellite_host;
+use crate::names::{BUILD_INSTANCE, CREDENTIALS, OWNER_FILE, PROFILE_NAME, SERVER_FILE, SPARK};
 use crate::prepare::steps::written::*;
-use crate::prepare::{BUILD_INSTANCE, OWNER_FILE, PROFILE_NAME, SPARK};
+use byo_wire::peers::{PEER_FILE, Peer, parse_peer_file};
 
 /// The agent's binary, as install.sh installs it, and what an upgrade keeps beside it.
 pub const AGENT_BINS: &[&str] = &[
@@ -1366,12 +1367,8 @@ pub fn run(
 
 /// The backend this host enrolled with and its host token, while both are still on disk.
 fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
-    let server = read_string(host, crate::upgrade::SERVER_FILE)
-        .ok()
-        .flatten()?;
-    let kept = read_string(host, crate::upgrade::CREDENTIALS)
-        .ok()
-        .flatten()?;
+    let server = read_string(host, SERVER_FILE).ok().flatten()?;
+    let kept = read_string(host, CREDENTIALS).ok().flatten()?;
     let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
     crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
 }

@@ -21,9 +21,8 @@ pub fn satellite_steps() -> impl Iterator<Item = &'static str> {
         .map(|s| s.name)
 }
 
+pub use crate::machines::{PEER_KEY, known_hosts_line, satellite_host};
 pub use crate::names::PEER_LOGIN;
-/// node0's peer key (K: peer.key), Ed25519, root-only; its public half beside it.
-pub const PEER_KEY: &str = "peer.key";
 /// peer.json's shape is byo-wire's: the pure cable probe (`byo_core::probe`) writes it.
 pub use byo_wire::peers::{Link, PEER_FILE, Peer, parse_peer_file};
 
@@ -234,12 +233,6 @@ pub fn planned_address(plan: &Plan, rail: u32, node: u32) -> Fallible<(String, u
     Ok((format!("{addr}/{len}"), mtu))
 }
 
-/// A pinned host key as `known_hosts` files it: the address without a link-local scope.
-pub fn known_hosts_line(addr: &str, host_key: &str) -> String {
-    let host = addr.split('%').next().unwrap_or(addr);
-    format!("{host} {}\n", host_key.trim())
-}
-
 pub(super) fn rail_plan(plan: &Plan, index: u32) -> Fallible<(String, u32)> {
     plan.profile
         .rails
@@ -272,40 +265,6 @@ pub struct SshSatellites {
     pub lxd_socket: String,
     pub report: Box<dyn Fn(Progress)>,
     pub report_rails: Box<dyn Fn(NodeRails)>,
-}
-
-/// `peer` over SSH from node0 as `user`, with node0's peer key in `dir` (/etc/enverge) and
-/// only its pinned host key accepted; through the lent login when `lent`. `shared`: one
-/// connection for every command (a satellite's subset is hundreds of short ones).
-pub fn satellite_host(
-    dir: &std::path::Path,
-    peer: &Peer,
-    user: &str,
-    lxd_socket: &str,
-    lent: bool,
-    shared: bool,
-) -> Fallible<crate::host::SshHost> {
-    let addr = peer
-        .mgmt_addr
-        .clone()
-        .or_else(|| peer.addr.clone())
-        .ok_or_else(|| format!("node{} has no address in {PEER_FILE}", peer.index))?;
-    let known = dir.join(format!("peer-{}.known_hosts", peer.index));
-    std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
-        .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
-    Ok(crate::host::SshHost {
-        node: peer.index,
-        user: user.to_owned(),
-        addr,
-        key: dir.join(PEER_KEY),
-        known_hosts: known,
-        port: 22,
-        lxd_socket: lxd_socket.to_owned(),
-        password_file: lent.then(|| dir.join("peer-login")),
-        host_key_alias: None,
-        control_path: shared.then(|| dir.join(format!("peer-{}-{user}.ctl", peer.index))),
-        proxy: None,
-    })
 }
 
 impl SshSatellites {

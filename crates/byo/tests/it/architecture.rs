@@ -374,6 +374,49 @@ fn agent_modules_stand_on_floors_and_form_no_cycle() {
         cycles.is_empty(),
         "top-level modules of byo-agent import each other in a cycle: {cycles:#?}"
     );
+
+    // The agent's units are peers (issue #37): what two of them share (the hand-over, the
+    // build's version, the names of files) sits on a floor, so a unit reads another only
+    // where it runs it — preparation enrols, serving beats, uninstall reads what preparation
+    // recorded it wrote (`prepare::steps::written`) and nothing else of preparation's.
+    const UNITS: &[&str] = &[
+        "enroll",
+        "prepare",
+        "serve",
+        "heartbeat",
+        "uninstall",
+        "upgrade",
+    ];
+    const RUNS: &[(&str, &str)] = &[
+        ("prepare", "enroll"),
+        ("serve", "heartbeat"),
+        ("uninstall", "prepare"),
+    ];
+    let crossed: Vec<String> = graph
+        .iter()
+        .filter(|(from, _)| UNITS.contains(&from.as_str()))
+        .flat_map(|(from, to)| {
+            to.iter()
+                .filter(|t| UNITS.contains(&t.as_str()))
+                .filter(|t| !RUNS.contains(&(from.as_str(), t.as_str())))
+                .map(move |t| format!("{from} imports {t}"))
+        })
+        .collect();
+    assert!(crossed.is_empty(), "a unit reads another: {crossed:#?}");
+    let read: BTreeSet<String> = modules
+        .iter()
+        .filter(|(path, _)| path[0] == "uninstall")
+        .flat_map(|(_, code)| crate_paths(code))
+        .filter(|to| to[0] == "prepare")
+        .map(|to| to.join("::"))
+        .collect();
+    assert!(
+        !read.is_empty()
+            && read
+                .iter()
+                .all(|p| p.starts_with("prepare::steps::written")),
+        "uninstall reads of preparation only what it recorded it wrote: {read:?}"
+    );
 }
 
 /// The rules (`byo-server`'s `app/`) answer with outcomes and `AppError`s, never with HTTP
