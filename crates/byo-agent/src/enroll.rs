@@ -10,6 +10,7 @@ use byo_core::tokens::{SecretToken, TokenKind};
 use byo_wire::enroll::{EnrollRequest, EnrollResponse};
 
 use crate::operator_keys::{OperatorKeys, Paths, write_atomic};
+use crate::report::chain;
 
 /// Where enrolment keeps the environment the host enrolled into (on a host).
 pub const ENVIRONMENT_FILE: &str = "/etc/enverge/environment";
@@ -144,21 +145,6 @@ impl EnrollError {
             EnrollError::Protocol(_) | EnrollError::Io { .. } => 1,
         }
     }
-}
-
-/// An error and its causes, one line: reqwest hides "connection refused" in its sources.
-pub(crate) fn chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let next = s.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        source = s.source();
-    }
-    text
 }
 
 fn io(context: &str) -> impl FnOnce(std::io::Error) -> EnrollError + '_ {
@@ -361,6 +347,7 @@ impl Enroller {
                 authorized_keys: self.paths.authorized_keys(),
             },
             environment: environment.to_owned(),
+            host: None,
         }
     }
 }
@@ -388,6 +375,7 @@ pub fn enrolled_environment(
             authorized_keys: PathBuf::new(),
         },
         environment: String::new(),
+        host: None,
     };
     let held = keys
         .held()

@@ -15,9 +15,10 @@ use byo_wire::vm::{
 };
 
 use crate::host::Host;
+use crate::operator_keys::OperatorKeys;
 use crate::vms::{RelayMap, VmConfig};
 
-use crate::prepare::HandOver;
+use crate::machines::HandOver;
 use crate::vms::VmService;
 
 /// How a drifted relay map is named in the beat's details: what the relay held, as
@@ -237,7 +238,7 @@ fn report(seen: Observed, relay: &dyn RelayMap) -> (Heartbeat, Option<String>) {
         .take(MAX_HELD_VMS)
         .collect();
     let beat = Heartbeat {
-        agent_version: crate::prepare::build_version().to_owned(),
+        agent_version: crate::report::build_version().to_owned(),
         // Half a pair lands on lxd (L3.3: host_status has no column for a pair).
         lxd: match (seen.lxd_up, seen.half.is_empty()) {
             (false, _) => Health::Down,
@@ -371,7 +372,7 @@ impl FirewallWatch {
 
 /// The schedule, on a thread of its own (every call it makes blocks: LXD, the relay, the
 /// backend); the async workers only answer the API.
-pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
+pub fn run(svc: Arc<VmService>, handed: HandOver, keys: OperatorKeys, every: Duration) {
     let restored = {
         let mut host = svc.host.lock().unwrap_or_else(|p| p.into_inner());
         crate::vms::restore(
@@ -396,6 +397,17 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, every: Duration) {
     );
     // The first beat goes out at once: placement picks only hosts it has heard from.
     loop {
+        // The kept list may have expired since the last beat: that is when break glass is
+        // admitted, and a list received since ends it (`byo_core::break_glass`).
+        match keys.reconcile(chrono::Utc::now()) {
+            Ok(true) => tracing::warn!(
+                "authorized_keys rewritten from the kept operator-key list (its expiry passed, or a new one came)"
+            ),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "authorized_keys could not be brought to the kept list")
+            }
+        }
         let (mut body, cursor) = beat(&svc);
         // Outside the host's lock: a multicast ping waits up to a second a port.
         if let Some(rails) = rail_neighbours(

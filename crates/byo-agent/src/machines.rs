@@ -41,3 +41,98 @@ pub fn known_hosts_file(node: u32) -> String {
 
 /// The comment preparation gives node0's peer key in a satellite's authorized_keys.
 pub const PEER_KEY_COMMENT: &str = "enverge-node0-peer";
+
+/// The last act of a completed preparation hands the credentials to the serving user, and
+/// that hand-over is the record (L, rule 1): a later start that finds it exits at once.
+pub const HANDED_OVER: &str = byo_core::render::units::HANDED_OVER;
+
+/// What serving needs, handed to the serving user: the record of a completed preparation.
+#[derive(Clone, Serialize, Deserialize)]
+pub struct HandOver {
+    pub host_id: String,
+    pub slug: String,
+    pub server: String,
+    pub host_token: String,
+    pub ssh_map_endpoint: String,
+    pub ssh_map_token: String,
+    /// The host's tunnel address, where instances' :22 are published.
+    pub ssh_listen: String,
+    /// The profile has a GPU: run the GPU check at create.
+    pub gpu: bool,
+    pub build: String,
+    /// Preparation installed the operator tunnel (cloudflared), which the heartbeat checks;
+    /// absent in a hand-over written before this was recorded.
+    #[serde(default)]
+    pub tunnel: Option<bool>,
+    /// A pair's or a ring's rail ports on node0, and which machine each link-local address
+    /// node0 saw on its satellites belongs to (peer.json, root-only, which serving cannot
+    /// read): what the heartbeat counts each port's neighbours with (133). Empty on a single
+    /// Spark, whose heartbeat counts nothing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rail_ports: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub rail_neighbours: std::collections::BTreeMap<String, u32>,
+    /// A pair's or a ring's machines, node0 first: each one's cables with the plan's
+    /// addresses, and a satellite's management address and pinned host key — what serving
+    /// creates, deletes and keeps the workers with (K1 note 11, `crate::workers`). Empty on a
+    /// single Spark.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pair: Vec<PairNode>,
+}
+
+impl std::fmt::Debug for HandOver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HandOver")
+            .field("slug", &self.slug)
+            .finish_non_exhaustive()
+    }
+}
+
+/// node0's peer key (K: peer.key), Ed25519, root-only; its public half beside it.
+pub const PEER_KEY: &str = "peer.key";
+
+/// A pinned host key as `known_hosts` files it: the address without a link-local scope.
+pub fn known_hosts_line(addr: &str, host_key: &str) -> String {
+    let host = addr.split('%').next().unwrap_or(addr);
+    format!("{host} {}\n", host_key.trim())
+}
+
+/// `peer` over SSH from node0 as `user`, with node0's peer key in `dir` (/etc/enverge) and
+/// only its pinned host key accepted; through the lent login when `lent`. `shared`: one
+/// connection for every command (a satellite's subset is hundreds of short ones).
+pub fn satellite_host(
+    dir: &std::path::Path,
+    peer: &byo_wire::peers::Peer,
+    user: &str,
+    lxd_socket: &str,
+    lent: bool,
+    shared: bool,
+) -> crate::host::Fallible<crate::host::SshHost> {
+    let addr = peer
+        .mgmt_addr
+        .clone()
+        .or_else(|| peer.addr.clone())
+        .ok_or_else(|| {
+            format!(
+                "node{} has no address in {}",
+                peer.index,
+                byo_wire::peers::PEER_FILE
+            )
+        })?;
+    let known = dir.join(format!("peer-{}.known_hosts", peer.index));
+    std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
+        .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
+    Ok(crate::host::SshHost {
+        node: peer.index,
+        user: user.to_owned(),
+        addr,
+        key: dir.join(PEER_KEY),
+        known_hosts: known,
+        port: 22,
+        lxd_socket: lxd_socket.to_owned(),
+        password_file: lent.then(|| dir.join("peer-login")),
+        host_key_alias: None,
+        control_path: shared.then(|| dir.join(format!("peer-{}-{user}.ctl", peer.index))),
+        proxy: None,
+    })
+}

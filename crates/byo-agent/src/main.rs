@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use byo_agent::operator_keys::{self, OperatorKeys, Paths};
 use byo_agent::serve::{self, ServeOptions};
-use byo_agent::{enroll, prepare, uninstall, upgrade};
+use byo_agent::{enroll, machines, prepare, uninstall, upgrade};
 use clap::{Args, Parser, Subcommand};
 
 /// The byo host agent. It is installed by the one-liner from the owner's dashboard and
@@ -32,7 +32,7 @@ enum Command {
         #[arg(long, default_value = "/etc/enverge/agent-token.sha256")]
         agent_token_hash: PathBuf,
         /// What preparation handed over; without it the VM API answers 503.
-        #[arg(long, default_value = prepare::HANDED_OVER)]
+        #[arg(long, default_value = machines::HANDED_OVER)]
         serving_file: PathBuf,
         /// Seconds between heartbeats (the relay map is re-asserted at each).
         #[arg(long, default_value_t = 30)]
@@ -164,7 +164,9 @@ enum Command {
     /// proof fails, nothing of byo's is removed (exit 3).
     ///
     /// Only then, in this order: the agent's units (enverge-agent, -prepare, -rollback);
-    /// our LXD instances (on lofispark-base) and the lofispark-base profile; LXD itself
+    /// on a pair's or a ring's node0, each satellite, reached over the management network
+    /// as spark with node0's peer key (its owner restored and proved first, then what
+    /// preparation put there, spark's access last); our LXD instances (on lofispark-base) and the lofispark-base profile; LXD itself
     /// with its images, pool and bridge, when preparation installed it (unless
     /// --keep-lxd); the tenant firewall (its unit, nftables' inet enverge_tenants, our
     /// ufw rules); the relay peer (wg-quick@wg0, /etc/wireguard/wg0.conf); the operator
@@ -191,6 +193,11 @@ enum Command {
         /// Reinstall the Docker packages preparation purged (recorded when it purged them).
         #[arg(long)]
         restore_docker: bool,
+        /// On a pair's or a ring's node0: hand this machine back alone and leave the
+        /// satellites prepared (one that is switched off for good). Without it each satellite
+        /// is handed back first, from here, over the management network.
+        #[arg(long)]
+        leave_satellites: bool,
         /// Go ahead without asking.
         #[arg(long)]
         yes: bool,
@@ -254,6 +261,12 @@ fn keys(paths: KeyPaths) -> anyhow::Result<OperatorKeys> {
             );
             String::new()
         });
+    // The host's slug, for break glass at expiry, from what preparation handed serving
+    // (readable by spark and root alike); serve reads its own --serving-file.
+    let host = std::fs::read(machines::HANDED_OVER)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<machines::HandOver>(&b).ok())
+        .map(|h| h.slug);
     Ok(OperatorKeys {
         paths: Paths {
             trusted: paths.trusted,
@@ -261,6 +274,7 @@ fn keys(paths: KeyPaths) -> anyhow::Result<OperatorKeys> {
             authorized_keys: paths.authorized_keys,
         },
         environment,
+        host,
     })
 }
 
@@ -321,9 +335,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Uninstall {
             keep_lxd,
             restore_docker,
+            leave_satellites,
             yes,
             owner,
-        } => uninstall::run(keep_lxd, restore_docker, yes, owner).map_err(anyhow::Error::from),
+        } => uninstall::run(keep_lxd, restore_docker, leave_satellites, yes, owner)
+            .map_err(anyhow::Error::from),
         Command::Upgrade { build } => upgrade::run(build.as_deref()).map_err(anyhow::Error::from),
         Command::FinishScript => {
             use byo_core::render::units;

@@ -16,3 +16,11 @@ pub const LOGIN_BANNER: &str = include_str!("../assets/login-banner.txt");
 /// The login the owner lends node0 for the other machines (user, then password; root-only),
 /// deleted once peer-access admitted node0's peer key.
 pub const PEER_LOGIN: &str = "/etc/enverge/peer-login";
+/// Who ran the installer: the login owner-lockout removes (when the host says so).
+pub const OWNER_FILE: &str = "/etc/enverge/owner";
+/// The throwaway container base-image builds in (and uninstall removes when a build was cut).
+pub const BUILD_INSTANCE: &str = "enverge-image-build";
+/// Where the installer recorded the server this host enrolled with (root's, 0644).
+pub const SERVER_FILE: &str = "/etc/enverge/server";
+/// What enrolment returned, the host token among it.
+pub const CREDENTIALS: &str = "/etc/enverge/credentials.json";

@@ -12,6 +12,7 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
+use byo_core::break_glass;
 use byo_core::keylist::{self, Held, KeyList, Refusal, SignedList};
 use chrono::{DateTime, Utc};
 use ssh_key::PublicKey;
@@ -51,6 +52,10 @@ pub struct Applied {
 pub struct OperatorKeys {
     pub paths: Paths,
     pub environment: String,
+    /// This host's slug, the name a break-glass certificate must carry
+    /// (`byo_core::break_glass`): known once preparation handed over. Without it an expired
+    /// list admits no certificate.
+    pub host: Option<String>,
 }
 
 pub use crate::host::write_atomic;
@@ -96,7 +101,7 @@ impl OperatorKeys {
     pub fn receive(&self, envelope: &[u8], now: DateTime<Utc>) -> Result<Applied, ReceiveError> {
         let list = self.accept(envelope, now)?;
         self.persist(envelope)?;
-        self.apply(&list)?;
+        self.apply(&list, now)?;
         Ok(Applied {
             version: list.version,
             keys: list.keys.len(),
@@ -137,24 +142,43 @@ impl OperatorKeys {
         write_atomic(&self.paths.held, envelope, 0o644).map_err(io_err("persisting the list"))
     }
 
+    /// authorized_keys for `list` at `now`: its keys, and the break-glass CA lines for this
+    /// host once the list has expired, one per key trusted to sign the next list.
+    pub fn authorized_keys(
+        &self,
+        list: &KeyList,
+        now: DateTime<Utc>,
+    ) -> Result<String, ReceiveError> {
+        let signers = match &self.host {
+            Some(_) if now >= list.expires => self.signing_trust()?,
+            _ => Vec::new(),
+        };
+        let trust = self.host.as_deref().map(|host| break_glass::Trust {
+            host,
+            signers: &signers,
+        });
+        Ok(list.authorized_keys_at(now, trust))
+    }
+
     /// Write authorized_keys from a verified list: whole, never empty (a list with no keys
     /// never verifies), mode 0600.
-    pub fn apply(&self, list: &KeyList) -> Result<(), ReceiveError> {
+    pub fn apply(&self, list: &KeyList, now: DateTime<Utc>) -> Result<(), ReceiveError> {
         write_atomic(
             &self.paths.authorized_keys,
-            list.authorized_keys().as_bytes(),
+            self.authorized_keys(list, now)?.as_bytes(),
             0o600,
         )
         .map_err(io_err("writing authorized_keys"))
     }
 
-    /// At start: make authorized_keys match the persisted list (after a crash between
-    /// persisting and applying). Returns whether it had to write.
-    pub fn reconcile(&self) -> Result<bool, ReceiveError> {
+    /// Make authorized_keys match the persisted list at `now`: at start (after a crash
+    /// between persisting and applying), and on every heartbeat, so the break-glass lines
+    /// appear within a beat of the list's expiry. Returns whether it had to write.
+    pub fn reconcile(&self, now: DateTime<Utc>) -> Result<bool, ReceiveError> {
         let Some((_, list)) = self.held()? else {
             return Ok(false);
         };
-        let want = list.authorized_keys();
+        let want = self.authorized_keys(&list, now)?;
         if fs::read_to_string(&self.paths.authorized_keys)
             .ok()
             .as_deref()
@@ -162,7 +186,7 @@ impl OperatorKeys {
         {
             return Ok(false);
         }
-        self.apply(&list)?;
+        self.apply(&list, now)?;
         Ok(true)
     }
 
@@ -218,7 +242,7 @@ pub fn apply_command(keys: &OperatorKeys, file: &Path) -> anyhow::Result<()> {
 
 /// `byo-agent operator-keys reconcile`.
 pub fn reconcile_command(keys: &OperatorKeys) -> anyhow::Result<()> {
-    if keys.reconcile()? {
+    if keys.reconcile(Utc::now())? {
         println!("authorized_keys rewritten from the kept list");
     }
     Ok(())

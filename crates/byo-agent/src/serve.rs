@@ -362,7 +362,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         agent_token_hash: token_hash_file,
         serving_file,
         heartbeat_every,
-        operator_keys,
+        mut operator_keys,
         limits,
     } = options;
     let heartbeat_every = std::time::Duration::from_secs(heartbeat_every.max(1));
@@ -378,12 +378,9 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         "{} must hold a SHA-256 in hex",
         token_hash_file.display()
     );
-    if operator_keys.reconcile()? {
-        tracing::info!("authorized_keys brought to the kept operator-key list");
-    }
     let vms = match std::fs::read(&serving_file) {
         Ok(bytes) => {
-            let handed: crate::prepare::HandOver = serde_json::from_slice(&bytes)
+            let handed: crate::machines::HandOver = serde_json::from_slice(&bytes)
                 .with_context(|| format!("{} does not parse", serving_file.display()))?;
             Some(handed)
         }
@@ -393,6 +390,10 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         }
         Err(e) => return Err(e).with_context(|| format!("reading {}", serving_file.display())),
     };
+    operator_keys.host = vms.as_ref().map(|h| h.slug.clone());
+    if operator_keys.reconcile(chrono::Utc::now())? {
+        tracing::info!("authorized_keys brought to the kept operator-key list");
+    }
     let service = vms.as_ref().map(|handed| {
         Arc::new(VmService {
             config: VmConfig {
@@ -432,7 +433,8 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
             .with_context(|| format!("binding {listen}"))?;
         tracing::info!(%listen, "serving");
         if let (Some(svc), Some(handed)) = (service, vms) {
-            std::thread::spawn(move || crate::heartbeat::run(svc, handed, heartbeat_every));
+            let keys = state.operator_keys.clone();
+            std::thread::spawn(move || crate::heartbeat::run(svc, handed, keys, heartbeat_every));
         }
         answer_on(listener, state, limits, async {
             let _ = tokio::signal::ctrl_c().await;

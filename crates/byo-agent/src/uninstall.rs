@@ -25,12 +25,14 @@ use byo_wire::profile::LxdSource;
 use serde_json::Value;
 
 use crate::host::{
-    Fallible, Host, LocalHost, apt_purge, exists, home_of, must, package_installed, read_string,
-    unit_active, unit_enabled, user_exists, user_groups,
+    Fallible, Host, LocalHost, SshHost, apt_purge, exists, home_of, must, package_installed,
+    read_string, shell_quote, unit_active, unit_enabled, user_exists, user_groups,
 };
 use crate::lxd;
+use crate::machines::satellite_host;
+use crate::names::{BUILD_INSTANCE, CREDENTIALS, OWNER_FILE, PROFILE_NAME, SERVER_FILE, SPARK};
 use crate::prepare::steps::written::*;
-use crate::prepare::{BUILD_INSTANCE, OWNER_FILE, PROFILE_NAME, SPARK};
+use byo_wire::peers::{PEER_FILE, Peer, parse_peer_file};
 
 /// The agent's binary, as install.sh installs it, and what an upgrade keeps beside it.
 pub const AGENT_BINS: &[&str] = &[
@@ -53,6 +55,14 @@ pub struct Plan {
     /// Reinstall the Docker packages docker-purge removed (offered, not done unasked: the
     /// owner may not want Docker back).
     pub restore_docker: bool,
+    /// Where node0 keeps its peer key and the satellites' pinned host keys (`/etc/enverge`):
+    /// how a pair's or a ring's satellites are reached. `None` in a run that cannot reach
+    /// them (a satellite's own subset).
+    pub satellites: Option<std::path::PathBuf>,
+    /// Hand node0 back alone and leave its satellites prepared (one switched off for good).
+    pub leave_satellites: bool,
+    /// Where a satellite's step lines go (its steps run inside node0's `satellites`).
+    pub progress: Option<fn(String)>,
 }
 
 /// Why an uninstall stopped, with the exit status `byo-agent uninstall` ends with.
@@ -124,6 +134,7 @@ pub const OWNER_RESTORE: &str = "owner-restore";
 pub const STEP_NAMES: &[&str] = &[
     OWNER_RESTORE,
     "agent-units",
+    "satellites",
     "instances",
     "lxd-profile",
     "lxd",
@@ -148,6 +159,12 @@ pub fn steps(plan: &Plan) -> Vec<UninstallStep<'_>> {
     let steps = vec![
         step(OWNER_RESTORE, owner_check, owner_apply, never),
         step("agent-units", units_check, units_apply, never),
+        step(
+            "satellites",
+            satellites_check,
+            satellites_apply,
+            satellites_skip,
+        ),
         step("instances", instances_check, instances_apply, no_lxd),
         step("lxd-profile", profile_check, profile_apply, no_lxd),
         step("lxd", lxd_check, lxd_apply, lxd_skip),
@@ -810,6 +827,198 @@ fn spark_apply(h: &mut dyn Host, _: &Plan) -> Fallible<()> {
     Ok(())
 }
 
+// satellites ----------------------------------------------------------------------------
+
+/// What a satellite runs of the steps above, in their order: it never had the agent's units,
+/// a relay peer or a tunnel. spark's access and our files go after, in one root command.
+const SATELLITE_STEPS: &[&str] = &[
+    OWNER_RESTORE,
+    "instances",
+    "lxd-profile",
+    "lxd",
+    "tenant-firewall",
+    "host-settings",
+    "docker",
+];
+
+/// Where LXD answers on a satellite: Debian's package, else the snap.
+const LXD_SOCKETS: [&str; 2] = [
+    "/var/lib/lxd/unix.socket",
+    "/var/snap/lxd/common/lxd/unix.socket",
+];
+
+fn peers(h: &mut dyn Host) -> Fallible<Vec<Peer>> {
+    match read_string(h, PEER_FILE)? {
+        None => Ok(Vec::new()),
+        Some(text) => parse_peer_file(&text),
+    }
+}
+
+fn satellites_skip(h: &mut dyn Host, plan: &Plan) -> Option<String> {
+    if !plan.leave_satellites {
+        return None;
+    }
+    let names: Vec<String> = peers(h)
+        .ok()?
+        .iter()
+        .map(|p| format!("node{}", p.index))
+        .collect();
+    (!names.is_empty()).then(|| format!("--leave-satellites: {} stay prepared", names.join(", ")))
+}
+
+/// `peer` as spark with node0's peer key, on a connection of its own.
+fn satellite(plan: &Plan, peer: &Peer) -> Fallible<SshHost> {
+    let dir = plan.satellites.as_deref().ok_or_else(|| {
+        format!(
+            "node{} is this machine's satellite: run byo-agent uninstall on node0, which reaches it",
+            peer.index
+        )
+    })?;
+    satellite_host(dir, peer, SPARK, LXD_SOCKETS[0], false, false)
+}
+
+/// `peer` for its steps: one connection for their many commands, and LXD where it answers.
+fn satellite_for_steps(plan: &Plan, peer: &Peer) -> Fallible<SshHost> {
+    let mut host = satellite(plan, peer)?;
+    host.control_path = plan
+        .satellites
+        .as_deref()
+        .map(|d| d.join(format!("peer-{}-uninstall.ctl", peer.index)));
+    if !exists(&mut host, LXD_SOCKETS[0])? && exists(&mut host, LXD_SOCKETS[1])? {
+        host.lxd_socket = LXD_SOCKETS[1].to_owned();
+    }
+    Ok(host)
+}
+
+/// Whether `peer` still admits spark with node0's peer key, on a fresh connection: refused
+/// means handed back already. A satellite that cannot be reached at all is an error, never
+/// read as handed back.
+fn admits_spark(plan: &Plan, peer: &Peer) -> Fallible<bool> {
+    match satellite(plan, peer).and_then(|mut h| h.run(&["true"], None)) {
+        Ok(out) => Ok(out.ok()),
+        Err(e) if e.contains("Permission denied") => Ok(false),
+        Err(e) => Err(format!(
+            "{e}. Switch node{} on and run uninstall again, or hand node0 back alone with --leave-satellites",
+            peer.index
+        )),
+    }
+}
+
+/// The plan a satellite's own subset runs with: its owner is the login peer-access recorded
+/// there; LXD and Docker as node0 was asked.
+fn satellite_plan(node: &mut dyn Host, plan: &Plan) -> Fallible<Plan> {
+    let owner = read_string(node, OWNER_FILE)?
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty());
+    Ok(Plan {
+        keep_lxd: plan.keep_lxd,
+        owner,
+        restore_docker: plan.restore_docker,
+        satellites: None,
+        leave_satellites: false,
+        progress: None,
+    })
+}
+
+fn run_satellite(
+    node: &mut SshHost,
+    sub: &Plan,
+    mode: Mode,
+    report: impl FnMut(Progress),
+) -> Outcome {
+    let all = steps(sub);
+    let refs: Vec<&dyn Step<SshHost>> = all
+        .iter()
+        .filter(|s| SATELLITE_STEPS.contains(&s.name))
+        .map(|s| s as &dyn Step<SshHost>)
+        .collect();
+    byo_core::prepare::run(
+        &refs,
+        node,
+        0,
+        "uninstall",
+        None,
+        mode,
+        chrono::Utc::now,
+        report,
+    )
+}
+
+fn satellites_check(h: &mut dyn Host, plan: &Plan) -> Fallible<Check> {
+    let mut needs = Vec::new();
+    for peer in peers(h)? {
+        if !admits_spark(plan, &peer)? {
+            continue;
+        }
+        let mut node = satellite_for_steps(plan, &peer)?;
+        let sub = satellite_plan(&mut node, plan)?;
+        let out = run_satellite(&mut node, &sub, Mode::DryRun, |_| {});
+        // The owner's proof is the one failure worth saying now; a later step's check may
+        // fail only because an earlier one has not applied yet.
+        if let Some((step, e)) = &out.failed
+            && step == OWNER_RESTORE
+        {
+            return Err(format!("node{} {step}: {e}", peer.index));
+        }
+        let mut what: Vec<String> = out.changes.into_iter().map(|(s, _)| s).collect();
+        what.push("spark-access".into());
+        what.push("agent-files".into());
+        needs.push(format!("hand node{} back: {}", peer.index, what.join(", ")));
+    }
+    Ok(verdict(needs))
+}
+
+fn satellites_apply(h: &mut dyn Host, plan: &Plan) -> Fallible<()> {
+    for peer in peers(h)? {
+        if !admits_spark(plan, &peer)? {
+            continue;
+        }
+        let mut node = satellite_for_steps(plan, &peer)?;
+        let sub = satellite_plan(&mut node, plan)?;
+        let index = peer.index;
+        let out = run_satellite(&mut node, &sub, Mode::Run, |p| {
+            if let (Some(say), Some(line)) = (plan.progress, describe(&p)) {
+                say(format!("    node{index} {}", line.trim_start()));
+            }
+        });
+        if let Some((step, e)) = out.failed {
+            return Err(format!("node{index} stopped at {step}: {e}"));
+        }
+        let handed = hand_back_spark(&mut node);
+        drop(node);
+        if admits_spark(plan, &peer)? {
+            return Err(format!(
+                "node{index} still admits spark after its access was taken away{}",
+                handed.err().map(|e| format!(": {e}")).unwrap_or_default()
+            ));
+        }
+        if let Some(say) = plan.progress {
+            say(format!("    node{index} {:<16} removed", "spark-access"));
+        }
+    }
+    Ok(())
+}
+
+/// spark's access and our files on a satellite, in one root command, since after it spark
+/// runs nothing more there: its key, our directories, its sudoers drop-in, and the account
+/// itself when preparation created it — what spark-access and agent-files take on node0.
+fn hand_back_spark(node: &mut dyn Host) -> Fallible<()> {
+    let created = exists(node, SPARK_CREATED)?;
+    let mut script = format!(
+        "set -e\nrm -f -- {}\n",
+        shell_quote(&spark_authorized_keys(node)?)
+    );
+    for dir in AGENT_DIRS {
+        script.push_str(&format!("rm -rf -- {}\n", shell_quote(dir)));
+    }
+    script.push_str(&format!("rm -f -- {}\n", shell_quote(SUDOERS)));
+    if created {
+        // --force: this very session is spark's.
+        script.push_str(&format!("userdel --force --remove {SPARK}\n"));
+    }
+    must(node, &["sh", "-c", &script]).map(drop)
+}
+
 // host-settings -------------------------------------------------------------------------
 
 const SETTINGS: &[&str] = &[
@@ -1077,6 +1286,7 @@ pub fn resolve_owner<H: Host>(host: &mut H, given: Option<String>) -> Option<Str
 pub fn run(
     keep_lxd: bool,
     restore_docker: bool,
+    leave_satellites: bool,
     yes: bool,
     owner: Option<String>,
 ) -> Result<(), UninstallError> {
@@ -1094,6 +1304,9 @@ pub fn run(
         keep_lxd,
         owner: resolve_owner(&mut host, owner),
         restore_docker,
+        satellites: Some("/etc/enverge".into()),
+        leave_satellites,
+        progress: Some(|line| println!("{line}")),
     };
     let found = survey(&mut host, &plan);
     if found.is_empty() {
@@ -1154,12 +1367,8 @@ pub fn run(
 
 /// The backend this host enrolled with and its host token, while both are still on disk.
 fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
-    let server = read_string(host, crate::upgrade::SERVER_FILE)
-        .ok()
-        .flatten()?;
-    let kept = read_string(host, crate::upgrade::CREDENTIALS)
-        .ok()
-        .flatten()?;
+    let server = read_string(host, SERVER_FILE).ok().flatten()?;
+    let kept = read_string(host, CREDENTIALS).ok().flatten()?;
     let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
     crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
 }

@@ -21,9 +21,7 @@ use sha2::{Digest, Sha256};
 
 use crate::host::{Host, LocalHost};
 
-/// Where the installer recorded the server this host enrolled with (root's, 0644).
-pub const SERVER_FILE: &str = "/etc/enverge/server";
-pub const CREDENTIALS: &str = "/etc/enverge/credentials.json";
+pub use crate::names::{CREDENTIALS, SERVER_FILE};
 /// The most of a build this fetches: the server's own limit on a published build.
 pub const MAX_BUILD: u64 = 512 * 1024 * 1024;
 
@@ -113,7 +111,7 @@ fn fetch(
             EXIT_UNREACHABLE,
             format!(
                 "could not reach {server} (fetching {url}): {}; nothing was installed",
-                crate::enroll::chain(&e.without_url())
+                crate::report::chain(&e.without_url())
             ),
         )
     })?;

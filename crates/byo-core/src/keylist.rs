@@ -361,6 +361,23 @@ impl KeyList {
         }
         out
     }
+
+    /// authorized_keys as a host writes it at `now`: the list's own lines and, only once the
+    /// list has expired, the lines that admit a break-glass certificate for this host
+    /// ([`crate::break_glass`]). The first list that has not expired takes them away.
+    pub fn authorized_keys_at(
+        &self,
+        now: DateTime<Utc>,
+        break_glass: Option<crate::break_glass::Trust<'_>>,
+    ) -> String {
+        let mut out = self.authorized_keys();
+        if let Some(trust) = break_glass
+            && now >= self.expires
+        {
+            out.push_str(&crate::break_glass::authorized_lines(trust));
+        }
+        out
+    }
 }
 
 /// One change to the newest list (M.10).

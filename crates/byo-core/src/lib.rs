@@ -1,6 +1,7 @@
 //! Pure decisions shared by the server, the agent and the relay: no tokio, no filesystem,
 //! no processes, and time is always passed in.
 
+pub mod break_glass;
 pub mod fleet;
 pub mod keylist;
 #[cfg(feature = "testing")]

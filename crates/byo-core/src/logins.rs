@@ -38,6 +38,8 @@ pub struct Accepted {
     pub key_type: Option<String>,
     /// `SHA256:…` (publickey logins only).
     pub fingerprint: Option<String>,
+    /// `<ID> (serial N)` when the key came with a certificate (`…-CERT` types).
+    pub certificate: Option<String>,
 }
 
 /// The longest fingerprint taken from a line: `SHA256:` and 43 base64 characters is 50.
@@ -64,15 +66,24 @@ pub fn parse_message(message: &str) -> Option<Accepted> {
     }
     let source_port: u16 = words.next()?.parse().ok()?;
     let proto = words.next()?;
-    let (key_type, fingerprint) = if proto == "ssh2:" {
+    let (key_type, fingerprint, certificate) = if proto == "ssh2:" {
         let key_type = words.next()?;
         let fingerprint = words.next()?;
         if !is_fingerprint(fingerprint) || key_type.is_empty() || key_type.len() > 32 {
             return None;
         }
-        (Some(key_type.to_owned()), Some(fingerprint.to_owned()))
+        let certificate = if key_type.ends_with("-CERT") {
+            Some(certificate_name(&words.collect::<Vec<_>>().join(" "))?)
+        } else {
+            None
+        };
+        (
+            Some(key_type.to_owned()),
+            Some(fingerprint.to_owned()),
+            certificate,
+        )
     } else if proto == "ssh2" {
-        (None, None)
+        (None, None, None)
     } else {
         return None;
     };
@@ -86,7 +97,26 @@ pub fn parse_message(message: &str) -> Option<Accepted> {
         source_port,
         key_type,
         fingerprint,
+        certificate,
     })
+}
+
+/// What follows a certificate's fingerprint in sshd's line: `ID <id> (serial <n>) CA <type>
+/// <fp>`; the ID and serial as sshd wrote them, or `None` when that does not read (a line cut
+/// short, an ID too long or with control characters).
+fn certificate_name(rest: &str) -> Option<String> {
+    let rest = rest.strip_prefix("ID ")?;
+    let at = rest.rfind(" (serial ")?;
+    let (id, tail) = rest.split_at(at);
+    let serial = tail.strip_prefix(" (serial ")?.split(')').next()?;
+    if serial.is_empty() || !serial.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let name = format!("{id} (serial {serial})");
+    (!id.is_empty()
+        && name.chars().count() <= byo_wire::vm::MAX_LOGIN_CERTIFICATE
+        && !name.chars().any(char::is_control))
+    .then_some(name)
 }
 
 /// `SHA256:` and base64 without padding, as sshd and [`CheckedKey::fingerprint`] spell it.
@@ -158,6 +188,7 @@ pub fn attribute(
         source_port: accepted.source_port,
         fingerprint,
         user_sub,
+        certificate: accepted.certificate.clone(),
     })
 }
 
@@ -236,6 +267,7 @@ mod tests {
                 source_port: 50522,
                 key_type: Some("ED25519".into()),
                 fingerprint: Some(fp.into()),
+                certificate: None,
             }
         );
         // A security key, an IPv6 source, a certificate (its own fingerprint first).
@@ -249,6 +281,32 @@ mod tests {
         );
         let cert = parse_message(&format!("Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519-CERT {fp} ID op (serial 0) CA ED25519 SHA256:abc")).unwrap();
         assert_eq!(cert.fingerprint.as_deref(), Some(fp));
+        assert_eq!(cert.certificate.as_deref(), Some("op (serial 0)"));
+        // Break glass (#39, 5): the ID `byo keys break-glass` writes, as OpenSSH 9.2 logs it.
+        let bg = parse_message(&format!("Accepted publickey for spark from 10.8.0.1 port 40022 ssh2: ED25519-CERT {fp} ID break-glass:op@enverge.ai:spark-7 (serial 7311) CA ED25519 SHA256:abc")).unwrap();
+        assert_eq!(
+            bg.certificate.as_deref(),
+            Some("break-glass:op@enverge.ai:spark-7 (serial 7311)")
+        );
+        // A certificate line that does not read is not half-read.
+        for tail in [
+            "",
+            "ID  (serial 1) CA ED25519 SHA256:abc",
+            "ID op (serial ) CA ED25519 SHA256:abc",
+            "ID op (serial x1) CA ED25519 SHA256:abc",
+            "op (serial 1) CA ED25519 SHA256:abc",
+            "ID op\u{1b}[2J (serial 1) CA ED25519 SHA256:abc",
+        ] {
+            let line = format!(
+                "Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519-CERT {fp} {tail}"
+            );
+            assert_eq!(parse_message(&line), None, "{line:?}");
+        }
+        let long = format!(
+            "Accepted publickey for spark from 10.8.0.1 port 1 ssh2: ED25519-CERT {fp} ID {} (serial 1) CA ED25519 SHA256:abc",
+            "i".repeat(200)
+        );
+        assert_eq!(parse_message(&long), None);
         // A password login has no key.
         let pw =
             parse_message("Accepted password for owner from 192.168.1.5 port 40000 ssh2").unwrap();
@@ -308,7 +366,18 @@ mod tests {
                 source_port: 50522,
                 fingerprint: k.fingerprint.clone(),
                 user_sub: Some("op-sub-1".into()),
+                certificate: None,
             })
+        );
+        // Presented with a certificate (break glass): the certificate goes with the login.
+        let certified = Accepted {
+            certificate: Some("break-glass:op:spark-7 (serial 1)".into()),
+            ..ours.clone()
+        };
+        let login = attribute(&certified, ACCOUNT, at, std::slice::from_ref(&k)).unwrap();
+        assert_eq!(
+            (login.user_sub.as_deref(), login.certificate.as_deref()),
+            (Some("op-sub-1"), Some("break-glass:op:spark-7 (serial 1)"))
         );
         // The same key against a list without it: not an operator key, still reported.
         assert_eq!(attribute(&ours, ACCOUNT, at, &[]).unwrap().user_sub, None);

@@ -39,7 +39,7 @@ pub fn allowed_signers(key: &str) -> String {
 }
 
 /// How many hex digits of a build's sha256 name it: what the heartbeat's `agent_version`
-/// carries (`<version> (<12 hex>)`, `byo_agent::prepare::build_version`).
+/// carries (`<version> (<12 hex>)`, `byo_agent::report::build_version`).
 pub const BUILD_ID_HEX: usize = 12;
 
 /// The build a sha256 (hex) names: its first [`BUILD_ID_HEX`] digits, lower case.

@@ -95,3 +95,60 @@ pub mod fuzz {
         seed
     }
 }
+
+/// What a benchmark's figure must reach: at least or at most `value`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Target {
+    AtLeast(f64),
+    AtMost(f64),
+}
+
+/// One benchmark figure as `scripts/bench` reads it, a line of its own among the bench's
+/// human output: `figure`, the bench, what was measured, the value, its unit and the target
+/// (`>=N`, `<=N` or `-`), tab-separated. The script tabulates them and says which targets
+/// were met; the benches themselves never judge a timing.
+pub fn figure_line(
+    bench: &str,
+    what: &str,
+    value: f64,
+    unit: &str,
+    target: Option<Target>,
+) -> String {
+    let clean = |s: &str| s.replace(['\t', '\n'], " ");
+    let target = match target {
+        Some(Target::AtLeast(t)) => format!(">={t}"),
+        Some(Target::AtMost(t)) => format!("<={t}"),
+        None => "-".to_owned(),
+    };
+    format!(
+        "figure\t{}\t{}\t{value:.2}\t{}\t{target}",
+        clean(bench),
+        clean(what),
+        clean(unit)
+    )
+}
+
+#[cfg(test)]
+mod figure_tests {
+    use super::*;
+
+    #[test]
+    fn a_figure_is_one_line_of_six_tab_separated_fields() {
+        let line = figure_line(
+            "heartbeat",
+            "writes/s\t(postgres)\n",
+            10_234.567,
+            "1/s",
+            Some(Target::AtLeast(10_000.0)),
+        );
+        assert_eq!(
+            line,
+            "figure\theartbeat\twrites/s (postgres) \t10234.57\t1/s\t>=10000"
+        );
+        assert_eq!(
+            figure_line("map", "reconcile", 0.5, "ms", Some(Target::AtMost(250.0))),
+            "figure\tmap\treconcile\t0.50\tms\t<=250"
+        );
+        assert!(figure_line("x", "y", 1.0, "ms", None).ends_with("\tms\t-"));
+    }
+}

@@ -24,6 +24,8 @@ pub struct OperatorLoginRow {
     pub operator_name: Option<String>,
     /// The label the operator gave the key, from `operator_keys` by fingerprint.
     pub key_label: Option<String>,
+    /// The certificate the key came with (break glass), as sshd named it.
+    pub certificate: Option<String>,
 }
 
 impl Store {
@@ -44,8 +46,8 @@ impl Store {
             added += on_pool!(self, |p| {
                 sqlx::query(
                 "insert into operator_logins
-                   (id, host_id, logged_in_at, source, source_port, fingerprint, user_sub, reported_at)
-                 values ($1, $2, $3, $4, $5, $6, $7, $8)
+                   (id, host_id, logged_in_at, source, source_port, fingerprint, user_sub, reported_at, certificate)
+                 values ($1, $2, $3, $4, $5, $6, $7, $8, $9)
                  on conflict (host_id, logged_in_at, source, source_port) do nothing"
             )
             .bind(new_id())
@@ -56,6 +58,7 @@ impl Store {
             .bind(&l.fingerprint)
             .bind(l.user_sub.as_deref())
             .bind(now)
+            .bind(l.certificate.as_deref())
             .execute(p)
             .await
             .map(|r| r.rows_affected())
@@ -81,7 +84,7 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<OperatorLoginRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, OperatorLoginRow>(
-            "select l.logged_in_at, l.source, l.source_port, l.fingerprint, l.user_sub,
+            "select l.logged_in_at, l.source, l.source_port, l.fingerprint, l.user_sub, l.certificate,
                     nullif(u.display_name, '') as operator_name,
                     (select k.label from operator_keys k where k.fingerprint = l.fingerprint
                       order by k.created_at desc limit 1) as key_label

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use byo_core::testing::{Target, figure_line};
 use byo_db::hosts::AgentTargetRow;
 use byo_db::queue::NewQueued;
 use byo_db::ssh_keys::NewSshKey;
@@ -312,6 +313,19 @@ async fn run(backend: Backend, rows: usize, a: &Args) {
         total.skipped,
         t.instances,
         if ok { "ok" } else { "FAILED" },
+    );
+    // The target is PostgreSQL's, with 4 drainers (issue #13); SQLite's one writer has none.
+    let target =
+        (backend == Backend::Postgres && drainers >= 4).then_some(Target::AtLeast(2_000.0));
+    println!(
+        "{}",
+        figure_line(
+            "drain_bench",
+            &format!("{backend} drain, {rows} rows, {drainers} drainers"),
+            t.placed as f64 / elapsed,
+            "placements/s",
+            target,
+        )
     );
     assert!(ok, "the checker found a double placement or a lost row");
     db.store.close().await;

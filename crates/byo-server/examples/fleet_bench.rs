@@ -16,6 +16,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
+use byo_core::testing::{Target, figure_line};
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::Backend;
 use byo_db::testing::TestDb;
@@ -240,6 +241,17 @@ async fn run(backend: Backend, a: &Args) {
             percentile(&l, 0.50),
             percentile(&l, 0.99),
             percentile(&l, 1.0)
+        );
+        // The target is PostgreSQL's (issue #38, 1).
+        println!(
+            "{}",
+            figure_line(
+                "fleet_bench",
+                &format!("{backend} {path} p99 ({} hosts)", a.hosts),
+                percentile(&l, 0.99),
+                "ms",
+                (backend == Backend::Postgres).then_some(Target::AtMost(100.0)),
+            )
         );
     }
 }

@@ -243,7 +243,14 @@ pub struct OperatorLogin {
     /// backend knows it by the fingerprint, and the beat's details are bounded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_sub: Option<String>,
+    /// The certificate the key was presented with, as sshd names it (`<ID> (serial N)`):
+    /// break glass past the list's expiry. Absent for a plain key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub certificate: Option<String>,
 }
+
+/// The longest certificate name a login carries.
+pub const MAX_LOGIN_CERTIFICATE: usize = 200;
 
 /// How many instances a heartbeat may list. One per host is the rule; the slack is for a
 /// host that drifted, so it can still be seen and put right.

@@ -111,6 +111,14 @@ enum KeysCommand {
     ///
     /// Example: byo keys sign --server https://app.enverge.ai --email me@enverge.ai < key
     Sign(byo::keys::SignArgs),
+    /// The last resort once the operator-key list has expired and no renewal has reached
+    /// the hosts: a certificate for your own key, signed with the list's signing key (from
+    /// standard input or --from-clipboard, into a throwaway ssh-agent), valid for at most an
+    /// hour, on the hosts named, from their relay only. A host admits it only while the list
+    /// it holds has expired; the next list ends it. No server is needed.
+    ///
+    /// Example: byo keys break-glass --host spark-7 --operator me@enverge.ai < signing-key
+    BreakGlass(byo::keys::BreakGlassArgs),
 }
 
 /// Errors print as one readable chain of causes, for the operator at the terminal.
@@ -150,6 +158,7 @@ async fn run() -> anyhow::Result<()> {
         }
         Command::Up(args) => byo::up::run(args).await,
         Command::Keys(KeysCommand::Sign(args)) => byo::keys::sign(args).await,
+        Command::Keys(KeysCommand::BreakGlass(args)) => byo::keys::break_glass(args),
         Command::Host(HostCommand::Ssh(args)) => byo::host_ssh::run(args),
         Command::Release(ReleaseCommand::Sign(args)) => byo::release::sign(args),
         Command::Release(ReleaseCommand::Publish(args)) => byo::release::publish(args).await,

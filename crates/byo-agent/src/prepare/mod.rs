@@ -14,22 +14,18 @@ use byo_wire::enroll::{ConnectorBuild, WireGuardConfig};
 use byo_wire::prepare::StepState;
 use byo_wire::profile::ProfilePlan;
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 
 use crate::host::{Fallible, Host, LxdBody, LxdReply, Output};
 
+pub use crate::machines::{HANDED_OVER, HandOver};
+pub use crate::names::OWNER_FILE;
 pub use steps::{
     BASE_ALIAS, BUILD_INSTANCE, BUILDER_SCRIPT, LOGIN_BANNER, PROFILE_NAME, SPARK, STEP_NAMES,
     UDHCPC_SCRIPT, recipe_digest, refresh_tenant_firewall, render_base_profile, render_wireguard,
 };
 
-/// The last act of a completed preparation hands the credentials to the serving user, and
-/// that hand-over is the record (L, rule 1): a later start that finds it exits at once.
-pub const HANDED_OVER: &str = byo_core::render::units::HANDED_OVER;
 /// The done list, scoped to the build that wrote it.
 pub const DONE_LIST: &str = "/var/lib/enverge-agent/prepare-done.json";
-/// Who ran the installer: the login owner-lockout removes (when the host says so).
-pub const OWNER_FILE: &str = "/etc/enverge/owner";
 
 /// Everything the steps read besides the host itself: the profile, and what enrolment
 /// returned. Built by the caller from the kept credentials.
@@ -206,64 +202,7 @@ pub fn plan_from(
 /// Which build this is: the done list is trusted only by the binary that wrote it, and a
 /// version number says nothing about what a step now does, so the binary's own digest.
 pub fn build_id() -> String {
-    format!("byo-agent {}", build_version())
-}
-
-/// This build as the heartbeat reports it (`agent_version`): the version and the first 12
-/// hex digits of the running binary's SHA-256, so two builds of one version tell apart (an
-/// upgrade shows on the host's row). Read once: after an upgrade replaced the file, the
-/// running process still is the build it started as.
-pub fn build_version() -> &'static str {
-    static BUILD: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    BUILD.get_or_init(|| {
-        use sha2::{Digest, Sha256};
-        let digest = std::fs::read("/proc/self/exe")
-            .map(|b| hex::encode(&Sha256::digest(&b)[..6]))
-            .unwrap_or_else(|_| "unknown".into());
-        format!("{} ({digest})", env!("CARGO_PKG_VERSION"))
-    })
-}
-
-/// What serving needs, handed to the serving user: the record of a completed preparation.
-#[derive(Clone, Serialize, Deserialize)]
-pub struct HandOver {
-    pub host_id: String,
-    pub slug: String,
-    pub server: String,
-    pub host_token: String,
-    pub ssh_map_endpoint: String,
-    pub ssh_map_token: String,
-    /// The host's tunnel address, where instances' :22 are published.
-    pub ssh_listen: String,
-    /// The profile has a GPU: run the GPU check at create.
-    pub gpu: bool,
-    pub build: String,
-    /// Preparation installed the operator tunnel (cloudflared), which the heartbeat checks;
-    /// absent in a hand-over written before this was recorded.
-    #[serde(default)]
-    pub tunnel: Option<bool>,
-    /// A pair's or a ring's rail ports on node0, and which machine each link-local address
-    /// node0 saw on its satellites belongs to (peer.json, root-only, which serving cannot
-    /// read): what the heartbeat counts each port's neighbours with (133). Empty on a single
-    /// Spark, whose heartbeat counts nothing.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub rail_ports: Vec<String>,
-    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub rail_neighbours: std::collections::BTreeMap<String, u32>,
-    /// A pair's or a ring's machines, node0 first: each one's cables with the plan's
-    /// addresses, and a satellite's management address and pinned host key — what serving
-    /// creates, deletes and keeps the workers with (K1 note 11, `crate::workers`). Empty on a
-    /// single Spark.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pair: Vec<crate::machines::PairNode>,
-}
-
-impl std::fmt::Debug for HandOver {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HandOver")
-            .field("slug", &self.slug)
-            .finish_non_exhaustive()
-    }
+    format!("byo-agent {}", crate::report::build_version())
 }
 
 /// The last act of a completed preparation (L, rule 1): the credentials serving needs,
@@ -291,7 +230,7 @@ pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
     // node0's peer key, and each satellite's host key pinned, in its state directory.
     if !serving.pair.is_empty() {
         let key = host
-            .read(&format!("/etc/enverge/{}", peers::PEER_KEY))?
+            .read(&format!("/etc/enverge/{}", crate::machines::PEER_KEY))?
             .ok_or("a pair's preparation made no peer key")?;
         let state = std::path::Path::new(crate::machines::SERVING_STATE);
         host.write(
@@ -310,7 +249,7 @@ pub fn hand_over<H: Host>(host: &mut H, serving: &HandOver) -> Fallible<()> {
                 &state
                     .join(crate::machines::known_hosts_file(n.index))
                     .to_string_lossy(),
-                peers::known_hosts_line(addr, key).as_bytes(),
+                crate::machines::known_hosts_line(addr, key).as_bytes(),
                 0o644,
                 "spark:spark",
             )?;

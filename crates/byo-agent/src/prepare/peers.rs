@@ -21,9 +21,8 @@ pub fn satellite_steps() -> impl Iterator<Item = &'static str> {
         .map(|s| s.name)
 }
 
+pub use crate::machines::{PEER_KEY, known_hosts_line, satellite_host};
 pub use crate::names::PEER_LOGIN;
-/// node0's peer key (K: peer.key), Ed25519, root-only; its public half beside it.
-pub const PEER_KEY: &str = "peer.key";
 /// peer.json's shape is byo-wire's: the pure cable probe (`byo_core::probe`) writes it.
 pub use byo_wire::peers::{Link, PEER_FILE, Peer, parse_peer_file};
 
@@ -234,12 +233,6 @@ pub fn planned_address(plan: &Plan, rail: u32, node: u32) -> Fallible<(String, u
     Ok((format!("{addr}/{len}"), mtu))
 }
 
-/// A pinned host key as `known_hosts` files it: the address without a link-local scope.
-pub fn known_hosts_line(addr: &str, host_key: &str) -> String {
-    let host = addr.split('%').next().unwrap_or(addr);
-    format!("{host} {}\n", host_key.trim())
-}
-
 pub(super) fn rail_plan(plan: &Plan, index: u32) -> Fallible<(String, u32)> {
     plan.profile
         .rails
@@ -276,28 +269,7 @@ pub struct SshSatellites {
 
 impl SshSatellites {
     fn host(&self, peer: &Peer, user: &str, lent: bool) -> Fallible<crate::host::SshHost> {
-        let addr = peer
-            .mgmt_addr
-            .clone()
-            .or_else(|| peer.addr.clone())
-            .ok_or_else(|| format!("node{} has no address in {PEER_FILE}", peer.index))?;
-        let known = self.dir.join(format!("peer-{}.known_hosts", peer.index));
-        std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
-            .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
-        Ok(crate::host::SshHost {
-            node: peer.index,
-            user: user.to_owned(),
-            addr,
-            key: self.dir.join(PEER_KEY),
-            known_hosts: known,
-            port: 22,
-            lxd_socket: self.lxd_socket.clone(),
-            password_file: lent.then(|| self.dir.join("peer-login")),
-            host_key_alias: None,
-            // A satellite's subset is hundreds of short commands: one connection per login.
-            control_path: Some(self.dir.join(format!("peer-{}-{user}.ctl", peer.index))),
-            proxy: None,
-        })
+        satellite_host(&self.dir, peer, user, &self.lxd_socket, lent, true)
     }
 }
 

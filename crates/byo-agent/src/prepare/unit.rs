@@ -161,7 +161,8 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
         Some(s) if !dry_run => learn_relay_endpoint(&enroller, s, creds),
         _ => creds,
     };
-    let keys = enroller.operator_keys(&creds.environment);
+    let mut keys = enroller.operator_keys(&creds.environment);
+    keys.host = Some(creds.slug.clone());
     let reporter = match &server {
         Some(s) if !dry_run => {
             Some(Reporter::new(s, &creds.host_token).map_err(anyhow::Error::msg)?)
@@ -171,7 +172,10 @@ fn prepare(root: &Path, how: How) -> anyhow::Result<()> {
     if let Some(r) = &reporter {
         refresh_operator_keys(&keys, r);
     }
-    let authorized_keys = keys.held()?.map(|(_, list)| list.authorized_keys());
+    let authorized_keys = match keys.held()? {
+        Some((_, list)) => Some(keys.authorized_keys(&list, chrono::Utc::now())?),
+        None => None,
+    };
     let mut plan = plan_from(&creds, authorized_keys).map_err(anyhow::Error::msg)?;
     let build = build_id();
     // node0's steps and the satellites' (run inside the satellites step) report alike.

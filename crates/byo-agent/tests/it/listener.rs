@@ -18,6 +18,7 @@ fn serving(dir: &std::path::Path) -> Serving {
                 authorized_keys: dir.join("authorized_keys"),
             },
             environment: "production".into(),
+            host: None,
         },
         vms: None,
     }

@@ -38,6 +38,7 @@ fn host() -> Host {
             authorized_keys: dir.path().join("home/spark/.ssh/authorized_keys"),
         },
         environment: "prod".into(),
+        host: None,
     };
     let sk = testing::private_key();
     keys.trust(&sk.public_key().to_openssh().unwrap()).unwrap();
@@ -149,6 +150,7 @@ fn every_refusal_leaves_the_host_unchanged() {
     // Another environment's host refuses this environment's list.
     let other_env = OperatorKeys {
         environment: "staging".into(),
+        host: None,
         ..h.keys.clone()
     };
     assert!(matches!(
@@ -202,11 +204,11 @@ fn a_crash_between_keeping_and_applying_heals_at_start() {
         "authorized_keys is still whole: the last list applied"
     );
     // The next start brings authorized_keys to the kept list; a is gone.
-    assert!(h.keys.reconcile().unwrap());
+    assert!(h.keys.reconcile(now()).unwrap());
     let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(text.contains(&b.public_key) && !text.contains(&a.public_key));
     assert!(
-        !h.keys.reconcile().unwrap(),
+        !h.keys.reconcile(now()).unwrap(),
         "a second start writes nothing"
     );
     // The kept version refuses a replay of version 1, which would bring a back.
@@ -217,6 +219,71 @@ fn a_crash_between_keeping_and_applying_heals_at_start() {
             offered: 1
         }
     ));
+}
+
+/// M at expiry (#39, 5): once the kept list has expired the host admits a break-glass
+/// certificate for its own slug from the relay, signed by a key it trusts to sign lists; a
+/// host that does not know its slug admits none; the first list that has not expired takes
+/// the lines away again. (That sshd really admits the certificate, and only then, is
+/// byo-relay's `m_at_expiry_break_glass_…` on a real sshd.)
+#[test]
+fn m_at_expiry_the_kept_list_admits_break_glass_for_this_host_until_a_new_list_comes() {
+    let mut h = host();
+    h.keys.host = Some("spark-7".into());
+    let a = login_key("a");
+    h.keys
+        .receive(&signed(1, vec![a.clone()], &h.sk), now())
+        .unwrap();
+    let text = || std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(!text().contains("cert-authority"), "{}", text());
+    assert!(!h.keys.reconcile(now() + Duration::days(89)).unwrap());
+
+    // The clock passes the list's expiry (90 days) with no new list.
+    let later = now() + Duration::days(91);
+    assert!(
+        h.keys.reconcile(later).unwrap(),
+        "the beat after expiry rewrites"
+    );
+    let signer = h.sk.public_key().to_openssh().unwrap();
+    let signer: String = signer
+        .split_whitespace()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join(" ");
+    let expired = text();
+    assert!(
+        expired.contains(&format!(
+            "cert-authority,principals=\"spark-7\",from=\"10.8.0.1\" {signer} byo-break-glass\n"
+        )),
+        "{expired}"
+    );
+    assert_eq!(
+        expired.matches("cert-authority").count(),
+        1,
+        "one line per trusted signer: {expired}"
+    );
+    assert!(
+        expired.contains(&a.public_key),
+        "the list's own lines stay, their expiry-time past"
+    );
+    assert!(
+        !h.keys.reconcile(later).unwrap(),
+        "the next beat writes nothing"
+    );
+
+    // A host that does not know its slug admits no certificate at all.
+    let mut nameless = h.keys.clone();
+    nameless.host = None;
+    assert!(nameless.reconcile(later).unwrap());
+    assert!(!text().contains("cert-authority"), "{}", text());
+    assert!(h.keys.reconcile(later).unwrap());
+
+    // The first list that has not expired ends break glass.
+    let v2 = testing::envelope(&testing::list("prod", 2, vec![a.clone()], later), &[&h.sk]);
+    h.keys.receive(&v2, later).unwrap();
+    assert!(!text().contains("cert-authority"), "{}", text());
+    assert!(text().contains(&a.public_key));
+    assert!(!h.keys.reconcile(later).unwrap());
 }
 
 #[test]

@@ -88,6 +88,7 @@ async fn g5_deleting_an_instance_the_host_does_not_hold_answers_the_not_found_bo
                 authorized_keys: dir.path().join("authorized_keys"),
             },
             environment: "production".into(),
+            host: None,
         },
         vms: Some(Arc::new(VmService {
             config: VmConfig {
@@ -159,6 +160,7 @@ async fn l_creates_and_starts_are_refused_host_preparing_while_a_re_prepare_hold
                 authorized_keys: dir.path().join("authorized_keys"),
             },
             environment: "production".into(),
+            host: None,
         },
         vms: Some(Arc::new(VmService {
             config: VmConfig {

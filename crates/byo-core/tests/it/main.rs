@@ -3,6 +3,7 @@
 //! scheduled across two lanes by measured duration; `cargo test --test it` runs them all
 //! in one.
 
+mod break_glass;
 mod fuzz;
 mod keylist;
 mod prepare_engine;

@@ -1412,6 +1412,7 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
         source_port: 40000,
         fingerprint: "SHA256:47DEQpj8HBSa+/TImW+5JCeuQeRkm5NMpJWZG3hSuFU".into(),
         user_sub: who.map(str::to_owned),
+        certificate: None,
     };
     let beat = [login(0, Some(&op)), login(1, None)];
     assert_eq!(
@@ -1454,6 +1455,24 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
         ("10.8.0.1", 40000)
     );
     assert_eq!(store.operator_logins(&h, 2).await.unwrap().len(), 2);
+    // Break glass: the certificate sshd named is kept with the login (migration 0029).
+    let certified = OperatorLogin {
+        certificate: Some("break-glass:op@enverge.ai:spark-1 (serial 7)".into()),
+        ..login(3, Some(&op))
+    };
+    store
+        .record_operator_logins(&h, &[certified], t0)
+        .await
+        .unwrap();
+    let rows = store.operator_logins(&h, 1).await.unwrap();
+    assert_eq!(
+        rows[0].certificate.as_deref(),
+        Some("break-glass:op@enverge.ai:spark-1 (serial 7)")
+    );
+    assert_eq!(
+        store.operator_logins(&h, 4).await.unwrap()[1].certificate,
+        None
+    );
     // Bounded in the schema, whoever writes.
     for bad in [
         OperatorLogin {
@@ -1476,6 +1495,14 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
             user_sub: Some("u".repeat(129)),
             ..login(14, None)
         },
+        OperatorLogin {
+            certificate: Some(String::new()),
+            ..login(15, None)
+        },
+        OperatorLogin {
+            certificate: Some("c".repeat(201)),
+            ..login(16, None)
+        },
     ] {
         let e = store
             .record_operator_logins(&h, std::slice::from_ref(&bad), t0)
@@ -1485,7 +1512,7 @@ async fn i_a_login_is_kept_once_bounded_and_newest_first(db: TestDb) {
     }
     assert_eq!(
         store.operator_logins(&h, 100).await.unwrap().len(),
-        3,
+        4,
         "nothing kept"
     );
     // Each host keeps its newest KEEP_LOGINS_PER_HOST.

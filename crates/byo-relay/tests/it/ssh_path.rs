@@ -614,6 +614,144 @@ fn i_break_glass_reaches_the_hosts_sshd_from_the_relay_with_the_tunnel_down() {
     );
 }
 
+/// M at expiry, through I's relay path (#39, 5; docs/operator-keys.md, "At expiry"): with
+/// the list the host holds expired, sshd refuses the operator's list key; a certificate one
+/// of the list's signers issued for this host (`byo keys break-glass`'s very ssh-keygen
+/// arguments) lets the operator in from the relay — not from anywhere else, not when it
+/// names another host, not when another key signed it; and the next list, unexpired, ends it
+/// while its own keys work again. authorized_keys is what the agent renders at each moment.
+#[test]
+fn m_at_expiry_break_glass_from_the_relay_admits_a_signers_certificate_until_the_next_list() {
+    use byo_core::break_glass::{Request, Trust};
+    use byo_core::keylist::OperatorKey;
+    use byo_core::keylist_testing as keys;
+    use ssh_key::{Certificate, PublicKey};
+    let Some(w) = world() else { return };
+    let keygen = |name: &str| {
+        let path = w.dir.path().join(name);
+        run(Command::new("ssh-keygen")
+            .args(["-q", "-t", "ed25519", "-N", "", "-C", "", "-f"])
+            .arg(&path));
+        let public = std::fs::read_to_string(path.with_extension("pub")).unwrap();
+        (path, PublicKey::from_openssh(public.trim()).unwrap())
+    };
+    let (operator, operator_pub) = keygen("bg-operator");
+    let (signer, signer_pub) = keygen("bg-signer");
+    let (stranger, _) = keygen("bg-stranger");
+    let entry = |key: &PublicKey| OperatorKey {
+        user_sub: "op-sub-1".into(),
+        label: "laptop".into(),
+        public_key: key
+            .to_openssh()
+            .unwrap()
+            .split_whitespace()
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" "),
+    };
+    let now = chrono::Utc::now();
+    let trust = [signer_pub.clone()];
+    let trust = Trust {
+        host: "spark-7",
+        signers: &trust,
+    };
+    let authorized = w.dir.path().join("authorized_keys");
+    let customer_line = std::fs::read_to_string(&authorized).unwrap();
+    let host_holds = |list: &byo_core::keylist::KeyList| {
+        let text = list.authorized_keys_at(now, Some(trust));
+        std::fs::write(&authorized, format!("{customer_line}{text}")).unwrap();
+        text
+    };
+    let certify = |by: &Path, hosts: &[&str]| {
+        let request = Request {
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            operator: "op@enverge.ai".into(),
+            minutes: 15,
+            serial: 7,
+        };
+        run(Command::new("ssh-keygen")
+            .arg("-s")
+            .arg(by)
+            .args(request.keygen_args())
+            .arg(operator.with_extension("pub")));
+        let cert = w.dir.path().join("bg-operator-cert.pub");
+        let text = std::fs::read_to_string(&cert).unwrap();
+        (request, Certificate::from_openssh(text.trim()).unwrap())
+    };
+
+    // The list the host holds expired a minute ago, nobody having signed the renewal.
+    let mut expired = keys::list("production", 1, vec![entry(&operator_pub)], now);
+    expired.expires = now - chrono::Duration::minutes(1);
+    let text = host_holds(&expired);
+    assert!(text.contains("cert-authority"), "{text}");
+    assert_eq!(
+        ssh(&w.relay, &operator, "10.8.0.2", 22),
+        None,
+        "the expired list's key is refused"
+    );
+
+    // A signer certifies the operator's key for this host: in from the relay.
+    let (request, cert) = certify(&signer, &["spark-7"]);
+    request
+        .verify(&cert, &operator_pub, &signer_pub, now)
+        .unwrap();
+    assert_eq!(
+        ssh(&w.relay, &operator, "10.8.0.2", 22).as_deref(),
+        Some("host"),
+        "break glass lands on the host's sshd from the relay"
+    );
+    // Audited: sshd's own line names the certificate, and the agent's reader attributes it
+    // to the operator whose key it certifies, from the relay.
+    let log = std::fs::read_to_string(w.dir.path().join("host-sshd.log")).unwrap();
+    let checked = expired.check().unwrap();
+    let login = log
+        .lines()
+        .filter_map(|l| l.find("Accepted ").map(|at| &l[at..]))
+        .filter_map(byo_core::logins::parse_message)
+        .find_map(|a| byo_core::logins::attribute(&a, "root", now, &checked))
+        .unwrap_or_else(|| panic!("no certified login in {log}"));
+    assert_eq!(
+        (
+            login.user_sub.as_deref(),
+            login.certificate.as_deref(),
+            login.source.as_str()
+        ),
+        (
+            Some("op-sub-1"),
+            Some("break-glass:op@enverge.ai:spark-7 (serial 7)"),
+            "10.8.0.1"
+        ),
+        "{log}"
+    );
+    // Not from anywhere but the relay: the host itself is another source.
+    assert_eq!(ssh(&w.host, &operator, "10.8.0.2", 22), None);
+    // Not for another host; not signed by a key the host does not trust.
+    certify(&signer, &["spark-8"]);
+    assert_eq!(ssh(&w.relay, &operator, "10.8.0.2", 22), None);
+    certify(&stranger, &["spark-7"]);
+    assert_eq!(ssh(&w.relay, &operator, "10.8.0.2", 22), None);
+
+    // The first list that has not expired ends it, and its keys work again.
+    certify(&signer, &["spark-7"]);
+    assert_eq!(
+        ssh(&w.relay, &operator, "10.8.0.2", 22).as_deref(),
+        Some("host")
+    );
+    let (renewed_key, renewed_pub) = keygen("bg-renewed");
+    let renewed = keys::list("production", 2, vec![entry(&renewed_pub)], now);
+    let text = host_holds(&renewed);
+    assert!(!text.contains("cert-authority"), "{text}");
+    assert_eq!(
+        ssh(&w.relay, &operator, "10.8.0.2", 22),
+        None,
+        "the certificate no longer opens the host"
+    );
+    assert_eq!(
+        ssh(&w.relay, &renewed_key, "10.8.0.2", 22).as_deref(),
+        Some("host")
+    );
+}
+
 #[test]
 fn the_relay_after_bootstrap_holds_exactly_the_seeded_chain() {
     if !kernel_parts(&["ip", "nft"]) {

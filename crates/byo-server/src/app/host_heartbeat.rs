@@ -74,9 +74,14 @@ pub fn take_logins(details: &mut BeatDetails) -> AppResult<Vec<OperatorLogin>> {
             || l.user_sub.as_ref().is_some_and(|u| {
                 u.is_empty() || u.chars().count() > 128 || u.chars().any(char::is_control)
             })
+            || l.certificate.as_ref().is_some_and(|c| {
+                c.is_empty()
+                    || c.chars().count() > byo_wire::vm::MAX_LOGIN_CERTIFICATE
+                    || c.chars().any(char::is_control)
+            })
         {
             return Err(refused(
-                "each of operator_logins is an address, a SHA256 fingerprint and the list's user sub",
+                "each of operator_logins is an address, a SHA256 fingerprint, the list's user sub and the certificate sshd named",
             ));
         }
     }

@@ -16,6 +16,7 @@ use serde_json::json;
 
 use crate::app::host_provision::{self, wireguard_endpoint};
 use crate::app::instances::{self, Deleter};
+use crate::app::power_wait;
 use crate::app::reap::release_outside;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, AppResult};
@@ -716,7 +717,7 @@ pub async fn reboot_host(
             "this host is not in service: nothing to reboot",
         )
     })?;
-    let rebooting = instances::within_power_wait(state.agents.reboot_host(&target)).await?;
+    let rebooting = power_wait::within_power_wait(state.agents.reboot_host(&target)).await?;
     let (sub, role) = match by {
         Rebooter::Customer(u) => (&u.user.sub, "customer"),
         Rebooter::Operator(o) => (&o.0.user.sub, "operator"),

@@ -23,6 +23,12 @@ use crate::error::{AppError, AppResult};
 use crate::seal::{SealedAt, Sealer};
 use crate::state::AppState;
 
+/// How long a relay's secrets token lives: relay-provision boots the relay at once and its
+/// first boot fetches within minutes, so a token not spent within the hour is one nobody
+/// should be able to spend (the relay is then replaced from the host's page). Minted here;
+/// `host_relay::secrets` spends it.
+pub const SECRETS_TOKEN_MINUTES: i64 = 60;
+
 /// How long an enrolment token lives (A note 4: "expires within the hour").
 pub const TOKEN_MINUTES: i64 = 60;
 pub const WIREGUARD_PORT: u16 = 51820;
@@ -255,8 +261,7 @@ pub async fn relay_bootstrap(
     release: &crate::config::RelayRelease,
 ) -> anyhow::Result<String> {
     let token = SecretToken::generate(TokenKind::RelaySecrets);
-    let lapses = state.clock.now()
-        + chrono::Duration::minutes(crate::app::host_relay::SECRETS_TOKEN_MINUTES);
+    let lapses = state.clock.now() + chrono::Duration::minutes(SECRETS_TOKEN_MINUTES);
     state
         .store
         .issue_relay_secrets_token(host_id, token.hash().as_str(), lapses)

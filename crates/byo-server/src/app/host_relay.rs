@@ -27,11 +27,6 @@ pub async fn current(state: &AppState, token: &SecretToken) -> AppResult<Option<
     }))
 }
 
-/// How long a relay's secrets token lives: relay-provision boots the relay at once and its
-/// first boot fetches within minutes, so a token not spent within the hour is one nobody
-/// should be able to spend (the relay is then replaced from the host's page).
-pub const SECRETS_TOKEN_MINUTES: i64 = 60;
-
 /// A relay's first-boot fetch of its secrets (issue #36): the token is spent in the same
 /// statement that checks it; the WireGuard key is the one kept sealed for this host (so a
 /// replacement relay has the key the host's tunnel trusts) and the certificate is issued

@@ -23,17 +23,18 @@ use byo_db::GuardedWrite;
 use byo_db::hosts::AgentTargetRow;
 use byo_db::vms::{HostPick, NewVm, VmRow};
 use byo_wire::Role;
-use byo_wire::states::{InstancePhase, VmStatus};
+use byo_wire::states::VmStatus;
 use byo_wire::vm::{
     CreateVm, DeletionState, InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest,
-    InstanceView, VmAction, VmCreated,
+    InstanceView, VmCreated,
 };
 use rand::Rng;
 use serde_json::json;
 
 use crate::agents::{AgentError, Gone};
-use crate::app::billing::Charge;
+use crate::app::queued::over_limit;
 use crate::auth::CurrentUser;
+use crate::billing::Charge;
 use crate::error::{AppError, AppResult};
 use crate::queue::QueueDrain;
 use crate::state::AppState;
@@ -150,7 +151,7 @@ pub fn host_pick<'a>(
         seen_since: state.config.placement.seen_since(now),
         now,
         pins_from: now
-            + chrono::TimeDelta::from_std(crate::app::prebookings::LAUNCH_EVERY)
+            + chrono::TimeDelta::from_std(crate::app::placement::LAUNCH_EVERY)
                 .unwrap_or(chrono::TimeDelta::zero()),
         booking,
     }
@@ -205,18 +206,6 @@ pub async fn check_may_charge(state: &AppState, user_sub: &str) -> AppResult<()>
 /// The code of [`check_may_charge`]'s refusal (the pages link to /billing on it).
 pub const PAYMENT_REQUIRED: &str = "payment_required";
 
-/// The per-account limit's refusal, for every create path.
-pub fn over_limit(state: &AppState) -> AppError {
-    AppError::conflict(
-        "instance_limit",
-        format!(
-            "an account may hold at most {} instances, live and queued together; delete one or \
-             cancel a queued one first. Nothing was created or queued",
-            state.config.instances.max_per_account
-        ),
-    )
-}
-
 /// E1, steps 41–52: a customer's create from the dashboard. With no host free (none
 /// picked, or every one taken by another create first) it queues instead (E2, step 58).
 pub async fn create(
@@ -262,7 +251,7 @@ pub async fn create(
             Placement::NoCapacity(_) => {}
         }
     }
-    let queued = crate::app::queue_drain::enqueue(state, sub, gpu_type, &req.ssh_key_id).await?;
+    let queued = crate::app::queued::enqueue(state, sub, gpu_type, &req.ssh_key_id).await?;
     Ok(CreateOutcome::Queued(queued))
 }
 
@@ -822,108 +811,4 @@ pub fn create_deadline_passed(state: &AppState, row: &VmRow) -> bool {
         .ok()
         .and_then(|wait| row.created_at.checked_add_signed(wait))
         .is_some_and(|deadline| deadline <= state.clock.now())
-}
-
-/// Start, stop or reboot one of the customer's live instances on its host. The row moves
-/// only once the host carried it out; a refusal (502) or silence (504) changes nothing.
-pub async fn change_power(
-    state: &AppState,
-    by: &CurrentUser,
-    vm_id: &str,
-    action: VmAction,
-) -> AppResult<InstanceView> {
-    let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
-    if row.user_sub != by.user.sub {
-        return Err(AppError::NotFound);
-    }
-    let live = matches!(row.phase(), InstancePhase::Running | InstancePhase::Stopped);
-    if !live {
-        return Err(AppError::conflict(
-            "not_live",
-            format!(
-                "this instance is {}; only a running or stopped instance can be started, stopped or rebooted",
-                row.status
-            ),
-        ));
-    }
-    // An account held by a declined, unpaid invoice starts nothing (issue #40, 2): what was
-    // stopped for it starts by itself once it is paid.
-    if action == VmAction::Start
-        && state.billing.enabled()
-        && let Some(invoice) = state.store.declined_unpaid_invoice(&row.user_sub).await?
-    {
-        return Err(AppError::payment_required(
-            PAYMENT_REQUIRED,
-            format!(
-                "an invoice of {} is unpaid (its payment was declined): pay it from the Billing \
-                 page (/billing); instances stopped for it start again by themselves once it is paid",
-                crate::billing::money(i64::from(invoice.amount_cents), &invoice.currency)
-            ),
-        ));
-    }
-    let host_id = row.host_id.as_deref().ok_or(AppError::NotFound)?;
-    // L4.4: on a pair (or a ring) the customer's reboot is the pair's reboot, the same call
-    // as /admin's: node1 first, both machines, the instance back as it was.
-    if action == VmAction::Reboot && state.store.host_nodes(host_id).await?.len() > 1 {
-        crate::app::host_lifecycle::reboot_host(
-            state,
-            crate::app::host_lifecycle::Rebooter::Customer(by),
-            host_id,
-        )
-        .await?;
-        let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
-        return view(state, &row).await;
-    }
-    let target = state.store.agent_target(host_id).await?.ok_or_else(|| {
-        AppError::conflict("host_gone", "this instance's host is no longer in service")
-    })?;
-    within_power_wait(state.agents.vm_action(&target, &row.name, action)).await?;
-    let status = if action == VmAction::Stop {
-        VmStatus::Stopped
-    } else {
-        VmStatus::Running
-    };
-    state.store.set_vm_power(&row.id, status).await?;
-    let now = state.clock.now();
-    state
-        .store
-        .audit(
-            Some(&by.user.sub),
-            "vm.power",
-            Some(&row.id),
-            json!({"action": action, "host_id": host_id}),
-            now,
-        )
-        .await?;
-    let row = state.store.vm(vm_id).await?.ok_or(AppError::NotFound)?;
-    view(state, &row).await
-}
-
-/// How long a start, stop or reboot may take the host.
-pub const POWER_WAIT: Duration = Duration::from_secs(60);
-
-/// A power call to a host (an instance's start, stop or reboot, a host's reboot) within
-/// [`POWER_WAIT`]: a refusal is 502 with the host's reason, silence 504; nothing changed.
-pub(crate) async fn within_power_wait<T>(
-    call: impl std::future::Future<Output = Result<T, AgentError>>,
-) -> AppResult<T> {
-    match tokio::time::timeout(POWER_WAIT, call).await {
-        Ok(Ok(t)) => Ok(t),
-        // Our words to the caller; the agent's own reason to the log (issue #36, 8).
-        Ok(Err(e @ (AgentError::Refused { .. } | AgentError::Occupied(_)))) => {
-            tracing::warn!(error = %e, "a power call was refused");
-            Err(AppError::host_refused(
-                "host_refused",
-                format!("the host refused: {}", e.in_our_words()),
-            ))
-        }
-        Ok(Err(e @ AgentError::Unreachable(_))) => {
-            tracing::warn!(error = %e, "a power call was not answered");
-            Err(AppError::host_silent("host_silent", e.in_our_words()))
-        }
-        Err(_) => Err(AppError::host_silent(
-            "host_silent",
-            format!("the host did not answer within {} s", POWER_WAIT.as_secs()),
-        )),
-    }
 }

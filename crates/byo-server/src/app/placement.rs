@@ -3,6 +3,11 @@
 //! it are `crate::app::instances`' (a failed attempt counts, a taken create forgets) and the
 //! picker's (`Store::pick_hosts_for_gpu`: a heartbeat later than the bench lifts it).
 
+/// How often the pre-booking launcher runs (and expire-prebook): placement keeps a booking's
+/// pinned host out of other creates from this far ahead of its window, so the launcher's
+/// next run finds it free. Here, below the create and the launcher both.
+pub const LAUNCH_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 use byo_wire::vm::HostPlacementView;
 use serde_json::json;
 

@@ -53,8 +53,8 @@ pub const MAX_WINDOW_DAYS: i64 = 31;
 pub const MAX_LEAD_DAYS: i64 = 365;
 /// Open unpaid bookings one account may hold at once.
 pub const MAX_OPEN_UNPAID: i64 = 3;
-/// How often the launcher and expire-prebook run.
-pub const LAUNCH_EVERY: Duration = Duration::from_secs(60);
+pub use super::placement::LAUNCH_EVERY;
+/// How often expire-prebook runs.
 pub const EXPIRE_EVERY: Duration = Duration::from_secs(60);
 /// How many bookings operators' list shows.
 pub const OVERVIEW_LIMIT: i64 = 500;

@@ -51,7 +51,7 @@ pub async fn settle_once(
             continue;
         };
         let stop = stop_at(declined, grace_hours);
-        let amount = super::billing::money(i64::from(invoice.amount_cents), &invoice.currency);
+        let amount = crate::billing::money(i64::from(invoice.amount_cents), &invoice.currency);
         super::notices::payment_failed(state, &invoice, &amount, stop).await;
         if now < stop {
             continue;
@@ -189,5 +189,5 @@ async fn power(
             vm.vm_id
         ))
     })?;
-    super::instances::within_power_wait(state.agents.vm_action(&target, &vm.name, action)).await
+    super::power_wait::within_power_wait(state.agents.vm_action(&target, &vm.name, action)).await
 }

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use super::instances::{at, shown};
 use super::{PageResult, ops_layout, require_operator};
 use crate::app::queue_drain;
+use crate::app::queued;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppError;
 use crate::state::AppState;
@@ -32,7 +33,7 @@ async fn render(
     op: &Operator,
     error: Option<&str>,
 ) -> Result<Markup, super::PageError> {
-    let rows = queue_drain::open_rows(state).await?;
+    let rows = queued::open_rows(state).await?;
     let now = state.clock.now();
     Ok(ops_layout(
         "Queue",
@@ -113,7 +114,7 @@ pub async fn close(
     Form(form): Form<CloseForm>,
 ) -> PageResult {
     let op = require_operator(viewer)?;
-    match queue_drain::close_by_operator(&state, &op.0, &queue_id, &form.reason).await {
+    match queued::close_by_operator(&state, &op.0, &queue_id, &form.reason).await {
         Ok(()) => Ok(Redirect::to("/admin/queue").into_response()),
         Err(e) => refusal(&state, &op, e).await,
     }

@@ -244,7 +244,12 @@ async fn page(
                                 None => { strong { "not an operator key" } }
                             }
                         }
-                        td { (cut(l.key_label.as_deref().unwrap_or(""), 64)) " " code { (cut(&l.fingerprint, 80)) } }
+                        td {
+                            (cut(l.key_label.as_deref().unwrap_or(""), 64)) " " code { (cut(&l.fingerprint, 80)) }
+                            @if let Some(cert) = &l.certificate {
+                                " " strong.break-glass { "break glass" } ": " code { (cut(cert, 200)) }
+                            }
+                        }
                         td { (cut(&l.source, 45)) " port " (l.source_port) }
                     } } }
                 } }

@@ -259,6 +259,9 @@ async fn gpus_page(
                                     (Some(_), None) => { "an operator" }
                                     (None, _) => { strong { "not an operator key" } " (" code { (super::host_detail::cut(&l.fingerprint, 80)) } ")" }
                                 }
+                                @if let Some(cert) = &l.certificate {
+                                    ", " strong.break-glass { "break glass" } ": " code { (super::host_detail::cut(cert, 200)) }
+                                }
                             }
                             td { (super::host_detail::cut(&l.source, 45)) }
                         } } }

@@ -9,7 +9,7 @@
 //! units, and starts preparation only, whose `Wants=` starts serving once credentials exist;
 //! on an upgrade (already enrolled, no token, /etc/enverge left as it is) it resets and
 //! restarts serving instead, and preparation exits at once (J notes 3–6, L1;
-//! `docs/upgrades.md`). `--uninstall [--keep-lxd] [--restore-docker]` runs the installed
+//! `docs/upgrades.md`). `--uninstall [--keep-lxd] [--restore-docker] [--leave-satellites]` runs the installed
 //! agent's `uninstall` (or, when an uninstall cut short removed it first, fetches it again
 //! to finish), and says so when nothing of byo's is installed (H.3–H.4).
 
@@ -61,6 +61,7 @@ peer_login_file=""
 uninstall=0
 keep_lxd=0
 restore_docker=0
+leave_satellites=0
 say() {{ echo "install.sh: $*" >&2; }}
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -72,6 +73,7 @@ while [ $# -gt 0 ]; do
     --uninstall) uninstall=1; shift ;;
     --keep-lxd) keep_lxd=1; shift ;;
     --restore-docker) restore_docker=1; shift ;;
+    --leave-satellites) leave_satellites=1; shift ;;
     --peer-login-file) peer_login_file="${{2:-}}"; shift; [ $# -eq 0 ] || shift ;;
     --peer-login-file=*) peer_login_file="${{1#*=}}"; shift ;;
     -h|--help) sed -n '2,17p' "$0" 2>/dev/null || true; exit 0 ;;
@@ -86,6 +88,7 @@ fi
 uninstall_args=(uninstall --yes)
 if [ "$keep_lxd" -eq 1 ]; then uninstall_args+=(--keep-lxd); fi
 if [ "$restore_docker" -eq 1 ]; then uninstall_args+=(--restore-docker); fi
+if [ "$leave_satellites" -eq 1 ]; then uninstall_args+=(--leave-satellites); fi
 if [ "$uninstall" -eq 1 ]; then
   # A dropped SSH session must not cut an uninstall short (a re-run would finish it).
   trap '' HUP

@@ -18,8 +18,9 @@ use maud::{Markup, html};
 use serde::Deserialize;
 
 use super::{PageError, PageResult, layout, signed_in};
+use crate::app::instance_power;
 use crate::app::instances::{self, CreateOutcome, Deleter};
-use crate::app::queue_drain;
+use crate::app::queued;
 use crate::app::ssh_keys;
 use crate::auth::CurrentUser;
 use crate::error::AppError;
@@ -133,8 +134,8 @@ async fn customer_page(
 ) -> Result<Markup, PageError> {
     let keys = ssh_keys::list(state, v).await?;
     let list = instances::recent(state, v).await?;
-    let queued = queue_drain::mine(state, v).await?;
-    let ended = queue_drain::ended(state, v).await?;
+    let queued = queued::mine(state, v).await?;
+    let ended = queued::ended(state, v).await?;
     let kinds = gpu_types(state, v).await?;
     let mut capacity = Vec::with_capacity(kinds.len());
     for (kind, _) in &kinds {
@@ -333,7 +334,7 @@ pub async fn extend_queued(
     Path(queue_id): Path<String>,
 ) -> PageResult {
     let v = signed_in(viewer)?;
-    match queue_drain::extend(&state, &v, &queue_id).await {
+    match queued::extend(&state, &v, &queue_id).await {
         Ok(q) => Ok(Redirect::to(&format!("/instances#queued-{}", q.id)).into_response()),
         Err(e) => customer_refusal(&state, &v, e, "no such queued create", Shown::default()).await,
     }
@@ -346,7 +347,7 @@ pub async fn cancel_queued(
     Path(queue_id): Path<String>,
 ) -> PageResult {
     let v = signed_in(viewer)?;
-    match queue_drain::cancel(&state, &v, &queue_id).await {
+    match queued::cancel(&state, &v, &queue_id).await {
         Ok(()) => Ok(Redirect::to("/instances").into_response()),
         Err(e) => customer_refusal(&state, &v, e, "no such queued create", Shown::default()).await,
     }
@@ -565,7 +566,7 @@ pub async fn power(
     axum::Form(form): axum::Form<PowerForm>,
 ) -> PageResult {
     let v = signed_in(viewer)?;
-    match instances::change_power(&state, &v, &vm_id, form.action).await {
+    match instance_power::change_power(&state, &v, &vm_id, form.action).await {
         Ok(_) => Ok(Redirect::to(&format!("/instances#instance-{vm_id}")).into_response()),
         Err(e) => {
             customer_refusal(

@@ -13,6 +13,7 @@ use byo_wire::vm::{
 };
 
 use crate::app::queue_drain;
+use crate::app::queued;
 use crate::auth::{CurrentUser, Operator};
 use crate::error::AppResult;
 use crate::extract::Checked;
@@ -26,7 +27,7 @@ pub async fn get_queue(
     State(state): State<AppState>,
     user: CurrentUser,
 ) -> AppResult<Json<Vec<QueuedView>>> {
-    Ok(Json(queue_drain::mine(&state, &user).await?))
+    Ok(Json(queued::mine(&state, &user).await?))
 }
 
 /// Cancel one of your queued creates (204). 404 for one that is not yours or not open;
@@ -40,7 +41,7 @@ pub async fn delete_queued(
     user: CurrentUser,
     Path(queue_id): Path<String>,
 ) -> AppResult<StatusCode> {
-    queue_drain::cancel(&state, &user, &queue_id).await?;
+    queued::cancel(&state, &user, &queue_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -55,7 +56,7 @@ pub async fn post_extend(
     user: CurrentUser,
     Path(queue_id): Path<String>,
 ) -> AppResult<Json<QueuedView>> {
-    Ok(Json(queue_drain::extend(&state, &user, &queue_id).await?))
+    Ok(Json(queued::extend(&state, &user, &queue_id).await?))
 }
 
 /// Your queued creates that ended in the last 7 days, latest first, and how: placed (the
@@ -66,7 +67,7 @@ pub async fn get_ended(
     State(state): State<AppState>,
     user: CurrentUser,
 ) -> AppResult<Json<Vec<EndedQueuedView>>> {
-    Ok(Json(queue_drain::ended(&state, &user).await?))
+    Ok(Json(queued::ended(&state, &user).await?))
 }
 
 /// Every open queued create, oldest first.
@@ -77,7 +78,7 @@ pub async fn get_admin_queue(
     State(state): State<AppState>,
     _op: Operator,
 ) -> AppResult<Json<Vec<AdminQueuedView>>> {
-    Ok(Json(queue_drain::open_rows(&state).await?))
+    Ok(Json(queued::open_rows(&state).await?))
 }
 
 /// Place a queued create on the host you name (201 with the instance). 409 when the row
@@ -113,6 +114,6 @@ pub async fn post_close(
     Path(queue_id): Path<String>,
     Checked(req): Checked<QueueCloseRequest>,
 ) -> AppResult<StatusCode> {
-    queue_drain::close_by_operator(&state, &op.0, &queue_id, &req.reason).await?;
+    queued::close_by_operator(&state, &op.0, &queue_id, &req.reason).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -10,6 +10,7 @@ use byo_wire::vm::{
     InstanceCreated, InstanceDeletion, InstanceQueued, InstanceRequest, InstanceView, VmStateChange,
 };
 
+use crate::app::instance_power;
 use crate::app::instances::{self, CreateOutcome, Deleter};
 use crate::auth::CurrentUser;
 use crate::error::AppResult;
@@ -94,6 +95,6 @@ pub async fn post_vm_state(
     Checked(change): Checked<VmStateChange>,
 ) -> AppResult<Json<InstanceView>> {
     Ok(Json(
-        instances::change_power(&state, &user, &vm_id, change.action).await?,
+        instance_power::change_power(&state, &user, &vm_id, change.action).await?,
     ))
 }

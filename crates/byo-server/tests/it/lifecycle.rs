@@ -2080,7 +2080,7 @@ async fn a_a_relays_secrets_are_not_in_its_metadata_and_its_first_boot_fetches_t
     // A token not spent within the hour lapses.
     let (late, late_slug, _) = w.provisioned().await;
     w.clock.advance(chrono::Duration::minutes(
-        byo_server::app::host_relay::SECRETS_TOKEN_MINUTES,
+        byo_server::app::host_provision::SECRETS_TOKEN_MINUTES,
     ));
     let r = w.fetch_relay_secrets(&late_slug).await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{}", r.text());

@@ -36,6 +36,7 @@ impl HostKeys {
                 authorized_keys: dir.path().join("authorized_keys"),
             },
             environment: "production".into(),
+            host: None,
         };
         keys.trust(&signing.public_key().to_openssh().unwrap())
             .unwrap();
@@ -436,6 +437,7 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
             authorized_keys: dir.path().join("authorized_keys"),
         },
         environment: "production".into(),
+        host: None,
     };
     keys.trust(&signing.public_key().to_openssh().unwrap())
         .unwrap();
@@ -829,6 +831,7 @@ async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_ver
             authorized_keys: dir.path().join("authorized_keys"),
         },
         environment: environment.into(),
+        host: None,
     };
     let keys = host(enrolled["environment"].as_str().unwrap());
     keys.trust(&w.signing.public_key().to_openssh().unwrap())

@@ -129,14 +129,18 @@ fn table<'a>(page: &'a str, id: &str) -> &'a str {
 }
 
 async fn i_logins_on_the_beat_are_kept_once_and_shown_to_the_owner_and_admin_only(w: World) {
+    // The third: break glass past the list's expiry (#39, 5), the certificate sshd named.
+    let mut certified = login("2026-12-01T00:55:00Z", 40003, Some(&w.op.sub));
+    certified["certificate"] = json!("break-glass:op@enverge.ai:spark-1 (serial 7311)");
     let beat = json!([
         login("2026-12-01T01:00:00Z", 40001, Some(&w.op.sub)),
         login("2026-12-01T01:05:00Z", 40002, None),
+        certified,
     ]);
     assert_eq!(w.beat(beat.clone()).await.status, StatusCode::NO_CONTENT);
     // The agent sends a beat again when it did not hear the answer: nothing doubles.
     assert_eq!(w.beat(beat).await.status, StatusCode::NO_CONTENT);
-    assert_eq!(w.kept().await, 2);
+    assert_eq!(w.kept().await, 3);
     // They are kept in their own table, not in the host's status details.
     let status = w.app.db.host_status(&w.host_id).await.unwrap().unwrap();
     assert!(
@@ -165,6 +169,12 @@ async fn i_logins_on_the_beat_are_kept_once_and_shown_to_the_owner_and_admin_onl
         "an operator's email is not the owner's to see: {rows}"
     );
     assert!(rows.contains("not an operator key"), "{rows}");
+    assert!(
+        rows.contains("break glass")
+            && rows.contains("break-glass:op@enverge.ai:spark-1 (serial 7311)"),
+        "{rows}"
+    );
+    assert_eq!(rows.matches("break glass<").count(), 1, "{rows}");
     // Newest first.
     assert!(
         rows.find("01:05:00").unwrap() < rows.find("01:00:00").unwrap(),
@@ -180,6 +190,10 @@ async fn i_logins_on_the_beat_are_kept_once_and_shown_to_the_owner_and_admin_onl
     );
     assert!(
         rows.contains("not an operator key") && rows.contains("port 40002"),
+        "{rows}"
+    );
+    assert!(
+        rows.contains("break glass") && rows.contains("(serial 7311)"),
         "{rows}"
     );
 
@@ -247,6 +261,14 @@ async fn i_a_beat_whose_logins_do_not_read_is_refused_and_changes_nothing(w: Wor
         (
             json!([{"at": "2026-12-01T02:00:00Z", "source": "10.8.0.1", "source_port": 1, "fingerprint": "SHA256:abc", "user_sub": "a\u{1b}[2Jb"}]),
             "a user sub with control characters",
+        ),
+        (
+            json!([{"at": "2026-12-01T02:00:00Z", "source": "10.8.0.1", "source_port": 1, "fingerprint": "SHA256:abc", "certificate": "a\u{1b}[2Jb (serial 1)"}]),
+            "a certificate name with control characters",
+        ),
+        (
+            json!([{"at": "2026-12-01T02:00:00Z", "source": "10.8.0.1", "source_port": 1, "fingerprint": "SHA256:abc", "certificate": "c".repeat(201)}]),
+            "a certificate name past its bound",
         ),
     ] {
         let r = w.beat(bad).await;

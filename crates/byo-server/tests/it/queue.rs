@@ -14,6 +14,7 @@ use std::collections::HashMap;
 use byo_db::queue::QueueRow;
 use byo_server::app::billing::{BillingGate, Charge};
 use byo_server::app::queue_drain::{self, DrainReport};
+use byo_server::app::queued;
 use byo_server::error::AppResult;
 use byo_wire::Role;
 
@@ -1191,7 +1192,7 @@ async fn e2_a_queued_create_no_host_took_expires_and_its_customer_is_told(mut w:
     assert_eq!(theirs.as_array().unwrap().len(), 1, "only their own");
     // A week on, the ended list forgets it.
     w.clock
-        .advance(TimeDelta::days(queue_drain::ENDED_SHOWN_DAYS) + TimeDelta::seconds(1));
+        .advance(TimeDelta::days(queued::ENDED_SHOWN_DAYS) + TimeDelta::seconds(1));
     w.sign_in_again().await;
     assert!(
         w.customer
@@ -1356,7 +1357,7 @@ async fn e2_the_queue_age_is_configured_and_the_sweep_is_a_job(mut w: World) {
     config.instances.queue_expires_after_hours = 2;
     w.app.state.config = Arc::new(config);
     let key = w.add_key_once(&w.customer).await;
-    let q = queue_drain::enqueue(&w.app.state, &w.customer.sub, "spark-1", &key)
+    let q = queued::enqueue(&w.app.state, &w.customer.sub, "spark-1", &key)
         .await
         .unwrap();
     assert_eq!(q.queued.expires_at, w.clock.now() + TimeDelta::hours(2));

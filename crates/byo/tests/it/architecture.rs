@@ -304,6 +304,26 @@ fn server_modules_keep_their_layers_and_form_no_cycle() {
         cycles.is_empty(),
         "top-level modules of byo-server import each other in a cycle: {cycles:#?}"
     );
+
+    // Inside app (issue #37): the rules stand on one another without a circle, so each reads
+    // from the ones below it — the queue and the power wait under the instance, the instance
+    // under the drain, the bookings and the host lifecycle, the customer's power over both.
+    let mut rules: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, to) in &edges {
+        if from.starts_with("app::") && to.starts_with("app::") {
+            rules.entry(from.clone()).or_default().insert(to.clone());
+        }
+    }
+    assert!(
+        rules["app::queue_drain"].contains("app::instances")
+            && rules["app::instances"].contains("app::queued"),
+        "the scan reads app: {rules:?}"
+    );
+    let cycles = cycles_in(&rules);
+    assert!(
+        cycles.is_empty(),
+        "modules of byo-server's app import each other in a cycle: {cycles:#?}"
+    );
 }
 
 /// The agent's floors (issue #37, 1): at the bottom, modules that import nothing of the agent
@@ -353,6 +373,49 @@ fn agent_modules_stand_on_floors_and_form_no_cycle() {
     assert!(
         cycles.is_empty(),
         "top-level modules of byo-agent import each other in a cycle: {cycles:#?}"
+    );
+
+    // The agent's units are peers (issue #37): what two of them share (the hand-over, the
+    // build's version, the names of files) sits on a floor, so a unit reads another only
+    // where it runs it — preparation enrols, serving beats, uninstall reads what preparation
+    // recorded it wrote (`prepare::steps::written`) and nothing else of preparation's.
+    const UNITS: &[&str] = &[
+        "enroll",
+        "prepare",
+        "serve",
+        "heartbeat",
+        "uninstall",
+        "upgrade",
+    ];
+    const RUNS: &[(&str, &str)] = &[
+        ("prepare", "enroll"),
+        ("serve", "heartbeat"),
+        ("uninstall", "prepare"),
+    ];
+    let crossed: Vec<String> = graph
+        .iter()
+        .filter(|(from, _)| UNITS.contains(&from.as_str()))
+        .flat_map(|(from, to)| {
+            to.iter()
+                .filter(|t| UNITS.contains(&t.as_str()))
+                .filter(|t| !RUNS.contains(&(from.as_str(), t.as_str())))
+                .map(move |t| format!("{from} imports {t}"))
+        })
+        .collect();
+    assert!(crossed.is_empty(), "a unit reads another: {crossed:#?}");
+    let read: BTreeSet<String> = modules
+        .iter()
+        .filter(|(path, _)| path[0] == "uninstall")
+        .flat_map(|(_, code)| crate_paths(code))
+        .filter(|to| to[0] == "prepare")
+        .map(|to| to.join("::"))
+        .collect();
+    assert!(
+        !read.is_empty()
+            && read
+                .iter()
+                .all(|p| p.starts_with("prepare::steps::written")),
+        "uninstall reads of preparation only what it recorded it wrote: {read:?}"
     );
 }
 

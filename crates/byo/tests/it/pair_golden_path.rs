@@ -4,7 +4,8 @@
 //! (SQLite) with a real relay; redeem writes both host_nodes rows from the cable's evidence;
 //! node0 prepares node1 over SSH and the rails are proved; an operator activates it; a customer
 //! rents it, and their plain `ssh` to the relay lands in the head, which reaches its worker on
-//! node1 as `user` over the rail. Delete takes both containers.
+//! node1 as `user` over the rail. Delete takes both containers. Then H on a pair: uninstall on
+//! node0 hands node1 back first, over the management network, and then node0 itself.
 
 use crate::cabled;
 use crate::cabled_platform;
@@ -59,4 +60,54 @@ async fn k1_a_pair_enrols_from_the_one_liner_prepares_is_activated_and_rented() 
     assert!(!containers(n0).contains(&name), "{}", containers(n0));
     assert!(!containers(n1).contains(&worker), "{}", containers(n1));
     p.phase("deleted: head and worker gone");
+
+    // H on a pair (issue #39, 4): uninstall on node0 hands node1 back first, from node0 over
+    // the management network, then node0 itself; each owner administers their machine again
+    // and nothing of ours is left on either.
+    let what_is_ours = "for p in /etc/enverge /var/lib/enverge-agent /etc/sudoers.d/enverge-spark \
+                  /etc/netplan/60-enverge-rails.yaml /home/spark; do
+           if [ -e \"$p\" ]; then echo \"left: $p\"; fi; done
+         id spark 2>&1 || true; nft list tables; lxc query /1.0/profiles
+         ls /etc/systemd/system | grep -i enverge || true";
+    let before = n1.sh_ok(what_is_ours);
+    for there in [
+        "left: /etc/enverge",
+        "left: /etc/sudoers.d/enverge-spark",
+        "left: /etc/netplan/60-enverge-rails.yaml",
+        "enverge_tenants",
+        "lofispark-base",
+        "uid=",
+    ] {
+        assert!(before.contains(there), "{there} on node1 before:\n{before}");
+    }
+    let ran = n0.sh("/usr/local/bin/byo-agent uninstall --yes --keep-lxd --owner owner 2>&1");
+    let said = String::from_utf8_lossy(&ran.stdout).into_owned();
+    eprintln!("--- uninstall on node0:\n{said}");
+    assert!(ran.status.success(), "{said}");
+    for line in [
+        "    node1 owner-restore",
+        "    node1 host-settings    removed",
+        "    node1 spark-access     removed",
+        "  satellites       removed",
+        "  agent-files      removed",
+        "uninstalled in",
+    ] {
+        assert!(said.contains(line), "{line:?} in:\n{said}");
+    }
+    assert!(
+        said.find("node1 spark-access").unwrap() < said.find("  instances ").unwrap(),
+        "node1 goes before node0's own removals:\n{said}"
+    );
+    p.phase("uninstalled: node1 handed back from node0, then node0");
+    for (name, node) in [("node0", n0), ("node1", n1)] {
+        let left = node.sh_ok(what_is_ours);
+        for gone in ["left: ", "enverge", "lofispark", "uid="] {
+            assert!(!left.contains(gone), "{gone} left on {name}:\n{left}");
+        }
+        let owner = node.sh_ok("passwd -S owner; id -nG owner");
+        assert!(
+            owner.starts_with("owner P ") && owner.contains("sudo"),
+            "{name}'s owner: {owner}"
+        );
+    }
 }

@@ -807,6 +807,123 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     phase(&format!(
         "the terminal: {cli_name} created, reached and deleted with byo"
     ));
+
+    // A customer of their own (issue #42): signed up on /signup as docs/for-customers.md has
+    // it, not made by the admin, renting byo up's test host as that guide's four steps go.
+    person
+        .click("form[action='/logout'] button[type=submit]")
+        .await;
+    person.follow("Create an account").await;
+    person
+        .type_into("input[name=email]", "carol@example.com")
+        .await;
+    person.type_into("input[name=display_name]", "Carol").await;
+    person
+        .type_into("input[name=password]", "carol-walks-the-guide")
+        .await;
+    person
+        .click("form[action='/signup'] button[type=submit]")
+        .await;
+    person
+        .wait_text(
+            "main",
+            |t| t.contains("Signed up"),
+            Duration::from_secs(10),
+            false,
+            "the sign-up to be taken without mail under byo up",
+        )
+        .await;
+    person.shot("customer-signed-up").await;
+    person.follow("Sign in").await;
+    person
+        .type_into("input[name=email]", "carol@example.com")
+        .await;
+    person
+        .type_into("input[name=password]", "carol-walks-the-guide")
+        .await;
+    person
+        .click("form[action='/login'] button[type=submit]")
+        .await;
+    person
+        .wait_text(
+            ".who",
+            |t| t == "carol@example.com",
+            Duration::from_secs(10),
+            false,
+            "the customer signed in",
+        )
+        .await;
+    assert!(
+        c.find(Locator::LinkText("Operations")).await.is_err(),
+        "a customer is shown no Operations"
+    );
+    let (carol_key, carol_public) = keygen(work.path(), "carol_ed25519");
+    person.follow("Instances").await;
+    person
+        .type_into("#add-key input[name=name]", "carol's laptop")
+        .await;
+    person
+        .type_into("#add-key textarea[name=public_key]", &carol_public)
+        .await;
+    person.click("#add-key button[type=submit]").await;
+    person
+        .wait_text(
+            "#ssh-keys",
+            |t| t.contains("carol's laptop"),
+            Duration::from_secs(10),
+            false,
+            "the customer's key to be added",
+        )
+        .await;
+    c.find(Locator::Css("#create select[name=gpu_type]"))
+        .await
+        .unwrap()
+        .select_by_value("linux-test")
+        .await
+        .unwrap();
+    person.click("#create button[type=submit]").await;
+    person
+        .wait_text(
+            "#instances tbody tr td.status",
+            |t| t == "running",
+            Duration::from_secs(180),
+            true,
+            "the customer's instance to run",
+        )
+        .await;
+    person.shot("customer-instance-running").await;
+    let row = c.find(Locator::Css("#instances tbody tr")).await.unwrap();
+    let carol_name = row.attr("data-name").await.unwrap().unwrap();
+    let carol_row = row.attr("id").await.unwrap().unwrap();
+    let carol_vm = carol_row.strip_prefix("instance-").unwrap().to_owned();
+    let carol_line = person.copy(&format!("ssh-{carol_vm}")).await;
+    ssh_until(
+        &carol_line,
+        &carol_key,
+        &known_hosts,
+        &carol_name,
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(
+        run_ssh_line(&carol_line, &key, "hostname").is_err(),
+        "the admin's key does not open the customer's instance"
+    );
+    person.follow("Delete").await;
+    person.click("#confirm-delete button[type=submit]").await;
+    person
+        .wait_text(
+            &format!("#{carol_row} td.status"),
+            |t| t == "deleted",
+            Duration::from_secs(120),
+            true,
+            "the customer's instance to be deleted",
+        )
+        .await;
+    person.shot("customer-deleted").await;
+    phase(&format!(
+        "a signed-up customer rented {carol_name}, reached it and deleted it"
+    ));
     person.browser.client.clone().close().await.unwrap();
     drop(spark);
     drop(up);

@@ -21,8 +21,7 @@ use crate::host::{Fallible, Host, LxdBody, apt_install, must, package_installed}
 use crate::lxd;
 use crate::prepare::Plan;
 
-pub use crate::names::{BASE_ALIAS, LOGIN_BANNER};
-pub const BUILD_INSTANCE: &str = "enverge-image-build";
+pub use crate::names::{BASE_ALIAS, BUILD_INSTANCE, LOGIN_BANNER};
 pub const BUILDER_SCRIPT: &str = include_str!("../../../assets/build-base-image.sh");
 pub const UDHCPC_SCRIPT: &str = include_str!("../../../assets/udhcpc.script");
 const RECIPE_PROPERTY: &str = "enverge.recipe";

@@ -217,7 +217,12 @@ pub fn sshd(
     )
     .unwrap();
     std::fs::create_dir_all("/run/sshd").unwrap();
-    ns.spawn(&format!("exec /usr/sbin/sshd -D -e -f {}", cfg.display()));
+    // Its log in `<who>-sshd.log`, the lines the journal holds on a host.
+    ns.spawn(&format!(
+        "exec /usr/sbin/sshd -D -E {} -f {}",
+        dir.join(format!("{who}-sshd.log")).display(),
+        cfg.display()
+    ));
 }
 
 /// `ssh` from `ns` to `target`; what the far end printed, or None if it got nowhere.
