@@ -288,7 +288,10 @@ async fn run(backend: Backend, a: &Args) {
 
     // 3. Over HTTP, to what `byo-server serve` runs.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}/api/host/heartbeat", listener.local_addr().unwrap());
+    let url = format!(
+        "http://{}/api/host/heartbeat",
+        listener.local_addr().unwrap()
+    );
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let server = tokio::spawn(byo_server::serve(state, listener, async move {
         let _ = stop_rx.wait_for(|stop| *stop).await;
