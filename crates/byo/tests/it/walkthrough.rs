@@ -249,6 +249,88 @@ impl Person {
         }
     }
 
+    /// Follow "Sign in", give `email` and `password`, and see the page name who is signed in.
+    async fn sign_in(&self, email: &str, password: &str) {
+        self.follow("Sign in").await;
+        self.type_into("input[name=email]", email).await;
+        self.type_into("input[name=password]", password).await;
+        self.click("form[action='/login'] button[type=submit]")
+            .await;
+        self.wait_text(
+            ".who",
+            |t| t == email,
+            Duration::from_secs(10),
+            false,
+            "signed in",
+        )
+        .await;
+    }
+
+    /// On /instances: add `public` under `name` and see it listed; `shot` names the screenshot.
+    async fn add_key(&self, name: &str, public: &str, shot: &str) {
+        self.follow("Instances").await;
+        self.type_into("#add-key input[name=name]", name).await;
+        self.type_into("#add-key textarea[name=public_key]", public)
+            .await;
+        self.click("#add-key button[type=submit]").await;
+        self.wait_text(
+            "#ssh-keys",
+            |t| t.contains(name),
+            Duration::from_secs(10),
+            false,
+            "the key to be added",
+        )
+        .await;
+        self.shot(shot).await;
+    }
+
+    /// On /instances: create a `linux-test` instance with the form and wait for its row to
+    /// run. Its name, its row's id and the instance's id.
+    async fn create_linux_test(&self, shot: &str) -> (String, String, String) {
+        self.c()
+            .find(Locator::Css("#create select[name=gpu_type]"))
+            .await
+            .unwrap()
+            .select_by_value("linux-test")
+            .await
+            .unwrap();
+        self.click("#create button[type=submit]").await;
+        self.wait_text(
+            "#instances tbody tr td.status",
+            |t| t == "running",
+            Duration::from_secs(180),
+            true,
+            "the instance to run",
+        )
+        .await;
+        self.shot(shot).await;
+        let row = self
+            .c()
+            .find(Locator::Css("#instances tbody tr"))
+            .await
+            .unwrap();
+        let name = row.attr("data-name").await.unwrap().unwrap();
+        let row_id = row.attr("id").await.unwrap().unwrap();
+        let vm_id = row_id.strip_prefix("instance-").unwrap().to_owned();
+        (name, row_id, vm_id)
+    }
+
+    /// Delete the row's instance through its confirmation and wait for the row to say so.
+    async fn delete(&self, row_id: &str, shots: [&str; 2]) {
+        self.follow("Delete").await;
+        self.shot(shots[0]).await;
+        self.click("#confirm-delete button[type=submit]").await;
+        self.wait_text(
+            &format!("#{row_id} td.status"),
+            |t| t == "deleted",
+            Duration::from_secs(120),
+            true,
+            "the instance to be deleted",
+        )
+        .await;
+        self.shot(shots[1]).await;
+    }
+
     /// What the page's Copy button for `code_id` hands the clipboard.
     async fn copy(&self, code_id: &str) -> String {
         self.browser.watch_copies().await;
@@ -434,21 +516,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     // 1. Sign in as the admin; the operator-key list is already published.
     c.goto(&up.url).await.unwrap();
     person.shot("start").await;
-    person.follow("Sign in").await;
-    person.type_into("input[name=email]", &up.email).await;
-    person.type_into("input[name=password]", &up.password).await;
-    person
-        .click("form[action='/login'] button[type=submit]")
-        .await;
-    person
-        .wait_text(
-            ".who",
-            |t| t == up.email,
-            Duration::from_secs(10),
-            false,
-            "signed in",
-        )
-        .await;
+    person.sign_in(&up.email, &up.password).await;
     // Staff reach the operations pages through "Operations" and its own navigation.
     person.follow("Operations").await;
     person.follow("Operator keys").await;
@@ -572,45 +640,8 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
 
     // 5. /instances: add an SSH key, create an instance.
     let (key, public) = keygen(work.path(), "id_ed25519");
-    person.follow("Instances").await;
-    person
-        .type_into("#add-key input[name=name]", "laptop")
-        .await;
-    person
-        .type_into("#add-key textarea[name=public_key]", &public)
-        .await;
-    person.click("#add-key button[type=submit]").await;
-    person
-        .wait_text(
-            "#ssh-keys",
-            |t| t.contains("laptop"),
-            Duration::from_secs(10),
-            false,
-            "the key to be added",
-        )
-        .await;
-    person.shot("key-added").await;
-    c.find(Locator::Css("#create select[name=gpu_type]"))
-        .await
-        .unwrap()
-        .select_by_value("linux-test")
-        .await
-        .unwrap();
-    person.click("#create button[type=submit]").await;
-    person
-        .wait_text(
-            "#instances tbody tr td.status",
-            |t| t == "running",
-            Duration::from_secs(180),
-            true,
-            "the instance to run",
-        )
-        .await;
-    person.shot("instance-running").await;
-    let row = c.find(Locator::Css("#instances tbody tr")).await.unwrap();
-    let name = row.attr("data-name").await.unwrap().unwrap();
-    let row_id = row.attr("id").await.unwrap().unwrap();
-    let vm_id = row_id.strip_prefix("instance-").unwrap().to_owned();
+    person.add_key("laptop", &public, "key-added").await;
+    let (name, row_id, vm_id) = person.create_linux_test("instance-running").await;
     phase(&format!("5. key added; {name} created"));
 
     // 6. The ssh command the row shows, copied with its button and run.
@@ -671,19 +702,7 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
     ssh_until(&copied, &key, &known_hosts, &name, Duration::from_secs(60)).await;
     phase("stopped and started again; ssh works again");
 
-    person.follow("Delete").await;
-    person.shot("confirm-delete").await;
-    person.click("#confirm-delete button[type=submit]").await;
-    person
-        .wait_text(
-            &format!("#{row_id} td.status"),
-            |t| t == "deleted",
-            Duration::from_secs(120),
-            true,
-            "the instance to be deleted",
-        )
-        .await;
-    person.shot("deleted").await;
+    person.delete(&row_id, ["confirm-delete", "deleted"]).await;
     assert!(
         run_ssh_line(&copied, &key, "hostname").is_err(),
         "a deleted instance answers no ssh"
@@ -834,68 +853,19 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         )
         .await;
     person.shot("customer-signed-up").await;
-    person.follow("Sign in").await;
     person
-        .type_into("input[name=email]", "carol@example.com")
-        .await;
-    person
-        .type_into("input[name=password]", "carol-walks-the-guide")
-        .await;
-    person
-        .click("form[action='/login'] button[type=submit]")
-        .await;
-    person
-        .wait_text(
-            ".who",
-            |t| t == "carol@example.com",
-            Duration::from_secs(10),
-            false,
-            "the customer signed in",
-        )
+        .sign_in("carol@example.com", "carol-walks-the-guide")
         .await;
     assert!(
         c.find(Locator::LinkText("Operations")).await.is_err(),
         "a customer is shown no Operations"
     );
     let (carol_key, carol_public) = keygen(work.path(), "carol_ed25519");
-    person.follow("Instances").await;
     person
-        .type_into("#add-key input[name=name]", "carol's laptop")
+        .add_key("carol's laptop", &carol_public, "customer-key-added")
         .await;
-    person
-        .type_into("#add-key textarea[name=public_key]", &carol_public)
-        .await;
-    person.click("#add-key button[type=submit]").await;
-    person
-        .wait_text(
-            "#ssh-keys",
-            |t| t.contains("carol's laptop"),
-            Duration::from_secs(10),
-            false,
-            "the customer's key to be added",
-        )
-        .await;
-    c.find(Locator::Css("#create select[name=gpu_type]"))
-        .await
-        .unwrap()
-        .select_by_value("linux-test")
-        .await
-        .unwrap();
-    person.click("#create button[type=submit]").await;
-    person
-        .wait_text(
-            "#instances tbody tr td.status",
-            |t| t == "running",
-            Duration::from_secs(180),
-            true,
-            "the customer's instance to run",
-        )
-        .await;
-    person.shot("customer-instance-running").await;
-    let row = c.find(Locator::Css("#instances tbody tr")).await.unwrap();
-    let carol_name = row.attr("data-name").await.unwrap().unwrap();
-    let carol_row = row.attr("id").await.unwrap().unwrap();
-    let carol_vm = carol_row.strip_prefix("instance-").unwrap().to_owned();
+    let (carol_name, carol_row, carol_vm) =
+        person.create_linux_test("customer-instance-running").await;
     let carol_line = person.copy(&format!("ssh-{carol_vm}")).await;
     ssh_until(
         &carol_line,
@@ -909,18 +879,9 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         run_ssh_line(&carol_line, &key, "hostname").is_err(),
         "the admin's key does not open the customer's instance"
     );
-    person.follow("Delete").await;
-    person.click("#confirm-delete button[type=submit]").await;
     person
-        .wait_text(
-            &format!("#{carol_row} td.status"),
-            |t| t == "deleted",
-            Duration::from_secs(120),
-            true,
-            "the customer's instance to be deleted",
-        )
+        .delete(&carol_row, ["customer-confirm-delete", "customer-deleted"])
         .await;
-    person.shot("customer-deleted").await;
     phase(&format!(
         "a signed-up customer rented {carol_name}, reached it and deleted it"
     ));
