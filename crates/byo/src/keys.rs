@@ -236,25 +236,37 @@ impl Agent {
         std::fs::write(&pub_path, public.to_openssh()?)?;
         let body_path = self.dir.path().join("list.json");
         std::fs::write(&body_path, body)?;
-        let out = self
-            .command("ssh-keygen")
-            .args(["-Y", "sign", "-n", NAMESPACE, "-f"])
-            .arg(&pub_path)
-            .arg(&body_path)
-            .stdin(Stdio::null())
-            .output()
-            .context("running ssh-keygen -Y sign")?;
-        if !out.status.success() {
-            bail!(
-                "ssh-keygen could not sign: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        self.keygen(
+            |c| {
+                c.args(["-Y", "sign", "-n", NAMESPACE, "-f"])
+                    .arg(&pub_path)
+                    .arg(&body_path);
+            },
+            "sign",
+        )?;
         Ok(std::fs::read_to_string(sig_path(&body_path))?)
     }
 }
 
 impl Agent {
+    /// Run `ssh-keygen` against this agent with the arguments `args` sets; its own words when
+    /// it could not `what`.
+    fn keygen(&self, args: impl FnOnce(&mut Command), what: &str) -> anyhow::Result<()> {
+        let mut command = self.command("ssh-keygen");
+        args(&mut command);
+        let out = command
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("running ssh-keygen to {what}"))?;
+        if !out.status.success() {
+            bail!(
+                "ssh-keygen could not {what}: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        Ok(())
+    }
+
     /// Certify `subject` with the agent's `signer` (`ssh-keygen -s … -U`): the private half
     /// stays in the agent here too.
     fn certify(
@@ -267,22 +279,16 @@ impl Agent {
         std::fs::write(&ca_path, signer.to_openssh()?)?;
         let subject_path = self.dir.path().join("operator.pub");
         std::fs::write(&subject_path, subject.to_openssh()?)?;
-        let out = self
-            .command("ssh-keygen")
-            .arg("-s")
-            .arg(&ca_path)
-            .arg("-U")
-            .args(request.keygen_args())
-            .arg(&subject_path)
-            .stdin(Stdio::null())
-            .output()
-            .context("running ssh-keygen -s")?;
-        if !out.status.success() {
-            bail!(
-                "ssh-keygen could not sign the certificate: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
+        self.keygen(
+            |c| {
+                c.arg("-s")
+                    .arg(&ca_path)
+                    .arg("-U")
+                    .args(request.keygen_args())
+                    .arg(&subject_path);
+            },
+            "sign the certificate",
+        )?;
         let text = std::fs::read_to_string(self.dir.path().join("operator-cert.pub"))?;
         Certificate::from_openssh(text.trim()).context("the certificate ssh-keygen wrote")
     }
