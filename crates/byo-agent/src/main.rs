@@ -124,6 +124,17 @@ enum Command {
         #[arg(long, default_value = "/")]
         root: PathBuf,
     },
+    /// Answer serving's LXD calls as root, forwarding only what serving may do (the
+    /// enverge-lxd-gate unit; serving is not in LXD's group). Everything else is refused
+    /// with 403 before LXD sees it, and logged.
+    LxdGate {
+        /// Where serving reaches the gate (made 0660, the process's group).
+        #[arg(long, default_value = byo_agent::names::LXD_GATE_SOCKET)]
+        socket: PathBuf,
+        /// Preparation's hand-over: the tunnel address an instance's SSH is published on.
+        #[arg(long, default_value = machines::HANDED_OVER)]
+        serving_file: PathBuf,
+    },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
@@ -324,6 +335,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => prepare::unit::run_again(&root),
         Command::Prepare { root, dry_run, .. } => prepare::unit::run(&root, dry_run),
         Command::FirewallRefresh { root } => prepare::unit::refresh_firewall(&root),
+        Command::LxdGate {
+            socket,
+            serving_file,
+        } => byo_agent::lxd_gate::run(&socket, &serving_file),
         Command::OperatorKeys(cmd) => match cmd {
             KeysCommand::Apply { file, paths } => {
                 operator_keys::apply_command(&keys(paths)?, &file)

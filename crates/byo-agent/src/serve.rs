@@ -415,7 +415,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 &handed.ssh_map_endpoint,
                 &handed.ssh_map_token,
             )),
-            host: std::sync::Mutex::new(LocalHost::default()),
+            host: std::sync::Mutex::new(LocalHost::serving()),
         })
     });
     let state = Serving {

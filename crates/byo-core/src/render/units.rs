@@ -16,6 +16,13 @@
 pub const PREPARE: &str = "enverge-agent-prepare.service";
 pub const SERVING: &str = "enverge-agent.service";
 pub const ROLLBACK: &str = "enverge-agent-rollback.service";
+/// Root's LXD gate (`byo-agent lxd-gate`): serving's only way to LXD (#36). Pulled in by
+/// serving's `Wants=` and restarted with it; its socket lives under [`LXD_GATE_DIR`].
+pub const LXD_GATE: &str = "enverge-lxd-gate.service";
+/// The gate's runtime directory under /run (root:spark, 0750).
+pub const LXD_GATE_DIR: &str = "enverge-lxd-gate";
+/// Where serving reaches the gate.
+pub const LXD_GATE_SOCKET: &str = "/run/enverge-lxd-gate/lxd.sock";
 /// L4: serving (unprivileged) asks for this machine's reboot by creating [`REBOOT_FLAG`] in
 /// its own state directory; this path unit, root's, sees it and starts [`REBOOT`], which
 /// removes the flag and reboots, a moment later (deferred, so the caller hears its 202 first).
@@ -84,13 +91,20 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             SERVING,
             format!(
-                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
+                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE} {LXD_GATE}\n# LXD only through root's gate: serving is not in the lxd group (#36).\nWants={LXD_GATE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
             ),
         ),
         (
             ROLLBACK,
             format!(
                 "[Unit]\nDescription=byo agent: go back to the previous build once, when serving will not stay up\n\n[Service]\nType=oneshot\nExecStart={bin}-rollback\n"
+            ),
+        ),
+        (
+            LXD_GATE,
+            format!(
+                "[Unit]\nDescription=byo agent: what serving may ask of LXD, forwarded as root (#36)\n# Restarted with serving, so an upgrade's new build answers at once.\nPartOf={SERVING}\nStartLimitIntervalSec=0\n\n[Service]\nExecStart={bin} lxd-gate\n# The socket is made 0660 in spark's group, under a directory only root and spark enter.\nGroup=spark\nRuntimeDirectory={gate_dir}\nRuntimeDirectoryMode=0750\nExecStartPost=/bin/sh -c 'n=0; while [ ! -S {LXD_GATE_SOCKET} ] && [ $$n -lt 100 ]; do n=$$((n+1)); sleep 0.1; done; [ -S {LXD_GATE_SOCKET} ]'\nRestart=always\nRestartSec=2\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=yes\nPrivateTmp=yes\n",
+                gate_dir = LXD_GATE_DIR,
             ),
         ),
         (
@@ -317,7 +331,8 @@ mod tests {
         assert!(f.starts_with("#!/bin/bash\nset -euo pipefail\nstage=\"$1\"\n"));
     }
 
-    /// What install.sh writes, by name and in order: the three units J names, then what
+    /// What install.sh writes, by name and in order: the three units J names (and root's LXD
+    /// gate beside serving, #36), then what
     /// serving may ask root for (L4's reboot, a pair's rails, the tenant firewall brought to
     /// the host's networks), each running what it says.
     /// `systemd-analyze verify` and the real hosts run them (byo-agent's tests); this pins
@@ -332,6 +347,7 @@ mod tests {
                 PREPARE,
                 SERVING,
                 ROLLBACK,
+                LXD_GATE,
                 REBOOT_PATH,
                 REBOOT,
                 RAILS_PATH,
@@ -344,6 +360,14 @@ mod tests {
         assert!(text(PREPARE).contains("ExecStart=/opt/byo-agent prepare\n"));
         assert!(text(SERVING).contains("ExecStart=/opt/byo-agent serve\n"));
         assert!(text(ROLLBACK).contains("ExecStart=/opt/byo-agent-rollback\n"));
+        // Serving pulls in root's LXD gate and is ordered after it; the gate runs as root in
+        // spark's group (its socket 0660) and is restarted with serving.
+        assert!(text(SERVING).contains(&format!("Wants={LXD_GATE}\n")));
+        assert!(text(SERVING).contains(&format!("After={PREPARE} {LXD_GATE}\n")));
+        assert!(text(LXD_GATE).contains("ExecStart=/opt/byo-agent lxd-gate\n"));
+        assert!(text(LXD_GATE).contains("\nGroup=spark\n") && !text(LXD_GATE).contains("\nUser="));
+        assert!(text(LXD_GATE).contains(&format!("PartOf={SERVING}\n")));
+        assert!(LXD_GATE_SOCKET.starts_with(&format!("/run/{LXD_GATE_DIR}/")));
         assert!(text(REBOOT_PATH).contains(&format!("Unit={REBOOT}\n")));
         assert!(text(REBOOT).contains("SuccessAction=reboot\n"));
         assert!(text(RAILS_PATH).contains(&format!("Unit={RAILS}\n")));
