@@ -56,7 +56,13 @@ fn refusal(status: u16, why: &str) -> (u16, Vec<u8>) {
 }
 
 impl Gate {
-    fn answer(&self, method: &str, target: &str, headers: &HeaderMap, body: &[u8]) -> (u16, Vec<u8>) {
+    fn answer(
+        &self,
+        method: &str,
+        target: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) -> (u16, Vec<u8>) {
         let rules = rules(&self.serving_file);
         let header = |name: &str| {
             headers
@@ -132,11 +138,10 @@ async fn handle(
     let target = uri
         .path_and_query()
         .map_or_else(|| uri.path().to_owned(), |p| p.as_str().to_owned());
-    let answered = tokio::task::spawn_blocking(move || {
-        gate.answer(method.as_str(), &target, &headers, &body)
-    })
-    .await
-    .unwrap_or_else(|_| refusal(500, "the gate failed"));
+    let answered =
+        tokio::task::spawn_blocking(move || gate.answer(method.as_str(), &target, &headers, &body))
+            .await
+            .unwrap_or_else(|_| refusal(500, "the gate failed"));
     let (status, body) = answered;
     (
         StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
