@@ -103,9 +103,11 @@ pub fn judge(
                             Some("file") | Some("directory")
                         )
                 }
-                ("GET", ["logs", "exec-output", file]) => {
+                // An exec's recorded output: LXD 5.0 keeps it under logs/, later ones under
+                // logs/exec-output/.
+                ("GET", ["logs", file] | ["logs", "exec-output", file]) => {
                     query.is_empty()
-                        && !file.is_empty()
+                        && file.starts_with("exec_")
                         && file
                             .bytes()
                             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
