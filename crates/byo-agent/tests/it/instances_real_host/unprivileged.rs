@@ -55,7 +55,7 @@ pub(super) fn serving_cannot_make_itself_root(w: &World) {
 
     // The owner's own container, made as root without our marker.
     w.host
-        .sh_ok("lxc init lofispark-base owners-box >/dev/null");
+        .sh_ok("lxc init lofispark-base owners-box --profile lofispark-base");
     let before = names(w);
     assert!(
         before.contains("c1") && before.contains("owners-box"),
