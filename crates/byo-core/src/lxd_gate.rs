@@ -309,7 +309,8 @@ mod tests {
         worker["profiles"] = json!(["base", "dual"]);
         assert_eq!(judged("POST", "/1.0/instances", worker), Verdict::Forward);
 
-        let bad: Vec<(&str, Box<dyn Fn(&mut Value)>)> = vec![
+        type Change = Box<dyn Fn(&mut Value)>;
+        let bad: Vec<(&str, Change)> = vec![
             (
                 "privileged",
                 Box::new(|v| v["config"]["security.privileged"] = json!("true")),

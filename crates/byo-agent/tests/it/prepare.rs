@@ -1492,3 +1492,31 @@ fn operator_access_without_a_pinned_build_says_where_it_comes_from() {
     assert!(!sim.state.files.contains_key("/usr/local/bin/cloudflared"));
     owner_untouched(&sim);
 }
+
+/// A host an earlier build prepared has spark in LXD's group, which is root (#36): the
+/// deliberate run of lxd-install takes it out, and says so, and only that.
+#[test]
+fn a36_lxd_install_takes_spark_out_of_the_lxd_group_an_earlier_build_put_it_in() {
+    let mut sim = prepared();
+    sim.state
+        .users
+        .get_mut("spark")
+        .unwrap()
+        .groups
+        .insert("lxd".into());
+    let out = run_steps(&mut sim, &plan(), &["lxd-install"]);
+    assert!(out.completed, "{:?}", out.failed);
+    assert!(
+        out.changes.iter().any(|(step, what)| step == "lxd-install"
+            && what.contains("take spark out of the lxd group")),
+        "{:?}",
+        out.changes
+    );
+    assert!(!sim.state.users["spark"].groups.contains("lxd"));
+    let again = run_steps(&mut sim, &plan(), &["lxd-install"]);
+    assert!(
+        again.completed && again.changes.is_empty(),
+        "{:?}",
+        again.changes
+    );
+}
