@@ -5,9 +5,9 @@
 //! **Apply:** snap (`5.21/stable`) or Debian's package (and the drop-in, `daemon-reload`), `lxd
 //! waitready`; `gpasswd --delete spark lxd` where an earlier build added it.
 //! **Why here:** `lxd init` is deliberately never run: the pool and the bridge are their own steps.
-//! **Why spark stays out of `lxd`** (issue #36, reversing the design's L note 2, where this
-//! step once gained `usermod -aG lxd`): a member of `lxd` is root — it can create a privileged
-//! container or hand one the host's `/`. Serving reaches LXD through root's gate
+//! **Why spark stays out of `lxd`** (issue #36, reversing the design's "Host configuration after
+//! go-live", whose second point says this step once gained `usermod -aG lxd`): a member of
+//! `lxd` is root — it can create a privileged container or hand one the host's `/`. Serving reaches LXD through root's gate
 //! (`crate::lxd_gate`), which forwards only what serving does; a satellite's LXD is reached as
 //! spark through `sudo`, as everything there is.
 
