@@ -429,6 +429,8 @@ const AGENT_UNITS: &[&str] = &[
     RAILS,
     FIREWALL_PATH,
     FIREWALL_REFRESH,
+    byo_core::render::units::OPERATOR_KEYS_PATH,
+    byo_core::render::units::OPERATOR_KEYS,
 ];
 
 fn unit_leftovers(h: &mut dyn Host, units: &[&str]) -> Fallible<Vec<String>> {

@@ -140,9 +140,11 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     ] {
         assert!(tenants.contains(want), "{want} missing:\n{tenants}");
     }
+    // Serving writes its own state and nothing in /home: spark's keys are root's (#36).
     assert!(
         text(SERVING).contains("User=spark")
-            && text(SERVING).contains("ReadWritePaths=/home/spark/.ssh")
+            && text(SERVING).contains("\nReadWritePaths=/var/lib/enverge-agent\n")
+            && text(SERVING).contains("\nProtectHome=read-only\n")
     );
     // Serving reads sshd's accepted logins from the journal (#16, 5).
     assert!(text(SERVING).contains("SupplementaryGroups=systemd-journal"));

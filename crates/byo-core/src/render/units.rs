@@ -46,9 +46,23 @@ pub const RAILS_FLAG: &str = "/var/lib/enverge-agent/rails-requested";
 pub const FIREWALL_PATH: &str = "enverge-tenant-firewall-refresh.path";
 pub const FIREWALL_REFRESH: &str = "enverge-tenant-firewall-refresh.service";
 pub const FIREWALL_FLAG: &str = "/var/lib/enverge-agent/firewall-requested";
+/// Operator keys are root's to write (issue #36): spark's `authorized_keys` admits a login
+/// whose sudo is not under serving's `NoNewPrivileges`, so serving, whose sandbox keeps
+/// `/home` read-only, leaves a pushed list (or nothing, to bring the file to the clock at a
+/// list's expiry) at [`OPERATOR_KEYS_FLAG`]; this path unit, root's, starts [`OPERATOR_KEYS`],
+/// which takes the request and runs `byo-agent operator-keys apply-requested`: the list
+/// verified against root's own trust and kept list, then `authorized_keys` written.
+pub const OPERATOR_KEYS_PATH: &str = "enverge-operator-keys.path";
+pub const OPERATOR_KEYS: &str = "enverge-operator-keys.service";
+pub const OPERATOR_KEYS_FLAG: &str = "/var/lib/enverge-agent/operator-keys-requested";
+/// Where root keeps the signed list as received (0644: serving reads it to answer pushes;
+/// preparation reads it, M.5). Before #36 serving kept it at
+/// `/var/lib/enverge-agent/operator-keys.signed`, which [`finish_script`] moves here once.
+pub const OPERATOR_KEYS_HELD: &str = "/etc/enverge/operator-keys.signed";
+const OPERATOR_KEYS_HELD_BEFORE: &str = "/var/lib/enverge-agent/operator-keys.signed";
 /// The path units by which serving asks root for something, enabled and started by every
 /// install and upgrade.
-pub const SERVING_ASKS: &[&str] = &[REBOOT_PATH, RAILS_PATH, FIREWALL_PATH];
+pub const SERVING_ASKS: &[&str] = &[REBOOT_PATH, RAILS_PATH, FIREWALL_PATH, OPERATOR_KEYS_PATH];
 /// The rails' netplan file rail-network writes (130).
 pub const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
 /// The operator tunnel's connector (cloudflared) as a unit: preparation's operator-access
@@ -91,7 +105,7 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             SERVING,
             format!(
-                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE} {LXD_GATE}\n# LXD only through root's gate: serving is not in the lxd group (#36).\nWants={LXD_GATE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
+                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE} {LXD_GATE}\n# LXD only through root's gate: serving is not in the lxd group (#36).\nWants={LXD_GATE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# The agent's own state, nothing else: spark's .ssh is root's to write (#36).\nReadWritePaths=/var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
             ),
         ),
         (
@@ -141,6 +155,18 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
             FIREWALL_REFRESH,
             format!(
                 "[Unit]\nDescription=byo agent: the tenant firewall brought to what this host is now\n\n[Service]\nType=oneshot\n# The flag goes first: a change that lands while this runs asks again.\nExecStart=/bin/rm -f {FIREWALL_FLAG}\nExecStart={bin} firewall-refresh\n"
+            ),
+        ),
+        (
+            OPERATOR_KEYS_PATH,
+            format!(
+                "[Unit]\nDescription=byo agent: operator keys written when serving passes a list on (#36)\n\n[Path]\nPathExists={OPERATOR_KEYS_FLAG}\nUnit={OPERATOR_KEYS}\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            OPERATOR_KEYS,
+            format!(
+                "[Unit]\nDescription=byo agent: a pushed operator-key list verified and applied as root\n\n[Service]\nType=oneshot\n# The request is taken first (renamed), so one that lands while this runs asks again.\nExecStart={bin} operator-keys apply-requested\n# A request is serving's file: one that blocks a read is cut off, not waited on.\nTimeoutStartSec=30\n"
             ),
         ),
     ]
@@ -237,6 +263,10 @@ cat > {ROLLBACK_SCRIPT}.new <<'ROLLBACK'
 {rollback}ROLLBACK
 chmod 755 {ROLLBACK_SCRIPT}.new
 mv -f {ROLLBACK_SCRIPT}.new {ROLLBACK_SCRIPT}
+# The operator-key list is root's to keep (#36): a host whose serving kept it moves it once.
+if [ ! -e {OPERATOR_KEYS_HELD} ] && [ -f {OPERATOR_KEYS_HELD_BEFORE} ] && [ ! -L {OPERATOR_KEYS_HELD_BEFORE} ]; then
+  install -m 644 -o root -g root {OPERATOR_KEYS_HELD_BEFORE} {OPERATOR_KEYS_HELD}
+fi
 {units_text}systemctl daemon-reload
 systemctl enable {PREPARE} {SERVING}
 # What serving may ask root for, watching from now on: the host's reboot (L4), a pair's
@@ -353,7 +383,9 @@ mod tests {
                 RAILS_PATH,
                 RAILS,
                 FIREWALL_PATH,
-                FIREWALL_REFRESH
+                FIREWALL_REFRESH,
+                OPERATOR_KEYS_PATH,
+                OPERATOR_KEYS
             ]
         );
         let text = |name: &str| &all.iter().find(|(n, _)| *n == name).unwrap().1;
@@ -374,5 +406,10 @@ mod tests {
         assert!(text(RAILS).contains("exec netplan apply"));
         assert!(text(FIREWALL_PATH).contains(&format!("Unit={FIREWALL_REFRESH}\n")));
         assert!(text(FIREWALL_REFRESH).contains("ExecStart=/opt/byo-agent firewall-refresh\n"));
+        assert!(text(OPERATOR_KEYS_PATH).contains(&format!("PathExists={OPERATOR_KEYS_FLAG}\nUnit={OPERATOR_KEYS}\n")));
+        assert!(text(OPERATOR_KEYS).contains("ExecStart=/opt/byo-agent operator-keys apply-requested\n"));
+        // Serving may write its own state and nothing in /home (#36).
+        assert!(text(SERVING).contains("\nProtectHome=read-only\n"));
+        assert!(text(SERVING).contains("\nReadWritePaths=/var/lib/enverge-agent\n"));
     }
 }

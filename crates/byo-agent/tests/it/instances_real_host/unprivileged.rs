@@ -4,8 +4,9 @@
 //! serving does and refuses the calls that would make a member of `lxd` root — each refused
 //! before LXD sees it, with nothing changed; the owner's own container is neither listed nor
 //! touched. The serving process itself cannot gain privileges (sudo is spark's, for
-//! operators' logins, and useless to a process with no new privileges) and cannot read
-//! root's secrets.
+//! operators' logins, and useless to a process with no new privileges), cannot read root's
+//! secrets, and cannot write spark's `authorized_keys` (root's helper writes it; the pushes
+//! in `m_serving_takes_lists_…` go through it).
 
 use serde_json::{Value, json};
 
@@ -236,4 +237,27 @@ pub(super) fn serving_cannot_make_itself_root(w: &World) {
         .host
         .sh("runuser -u spark -- cat /etc/enverge/credentials.json");
     assert!(!read.status.success(), "spark read the host's credentials");
+
+    // spark's .ssh is root's to write: in serving's own sandbox (its mount namespace) it is
+    // read-only, so serving cannot add a key of its own to log in as spark and sudo. The file
+    // root writes is spark's, as sshd reads it.
+    let keys_before = w.host.sh_ok("cat /home/spark/.ssh/authorized_keys");
+    let write = w.host.sh(&format!(
+        "nsenter -t {} -m -- setpriv --reuid=spark --regid=spark --init-groups -- \
+           sh -c 'echo ssh-ed25519 AAAAintruder intruder >> /home/spark/.ssh/authorized_keys'",
+        pid.trim()
+    ));
+    assert!(!write.status.success(), "serving's sandbox let it write spark's keys");
+    assert!(
+        String::from_utf8_lossy(&write.stderr).contains("Read-only file system"),
+        "{}",
+        String::from_utf8_lossy(&write.stderr)
+    );
+    assert_eq!(w.host.sh_ok("cat /home/spark/.ssh/authorized_keys"), keys_before);
+    assert_eq!(
+        w.host
+            .sh_ok("stat -c '%U %a' /home/spark/.ssh/authorized_keys")
+            .trim(),
+        "spark 600"
+    );
 }
