@@ -223,8 +223,9 @@ impl OperatorKeys {
                 keys: list.keys.len(),
             }),
             _ => Err(ReceiveError::Io {
-                context: "root did not apply the list (enverge-operator-keys.service's journal says why)"
-                    .into(),
+                context:
+                    "root did not apply the list (enverge-operator-keys.service's journal says why)"
+                        .into(),
                 source: io::Error::other("refused by root"),
             }),
         }

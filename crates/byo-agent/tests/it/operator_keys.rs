@@ -679,9 +679,15 @@ fn a36_serving_passes_a_list_to_root_and_answers_only_what_root_applied() {
     )
     .unwrap();
     let helper = root(roots.clone());
-    let refused = h.keys.receive_through_root(&v2, now(), within);
-    assert!(matches!(refused, Err(ReceiveError::Io { .. })), "{refused:?}");
-    assert!(matches!(helper.join().unwrap(), Err(ReceiveError::Refused(_))));
+    let by_root = h.keys.receive_through_root(&v2, now(), within);
+    assert!(
+        matches!(by_root, Err(ReceiveError::Io { .. })),
+        "{by_root:?}"
+    );
+    assert!(matches!(
+        helper.join().unwrap(),
+        Err(ReceiveError::Refused(_))
+    ));
     assert_eq!(snapshot(&h), before, "root refused: nothing changed");
 
     // A serving that skips its own check and leaves a forged list (a stranger's signature,
@@ -694,7 +700,10 @@ fn a36_serving_passes_a_list_to_root_and_answers_only_what_root_applied() {
     let r = refused(h.keys.apply_requested(now()));
     assert!(matches!(r, Refusal::BadSignature { .. }), "{r:?}");
     assert_eq!(snapshot(&h), before);
-    assert!(!h.keys.paths.request.exists(), "the request is taken either way");
+    assert!(
+        !h.keys.paths.request.exists(),
+        "the request is taken either way"
+    );
 
     // A request that is not a plain file (a link to a file of root's) is not read.
     let secret = h.keys.paths.held.with_file_name("roots-secret");
@@ -706,7 +715,11 @@ fn a36_serving_passes_a_list_to_root_and_answers_only_what_root_applied() {
         "{r:?}"
     );
     assert_eq!(snapshot(&h), before);
-    assert_eq!(std::fs::read(&secret).unwrap(), v2, "the link's target untouched");
+    assert_eq!(
+        std::fs::read(&secret).unwrap(),
+        v2,
+        "the link's target untouched"
+    );
 }
 
 /// At the kept list's expiry serving cannot write break glass in itself: it asks, and root
@@ -719,7 +732,10 @@ fn a36_at_expiry_serving_asks_root_for_break_glass() {
     h.keys
         .receive(&signed(1, vec![a.clone()], &h.sk), now())
         .unwrap();
-    assert!(!h.keys.reconcile_through_root(now()).unwrap(), "nothing to ask");
+    assert!(
+        !h.keys.reconcile_through_root(now()).unwrap(),
+        "nothing to ask"
+    );
     assert!(!h.keys.paths.request.exists());
     let later = now() + Duration::days(91);
     assert!(h.keys.reconcile_through_root(later).unwrap());
@@ -727,6 +743,9 @@ fn a36_at_expiry_serving_asks_root_for_break_glass() {
     assert!(!h.keys.reconcile_through_root(later).unwrap(), "asked once");
     assert_eq!(h.keys.apply_requested(later).unwrap(), None);
     let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
-    assert!(text.contains("cert-authority,principals=\"spark-7\""), "{text}");
+    assert!(
+        text.contains("cert-authority,principals=\"spark-7\""),
+        "{text}"
+    );
     assert!(!h.keys.reconcile_through_root(later).unwrap());
 }

@@ -406,8 +406,13 @@ mod tests {
         assert!(text(RAILS).contains("exec netplan apply"));
         assert!(text(FIREWALL_PATH).contains(&format!("Unit={FIREWALL_REFRESH}\n")));
         assert!(text(FIREWALL_REFRESH).contains("ExecStart=/opt/byo-agent firewall-refresh\n"));
-        assert!(text(OPERATOR_KEYS_PATH).contains(&format!("PathExists={OPERATOR_KEYS_FLAG}\nUnit={OPERATOR_KEYS}\n")));
-        assert!(text(OPERATOR_KEYS).contains("ExecStart=/opt/byo-agent operator-keys apply-requested\n"));
+        assert!(text(OPERATOR_KEYS_PATH).contains(&format!(
+            "PathExists={OPERATOR_KEYS_FLAG}\nUnit={OPERATOR_KEYS}\n"
+        )));
+        assert!(
+            text(OPERATOR_KEYS)
+                .contains("ExecStart=/opt/byo-agent operator-keys apply-requested\n")
+        );
         // Serving may write its own state and nothing in /home (#36).
         assert!(text(SERVING).contains("\nProtectHome=read-only\n"));
         assert!(text(SERVING).contains("\nReadWritePaths=/var/lib/enverge-agent\n"));

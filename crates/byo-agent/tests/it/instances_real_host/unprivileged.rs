@@ -247,13 +247,19 @@ pub(super) fn serving_cannot_make_itself_root(w: &World) {
            sh -c 'echo ssh-ed25519 AAAAintruder intruder >> /home/spark/.ssh/authorized_keys'",
         pid.trim()
     ));
-    assert!(!write.status.success(), "serving's sandbox let it write spark's keys");
+    assert!(
+        !write.status.success(),
+        "serving's sandbox let it write spark's keys"
+    );
     assert!(
         String::from_utf8_lossy(&write.stderr).contains("Read-only file system"),
         "{}",
         String::from_utf8_lossy(&write.stderr)
     );
-    assert_eq!(w.host.sh_ok("cat /home/spark/.ssh/authorized_keys"), keys_before);
+    assert_eq!(
+        w.host.sh_ok("cat /home/spark/.ssh/authorized_keys"),
+        keys_before
+    );
     assert_eq!(
         w.host
             .sh_ok("stat -c '%U %a' /home/spark/.ssh/authorized_keys")
