@@ -151,6 +151,30 @@ async fn handle(
         .into_response()
 }
 
+/// Tell systemd the socket answers (`Type=notify`): serving is ordered after the gate, so a
+/// gate that cannot start fails its start at once rather than after a wait. Nothing when
+/// not started by systemd.
+fn ready() {
+    use std::os::linux::net::SocketAddrExt as _;
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let path = path.to_string_lossy().into_owned();
+    let sent = (|| {
+        let socket = std::os::unix::net::UnixDatagram::unbound()?;
+        match path.strip_prefix('@') {
+            Some(name) => {
+                let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+                socket.send_to_addr(b"READY=1", &addr)
+            }
+            None => socket.send_to(b"READY=1", &path),
+        }
+    })();
+    if let Err(e) = sent {
+        tracing::warn!(error = %e, "could not tell systemd the gate is ready");
+    }
+}
+
 /// `byo-agent lxd-gate`: listen on `socket` (0660, the process's group: the unit runs it
 /// with spark's) and answer until stopped.
 pub fn run(socket: &Path, serving_file: &Path) -> anyhow::Result<()> {
@@ -176,6 +200,7 @@ pub fn run(socket: &Path, serving_file: &Path) -> anyhow::Result<()> {
         std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o660))
             .with_context(|| format!("chmod {}", socket.display()))?;
         tracing::info!(socket = %socket.display(), "the LXD gate is answering");
+        ready();
         let app = Router::new()
             .fallback(handle)
             .layer(DefaultBodyLimit::max(MAX_BODY))

@@ -205,7 +205,8 @@ impl OperatorKeys {
         write_atomic(&self.paths.request, envelope, 0o644)
             .map_err(io_err("passing the list to root"))?;
         let started = std::time::Instant::now();
-        while self.paths.request.exists() {
+        // Root renames the request while it works and removes it when done.
+        while self.paths.request.exists() || self.taken().exists() {
             if started.elapsed() > within {
                 return Err(ReceiveError::Io {
                     context: format!(
@@ -255,9 +256,7 @@ impl OperatorKeys {
     pub fn apply_requested(&self, now: DateTime<Utc>) -> Result<Option<Applied>, ReceiveError> {
         use std::io::Read as _;
         use std::os::unix::fs::MetadataExt as _;
-        let mut taken = self.paths.request.clone().into_os_string();
-        taken.push(".taken");
-        let taken = PathBuf::from(taken);
+        let taken = self.taken();
         let bytes = match fs::rename(&self.paths.request, &taken) {
             Err(e) if e.kind() == io::ErrorKind::NotFound => None,
             Err(e) => return Err(io_err("taking serving's request")(e)),
@@ -277,7 +276,9 @@ impl OperatorKeys {
                         .read_to_end(&mut bytes)?;
                     Ok(bytes)
                 })();
-                let _ = fs::remove_file(&taken);
+                if read.is_err() {
+                    let _ = fs::remove_file(&taken);
+                }
                 Some(read.map_err(io_err("reading serving's request"))?)
             }
         };
@@ -285,8 +286,18 @@ impl OperatorKeys {
             Some(b) if !b.is_empty() => Some(self.receive(&b, now)),
             _ => None,
         };
-        self.reconcile(now)?;
+        let reconciled = self.reconcile(now);
+        // Last: serving waits for the taken request to go before it reads the verdict.
+        let _ = fs::remove_file(&taken);
+        reconciled?;
         applied.transpose()
+    }
+
+    /// Where root holds a request while it works on it.
+    fn taken(&self) -> PathBuf {
+        let mut taken = self.paths.request.clone().into_os_string();
+        taken.push(".taken");
+        PathBuf::from(taken)
     }
 
     /// Make authorized_keys match the persisted list at `now`: at start (after a crash

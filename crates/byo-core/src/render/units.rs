@@ -117,7 +117,7 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             LXD_GATE,
             format!(
-                "[Unit]\nDescription=byo agent: what serving may ask of LXD, forwarded as root (#36)\n# Restarted with serving, so an upgrade's new build answers at once.\nPartOf={SERVING}\nStartLimitIntervalSec=0\n\n[Service]\nExecStart={bin} lxd-gate\n# The socket is made 0660 in spark's group, under a directory only root and spark enter.\nGroup=spark\nRuntimeDirectory={gate_dir}\nRuntimeDirectoryMode=0750\nExecStartPost=/bin/sh -c 'n=0; while [ ! -S {LXD_GATE_SOCKET} ] && [ $$n -lt 100 ]; do n=$$((n+1)); sleep 0.1; done; [ -S {LXD_GATE_SOCKET} ]'\nRestart=always\nRestartSec=2\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=yes\nPrivateTmp=yes\n",
+                "[Unit]\nDescription=byo agent: what serving may ask of LXD, forwarded as root (#36)\n# Restarted with serving, so an upgrade's new build answers at once.\nPartOf={SERVING}\n\n[Service]\n# Ready once its socket answers; a build that cannot start fails at once, not after a wait.\nType=notify\nExecStart={bin} lxd-gate\n# The socket is made 0660 in spark's group, under a directory only root and spark enter.\nGroup=spark\nRuntimeDirectory={gate_dir}\nRuntimeDirectoryMode=0750\nRestart=on-failure\nRestartSec=2\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=yes\nPrivateTmp=yes\n",
                 gate_dir = LXD_GATE_DIR,
             ),
         ),
@@ -399,6 +399,7 @@ mod tests {
         assert!(text(LXD_GATE).contains("ExecStart=/opt/byo-agent lxd-gate\n"));
         assert!(text(LXD_GATE).contains("\nGroup=spark\n") && !text(LXD_GATE).contains("\nUser="));
         assert!(text(LXD_GATE).contains(&format!("PartOf={SERVING}\n")));
+        assert!(text(LXD_GATE).contains("\nType=notify\n"));
         assert!(LXD_GATE_SOCKET.starts_with(&format!("/run/{LXD_GATE_DIR}/")));
         assert!(text(REBOOT_PATH).contains(&format!("Unit={REBOOT}\n")));
         assert!(text(REBOOT).contains("SuccessAction=reboot\n"));
