@@ -222,6 +222,17 @@ fn a_crash_between_keeping_and_applying_heals_at_start() {
     ));
 }
 
+/// A host that knows its slug (spark-7), holding version 1: one operator's key.
+fn spark_7_holding_one_key() -> (Host, OperatorKey) {
+    let mut h = host();
+    h.keys.host = Some("spark-7".into());
+    let a = login_key("a");
+    h.keys
+        .receive(&signed(1, vec![a.clone()], &h.sk), now())
+        .unwrap();
+    (h, a)
+}
+
 /// M at expiry (#39, 5): once the kept list has expired the host admits a break-glass
 /// certificate for its own slug from the relay, signed by a key it trusts to sign lists; a
 /// host that does not know its slug admits none; the first list that has not expired takes
@@ -229,12 +240,7 @@ fn a_crash_between_keeping_and_applying_heals_at_start() {
 /// byo-relay's `m_at_expiry_break_glass_…` on a real sshd.)
 #[test]
 fn m_at_expiry_the_kept_list_admits_break_glass_for_this_host_until_a_new_list_comes() {
-    let mut h = host();
-    h.keys.host = Some("spark-7".into());
-    let a = login_key("a");
-    h.keys
-        .receive(&signed(1, vec![a.clone()], &h.sk), now())
-        .unwrap();
+    let (h, a) = spark_7_holding_one_key();
     let text = || std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(!text().contains("cert-authority"), "{}", text());
     assert!(!h.keys.reconcile(now() + Duration::days(89)).unwrap());
@@ -726,12 +732,7 @@ fn a36_serving_passes_a_list_to_root_and_answers_only_what_root_applied() {
 /// writes it from its own kept list and clock; once written, serving asks nothing more.
 #[test]
 fn a36_at_expiry_serving_asks_root_for_break_glass() {
-    let mut h = host();
-    h.keys.host = Some("spark-7".into());
-    let a = login_key("a");
-    h.keys
-        .receive(&signed(1, vec![a.clone()], &h.sk), now())
-        .unwrap();
+    let (h, a) = spark_7_holding_one_key();
     assert!(
         !h.keys.reconcile_through_root(now()).unwrap(),
         "nothing to ask"
