@@ -732,7 +732,7 @@ fn a36_serving_passes_a_list_to_root_and_answers_only_what_root_applied() {
 /// writes it from its own kept list and clock; once written, serving asks nothing more.
 #[test]
 fn a36_at_expiry_serving_asks_root_for_break_glass() {
-    let (h, a) = spark_7_holding_one_key();
+    let (h, _) = spark_7_holding_one_key();
     assert!(
         !h.keys.reconcile_through_root(now()).unwrap(),
         "nothing to ask"
