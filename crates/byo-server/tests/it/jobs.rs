@@ -162,10 +162,14 @@ async fn two_replicas_run_a_scheduled_tick_once_between_them() {
     };
     let a = JobDriver::new(app.state.clone(), vec![job()]);
     let b = JobDriver::new(other.clone(), vec![job()]);
+    // The second replica's schedule starts once the first one's run is over: replicas'
+    // timers are never in step, so each finds the lock free in turn.
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut tasks = a.spawn(stop_rx.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.db.job_runs("hourly", 10).await.unwrap().len(), 1);
     tasks.extend(b.spawn(stop_rx));
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         app.db.job_runs("hourly", 10).await.unwrap().len(),
         1,
