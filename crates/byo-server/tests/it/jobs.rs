@@ -181,7 +181,11 @@ async fn two_replicas_run_a_scheduled_tick_once_between_them() {
     for task in tasks {
         task.await.unwrap();
     }
-    assert_eq!(app.db.job_runs("hourly", 10).await.unwrap().len(), 2, "a nudge runs");
+    assert_eq!(
+        app.db.job_runs("hourly", 10).await.unwrap().len(),
+        2,
+        "a nudge runs"
+    );
     assert_eq!(t.runs.load(Ordering::SeqCst), 2);
 }
 
