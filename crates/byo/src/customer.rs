@@ -657,7 +657,11 @@ fn instance_table(all: &[InstanceView]) -> String {
                     v.gpu_type.clone(),
                     phase(v),
                     when(v.created_at),
-                    v.ssh_command.clone().unwrap_or_default(),
+                    // As the page: the line only while it reaches something.
+                    v.ssh_command
+                        .clone()
+                        .filter(|_| v.phase() == byo_wire::states::InstancePhase::Running)
+                        .unwrap_or_default(),
                     v.id.clone(),
                 ]
             })
@@ -692,4 +696,45 @@ fn instance_detail(v: &InstanceView) -> String {
 /// The status as the page words it: a delete asked and not yet confirmed says so.
 fn phase(v: &InstanceView) -> String {
     v.phase().as_str().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use byo_wire::states::VmStatus;
+    use byo_wire::vm::InstanceView;
+
+    fn view(name: &str, deleted: bool) -> InstanceView {
+        let at = chrono::DateTime::UNIX_EPOCH;
+        InstanceView {
+            id: format!("id-{name}"),
+            name: name.into(),
+            gpu_type: "linux-test".into(),
+            status: VmStatus::Running,
+            ssh_hostname: None,
+            relay_address: Some("10.231.0.200".into()),
+            ssh_command: Some(format!(
+                "ssh -o HostKeyAlias=byo-id-{name} root@10.231.0.200"
+            )),
+            created_at: at,
+            creation_failed_at: None,
+            delete_requested_at: deleted.then_some(at),
+            deleted_at: deleted.then_some(at),
+        }
+    }
+
+    /// The list shows an ssh line only where it reaches something, as the page does (the
+    /// customers' walk met deleted rows still offering theirs).
+    #[test]
+    fn only_a_running_instance_shows_its_ssh_line() {
+        let table = super::instance_table(&[view("up", false), view("gone", true)]);
+        let line = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_owned()
+        };
+        assert!(line("up ").contains("byo-id-up root@"), "{table}");
+        assert!(!line("gone ").contains("ssh "), "{table}");
+    }
 }
