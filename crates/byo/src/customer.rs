@@ -147,6 +147,40 @@ pub enum QueueCommand {
     ///
     /// Example: byo queue cancel 0193c1e2-…
     Cancel(QueueRef),
+    /// Keep waiting: a queued create lapses the installation's age (72 h by default) from
+    /// now instead (the page's *Keep waiting*).
+    ///
+    /// Example: byo queue extend 0193c1e2-…
+    Extend(QueueRef),
+}
+
+/// `byo bookings`: with no command, the list.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BookingsArgs {
+    #[command(subcommand)]
+    pub command: Option<BookingsCommand>,
+    #[command(flatten)]
+    pub out: Output,
+}
+
+#[derive(Subcommand)]
+pub enum BookingsCommand {
+    /// Your bookings, open ones first (the same as `byo bookings`).
+    ///
+    /// Example: byo bookings list --json
+    List(Output),
+    /// Cancel a booking that is open and not paid, by id (a paid one is refunded on the
+    /// page, before its window opens).
+    ///
+    /// Example: byo bookings cancel 0193c1e2-…
+    Cancel(BookingRef),
+}
+
+#[derive(Args)]
+pub struct BookingRef {
+    /// The booking's id (`byo bookings`).
+    pub prebooking_id: String,
 }
 
 #[derive(Args)]
@@ -613,12 +647,42 @@ pub async fn queue(command: QueueCommand) -> Result<()> {
                 .await?;
             println!("Cancelled the queued create {}.", r.queue_id);
         }
+        QueueCommand::Extend(r) => {
+            let (_, q): (_, QueuedView) = api
+                .send(
+                    Method::POST,
+                    &format!("/api/queue/{}/extend", r.queue_id),
+                    None::<&()>,
+                )
+                .await?;
+            println!(
+                "The queued create {} keeps waiting until {} (place {} in line).",
+                q.id,
+                when(q.expires_at),
+                q.position
+            );
+        }
     }
     Ok(())
 }
 
-pub async fn bookings(out: Output) -> Result<()> {
+pub async fn bookings(args: BookingsArgs) -> Result<()> {
     let api = Api::from_saved()?;
+    let out = match args.command {
+        None => args.out,
+        Some(BookingsCommand::List(out)) => out,
+        Some(BookingsCommand::Cancel(r)) => {
+            let (_, b): (_, PrebookingView) = api
+                .send(
+                    Method::POST,
+                    &format!("/api/prebookings/{}/cancel", r.prebooking_id),
+                    None::<&()>,
+                )
+                .await?;
+            println!("Cancelled the booking {} ({}).", b.id, b.gpu_type);
+            return Ok(());
+        }
+    };
     let all: Vec<PrebookingView> = api.get("/api/prebookings").await?;
     print_with(out, &all, || {
         table(
