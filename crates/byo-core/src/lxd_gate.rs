@@ -450,6 +450,17 @@ mod tests {
             ifours
         );
         let file = |t: &'static str| move |k: &str| (k == "x-lxd-type").then(|| t.to_owned());
+        let other = |k: &str| (k == "x-lxd-type").then(|| "file".to_owned());
+        assert!(matches!(
+            judge(
+                &rules(),
+                "POST",
+                "/1.0/instances/c1/files?path=/x&project=o",
+                &other,
+                b""
+            ),
+            Verdict::Refuse(_)
+        ));
         for (t, ok) in [("file", true), ("directory", true), ("symlink", false)] {
             let v = judge(
                 &rules(),
@@ -534,6 +545,54 @@ mod tests {
             ("GET", "/1.0/instances/-bad", Value::Null),
             ("POST", "/1.0/instances/-bad/exec", json!({})),
             ("GET", "/1.1/instances", Value::Null),
+            // A query on any read is another read (another project, another target).
+            ("GET", "/1.0?project=other", Value::Null),
+            (
+                "GET",
+                "/1.0/storage-pools/default?project=other",
+                Value::Null,
+            ),
+            ("GET", "/1.0/storage-pools/other", Value::Null),
+            (
+                "GET",
+                "/1.0/operations/0b6f-ab12?project=other",
+                Value::Null,
+            ),
+            (
+                "GET",
+                "/1.0/operations/0b6f-ab12/wait?timeout=5&project=other",
+                Value::Null,
+            ),
+            (
+                "GET",
+                "/1.0/operations/not-an-op!/wait?timeout=5",
+                Value::Null,
+            ),
+            ("GET", "/1.0/operations/../instances", Value::Null),
+            ("GET", "/1.0/instances?recursion=2", Value::Null),
+            ("GET", "/1.0/instances/c1?recursion=1", Value::Null),
+            ("DELETE", "/1.0/instances/c1?project=other", Value::Null),
+            (
+                "PUT",
+                "/1.0/instances/c1/state?project=other",
+                json!({"action": "stop"}),
+            ),
+            ("PUT", "/1.0/instances/c1/state", Value::Null),
+            (
+                "POST",
+                "/1.0/instances/c1/exec?project=other",
+                json!({"command": ["id"]}),
+            ),
+            (
+                "GET",
+                "/1.0/instances/c1/logs/exec_1.stdout?project=other",
+                Value::Null,
+            ),
+            (
+                "GET",
+                "/1.0/instances/c1/logs/exec-output/exec_1/x",
+                Value::Null,
+            ),
         ] {
             assert!(
                 matches!(judged(m, p, body), Verdict::Refuse(_)),
