@@ -282,3 +282,32 @@ impl<S: FromStr<Err = String>> TryFrom<Option<String>> for MaybeState<S> {
         text.map(|t| t.parse()).transpose().map(MaybeState)
     }
 }
+
+#[cfg(test)]
+mod migrated_tests {
+    use super::Migrated;
+
+    /// What `byo-server migrate` prints, for one, several and no migrations applied.
+    #[test]
+    fn migrate_says_one_several_or_none() {
+        let said = |applied: Vec<i64>| {
+            Migrated {
+                applied,
+                latest: Some(29),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            said(vec![29]),
+            "applied migration 0029; the schema is at 0029"
+        );
+        assert_eq!(
+            said(vec![28, 29]),
+            "applied 2 migrations (0028–0029); the schema is at 0029"
+        );
+        assert_eq!(
+            said(vec![]),
+            "the schema is up to date (at 0029); nothing to apply"
+        );
+    }
+}
