@@ -48,8 +48,13 @@ impl EnrollPaths {
     pub fn signing_keys(&self) -> PathBuf {
         self.at("etc/enverge/signing-keys")
     }
+    /// Root's copy of the signed list (#36: serving reads it, never writes it).
     pub fn operator_keys(&self) -> PathBuf {
-        self.at("var/lib/enverge-agent/operator-keys.signed")
+        self.at(byo_core::render::units::OPERATOR_KEYS_HELD.trim_start_matches('/'))
+    }
+    /// Where serving passes a pushed list to root's helper.
+    pub fn operator_keys_request(&self) -> PathBuf {
+        self.at(byo_core::render::units::OPERATOR_KEYS_FLAG.trim_start_matches('/'))
     }
     pub fn authorized_keys(&self) -> PathBuf {
         self.at("home/spark/.ssh/authorized_keys")
@@ -345,6 +350,7 @@ impl Enroller {
                 trusted: self.paths.signing_keys(),
                 held: self.paths.operator_keys(),
                 authorized_keys: self.paths.authorized_keys(),
+                request: self.paths.operator_keys_request(),
             },
             environment: environment.to_owned(),
             host: None,
@@ -373,6 +379,7 @@ pub fn enrolled_environment(
             trusted: PathBuf::new(),
             held: held.to_path_buf(),
             authorized_keys: PathBuf::new(),
+            request: PathBuf::new(),
         },
         environment: String::new(),
         host: None,

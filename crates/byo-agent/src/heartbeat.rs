@@ -399,9 +399,9 @@ pub fn run(svc: Arc<VmService>, handed: HandOver, keys: OperatorKeys, every: Dur
     loop {
         // The kept list may have expired since the last beat: that is when break glass is
         // admitted, and a list received since ends it (`byo_core::break_glass`).
-        match keys.reconcile(chrono::Utc::now()) {
+        match keys.reconcile_through_root(chrono::Utc::now()) {
             Ok(true) => tracing::warn!(
-                "authorized_keys rewritten from the kept operator-key list (its expiry passed, or a new one came)"
+                "root asked to rewrite authorized_keys from the kept operator-key list (its expiry passed, or a new one came)"
             ),
             Ok(false) => {}
             Err(e) => {

@@ -277,6 +277,15 @@ impl Default for LocalHost {
 }
 
 impl LocalHost {
+    /// This machine as serving reaches it: LXD only through root's gate
+    /// ([`crate::names::LXD_GATE_SOCKET`]), never LXD's own socket.
+    pub fn serving() -> Self {
+        LocalHost {
+            lxd_sockets: vec![PathBuf::from(crate::names::LXD_GATE_SOCKET)],
+            ..LocalHost::default()
+        }
+    }
+
     fn path(&self, p: &str) -> PathBuf {
         self.root.join(p.trim_start_matches('/'))
     }

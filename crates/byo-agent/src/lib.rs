@@ -15,6 +15,7 @@ pub mod host;
 pub mod lock;
 pub mod logins;
 pub mod lxd;
+pub mod lxd_gate;
 pub mod machines;
 pub mod names;
 pub mod operator_keys;

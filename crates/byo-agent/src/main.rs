@@ -23,7 +23,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve the agent's API for the backend (the enverge-agent unit, as spark): at start
-    /// it brings authorized_keys to the kept operator-key list, then answers pushes.
+    /// it asks root to bring authorized_keys to the kept operator-key list, then answers
+    /// pushes (each passed to root's enverge-operator-keys, which applies it).
     Serve {
         /// Where the relay's Caddy reaches the agent (wg0's host address).
         #[arg(long, default_value = "10.8.0.2:8080")]
@@ -124,6 +125,17 @@ enum Command {
         #[arg(long, default_value = "/")]
         root: PathBuf,
     },
+    /// Answer serving's LXD calls as root, forwarding only what serving may do (the
+    /// enverge-lxd-gate unit; serving is not in LXD's group). Everything else is refused
+    /// with 403 before LXD sees it, and logged.
+    LxdGate {
+        /// Where serving reaches the gate (made 0660, the process's group).
+        #[arg(long, default_value = byo_agent::names::LXD_GATE_SOCKET)]
+        socket: PathBuf,
+        /// Preparation's hand-over: the tunnel address an instance's SSH is published on.
+        #[arg(long, default_value = machines::HANDED_OVER)]
+        serving_file: PathBuf,
+    },
     /// The signed operator-key list: what lets operators log in as spark.
     #[command(subcommand)]
     OperatorKeys(KeysCommand),
@@ -213,8 +225,8 @@ struct KeyPaths {
     /// The pinned signing key(s), one OpenSSH public key per line.
     #[arg(long, default_value = "/etc/enverge/signing-keys")]
     trusted: PathBuf,
-    /// Where the signed list is kept (preparation reads it too).
-    #[arg(long, default_value = "/var/lib/enverge-agent/operator-keys.signed")]
+    /// Where root keeps the signed list (preparation reads it too; serving only reads it).
+    #[arg(long, default_value = byo_core::render::units::OPERATOR_KEYS_HELD)]
     held: PathBuf,
     /// spark's authorized_keys.
     #[arg(long, default_value = "/home/spark/.ssh/authorized_keys")]
@@ -223,6 +235,9 @@ struct KeyPaths {
     /// is refused.
     #[arg(long, default_value = enroll::ENVIRONMENT_FILE)]
     environment_file: PathBuf,
+    /// Where serving passes a pushed list to root (enverge-operator-keys.path watches it).
+    #[arg(long, default_value = byo_core::render::units::OPERATOR_KEYS_FLAG)]
+    request: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -233,7 +248,14 @@ enum KeysCommand {
         #[command(flatten)]
         paths: KeyPaths,
     },
-    /// Rewrite authorized_keys from the kept list if they differ (run at start).
+    /// Take what serving passed on (as root: the enverge-operator-keys unit): a pushed
+    /// list verified against this host's trust and kept list and applied, then
+    /// authorized_keys brought to the kept list at this moment (break glass past expiry).
+    ApplyRequested {
+        #[command(flatten)]
+        paths: KeyPaths,
+    },
+    /// Rewrite authorized_keys from the kept list if they differ.
     Reconcile {
         #[command(flatten)]
         paths: KeyPaths,
@@ -272,6 +294,7 @@ fn keys(paths: KeyPaths) -> anyhow::Result<OperatorKeys> {
             trusted: paths.trusted,
             held: paths.held,
             authorized_keys: paths.authorized_keys,
+            request: paths.request,
         },
         environment,
         host,
@@ -324,11 +347,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => prepare::unit::run_again(&root),
         Command::Prepare { root, dry_run, .. } => prepare::unit::run(&root, dry_run),
         Command::FirewallRefresh { root } => prepare::unit::refresh_firewall(&root),
+        Command::LxdGate {
+            socket,
+            serving_file,
+        } => byo_agent::lxd_gate::run(&socket, &serving_file),
         Command::OperatorKeys(cmd) => match cmd {
             KeysCommand::Apply { file, paths } => {
                 operator_keys::apply_command(&keys(paths)?, &file)
             }
             KeysCommand::Reconcile { paths } => operator_keys::reconcile_command(&keys(paths)?),
+            KeysCommand::ApplyRequested { paths } => {
+                operator_keys::apply_requested_command(&keys(paths)?)
+            }
             KeysCommand::Trust { key, paths } => operator_keys::trust_command(&keys(paths)?, &key),
             KeysCommand::Show { paths } => operator_keys::show_command(&keys(paths)?),
         },

@@ -11,6 +11,18 @@ pub const PROFILE_NAME: &str = "lofispark-base";
 pub const BASE_ALIAS: &str = "lofispark-base";
 /// The profile a pair's containers add to lofispark-base: the node's cables.
 pub const DUAL_PROFILE: &str = "lofispark-dual";
+/// The config key a customer's container records its SSH port under: with [`HEAD_KEY`],
+/// what makes an instance ours (the LXD gate, reconcile, uninstall).
+pub const PORT_KEY: &str = "user.enverge.ssh_port";
+/// The config key a worker records its head under: what makes a container on a satellite ours.
+pub const HEAD_KEY: &str = "user.enverge.head";
+/// Where instances' :22 are published on the host (the first port; one per instance).
+pub const FIRST_SSH_PORT: u16 = 22000;
+/// The ports serving may publish an instance's SSH on, from [`FIRST_SSH_PORT`].
+pub const SSH_PORTS: u16 = 100;
+/// Where root's LXD gate answers serving (`crate::lxd_gate`): serving is not in LXD's
+/// `lxd` group, and this socket is its only way to LXD.
+pub const LXD_GATE_SOCKET: &str = byo_core::render::units::LXD_GATE_SOCKET;
 /// What a customer's container prints at login (its /etc/motd).
 pub const LOGIN_BANNER: &str = include_str!("../assets/login-banner.txt");
 /// The login the owner lends node0 for the other machines (user, then password; root-only),

@@ -1,11 +1,20 @@
 //! Operator keys on the host (M): accept a signed list, keep it, and write `spark`'s
 //! authorized_keys from it.
 //!
-//! Serving does this without root: authorized_keys belongs to `spark`, the user serving
-//! runs as (M.4). The list is persisted before authorized_keys is written, both by atomic
-//! rename, so a process killed at any point leaves authorized_keys whole — the last list
-//! applied — and the next start ([`OperatorKeys::reconcile`]) brings it to the persisted
-//! one. Preparation reads the same persisted copy, so preparing again cannot put back an
+//! Root does the keeping and the writing (issue #36, where the design's M.4 had serving do
+//! it as spark): a login as spark has sudo, and serving's `NoNewPrivileges` does not follow
+//! a key it could add itself, so serving's sandbox keeps `/home` read-only. Serving verifies
+//! a push for its answer ([`OperatorKeys::accept`]), passes it on
+//! ([`OperatorKeys::receive_through_root`]) and hears whether root applied it; root's
+//! `enverge-operator-keys` ([`OperatorKeys::apply_requested`]) verifies it again against its
+//! own trust and kept list — the only ones that count — and writes. A rented host is still
+//! changed at once (M.3), and nothing else reaches root that way: the request is a list that
+//! must verify, or nothing.
+//!
+//! The list is persisted before authorized_keys is written, both by atomic rename, so a
+//! process killed at any point leaves authorized_keys whole — the last list applied — and
+//! the next request ([`OperatorKeys::reconcile`]) brings it to the persisted one.
+//! Preparation reads the same persisted copy, so preparing again cannot put back an
 //! operator removed since (M.5).
 
 use std::fs;
@@ -26,6 +35,9 @@ pub struct Paths {
     pub held: PathBuf,
     /// `spark`'s authorized_keys.
     pub authorized_keys: PathBuf,
+    /// Where serving leaves a list (or nothing) for root's helper
+    /// (`byo_core::render::units::OPERATOR_KEYS_FLAG`).
+    pub request: PathBuf,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -161,14 +173,131 @@ impl OperatorKeys {
     }
 
     /// Write authorized_keys from a verified list: whole, never empty (a list with no keys
-    /// never verifies), mode 0600.
+    /// never verifies), mode 0600, owned as its directory is (spark's `.ssh`: sshd reads
+    /// the file as spark, and root writes it).
     pub fn apply(&self, list: &KeyList, now: DateTime<Utc>) -> Result<(), ReceiveError> {
-        write_atomic(
-            &self.paths.authorized_keys,
-            self.authorized_keys(list, now)?.as_bytes(),
-            0o600,
-        )
-        .map_err(io_err("writing authorized_keys"))
+        use std::os::unix::fs::MetadataExt as _;
+        let path = &self.paths.authorized_keys;
+        write_atomic(path, self.authorized_keys(list, now)?.as_bytes(), 0o600)
+            .map_err(io_err("writing authorized_keys"))?;
+        let dir = path.parent().unwrap_or(Path::new("/"));
+        let (dir, file) = (
+            fs::metadata(dir).map_err(io_err("reading authorized_keys' directory"))?,
+            fs::metadata(path).map_err(io_err("reading authorized_keys"))?,
+        );
+        if (dir.uid(), dir.gid()) != (file.uid(), file.gid()) {
+            std::os::unix::fs::chown(path, Some(dir.uid()), Some(dir.gid()))
+                .map_err(io_err("giving authorized_keys to its directory's owner"))?;
+        }
+        Ok(())
+    }
+
+    /// Serving's half of a push: verified here for the answer, then passed to root, whose
+    /// verdict is whether it now keeps these very bytes. Waits at most `within` for root's
+    /// helper; a refusal here changes nothing and asks root nothing.
+    pub fn receive_through_root(
+        &self,
+        envelope: &[u8],
+        now: DateTime<Utc>,
+        within: std::time::Duration,
+    ) -> Result<Applied, ReceiveError> {
+        let list = self.accept(envelope, now)?;
+        write_atomic(&self.paths.request, envelope, 0o644)
+            .map_err(io_err("passing the list to root"))?;
+        let started = std::time::Instant::now();
+        // Root renames the request while it works and removes it when done.
+        while self.paths.request.exists() || self.taken().exists() {
+            if started.elapsed() > within {
+                return Err(ReceiveError::Io {
+                    context: format!(
+                        "root's enverge-operator-keys did not take the list within {} s",
+                        within.as_secs()
+                    ),
+                    source: io::Error::from(io::ErrorKind::TimedOut),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        match fs::read(&self.paths.held) {
+            Ok(kept) if kept == envelope => Ok(Applied {
+                version: list.version,
+                keys: list.keys.len(),
+            }),
+            _ => Err(ReceiveError::Io {
+                context:
+                    "root did not apply the list (enverge-operator-keys.service's journal says why)"
+                        .into(),
+                source: io::Error::other("refused by root"),
+            }),
+        }
+    }
+
+    /// Serving's half of [`Self::reconcile`]: when authorized_keys is not what the kept list
+    /// makes at `now` (its expiry passed: break glass), root is asked to write it. Returns
+    /// whether it asked.
+    pub fn reconcile_through_root(&self, now: DateTime<Utc>) -> Result<bool, ReceiveError> {
+        let Some((_, list)) = self.held()? else {
+            return Ok(false);
+        };
+        let want = self.authorized_keys(&list, now)?;
+        let have = fs::read_to_string(&self.paths.authorized_keys).ok();
+        if have.as_deref() == Some(want.as_str()) || self.paths.request.exists() {
+            return Ok(false);
+        }
+        write_atomic(&self.paths.request, b"", 0o644).map_err(io_err("asking root"))?;
+        Ok(true)
+    }
+
+    /// Root's half (`byo-agent operator-keys apply-requested`, the unit
+    /// `enverge-operator-keys`): take serving's request — renamed first, so a request made
+    /// meanwhile asks again — and, when it holds a list, verify and apply it as
+    /// [`Self::receive`] does; then bring authorized_keys to the kept list at `now`. The
+    /// request is serving's file: only a plain file, read up to a list's largest size.
+    pub fn apply_requested(&self, now: DateTime<Utc>) -> Result<Option<Applied>, ReceiveError> {
+        use std::io::Read as _;
+        use std::os::unix::fs::MetadataExt as _;
+        let taken = self.taken();
+        let bytes = match fs::rename(&self.paths.request, &taken) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_err("taking serving's request")(e)),
+            Ok(()) => {
+                let read = (|| {
+                    let seen = fs::symlink_metadata(&taken)?;
+                    if !seen.file_type().is_file() {
+                        return Err(io::Error::other("the request is not a plain file"));
+                    }
+                    let f = fs::File::open(&taken)?;
+                    let opened = f.metadata()?;
+                    if (opened.dev(), opened.ino()) != (seen.dev(), seen.ino()) {
+                        return Err(io::Error::other("the request changed while it was read"));
+                    }
+                    let mut bytes = Vec::new();
+                    f.take(keylist::MAX_ENVELOPE_BYTES as u64 + 1)
+                        .read_to_end(&mut bytes)?;
+                    Ok(bytes)
+                })();
+                if read.is_err() {
+                    let _ = fs::remove_file(&taken);
+                }
+                Some(read.map_err(io_err("reading serving's request"))?)
+            }
+        };
+        let applied = match bytes {
+            Some(b) if !b.is_empty() => Some(self.receive(&b, now)),
+            _ => None,
+        };
+        let reconciled = self.reconcile(now);
+        // Last: serving waits for the taken request to go before it reads the verdict.
+        let _ = fs::remove_file(&taken);
+        reconciled?;
+        applied.transpose()
+    }
+
+    /// Where root holds a request while it works on it.
+    fn taken(&self) -> PathBuf {
+        let mut taken = self.paths.request.clone().into_os_string();
+        taken.push(".taken");
+        PathBuf::from(taken)
     }
 
     /// Make authorized_keys match the persisted list at `now`: at start (after a crash
@@ -244,6 +373,24 @@ pub fn apply_command(keys: &OperatorKeys, file: &Path) -> anyhow::Result<()> {
 pub fn reconcile_command(keys: &OperatorKeys) -> anyhow::Result<()> {
     if keys.reconcile(Utc::now())? {
         println!("authorized_keys rewritten from the kept list");
+    }
+    Ok(())
+}
+
+/// `byo-agent operator-keys apply-requested`.
+/// A list refused here is this unit's answer, not its failure: it is said, serving reads the
+/// verdict from what root keeps, and the path unit goes on watching.
+pub fn apply_requested_command(keys: &OperatorKeys) -> anyhow::Result<()> {
+    match keys.apply_requested(Utc::now()) {
+        Ok(Some(applied)) => println!(
+            "applied operator-key list version {} ({} keys) that serving passed on",
+            applied.version, applied.keys
+        ),
+        Ok(None) => println!("authorized_keys is the kept list's"),
+        Err(ReceiveError::Refused(why)) => {
+            eprintln!("byo-agent: the list serving passed on was refused: {why}; nothing changed")
+        }
+        Err(e) => return Err(e.into()),
     }
     Ok(())
 }

@@ -51,6 +51,9 @@ fn answer(status: StatusCode, error: AgentErrorCode, message: &str) -> Response 
         .into_response()
 }
 
+/// How long a push waits for root's `enverge-operator-keys` to apply the list.
+const ROOT_TAKES_A_LIST: std::time::Duration = std::time::Duration::from_secs(20);
+
 async fn put_operator_keys(
     State(state): State<Serving>,
     headers: HeaderMap,
@@ -67,7 +70,9 @@ async fn put_operator_keys(
     let pair = state.vms.as_ref().and_then(|v| v.config.pair.clone());
     // File IO with fsyncs, and SSH to the satellites: off the async workers.
     let result = tokio::task::spawn_blocking(move || {
-        let applied = keys.receive(&body, chrono::Utc::now())?;
+        // Root keeps and writes the list (#36); serving verifies it for the answer and waits
+        // for root's word.
+        let applied = keys.receive_through_root(&body, chrono::Utc::now(), ROOT_TAKES_A_LIST)?;
         // M.4: a pair's satellites get the same list (their spark's own login file).
         let missed = match (&pair, keys.held()?) {
             (Some(pair), Some((_, list))) => {
@@ -391,8 +396,8 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
         Err(e) => return Err(e).with_context(|| format!("reading {}", serving_file.display())),
     };
     operator_keys.host = vms.as_ref().map(|h| h.slug.clone());
-    if operator_keys.reconcile(chrono::Utc::now())? {
-        tracing::info!("authorized_keys brought to the kept operator-key list");
+    if operator_keys.reconcile_through_root(chrono::Utc::now())? {
+        tracing::info!("root asked to bring authorized_keys to the kept operator-key list");
     }
     let service = vms.as_ref().map(|handed| {
         Arc::new(VmService {
@@ -415,7 +420,7 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 &handed.ssh_map_endpoint,
                 &handed.ssh_map_token,
             )),
-            host: std::sync::Mutex::new(LocalHost::default()),
+            host: std::sync::Mutex::new(LocalHost::serving()),
         })
     });
     let state = Serving {

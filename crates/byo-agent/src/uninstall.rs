@@ -420,6 +420,7 @@ fn owner_apply(h: &mut dyn Host, plan: &Plan) -> Fallible<()> {
 
 const AGENT_UNITS: &[&str] = &[
     SERVING,
+    byo_core::render::units::LXD_GATE,
     PREPARE,
     ROLLBACK,
     REBOOT_PATH,
@@ -428,6 +429,8 @@ const AGENT_UNITS: &[&str] = &[
     RAILS,
     FIREWALL_PATH,
     FIREWALL_REFRESH,
+    byo_core::render::units::OPERATOR_KEYS_PATH,
+    byo_core::render::units::OPERATOR_KEYS,
 ];
 
 fn unit_leftovers(h: &mut dyn Host, units: &[&str]) -> Fallible<Vec<String>> {
@@ -1371,4 +1374,16 @@ fn reporter_of<H: Host>(host: &mut H) -> Option<crate::report::Reporter> {
     let kept = read_string(host, CREDENTIALS).ok().flatten()?;
     let creds: byo_wire::enroll::EnrollResponse = serde_json::from_str(&kept).ok()?;
     crate::report::Reporter::new(server.trim(), &creds.host_token).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every unit an install writes is one uninstall removes: a unit added to
+    /// `units()` and forgotten here would stay on the owner's machine.
+    #[test]
+    fn uninstall_removes_every_unit_an_install_writes() {
+        for (name, _) in byo_core::render::units::units("/usr/local/bin/byo-agent") {
+            assert!(super::AGENT_UNITS.contains(&name), "{name} is left behind");
+        }
+    }
 }

@@ -29,9 +29,8 @@ use crate::names::{BASE_ALIAS, DUAL_PROFILE, LOGIN_BANNER, PROFILE_NAME};
 
 /// The relay's public port a host's instance is reached on: plain ssh, no client software.
 pub const PUBLIC_SSH_PORT: u16 = 22;
-/// Where instances' :22 are published on the host.
-pub const FIRST_SSH_PORT: u16 = 22000;
-const PORT_KEY: &str = "user.enverge.ssh_port";
+pub use crate::names::FIRST_SSH_PORT;
+use crate::names::PORT_KEY;
 
 /// Why an operation was refused, with the status the API answers.
 #[derive(Debug, Clone, PartialEq, Eq)]

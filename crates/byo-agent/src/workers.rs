@@ -26,8 +26,7 @@ pub use crate::machines::{
 };
 use crate::names::{BASE_ALIAS, DUAL_PROFILE, PROFILE_NAME};
 
-/// The config key a worker records its head under: what makes a container on a satellite ours.
-pub const HEAD_KEY: &str = "user.enverge.head";
+pub use crate::names::HEAD_KEY;
 /// Inside each container of a pair: the rails it holds, addressed at every boot.
 pub const RAILS_SCRIPT: &str = "/etc/enverge/rails.sh";
 /// Inside a worker: the launcher key's public half, which its `user` trusts alone.

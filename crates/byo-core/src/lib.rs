@@ -8,6 +8,7 @@ pub mod keylist;
 pub mod keylist_testing;
 pub mod lockstep;
 pub mod logins;
+pub mod lxd_gate;
 pub mod notices;
 pub mod prepare;
 pub mod probe;

@@ -191,12 +191,39 @@ impl Store {
     }
 
     /// Bring the schema up to date. Each backend has its own migrations folder.
-    pub async fn migrate(&self) -> Result<()> {
-        match &self.pool {
-            Pool::Postgres(p) => sqlx::migrate!("migrations/postgres").run(p).await?,
-            Pool::Sqlite(p) => sqlx::migrate!("migrations/sqlite").run(p).await?,
-        }
-        Ok(())
+    pub async fn migrate(&self) -> Result<Migrated> {
+        let before = self.applied_migrations().await;
+        let migrator = match &self.pool {
+            Pool::Postgres(p) => {
+                let m = sqlx::migrate!("migrations/postgres");
+                m.run(p).await?;
+                m
+            }
+            Pool::Sqlite(p) => {
+                let m = sqlx::migrate!("migrations/sqlite");
+                m.run(p).await?;
+                m
+            }
+        };
+        let applied: Vec<i64> = migrator
+            .iter()
+            .map(|m| m.version)
+            .filter(|v| !before.contains(v))
+            .collect();
+        Ok(Migrated {
+            applied,
+            latest: migrator.iter().map(|m| m.version).max(),
+        })
+    }
+
+    /// The versions already applied; none when the table is not there yet (a fresh database).
+    async fn applied_migrations(&self) -> Vec<i64> {
+        on_pool!(self, |p| sqlx::query_scalar::<_, i64>(
+            "select version from _sqlx_migrations where success"
+        )
+        .fetch_all(p)
+        .await)
+        .unwrap_or_default()
     }
 
     /// A cheap round trip, for `/healthz`.
@@ -210,6 +237,30 @@ impl Store {
 
     pub async fn close(&self) {
         on_pool!(self, |p| p.close().await)
+    }
+}
+
+/// What [`Store::migrate`] did: the versions it applied now, and the newest the schema has.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Migrated {
+    pub applied: Vec<i64>,
+    pub latest: Option<i64>,
+}
+
+impl std::fmt::Display for Migrated {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let at = self.latest.map_or("none".to_owned(), |v| format!("{v:04}"));
+        match (self.applied.first(), self.applied.last()) {
+            (Some(first), Some(last)) if first == last => {
+                write!(f, "applied migration {first:04}; the schema is at {at}")
+            }
+            (Some(first), Some(last)) => write!(
+                f,
+                "applied {} migrations ({first:04}–{last:04}); the schema is at {at}",
+                self.applied.len()
+            ),
+            _ => write!(f, "the schema is up to date (at {at}); nothing to apply"),
+        }
     }
 }
 
@@ -229,5 +280,34 @@ impl<S: FromStr<Err = String>> TryFrom<Option<String>> for MaybeState<S> {
     type Error = String;
     fn try_from(text: Option<String>) -> std::result::Result<Self, String> {
         text.map(|t| t.parse()).transpose().map(MaybeState)
+    }
+}
+
+#[cfg(test)]
+mod migrated_tests {
+    use super::Migrated;
+
+    /// What `byo-server migrate` prints, for one, several and no migrations applied.
+    #[test]
+    fn migrate_says_one_several_or_none() {
+        let said = |applied: Vec<i64>| {
+            Migrated {
+                applied,
+                latest: Some(29),
+            }
+            .to_string()
+        };
+        assert_eq!(
+            said(vec![29]),
+            "applied migration 0029; the schema is at 0029"
+        );
+        assert_eq!(
+            said(vec![28, 29]),
+            "applied 2 migrations (0028–0029); the schema is at 0029"
+        );
+        assert_eq!(
+            said(vec![]),
+            "the schema is up to date (at 0029); nothing to apply"
+        );
     }
 }

@@ -149,7 +149,7 @@ impl Store {
     /// [`Store::migrate`], stopping after `version` (`None`: all of them).
     async fn migrate_to(&self, version: Option<i64>) -> Result<()> {
         let Some(version) = version else {
-            return self.migrate().await;
+            return self.migrate().await.map(drop);
         };
         match &self.pool {
             crate::Pool::Postgres(p) => {

@@ -71,7 +71,10 @@ async fn run() -> anyhow::Result<()> {
     let store = Store::connect(config.database_url.expose_secret())
         .await
         .context("connecting to the database")?;
-    store.migrate().await.context("migrating the database")?;
+    let migrated = store.migrate().await.context("migrating the database")?;
+    if !migrated.applied.is_empty() && !matches!(command, Command::Migrate) {
+        tracing::info!(backend = %store.backend(), "{migrated}");
+    }
     match command {
         Command::Serve => {
             let listener = tokio::net::TcpListener::bind(config.listen)
@@ -83,7 +86,7 @@ async fn run() -> anyhow::Result<()> {
             byo_server::serve(state, listener, shutdown_signal()).await
         }
         Command::Migrate => {
-            tracing::info!(backend = %store.backend(), "schema is up to date");
+            println!("{migrated} ({})", store.backend());
             Ok(())
         }
         Command::CreateSuperadmin { email } => {

@@ -147,6 +147,40 @@ pub enum QueueCommand {
     ///
     /// Example: byo queue cancel 0193c1e2-…
     Cancel(QueueRef),
+    /// Keep waiting: a queued create lapses the installation's age (72 h by default) from
+    /// now instead (the page's *Keep waiting*).
+    ///
+    /// Example: byo queue extend 0193c1e2-…
+    Extend(QueueRef),
+}
+
+/// `byo bookings`: with no command, the list.
+#[derive(Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct BookingsArgs {
+    #[command(subcommand)]
+    pub command: Option<BookingsCommand>,
+    #[command(flatten)]
+    pub out: Output,
+}
+
+#[derive(Subcommand)]
+pub enum BookingsCommand {
+    /// Your bookings, open ones first (the same as `byo bookings`).
+    ///
+    /// Example: byo bookings list --json
+    List(Output),
+    /// Cancel a booking that is open and not paid, by id (a paid one is refunded on the
+    /// page, before its window opens).
+    ///
+    /// Example: byo bookings cancel 0193c1e2-…
+    Cancel(BookingRef),
+}
+
+#[derive(Args)]
+pub struct BookingRef {
+    /// The booking's id (`byo bookings`).
+    pub prebooking_id: String,
 }
 
 #[derive(Args)]
@@ -613,12 +647,42 @@ pub async fn queue(command: QueueCommand) -> Result<()> {
                 .await?;
             println!("Cancelled the queued create {}.", r.queue_id);
         }
+        QueueCommand::Extend(r) => {
+            let (_, q): (_, QueuedView) = api
+                .send(
+                    Method::POST,
+                    &format!("/api/queue/{}/extend", r.queue_id),
+                    None::<&()>,
+                )
+                .await?;
+            println!(
+                "The queued create {} keeps waiting until {} (place {} in line).",
+                q.id,
+                when(q.expires_at),
+                q.position
+            );
+        }
     }
     Ok(())
 }
 
-pub async fn bookings(out: Output) -> Result<()> {
+pub async fn bookings(args: BookingsArgs) -> Result<()> {
     let api = Api::from_saved()?;
+    let out = match args.command {
+        None => args.out,
+        Some(BookingsCommand::List(out)) => out,
+        Some(BookingsCommand::Cancel(r)) => {
+            let (_, b): (_, PrebookingView) = api
+                .send(
+                    Method::POST,
+                    &format!("/api/prebookings/{}/cancel", r.prebooking_id),
+                    None::<&()>,
+                )
+                .await?;
+            println!("Cancelled the booking {} ({}).", b.id, b.gpu_type);
+            return Ok(());
+        }
+    };
     let all: Vec<PrebookingView> = api.get("/api/prebookings").await?;
     print_with(out, &all, || {
         table(
@@ -657,7 +721,11 @@ fn instance_table(all: &[InstanceView]) -> String {
                     v.gpu_type.clone(),
                     phase(v),
                     when(v.created_at),
-                    v.ssh_command.clone().unwrap_or_default(),
+                    // As the page: the line only while it reaches something.
+                    v.ssh_command
+                        .clone()
+                        .filter(|_| v.phase() == byo_wire::states::InstancePhase::Running)
+                        .unwrap_or_default(),
                     v.id.clone(),
                 ]
             })
@@ -692,4 +760,45 @@ fn instance_detail(v: &InstanceView) -> String {
 /// The status as the page words it: a delete asked and not yet confirmed says so.
 fn phase(v: &InstanceView) -> String {
     v.phase().as_str().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use byo_wire::states::VmStatus;
+    use byo_wire::vm::InstanceView;
+
+    fn view(name: &str, deleted: bool) -> InstanceView {
+        let at = chrono::DateTime::UNIX_EPOCH;
+        InstanceView {
+            id: format!("id-{name}"),
+            name: name.into(),
+            gpu_type: "linux-test".into(),
+            status: VmStatus::Running,
+            ssh_hostname: None,
+            relay_address: Some("10.231.0.200".into()),
+            ssh_command: Some(format!(
+                "ssh -o HostKeyAlias=byo-id-{name} root@10.231.0.200"
+            )),
+            created_at: at,
+            creation_failed_at: None,
+            delete_requested_at: deleted.then_some(at),
+            deleted_at: deleted.then_some(at),
+        }
+    }
+
+    /// The list shows an ssh line only where it reaches something, as the page does (the
+    /// customers' walk met deleted rows still offering theirs).
+    #[test]
+    fn only_a_running_instance_shows_its_ssh_line() {
+        let table = super::instance_table(&[view("up", false), view("gone", true)]);
+        let line = |name: &str| {
+            table
+                .lines()
+                .find(|l| l.starts_with(name))
+                .unwrap()
+                .to_owned()
+        };
+        assert!(line("up ").contains("byo-id-up root@"), "{table}");
+        assert!(!line("gone ").contains("ssh "), "{table}");
+    }
 }

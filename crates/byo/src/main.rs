@@ -39,10 +39,10 @@ enum Command {
     /// Your GPUs, as their owner: list, show, add, stop hosting.
     #[command(subcommand)]
     Hosts(byo::owner::HostsCommand),
-    /// Your pre-bookings.
+    /// Your pre-bookings: list (the default), cancel.
     ///
     /// Example: byo bookings --json
-    Bookings(byo::print::Output),
+    Bookings(byo::customer::BookingsArgs),
     /// Print a shell completion script.
     ///
     /// Example: byo completions bash > ~/.local/share/bash-completion/completions/byo
@@ -150,7 +150,7 @@ async fn run() -> anyhow::Result<()> {
         Command::Instances(c) => Ok(customer::instances(c).await?),
         Command::SshKeys(c) => Ok(customer::ssh_keys(c).await?),
         Command::Queue(c) => Ok(customer::queue(c).await?),
-        Command::Bookings(out) => Ok(customer::bookings(out).await?),
+        Command::Bookings(args) => Ok(customer::bookings(args).await?),
         Command::Hosts(c) => Ok(byo::owner::hosts(c).await?),
         Command::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "byo", &mut std::io::stdout());

@@ -51,7 +51,8 @@ pub struct HostRef {
 
 #[derive(Args)]
 pub struct AddArgs {
-    /// What you are adding: gb10-spark-1, gb10-spark-2 (a cabled pair) or gb10-spark-4.
+    /// What you are adding: gb10-spark-1, gb10-spark-2 (a cabled pair) or gb10-spark-4 (staff
+    /// also linux-test, an ordinary Linux machine); an unknown one is answered with the list.
     #[arg(long)]
     pub profile: String,
     #[command(flatten)]

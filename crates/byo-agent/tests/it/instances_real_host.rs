@@ -13,6 +13,8 @@ mod reprepare;
 use crate::support;
 #[path = "instances_real_host/tenants.rs"]
 mod tenants;
+#[path = "instances_real_host/unprivileged.rs"]
+mod unprivileged;
 
 use std::time::{Duration, Instant};
 
@@ -377,6 +379,7 @@ fn e1_g_l2_the_agents_side_of_an_instance_on_a_real_host() {
     // On an empty host: with an instance held, any other create is refused first.
     scenario_5_a_relay_that_refuses_the_map_reverts_the_create(&w);
     scenario_1_create_publishes_ssh_and_points_the_relay(&w);
+    unprivileged::serving_cannot_make_itself_root(&w);
     reprepare::l_prepare_again_is_refused_while_an_instance_holds_the_rails(&w);
     tenants::tenants_see_the_internet_and_nothing_of_the_owners(&w);
     scenario_3_a_key_that_does_not_parse_is_refused_before_anything_exists(&w);

@@ -16,6 +16,7 @@ fn serving(dir: &std::path::Path) -> Serving {
                 trusted: dir.join("signing-keys"),
                 held: dir.join("held"),
                 authorized_keys: dir.join("authorized_keys"),
+                request: dir.join("operator-keys-requested"),
             },
             environment: "production".into(),
             host: None,

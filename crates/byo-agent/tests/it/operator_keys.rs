@@ -36,6 +36,7 @@ fn host() -> Host {
             trusted: dir.path().join("signing-keys"),
             held: dir.path().join("operator-keys.signed"),
             authorized_keys: dir.path().join("home/spark/.ssh/authorized_keys"),
+            request: dir.path().join("operator-keys-requested"),
         },
         environment: "prod".into(),
         host: None,
@@ -221,6 +222,17 @@ fn a_crash_between_keeping_and_applying_heals_at_start() {
     ));
 }
 
+/// A host that knows its slug (spark-7), holding version 1: one operator's key.
+fn spark_7_holding_one_key() -> (Host, OperatorKey) {
+    let mut h = host();
+    h.keys.host = Some("spark-7".into());
+    let a = login_key("a");
+    h.keys
+        .receive(&signed(1, vec![a.clone()], &h.sk), now())
+        .unwrap();
+    (h, a)
+}
+
 /// M at expiry (#39, 5): once the kept list has expired the host admits a break-glass
 /// certificate for its own slug from the relay, signed by a key it trusts to sign lists; a
 /// host that does not know its slug admits none; the first list that has not expired takes
@@ -228,12 +240,7 @@ fn a_crash_between_keeping_and_applying_heals_at_start() {
 /// byo-relay's `m_at_expiry_break_glass_…` on a real sshd.)
 #[test]
 fn m_at_expiry_the_kept_list_admits_break_glass_for_this_host_until_a_new_list_comes() {
-    let mut h = host();
-    h.keys.host = Some("spark-7".into());
-    let a = login_key("a");
-    h.keys
-        .receive(&signed(1, vec![a.clone()], &h.sk), now())
-        .unwrap();
+    let (h, a) = spark_7_holding_one_key();
     let text = || std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(!text().contains("cert-authority"), "{}", text());
     assert!(!h.keys.reconcile(now() + Duration::days(89)).unwrap());
@@ -330,10 +337,67 @@ fn the_agent_command_applies_refuses_and_shows_a_list() {
 }
 
 /// `byo-agent serve` as the unit runs it, on a free port, with `h`'s paths and
-/// `environment_file`; and a PUT of a list to it, answered as raw HTTP.
+/// `environment_file`; and a PUT of a list to it, answered as raw HTTP. Beside it, root's
+/// half as `enverge-operator-keys.path` runs it: whenever serving leaves a request, the
+/// agent binary's `operator-keys apply-requested` with the same paths (systemd does the
+/// watching on a host; the real units run in the real-host scenarios).
 struct Serving {
     child: std::process::Child,
     port: u16,
+    _root: RootHelper,
+}
+
+struct RootHelper {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RootHelper {
+    fn start(h: &Host, environment_file: &Path) -> RootHelper {
+        use std::sync::atomic::Ordering;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let paths = h.keys.paths.clone();
+        let environment_file = environment_file.to_owned();
+        let stopped = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !stopped.load(Ordering::Relaxed) {
+                if paths.request.exists() {
+                    let out = Command::new(env!("CARGO_BIN_EXE_byo-agent"))
+                        .args(["operator-keys", "apply-requested", "--trusted"])
+                        .arg(&paths.trusted)
+                        .arg("--held")
+                        .arg(&paths.held)
+                        .arg("--authorized-keys")
+                        .arg(&paths.authorized_keys)
+                        .arg("--request")
+                        .arg(&paths.request)
+                        .arg("--environment-file")
+                        .arg(&environment_file)
+                        .output()
+                        .unwrap();
+                    eprintln!(
+                        "enverge-operator-keys: {}{}",
+                        String::from_utf8_lossy(&out.stdout),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        });
+        RootHelper {
+            stop,
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for RootHelper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 impl Serving {
@@ -359,10 +423,17 @@ impl Serving {
             .arg(&h.keys.paths.authorized_keys)
             .arg("--environment-file")
             .arg(environment_file)
+            .arg("--request")
+            .arg(&h.keys.paths.request)
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap();
-        let s = Serving { child, port };
+        let root = RootHelper::start(h, environment_file);
+        let s = Serving {
+            child,
+            port,
+            _root: root,
+        };
         let _ = s.connect();
         s
     }
@@ -422,8 +493,18 @@ fn the_serving_process_heals_at_start_and_checks_the_token() {
     let (token, hash_file) = agent_token(&h);
     let serving = Serving::start(&h, &hash_file, &environment_file(&h, "prod"));
     let put = |bearer: &str, body: &[u8]| serving.put(bearer, body);
-    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
-    assert!(text.contains(&a.public_key), "healed at start");
+    // Serving asks at start, and root heals it.
+    let started = std::time::Instant::now();
+    while !std::fs::read_to_string(&h.keys.paths.authorized_keys)
+        .unwrap_or_default()
+        .contains(&a.public_key)
+    {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "not healed at start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 
     let b = login_key("b");
     let v2 = signed(2, vec![b.clone()], &h.sk);
@@ -552,4 +633,120 @@ fn m13_signing_key_rotation_is_applied_only_from_a_list_the_current_trust_signed
         .unwrap();
     let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
     assert!(text.contains(&desktop.public_key));
+}
+
+/// Issue #36: root keeps and writes the list, serving only passes it on. Serving's answer is
+/// root's verdict; root trusts nothing of serving's but the bytes it verifies itself.
+#[test]
+fn a36_serving_passes_a_list_to_root_and_answers_only_what_root_applied() {
+    let h = host();
+    let root = |keys: OperatorKeys| {
+        std::thread::spawn(move || {
+            let started = std::time::Instant::now();
+            while started.elapsed() < std::time::Duration::from_secs(5) {
+                if keys.paths.request.exists() {
+                    return keys.apply_requested(now());
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Ok(None)
+        })
+    };
+    let within = std::time::Duration::from_secs(5);
+    let a = login_key("a");
+    let v1 = signed(1, vec![a.clone()], &h.sk);
+    let helper = root(h.keys.clone());
+    let applied = h.keys.receive_through_root(&v1, now(), within).unwrap();
+    assert_eq!(applied.version, 1);
+    assert_eq!(helper.join().unwrap().unwrap().unwrap().version, 1);
+    assert_eq!(std::fs::read(&h.keys.paths.held).unwrap(), v1);
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(text.contains(&a.public_key), "{text}");
+    assert!(!h.keys.paths.request.exists());
+
+    // No root answering: the push fails, and nothing changed yet.
+    let b = login_key("b");
+    let v2 = signed(2, vec![b.clone()], &h.sk);
+    let before = snapshot(&h);
+    let late = h
+        .keys
+        .receive_through_root(&v2, now(), std::time::Duration::from_millis(200));
+    assert!(matches!(late, Err(ReceiveError::Io { .. })), "{late:?}");
+    assert_eq!(snapshot(&h), before);
+    std::fs::remove_file(&h.keys.paths.request).unwrap();
+
+    // Root's trust is root's: a list serving would take, root refuses, and serving says so.
+    let mut roots = h.keys.clone();
+    roots.paths.trusted = h.keys.paths.trusted.with_file_name("roots-signing-keys");
+    let other = testing::private_key();
+    std::fs::write(
+        &roots.paths.trusted,
+        format!("{}\n", other.public_key().to_openssh().unwrap()),
+    )
+    .unwrap();
+    let helper = root(roots.clone());
+    let by_root = h.keys.receive_through_root(&v2, now(), within);
+    assert!(
+        matches!(by_root, Err(ReceiveError::Io { .. })),
+        "{by_root:?}"
+    );
+    assert!(matches!(
+        helper.join().unwrap(),
+        Err(ReceiveError::Refused(_))
+    ));
+    assert_eq!(snapshot(&h), before, "root refused: nothing changed");
+
+    // A serving that skips its own check and leaves a forged list (a stranger's signature,
+    // its own key in it) gets nothing from root.
+    let forged = testing::envelope(
+        &testing::list("prod", 9, vec![login_key("intruder")], now()),
+        &[&other],
+    );
+    std::fs::write(&h.keys.paths.request, &forged).unwrap();
+    let r = refused(h.keys.apply_requested(now()));
+    assert!(matches!(r, Refusal::BadSignature { .. }), "{r:?}");
+    assert_eq!(snapshot(&h), before);
+    assert!(
+        !h.keys.paths.request.exists(),
+        "the request is taken either way"
+    );
+
+    // A request that is not a plain file (a link to a file of root's) is not read.
+    let secret = h.keys.paths.held.with_file_name("roots-secret");
+    std::fs::write(&secret, &v2).unwrap();
+    std::os::unix::fs::symlink(&secret, &h.keys.paths.request).unwrap();
+    let r = h.keys.apply_requested(now());
+    assert!(
+        matches!(&r, Err(ReceiveError::Io { context, .. }) if context.contains("serving's request")),
+        "{r:?}"
+    );
+    assert_eq!(snapshot(&h), before);
+    assert_eq!(
+        std::fs::read(&secret).unwrap(),
+        v2,
+        "the link's target untouched"
+    );
+}
+
+/// At the kept list's expiry serving cannot write break glass in itself: it asks, and root
+/// writes it from its own kept list and clock; once written, serving asks nothing more.
+#[test]
+fn a36_at_expiry_serving_asks_root_for_break_glass() {
+    let (h, _) = spark_7_holding_one_key();
+    assert!(
+        !h.keys.reconcile_through_root(now()).unwrap(),
+        "nothing to ask"
+    );
+    assert!(!h.keys.paths.request.exists());
+    let later = now() + Duration::days(91);
+    assert!(h.keys.reconcile_through_root(later).unwrap());
+    assert_eq!(std::fs::read(&h.keys.paths.request).unwrap(), b"");
+    assert!(!h.keys.reconcile_through_root(later).unwrap(), "asked once");
+    assert_eq!(h.keys.apply_requested(later).unwrap(), None);
+    let text = std::fs::read_to_string(&h.keys.paths.authorized_keys).unwrap();
+    assert!(
+        text.contains("cert-authority,principals=\"spark-7\""),
+        "{text}"
+    );
+    assert!(!h.keys.reconcile_through_root(later).unwrap());
 }

@@ -129,7 +129,8 @@ fn c_the_correct_order_prepares_a_dgx_os_spark() {
     assert!(out.completed, "{:?}", out.failed);
     let s = &sim.state;
     // operator-access: spark, NOPASSWD sudo, the operator keys.
-    assert!(s.users["spark"].groups.contains("lxd"));
+    // lxd-install: serving reaches LXD through root's gate, never as a member of lxd (#36).
+    assert!(!s.users["spark"].groups.contains("lxd"));
     assert_eq!(
         s.files["/etc/sudoers.d/enverge-spark"],
         b"spark ALL=(ALL) NOPASSWD:ALL\n"
@@ -1490,4 +1491,32 @@ fn operator_access_without_a_pinned_build_says_where_it_comes_from() {
     failed_at(&out, "operator-access", "enrolment named no build");
     assert!(!sim.state.files.contains_key("/usr/local/bin/cloudflared"));
     owner_untouched(&sim);
+}
+
+/// A host an earlier build prepared has spark in LXD's group, which is root (#36): the
+/// deliberate run of lxd-install takes it out, and says so, and only that.
+#[test]
+fn a36_lxd_install_takes_spark_out_of_the_lxd_group_an_earlier_build_put_it_in() {
+    let mut sim = prepared();
+    sim.state
+        .users
+        .get_mut("spark")
+        .unwrap()
+        .groups
+        .insert("lxd".into());
+    let out = run_steps(&mut sim, &plan(), &["lxd-install"]);
+    assert!(out.completed, "{:?}", out.failed);
+    assert!(
+        out.changes.iter().any(|(step, what)| step == "lxd-install"
+            && what.contains("take spark out of the lxd group")),
+        "{:?}",
+        out.changes
+    );
+    assert!(!sim.state.users["spark"].groups.contains("lxd"));
+    let again = run_steps(&mut sim, &plan(), &["lxd-install"]);
+    assert!(
+        again.completed && again.changes.is_empty(),
+        "{:?}",
+        again.changes
+    );
 }

@@ -77,7 +77,6 @@ fn c_the_real_agent_prepares_a_debian_host_and_a_second_run_changes_nothing() {
         "\ntrue\n",
         "lofispark-base",
         relay_public.as_str(),
-        "lxd",
         "spark 600",
     ] {
         assert!(
@@ -85,6 +84,12 @@ fn c_the_real_agent_prepares_a_debian_host_and_a_second_run_changes_nothing() {
             "{want:?} missing from what the host holds:\n{facts}"
         );
     }
+    // lxd-install: serving reaches LXD through root's gate, so spark is in no LXD group (#36).
+    let groups = host.sh_ok("id -nG spark");
+    assert!(
+        !groups.split_whitespace().any(|g| g == "lxd"),
+        "spark is in the lxd group: {groups}"
+    );
 
     // A second start finds the record and exits at once.
     let (ok, said) = prepare(host, &[]);

@@ -2,9 +2,9 @@
 //! firewall step installs to load the tenant firewall at boot.
 
 use byo_core::render::units::{
-    FIREWALL_FLAG, FIREWALL_PATH, FIREWALL_REFRESH, NETPLAN_RAILS, PREPARE, PREPARE_RETRY_SECS,
-    RAILS, RAILS_FLAG, RAILS_PATH, REBOOT, REBOOT_FLAG, REBOOT_PATH, ROLLBACK, ROLLBACK_SCRIPT,
-    SERVING, TENANT_FIREWALL, tenant_firewall, units,
+    FIREWALL_FLAG, FIREWALL_PATH, FIREWALL_REFRESH, NETPLAN_RAILS, OPERATOR_KEYS_PATH, PREPARE,
+    PREPARE_RETRY_SECS, RAILS, RAILS_FLAG, RAILS_PATH, REBOOT, REBOOT_FLAG, REBOOT_PATH, ROLLBACK,
+    ROLLBACK_SCRIPT, SERVING, TENANT_FIREWALL, tenant_firewall, units,
 };
 
 /// The `key=value` lines of `section` in a unit's text.
@@ -75,10 +75,10 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     );
     assert!((30..=60).contains(&PREPARE_RETRY_SECS));
     // No timer: nothing on a host runs on a schedule of its own but this retry (I). The path
-    // units wait for serving's requests (L4's reboot, the rails, the tenant firewall), which
-    // is no schedule.
+    // units wait for serving's requests (L4's reboot, the rails, the tenant firewall, a key
+    // list for root to apply), which is no schedule.
     assert!(all.iter().all(|(name, _)| name.ends_with(".service")
-        || [REBOOT_PATH, RAILS_PATH, FIREWALL_PATH].contains(name)));
+        || [REBOOT_PATH, RAILS_PATH, FIREWALL_PATH, OPERATOR_KEYS_PATH].contains(name)));
     // L4: root's side of the reboot serving asks for: the flag is in serving's own state
     // directory, removed before the reboot, and the machine goes down a moment later.
     assert!(text(REBOOT_PATH).contains(&format!("PathExists={REBOOT_FLAG}\nUnit={REBOOT}\n")));
@@ -140,9 +140,11 @@ fn the_units_verify_and_are_ordered_as_the_design_says() {
     ] {
         assert!(tenants.contains(want), "{want} missing:\n{tenants}");
     }
+    // Serving writes its own state and nothing in /home: spark's keys are root's (#36).
     assert!(
         text(SERVING).contains("User=spark")
-            && text(SERVING).contains("ReadWritePaths=/home/spark/.ssh")
+            && text(SERVING).contains("\nReadWritePaths=/var/lib/enverge-agent\n")
+            && text(SERVING).contains("\nProtectHome=read-only\n")
     );
     // Serving reads sshd's accepted logins from the journal (#16, 5).
     assert!(text(SERVING).contains("SupplementaryGroups=systemd-journal"));

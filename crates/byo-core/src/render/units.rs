@@ -16,6 +16,13 @@
 pub const PREPARE: &str = "enverge-agent-prepare.service";
 pub const SERVING: &str = "enverge-agent.service";
 pub const ROLLBACK: &str = "enverge-agent-rollback.service";
+/// Root's LXD gate (`byo-agent lxd-gate`): serving's only way to LXD (#36). Pulled in by
+/// serving's `Wants=` and restarted with it; its socket lives under [`LXD_GATE_DIR`].
+pub const LXD_GATE: &str = "enverge-lxd-gate.service";
+/// The gate's runtime directory under /run (root:spark, 0750).
+pub const LXD_GATE_DIR: &str = "enverge-lxd-gate";
+/// Where serving reaches the gate.
+pub const LXD_GATE_SOCKET: &str = "/run/enverge-lxd-gate/lxd.sock";
 /// L4: serving (unprivileged) asks for this machine's reboot by creating [`REBOOT_FLAG`] in
 /// its own state directory; this path unit, root's, sees it and starts [`REBOOT`], which
 /// removes the flag and reboots, a moment later (deferred, so the caller hears its 202 first).
@@ -39,9 +46,23 @@ pub const RAILS_FLAG: &str = "/var/lib/enverge-agent/rails-requested";
 pub const FIREWALL_PATH: &str = "enverge-tenant-firewall-refresh.path";
 pub const FIREWALL_REFRESH: &str = "enverge-tenant-firewall-refresh.service";
 pub const FIREWALL_FLAG: &str = "/var/lib/enverge-agent/firewall-requested";
+/// Operator keys are root's to write (issue #36): spark's `authorized_keys` admits a login
+/// whose sudo is not under serving's `NoNewPrivileges`, so serving, whose sandbox keeps
+/// `/home` read-only, leaves a pushed list (or nothing, to bring the file to the clock at a
+/// list's expiry) at [`OPERATOR_KEYS_FLAG`]; this path unit, root's, starts [`OPERATOR_KEYS`],
+/// which takes the request and runs `byo-agent operator-keys apply-requested`: the list
+/// verified against root's own trust and kept list, then `authorized_keys` written.
+pub const OPERATOR_KEYS_PATH: &str = "enverge-operator-keys.path";
+pub const OPERATOR_KEYS: &str = "enverge-operator-keys.service";
+pub const OPERATOR_KEYS_FLAG: &str = "/var/lib/enverge-agent/operator-keys-requested";
+/// Where root keeps the signed list as received (0644: serving reads it to answer pushes;
+/// preparation reads it, M.5). Before #36 serving kept it at
+/// `/var/lib/enverge-agent/operator-keys.signed`, which [`finish_script`] moves here once.
+pub const OPERATOR_KEYS_HELD: &str = "/etc/enverge/operator-keys.signed";
+const OPERATOR_KEYS_HELD_BEFORE: &str = "/var/lib/enverge-agent/operator-keys.signed";
 /// The path units by which serving asks root for something, enabled and started by every
 /// install and upgrade.
-pub const SERVING_ASKS: &[&str] = &[REBOOT_PATH, RAILS_PATH, FIREWALL_PATH];
+pub const SERVING_ASKS: &[&str] = &[REBOOT_PATH, RAILS_PATH, FIREWALL_PATH, OPERATOR_KEYS_PATH];
 /// The rails' netplan file rail-network writes (130).
 pub const NETPLAN_RAILS: &str = "/etc/netplan/60-enverge-rails.yaml";
 /// The operator tunnel's connector (cloudflared) as a unit: preparation's operator-access
@@ -84,13 +105,20 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
         (
             SERVING,
             format!(
-                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# spark's .ssh (the operator keys, M.4) and the agent's own state, nothing else.\nReadWritePaths=/home/spark/.ssh /var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
+                "[Unit]\nDescription=byo agent: answer the backend (unprivileged)\nRequires={PREPARE}\nAfter={PREPARE} {LXD_GATE}\n# LXD only through root's gate: serving is not in the lxd group (#36).\nWants={LXD_GATE}\nOnFailure={ROLLBACK}\nStartLimitIntervalSec=300\nStartLimitBurst=5\n\n[Service]\nUser=spark\nExecStart={bin} serve\nRestart=on-failure\nRestartSec=5\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=read-only\n# The agent's own state, nothing else: spark's .ssh is root's to write (#36).\nReadWritePaths=/var/lib/enverge-agent\nPrivateTmp=yes\n# sshd's accepted logins, read from the journal for the owner's page (#16).\nSupplementaryGroups=systemd-journal\n\n[Install]\nWantedBy=multi-user.target\n"
             ),
         ),
         (
             ROLLBACK,
             format!(
                 "[Unit]\nDescription=byo agent: go back to the previous build once, when serving will not stay up\n\n[Service]\nType=oneshot\nExecStart={bin}-rollback\n"
+            ),
+        ),
+        (
+            LXD_GATE,
+            format!(
+                "[Unit]\nDescription=byo agent: what serving may ask of LXD, forwarded as root (#36)\n# Restarted with serving, so an upgrade's new build answers at once.\nPartOf={SERVING}\n\n[Service]\n# Ready once its socket answers; a build that cannot start fails at once, not after a wait.\nType=notify\nExecStart={bin} lxd-gate\n# The socket is made 0660 in spark's group, under a directory only root and spark enter.\nGroup=spark\nRuntimeDirectory={gate_dir}\nRuntimeDirectoryMode=0750\nRestart=on-failure\nRestartSec=2\nNoNewPrivileges=yes\nProtectSystem=strict\nProtectHome=yes\nPrivateTmp=yes\n",
+                gate_dir = LXD_GATE_DIR,
             ),
         ),
         (
@@ -127,6 +155,18 @@ pub fn units(bin: &str) -> Vec<(&'static str, String)> {
             FIREWALL_REFRESH,
             format!(
                 "[Unit]\nDescription=byo agent: the tenant firewall brought to what this host is now\n\n[Service]\nType=oneshot\n# The flag goes first: a change that lands while this runs asks again.\nExecStart=/bin/rm -f {FIREWALL_FLAG}\nExecStart={bin} firewall-refresh\n"
+            ),
+        ),
+        (
+            OPERATOR_KEYS_PATH,
+            format!(
+                "[Unit]\nDescription=byo agent: operator keys written when serving passes a list on (#36)\n\n[Path]\nPathExists={OPERATOR_KEYS_FLAG}\nUnit={OPERATOR_KEYS}\n\n[Install]\nWantedBy=multi-user.target\n"
+            ),
+        ),
+        (
+            OPERATOR_KEYS,
+            format!(
+                "[Unit]\nDescription=byo agent: a pushed operator-key list verified and applied as root\n\n[Service]\nType=oneshot\n# The request is taken first (renamed), so one that lands while this runs asks again.\nExecStart={bin} operator-keys apply-requested\n# A request is serving's file: one that blocks a read is cut off, not waited on.\nTimeoutStartSec=30\n"
             ),
         ),
     ]
@@ -223,6 +263,10 @@ cat > {ROLLBACK_SCRIPT}.new <<'ROLLBACK'
 {rollback}ROLLBACK
 chmod 755 {ROLLBACK_SCRIPT}.new
 mv -f {ROLLBACK_SCRIPT}.new {ROLLBACK_SCRIPT}
+# The operator-key list is root's to keep (#36): a host whose serving kept it moves it once.
+if [ ! -e {OPERATOR_KEYS_HELD} ] && [ -f {OPERATOR_KEYS_HELD_BEFORE} ] && [ ! -L {OPERATOR_KEYS_HELD_BEFORE} ]; then
+  install -m 644 -o root -g root {OPERATOR_KEYS_HELD_BEFORE} {OPERATOR_KEYS_HELD}
+fi
 {units_text}systemctl daemon-reload
 systemctl enable {PREPARE} {SERVING}
 # What serving may ask root for, watching from now on: the host's reboot (L4), a pair's
@@ -317,7 +361,8 @@ mod tests {
         assert!(f.starts_with("#!/bin/bash\nset -euo pipefail\nstage=\"$1\"\n"));
     }
 
-    /// What install.sh writes, by name and in order: the three units J names, then what
+    /// What install.sh writes, by name and in order: the three units J names (and root's LXD
+    /// gate beside serving, #36), then what
     /// serving may ask root for (L4's reboot, a pair's rails, the tenant firewall brought to
     /// the host's networks), each running what it says.
     /// `systemd-analyze verify` and the real hosts run them (byo-agent's tests); this pins
@@ -332,23 +377,45 @@ mod tests {
                 PREPARE,
                 SERVING,
                 ROLLBACK,
+                LXD_GATE,
                 REBOOT_PATH,
                 REBOOT,
                 RAILS_PATH,
                 RAILS,
                 FIREWALL_PATH,
-                FIREWALL_REFRESH
+                FIREWALL_REFRESH,
+                OPERATOR_KEYS_PATH,
+                OPERATOR_KEYS
             ]
         );
         let text = |name: &str| &all.iter().find(|(n, _)| *n == name).unwrap().1;
         assert!(text(PREPARE).contains("ExecStart=/opt/byo-agent prepare\n"));
         assert!(text(SERVING).contains("ExecStart=/opt/byo-agent serve\n"));
         assert!(text(ROLLBACK).contains("ExecStart=/opt/byo-agent-rollback\n"));
+        // Serving pulls in root's LXD gate and is ordered after it; the gate runs as root in
+        // spark's group (its socket 0660) and is restarted with serving.
+        assert!(text(SERVING).contains(&format!("Wants={LXD_GATE}\n")));
+        assert!(text(SERVING).contains(&format!("After={PREPARE} {LXD_GATE}\n")));
+        assert!(text(LXD_GATE).contains("ExecStart=/opt/byo-agent lxd-gate\n"));
+        assert!(text(LXD_GATE).contains("\nGroup=spark\n") && !text(LXD_GATE).contains("\nUser="));
+        assert!(text(LXD_GATE).contains(&format!("PartOf={SERVING}\n")));
+        assert!(text(LXD_GATE).contains("\nType=notify\n"));
+        assert!(LXD_GATE_SOCKET.starts_with(&format!("/run/{LXD_GATE_DIR}/")));
         assert!(text(REBOOT_PATH).contains(&format!("Unit={REBOOT}\n")));
         assert!(text(REBOOT).contains("SuccessAction=reboot\n"));
         assert!(text(RAILS_PATH).contains(&format!("Unit={RAILS}\n")));
         assert!(text(RAILS).contains("exec netplan apply"));
         assert!(text(FIREWALL_PATH).contains(&format!("Unit={FIREWALL_REFRESH}\n")));
         assert!(text(FIREWALL_REFRESH).contains("ExecStart=/opt/byo-agent firewall-refresh\n"));
+        assert!(text(OPERATOR_KEYS_PATH).contains(&format!(
+            "PathExists={OPERATOR_KEYS_FLAG}\nUnit={OPERATOR_KEYS}\n"
+        )));
+        assert!(
+            text(OPERATOR_KEYS)
+                .contains("ExecStart=/opt/byo-agent operator-keys apply-requested\n")
+        );
+        // Serving may write its own state and nothing in /home (#36).
+        assert!(text(SERVING).contains("\nProtectHome=read-only\n"));
+        assert!(text(SERVING).contains("\nReadWritePaths=/var/lib/enverge-agent\n"));
     }
 }

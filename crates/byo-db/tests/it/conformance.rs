@@ -986,6 +986,42 @@ async fn fleet_read_gauges_and_stopped_hosts(db: TestDb) {
     assert_eq!(read.pushes[0].error.as_deref(), Some("sshd refused it"));
 }
 
+/// `migrate` says what it did: on a database at 0020 every later migration is applied and
+/// named; run again, nothing is, and the schema is at the same newest version.
+#[tokio::test]
+async fn migrate_says_which_migrations_it_applied() {
+    for backend in [byo_db::Backend::Sqlite, byo_db::Backend::Postgres] {
+        let Some(db) = testing::migrated_to(backend, 20).await else {
+            continue;
+        };
+        let first = db.migrate().await.unwrap();
+        let latest = first.latest.unwrap();
+        assert!(latest >= 29, "{backend:?}: {first:?}");
+        assert_eq!(
+            first.applied,
+            (21..=latest).collect::<Vec<_>>(),
+            "{backend:?}"
+        );
+        assert_eq!(
+            first.to_string(),
+            format!(
+                "applied {} migrations (0021–{latest:04}); the schema is at {latest:04}",
+                latest - 20
+            )
+        );
+        let again = db.migrate().await.unwrap();
+        assert_eq!(
+            (again.applied.len(), again.latest),
+            (0, Some(latest)),
+            "{backend:?}"
+        );
+        assert_eq!(
+            again.to_string(),
+            format!("the schema is up to date (at {latest:04}); nothing to apply")
+        );
+    }
+}
+
 /// Migration 0021 on a database in the field: a row open when it runs lapses 72 hours
 /// after it was queued; closed rows keep their ending; the new ending is accepted and an
 /// unknown one still refused.

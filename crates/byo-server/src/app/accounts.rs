@@ -166,6 +166,9 @@ fn reads_as_reserved(name: &str) -> bool {
     RESERVED_NAMES.iter().any(|r| skeleton(r) == seen)
 }
 
+/// An address that already has an account.
+pub struct EmailTaken;
+
 /// Create a local user after checking every field.
 pub async fn create_account(
     state: &AppState,
@@ -173,6 +176,20 @@ pub async fn create_account(
     password: &str,
     display_name: &str,
 ) -> AppResult<UserRow> {
+    try_create_account(state, email, password, display_name)
+        .await?
+        .map_err(|EmailTaken| {
+            AppError::conflict("email_taken", "an account with that email already exists")
+        })
+}
+
+/// [`create_account`] with a taken address as a value, for a caller that acts on it.
+async fn try_create_account(
+    state: &AppState,
+    email: &str,
+    password: &str,
+    display_name: &str,
+) -> AppResult<Result<UserRow, EmailTaken>> {
     let email = check_new_email(email)?;
     let display_name = check_display_name(display_name)?;
     check_password(password, &[&email, &display_name])?;
@@ -183,11 +200,8 @@ pub async fn create_account(
         password_hash: &password_hash,
     };
     match state.store.create_user(new, state.clock.now()).await {
-        Ok(user) => Ok(user),
-        Err(DbError::Conflict(_)) => Err(AppError::conflict(
-            "email_taken",
-            "an account with that email already exists",
-        )),
+        Ok(user) => Ok(Ok(user)),
+        Err(DbError::Conflict(_)) => Ok(Err(EmailTaken)),
         Err(e) => Err(e.into()),
     }
 }
@@ -291,16 +305,12 @@ pub async fn sign_up(
         ));
     }
     if state.config.signup_without_mail {
-        return match create_account(state, email, password, display_name).await {
+        return match try_create_account(state, email, password, display_name).await? {
             Ok(user) => {
                 audit_signup(state, &user).await?;
                 Ok(SignUp::Created(user))
             }
-            Err(AppError::Conflict {
-                code: "email_taken",
-                ..
-            }) => Ok(SignUp::Existing),
-            Err(e) => Err(e),
+            Err(EmailTaken) => Ok(SignUp::Existing),
         };
     }
     let email = check_new_email(email)?;

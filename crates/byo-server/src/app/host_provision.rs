@@ -87,12 +87,25 @@ pub async fn provision(
             "adding a GPU needs the community_host grant from an operator",
         ));
     }
-    let profile = state.store.profile(&req.profile_id).await?.ok_or_else(|| {
-        AppError::bad_request(
+    let Some(profile) = state.store.profile(&req.profile_id).await? else {
+        // Say what there is: the CLI's help cannot know an installation's profiles.
+        let yours: Vec<String> = state
+            .store
+            .profiles()
+            .await?
+            .into_iter()
+            .filter(|p| !p.staff_only || by.is_operator())
+            .map(|p| p.id)
+            .collect();
+        return Err(AppError::bad_request(
             "unknown_profile",
-            format!("there is no profile {:?}", req.profile_id),
-        )
-    })?;
+            format!(
+                "there is no profile {:?}; you may add {}",
+                req.profile_id,
+                yours.join(", ")
+            ),
+        ));
+    };
     if profile.staff_only && !by.is_operator() {
         return Err(AppError::Forbidden("that profile is for staff only"));
     }

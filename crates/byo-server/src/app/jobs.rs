@@ -8,6 +8,12 @@
 //! nothing — the replica that holds it records the run. Inside one process a job never
 //! overlaps itself either (a per-job guard), whatever the backend.
 //!
+//! And once a period across the replicas: a scheduled tick that finds the job's last run
+//! (by any replica) started less than half a period ago skips too, so N replicas ticking
+//! at the same second run a job once, not N times in a row (found running two replicas as
+//! docs/for-operators.md has it). A nudge ([`JobTrigger`]) or a direct [`JobDriver::tick`]
+//! always runs: someone asked for it now.
+//!
 //! Each run that happened is recorded in `job_runs`: start, duration, outcome (`ok` or
 //! `failed`), the summary or the error (both bounded to [`MAX_TEXT`] characters). A panic
 //! in a job is recorded as a failure; the next tick runs it again.
@@ -272,10 +278,10 @@ impl JobDriver {
         let Some(entry) = self.entry(name) else {
             return Ok(None);
         };
-        Ok(Some(self.tick_entry(entry).await?))
+        Ok(Some(self.tick_entry(entry, Asked::Now).await?))
     }
 
-    async fn tick_entry(&self, entry: &Entry) -> AppResult<Tick> {
+    async fn tick_entry(&self, entry: &Entry, asked: Asked) -> AppResult<Tick> {
         let Ok(_running) = entry.running.try_lock() else {
             return Ok(Tick::Skipped);
         };
@@ -283,6 +289,10 @@ impl JobDriver {
         let Some(lock) = self.state.store.try_job_lock(&job.name).await? else {
             return Ok(Tick::Skipped);
         };
+        if asked == Asked::Schedule && self.ran_this_period(job).await? {
+            lock.release().await?;
+            return Ok(Tick::Skipped);
+        }
         let started_at = self.state.clock.now();
         let clock = Instant::now();
         let outcome = std::panic::AssertUnwindSafe((job.run)(&self.state))
@@ -325,6 +335,18 @@ impl JobDriver {
         Ok(Tick::Ran { ok })
     }
 
+    /// Whether any replica started `job` less than half its period ago.
+    async fn ran_this_period(&self, job: &Job) -> AppResult<bool> {
+        let half = chrono::TimeDelta::from_std(job.every / 2).unwrap_or(chrono::TimeDelta::MAX);
+        Ok(self
+            .state
+            .store
+            .job_runs(&job.name, 1)
+            .await?
+            .first()
+            .is_some_and(|last| self.state.clock.now() - last.started_at < half))
+    }
+
     /// One task per job: run it every period and on each nudge, until `stop` says so. A
     /// tick missed while a run was in flight is delayed, not bunched.
     pub fn spawn(
@@ -340,17 +362,17 @@ impl JobDriver {
                     let mut every = tokio::time::interval(entry.job.every);
                     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     loop {
-                        tokio::select! {
-                            _ = every.tick() => {}
-                            _ = entry.trigger.notified() => {}
+                        let asked = tokio::select! {
+                            _ = every.tick() => Asked::Schedule,
+                            _ = entry.trigger.notified() => Asked::Now,
                             changed = stop.changed() => {
                                 if changed.is_err() || *stop.borrow() {
                                     return;
                                 }
                                 continue;
                             }
-                        }
-                        if let Err(e) = driver.tick_entry(entry).await {
+                        };
+                        if let Err(e) = driver.tick_entry(entry, asked).await {
                             tracing::error!(job = %entry.job.name, error = %e, "job not run: the driver could not lock or record it");
                         }
                     }
@@ -358,6 +380,13 @@ impl JobDriver {
             })
             .collect()
     }
+}
+
+/// Why a tick came: the period's schedule, or someone asking now (a nudge, a direct tick).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Asked {
+    Schedule,
+    Now,
 }
 
 /// How many runs of each job /admin/jobs and its API show.

@@ -282,12 +282,10 @@ pub async fn depart(state: &AppState, by_sub: &str, leaving_sub: &str) -> AppRes
     let change = Change::Depart {
         user_sub: leaving_sub.to_owned(),
     };
-    match draft_change(state, by_sub, &change, "depart", "all", leaving_sub).await {
+    match try_draft_change(state, by_sub, &change, "depart", "all", leaving_sub).await? {
         Ok(row) => Ok(Some(row.version)),
-        Err(AppError::BadRequest {
-            code: "not_listed", ..
-        }) => Ok(None),
-        Err(e) => Err(e),
+        Err(ChangeRefusal::NotFound(_)) => Ok(None),
+        Err(refused) => Err(change_refused(refused)),
     }
 }
 
@@ -346,6 +344,20 @@ async fn draft_change(
     fingerprint: &str,
     label: &str,
 ) -> AppResult<KeyListRow> {
+    try_draft_change(state, by_sub, change, action, fingerprint, label)
+        .await?
+        .map_err(change_refused)
+}
+
+/// [`draft_change`] with the list's refusal as a value, for a caller that acts on one.
+async fn try_draft_change(
+    state: &AppState,
+    by_sub: &str,
+    change: &Change,
+    action: &str,
+    fingerprint: &str,
+    label: &str,
+) -> AppResult<Result<KeyListRow, ChangeRefusal>> {
     let validity = chrono::Duration::days(state.config.operator_keys.validity_days);
     for _ in 0..8 {
         let now = state.clock.now();
@@ -386,10 +398,10 @@ async fn draft_change(
                     .store
                     .audit(Some(by_sub), "operator_keys.change", None, json!({"action": action, "fingerprint": fingerprint, "label": label, "version": row.version}), now)
                     .await?;
-                return Ok(row);
+                return Ok(Ok(row));
             }
             Err(DbError::Conflict(_)) => continue,
-            Err(e) => return Err(refusal.map_or_else(|| e.into(), change_refused)),
+            Err(e) => return refusal.map(Err).ok_or_else(|| e.into()),
         }
     }
     Err(AppError::conflict(

@@ -141,6 +141,54 @@ async fn two_servers_on_one_postgres_never_run_a_job_twice_at_once() {
     ));
 }
 
+/// Two replicas started together, as docs/for-operators.md deploys them: each period's
+/// scheduled tick runs the job once across both, not once on each in turn (the walk of that
+/// guide found every job run twice a period); a nudge still runs it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_replicas_run_a_scheduled_tick_once_between_them() {
+    let Some(app) = TestApp::new(byo_db::Backend::Postgres).await else {
+        return;
+    };
+    let other = second_server(&app).await;
+    let t = Arc::new(Tracker::default());
+    // An hour's period: the schedules' first ticks come at once, the next not in this test.
+    let job = || {
+        tracked(
+            "hourly",
+            Duration::from_secs(3600),
+            Duration::from_millis(10),
+            t.clone(),
+        )
+    };
+    let a = JobDriver::new(app.state.clone(), vec![job()]);
+    let b = JobDriver::new(other.clone(), vec![job()]);
+    // The second replica's schedule starts once the first one's run is over: replicas'
+    // timers are never in step, so each finds the lock free in turn.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut tasks = a.spawn(stop_rx.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(app.db.job_runs("hourly", 10).await.unwrap().len(), 1);
+    tasks.extend(b.spawn(stop_rx));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        app.db.job_runs("hourly", 10).await.unwrap().len(),
+        1,
+        "both replicas ran the period's tick"
+    );
+    b.trigger("hourly").unwrap().nudge();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop_tx.send(true).unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        app.db.job_runs("hourly", 10).await.unwrap().len(),
+        2,
+        "a nudge runs"
+    );
+    assert_eq!(t.runs.load(Ordering::SeqCst), 2);
+}
+
 /// A job that fails records its error (bounded) and a failed outcome; the next run still
 /// happens and records success.
 async fn a_failing_job_records_its_error_and_runs_again(app: TestApp) {

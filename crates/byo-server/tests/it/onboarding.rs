@@ -223,6 +223,12 @@ async fn a4_provisioning_refusals_change_nothing(w: World) {
         (r.status, r.json()["error"].as_str()),
         (StatusCode::BAD_REQUEST, Some("unknown_profile"))
     );
+    // It names the profiles this owner may add, and not the staff-only one.
+    let said = r.json()["message"].as_str().unwrap().to_owned();
+    assert!(
+        said.ends_with("you may add gb10-spark-1, gb10-spark-2, gb10-spark-4"),
+        "{said}"
+    );
     let r = w.provision(&w.owner, "linux-test").await;
     assert_eq!(
         r.status,

@@ -34,6 +34,7 @@ impl HostKeys {
                 trusted: dir.path().join("signing-keys"),
                 held: dir.path().join("operator-keys.signed"),
                 authorized_keys: dir.path().join("authorized_keys"),
+                request: dir.path().join("operator-keys-requested"),
             },
             environment: "production".into(),
             host: None,
@@ -435,6 +436,7 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
             trusted: dir.path().join("signing-keys"),
             held: dir.path().join("held"),
             authorized_keys: dir.path().join("authorized_keys"),
+            request: dir.path().join("operator-keys-requested"),
         },
         environment: "production".into(),
         host: None,
@@ -442,6 +444,19 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
     keys.trust(&signing.public_key().to_openssh().unwrap())
         .unwrap();
     let token = SecretToken::generate(TokenKind::Agent);
+    // Root's half on the host (`enverge-operator-keys`, #36): what serving passes on is
+    // applied by the agent's own `apply_requested`, as root's unit runs it.
+    let root = keys.clone();
+    let root_done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let root_stop = root_done.clone();
+    let root = std::thread::spawn(move || {
+        while !root_stop.load(std::sync::atomic::Ordering::Relaxed) {
+            if root.paths.request.exists() {
+                let _ = root.apply_requested(chrono::Utc::now());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    });
     let agent = byo_agent::serve::router(byo_agent::serve::Serving {
         token_hash: Arc::new(token.hash()),
         operator_keys: keys,
@@ -536,6 +551,8 @@ async fn the_http_client_delivers_to_the_agents_serving_api() {
             .unwrap()
             .contains("byo-operator:op:l")
     );
+    root_done.store(true, std::sync::atomic::Ordering::Relaxed);
+    root.join().unwrap();
 }
 
 async fn the_operators_page_shows_the_draft_changes_hosts_and_refusals(w: World) {
@@ -829,6 +846,7 @@ async fn a_preparing_host_fetches_the_published_list_and_keeps_it_only_if_it_ver
             trusted: dir.path().join("signing-keys"),
             held: dir.path().join("operator-keys.signed"),
             authorized_keys: dir.path().join("authorized_keys"),
+            request: dir.path().join("operator-keys-requested"),
         },
         environment: environment.into(),
         host: None,

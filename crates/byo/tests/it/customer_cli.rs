@@ -166,6 +166,14 @@ async fn a_customer_logs_in_keeps_keys_and_follows_a_queued_create_from_the_term
     assert_eq!(queued.queued.position, 1);
     let open: Vec<QueuedView> = json(byo(&config, &["queue", "list", "--json"], ""));
     assert_eq!(open, vec![queued.queued.clone()]);
+    // Keep waiting, from the terminal: the lapse moves to 72 h from now.
+    let waits = ok(byo(&config, &["queue", "extend", &queued.queued.id], ""));
+    assert!(
+        waits.contains("keeps waiting until") && waits.contains("place 1 in line"),
+        "{waits}"
+    );
+    let open: Vec<QueuedView> = json(byo(&config, &["queue", "list", "--json"], ""));
+    assert!(open[0].expires_at >= queued.queued.expires_at, "{open:?}");
     ok(byo(&config, &["queue", "cancel", &queued.queued.id], ""));
     assert!(ok(byo(&config, &["queue", "list"], "")).contains("Nothing queued"));
 
@@ -228,6 +236,11 @@ async fn a_customer_logs_in_keeps_keys_and_follows_a_queued_create_from_the_term
     assert!(none.is_empty());
     let bookings: Vec<serde_json::Value> = json(byo(&config, &["bookings", "--json"], ""));
     assert!(bookings.is_empty());
+    let listed: Vec<serde_json::Value> = json(byo(&config, &["bookings", "list", "--json"], ""));
+    assert!(listed.is_empty(), "`bookings list` is `bookings`");
+    let (code, err) = refused(byo(&config, &["bookings", "cancel", "no-such-booking"], ""));
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
     let (code, err) = refused(byo(&config, &["instances", "show", "brave-otter"], ""));
     assert_eq!(code, 1);
     assert!(

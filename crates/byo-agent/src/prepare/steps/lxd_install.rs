@@ -1,10 +1,15 @@
 //! `lxd-install`: step 7 of the list in `docs/prepare.md`.
 //!
-//! **Check:** LXD answers `GET /1.0`; spark is in `lxd`; with Debian's package, its unit waits
-//! for the daemon a short while ([`APT_DROP_IN`]).
+//! **Check:** LXD answers `GET /1.0`; spark is *not* in `lxd`; with Debian's package, its unit
+//! waits for the daemon a short while ([`APT_DROP_IN`]).
 //! **Apply:** snap (`5.21/stable`) or Debian's package (and the drop-in, `daemon-reload`), `lxd
-//! waitready`; `usermod -aG lxd spark`.
+//! waitready`; `gpasswd --delete spark lxd` where an earlier build added it.
 //! **Why here:** `lxd init` is deliberately never run: the pool and the bridge are their own steps.
+//! **Why spark stays out of `lxd`** (issue #36, reversing the design's "Host configuration after
+//! go-live", whose second point says this step once gained `usermod -aG lxd`): a member of
+//! `lxd` is root — it can create a privileged container or hand one the host's `/`. Serving reaches LXD through root's gate
+//! (`crate::lxd_gate`), which forwards only what serving does; a satellite's LXD is reached as
+//! spark through `sudo`, as everything there is.
 
 use byo_core::prepare::Check;
 use byo_wire::profile::LxdSource;
@@ -28,6 +33,10 @@ pub(crate) const APT_DROP_IN_TEXT: &str = "# Written by enverge preparation (lxd
 
 pub(crate) struct LxdInstall;
 
+fn in_lxd_group<H: Host>(h: &mut H) -> Fallible<bool> {
+    Ok(user_groups(h, SPARK)?.iter().any(|g| g == "lxd"))
+}
+
 impl StepDef for LxdInstall {
     const NAME: &str = "lxd-install";
 
@@ -39,8 +48,11 @@ impl StepDef for LxdInstall {
                 other => format!("install LXD ({other}: this profile's alternative to the snap)"),
             });
         }
-        if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
-            needs.push("add spark to the lxd group (serving talks to LXD as spark)".to_owned());
+        if in_lxd_group(h)? {
+            needs.push(
+                "take spark out of the lxd group (serving reaches LXD through root's gate)"
+                    .to_owned(),
+            );
         }
         if plan.profile.prepare.lxd == LxdSource::Apt
             && crate::host::read_string(h, APT_DROP_IN)?.as_deref() != Some(APT_DROP_IN_TEXT)
@@ -80,8 +92,8 @@ impl StepDef for LxdInstall {
             // Nothing else runs `lxd init`: the pool and the bridge are their own steps.
             must(h, &["lxd", "waitready", "--timeout=300"])?;
         }
-        if !user_groups(h, SPARK)?.iter().any(|g| g == "lxd") {
-            must(h, &["usermod", "-aG", "lxd", SPARK])?;
+        if in_lxd_group(h)? {
+            must(h, &["gpasswd", "--delete", SPARK, "lxd"])?;
         }
         if plan.profile.prepare.lxd == LxdSource::Apt
             && crate::host::read_string(h, APT_DROP_IN)?.as_deref() != Some(APT_DROP_IN_TEXT)

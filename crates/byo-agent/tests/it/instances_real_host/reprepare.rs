@@ -37,7 +37,7 @@ fn again(w: &World, wrapper: &[&str]) -> (i32, String) {
 fn host_facts(w: &World) -> String {
     w.host.sh_ok(
         "cd / && for f in var/lib/enverge-agent/prepare-done.json etc/enverge/serving.json \
-           etc/enverge/credentials.json var/lib/enverge-agent/operator-keys.signed; do \
+           etc/enverge/credentials.json etc/enverge/operator-keys.signed; do \
            echo \"$f $(sha256sum < $f | cut -c1-16) $(stat -c '%U %a %Y' $f)\"; done
          systemctl show enverge-agent.service -p MainPID -p InvocationID -p NRestarts
          systemctl show enverge-agent-prepare.service -p InvocationID

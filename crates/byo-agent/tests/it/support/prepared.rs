@@ -207,7 +207,7 @@ pub fn enroll_into(
         0o644,
     );
     host.write(
-        "/var/lib/enverge-agent/operator-keys.signed",
+        byo_core::render::units::OPERATOR_KEYS_HELD,
         &envelope(&keys, &[&signing]),
         0o644,
     );
