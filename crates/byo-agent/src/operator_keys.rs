@@ -185,8 +185,9 @@ impl OperatorKeys {
             fs::metadata(dir).map_err(io_err("reading authorized_keys' directory"))?,
             fs::metadata(path).map_err(io_err("reading authorized_keys"))?,
         );
+        // lchown: the directory is spark's, so what stands at the path is not root's to trust.
         if (dir.uid(), dir.gid()) != (file.uid(), file.gid()) {
-            std::os::unix::fs::chown(path, Some(dir.uid()), Some(dir.gid()))
+            std::os::unix::fs::lchown(path, Some(dir.uid()), Some(dir.gid()))
                 .map_err(io_err("giving authorized_keys to its directory's owner"))?;
         }
         Ok(())
