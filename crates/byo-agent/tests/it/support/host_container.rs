@@ -182,10 +182,21 @@ impl HostContainer {
         String::from_utf8_lossy(&out.stdout).trim().to_string()
     }
 
-    /// eth0's IPv4 address (reachable from this machine through the test bridge).
+    /// eth0's IPv4 address (reachable from this machine through the test bridge). Asked for
+    /// up to half a minute: a lease renewed under load leaves eth0 bare for a moment (seen
+    /// once in a full run, right after the boot had found the address).
     pub fn ipv4(&self) -> Ipv4Addr {
-        self.try_ipv4()
-            .unwrap_or_else(|| panic!("{} has no IPv4 address on eth0", self.name))
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(ip) = self.try_ipv4() {
+                return ip;
+            }
+            if Instant::now() > deadline {
+                let net = self.sh("ip addr; networkctl status eth0 --no-pager");
+                panic!("{} has no IPv4 address on eth0:\n{}", self.name, show(&net));
+            }
+            sleep(Duration::from_millis(200));
+        }
     }
 
     fn try_ipv4(&self) -> Option<Ipv4Addr> {
