@@ -271,7 +271,9 @@ pub async fn change_keys(
             )
         }
     };
-    let row = draft_change(state, &sub, &change, action, &fingerprint, &label).await?;
+    let row = draft_change(state, &sub, &change, action, &fingerprint, &label)
+        .await?
+        .map_err(change_refused)?;
     list_view(&row)
 }
 
@@ -282,7 +284,7 @@ pub async fn depart(state: &AppState, by_sub: &str, leaving_sub: &str) -> AppRes
     let change = Change::Depart {
         user_sub: leaving_sub.to_owned(),
     };
-    match try_draft_change(state, by_sub, &change, "depart", "all", leaving_sub).await? {
+    match draft_change(state, by_sub, &change, "depart", "all", leaving_sub).await? {
         Ok(row) => Ok(Some(row.version)),
         Err(ChangeRefusal::NotFound(_)) => Ok(None),
         Err(refused) => Err(change_refused(refused)),
@@ -329,28 +331,16 @@ pub async fn renew_if_due(state: &AppState) -> AppResult<Option<i32>> {
         &format!("version {}", newest.version),
         "automatic renewal before expiry",
     )
-    .await?;
+    .await?
+    .map_err(change_refused)?;
     tracing::warn!(version = row.version, expires = %list.expires, "the operator-key list is due for renewal: a draft waits for a signature");
     Ok(Some(row.version))
 }
 
 /// One change onto the draft, recorded and audited. Two changes racing to open the next
 /// version collide on its key; the loser is applied again on top of the winner.
+/// The list's refusal comes back as a value, for the caller to act on or answer with.
 async fn draft_change(
-    state: &AppState,
-    by_sub: &str,
-    change: &Change,
-    action: &str,
-    fingerprint: &str,
-    label: &str,
-) -> AppResult<KeyListRow> {
-    try_draft_change(state, by_sub, change, action, fingerprint, label)
-        .await?
-        .map_err(change_refused)
-}
-
-/// [`draft_change`] with the list's refusal as a value, for a caller that acts on one.
-async fn try_draft_change(
     state: &AppState,
     by_sub: &str,
     change: &Change,
