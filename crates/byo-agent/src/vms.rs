@@ -710,6 +710,8 @@ mod tests {
     struct FakeLxd {
         instances: serde_json::Value,
         calls: Vec<(String, String)>,
+        /// The JSON bodies sent, in order.
+        sent: Vec<serde_json::Value>,
     }
 
     impl Host for FakeLxd {
@@ -725,8 +727,11 @@ mod tests {
         fn remove(&mut self, path: &str) -> Fallible<()> {
             Err(format!("no removes here: {path}"))
         }
-        fn lxd(&mut self, method: &str, path: &str, _: LxdBody<'_>) -> Fallible<LxdReply> {
+        fn lxd(&mut self, method: &str, path: &str, body: LxdBody<'_>) -> Fallible<LxdReply> {
             self.calls.push((method.to_owned(), path.to_owned()));
+            if let LxdBody::Json(v) = body {
+                self.sent.push(v.clone());
+            }
             let (status, body) = match (method, path) {
                 ("GET", "/1.0/instances?recursion=1") => (
                     200,
@@ -811,6 +816,7 @@ mod tests {
             let mut lxd = FakeLxd {
                 instances: json!([ours("vm-first", status, 22000), {"name": "lofispark-build", "status": "Stopped", "config": {}}]),
                 calls: Vec::new(),
+                sent: Vec::new(),
             };
             let relay = Relay::default();
             let err = create(&mut lxd, &relay, &config(), &request("vm-second")).unwrap_err();
@@ -837,6 +843,7 @@ mod tests {
         let mut lxd = FakeLxd {
             instances: json!([ours("vm-first", "Running", 22000)]),
             calls: Vec::new(),
+            sent: Vec::new(),
         };
         let relay = Relay::default();
         let err = create(&mut lxd, &relay, &config(), &request("vm-first")).unwrap_err();
@@ -844,13 +851,20 @@ mod tests {
         assert!(lxd.calls.iter().all(|(method, _)| method == "GET"));
     }
 
-    /// A pair whose satellite never answers.
-    fn pair() -> crate::machines::Machines {
+    /// A pair whose satellite answers holding nothing, or never answers.
+    fn pair(answers: bool) -> crate::machines::Machines {
         #[derive(Debug)]
-        struct Away;
-        impl crate::machines::SatelliteHosts for Away {
+        struct Satellite(bool);
+        impl crate::machines::SatelliteHosts for Satellite {
             fn host(&self, _: &crate::machines::PairNode) -> Fallible<Box<dyn Host>> {
-                Err("no route to host".into())
+                match self.0 {
+                    true => Ok(Box::new(FakeLxd {
+                        instances: json!([]),
+                        calls: Vec::new(),
+                        sent: Vec::new(),
+                    })),
+                    false => Err("no route to host".into()),
+                }
             }
         }
         let node = |index| crate::machines::PairNode {
@@ -862,7 +876,7 @@ mod tests {
         };
         crate::machines::Machines::handed(
             &[node(0), node(1)],
-            std::sync::Arc::new(Away),
+            std::sync::Arc::new(Satellite(answers)),
             "/nowhere".into(),
         )
     }
@@ -873,15 +887,33 @@ mod tests {
         let empty = || FakeLxd {
             instances: json!([]),
             calls: Vec::new(),
+            sent: Vec::new(),
         };
-        // One Spark: a 62-character name is an instance name, and nothing is asked of
-        // satellites it has none of.
+        let profiles = |lxd: &FakeLxd| lxd.sent.last().map(|b| b["profiles"].clone());
+        // One Spark: a 62-character name is an instance name, nothing is asked of satellites
+        // it has none of, and the head is one container on the base profile alone.
         let mut lxd = empty();
         let err = create(&mut lxd, &Relay::default(), &config(), &request(&long)).unwrap_err();
         assert!(err.to_string().contains("could not be created"), "{err}");
-        // A pair: its worker's name would pass LXD's 63, so it is refused before anything.
+        assert_eq!(profiles(&lxd), Some(json!([PROFILE_NAME])));
+        // A pair: the head also carries the dual profile.
+        let answering = VmConfig {
+            machines: pair(true),
+            ..config()
+        };
+        let mut lxd = empty();
+        let err = create(
+            &mut lxd,
+            &Relay::default(),
+            &answering,
+            &request("vm-first"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("could not be created"), "{err}");
+        assert_eq!(profiles(&lxd), Some(json!([PROFILE_NAME, DUAL_PROFILE])));
+        // Its worker's name would pass LXD's 63, so a long name is refused before anything.
         let paired = VmConfig {
-            machines: pair(),
+            machines: pair(false),
             ..config()
         };
         let mut lxd = empty();
@@ -906,6 +938,7 @@ mod tests {
         let mut lxd = FakeLxd {
             instances: json!([{"name": "lofispark-build", "status": "Stopped", "config": {}}]),
             calls: Vec::new(),
+            sent: Vec::new(),
         };
         let err = create(&mut lxd, &Relay::default(), &config(), &request("vm-first")).unwrap_err();
         // This fake refuses every change: the create got as far as asking LXD for one.
