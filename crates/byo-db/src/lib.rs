@@ -83,7 +83,7 @@ pub mod testing;
 pub mod users;
 pub mod vms;
 
-pub use error::{DbError, Result};
+pub use error::{DbError, Result, Rule};
 /// The wrapper of the rows' JSON columns (`prepare_state`, `details`…), for whoever builds one.
 pub use sqlx::types::Json;
 

@@ -316,7 +316,7 @@ pub(crate) enum Placement {
     /// A host took it.
     Created(Box<InstanceCreated>),
     /// No host could take it — none was left to try, or the one tried still held another
-    /// instance — with the words the customer hears (`no_capacity`). A create queues on it;
+    /// instance — with the words the customer hears (`byo_wire::vm::NO_CAPACITY`). A create queues on it;
     /// a booking's launch waits. A host that refused or could not be reached is not this:
     /// that is the walk's error, told as it is.
     NoCapacity(AppError),
@@ -386,13 +386,13 @@ async fn place(
         };
         let row = match written {
             Ok(row) => row,
-            Err(e) if e.is_constraint("vms_one_live_per_prebooking") => {
+            Err(e) if e.breaks(byo_db::Rule::OneLiveInstancePerBooking) => {
                 return Err(AppError::conflict(
                     "already_live",
                     "this booking already holds a live instance",
                 ));
             }
-            Err(e) if e.is_constraint("prebooking_closed") => {
+            Err(e) if e.breaks(byo_db::Rule::BookingClosed) => {
                 return Err(AppError::conflict(
                     "booking_closed",
                     "this booking is closed",
@@ -433,7 +433,7 @@ async fn place(
         Some(Err(refused)) => Err(refused),
         Some(Ok(occupied)) => Ok(Placement::NoCapacity(occupied)),
         None => Ok(Placement::NoCapacity(AppError::conflict(
-            "no_capacity",
+            byo_wire::vm::NO_CAPACITY,
             format!(
                 "no {} host is free right now; nothing was created and nothing is billed",
                 req.gpu_type
@@ -594,7 +594,7 @@ pub(crate) async fn settle_refused(
         // the customer that is no capacity. Which instance it holds is another customer's
         // business; it is in the log and the audit.
         AgentError::Occupied(_) => AppError::conflict(
-            "no_capacity",
+            byo_wire::vm::NO_CAPACITY,
             format!(
                 "no {} host is free right now (the host picked still holds another instance); nothing was created and nothing is billed",
                 row.gpu_type
