@@ -125,16 +125,15 @@ impl Beats {
 }
 
 impl Store {
-    /// Queue `row` and wait for the statement that writes it. A caller that finds a slot
-    /// free starts a batch of what has queued (its own beat, or others' when another caller
-    /// took its own) on a task of its own, so a caller that goes away mid-write takes no one
-    /// else's answer with it. A batch that fails is written again beat by beat by each of its
-    /// callers, so a beat the database refuses fails only its own caller.
+    /// Queue `row` and wait for the statement that writes it. Writers are tasks of their
+    /// own, at most `slots` of them: one that finds beats queued after a write writes them
+    /// next, so no caller hands a slot to another, and a caller that goes away takes no
+    /// one else's answer with it. A batch that fails is written again beat by beat by each of
+    /// its callers, so a beat the database refuses fails only its own caller.
     pub(crate) async fn beat_in_batch(&self, row: BeatRow) -> Result<Written> {
         let row = Arc::new(row);
-        let (reply, mut answer) = oneshot::channel();
-        let beats = self.beats.clone();
-        beats
+        let (reply, answer) = oneshot::channel();
+        self.beats
             .queue
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -142,24 +141,40 @@ impl Store {
                 row: row.clone(),
                 reply,
             });
+        // Queued before the slot is asked for: a writer that still holds every slot looks at
+        // the queue again after it lets its slot go, and finds this beat.
+        if let Ok(slot) = self.beats.slots.clone().try_acquire_owned() {
+            let store = self.clone();
+            tokio::spawn(async move { store.write_queued(slot).await });
+        }
+        self.answered(answer.await.ok(), &row).await
+    }
+
+    /// A writer: batches of what is queued until nothing is, then its slot let go — and the
+    /// queue looked at once more, since a beat queued while the slot was held found no slot.
+    async fn write_queued(&self, mut slot: tokio::sync::OwnedSemaphorePermit) {
         loop {
-            tokio::select! {
-                biased;
-                got = &mut answer => return self.answered(got.ok(), &row).await,
-                slot = beats.slots.clone().acquire_owned() => {
-                    let slot = slot.expect("the beats' semaphore is never closed");
-                    let batch = beats.take();
-                    if batch.is_empty() {
-                        // Ours is in a batch being written.
-                        drop(slot);
-                        return self.answered((&mut answer).await.ok(), &row).await;
-                    }
-                    let store = self.clone();
-                    tokio::spawn(async move {
-                        store.write_batch(batch).await;
-                        drop(slot);
-                    });
+            loop {
+                let batch = self.beats.take();
+                if batch.is_empty() {
+                    break;
                 }
+                self.write_batch(batch).await;
+            }
+            drop(slot);
+            let queued = !self
+                .beats
+                .queue
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .is_empty();
+            match queued {
+                true => match self.beats.slots.clone().try_acquire_owned() {
+                    Ok(again) => slot = again,
+                    // Another writer took the slot, and the beats with it.
+                    Err(_) => return,
+                },
+                false => return,
             }
         }
     }
@@ -223,31 +238,30 @@ impl Store {
             Pool::Postgres(p) => {
                 let col = |f: fn(&BeatRow) -> String| rows.iter().map(|r| f(r)).collect::<Vec<_>>();
                 let found: Vec<(String, String, bool)> = sqlx::query_as(
-                    "with b as (
-                       select h.id, u.*
-                       from unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[], $5::text[],
-                                   $6::text[], $7::text[], $8::text[], $9::int[], $10::text[])
-                            as u(token_hash, seen_at, agent_version, lxd, relay, tunnel, gpu,
-                                 storage, instances, details)
-                       join hosts h on h.token_hash = u.token_hash and h.retired_at is null
-                     ), w as (
-                       insert into host_status
-                         (host_id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage,
-                          instances, details)
-                       select id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage,
-                              instances, details::jsonb
-                       from b
-                       on conflict (host_id) do update set
-                         seen_at = excluded.seen_at, agent_version = excluded.agent_version,
-                         lxd = excluded.lxd, relay = excluded.relay, tunnel = excluded.tunnel,
-                         gpu = excluded.gpu, storage = excluded.storage,
-                         instances = excluded.instances, details = excluded.details
-                       returning host_id, exists (select 1 from vms v
-                                                  where v.host_id = host_status.host_id
-                                                    and v.deleted_at is null
-                                                    and v.creation_failed_at is null) as live
-                     )
-                     select b.token_hash, w.host_id, w.live from w join b on b.id = w.host_id",
+                    "insert into host_status
+                       (host_id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage,
+                        instances, details)
+                     select id, seen_at, agent_version, lxd, relay, tunnel, gpu, storage,
+                            instances, details::jsonb
+                     from (select (select h.id from hosts h
+                                   where h.token_hash = u.token_hash and h.retired_at is null)
+                                  as id, u.*
+                           from unnest($1::text[], $2::timestamptz[], $3::text[], $4::text[],
+                                       $5::text[], $6::text[], $7::text[], $8::text[],
+                                       $9::int[], $10::text[])
+                                as u(token_hash, seen_at, agent_version, lxd, relay, tunnel,
+                                     gpu, storage, instances, details)) b
+                     -- Each token looked up by its index, whatever the fleet's size.
+                     where id is not null
+                     on conflict (host_id) do update set
+                       seen_at = excluded.seen_at, agent_version = excluded.agent_version,
+                       lxd = excluded.lxd, relay = excluded.relay, tunnel = excluded.tunnel,
+                       gpu = excluded.gpu, storage = excluded.storage,
+                       instances = excluded.instances, details = excluded.details
+                     returning (select token_hash from hosts where id = host_status.host_id),
+                               host_id,
+                               exists (select 1 from vms v where v.host_id = host_status.host_id
+                                         and v.deleted_at is null and v.creation_failed_at is null)",
                 )
                 .bind(col(|r| r.token_hash.clone()))
                 .bind(rows.iter().map(|r| r.seen_at).collect::<Vec<_>>())

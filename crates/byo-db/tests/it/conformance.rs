@@ -2336,8 +2336,10 @@ async fn step133_beats_arriving_together_are_written_together_each_answered_as_i
         .map(|_| SecretToken::generate(TokenKind::Host))
         .collect();
 
-    // Beat `k` of a host says `instances = k`: the row kept is one of the host's beats.
-    let calls: Vec<(TokenHash, Option<(String, bool)>, u32)> = (0..100u32)
+    // Beat `k` of a host says `instances = k`: the row kept is one of the host's beats. Each
+    // call: the token, the answer it must hear, `k`.
+    type Call = (TokenHash, Option<(String, bool)>, u32);
+    let calls: Vec<Call> = (0..100u32)
         .map(|k| match k % 25 {
             24 => (gone_token.hash(), None, k),
             20..=23 => (strangers[(k % 4) as usize].hash(), None, k),
