@@ -110,6 +110,31 @@ impl Store {
         .map_err(Into::into)
     }
 
+    /// The relay address of each of these hosts that has one, in one round trip (the
+    /// instance list names each instance's relay).
+    pub async fn relay_ips(
+        &self,
+        ids: &[&str],
+    ) -> Result<std::collections::HashMap<String, String>> {
+        if ids.is_empty() {
+            return Ok(Default::default());
+        }
+        let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "select id, relay_ip from hosts where relay_ip is not null and id in ({})",
+            marks.join(", ")
+        );
+        let rows: Vec<(String, String)> = on_pool!(self, |p| {
+            // Only the count of placeholders is formatted in; every id is bound.
+            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()));
+            for id in ids {
+                q = q.bind(*id);
+            }
+            q.fetch_all(p).await
+        })?;
+        Ok(rows.into_iter().collect())
+    }
+
     pub async fn host(&self, id: &str) -> Result<Option<HostRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, HostRow>(
             "select id, slug, owner_sub, profile_id, gpu_type, active, dedicated, dedicated_to,

@@ -611,9 +611,29 @@ async fn sessions_expire_and_end(db: TestDb) {
             .await
             .unwrap()
             .unwrap()
+            .0
             .sub,
         a
     );
+    // The session's answer carries the user's roles, in order, read with it.
+    let store: &Store = &db;
+    let roles = || async {
+        store
+            .session_user(&t.hash(), start)
+            .await
+            .unwrap()
+            .unwrap()
+            .1
+    };
+    assert_eq!(roles().await, []);
+    db.grant_role(&a, Role::Superadmin, None, start)
+        .await
+        .unwrap();
+    db.grant_role(&a, Role::CommunityHost, None, start)
+        .await
+        .unwrap();
+    assert_eq!(roles().await, db.roles_of(&a).await.unwrap());
+    assert_eq!(roles().await.len(), 2);
     assert!(
         db.session_user(&t.hash(), start + Duration::hours(2))
             .await
@@ -2159,6 +2179,12 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
             .unwrap();
     }
     store.retire_host(&gone, now()).await.unwrap();
+    // The instance list's relay addresses, in one read: only hosts that have one.
+    assert_eq!(
+        store.relay_ips(&[&a, &b, "no-such-host"]).await.unwrap(),
+        [(a.clone(), "203.0.113.1".to_owned())].into()
+    );
+    assert!(store.relay_ips(&[]).await.unwrap().is_empty());
 
     let targets: Vec<(String, String, Option<String>, Option<String>)> = store
         .agent_targets()

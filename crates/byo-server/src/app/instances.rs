@@ -55,23 +55,17 @@ pub async fn view(state: &AppState, row: &VmRow) -> AppResult<InstanceView> {
 
 /// [`view`] for many rows, reading each host once.
 pub async fn views(state: &AppState, rows: &[VmRow]) -> AppResult<Vec<InstanceView>> {
-    let mut relays: std::collections::HashMap<&str, Option<String>> = Default::default();
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let relay_address = match row.host_id.as_deref() {
-            Some(id) => match relays.get(id) {
-                Some(known) => known.clone(),
-                None => {
-                    let ip = state.store.host(id).await?.and_then(|h| h.relay_ip);
-                    relays.insert(id, ip.clone());
-                    ip
-                }
-            },
-            None => None,
-        };
-        out.push(view_on(state, row, relay_address));
-    }
-    Ok(out)
+    let mut hosts: Vec<&str> = rows.iter().filter_map(|r| r.host_id.as_deref()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let relays = state.store.relay_ips(&hosts).await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let relay_address = row.host_id.as_deref().and_then(|h| relays.get(h)).cloned();
+            view_on(state, row, relay_address)
+        })
+        .collect())
 }
 
 /// The line a customer logs in with: the instance's name where DNS is published, else its
