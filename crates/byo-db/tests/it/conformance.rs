@@ -2049,6 +2049,27 @@ async fn g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_fo
     );
     assert_eq!(of(alice.clone(), at(9)).await, std::slice::from_ref(&live));
     assert_eq!(of(bob.clone(), at(0)).await, [stuck.clone(), bobs.clone()]);
+    // The same list with each host's relay address, read with it (only spark-b has one here).
+    store
+        .execute_unchecked(&format!(
+            "update hosts set relay_ip = '203.0.113.9' where id = '{b}'"
+        ))
+        .await
+        .unwrap();
+    let with_relays: Vec<(String, Option<String>)> = store
+        .listed_vms_of(&bob, at(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.vm.id, l.relay_ip))
+        .collect();
+    assert_eq!(
+        with_relays,
+        [
+            (stuck.clone(), None),
+            (bobs.clone(), Some("203.0.113.9".into()))
+        ]
+    );
     // A host's live rows: what its heartbeat's list is compared with.
     for (on, want) in [(&a, &live), (&b, &bobs), (&c, &stuck)] {
         let held: Vec<String> = store

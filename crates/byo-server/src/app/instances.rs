@@ -661,8 +661,11 @@ impl Deleter<'_> {
 /// `user`'s instances: every live one, and those that ended in the last week.
 pub async fn recent(state: &AppState, user: &CurrentUser) -> AppResult<Vec<InstanceView>> {
     let since = state.clock.now() - chrono::Duration::days(RECENT_DAYS);
-    let rows = state.store.vms_of(&user.user.sub, since).await?;
-    views(state, &rows).await
+    let listed = state.store.listed_vms_of(&user.user.sub, since).await?;
+    Ok(listed
+        .into_iter()
+        .map(|l| view_on(state, &l.vm, l.relay_ip))
+        .collect())
 }
 
 /// One of `user`'s instances; anyone else's is as absent as none.
