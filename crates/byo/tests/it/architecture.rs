@@ -446,16 +446,6 @@ fn the_rules_name_no_http_status() {
 /// `"no_capacity"`.
 #[test]
 fn the_server_matches_rules_not_constraint_names() {
-    fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            if path.is_dir() {
-                rust_files(&path, out);
-            } else if path.extension().is_some_and(|e| e == "rs") {
-                out.push(path);
-            }
-        }
-    }
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../byo-server/src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
