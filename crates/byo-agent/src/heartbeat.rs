@@ -175,10 +175,10 @@ fn observe<H: Host + ?Sized>(host: &mut H, config: &VmConfig) -> Observed {
     // L3: each satellite's LXD asked over the management network, its worker brought in
     // step with the head. Under the host's lock, so it never crosses a create or a delete.
     let (mut half, mut moved) = (Vec::new(), Vec::new());
-    if let (Some(pair), true) = (&config.pair, lxd_up) {
+    if lxd_up && !config.machines.is_single() {
         match crate::vms::head(host) {
             Ok(head) => {
-                let (moves, why) = crate::workers::keep(pair, head.as_ref());
+                let (moves, why) = crate::workers::keep(&config.machines, head.as_ref());
                 moved = moves.iter().map(ToString::to_string).collect();
                 half = why
                     .into_iter()
@@ -568,7 +568,7 @@ mod tests {
             tunnel,
             operator_keys_held: None,
             prepare_lock: None,
-            pair: None,
+            machines: crate::machines::Machines::single(),
             reboot_flag: None,
         }
     }

@@ -2,7 +2,12 @@
 //! cables with the plan's addresses, a satellite's management address, pinned host key and
 //! LXD socket, and where serving keeps what it reaches them with.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
+
+use crate::host::{Fallible, Host, SshHost};
 
 /// One of a rail's ends on one machine: the port, the plan's address on it, its MTU.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +33,112 @@ pub struct PairNode {
     pub lxd_socket: Option<String>,
     /// The cables this machine's containers hold, in rail order.
     pub rails: Vec<RailAddr>,
+}
+
+/// How serving reaches a satellite's LXD.
+pub trait SatelliteHosts: Send + Sync + std::fmt::Debug {
+    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>>;
+}
+
+/// The machines a host spans, node0 first: one Spark (no satellites), or a pair's or a
+/// ring's. Serving treats both alike — what it does to the satellites it does to none on one
+/// Spark — so a single host and a pair are one code path, not a pair that may be missing.
+#[derive(Clone, Debug)]
+pub struct Machines {
+    /// Every machine with its rails, node0 first; empty on one Spark (node0 holds no rails).
+    pub nodes: Vec<PairNode>,
+    pub hosts: Arc<dyn SatelliteHosts>,
+    /// Where serving asks root's `enverge-agent-rails.path` to address node0's rails again
+    /// (`byo_core::render::units::RAILS_FLAG`); `None`: nobody to ask.
+    pub rails_flag: Option<PathBuf>,
+}
+
+impl Machines {
+    /// One Spark: node0 alone.
+    pub fn single() -> Self {
+        Machines {
+            nodes: Vec::new(),
+            hosts: Arc::new(NoSatellites),
+            rails_flag: None,
+        }
+    }
+
+    /// What preparation handed over: one Spark when it names no machines.
+    pub fn handed(nodes: &[PairNode], hosts: Arc<dyn SatelliteHosts>, rails_flag: PathBuf) -> Self {
+        if nodes.is_empty() {
+            return Machines::single();
+        }
+        Machines {
+            nodes: nodes.to_vec(),
+            hosts,
+            rails_flag: Some(rails_flag),
+        }
+    }
+
+    pub fn node0_rails(&self) -> &[RailAddr] {
+        self.nodes
+            .iter()
+            .find(|n| n.index == 0)
+            .map(|n| &n.rails[..])
+            .unwrap_or_default()
+    }
+
+    pub fn satellites(&self) -> impl Iterator<Item = &PairNode> {
+        self.nodes.iter().filter(|n| n.index > 0)
+    }
+
+    /// One Spark: an instance is its head alone.
+    pub fn is_single(&self) -> bool {
+        self.satellites().next().is_none()
+    }
+
+    /// How many machines an instance spans (1 on one Spark).
+    pub fn count(&self) -> u32 {
+        u32::try_from(self.nodes.len().max(1)).unwrap_or(u32::MAX)
+    }
+}
+
+/// One Spark's way to its satellites: there are none to reach.
+#[derive(Debug)]
+struct NoSatellites;
+
+impl SatelliteHosts for NoSatellites {
+    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
+        Err(format!("node{} is not a machine of this host", node.index))
+    }
+}
+
+/// serving's way to the satellites: SSH as spark with its copy of node0's peer key (handed
+/// over by preparation, spark's own, in the agent's state directory), the host key pinned.
+#[derive(Debug)]
+pub struct SshSatelliteHosts {
+    /// `/var/lib/enverge-agent`: the key, the pinned host keys, the connection sockets.
+    pub dir: PathBuf,
+}
+
+impl SatelliteHosts for SshSatelliteHosts {
+    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
+        let addr = node
+            .mgmt_addr
+            .clone()
+            .ok_or_else(|| format!("node{} has no management address", node.index))?;
+        Ok(Box::new(SshHost {
+            node: node.index,
+            user: crate::names::SPARK.to_owned(),
+            addr,
+            key: self.dir.join(SERVING_PEER_KEY),
+            known_hosts: self.dir.join(known_hosts_file(node.index)),
+            port: 22,
+            lxd_socket: node
+                .lxd_socket
+                .clone()
+                .ok_or_else(|| format!("node{} has no LXD socket in the hand-over", node.index))?,
+            password_file: None,
+            host_key_alias: None,
+            control_path: Some(self.dir.join(format!("peer-{}.ctl", node.index))),
+            proxy: None,
+        }))
+    }
 }
 
 /// serving's state directory (its unit may write there).
@@ -107,7 +218,7 @@ pub fn satellite_host(
     lxd_socket: &str,
     lent: bool,
     shared: bool,
-) -> crate::host::Fallible<crate::host::SshHost> {
+) -> Fallible<SshHost> {
     let addr = peer
         .mgmt_addr
         .clone()
@@ -122,7 +233,7 @@ pub fn satellite_host(
     let known = dir.join(format!("peer-{}.known_hosts", peer.index));
     std::fs::write(&known, known_hosts_line(&addr, &peer.host_key))
         .map_err(|e| format!("pinning node{}'s host key: {e}", peer.index))?;
-    Ok(crate::host::SshHost {
+    Ok(SshHost {
         node: peer.index,
         user: user.to_owned(),
         addr,

@@ -67,18 +67,23 @@ async fn put_operator_keys(
         );
     }
     let keys = state.operator_keys.clone();
-    let pair = state.vms.as_ref().and_then(|v| v.config.pair.clone());
+    let machines = state
+        .vms
+        .as_ref()
+        .map_or_else(crate::machines::Machines::single, |v| {
+            v.config.machines.clone()
+        });
     // File IO with fsyncs, and SSH to the satellites: off the async workers.
     let result = tokio::task::spawn_blocking(move || {
         // Root keeps and writes the list (#36); serving verifies it for the answer and waits
         // for root's word.
         let applied = keys.receive_through_root(&body, chrono::Utc::now(), ROOT_TAKES_A_LIST)?;
         // M.4: a pair's satellites get the same list (their spark's own login file).
-        let missed = match (&pair, keys.held()?) {
-            (Some(pair), Some((_, list))) => {
-                crate::workers::push_operator_keys(pair, &list.authorized_keys())
+        let missed = match keys.held()? {
+            Some((_, list)) => {
+                crate::workers::push_operator_keys(&machines, &list.authorized_keys())
             }
-            _ => Vec::new(),
+            None => Vec::new(),
         };
         Ok::<_, ReceiveError>((applied, missed))
     })
@@ -408,13 +413,13 @@ pub fn run(options: ServeOptions) -> anyhow::Result<()> {
                 operator_keys_held: Some(operator_keys.paths.held.clone()),
                 prepare_lock: Some(crate::lock::PREPARE_LOCK.into()),
                 reboot_flag: Some(byo_core::render::units::REBOOT_FLAG.into()),
-                pair: (!handed.pair.is_empty()).then(|| crate::workers::Pair {
-                    nodes: handed.pair.clone(),
-                    hosts: Arc::new(crate::workers::SshSatelliteHosts {
-                        dir: crate::workers::SERVING_STATE.into(),
+                machines: crate::machines::Machines::handed(
+                    &handed.pair,
+                    Arc::new(crate::machines::SshSatelliteHosts {
+                        dir: crate::machines::SERVING_STATE.into(),
                     }),
-                    rails_flag: Some(byo_core::render::units::RAILS_FLAG.into()),
-                }),
+                    byo_core::render::units::RAILS_FLAG.into(),
+                ),
             },
             relay: Box::new(vms::HttpRelayMap::new(
                 &handed.ssh_map_endpoint,

@@ -182,8 +182,9 @@ pub struct VmConfig {
     /// The lock a deliberate re-prepare holds (`lock::PREPARE_LOCK`): creates,
     /// starts and reboots share it, and are refused while the run holds it.
     pub prepare_lock: Option<std::path::PathBuf>,
-    /// A pair's or a ring's machines (`None` on a single Spark): the workers go with the head.
-    pub pair: Option<crate::workers::Pair>,
+    /// The machines an instance spans: node0 alone, or a pair's or a ring's, whose workers
+    /// go with the head.
+    pub machines: crate::machines::Machines,
     /// Where serving asks root's `enverge-agent-reboot.path` for this machine's reboot (L4);
     /// `None`: this host is not rebooted from here.
     pub reboot_flag: Option<std::path::PathBuf>,
@@ -201,11 +202,7 @@ pub fn reboot_host(config: &VmConfig) -> Result<byo_wire::vm::HostRebooting, VmE
     };
     let _held = not_while_preparing(config)?;
     let defer = byo_core::render::units::REBOOT_DEFER_SECS;
-    let satellites = config
-        .pair
-        .as_ref()
-        .map(|pair| crate::workers::reboot_satellites(pair, defer))
-        .unwrap_or_default();
+    let satellites = crate::workers::reboot_satellites(&config.machines, defer);
     std::fs::write(flag, b"requested by the backend\n").map_err(|e| {
         VmError::Failed(format!(
             "asking for node0's reboot ({}): {e}",
@@ -305,15 +302,14 @@ pub fn create<H: Host + ?Sized>(
         key.to_openssh()
             .map_err(|e| VmError::Invalid(e.to_string()))?
     );
-    if let Some(pair) = &config.pair {
-        let longest = byo_core::lockstep::longest_head(pair.machines());
-        if req.name.len() > longest {
-            return Err(VmError::Invalid(format!(
-                "{:?} is too long for a host of {} machines: its workers' names must fit LXD's 63 characters (at most {longest} here)",
-                req.name,
-                pair.machines()
-            )));
-        }
+    let machines = &config.machines;
+    let longest = byo_core::lockstep::longest_head(machines.count());
+    if req.name.len() > longest {
+        return Err(VmError::Invalid(format!(
+            "{:?} is too long for a host of {} machines: its workers' names must fit LXD's 63 characters (at most {longest} here)",
+            req.name,
+            machines.count()
+        )));
     }
     let _held = not_while_preparing(config)?;
     let fail = VmError::Failed;
@@ -337,18 +333,12 @@ pub fn create<H: Host + ?Sized>(
     let port = (FIRST_SSH_PORT..)
         .find(|p| !existing.iter().any(|(_, _, q, _)| q == p))
         .ok_or_else(|| VmError::Failed("no port left".into()))?;
-    // A pair: whatever worker a satellite still holds goes first (K1 11.1); a satellite
-    // that cannot be reached fails the create before anything is made.
-    let launcher = match &config.pair {
-        None => None,
-        Some(pair) => {
-            crate::workers::clear(pair)
-                .map_err(|e| VmError::Failed(format!("{e}; nothing was created")))?;
-            Some(crate::workers::mint_launcher(&req.name).map_err(VmError::Failed)?)
-        }
-    };
+    // Whatever worker a satellite still holds goes first (K1 11.1); a satellite that cannot
+    // be reached fails the create before anything is made.
+    crate::workers::clear(machines)
+        .map_err(|e| VmError::Failed(format!("{e}; nothing was created")))?;
     let mut profiles = vec![PROFILE_NAME];
-    if config.pair.is_some() {
+    if !machines.is_single() {
         profiles.push(DUAL_PROFILE);
     }
     let body = json!({
@@ -362,19 +352,14 @@ pub fn create<H: Host + ?Sized>(
     });
     lxd::json_call(h, "POST", "/1.0/instances", &body)
         .map_err(|e| VmError::Failed(format!("the container could not be created: {e}")))?;
-    // From here on, a refusal takes the container back with it — on a pair the workers
-    // too, and both machines' rails are the hosts' again.
+    // From here on, a refusal takes the container back with it — with its workers, and
+    // every machine's rails are the hosts' again.
     let revert = |h: &mut H, why: String| -> VmError {
-        let mut left = Vec::new();
-        if let Some(pair) = &config.pair {
-            left.extend(crate::workers::remove(pair, &req.name));
-        }
+        let mut left = crate::workers::remove(machines, &req.name);
         if let Err(e) = lxd::delete_instance(h, &req.name) {
             left.push(e);
         }
-        if let Some(pair) = &config.pair {
-            left.extend(crate::workers::rails_restored(h, pair));
-        }
+        left.extend(crate::workers::rails_restored(h, machines));
         match left.is_empty() {
             true => VmError::Reverted(why),
             false => VmError::Failed(format!(
@@ -410,15 +395,8 @@ pub fn create<H: Host + ?Sized>(
             format!("the login banner could not be put in: {e}"),
         ));
     }
-    // A pair: the head's rails and launcher key, then a worker on every satellite, which
-    // must start (one GPU sold as two is not an instance).
-    if let (Some(pair), Some(launcher)) = (&config.pair, &launcher) {
-        if let Err(e) = crate::workers::prepare_head(h, pair, &req.name, launcher) {
-            return Err(revert(h, format!("the head's rails could not be set: {e}")));
-        }
-        if let Err(e) = crate::workers::launch(pair, &req.name, &launcher.public) {
-            return Err(revert(h, e));
-        }
+    if let Err(e) = crate::workers::complete_instance(h, machines, &req.name) {
+        return Err(revert(h, e));
     }
     let gpu_check = advisory(h, &req.name, config.gpu);
     let startup_script = startup(h, &req.name);
@@ -533,10 +511,8 @@ pub fn delete<H: Host + ?Sized>(
         .map_err(|e| VmError::Failed(format!("the container could not be deleted: {e}")))?;
     // The workers go with the head; one a satellite that does not answer still holds is
     // removed by lockstep when it does (its head is gone). Then the rails are the hosts'.
-    if let Some(pair) = &config.pair {
-        crate::workers::remove(pair, name);
-        crate::workers::rails_restored(h, pair);
-    }
+    crate::workers::remove(&config.machines, name);
+    crate::workers::rails_restored(h, &config.machines);
     clear_map(relay, config, port).map_err(VmError::Failed)
 }
 
@@ -572,10 +548,8 @@ pub fn change_state<H: Host + ?Sized>(
     // Lockstep (L rule 4): the workers follow the head. A satellite that does not answer
     // does not hold the customer's button; the heartbeat brings its worker in step.
     let workers = |action: &str| {
-        if let Some(pair) = &config.pair {
-            for e in crate::workers::power(pair, name, action) {
-                tracing::warn!(error = %e, "a worker did not follow its head; the heartbeat tries again");
-            }
+        for e in crate::workers::power(&config.machines, name, action) {
+            tracing::warn!(error = %e, "a worker did not follow its head; the heartbeat tries again");
         }
     };
     match action {
@@ -584,9 +558,7 @@ pub fn change_state<H: Host + ?Sized>(
             workers("stop");
             // A stopped instance does not hold the rails (rule 5): they are the hosts' again,
             // addressed, so a deliberate run on the idle pair finds its cables.
-            if let Some(pair) = &config.pair {
-                crate::workers::rails_restored(h, pair);
-            }
+            crate::workers::rails_restored(h, &config.machines);
             clear_map(relay, config, port).map_err(fail)
         }
         VmAction::Start => {
@@ -691,9 +663,9 @@ pub fn restore<H: Host + ?Sized>(
     }
     // L2.3: the workers after the head, before the relay. A satellite that does not answer
     // does not stop node0 serving (L2.4); the heartbeat keeps asking (L3).
-    if let Some(pair) = &config.pair {
+    if !config.machines.is_single() {
         // Each move is logged where it is made.
-        let (_, half) = crate::workers::keep(pair, head(h)?.as_ref());
+        let (_, half) = crate::workers::keep(&config.machines, head(h)?.as_ref());
         for why in half {
             tracing::warn!(%why, "half a pair at start");
         }
@@ -738,6 +710,8 @@ mod tests {
     struct FakeLxd {
         instances: serde_json::Value,
         calls: Vec<(String, String)>,
+        /// The JSON bodies sent, in order.
+        sent: Vec<serde_json::Value>,
     }
 
     impl Host for FakeLxd {
@@ -753,8 +727,11 @@ mod tests {
         fn remove(&mut self, path: &str) -> Fallible<()> {
             Err(format!("no removes here: {path}"))
         }
-        fn lxd(&mut self, method: &str, path: &str, _: LxdBody<'_>) -> Fallible<LxdReply> {
+        fn lxd(&mut self, method: &str, path: &str, body: LxdBody<'_>) -> Fallible<LxdReply> {
             self.calls.push((method.to_owned(), path.to_owned()));
+            if let LxdBody::Json(v) = body {
+                self.sent.push(v.clone());
+            }
             let (status, body) = match (method, path) {
                 ("GET", "/1.0/instances?recursion=1") => (
                     200,
@@ -826,7 +803,7 @@ mod tests {
             gpu: false,
             operator_keys_held: None,
             prepare_lock: None,
-            pair: None,
+            machines: crate::machines::Machines::single(),
             reboot_flag: None,
         }
     }
@@ -839,6 +816,7 @@ mod tests {
             let mut lxd = FakeLxd {
                 instances: json!([ours("vm-first", status, 22000), {"name": "lofispark-build", "status": "Stopped", "config": {}}]),
                 calls: Vec::new(),
+                sent: Vec::new(),
             };
             let relay = Relay::default();
             let err = create(&mut lxd, &relay, &config(), &request("vm-second")).unwrap_err();
@@ -865,10 +843,93 @@ mod tests {
         let mut lxd = FakeLxd {
             instances: json!([ours("vm-first", "Running", 22000)]),
             calls: Vec::new(),
+            sent: Vec::new(),
         };
         let relay = Relay::default();
         let err = create(&mut lxd, &relay, &config(), &request("vm-first")).unwrap_err();
         assert!(matches!(err, VmError::Conflict(_)), "{err:?}");
+        assert!(lxd.calls.iter().all(|(method, _)| method == "GET"));
+    }
+
+    /// A pair whose satellite answers holding nothing, or never answers.
+    fn pair(answers: bool) -> crate::machines::Machines {
+        #[derive(Debug)]
+        struct Satellite(bool);
+        impl crate::machines::SatelliteHosts for Satellite {
+            fn host(&self, _: &crate::machines::PairNode) -> Fallible<Box<dyn Host>> {
+                match self.0 {
+                    true => Ok(Box::new(FakeLxd {
+                        instances: json!([]),
+                        calls: Vec::new(),
+                        sent: Vec::new(),
+                    })),
+                    false => Err("no route to host".into()),
+                }
+            }
+        }
+        let node = |index| crate::machines::PairNode {
+            index,
+            mgmt_addr: Some("10.0.0.9".into()),
+            host_key: None,
+            lxd_socket: None,
+            rails: Vec::new(),
+        };
+        crate::machines::Machines::handed(
+            &[node(0), node(1)],
+            std::sync::Arc::new(Satellite(answers)),
+            "/nowhere".into(),
+        )
+    }
+
+    #[test]
+    fn one_spark_and_a_pair_are_one_path_each_asked_of_its_machines() {
+        let long = "a".repeat(62);
+        let empty = || FakeLxd {
+            instances: json!([]),
+            calls: Vec::new(),
+            sent: Vec::new(),
+        };
+        let profiles = |lxd: &FakeLxd| lxd.sent.last().map(|b| b["profiles"].clone());
+        // One Spark: a 62-character name is an instance name, nothing is asked of satellites
+        // it has none of, and the head is one container on the base profile alone.
+        let mut lxd = empty();
+        let err = create(&mut lxd, &Relay::default(), &config(), &request(&long)).unwrap_err();
+        assert!(err.to_string().contains("could not be created"), "{err}");
+        assert_eq!(profiles(&lxd), Some(json!([PROFILE_NAME])));
+        // A pair: the head also carries the dual profile.
+        let answering = VmConfig {
+            machines: pair(true),
+            ..config()
+        };
+        let mut lxd = empty();
+        let err = create(
+            &mut lxd,
+            &Relay::default(),
+            &answering,
+            &request("vm-first"),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("could not be created"), "{err}");
+        assert_eq!(profiles(&lxd), Some(json!([PROFILE_NAME, DUAL_PROFILE])));
+        // Its worker's name would pass LXD's 63, so a long name is refused before anything.
+        let paired = VmConfig {
+            machines: pair(false),
+            ..config()
+        };
+        let mut lxd = empty();
+        let err = create(&mut lxd, &Relay::default(), &paired, &request(&long)).unwrap_err();
+        assert!(
+            matches!(&err, VmError::Invalid(m) if m.contains("host of 2 machines")),
+            "{err:?}"
+        );
+        assert!(lxd.calls.is_empty(), "{:?}", lxd.calls);
+        // A satellite that does not answer fails the create before the head is made.
+        let mut lxd = empty();
+        let err = create(&mut lxd, &Relay::default(), &paired, &request("vm-first")).unwrap_err();
+        assert!(
+            matches!(&err, VmError::Failed(m) if m.contains("node1 cannot be reached") && m.contains("nothing was created")),
+            "{err:?}"
+        );
         assert!(lxd.calls.iter().all(|(method, _)| method == "GET"));
     }
 
@@ -877,6 +938,7 @@ mod tests {
         let mut lxd = FakeLxd {
             instances: json!([{"name": "lofispark-build", "status": "Stopped", "config": {}}]),
             calls: Vec::new(),
+            sent: Vec::new(),
         };
         let err = create(&mut lxd, &Relay::default(), &config(), &request("vm-first")).unwrap_err();
         // This fake refuses every change: the create got as far as asking LXD for one.

@@ -12,17 +12,16 @@
 //! - What is in step and what is not is `byo_core::lockstep`'s decision; this module gathers
 //!   what each satellite holds and makes the moves.
 
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use byo_core::lockstep::{self, Half, Head, Move, Satellite, Worker};
 use serde_json::json;
 
-use crate::host::{Fallible, Host, SshHost};
+use crate::host::{Fallible, Host};
 use crate::lxd;
 pub use crate::machines::{
-    PEER_KEY_COMMENT, PairNode, RailAddr, SERVING_PEER_KEY, SERVING_STATE, known_hosts_file,
+    Machines, PEER_KEY_COMMENT, PairNode, RailAddr, SERVING_PEER_KEY, SERVING_STATE,
+    SatelliteHosts, SshSatelliteHosts, known_hosts_file,
 };
 use crate::names::{BASE_ALIAS, DUAL_PROFILE, PROFILE_NAME};
 
@@ -36,70 +35,6 @@ pub const CLUSTER_MD: &str = "/etc/enverge/cluster.md";
 /// The account a worker is reached as, from the head, with the launcher key.
 pub const WORKER_USER: &str = "user";
 
-/// How serving reaches a satellite's LXD.
-pub trait SatelliteHosts: Send + Sync + std::fmt::Debug {
-    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>>;
-}
-
-/// The machines of a pair or a ring, node0 first.
-#[derive(Clone, Debug)]
-pub struct Pair {
-    pub nodes: Vec<PairNode>,
-    pub hosts: Arc<dyn SatelliteHosts>,
-    /// Where serving asks root's `enverge-agent-rails.path` to address node0's rails again
-    /// (`byo_core::render::units::RAILS_FLAG`); `None`: nobody to ask.
-    pub rails_flag: Option<PathBuf>,
-}
-
-impl Pair {
-    pub fn node0_rails(&self) -> &[RailAddr] {
-        self.nodes
-            .iter()
-            .find(|n| n.index == 0)
-            .map(|n| &n.rails[..])
-            .unwrap_or_default()
-    }
-    pub fn satellites(&self) -> impl Iterator<Item = &PairNode> {
-        self.nodes.iter().filter(|n| n.index > 0)
-    }
-    pub fn machines(&self) -> u32 {
-        u32::try_from(self.nodes.len()).unwrap_or(u32::MAX)
-    }
-}
-
-/// serving's way to the satellites: SSH as spark with its copy of node0's peer key (handed
-/// over by preparation, spark's own, in the agent's state directory), the host key pinned.
-#[derive(Debug)]
-pub struct SshSatelliteHosts {
-    /// `/var/lib/enverge-agent`: the key, the pinned host keys, the connection sockets.
-    pub dir: PathBuf,
-}
-
-impl SatelliteHosts for SshSatelliteHosts {
-    fn host(&self, node: &PairNode) -> Fallible<Box<dyn Host>> {
-        let addr = node
-            .mgmt_addr
-            .clone()
-            .ok_or_else(|| format!("node{} has no management address", node.index))?;
-        Ok(Box::new(SshHost {
-            node: node.index,
-            user: crate::names::SPARK.to_owned(),
-            addr,
-            key: self.dir.join(SERVING_PEER_KEY),
-            known_hosts: self.dir.join(known_hosts_file(node.index)),
-            port: 22,
-            lxd_socket: node
-                .lxd_socket
-                .clone()
-                .ok_or_else(|| format!("node{} has no LXD socket in the hand-over", node.index))?,
-            password_file: None,
-            host_key_alias: None,
-            control_path: Some(self.dir.join(format!("peer-{}.ctl", node.index))),
-            proxy: None,
-        }))
-    }
-}
-
 /// An interface name as the kernel allows it, and nothing a shell would read.
 fn is_port_name(name: &str) -> bool {
     (1..=15).contains(&name.len())
@@ -110,7 +45,7 @@ fn is_port_name(name: &str) -> bool {
 
 /// The routes node `index`'s container carries on a ring (none on a pair): to each rail it is
 /// not on, through the neighbour that is (`byo_core::ring`).
-pub fn ring_routes(pair: &Pair, index: u32) -> Vec<byo_core::ring::Route> {
+pub fn ring_routes(pair: &Machines, index: u32) -> Vec<byo_core::ring::Route> {
     let nodes: Vec<byo_core::ring::NodeAddrs> = pair
         .nodes
         .iter()
@@ -190,7 +125,7 @@ const RAILS_UNIT: &str = "[Unit]\nDescription=enverge: this container's rails\nB
 fn address_rails<H: Host + ?Sized>(
     h: &mut H,
     instance: &str,
-    pair: &Pair,
+    pair: &Machines,
     index: u32,
 ) -> Fallible<()> {
     let rails = pair
@@ -337,11 +272,25 @@ pub fn dropbear_private(key: &ssh_key::PrivateKey) -> Fallible<Vec<u8>> {
     Ok(out)
 }
 
+/// Once the head runs, the rest of the instance: on a pair or a ring the launcher key minted,
+/// the head's rails and key, and a worker on every satellite, which must start (one GPU sold
+/// as two is not an instance); on one Spark the head is the whole instance. A refusal is the
+/// caller's to revert ([`remove`], with the head).
+pub fn complete_instance<H: Host + ?Sized>(h: &mut H, pair: &Machines, head: &str) -> Fallible<()> {
+    if pair.is_single() {
+        return Ok(());
+    }
+    let launcher = mint_launcher(head)?;
+    prepare_head(h, pair, head, &launcher)
+        .map_err(|e| format!("the head's rails could not be set: {e}"))?;
+    launch(pair, head, &launcher.public)
+}
+
 /// The head's side of a pair: the launcher key's private half for root, its rails, and
 /// cluster.md naming every node.
 pub fn prepare_head<H: Host + ?Sized>(
     h: &mut H,
-    pair: &Pair,
+    pair: &Machines,
     head: &str,
     launcher: &Launcher,
 ) -> Fallible<()> {
@@ -365,7 +314,7 @@ pub fn prepare_head<H: Host + ?Sized>(
 }
 
 /// `/etc/enverge/cluster.md` in the head: which container is where, and how to reach it.
-pub fn cluster_md(pair: &Pair, head: &str) -> String {
+pub fn cluster_md(pair: &Machines, head: &str) -> String {
     let mut s = format!(
         "# This instance: {} machines\n\nThe head (this container) and its workers, joined by the rails. From here, reach a worker as `{WORKER_USER}` over a rail address (the launcher key in /root/.ssh is the only key a worker trusts):\n\n    ssh {WORKER_USER}@<a worker's rail address>\n\n| node | container | rail addresses |\n|---|---|---|\n",
         pair.nodes.len()
@@ -422,7 +371,7 @@ fn workers_on(h: &mut dyn Host) -> Fallible<Vec<Worker>> {
 }
 
 /// What each satellite answers now.
-pub fn observe(pair: &Pair) -> Vec<(u32, Satellite)> {
+pub fn observe(pair: &Machines) -> Vec<(u32, Satellite)> {
     pair.satellites()
         .map(|n| {
             let seen = pair.hosts.host(n).and_then(|mut h| workers_on(&mut *h));
@@ -438,7 +387,7 @@ pub fn observe(pair: &Pair) -> Vec<(u32, Satellite)> {
 }
 
 /// Make the moves lockstep decided; the ones that failed, named.
-pub fn make(pair: &Pair, moves: &[Move]) -> Vec<String> {
+pub fn make(pair: &Machines, moves: &[Move]) -> Vec<String> {
     let mut failed = Vec::new();
     for m in moves {
         let Some(node) = pair.satellites().find(|n| n.index == m.node()) else {
@@ -462,7 +411,7 @@ pub fn make(pair: &Pair, moves: &[Move]) -> Vec<String> {
 
 /// Keep the satellites in step with `head` (L rule 4): the moves made, and why the host is
 /// half a pair (unreachable satellites, missing workers, moves that failed).
-pub fn keep(pair: &Pair, head: Option<&Head>) -> (Vec<Move>, Vec<String>) {
+pub fn keep(pair: &Machines, head: Option<&Head>) -> (Vec<Move>, Vec<String>) {
     let decided = lockstep::keep(head, &observe(pair));
     let failed = make(pair, &decided.moves);
     let mut half: Vec<String> = decided.half.iter().map(Half::to_string).collect();
@@ -472,7 +421,7 @@ pub fn keep(pair: &Pair, head: Option<&Head>) -> (Vec<Move>, Vec<String>) {
 
 /// K1 11.1: any worker already on a satellite goes before a create. A satellite that
 /// cannot be reached fails the create before anything is made.
-pub fn clear(pair: &Pair) -> Fallible<()> {
+pub fn clear(pair: &Machines) -> Fallible<()> {
     for n in pair.satellites() {
         let mut h = pair
             .hosts
@@ -492,7 +441,7 @@ pub fn clear(pair: &Pair) -> Fallible<()> {
 /// Launch `head`'s worker on every satellite, each trusting `launcher_public` alone. A worker
 /// that will not start fails it (one GPU sold as two is not an instance); the caller's revert
 /// ([`remove`], with the head) takes back every worker launched.
-pub fn launch(pair: &Pair, head: &str, launcher_public: &str) -> Fallible<()> {
+pub fn launch(pair: &Machines, head: &str, launcher_public: &str) -> Fallible<()> {
     for n in pair.satellites() {
         let mut h = pair.hosts.host(n)?;
         launch_one(&mut *h, pair, n, head, launcher_public)?;
@@ -502,7 +451,7 @@ pub fn launch(pair: &Pair, head: &str, launcher_public: &str) -> Fallible<()> {
 
 fn launch_one(
     h: &mut dyn Host,
-    pair: &Pair,
+    pair: &Machines,
     n: &PairNode,
     head: &str,
     launcher_public: &str,
@@ -560,7 +509,7 @@ fn launch_one(
 
 /// `op` on `head`'s worker on every satellite: the ones it failed on, with why.
 fn each_worker(
-    pair: &Pair,
+    pair: &Machines,
     head: &str,
     op: impl Fn(&mut dyn Host, &str) -> Fallible<()>,
 ) -> Vec<(String, u32, String)> {
@@ -575,7 +524,7 @@ fn each_worker(
 
 /// Remove `head`'s workers (a delete, or a create reverted). A satellite that cannot be
 /// reached keeps its worker until lockstep removes it (its head is gone): named, not fatal.
-pub fn remove(pair: &Pair, head: &str) -> Vec<String> {
+pub fn remove(pair: &Machines, head: &str) -> Vec<String> {
     each_worker(pair, head, |h, name| lxd::delete_instance(h, name))
         .into_iter()
         .map(|(name, node, e)| {
@@ -586,7 +535,7 @@ pub fn remove(pair: &Pair, head: &str) -> Vec<String> {
 }
 
 /// Start or stop `head`'s workers with it (a customer's start, stop or reboot).
-pub fn power(pair: &Pair, head: &str, action: &str) -> Vec<String> {
+pub fn power(pair: &Machines, head: &str, action: &str) -> Vec<String> {
     each_worker(pair, head, |h, name| lxd::state(h, name, action))
         .into_iter()
         .map(|(name, node, e)| format!("{action} {name} on node{node}: {e}"))
@@ -601,7 +550,7 @@ const SATELLITE_AUTHORIZED_KEYS: &str = "/home/spark/.ssh/authorized_keys";
 /// satellite's spark, which keeps node0's peer key (the line preparation marked) and nothing
 /// else of before. Returns what could not be written, by node; a push that misses one fails and
 /// says so (M.6), and sending again repairs it.
-pub fn push_operator_keys(pair: &Pair, authorized_keys: &str) -> Vec<String> {
+pub fn push_operator_keys(pair: &Machines, authorized_keys: &str) -> Vec<String> {
     push_operator_keys_within(pair, authorized_keys, SATELLITE_PUSH_DEADLINE)
 }
 
@@ -612,7 +561,7 @@ pub fn push_operator_keys(pair: &Pair, authorized_keys: &str) -> Vec<String> {
 const SATELLITE_PUSH_DEADLINE: Duration = Duration::from_secs(12);
 
 fn push_operator_keys_within(
-    pair: &Pair,
+    pair: &Machines,
     authorized_keys: &str,
     deadline: Duration,
 ) -> Vec<String> {
@@ -655,7 +604,7 @@ fn push_operator_keys_within(
 }
 
 /// One satellite's spark login file made `authorized_keys` plus the peer-key line kept.
-fn write_satellite_keys(pair: &Pair, n: &PairNode, authorized_keys: &str) -> Fallible<()> {
+fn write_satellite_keys(pair: &Machines, n: &PairNode, authorized_keys: &str) -> Fallible<()> {
     let mut h = pair.hosts.host(n)?;
     let now = crate::host::read_string(&mut *h, SATELLITE_AUTHORIZED_KEYS)?.unwrap_or_default();
     let mut want = authorized_keys.trim_end().to_owned();
@@ -680,7 +629,7 @@ fn write_satellite_keys(pair: &Pair, n: &PairNode, authorized_keys: &str) -> Fal
 
 /// L4.1–2: each satellite's deferred reboot, first (with no agent of its own, nothing is left
 /// to tell it once node0 is down). One that does not answer does not block (L4.3).
-pub fn reboot_satellites(pair: &Pair, in_secs: u64) -> Vec<byo_wire::vm::SatelliteRebooting> {
+pub fn reboot_satellites(pair: &Machines, in_secs: u64) -> Vec<byo_wire::vm::SatelliteRebooting> {
     pair.satellites()
         .map(|n| {
             let delay = format!("--on-active={in_secs}");
@@ -709,7 +658,7 @@ pub fn reboot_satellites(pair: &Pair, in_secs: u64) -> Vec<byo_wire::vm::Satelli
 /// rail-network did: on a satellite over sudo, on node0 by root's `enverge-agent-rails.path`,
 /// which serving asks through its flag (serving itself holds no privilege). What is still
 /// bare after that is named.
-pub fn rails_restored<H: Host + ?Sized>(h0: &mut H, pair: &Pair) -> Vec<String> {
+pub fn rails_restored<H: Host + ?Sized>(h0: &mut H, pair: &Machines) -> Vec<String> {
     let mut missing = Vec::new();
     let node0 = pair.node0_rails();
     if !bare_rails(h0, node0).is_empty() {
@@ -785,6 +734,8 @@ fn bare_rails<H: Host + ?Sized>(h: &mut H, rails: &[RailAddr]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
 
     fn rail(port: &str, address: &str) -> RailAddr {
@@ -821,7 +772,7 @@ mod tests {
             lxd_socket: None,
             rails: Vec::new(),
         };
-        let pair = Pair {
+        let pair = Machines {
             nodes: vec![node(0), node(1), node(2)],
             hosts: Arc::new(Stalled(std::sync::Mutex::new(hold))),
             rails_flag: None,

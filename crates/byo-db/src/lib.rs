@@ -55,6 +55,7 @@ macro_rules! in_tx {
 
 pub mod api_tokens;
 pub mod audit;
+mod beats;
 pub mod billing;
 pub mod enrollments;
 mod error;
@@ -83,7 +84,7 @@ pub mod testing;
 pub mod users;
 pub mod vms;
 
-pub use error::{DbError, Result};
+pub use error::{DbError, Result, Rule};
 /// The wrapper of the rows' JSON columns (`prepare_state`, `details`…), for whoever builds one.
 pub use sqlx::types::Json;
 
@@ -96,6 +97,8 @@ pub struct Store {
     /// here instead, in order, so they wait only as long as the writer ahead of them. Hold it
     /// for one statement only, never around another store call. `None` on PostgreSQL.
     write_gate: Option<std::sync::Arc<tokio::sync::Mutex<()>>>,
+    /// Heartbeats waiting to be written together (group commit, `beats`).
+    beats: std::sync::Arc<beats::Beats>,
 }
 
 #[derive(Clone, Debug)]
@@ -172,7 +175,18 @@ impl Store {
             Pool::Sqlite(_) => Some(Default::default()),
             Pool::Postgres(_) => None,
         };
-        Ok(Store { pool, write_gate })
+        // Heartbeat writers (group commit): on PostgreSQL two, so one batch is written while
+        // the next is sent (one, three and four measured no better or worse: docs/performance.md);
+        // SQLite has one writer.
+        let beats = std::sync::Arc::new(beats::Beats::new(match pool {
+            Pool::Postgres(_) => 2,
+            Pool::Sqlite(_) => 1,
+        }));
+        Ok(Store {
+            pool,
+            write_gate,
+            beats,
+        })
     }
 
     /// Wait for our turn to write on SQLite (see `write_gate`); immediate on PostgreSQL.

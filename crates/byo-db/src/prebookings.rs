@@ -123,7 +123,7 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
             if unpaid >= max_open_unpaid {
-                return Err(DbError::Refused("prebookings_unpaid_cap".to_owned()));
+                return Err(crate::Rule::UnpaidBookingCap.refused());
             }
             let host: Option<String> = sqlx::query_scalar(
                 "select h.id from hosts h
@@ -145,7 +145,7 @@ impl Store {
             .fetch_optional(&mut *tx)
             .await?;
             let Some(host) = host else {
-                return Err(DbError::Refused("no_host_for_window".to_owned()));
+                return Err(crate::Rule::NoHostForWindow.refused());
             };
             let row = sqlx::query_as::<_, PrebookingRow>(sqlx::AssertSqlSafe(format!(
                 "insert into prebookings (id, user_sub, host_id, gpu_type, start_date, end_date, created_at)
@@ -388,7 +388,7 @@ impl Store {
                 .fetch_optional(&mut *tx)
                 .await?;
                 if open.is_none() {
-                    return Err(DbError::Refused("prebooking_closed".to_owned()));
+                    return Err(crate::Rule::BookingClosed.refused());
                 }
                 let row = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
                     "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, prebooking_id, created_at)

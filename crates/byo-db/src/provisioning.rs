@@ -141,7 +141,7 @@ impl Store {
             .fetch_one(&mut *tx)
             .await?;
             if outstanding >= MAX_OUTSTANDING {
-                return Err(DbError::Refused("allocation_cap".to_owned()));
+                return Err(crate::Rule::AllocationCap.refused());
             }
             // Past any slug a writer other than this one took (a hand-built row).
             let slug = loop {

@@ -28,22 +28,43 @@ impl Store {
         Ok(())
     }
 
-    /// The user behind a live session: not expired, and the user not disabled.
+    /// The user behind a live session (not expired, the user not disabled) with their roles,
+    /// in one round trip: what every request a browser makes asks first (issue #41, 3: the
+    /// check is a read, and one).
     pub async fn session_user(
         &self,
         token_hash: &TokenHash,
         now: DateTime<Utc>,
-    ) -> Result<Option<UserRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, UserRow>(
-            "select u.sub, u.email, u.display_name, u.password_hash, u.created_at, u.disabled_at
+    ) -> Result<Option<(UserRow, Vec<byo_wire::Role>)>> {
+        #[derive(sqlx::FromRow)]
+        struct Row {
+            #[sqlx(flatten)]
+            user: UserRow,
+            roles: Option<String>,
+        }
+        let row = on_pool!(self, |p| {
+            sqlx::query_as::<_, Row>(
+            "select u.sub, u.email, u.display_name, u.password_hash, u.created_at, u.disabled_at,
+                    (select string_agg(r.role, ',' order by r.role) from user_roles r
+                     where r.user_sub = u.sub) as roles
              from sessions s join users u on u.sub = s.user_sub
              where s.token_hash = $1 and s.expires_at > $2 and u.disabled_at is null"
         )
         .bind(token_hash.as_str())
         .bind(now)
         .fetch_optional(p)
-        .await)
-        .map_err(Into::into)
+        .await
+        })?;
+        Ok(row.map(|r| {
+            // An unknown role cannot be stored (user_roles_role_known).
+            let roles = r
+                .roles
+                .iter()
+                .flat_map(|s| s.split(','))
+                .filter_map(|role| role.parse().ok())
+                .collect();
+            (r.user, roles)
+        }))
     }
 
     pub async fn delete_session(&self, token_hash: &TokenHash) -> Result<()> {

@@ -191,7 +191,7 @@ impl Store {
                 .fetch_all(&mut *tx)
                 .await?;
                 if holders.iter().all(|h| h == sub) {
-                    return Err(DbError::Refused("last_superadmin".into()));
+                    return Err(crate::Rule::LastSuperadmin.refused());
                 }
             }
             let done = sqlx::query("delete from user_roles where user_sub = $1 and role = $2")

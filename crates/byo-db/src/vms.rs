@@ -59,6 +59,14 @@ pub struct PickedHost {
 pub(crate) const VM_COLUMNS: &str = "id, user_sub, host_id, name, gpu_type, ssh_hostname, ssh_port, status, \
      created_at, creation_failed_at, delete_requested_at, deleted_at";
 
+/// An instance as its customer's list shows it: the row and its host's relay address.
+#[derive(Clone, Debug, sqlx::FromRow)]
+pub struct ListedVm {
+    #[sqlx(flatten)]
+    pub vm: VmRow,
+    pub relay_ip: Option<String>,
+}
+
 #[derive(Clone, Debug, sqlx::FromRow)]
 pub struct VmRow {
     pub id: String,
@@ -286,16 +294,34 @@ impl Store {
     /// A customer's instances: every live one, and those that ended after `since`, newest
     /// first.
     pub async fn vms_of(&self, user_sub: &str, since: DateTime<Utc>) -> Result<Vec<VmRow>> {
-        on_pool!(self, |p| sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(
-            format!(
-                "select {VM_COLUMNS} from vms
+        Ok(self
+            .listed_vms_of(user_sub, since)
+            .await?
+            .into_iter()
+            .map(|l| l.vm)
+            .collect())
+    }
+
+    /// [`Store::vms_of`], each with its host's relay address, in one statement: the
+    /// customer's instance list (`GET /api/vms`, the instances page) names where each is
+    /// reached.
+    pub async fn listed_vms_of(
+        &self,
+        user_sub: &str,
+        since: DateTime<Utc>,
+    ) -> Result<Vec<ListedVm>> {
+        on_pool!(self, |p| sqlx::query_as::<_, ListedVm>(
+            sqlx::AssertSqlSafe(format!(
+                "select {VM_COLUMNS},
+                    (select h.relay_ip from hosts h where h.id = vms.host_id) as relay_ip
+             from vms
              where user_sub = $1
                and ((deleted_at is null and creation_failed_at is null)
                     or deleted_at > $2 or creation_failed_at > $2)
              order by created_at desc, id
              limit 200"
-            )
-        ))
+            ))
+        )
         .bind(user_sub)
         .bind(since)
         .fetch_all(p)

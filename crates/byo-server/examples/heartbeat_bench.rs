@@ -3,7 +3,7 @@
 //! statement). A fresh database with `--hosts` enrolled hosts (default 1,000), then
 //! `--clients` concurrent callers (default 32), each for `--seconds` (default 10), three ways:
 //!
-//! 1. **the statement alone**: `Store::record_heartbeat`, the one upsert a beat writes, called
+//! 1. **the statement alone**: `Store::record_heartbeat_alone`, the one upsert a beat writes, called
 //!    straight through the pool — the database's own limit through our driver, the anchor
 //!    the other two are read against (pgbench's role in DESIGN §7);
 //! 2. **in-process**: `POST /api/host/heartbeat` through the real router — the whole
@@ -261,7 +261,7 @@ async fn run(backend: Backend, a: &Args) {
         async move {
             let (hash, beat) = &parsed[i];
             let kept = store
-                .record_heartbeat(hash, beat, chrono::Utc::now())
+                .record_heartbeat_alone(hash, beat, chrono::Utc::now())
                 .await
                 .unwrap();
             assert!(kept.is_some(), "the host's token is known");

@@ -521,6 +521,11 @@ pub struct AgentRefusal {
     pub message: String,
 }
 
+/// The backend's code for a create no host of its kind could take now (every candidate
+/// tried, or the one tried still holding another instance): nothing was made and nothing is
+/// billed. A customer's create queues instead of answering it; a booking's launch waits.
+pub const NO_CAPACITY: &str = "no_capacity";
+
 /// The agent's refusal codes. The backend acts on `not_found` (a delete's confirmation,
 /// G.5) and `host_occupied` (a create on a host already holding an instance: no capacity);
 /// the rest it reports with the message.

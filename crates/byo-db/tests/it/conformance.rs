@@ -51,6 +51,7 @@ conformance!(
     g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_found,
     c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_kept_per_machine,
     a_the_relay_ca_is_made_once_and_the_first_insert_wins,
+    step133_beats_arriving_together_are_written_together_each_answered_as_if_alone,
     e1_placement_benches_a_host_after_failures_in_a_row_and_a_success_or_an_operator_clears_it,
     sessions_expire_and_end,
     a36_a_signup_waits_until_it_expires_or_its_address_is_confirmed,
@@ -610,9 +611,29 @@ async fn sessions_expire_and_end(db: TestDb) {
             .await
             .unwrap()
             .unwrap()
+            .0
             .sub,
         a
     );
+    // The session's answer carries the user's roles, in order, read with it.
+    let store: &Store = &db;
+    let roles = || async {
+        store
+            .session_user(&t.hash(), start)
+            .await
+            .unwrap()
+            .unwrap()
+            .1
+    };
+    assert_eq!(roles().await, []);
+    db.grant_role(&a, Role::Superadmin, None, start)
+        .await
+        .unwrap();
+    db.grant_role(&a, Role::CommunityHost, None, start)
+        .await
+        .unwrap();
+    assert_eq!(roles().await, db.roles_of(&a).await.unwrap());
+    assert_eq!(roles().await.len(), 2);
     assert!(
         db.session_user(&t.hash(), start + Duration::hours(2))
             .await
@@ -2028,6 +2049,27 @@ async fn g_instances_are_read_live_by_owner_and_by_host_and_a_stuck_delete_is_fo
     );
     assert_eq!(of(alice.clone(), at(9)).await, std::slice::from_ref(&live));
     assert_eq!(of(bob.clone(), at(0)).await, [stuck.clone(), bobs.clone()]);
+    // The same list with each host's relay address, read with it (only spark-b has one here).
+    store
+        .execute_unchecked(&format!(
+            "update hosts set relay_ip = '203.0.113.9' where id = '{b}'"
+        ))
+        .await
+        .unwrap();
+    let with_relays: Vec<(String, Option<String>)> = store
+        .listed_vms_of(&bob, at(0))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|l| (l.vm.id, l.relay_ip))
+        .collect();
+    assert_eq!(
+        with_relays,
+        [
+            (stuck.clone(), None),
+            (bobs.clone(), Some("203.0.113.9".into()))
+        ]
+    );
     // A host's live rows: what its heartbeat's list is compared with.
     for (on, want) in [(&a, &live), (&b, &bobs), (&c, &stuck)] {
         let held: Vec<String> = store
@@ -2158,6 +2200,12 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
             .unwrap();
     }
     store.retire_host(&gone, now()).await.unwrap();
+    // The instance list's relay addresses, in one read: only hosts that have one.
+    assert_eq!(
+        store.relay_ips(&[&a, &b, "no-such-host"]).await.unwrap(),
+        [(a.clone(), "203.0.113.1".to_owned())].into()
+    );
+    assert!(store.relay_ips(&[]).await.unwrap().is_empty());
 
     let targets: Vec<(String, String, Option<String>, Option<String>)> = store
         .agent_targets()
@@ -2303,6 +2351,87 @@ async fn c_a_host_is_known_by_its_token_reached_by_its_target_and_its_progress_k
         (a.clone(), t2, Some(2))
     );
     assert!(store.host_status(&b).await.unwrap().is_none());
+}
+
+/// Group commit (issue #41, 2): a hundred beats at once — 24 hosts, several beats each, one
+/// host holding a live row, a retired host's token and tokens no host holds — are written in
+/// batches, and each caller hears what its beat alone would have answered; each host's row is
+/// one of its beats. On PostgreSQL a beat the database refuses (a NUL in its details) fails
+/// its own caller only.
+async fn step133_beats_arriving_together_are_written_together_each_answered_as_if_alone(
+    db: TestDb,
+) {
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let mut hosts = Vec::new();
+    for i in 0..25 {
+        let id = host(store, &owner, &format!("spark-{i}")).await;
+        let token = SecretToken::generate(TokenKind::Host);
+        store
+            .execute_unchecked(&format!(
+                "update hosts set token_hash = '{}' where id = '{id}'",
+                token.hash().as_str()
+            ))
+            .await
+            .unwrap();
+        hosts.push((id, token));
+    }
+    let (gone, gone_token) = hosts.pop().unwrap();
+    store.retire_host(&gone, now()).await.unwrap();
+    vm(store, &owner, &hosts[3].0).await;
+    let strangers: Vec<SecretToken> = (0..4)
+        .map(|_| SecretToken::generate(TokenKind::Host))
+        .collect();
+
+    // Beat `k` of a host says `instances = k`: the row kept is one of the host's beats. Each
+    // call: the token, the answer it must hear, `k`.
+    type Call = (TokenHash, Option<(String, bool)>, u32);
+    let calls: Vec<Call> = (0..100u32)
+        .map(|k| match k % 25 {
+            24 => (gone_token.hash(), None, k),
+            20..=23 => (strangers[(k % 4) as usize].hash(), None, k),
+            i => {
+                let (id, token) = &hosts[i as usize];
+                (token.hash(), Some((id.clone(), i == 3)), k)
+            }
+        })
+        .collect();
+    let t = now();
+    let answers = futures::future::join_all(calls.iter().map(|(hash, _, k)| {
+        let mut beat = testing::healthy_beat();
+        beat.instances = *k;
+        async move { store.record_heartbeat(hash, &beat, t).await }
+    }))
+    .await;
+    for ((_, want, k), got) in calls.iter().zip(answers) {
+        assert_eq!(got.unwrap(), *want, "beat {k}");
+    }
+    for (i, (id, _)) in hosts.iter().enumerate().take(20) {
+        let status = store.host_status(id).await.unwrap().expect("a status row");
+        let k = status.instances.unwrap() as usize;
+        assert!(k % 25 == i && status.seen_at == t, "{id}: beat {k}");
+    }
+    assert!(store.host_status(&gone).await.unwrap().is_none());
+
+    // One refused beat among many: it fails alone where the database refuses it.
+    let t2 = t + Duration::seconds(1);
+    let answers =
+        futures::future::join_all(hosts.iter().take(20).enumerate().map(|(i, (_, token))| {
+            let mut beat = testing::healthy_beat();
+            if i == 7 {
+                beat.details.gpu = Some("nul \u{0} here".into());
+            }
+            async move { store.record_heartbeat(&token.hash(), &beat, t2).await }
+        }))
+        .await;
+    for (i, got) in answers.into_iter().enumerate() {
+        match (i, db.backend()) {
+            (7, byo_db::Backend::Postgres) => assert!(got.is_err(), "the NUL beat: {got:?}"),
+            _ => assert_eq!(got.unwrap(), Some((hosts[i].0.clone(), i == 3)), "host {i}"),
+        }
+    }
+    let kept = store.host_status(&hosts[0].0).await.unwrap().unwrap();
+    assert_eq!(kept.seen_at, t2);
 }
 
 /// The installation's relay CA (one row): none until made; of two candidates the first kept,

@@ -46,11 +46,11 @@ pub async fn activate(
         )
         .await
         .map_err(|e| match e {
-            e if e.is_constraint("hosts_active_prepared") => AppError::conflict(
+            e if e.breaks(byo_db::Rule::ActiveHostPrepared) => AppError::conflict(
                 "not_prepared",
                 "this host's preparation has not finished; it cannot be activated",
             ),
-            e if e.is_constraint("hosts_retired_inactive") => {
+            e if e.breaks(byo_db::Rule::RetiredHostInactive) => {
                 AppError::conflict("retired", "a retired host cannot be activated")
             }
             DbError::NotFound => AppError::NotFound,

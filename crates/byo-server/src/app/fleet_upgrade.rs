@@ -167,7 +167,7 @@ pub async fn start(state: &AppState, by: &Superadmin, req: FleetStart) -> AppRes
         .await;
     let run = match run {
         Ok(run) => run,
-        Err(e) if e.is_constraint("fleet_upgrades_one_open") || e.is_constraint("open_marker") => {
+        Err(e) if e.breaks(byo_db::Rule::OneFleetUpgradeOpen) => {
             // Another start won the race.
             return match state.store.open_fleet_run_row().await? {
                 Some(run) => Err(in_progress(&run)),

@@ -505,7 +505,7 @@ pub(crate) async fn retire_refusals_passed(
             DbError::Refused(r) if r == "host_has_prebooking" => {
                 AppError::conflict("prebooked", "this host is owed to a pre-booking")
             }
-            e if e.is_constraint("hosts_retired_inactive") => {
+            e if e.breaks(byo_db::Rule::RetiredHostInactive) => {
                 AppError::conflict("active", "this host was activated meanwhile")
             }
             other => other.into(),

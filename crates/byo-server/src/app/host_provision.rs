@@ -164,7 +164,7 @@ pub async fn provision(
     // The slug is taken from a high-water mark inside provision_host's locked transaction,
     // so two provisions never collide on it; the cap is what a race can refuse.
     let provisioned = match state.store.provision_host(new, now).await {
-        Err(e) if e.is_constraint("allocation_cap") => return Err(allocation_cap()),
+        Err(e) if e.breaks(byo_db::Rule::AllocationCap) => return Err(allocation_cap()),
         other => other?,
     };
     let slug = provisioned.slug.clone();

@@ -55,23 +55,17 @@ pub async fn view(state: &AppState, row: &VmRow) -> AppResult<InstanceView> {
 
 /// [`view`] for many rows, reading each host once.
 pub async fn views(state: &AppState, rows: &[VmRow]) -> AppResult<Vec<InstanceView>> {
-    let mut relays: std::collections::HashMap<&str, Option<String>> = Default::default();
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let relay_address = match row.host_id.as_deref() {
-            Some(id) => match relays.get(id) {
-                Some(known) => known.clone(),
-                None => {
-                    let ip = state.store.host(id).await?.and_then(|h| h.relay_ip);
-                    relays.insert(id, ip.clone());
-                    ip
-                }
-            },
-            None => None,
-        };
-        out.push(view_on(state, row, relay_address));
-    }
-    Ok(out)
+    let mut hosts: Vec<&str> = rows.iter().filter_map(|r| r.host_id.as_deref()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let relays = state.store.relay_ips(&hosts).await?;
+    Ok(rows
+        .iter()
+        .map(|row| {
+            let relay_address = row.host_id.as_deref().and_then(|h| relays.get(h)).cloned();
+            view_on(state, row, relay_address)
+        })
+        .collect())
 }
 
 /// The line a customer logs in with: the instance's name where DNS is published, else its
@@ -316,7 +310,7 @@ pub(crate) enum Placement {
     /// A host took it.
     Created(Box<InstanceCreated>),
     /// No host could take it — none was left to try, or the one tried still held another
-    /// instance — with the words the customer hears (`no_capacity`). A create queues on it;
+    /// instance — with the words the customer hears (`byo_wire::vm::NO_CAPACITY`). A create queues on it;
     /// a booking's launch waits. A host that refused or could not be reached is not this:
     /// that is the walk's error, told as it is.
     NoCapacity(AppError),
@@ -386,13 +380,13 @@ async fn place(
         };
         let row = match written {
             Ok(row) => row,
-            Err(e) if e.is_constraint("vms_one_live_per_prebooking") => {
+            Err(e) if e.breaks(byo_db::Rule::OneLiveInstancePerBooking) => {
                 return Err(AppError::conflict(
                     "already_live",
                     "this booking already holds a live instance",
                 ));
             }
-            Err(e) if e.is_constraint("prebooking_closed") => {
+            Err(e) if e.breaks(byo_db::Rule::BookingClosed) => {
                 return Err(AppError::conflict(
                     "booking_closed",
                     "this booking is closed",
@@ -433,7 +427,7 @@ async fn place(
         Some(Err(refused)) => Err(refused),
         Some(Ok(occupied)) => Ok(Placement::NoCapacity(occupied)),
         None => Ok(Placement::NoCapacity(AppError::conflict(
-            "no_capacity",
+            byo_wire::vm::NO_CAPACITY,
             format!(
                 "no {} host is free right now; nothing was created and nothing is billed",
                 req.gpu_type
@@ -594,7 +588,7 @@ pub(crate) async fn settle_refused(
         // the customer that is no capacity. Which instance it holds is another customer's
         // business; it is in the log and the audit.
         AgentError::Occupied(_) => AppError::conflict(
-            "no_capacity",
+            byo_wire::vm::NO_CAPACITY,
             format!(
                 "no {} host is free right now (the host picked still holds another instance); nothing was created and nothing is billed",
                 row.gpu_type
@@ -667,8 +661,11 @@ impl Deleter<'_> {
 /// `user`'s instances: every live one, and those that ended in the last week.
 pub async fn recent(state: &AppState, user: &CurrentUser) -> AppResult<Vec<InstanceView>> {
     let since = state.clock.now() - chrono::Duration::days(RECENT_DAYS);
-    let rows = state.store.vms_of(&user.user.sub, since).await?;
-    views(state, &rows).await
+    let listed = state.store.listed_vms_of(&user.user.sub, since).await?;
+    Ok(listed
+        .into_iter()
+        .map(|l| view_on(state, &l.vm, l.relay_ip))
+        .collect())
 }
 
 /// One of `user`'s instances; anyone else's is as absent as none.

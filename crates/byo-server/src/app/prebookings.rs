@@ -208,10 +208,10 @@ pub async fn book(
         };
         match state.store.book_prebooking(new, MAX_OPEN_UNPAID, now).await {
             Ok(row) => break row,
-            Err(e) if e.is_constraint("prebookings_host_not_double_booked") && tries < 3 => {
+            Err(e) if e.breaks(byo_db::Rule::HostDoubleBooked) && tries < 3 => {
                 continue;
             }
-            Err(e) if e.is_constraint("prebookings_unpaid_cap") => {
+            Err(e) if e.breaks(byo_db::Rule::UnpaidBookingCap) => {
                 return Err(AppError::conflict(
                     "unpaid_cap",
                     format!(
@@ -220,8 +220,8 @@ pub async fn book(
                 ));
             }
             Err(e)
-                if e.is_constraint("no_host_for_window")
-                    || e.is_constraint("prebookings_host_not_double_booked") =>
+                if e.breaks(byo_db::Rule::NoHostForWindow)
+                    || e.breaks(byo_db::Rule::HostDoubleBooked) =>
             {
                 return Err(AppError::conflict(
                     "no_host_for_window",
@@ -484,7 +484,7 @@ pub async fn reassign(
     match state.store.reassign_prebooking(id, host_id).await {
         Ok(GuardedWrite::Written) => {}
         Ok(GuardedWrite::AlreadySet) => return Err(closed(&row)),
-        Err(e) if e.is_constraint("prebookings_host_not_double_booked") => {
+        Err(e) if e.breaks(byo_db::Rule::HostDoubleBooked) => {
             return Err(AppError::conflict(
                 "host_booked",
                 "another open booking holds that host for an overlapping window",
@@ -720,7 +720,7 @@ pub async fn launch(
         }
         match state.store.reopen_prebooking(id).await {
             Ok(_) => {}
-            Err(e) if e.is_constraint("prebookings_host_not_double_booked") => {
+            Err(e) if e.breaks(byo_db::Rule::HostDoubleBooked) => {
                 return Err(AppError::conflict(
                     "host_booked",
                     "another open booking holds its host for an overlapping window; reassign it first",

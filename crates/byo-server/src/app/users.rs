@@ -60,7 +60,7 @@ pub async fn change_grant(
             .revoke_role(&target.sub, role)
             .await
             .map_err(|e| {
-                if e.is_constraint("last_superadmin") {
+                if e.breaks(byo_db::Rule::LastSuperadmin) {
                     AppError::conflict("last_superadmin", "the last superadmin cannot be revoked")
                 } else {
                     e.into()

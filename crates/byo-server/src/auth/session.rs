@@ -76,14 +76,13 @@ async fn current_user(
     let Ok(token) = SecretToken::parse(TokenKind::Session, cookie.value()) else {
         return Ok(None);
     };
-    let Some(user) = state
+    let Some((user, roles)) = state
         .store
         .session_user(&token.hash(), state.clock.now())
         .await?
     else {
         return Ok(None);
     };
-    let roles = state.store.roles_of(&user.sub).await?;
     Ok(Some(CurrentUser {
         user,
         roles,

@@ -833,10 +833,8 @@ async fn byo_ups_customers_rent_its_test_hosts(w: World) {
     .await;
     let mut config = (*w.app.state.config).clone();
     config.test_hosts_for_everyone = true;
-    let up = byo_server::state::AppState {
-        config: std::sync::Arc::new(config),
-        ..w.app.state.clone()
-    };
+    let mut up = w.app.state.clone();
+    up.config = std::sync::Arc::new(config);
     let customer = w.customer.on(byo_server::router(up));
     let offered = |page: &str| page.contains("value=\"linux-test\"");
     assert!(!offered(&w.customer.page("/instances").await));

@@ -440,6 +440,30 @@ fn the_rules_name_no_http_status() {
     assert!(named.is_empty(), "app/ names HTTP statuses: {named:#?}");
 }
 
+/// The server's rules match outcomes, never names (issue #37, 3): a database refusal is a
+/// `byo_db::Rule` (constraint names are mapped once, in byo-db) and the no-capacity answer's
+/// code is byo-wire's, so no file of byo-server's source asks `is_constraint` or spells
+/// `"no_capacity"`.
+#[test]
+fn the_server_matches_rules_not_constraint_names() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../byo-server/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    assert!(files.len() > 20, "the scan reads the server: {files:?}");
+    let named: Vec<String> = files
+        .iter()
+        .flat_map(|path| {
+            let text = std::fs::read_to_string(path).unwrap();
+            text.lines()
+                .enumerate()
+                .filter(|(_, l)| l.contains("is_constraint(") || l.contains("\"no_capacity\""))
+                .map(|(n, l)| format!("{}:{}: {}", path.display(), n + 1, l.trim()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(named.is_empty(), "the server matches names: {named:#?}");
+}
+
 /// "Skip locally, fail under CI" is read from `CI` in one place, `byo_core::testing`
 /// (issue #19 found two helpers reading it two ways): no other Rust file of the workspace
 /// names the variable in an environment read.
