@@ -2412,6 +2412,19 @@ async fn step133_beats_arriving_together_are_written_together_each_answered_as_i
         assert!(k % 25 == i && status.seen_at == t, "{id}: beat {k}");
     }
     assert!(store.host_status(&gone).await.unwrap().is_none());
+    // The single statement alone (the bench's anchor) answers as a batch does.
+    let beat = testing::healthy_beat();
+    for (hash, want) in [
+        (hosts[3].1.hash(), Some((hosts[3].0.clone(), true))),
+        (hosts[4].1.hash(), Some((hosts[4].0.clone(), false))),
+        (gone_token.hash(), None),
+        (strangers[0].hash(), None),
+    ] {
+        assert_eq!(
+            store.record_heartbeat_alone(&hash, &beat, t).await.unwrap(),
+            want
+        );
+    }
 
     // One refused beat among many: it fails alone where the database refuses it.
     let t2 = t + Duration::seconds(1);
