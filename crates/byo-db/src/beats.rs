@@ -96,6 +96,9 @@ struct Pending {
 pub(crate) struct Beats {
     queue: std::sync::Mutex<Vec<Pending>>,
     slots: Arc<Semaphore>,
+    /// Writes made (a batch or a beat alone): what tells a test that beats were written
+    /// together, since a batch answers exactly as its beats alone would.
+    writes: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for Beats {
@@ -113,6 +116,7 @@ impl Beats {
         Beats {
             queue: Default::default(),
             slots: Arc::new(Semaphore::new(slots)),
+            writes: Default::default(),
         }
     }
 
@@ -179,6 +183,17 @@ impl Store {
         }
     }
 
+    fn count_heartbeat_write(&self) {
+        self.beats
+            .writes
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many heartbeat writes this store has made, each a batch or a beat alone.
+    pub fn heartbeat_writes(&self) -> u64 {
+        self.beats.writes.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// What the batch said, or — the batch failed, or its task went away — the beat
     /// written alone.
     async fn answered(
@@ -227,6 +242,7 @@ impl Store {
     /// The beat alone, in its one statement: the database's own limit for a beat, which the
     /// bench reads the rest against.
     pub(crate) async fn write_alone(&self, row: &BeatRow) -> Result<Written> {
+        self.count_heartbeat_write();
         let _turn = self.write_turn().await;
         on_pool!(self, |p| one!(row).fetch_optional(p).await).map_err(Into::into)
     }
@@ -234,6 +250,7 @@ impl Store {
     /// Several hosts' beats, one each: on PostgreSQL one statement over arrays; on SQLite
     /// (one writer, no arrays) one transaction of the single statement, committed once.
     async fn write_many(&self, rows: &[&BeatRow]) -> Result<HashMap<String, (String, bool)>> {
+        self.count_heartbeat_write();
         match &self.pool {
             Pool::Postgres(p) => {
                 let col = |f: fn(&BeatRow) -> String| rows.iter().map(|r| f(r)).collect::<Vec<_>>();

@@ -2397,6 +2397,7 @@ async fn step133_beats_arriving_together_are_written_together_each_answered_as_i
         })
         .collect();
     let t = now();
+    let writes_before = store.heartbeat_writes();
     let answers = futures::future::join_all(calls.iter().map(|(hash, _, k)| {
         let mut beat = testing::healthy_beat();
         beat.instances = *k;
@@ -2406,6 +2407,9 @@ async fn step133_beats_arriving_together_are_written_together_each_answered_as_i
     for ((_, want, k), got) in calls.iter().zip(answers) {
         assert_eq!(got.unwrap(), *want, "beat {k}");
     }
+    // Written together: far fewer writes than beats (each writer takes what queued meanwhile).
+    let writes = store.heartbeat_writes() - writes_before;
+    assert!(writes < 50, "100 beats took {writes} writes");
     for (i, (id, _)) in hosts.iter().enumerate().take(20) {
         let status = store.host_status(id).await.unwrap().expect("a status row");
         let k = status.instances.unwrap() as usize;
