@@ -96,6 +96,12 @@ pub mod fuzz {
     }
 }
 
+/// The `p` quantile (0 to 1) of latencies in µs, sorted, in ms: what every bench reports.
+pub fn percentile_ms(sorted_us: &[u32], p: f64) -> f64 {
+    let i = ((sorted_us.len() as f64 - 1.0) * p).round() as usize;
+    f64::from(sorted_us[i]) / 1000.0
+}
+
 /// What a benchmark's figure must reach: at least or at most `value`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Target {
@@ -131,6 +137,15 @@ pub fn figure_line(
 #[cfg(test)]
 mod figure_tests {
     use super::*;
+
+    #[test]
+    fn a_percentile_is_the_nearest_rank_of_the_sorted_latencies_in_ms() {
+        let us = [1_000, 2_000, 3_000, 4_000, 10_000];
+        assert_eq!(percentile_ms(&us, 0.0), 1.0);
+        assert_eq!(percentile_ms(&us, 0.5), 3.0);
+        assert_eq!(percentile_ms(&us, 0.9), 10.0);
+        assert_eq!(percentile_ms(&us, 1.0), 10.0);
+    }
 
     #[test]
     fn a_figure_is_one_line_of_six_tab_separated_fields() {

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use byo_core::testing::{Target, figure_line};
+use byo_core::testing::{Target, figure_line, percentile_ms};
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::Backend;
 use byo_db::hosts::NewHost;
@@ -52,11 +52,6 @@ fn args() -> Args {
         }
     }
     a
-}
-
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    f64::from(sorted[i]) / 1000.0
 }
 
 async fn run(backend: Backend, a: &Args) {
@@ -189,11 +184,11 @@ async fn run(backend: Backend, a: &Args) {
         a.clients,
         a.vms,
         all.len(),
-        percentile(&all, 0.50),
-        percentile(&all, 0.90),
-        percentile(&all, 0.99),
-        percentile(&all, 0.999),
-        percentile(&all, 1.0),
+        percentile_ms(&all, 0.50),
+        percentile_ms(&all, 0.90),
+        percentile_ms(&all, 0.99),
+        percentile_ms(&all, 0.999),
+        percentile_ms(&all, 1.0),
     );
     let what = format!("{backend} GET /api/vms over HTTP ({} clients)", a.clients);
     println!(
@@ -211,7 +206,7 @@ async fn run(backend: Backend, a: &Args) {
         figure_line(
             "api_bench",
             &format!("{backend} GET /api/vms p99"),
-            percentile(&all, 0.99),
+            percentile_ms(&all, 0.99),
             "ms",
             Some(Target::AtMost(5.0)),
         )

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use byo_core::testing::{Target, figure_line};
+use byo_core::testing::{Target, figure_line, percentile_ms};
 use byo_core::tokens::{SecretToken, TokenKind};
 use byo_db::Backend;
 use byo_db::testing::TestDb;
@@ -148,11 +148,6 @@ async fn fleet(db: &TestDb, a: &Args) -> String {
     )
 }
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    f64::from(sorted[i]) / 1000.0
-}
-
 async fn run(backend: Backend, a: &Args) {
     let Some(db) = byo_db::testing::fresh(backend).await else {
         println!("{backend}: skipped (set BYO_TEST_POSTGRES_URL)");
@@ -231,16 +226,16 @@ async fn run(backend: Backend, a: &Args) {
     );
     println!(
         "  of which: the read p50 {:.1} ms, the judging p50 {:.1} ms",
-        percentile(&reads, 0.5),
-        percentile(&judged, 0.5)
+        percentile_ms(&reads, 0.5),
+        percentile_ms(&judged, 0.5)
     );
     for (path, mut l) in paths.iter().zip(per_path) {
         l.sort_unstable();
         println!(
             "  {path:<55} p50 {:>7.1} ms  p99 {:>7.1} ms  max {:>7.1} ms",
-            percentile(&l, 0.50),
-            percentile(&l, 0.99),
-            percentile(&l, 1.0)
+            percentile_ms(&l, 0.50),
+            percentile_ms(&l, 0.99),
+            percentile_ms(&l, 1.0)
         );
         // The target is PostgreSQL's (issue #38, 1).
         println!(
@@ -248,7 +243,7 @@ async fn run(backend: Backend, a: &Args) {
             figure_line(
                 "fleet_bench",
                 &format!("{backend} {path} p99 ({} hosts)", a.hosts),
-                percentile(&l, 0.99),
+                percentile_ms(&l, 0.99),
                 "ms",
                 (backend == Backend::Postgres).then_some(Target::AtMost(100.0)),
             )

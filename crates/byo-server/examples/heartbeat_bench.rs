@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use byo_core::testing::{Target, figure_line};
+use byo_core::testing::{Target, figure_line, percentile_ms};
 use byo_core::tokens::{SecretToken, TokenHash, TokenKind};
 use byo_db::Backend;
 use byo_db::hosts::NewHost;
@@ -121,11 +121,6 @@ fn beat(i: usize) -> String {
     .to_string()
 }
 
-fn percentile(sorted: &[u32], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    f64::from(sorted[i]) / 1000.0
-}
-
 /// `a.clients` callers for `a.seconds`, caller `c` beating for hosts `c`, `c + clients`, …
 /// in turn: each call's latency in µs, sorted, and the seconds it all took.
 async fn drive<F, Fut>(a: &Args, hosts: usize, call: F) -> (Vec<u32>, f64)
@@ -181,11 +176,11 @@ fn report(
         a.hosts,
         a.clients,
         all.len(),
-        percentile(all, 0.50),
-        percentile(all, 0.90),
-        percentile(all, 0.99),
-        percentile(all, 0.999),
-        percentile(all, 1.0),
+        percentile_ms(all, 0.50),
+        percentile_ms(all, 0.90),
+        percentile_ms(all, 0.99),
+        percentile_ms(all, 0.999),
+        percentile_ms(all, 1.0),
     );
     let what = format!("{backend} beats, {way} ({} clients)", a.clients);
     println!(
@@ -203,7 +198,7 @@ fn report(
         figure_line(
             "heartbeat_bench",
             &format!("{backend} beat p99, {way}"),
-            percentile(all, 0.99),
+            percentile_ms(all, 0.99),
             "ms",
             p99_target.then_some(Target::AtMost(10.0)),
         )
