@@ -445,7 +445,7 @@ impl Store {
                 let col = |f: &dyn Fn(&NewAttempt<'_>) -> Option<String>| -> Vec<Option<String>> {
                     attempts.iter().map(f).collect()
                 };
-                sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+                let sql = format!(
                     "with i as (
                        select * from unnest($1::text[], $2::text[], $3::text[], $4::text[],
                                             $5::text[], $6::text[], $7::text[])
@@ -459,6 +459,9 @@ impl Store {
                        insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
                        select i.vm_id, q.user_sub, i.host_id, i.name, q.gpu_type, i.ssh_hostname, $9
                        from i join q on q.id = i.queue_id
+                       -- Hosts in one order for every drainer: two batches waiting on each
+                       -- other's uncommitted rows would deadlock.
+                       order by i.host_id
                        on conflict do nothing
                        returning {VM_COLUMNS}),
                      u as (
@@ -471,18 +474,28 @@ impl Store {
                               cast(i.details as jsonb)
                        from v join i on i.vm_id = v.id)
                      select {VM_COLUMNS} from v"
-                )))
-                .bind(col(&|a| Some(a.queue_id.to_owned())))
-                .bind(vm_ids.clone())
-                .bind(col(&|a| a.vm.host_id.map(str::to_owned)))
-                .bind(col(&|a| Some(a.vm.name.to_owned())))
-                .bind(col(&|a| a.vm.ssh_hostname.map(str::to_owned)))
-                .bind(col(&|_| Some(new_id())))
-                .bind(col(&|a| Some(a.audit.to_string())))
-                .bind(token)
-                .bind(created_at)
-                .bind(lease_until)
-                .fetch_all(p)
+                );
+                let (queue_ids, host_ids, names, hostnames, details) = (
+                    col(&|a| Some(a.queue_id.to_owned())),
+                    col(&|a| a.vm.host_id.map(str::to_owned)),
+                    col(&|a| Some(a.vm.name.to_owned())),
+                    col(&|a| a.vm.ssh_hostname.map(str::to_owned)),
+                    col(&|a| Some(a.audit.to_string())),
+                );
+                retry_deadlock(|| {
+                    sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(sql.clone()))
+                        .bind(queue_ids.clone())
+                        .bind(vm_ids.clone())
+                        .bind(host_ids.clone())
+                        .bind(names.clone())
+                        .bind(hostnames.clone())
+                        .bind(col(&|_| Some(new_id())))
+                        .bind(details.clone())
+                        .bind(token)
+                        .bind(created_at)
+                        .bind(lease_until)
+                        .fetch_all(p)
+                })
                 .await?
                 .into_iter()
                 .map(|vm| (vm.id.clone(), vm))
@@ -575,7 +588,8 @@ impl Store {
             marks.join(", ")
         );
         on_pool!(self, |p| {
-            let mut q = sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql.clone())).bind(token);
+            let mut q =
+                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql.clone())).bind(token);
             for id in ids {
                 q = q.bind(*id);
             }
@@ -599,35 +613,44 @@ impl Store {
                 let col = |f: &dyn Fn(&QueuePlaced<'_>) -> String| -> Vec<String> {
                     placed.iter().map(f).collect()
                 };
-                sqlx::query_scalar(
-                    "with i as (
-                       select * from unnest($1::text[], $2::text[], $3::text[], $4::int[],
-                                            $5::text[])
-                         as t(queue_id, vm_id, host_id, ssh_port, how)),
-                     v as (
-                       update vms set status = 'running', ssh_port = i.ssh_port
-                       from i
-                       where vms.id = i.vm_id and vms.status = 'creating'
-                         and vms.creation_failed_at is null and vms.deleted_at is null
-                       returning vms.id),
-                     h as (delete from host_placement where host_id in (select host_id from i)),
-                     q as (
-                       update vm_queue set closed_at = $6, close_reason = i.how,
-                              claimed_until = null, claim_token = null, last_error = null,
-                              last_error_at = null
-                       from i
-                       where vm_queue.id = i.queue_id and vm_queue.vm_id = i.vm_id
-                         and vm_queue.closed_at is null
-                       returning vm_queue.id)
-                     select id from q",
-                )
-                .bind(col(&|x| x.queue_id.to_owned()))
-                .bind(col(&|x| x.vm_id.to_owned()))
-                .bind(col(&|x| x.host_id.to_owned()))
-                .bind(placed.iter().map(|x| x.ssh_port).collect::<Vec<_>>())
-                .bind(col(&|x| x.how.as_str().to_owned()))
-                .bind(now)
-                .fetch_all(p)
+                let (queue_ids, vm_ids, host_ids, ports, hows) = (
+                    col(&|x| x.queue_id.to_owned()),
+                    col(&|x| x.vm_id.to_owned()),
+                    col(&|x| x.host_id.to_owned()),
+                    placed.iter().map(|x| x.ssh_port).collect::<Vec<_>>(),
+                    col(&|x| x.how.as_str().to_owned()),
+                );
+                retry_deadlock(|| {
+                    sqlx::query_scalar(
+                        "with i as (
+                           select * from unnest($1::text[], $2::text[], $3::text[], $4::int[],
+                                                $5::text[])
+                             as t(queue_id, vm_id, host_id, ssh_port, how)),
+                         v as (
+                           update vms set status = 'running', ssh_port = i.ssh_port
+                           from i
+                           where vms.id = i.vm_id and vms.status = 'creating'
+                             and vms.creation_failed_at is null and vms.deleted_at is null
+                           returning vms.id),
+                         h as (delete from host_placement where host_id in (select host_id from i)),
+                         q as (
+                           update vm_queue set closed_at = $6, close_reason = i.how,
+                                  claimed_until = null, claim_token = null, last_error = null,
+                                  last_error_at = null
+                           from i
+                           where vm_queue.id = i.queue_id and vm_queue.vm_id = i.vm_id
+                             and vm_queue.closed_at is null
+                           returning vm_queue.id)
+                         select id from q",
+                    )
+                    .bind(queue_ids.clone())
+                    .bind(vm_ids.clone())
+                    .bind(host_ids.clone())
+                    .bind(ports.clone())
+                    .bind(hows.clone())
+                    .bind(now)
+                    .fetch_all(p)
+                })
                 .await?
             }
             crate::Pool::Sqlite(p) => {
@@ -844,6 +867,25 @@ impl Store {
 
 /// The only unique an instance insert can meet is the live-row rule (the id is fresh);
 /// SQLite names columns rather than the index, so name it here.
+/// Run a batch statement on PostgreSQL again when the server broke a deadlock by failing
+/// it (it wrote nothing): batches lock several rows, and another writer may lock the same
+/// ones in another order.
+async fn retry_deadlock<T, F, Fut>(mut run: F) -> std::result::Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match run().await {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40P01") && tries < 3 => {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn live_row_conflict(e: sqlx::Error) -> DbError {
     match DbError::from(e) {
         DbError::Conflict(_) => DbError::Conflict("vms_one_live_per_host".into()),

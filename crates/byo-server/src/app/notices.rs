@@ -176,14 +176,16 @@ pub async fn queue_placed(state: &AppState, placed: &[(&str, &str, &VmRow, Optio
     let notices: Vec<NewNotice<'_>> = placed
         .iter()
         .zip(&told)
-        .map(|((_, user_sub, _, _), (condition, subject, body))| NewNotice {
-            kind: NoticeKind::QueuePlaced.as_str(),
-            condition,
-            recipient_sub: user_sub,
-            subject,
-            body,
-            deliver_at,
-        })
+        .map(
+            |((_, user_sub, _, _), (condition, subject, body))| NewNotice {
+                kind: NoticeKind::QueuePlaced.as_str(),
+                condition,
+                recipient_sub: user_sub,
+                subject,
+                body,
+                deliver_at,
+            },
+        )
         .collect();
     if let Err(e) = state.store.raise_notices(&notices, now).await {
         tracing::warn!(kind = %NoticeKind::QueuePlaced, placed = placed.len(), error = %e,

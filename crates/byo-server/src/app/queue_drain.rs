@@ -22,8 +22,8 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use byo_db::GuardedWrite;
-use byo_db::hosts::AgentTargetRow;
 use byo_db::audit::NewAudit;
+use byo_db::hosts::AgentTargetRow;
 use byo_db::queue::{NewAttempt, QueueAttempt, QueueClose, QueuePlaced, QueueRow};
 use byo_db::vms::NewVm;
 use byo_db::vms::PickedHost;
@@ -51,6 +51,10 @@ pub const LEASE_SECS: i64 = 60;
 pub const CLAIM_BATCH: i64 = 32;
 /// Candidates a pick returns at least (more when a batch holds many rows of one kind).
 pub const CANDIDATES_PER_ROW: i64 = 8;
+/// A pick asks for this many hosts per row of its group in the batch: concurrent drainers
+/// pick from the head of one order, and a wider window, shuffled, is what keeps them from
+/// writing attempts for the same hosts (each collision a skipped candidate and a wave).
+pub const PICK_PER_WANTED: usize = 8;
 /// Picks per row per run.
 pub const PICKS_PER_ROW: usize = 4;
 /// Candidates tried per row per run.
@@ -519,7 +523,7 @@ async fn next_candidate(state: &AppState, s: &mut Seeker, p: &mut Placing<'_>) -
         }
         s.picks += 1;
         c.picked_in = Some(p.wave);
-        let n = i64::try_from(want * 2)
+        let n = i64::try_from(want * PICK_PER_WANTED)
             .unwrap_or(i64::MAX)
             .max(CANDIDATES_PER_ROW);
         let picked = state
@@ -650,7 +654,12 @@ async fn ask_and_settle(
                 ssh_public_key: l.seeker.key.clone(),
                 ssh_hostname: l.vm.ssh_hostname.clone(),
             };
-            tokio::spawn(async move { (i, instances::ask_create(&state, &host, &request, wait).await) })
+            tokio::spawn(async move {
+                (
+                    i,
+                    instances::ask_create(&state, &host, &request, wait).await,
+                )
+            })
         })
         .collect();
     let mut tried: Vec<Option<Tried>> = launches.iter().map(|_| None).collect();
@@ -718,7 +727,9 @@ async fn ask_and_settle(
         .map(|(l, t)| {
             // Every task answered once, or the error above returned first.
             let t = t.unwrap_or_else(|| {
-                Tried::Silent(AppError::Internal(anyhow::anyhow!("a create went unanswered")))
+                Tried::Silent(AppError::Internal(anyhow::anyhow!(
+                    "a create went unanswered"
+                )))
             });
             (l.seeker, t)
         })
