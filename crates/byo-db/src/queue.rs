@@ -92,7 +92,7 @@ impl QueueClose {
     }
 }
 
-/// What [`Store::start_queue_attempt`] came to.
+/// What [`Store::start_queue_attempts`] came to, per attempt.
 #[derive(Debug)]
 pub enum QueueAttempt {
     /// The attempt's row is written (host, name, SSH name, `created_at`) and the queue row
@@ -144,7 +144,7 @@ pub enum QueueCloseOutcome {
 const LIVE_ATTEMPT: &str = "select 1 from vms v where v.id = vm_queue.vm_id
        and v.deleted_at is null and v.creation_failed_at is null";
 
-/// What [`Store::settle_queue_placed`] writes: the host took the attempt's instance.
+/// What [`Store::settle_queue_placements`] writes per attempt: the host took its instance.
 #[derive(Clone, Copy, Debug)]
 pub struct QueuePlaced<'a> {
     pub queue_id: &'a str,

@@ -445,7 +445,12 @@ async fn e2_a_batchs_hosts_are_asked_at_once_and_a_silent_one_holds_up_no_other(
     );
     let report = drainer.await.unwrap();
     assert_eq!(
-        (report.placed, report.pending, report.refused, report.skipped),
+        (
+            report.placed,
+            report.pending,
+            report.refused,
+            report.skipped
+        ),
         (3, 1, 0, 0),
         "{report}"
     );
@@ -463,7 +468,11 @@ async fn e2_a_batchs_hosts_are_asked_at_once_and_a_silent_one_holds_up_no_other(
     let vm = w.vm(open[0].row.vm_id.as_deref().unwrap()).await;
     assert_eq!(
         (vm.status, vm.host_id.as_deref(), vm.name.as_str()),
-        (VmStatus::Creating, Some(silent.host_id.as_str()), silent.name.as_str())
+        (
+            VmStatus::Creating,
+            Some(silent.host_id.as_str()),
+            silent.name.as_str()
+        )
     );
     let notices = w.db().notices(Some(&w.customer.sub), 10).await.unwrap();
     assert_eq!(
