@@ -615,8 +615,8 @@ enum Tried {
     Silent(AppError),
 }
 
-/// Steps 60–62 for started attempts: every host asked at once (each within the create's
-/// wait), and the answers settled as they come — the accepted (a 2xx, read or not) in one
+/// The rest of steps 59–62 for started attempts (dispatch, and what the hosts said): every
+/// host asked at once (each within the create's wait), and the answers settled as they come — the accepted (a 2xx, read or not) in one
 /// write that runs each instance and closes its queue row, then audited and told to their
 /// customers together; a refusal or a silence settled on its own. One spawned task, as the
 /// dashboard's create: nothing cuts it between its writes.
