@@ -872,6 +872,18 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         .unwrap();
     site.wait_text("#instances td.status", |t| t == "running", "running")
         .await;
+    // Issue #42, 5: after the create the page says what happened at its top, with the
+    // heading and navigation in view: no jump down to the row, which is marked instead.
+    site.wait_text("#done", |t| t.contains(" is created."), "the create said")
+        .await;
+    let top = c
+        .execute(
+            "return [window.scrollY, document.querySelectorAll('#instances tr.done').length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(top, serde_json::json!([0, 1]), "scrolled, or no row marked");
     let epoch = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
     let rows = site.app.db.vms_of(&customer_sub, epoch).await.unwrap();
     assert_eq!(rows.len(), 1);
