@@ -452,6 +452,18 @@ pub async fn progress(
 /// so its size is not ours to choose.
 const SHOWN_REQUEST_BYTES: usize = 4096;
 
+/// The GPUs a machine reported, as a person reads them: a test host with none says so
+/// (issue #42, 8: not "? × 0").
+fn gpu_line(model: Option<&str>, count: Option<u64>) -> String {
+    match (model, count) {
+        (_, Some(0)) => "no GPU".into(),
+        (Some(m), Some(n)) => format!("{m} × {n}"),
+        (Some(m), None) => m.to_owned(),
+        (None, Some(n)) => format!("{n} GPU(s), model not reported"),
+        (None, None) => "—".into(),
+    }
+}
+
 /// What turned up, in a few words, from the enrolment's fingerprint (node 0's identity once
 /// enrolled, the whole request when rejected), with what was stored behind a toggle.
 fn turned_up(e: &EnrollmentView) -> Markup {
@@ -465,12 +477,7 @@ fn turned_up(e: &EnrollmentView) -> Markup {
         return html! { dl.facts { dt { "Machine" } dd { "nothing yet" } (when) } };
     };
     let text = |k: &str| f[k].as_str().filter(|s| !s.is_empty());
-    let gpu = match (text("gpu_model"), f["gpu_count"].as_u64()) {
-        (Some(m), Some(n)) => format!("{m} × {n}"),
-        (Some(m), None) => m.to_owned(),
-        (None, Some(n)) => format!("? × {n}"),
-        (None, None) => "—".into(),
-    };
+    let gpu = gpu_line(text("gpu_model"), f["gpu_count"].as_u64());
     let os = [text("os_id"), text("os_version")]
         .into_iter()
         .flatten()
@@ -718,5 +725,20 @@ pub async fn stop_hosting(
         )
             .into_response()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_line;
+
+    #[test]
+    fn gpus_are_named_as_a_person_reads_them() {
+        assert_eq!(gpu_line(Some("GB10"), Some(1)), "GB10 × 1");
+        assert_eq!(gpu_line(None, Some(0)), "no GPU");
+        assert_eq!(gpu_line(Some("none"), Some(0)), "no GPU");
+        assert_eq!(gpu_line(None, Some(2)), "2 GPU(s), model not reported");
+        assert_eq!(gpu_line(Some("GB10"), None), "GB10");
+        assert_eq!(gpu_line(None, None), "—");
     }
 }
