@@ -75,7 +75,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                     br;
                     small.step.error[failed(p)] {
                         (if nodes.len() > 1 { "node 0: " } else { "last step: " }) (step_line(p))
-                        ", attempt " (p.attempt) ", at " (p.at_text())
+                        (step_when(p))
                     }
                     @if failed(p) { (failure_advice_line(p, now, facts.prepared_at.is_some())) }
                 }
@@ -86,7 +86,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                         @match &n.prepare_state {
                             Some(p) => {
                                 (step_line(&p.0))
-                                ", attempt " (p.0.attempt) ", at " (p.0.at_text())
+                                (step_when(&p.0))
                             }
                             None => "not started",
                         }
@@ -451,6 +451,15 @@ pub async fn progress(
 /// How much of a stored enrolment request the operators' page renders: an agent writes it,
 /// so its size is not ours to choose.
 const SHOWN_REQUEST_BYTES: usize = 4096;
+
+/// When a step was last reported, as a person reads it, and its attempt once it is a retry
+/// (issue #42, 8: no "attempt 1" that never moves, no raw timestamp).
+fn step_when(p: &byo_wire::prepare::PrepareState) -> Markup {
+    html! {
+        @if p.attempt > 1 { ", attempt " (p.attempt) }
+        ", " (super::instances::at(p.at))
+    }
+}
 
 /// The GPUs a machine reported, as a person reads them: a test host with none says so
 /// (issue #42, 8: not "? × 0").
