@@ -68,7 +68,8 @@ fn enrollment_state(e: &EnrollmentView) -> String {
 fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTime<Utc>) -> Markup {
     let failed = step_failed;
     html! {
-        div.progress data-settled=(facts.settled(now)) {
+        div.progress data-settled=(facts.settled(now))
+            data-enrolled=(facts.enrollment == Some(byo_wire::states::EnrollmentState::Enrolled)) {
             span.state { (facts.summary()) }
             @if facts.active == Some(false) {
                 @if let Some(p) = facts.prepare_state {
@@ -169,7 +170,8 @@ async fn gpus_page(
                     p { "Everything for " strong { (p.slug) } " is ready. Run this once, as a user who can sudo, on the machine itself. "
                         "It works until "
                         time #one-liner-expiry datetime=(p.expires_at.to_rfc3339_opts(SecondsFormat::Millis, true))
-                            data-now=(now.to_rfc3339_opts(SecondsFormat::Millis, true)) data-countdown="one-liner-countdown" {
+                            data-now=(now.to_rfc3339_opts(SecondsFormat::Millis, true)) data-countdown="one-liner-countdown"
+                            data-used-when={ "#progress-" (p.host_id) " [data-enrolled=\"true\"]" } {
                             (p.expires_at.format("%Y-%m-%d %H:%M:%S UTC"))
                         }
                         " (one hour) and only once. "

@@ -365,6 +365,22 @@ async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() 
         "{first:?} then {later:?}"
     );
 
+    // Issue #42, 8: once the machine ran it (the enrolment redeemed), the one-liner is used:
+    // the countdown stops and says so, and the copy button no longer offers it.
+    let e = site.enroll(token, spark("hw-used")).await;
+    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+    site.wait_text(
+        "#one-liner-countdown",
+        |t| t == "used: your machine enrolled — its progress is below",
+        "the one-liner used",
+    )
+    .await;
+    let copy = c.find(Locator::Css("#copy-one-liner")).await.unwrap();
+    assert!(
+        !copy.is_enabled().await.unwrap(),
+        "a used command is not offered"
+    );
+
     // At zero it says so, and the copy button stops offering a dead command.
     site.goto("/test/countdown").await;
     site.wait_text(
