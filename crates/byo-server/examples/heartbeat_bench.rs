@@ -383,8 +383,8 @@ returning host_id, exists (select 1 from vms v where v.host_id = host_status.hos
                             and v.deleted_at is null and v.creation_failed_at is null);
 "#;
 
-/// 4. pgbench's transactions per second with the beat's upsert, or `None` (and why) when
-/// pgbench is not installed. The hosts' token hashes are rewritten for it: run it last.
+/// Run 4: pgbench's transactions per second with the beat's upsert, or `None` (and why)
+/// when pgbench is not installed. The hosts' token hashes are rewritten for it: run it last.
 async fn pgbench(db: &TestDb, a: &Args, hosts: usize) -> Option<f64> {
     let found = std::env::var_os("PATH")
         .into_iter()
