@@ -433,6 +433,7 @@ pub fn run(
         probe_for: patience.probe_for,
         ..Enroller::new(server, EnrollPaths { root })
     };
+    let given = token.is_some() || token_file.is_some();
     let token = if enroller.kept()?.is_some() {
         String::new()
     } else {
@@ -442,10 +443,24 @@ pub fn run(
     match enroll_this_machine(&enroller, &token)?? {
         EnrollOutcome::Enrolled { slug } => println!("enrolled as {slug}"),
         EnrollOutcome::AlreadyEnrolled { slug } => {
-            println!("already enrolled as {slug}; reusing its credentials")
+            println!("{}", already_enrolled(&slug, given))
         }
     }
     Ok(())
+}
+
+/// What `enroll` says on a machine that enrolled before: a token given now is not used,
+/// and the owner is told so rather than left to think it enrolled the machine afresh.
+fn already_enrolled(slug: &str, token_given: bool) -> String {
+    let mut said = format!("already enrolled as {slug}; reusing its credentials");
+    if token_given {
+        said.push_str(
+            "\nthe token given was not used (it stays unredeemed until it lapses): this machine \
+             keeps its enrolment. To enrol it afresh, hand it back first with \
+             `sudo byo-agent uninstall` (or `install.sh --uninstall`)",
+        );
+    }
+    said
 }
 
 /// Detect this machine (step 126) and redeem `token`, retrying while the backend is away.
@@ -546,5 +561,25 @@ pub fn probe_command(root: &Path) -> anyhow::Result<()> {
         byo_core::probe::Decision::Retry { retry, .. } => {
             Err(EnrollError::NoPeer(retry.to_string()).into())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::already_enrolled;
+
+    /// Issue #42, 8: a token given to a machine that enrolled before is not used, and the
+    /// owner is told so; with none given, the reuse alone is said.
+    #[test]
+    fn a_token_given_to_an_enrolled_machine_is_said_to_be_unused() {
+        let plain = already_enrolled("spark-7", false);
+        assert_eq!(
+            plain,
+            "already enrolled as spark-7; reusing its credentials"
+        );
+        let told = already_enrolled("spark-7", true);
+        assert!(told.starts_with(&plain), "{told}");
+        assert!(told.contains("the token given was not used"), "{told}");
+        assert!(told.contains("byo-agent uninstall"), "{told}");
     }
 }

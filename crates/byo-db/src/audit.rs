@@ -24,6 +24,15 @@ pub struct AuditRow {
     pub via_token: Option<String>,
 }
 
+/// One entry of [`Store::audit_all`]. `details` must never carry a secret.
+#[derive(Clone, Debug)]
+pub struct NewAudit<'a> {
+    pub actor_sub: Option<&'a str>,
+    pub action: &'a str,
+    pub target: Option<&'a str>,
+    pub details: Value,
+}
+
 impl Store {
     /// Record an action. `details` must never carry a secret.
     pub async fn audit(
@@ -34,20 +43,60 @@ impl Store {
         details: Value,
         now: DateTime<Utc>,
     ) -> Result<()> {
-        on_pool!(self, |p| sqlx::query(
-            "insert into audit_log (id, at, actor_sub, action, target, details, via_token)
-             values ($1, $2, $3, $4, $5, $6, $7)"
-        )
-        .bind(new_id())
-        .bind(now)
-        .bind(actor_sub)
-        .bind(action)
-        .bind(target)
-        .bind(Json(&details))
-        .bind(VIA_TOKEN.try_with(Clone::clone).ok())
-        .execute(p)
-        .await
-        .map(|r| r.rows_affected()))?;
+        let entry = NewAudit {
+            actor_sub,
+            action,
+            target,
+            details,
+        };
+        self.audit_all(std::slice::from_ref(&entry), now).await
+    }
+
+    /// Record several actions at `now`, all or none: one statement on PostgreSQL, one
+    /// transaction on SQLite (a batch of placements is audited in one write).
+    pub async fn audit_all(&self, entries: &[NewAudit<'_>], now: DateTime<Utc>) -> Result<()> {
+        let via = VIA_TOKEN.try_with(Clone::clone).ok();
+        match &self.pool {
+            crate::Pool::Postgres(p) => {
+                let col = |f: &dyn Fn(&NewAudit<'_>) -> Option<String>| -> Vec<Option<String>> {
+                    entries.iter().map(f).collect()
+                };
+                sqlx::query(
+                    "insert into audit_log (id, at, actor_sub, action, target, details, via_token)
+                     select e.id, $1, e.actor_sub, e.action, e.target, cast(e.details as jsonb), $2
+                     from unnest($3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+                          as e(id, actor_sub, action, target, details)",
+                )
+                .bind(now)
+                .bind(via)
+                .bind(col(&|_| Some(new_id())))
+                .bind(col(&|e| e.actor_sub.map(str::to_owned)))
+                .bind(col(&|e| Some(e.action.to_owned())))
+                .bind(col(&|e| e.target.map(str::to_owned)))
+                .bind(col(&|e| Some(e.details.to_string())))
+                .execute(p)
+                .await?;
+            }
+            crate::Pool::Sqlite(p) => {
+                let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                for e in entries {
+                    sqlx::query(
+                        "insert into audit_log (id, at, actor_sub, action, target, details, via_token)
+                         values ($1, $2, $3, $4, $5, $6, $7)",
+                    )
+                    .bind(new_id())
+                    .bind(now)
+                    .bind(e.actor_sub)
+                    .bind(e.action)
+                    .bind(e.target)
+                    .bind(Json(&e.details))
+                    .bind(via.as_deref())
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                tx.commit().await?;
+            }
+        }
         Ok(())
     }
 

@@ -59,28 +59,75 @@ impl Store {
     /// Raise `n` at `now`. Nothing is written — and `false` returned — when the person has an
     /// open notice on the same condition, has turned this kind off, is disabled or unknown.
     pub async fn raise_notice(&self, n: &NewNotice<'_>, now: DateTime<Utc>) -> Result<bool> {
-        let written = on_pool!(self, |p| sqlx::query(
-            "insert into notices (id, kind, condition, recipient_sub, email, subject, body,
-                                  created_at, next_attempt_at)
-             select $1, $2, $3, u.sub, u.email, $5, $6, $7, $8
-             from users u
-             where u.sub = $4 and u.disabled_at is null
-               and not exists (select 1 from notice_opt_outs o
-                               where o.user_sub = u.sub and o.kind = $2)
-             on conflict do nothing"
-        )
-        .bind(new_id())
-        .bind(n.kind)
-        .bind(n.condition)
-        .bind(n.recipient_sub)
-        .bind(n.subject)
-        .bind(n.body)
-        .bind(now)
-        .bind(n.deliver_at)
-        .execute(p)
-        .await
-        .map(|r| r.rows_affected()))?;
-        Ok(written == 1)
+        Ok(self.raise_notices(std::slice::from_ref(n), now).await? == 1)
+    }
+
+    /// [`raise_notice`](Store::raise_notice) for several at once, in one statement on
+    /// PostgreSQL and one transaction on SQLite (a drain's batch of placements). How many
+    /// were written.
+    pub async fn raise_notices(&self, ns: &[NewNotice<'_>], now: DateTime<Utc>) -> Result<u64> {
+        match &self.pool {
+            crate::Pool::Postgres(p) => {
+                let col = |f: &dyn Fn(&NewNotice<'_>) -> String| -> Vec<String> {
+                    ns.iter().map(f).collect()
+                };
+                let written = sqlx::query(
+                    "insert into notices (id, kind, condition, recipient_sub, email, subject, body,
+                                          created_at, next_attempt_at)
+                     select n.id, n.kind, n.condition, u.sub, u.email, n.subject, n.body, $1,
+                            n.deliver_at
+                     from unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                                 $7::text[], $8::timestamptz[])
+                          as n(id, kind, condition, recipient_sub, subject, body, deliver_at)
+                     join users u on u.sub = n.recipient_sub
+                     where u.disabled_at is null
+                       and not exists (select 1 from notice_opt_outs o
+                                       where o.user_sub = u.sub and o.kind = n.kind)
+                     on conflict do nothing",
+                )
+                .bind(now)
+                .bind(col(&|_| new_id()))
+                .bind(col(&|n| n.kind.to_owned()))
+                .bind(col(&|n| n.condition.to_owned()))
+                .bind(col(&|n| n.recipient_sub.to_owned()))
+                .bind(col(&|n| n.subject.to_owned()))
+                .bind(col(&|n| n.body.to_owned()))
+                .bind(ns.iter().map(|n| n.deliver_at).collect::<Vec<_>>())
+                .execute(p)
+                .await?
+                .rows_affected();
+                Ok(written)
+            }
+            crate::Pool::Sqlite(p) => {
+                let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
+                let mut written = 0;
+                for n in ns {
+                    written += sqlx::query(
+                        "insert into notices (id, kind, condition, recipient_sub, email, subject,
+                                              body, created_at, next_attempt_at)
+                         select $1, $2, $3, u.sub, u.email, $5, $6, $7, $8
+                         from users u
+                         where u.sub = $4 and u.disabled_at is null
+                           and not exists (select 1 from notice_opt_outs o
+                                           where o.user_sub = u.sub and o.kind = $2)
+                         on conflict do nothing",
+                    )
+                    .bind(new_id())
+                    .bind(n.kind)
+                    .bind(n.condition)
+                    .bind(n.recipient_sub)
+                    .bind(n.subject)
+                    .bind(n.body)
+                    .bind(now)
+                    .bind(n.deliver_at)
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                }
+                tx.commit().await?;
+                Ok(written)
+            }
+        }
     }
 
     /// The conditions of `kind` that have an open notice (to anyone), each once.

@@ -92,7 +92,7 @@ impl QueueClose {
     }
 }
 
-/// What [`Store::start_queue_attempt`] came to.
+/// What [`Store::start_queue_attempts`] came to, per attempt.
 #[derive(Debug)]
 pub enum QueueAttempt {
     /// The attempt's row is written (host, name, SSH name, `created_at`) and the queue row
@@ -144,7 +144,7 @@ pub enum QueueCloseOutcome {
 const LIVE_ATTEMPT: &str = "select 1 from vms v where v.id = vm_queue.vm_id
        and v.deleted_at is null and v.creation_failed_at is null";
 
-/// What [`Store::settle_queue_placed`] writes: the host took the attempt's instance.
+/// What [`Store::settle_queue_placements`] writes per attempt: the host took its instance.
 #[derive(Clone, Copy, Debug)]
 pub struct QueuePlaced<'a> {
     pub queue_id: &'a str,
@@ -152,6 +152,16 @@ pub struct QueuePlaced<'a> {
     pub host_id: &'a str,
     pub ssh_port: Option<i32>,
     pub how: QueueClose,
+}
+
+/// One attempt of [`Store::start_queue_attempts`]: the queue row it is for, the instance
+/// row to write (its `user_sub` and `gpu_type` are the queue row's, read under its lock)
+/// and the details of its `vm.create` audit entry.
+#[derive(Clone, Debug)]
+pub struct NewAttempt<'a> {
+    pub queue_id: &'a str,
+    pub vm: NewVm<'a>,
+    pub audit: serde_json::Value,
 }
 
 /// An attempt row is live: not deleted, not failed.
@@ -412,77 +422,119 @@ impl Store {
         Ok(GuardedWrite::from_rows(done))
     }
 
-    /// E0's precondition and step 59's attempt, all or nothing: check this drainer still
-    /// holds the row and no attempt of it is live, write the attempt's `vms` row (host,
-    /// freshly minted name and SSH name, `created_at`) with its `vm.create` audit entry
-    /// (`audit`, the entry's details), point the row at it, count the attempt and extend
-    /// the lease. On PostgreSQL one statement (the queue row's update locks it, and a
-    /// unique violation on the host undoes all of it); on SQLite one transaction under the
-    /// write lock.
-    pub async fn start_queue_attempt(
+    /// E0's precondition and step 59's attempt for a batch of queue rows, each all or
+    /// nothing on its own: per attempt, check this drainer still holds the row and no
+    /// attempt of it is live, write the attempt's `vms` row (host, freshly minted name and
+    /// SSH name, `created_at`) with its `vm.create` audit entry (the attempt's `audit`
+    /// details), point the row at it, count the attempt and extend the lease. One answer
+    /// per attempt, in order. On PostgreSQL one statement (the queue rows locked, a host
+    /// another writer holds a live row on skipped by `on conflict do nothing`, then, only
+    /// when some were not started, one read telling a taken host from a lost claim); on
+    /// SQLite one transaction under the write lock. A batch never names one host or one
+    /// row twice.
+    pub async fn start_queue_attempts(
         &self,
-        queue_id: &str,
         token: &str,
-        new: NewVm<'_>,
+        attempts: &[NewAttempt<'_>],
         created_at: DateTime<Utc>,
         lease_until: DateTime<Utc>,
-        audit: &serde_json::Value,
-    ) -> Result<QueueAttempt> {
-        let vm_id = new_id();
-        let started: std::result::Result<Option<VmRow>, sqlx::Error> = match &self.pool {
+    ) -> Result<Vec<QueueAttempt>> {
+        let vm_ids: Vec<String> = attempts.iter().map(|_| new_id()).collect();
+        let mut started: std::collections::HashMap<String, VmRow> = match &self.pool {
             crate::Pool::Postgres(p) => {
-                sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
-                    "with q as (
-                       update vm_queue set vm_id = $3, attempts = attempts + 1, claimed_until = $8
-                       where id = $1 and claim_token = $2 and closed_at is null
-                         and not exists ({LIVE_ATTEMPT})
-                       returning user_sub, gpu_type),
+                let col = |f: &dyn Fn(&NewAttempt<'_>) -> Option<String>| -> Vec<Option<String>> {
+                    attempts.iter().map(f).collect()
+                };
+                let sql = format!(
+                    "with i as (
+                       select * from unnest($1::text[], $2::text[], $3::text[], $4::text[],
+                                            $5::text[], $6::text[], $7::text[])
+                         as t(queue_id, vm_id, host_id, name, ssh_hostname, audit_id, details)),
+                     q as (
+                       select vm_queue.id, vm_queue.user_sub, vm_queue.gpu_type from vm_queue
+                       where vm_queue.id in (select queue_id from i) and claim_token = $8
+                         and closed_at is null and not exists ({LIVE_ATTEMPT})
+                       for update),
                      v as (
                        insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
-                       select $3, q.user_sub, $4, $5, q.gpu_type, $6, $7 from q
+                       select i.vm_id, q.user_sub, i.host_id, i.name, q.gpu_type, i.ssh_hostname, $9
+                       from i join q on q.id = i.queue_id
+                       -- Hosts in one order for every drainer: two batches waiting on each
+                       -- other's uncommitted rows would deadlock.
+                       order by i.host_id
+                       on conflict do nothing
                        returning {VM_COLUMNS}),
+                     u as (
+                       update vm_queue set vm_id = v.id, attempts = attempts + 1, claimed_until = $10
+                       from v join i on i.vm_id = v.id
+                       where vm_queue.id = i.queue_id),
                      a as (
                        insert into audit_log (id, at, actor_sub, action, target, details)
-                       select $9, $7, cast(null as text), 'vm.create', v.id, $10 from v)
+                       select i.audit_id, $9, cast(null as text), 'vm.create', v.id,
+                              cast(i.details as jsonb)
+                       from v join i on i.vm_id = v.id)
                      select {VM_COLUMNS} from v"
-                )))
-                .bind(queue_id)
-                .bind(token)
-                .bind(&vm_id)
-                .bind(new.host_id)
-                .bind(new.name)
-                .bind(new.ssh_hostname)
-                .bind(created_at)
-                .bind(lease_until)
-                .bind(new_id())
-                .bind(sqlx::types::Json(audit))
-                .fetch_optional(p)
-                .await
+                );
+                let (queue_ids, host_ids, names, hostnames, details) = (
+                    col(&|a| Some(a.queue_id.to_owned())),
+                    col(&|a| a.vm.host_id.map(str::to_owned)),
+                    col(&|a| Some(a.vm.name.to_owned())),
+                    col(&|a| a.vm.ssh_hostname.map(str::to_owned)),
+                    col(&|a| Some(a.audit.to_string())),
+                );
+                retry_deadlock(|| {
+                    sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(sql.clone()))
+                        .bind(queue_ids.clone())
+                        .bind(vm_ids.clone())
+                        .bind(host_ids.clone())
+                        .bind(names.clone())
+                        .bind(hostnames.clone())
+                        .bind(col(&|_| Some(new_id())))
+                        .bind(details.clone())
+                        .bind(token)
+                        .bind(created_at)
+                        .bind(lease_until)
+                        .fetch_all(p)
+                })
+                .await?
+                .into_iter()
+                .map(|vm| (vm.id.clone(), vm))
+                .collect()
             }
             crate::Pool::Sqlite(p) => {
                 let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
-                let inserted = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
-                    "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
-                     select $3, vm_queue.user_sub, $4, $5, vm_queue.gpu_type, $6, $7 from vm_queue
-                     where id = $1 and claim_token = $2 and closed_at is null
-                       and not exists ({LIVE_ATTEMPT})
-                     returning {VM_COLUMNS}"
-                )))
-                .bind(queue_id)
-                .bind(token)
-                .bind(&vm_id)
-                .bind(new.host_id)
-                .bind(new.name)
-                .bind(new.ssh_hostname)
-                .bind(created_at)
-                .fetch_optional(&mut *tx)
-                .await;
-                if let Ok(Some(vm)) = &inserted {
+                let mut started = std::collections::HashMap::new();
+                for (a, vm_id) in attempts.iter().zip(&vm_ids) {
+                    let inserted = sqlx::query_as::<_, VmRow>(sqlx::AssertSqlSafe(format!(
+                        "insert into vms (id, user_sub, host_id, name, gpu_type, ssh_hostname, created_at)
+                         select $3, vm_queue.user_sub, $4, $5, vm_queue.gpu_type, $6, $7 from vm_queue
+                         where id = $1 and claim_token = $2 and closed_at is null
+                           and not exists ({LIVE_ATTEMPT})
+                         returning {VM_COLUMNS}"
+                    )))
+                    .bind(a.queue_id)
+                    .bind(token)
+                    .bind(vm_id)
+                    .bind(a.vm.host_id)
+                    .bind(a.vm.name)
+                    .bind(a.vm.ssh_hostname)
+                    .bind(created_at)
+                    .fetch_optional(&mut *tx)
+                    .await;
+                    // A taken host fails only its own statement; the transaction goes on.
+                    let vm = match inserted {
+                        Ok(Some(vm)) => vm,
+                        Ok(None) => continue,
+                        Err(e) => match live_row_conflict(e) {
+                            DbError::Conflict(_) => continue,
+                            other => return Err(other),
+                        },
+                    };
                     sqlx::query(
                         "update vm_queue set vm_id = $2, attempts = attempts + 1, claimed_until = $3
                          where id = $1",
                     )
-                    .bind(queue_id)
+                    .bind(a.queue_id)
                     .bind(&vm.id)
                     .bind(lease_until)
                     .execute(&mut *tx)
@@ -494,91 +546,154 @@ impl Store {
                     .bind(new_id())
                     .bind(created_at)
                     .bind(&vm.id)
-                    .bind(sqlx::types::Json(audit))
+                    .bind(sqlx::types::Json(&a.audit))
                     .execute(&mut *tx)
                     .await?;
-                    tx.commit().await?;
+                    started.insert(vm.id.clone(), vm);
                 }
-                inserted
+                tx.commit().await?;
+                started
             }
         };
-        match started {
-            Ok(Some(vm)) => Ok(QueueAttempt::Started(Box::new(vm))),
-            Ok(None) => Ok(QueueAttempt::Lost),
-            Err(e) => match live_row_conflict(e) {
-                DbError::Conflict(_) => Ok(QueueAttempt::HostTaken),
-                other => Err(other),
-            },
-        }
+        // Of the rows not started, those still held (and with no live attempt) met a taken
+        // host; the rest were lost. Read only when some were not started.
+        let unstarted: Vec<&str> = attempts
+            .iter()
+            .zip(&vm_ids)
+            .filter(|(_, id)| !started.contains_key(*id))
+            .map(|(a, _)| a.queue_id)
+            .collect();
+        let held = if unstarted.is_empty() {
+            Vec::new()
+        } else {
+            self.queue_rows_held(token, &unstarted).await?
+        };
+        Ok(attempts
+            .iter()
+            .zip(vm_ids)
+            .map(|(a, id)| match started.remove(&id) {
+                Some(vm) => QueueAttempt::Started(Box::new(vm)),
+                None if held.iter().any(|h| h == a.queue_id) => QueueAttempt::HostTaken,
+                None => QueueAttempt::Lost,
+            })
+            .collect())
     }
 
-    /// Step 62's ending with the host's answer: the attempt's instance runs (`ssh_port` as
-    /// the agent said; guarded by `creating`), the host's failure count is reset, and the
-    /// queue row closes naming the instance (guarded: only an open row whose attempt is
-    /// `vm_id`). One statement on PostgreSQL, one transaction on SQLite. Whether the row
-    /// closed.
-    pub async fn settle_queue_placed(
+    /// Of `ids`, the open rows `token` holds with no live attempt.
+    async fn queue_rows_held(&self, token: &str, ids: &[&str]) -> Result<Vec<String>> {
+        let marks: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 2)).collect();
+        let sql = format!(
+            "select id from vm_queue where claim_token = $1 and closed_at is null
+               and not exists ({LIVE_ATTEMPT}) and id in ({})",
+            marks.join(", ")
+        );
+        on_pool!(self, |p| {
+            let mut q =
+                sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(sql.clone())).bind(token);
+            for id in ids {
+                q = q.bind(*id);
+            }
+            q.fetch_all(p).await
+        })
+        .map_err(Into::into)
+    }
+
+    /// Step 62's ending with the hosts' answers, for a batch of attempts the hosts took:
+    /// each instance runs (`ssh_port` as its agent said; guarded by `creating`), each
+    /// host's failure count is reset, and each queue row closes naming its instance
+    /// (guarded: only an open row whose attempt is `vm_id`). One statement on PostgreSQL,
+    /// one transaction on SQLite. Per attempt, in order, whether its row closed.
+    pub async fn settle_queue_placements(
         &self,
-        placed: QueuePlaced<'_>,
+        placed: &[QueuePlaced<'_>],
         now: DateTime<Utc>,
-    ) -> Result<GuardedWrite> {
-        let closed: i64 = match &self.pool {
+    ) -> Result<Vec<GuardedWrite>> {
+        let closed: Vec<String> = match &self.pool {
             crate::Pool::Postgres(p) => {
-                sqlx::query_scalar(
-                    "with v as (
-                       update vms set status = 'running', ssh_port = $3
-                       where id = $2 and status = 'creating' and creation_failed_at is null
-                         and deleted_at is null
-                       returning id),
-                     h as (delete from host_placement where host_id = $4),
-                     q as (
-                       update vm_queue set closed_at = $5, close_reason = $6, claimed_until = null,
-                              claim_token = null, last_error = null, last_error_at = null
-                       where id = $1 and vm_id = $2 and closed_at is null
-                       returning id)
-                     select count(*) from q",
-                )
-                .bind(placed.queue_id)
-                .bind(placed.vm_id)
-                .bind(placed.ssh_port)
-                .bind(placed.host_id)
-                .bind(now)
-                .bind(placed.how.as_str())
-                .fetch_one(p)
+                let col = |f: &dyn Fn(&QueuePlaced<'_>) -> String| -> Vec<String> {
+                    placed.iter().map(f).collect()
+                };
+                let (queue_ids, vm_ids, host_ids, ports, hows) = (
+                    col(&|x| x.queue_id.to_owned()),
+                    col(&|x| x.vm_id.to_owned()),
+                    col(&|x| x.host_id.to_owned()),
+                    placed.iter().map(|x| x.ssh_port).collect::<Vec<_>>(),
+                    col(&|x| x.how.as_str().to_owned()),
+                );
+                retry_deadlock(|| {
+                    sqlx::query_scalar(
+                        "with i as (
+                           select * from unnest($1::text[], $2::text[], $3::text[], $4::int[],
+                                                $5::text[])
+                             as t(queue_id, vm_id, host_id, ssh_port, how)),
+                         v as (
+                           update vms set status = 'running', ssh_port = i.ssh_port
+                           from i
+                           where vms.id = i.vm_id and vms.status = 'creating'
+                             and vms.creation_failed_at is null and vms.deleted_at is null
+                           returning vms.id),
+                         h as (delete from host_placement where host_id in (select host_id from i)),
+                         q as (
+                           update vm_queue set closed_at = $6, close_reason = i.how,
+                                  claimed_until = null, claim_token = null, last_error = null,
+                                  last_error_at = null
+                           from i
+                           where vm_queue.id = i.queue_id and vm_queue.vm_id = i.vm_id
+                             and vm_queue.closed_at is null
+                           returning vm_queue.id)
+                         select id from q",
+                    )
+                    .bind(queue_ids.clone())
+                    .bind(vm_ids.clone())
+                    .bind(host_ids.clone())
+                    .bind(ports.clone())
+                    .bind(hows.clone())
+                    .bind(now)
+                    .fetch_all(p)
+                })
                 .await?
             }
             crate::Pool::Sqlite(p) => {
                 let mut tx = p.begin_with("BEGIN IMMEDIATE").await?;
-                sqlx::query(
-                    "update vms set status = 'running', ssh_port = $2
-                     where id = $1 and status = 'creating' and creation_failed_at is null
-                       and deleted_at is null",
-                )
-                .bind(placed.vm_id)
-                .bind(placed.ssh_port)
-                .execute(&mut *tx)
-                .await?;
-                sqlx::query("delete from host_placement where host_id = $1")
-                    .bind(placed.host_id)
+                let mut closed = Vec::new();
+                for x in placed {
+                    sqlx::query(
+                        "update vms set status = 'running', ssh_port = $2
+                         where id = $1 and status = 'creating' and creation_failed_at is null
+                           and deleted_at is null",
+                    )
+                    .bind(x.vm_id)
+                    .bind(x.ssh_port)
                     .execute(&mut *tx)
                     .await?;
-                let done = sqlx::query(
-                    "update vm_queue set closed_at = $3, close_reason = $4, claimed_until = null,
-                            claim_token = null, last_error = null, last_error_at = null
-                     where id = $1 and vm_id = $2 and closed_at is null",
-                )
-                .bind(placed.queue_id)
-                .bind(placed.vm_id)
-                .bind(now)
-                .bind(placed.how.as_str())
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
+                    sqlx::query("delete from host_placement where host_id = $1")
+                        .bind(x.host_id)
+                        .execute(&mut *tx)
+                        .await?;
+                    let done = sqlx::query(
+                        "update vm_queue set closed_at = $3, close_reason = $4, claimed_until = null,
+                                claim_token = null, last_error = null, last_error_at = null
+                         where id = $1 and vm_id = $2 and closed_at is null",
+                    )
+                    .bind(x.queue_id)
+                    .bind(x.vm_id)
+                    .bind(now)
+                    .bind(x.how.as_str())
+                    .execute(&mut *tx)
+                    .await?
+                    .rows_affected();
+                    if done == 1 {
+                        closed.push(x.queue_id.to_owned());
+                    }
+                }
                 tx.commit().await?;
-                i64::try_from(done).unwrap_or(i64::MAX)
+                closed
             }
         };
-        Ok(GuardedWrite::from_rows(u64::try_from(closed).unwrap_or(0)))
+        Ok(placed
+            .iter()
+            .map(|x| GuardedWrite::from_rows(u64::from(closed.iter().any(|c| c == x.queue_id))))
+            .collect())
     }
 
     /// Step 62's ending for an attempt a heartbeat settled running: the row closes naming
@@ -752,6 +867,25 @@ impl Store {
 
 /// The only unique an instance insert can meet is the live-row rule (the id is fresh);
 /// SQLite names columns rather than the index, so name it here.
+/// Run a batch statement on PostgreSQL again when the server broke a deadlock by failing
+/// it (it wrote nothing): batches lock several rows, and another writer may lock the same
+/// ones in another order.
+async fn retry_deadlock<T, F, Fut>(mut run: F) -> std::result::Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = std::result::Result<T, sqlx::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match run().await {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("40P01") && tries < 3 => {
+                tries += 1;
+            }
+            other => return other,
+        }
+    }
+}
+
 fn live_row_conflict(e: sqlx::Error) -> DbError {
     match DbError::from(e) {
         DbError::Conflict(_) => DbError::Conflict("vms_one_live_per_host".into()),

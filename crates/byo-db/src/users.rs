@@ -74,6 +74,27 @@ impl Store {
         .map_err(Into::into)
     }
 
+    /// The email addresses of the accounts `subs` name, as (sub, email); unknown ones are
+    /// left out. For naming people where a list holds their ids (the operator-key list).
+    pub async fn emails_of(&self, subs: &[&str]) -> Result<Vec<(String, String)>> {
+        if subs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks: Vec<String> = (1..=subs.len()).map(|i| format!("${i}")).collect();
+        let sql = format!(
+            "select sub, email from users where sub in ({}) order by sub",
+            marks.join(", ")
+        );
+        on_pool!(self, |p| {
+            let mut q = sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql.clone()));
+            for sub in subs {
+                q = q.bind(*sub);
+            }
+            q.fetch_all(p).await
+        })
+        .map_err(Into::into)
+    }
+
     pub async fn user_by_email(&self, email: &str) -> Result<Option<UserRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, UserRow>(
             "select sub, email, display_name, password_hash, created_at, disabled_at

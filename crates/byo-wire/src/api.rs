@@ -161,6 +161,10 @@ pub struct KeyListView {
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct OperatorKeyView {
     pub user_sub: String,
+    /// The operator's email as the server knows it now, to name them by (the list itself
+    /// binds the account id; `None` for an account gone since).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub email: Option<String>,
     pub label: String,
     pub fingerprint: String,
     pub public_key: String,

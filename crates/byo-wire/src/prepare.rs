@@ -47,11 +47,6 @@ impl PrepareState {
     pub fn failed(&self) -> bool {
         self.state == StepState::Failed
     }
-
-    /// When it was reported, as the wire wrote it (RFC 3339, `Z`).
-    pub fn at_text(&self) -> String {
-        self.at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
-    }
 }
 
 /// host-report: the agent's progress after each prepare step (C), with the node it is

@@ -7,6 +7,7 @@
 //! to disk, and there is no fallback to a key file. The signature is checked against the
 //! displayed bytes before it is uploaded.
 
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -40,7 +41,13 @@ pub struct SignArgs {
 
 /// What the operator is shown: the list decoded from `body`, each key with its
 /// fingerprint, marked against the published list.
-pub fn describe(body: &str, published: Option<&KeyList>) -> anyhow::Result<(KeyList, String)> {
+/// `names`: the operators' emails by account id, as the server gave them (the list binds
+/// the account id, which is shown beside the name).
+pub fn describe(
+    body: &str,
+    published: Option<&KeyList>,
+    names: &HashMap<String, String>,
+) -> anyhow::Result<(KeyList, String)> {
     let list = KeyList::from_canonical(body)
         .map_err(|e| anyhow::anyhow!("the draft is not a valid list: {e}"))?;
     let checked = list
@@ -61,6 +68,10 @@ pub fn describe(body: &str, published: Option<&KeyList>) -> anyhow::Result<(KeyL
                 .any(|k| check_key(k).is_ok_and(|c| c.fingerprint == fp))
         })
     };
+    let operator = |sub: &str| match names.get(sub) {
+        Some(email) => format!("{} ({})", escape_control(email), escape_control(sub)),
+        None => escape_control(sub),
+    };
     for k in &checked {
         let mark = if published.is_none() || was_listed(&k.fingerprint) {
             " "
@@ -70,7 +81,7 @@ pub fn describe(body: &str, published: Option<&KeyList>) -> anyhow::Result<(KeyL
         out.push_str(&format!(
             "  {mark} {}  operator {}  machine {}\n",
             k.fingerprint,
-            escape_control(&k.key.user_sub),
+            operator(&k.key.user_sub),
             escape_control(&k.key.label)
         ));
     }
@@ -82,7 +93,7 @@ pub fn describe(body: &str, published: Option<&KeyList>) -> anyhow::Result<(KeyL
                 out.push_str(&format!(
                     "  - {}  operator {}  machine {}  (removed)\n",
                     c.fingerprint,
-                    escape_control(&k.user_sub),
+                    operator(&k.user_sub),
                     escape_control(&k.label)
                 ));
             }
@@ -385,6 +396,13 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
         .error_for_status()?
         .json()
         .await?;
+    let names: HashMap<String, String> = view
+        .draft
+        .iter()
+        .chain(view.published.iter())
+        .flat_map(|l| l.keys.iter())
+        .filter_map(|k| Some((k.user_sub.clone(), k.email.clone()?)))
+        .collect();
     let draft = view
         .draft
         .context("there is no draft waiting for a signature")?;
@@ -408,7 +426,7 @@ pub async fn sign(args: SignArgs) -> anyhow::Result<()> {
         .transpose()?;
     // Everything below uses these bytes, not anything else the server sent.
     let body = draft.body;
-    let (list, text) = describe(&body, published.as_ref())?;
+    let (list, text) = describe(&body, published.as_ref(), &names)?;
     moves_forward(&list, published.as_ref())?;
     if let Some(p) = &published
         && let Some(step) = keylist::expiry_warning(p.expires, chrono::Utc::now())
@@ -640,11 +658,27 @@ mod tests {
             keys: vec![kept.clone(), added],
             ..published.clone()
         };
-        let (_, text) = describe(&draft.to_canonical(), Some(&published)).unwrap();
+        // Operators are named by the email the server gave, beside the account the list
+        // binds; a name carrying control characters is shown escaped.
+        let names = HashMap::from([("op-1".to_owned(), "ann@example.com\u{1b}[2J".to_owned())]);
+        let (_, text) = describe(&draft.to_canonical(), Some(&published), &names).unwrap();
         assert!(
             text.contains("version 2") && text.contains("machine new laptop"),
             "{text}"
         );
+        assert!(
+            text.lines()
+                .filter(|l| l.contains("operator "))
+                .all(|l| l.contains("operator ann@example.com\\u{1b}[2J (op-1)")),
+            "{text}"
+        );
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        let (_, unnamed) =
+            describe(&draft.to_canonical(), Some(&published), &HashMap::new()).unwrap();
+        assert!(unnamed.contains("operator op-1  machine"), "{unnamed}");
         let added_fp = check_key(&draft.keys[1]).unwrap().fingerprint;
         let old_fp = check_key(&old).unwrap().fingerprint;
         assert!(
@@ -669,13 +703,13 @@ mod tests {
             ],
             ..draft.clone()
         };
-        let err = describe(&hostile.to_canonical(), None)
+        let err = describe(&hostile.to_canonical(), None, &names)
             .unwrap_err()
             .to_string();
         assert!(!err.chars().any(char::is_control), "{err:?}");
         assert!(err.contains("\\u{1b}[2J"), "{err}");
         // Bytes that are not the canonical form are not shown at all.
-        assert!(describe(&draft.to_canonical().replacen(':', ": ", 1), None).is_err());
+        assert!(describe(&draft.to_canonical().replacen(':', ": ", 1), None, &names).is_err());
     }
 
     /// Issue #16: the published list is trusted only once the keys the operator holds

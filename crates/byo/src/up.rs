@@ -413,8 +413,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     println!("  password    {}", admin.password);
     println!("  data        {} (SQLite)", data_dir.display());
     println!("  relays      {relays_line}");
+    // The list as it stands: a restart after v2 was signed says v2 (issue #42, 8).
+    let list = match state.store.published_key_list().await? {
+        Some(row) => format!("list v{} is published", row.version),
+        None => "no list is published yet: sign the draft with the line below".to_owned(),
+    };
     println!(
-        "  hosts       ssh -i {} spark@<host address>   (your operator key; list v1 is published)",
+        "  hosts       ssh -i {} spark@<host address>   (your operator key; {list})",
         operator_key.display()
     );
     println!(
@@ -422,9 +427,13 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         admin.email,
         data_dir.join(SIGNING_KEY_FILE).display()
     );
+    // Ctrl-C is caught from before the banner says it stops byo up: `ctrl_c()` would only
+    // take the signal over once first polled, and a Ctrl-C just after the banner killed it.
+    let mut interrupted =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     println!("Ctrl-C stops it; running byo up again resumes from the same data.");
-    byo_server::serve(state, listener, async {
-        let _ = tokio::signal::ctrl_c().await;
+    byo_server::serve(state, listener, async move {
+        interrupted.recv().await;
     })
     .await
 }

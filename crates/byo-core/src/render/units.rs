@@ -249,7 +249,9 @@ set -euo pipefail
 stage="$1"
 if [ -f {bin} ] && cmp -s "$stage/byo-agent" {bin}; then
   echo "This build is already installed; {bin}.previous is left as it was."
+  build="the same build"
 else
+  build="the new build"
   if [ -f {bin} ]; then
     cp -p {bin} {bin}.previous
   fi
@@ -279,7 +281,7 @@ if [ -f {HANDED_OVER} ]; then
   # preparation it pulls in finds its record and exits at once; nothing re-prepares.
   systemctl reset-failed {SERVING} || true
   systemctl restart {SERVING}
-  echo "Serving restarted on the new build."
+  echo "Serving restarted on $build."
 else
   # A first install (or a preparation that has not completed yet): preparation finds the
   # kept credentials and prepares. Its Wants= starts serving once it succeeds.
@@ -322,6 +324,9 @@ mod tests {
         };
         let order = [
             format!("cmp -s \"$stage/byo-agent\" {bin}"),
+            // The same build again is said to be restarted as such, never as a new one.
+            "build=\"the same build\"".to_owned(),
+            "build=\"the new build\"".to_owned(),
             format!("cp -p {bin} {bin}.previous"),
             format!("install -m 755 \"$stage/byo-agent\" {bin}.new"),
             format!("mv -f {bin}.new {bin}\n"),
@@ -338,6 +343,7 @@ mod tests {
             format!("if [ -f {HANDED_OVER} ]"),
             format!("systemctl reset-failed {SERVING}"),
             format!("systemctl restart {SERVING}"),
+            "echo \"Serving restarted on $build.\"".to_owned(),
             format!("systemctl start --no-block {PREPARE}"),
         ];
         // Each found after the one before it (the rollback script, embedded, has lines of
@@ -356,7 +362,7 @@ mod tests {
             let unit = at(&format!(
                 "cat > /etc/systemd/system/{name} <<'UNIT'\n{body}UNIT\n"
             ));
-            assert!(places[6] < unit && unit < places[8], "{name}");
+            assert!(places[8] < unit && unit < places[10], "{name}");
         }
         assert!(f.starts_with("#!/bin/bash\nset -euo pipefail\nstage=\"$1\"\n"));
     }

@@ -64,6 +64,7 @@ conformance!(
     m6_a_failed_push_keeps_the_version_the_host_held,
     i_a_login_is_kept_once_bounded_and_newest_first,
     e2_the_pick_the_claim_and_the_batchs_keys_read_what_is_there,
+    e2_step59_a_batchs_attempts_are_written_together_each_started_taken_or_lost_alone,
     e2_the_queues_reads_count_what_is_open_and_a_run_lets_go_of_its_claims,
     billing_a_customer_is_kept_once_and_the_first_writer_wins,
     billing_a_webhook_event_is_new_then_unfinished_then_processed,
@@ -1606,6 +1607,209 @@ async fn enqueue(store: &Store, user_sub: &str, ssh_key_id: &str, at: DateTime<U
         .await
         .unwrap()
         .id
+}
+
+/// E2's steps 59 and 62 a batch at a time (the drain's one write per wave): each attempt
+/// is started, finds its host taken (nothing written for it) or finds its claim lost
+/// (nothing written), exactly as alone; the started ones are audited; the settle runs the
+/// accepted instances and closes only the rows still open on that attempt.
+async fn e2_step59_a_batchs_attempts_are_written_together_each_started_taken_or_lost_alone(
+    db: TestDb,
+) {
+    use byo_db::queue::{NewAttempt, QueueAttempt, QueueClose, QueuePlaced};
+    use byo_wire::states::VmStatus;
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let customer = user(store, "customer@example.com").await;
+    let other = user(store, "other@example.com").await;
+    let at = now();
+    let mut hosts = Vec::new();
+    for slug in ["batch-a", "batch-b", "batch-c", "batch-d"] {
+        hosts.push(host(store, &owner, slug).await);
+    }
+    let key = store
+        .insert_ssh_key(
+            byo_db::ssh_keys::NewSshKey {
+                user_sub: &customer,
+                name: "laptop",
+                public_key: "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBatch laptop",
+                fingerprint: "SHA256:batch",
+            },
+            at,
+        )
+        .await
+        .unwrap()
+        .id;
+    let mut rows = Vec::new();
+    for i in 0..4 {
+        rows.push(enqueue(store, &customer, &key, at + Duration::milliseconds(i)).await);
+    }
+    // The second host holds another customer's live instance.
+    let theirs = store
+        .create_vm(
+            NewVm {
+                user_sub: &other,
+                host_id: Some(&hosts[1]),
+                name: "vm-theirs01",
+                gpu_type: "spark-1",
+                ssh_hostname: None,
+            },
+            at,
+        )
+        .await
+        .unwrap();
+    // This drainer holds the first three rows, another the fourth.
+    let lease = at + Duration::minutes(1);
+    assert_eq!(
+        store
+            .claim_queue_rows(at, lease, "mine", 3, &[])
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    assert_eq!(
+        store
+            .claim_queue_rows(at, lease, "theirs", 1, &[])
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+    let names = ["vm-batch000", "vm-batch001", "vm-batch002", "vm-batch003"];
+    let attempts: Vec<NewAttempt<'_>> = (0..4)
+        .map(|i| NewAttempt {
+            queue_id: &rows[i],
+            vm: NewVm {
+                user_sub: &customer,
+                host_id: Some(&hosts[i]),
+                name: names[i],
+                gpu_type: "spark-1",
+                ssh_hostname: Some("ssh.example"),
+            },
+            audit: json!({"attempt": i}),
+        })
+        .collect();
+    let started_at = at + Duration::seconds(1);
+    let longer = at + Duration::minutes(2);
+    let got = store
+        .start_queue_attempts("mine", &attempts, started_at, longer)
+        .await
+        .unwrap();
+    let vm = |i: usize| match &got[i] {
+        QueueAttempt::Started(vm) => (**vm).clone(),
+        other => panic!("attempt {i} not started: {other:?}"),
+    };
+    assert!(matches!(got[1], QueueAttempt::HostTaken), "{:?}", got[1]);
+    assert!(matches!(got[3], QueueAttempt::Lost), "{:?}", got[3]);
+    for i in [0, 2] {
+        let v = vm(i);
+        assert_eq!(
+            (
+                v.host_id.as_deref(),
+                v.name.as_str(),
+                v.status,
+                v.user_sub.as_str()
+            ),
+            (
+                Some(hosts[i].as_str()),
+                names[i],
+                VmStatus::Creating,
+                customer.as_str()
+            )
+        );
+        assert_eq!(v.created_at, started_at);
+        let q = store.queue_row(&rows[i]).await.unwrap().unwrap();
+        assert_eq!(
+            (q.vm_id.as_deref(), q.attempts, q.claimed_until),
+            (Some(v.id.as_str()), 1, Some(longer))
+        );
+    }
+    // Nothing written for the taken host's row or the lost one.
+    for (i, token) in [(1, "mine"), (3, "theirs")] {
+        let q = store.queue_row(&rows[i]).await.unwrap().unwrap();
+        assert_eq!(
+            (
+                q.vm_id,
+                q.attempts,
+                q.claimed_until,
+                q.claim_token.as_deref()
+            ),
+            (None, 0, Some(lease), Some(token))
+        );
+    }
+    assert_eq!(
+        store.live_vms_on_host(&hosts[1]).await.unwrap()[0].id,
+        theirs.id
+    );
+    assert!(store.live_vms_on_host(&hosts[3]).await.unwrap().is_empty());
+    let mut audited: Vec<(Option<String>, serde_json::Value)> = store
+        .audit_log(50)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|a| a.action == "vm.create")
+        .map(|a| (a.target, a.details.0))
+        .collect();
+    audited.sort_by_key(|(_, d)| d["attempt"].as_i64());
+    assert_eq!(
+        audited,
+        vec![
+            (Some(vm(0).id), json!({"attempt": 0})),
+            (Some(vm(2).id), json!({"attempt": 2}))
+        ]
+    );
+
+    // Both hosts took theirs; the third row was closed meanwhile (its customer's row
+    // placed by the heartbeat's path): its instance runs, its row is not closed twice.
+    let (v0, v2) = (vm(0), vm(2));
+    assert_eq!(
+        store
+            .close_queue_placed(&rows[2], &v2.id, QueueClose::Placed, started_at)
+            .await
+            .unwrap(),
+        GuardedWrite::Written
+    );
+    let settled_at = at + Duration::seconds(2);
+    let placed = [
+        QueuePlaced {
+            queue_id: &rows[0],
+            vm_id: &v0.id,
+            host_id: &hosts[0],
+            ssh_port: Some(2201),
+            how: QueueClose::Placed,
+        },
+        QueuePlaced {
+            queue_id: &rows[2],
+            vm_id: &v2.id,
+            host_id: &hosts[2],
+            ssh_port: None,
+            how: QueueClose::Placed,
+        },
+    ];
+    assert_eq!(
+        store
+            .settle_queue_placements(&placed, settled_at)
+            .await
+            .unwrap(),
+        vec![GuardedWrite::Written, GuardedWrite::AlreadySet]
+    );
+    let v0 = store.vm(&v0.id).await.unwrap().unwrap();
+    assert_eq!((v0.status, v0.ssh_port), (VmStatus::Running, Some(2201)));
+    assert_eq!(
+        store.vm(&v2.id).await.unwrap().unwrap().status,
+        VmStatus::Running
+    );
+    let q0 = store.queue_row(&rows[0]).await.unwrap().unwrap();
+    assert_eq!(
+        (q0.closed_at, q0.close_reason.as_deref(), q0.claim_token),
+        (Some(settled_at), Some("placed"), None)
+    );
+    assert_eq!(
+        store.queue_row(&rows[2]).await.unwrap().unwrap().closed_at,
+        Some(started_at),
+        "closed once, by the first"
+    );
 }
 
 /// E2 on the Store alone: the one placement pick returns the hosts a create may land on

@@ -147,33 +147,50 @@ fn at(t: DateTime<Utc>) -> String {
     t.format("%Y-%m-%d %H:%M UTC").to_string()
 }
 
-/// The customer's notice that the drain placed their queued create.
-/// `relay_address` is the host's, for the ssh line where DNS is local (the drain has it).
-pub async fn queue_placed(
-    state: &AppState,
-    queue_id: &str,
-    user_sub: &str,
-    vm: &VmRow,
-    relay_address: Option<&str>,
-) {
-    let ssh = crate::app::instances::ssh_command(state, vm, relay_address);
-    let name = &vm.name;
-    let body = format!(
-        "A host took your queued create: instance {name} is being created now and runs within \
-         minutes.\n\n{}\nYour instances: {}\n",
-        ssh.map(|s| format!("Log in with: {s}\n"))
-            .unwrap_or_default(),
-        url(state, "/instances")
-    );
-    raise_event(
-        state,
-        NoticeKind::QueuePlaced,
-        &format!("queue.placed:{queue_id}"),
-        user_sub,
-        &format!("Your queued instance {name} is starting"),
-        &body,
-    )
-    .await;
+/// The customers' notices that the drain placed their queued creates, each placement as
+/// (queue row, customer, instance, its host's relay address — for the ssh line where DNS
+/// is local), raised in one write. A notice that could not be written is logged, never
+/// the reason a placement fails.
+pub async fn queue_placed(state: &AppState, placed: &[(&str, &str, &VmRow, Option<&str>)]) {
+    let told: Vec<(String, String, String)> = placed
+        .iter()
+        .map(|(queue_id, _, vm, relay_address)| {
+            let ssh = crate::app::instances::ssh_command(state, vm, *relay_address);
+            let name = &vm.name;
+            let body = format!(
+                "A host took your queued create: instance {name} is being created now and runs \
+                 within minutes.\n\n{}\nYour instances: {}\n",
+                ssh.map(|s| format!("Log in with: {s}\n"))
+                    .unwrap_or_default(),
+                url(state, "/instances")
+            );
+            (
+                format!("queue.placed:{queue_id}"),
+                format!("Your queued instance {name} is starting"),
+                body,
+            )
+        })
+        .collect();
+    let now = state.clock.now();
+    let deliver_at = state.notifier.delivers().then_some(now);
+    let notices: Vec<NewNotice<'_>> = placed
+        .iter()
+        .zip(&told)
+        .map(
+            |((_, user_sub, _, _), (condition, subject, body))| NewNotice {
+                kind: NoticeKind::QueuePlaced.as_str(),
+                condition,
+                recipient_sub: user_sub,
+                subject,
+                body,
+                deliver_at,
+            },
+        )
+        .collect();
+    if let Err(e) = state.store.raise_notices(&notices, now).await {
+        tracing::warn!(kind = %NoticeKind::QueuePlaced, placed = placed.len(), error = %e,
+            "notices could not be written");
+    }
 }
 
 /// The customer's notice that an invoice's payment was declined, and when their running

@@ -16,6 +16,7 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use serde_json::json;
 use ssh_key::PublicKey;
+use std::collections::HashMap;
 
 use crate::auth::{CurrentUser, Operator};
 use crate::error::{AppError, AppResult};
@@ -54,7 +55,28 @@ fn parse_stored(body: &str) -> AppResult<KeyList> {
         .map_err(|e| AppError::Internal(anyhow::anyhow!("stored list: {e}")))
 }
 
-fn list_view(row: &KeyListRow) -> AppResult<KeyListView> {
+/// The addresses of the operators `rows` list, by account id, in one read.
+async fn emails_listed(
+    state: &AppState,
+    rows: &[&KeyListRow],
+) -> AppResult<HashMap<String, String>> {
+    let mut subs: Vec<String> = Vec::new();
+    for row in rows {
+        subs.extend(
+            parse_stored(&row.body)?
+                .keys
+                .into_iter()
+                .map(|k| k.user_sub),
+        );
+    }
+    subs.sort();
+    subs.dedup();
+    let subs: Vec<&str> = subs.iter().map(String::as_str).collect();
+    Ok(state.store.emails_of(&subs).await?.into_iter().collect())
+}
+
+/// `emails`: the listed operators' addresses (`Store::emails_of`), to name them by.
+fn list_view(row: &KeyListRow, emails: &HashMap<String, String>) -> AppResult<KeyListView> {
     let list = parse_stored(&row.body)?;
     Ok(KeyListView {
         version: row.version,
@@ -66,6 +88,7 @@ fn list_view(row: &KeyListRow) -> AppResult<KeyListView> {
             .iter()
             .map(|k| OperatorKeyView {
                 user_sub: k.user_sub.clone(),
+                email: emails.get(&k.user_sub).cloned(),
                 label: k.label.clone(),
                 fingerprint: check_key(k).map(|c| c.fingerprint).unwrap_or_default(),
                 public_key: k.public_key.clone(),
@@ -108,6 +131,8 @@ pub async fn overview(state: &AppState) -> AppResult<OperatorKeysView> {
             error: h.error,
         })
         .collect();
+    let rows: Vec<&KeyListRow> = published.iter().chain(draft.iter()).collect();
+    let emails = emails_listed(state, &rows).await?;
     Ok(OperatorKeysView {
         environment: state.config.environment.clone(),
         published_envelope: published.as_ref().and_then(|p| p.envelope.clone()),
@@ -116,8 +141,11 @@ pub async fn overview(state: &AppState) -> AppResult<OperatorKeysView> {
             .iter()
             .map(|k| k.fingerprint(ssh_key::HashAlg::Sha256).to_string())
             .collect(),
-        published: published.as_ref().map(list_view).transpose()?,
-        draft: draft.as_ref().map(list_view).transpose()?,
+        published: published
+            .as_ref()
+            .map(|r| list_view(r, &emails))
+            .transpose()?,
+        draft: draft.as_ref().map(|r| list_view(r, &emails)).transpose()?,
         draft_changes,
         hosts,
     })
@@ -274,7 +302,7 @@ pub async fn change_keys(
     let row = draft_change(state, &sub, &change, action, &fingerprint, &label)
         .await?
         .map_err(change_refused)?;
-    list_view(&row)
+    list_view(&row, &emails_listed(state, &[&row]).await?)
 }
 
 /// I: "leaving is one action". Revoking someone's operator role drafts the removal of

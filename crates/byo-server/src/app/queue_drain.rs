@@ -22,8 +22,9 @@ use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use byo_db::GuardedWrite;
+use byo_db::audit::NewAudit;
 use byo_db::hosts::AgentTargetRow;
-use byo_db::queue::{QueueAttempt, QueueClose, QueuePlaced, QueueRow};
+use byo_db::queue::{NewAttempt, QueueAttempt, QueueClose, QueuePlaced, QueueRow};
 use byo_db::vms::NewVm;
 use byo_db::vms::PickedHost;
 use byo_db::vms::VmRow;
@@ -50,6 +51,10 @@ pub const LEASE_SECS: i64 = 60;
 pub const CLAIM_BATCH: i64 = 32;
 /// Candidates a pick returns at least (more when a batch holds many rows of one kind).
 pub const CANDIDATES_PER_ROW: i64 = 8;
+/// A pick asks for this many hosts per row of its group in the batch: concurrent drainers
+/// pick from the head of one order, and a wider window, shuffled, is what keeps them from
+/// writing attempts for the same hosts (each collision a skipped candidate and a wave).
+pub const PICK_PER_WANTED: usize = 8;
 /// Picks per row per run.
 pub const PICKS_PER_ROW: usize = 4;
 /// Candidates tried per row per run.
@@ -97,26 +102,32 @@ pub async fn expire_once(state: &AppState) -> AppResult<u64> {
     }
 }
 
-/// The record that a drain placed a queued create, for its customer's notice (operators'
-/// placements are audited `queue.placed_by_operator` by who placed them).
-async fn record_placed(
+/// The record that a drain placed queued creates, for their customers' notices (operators'
+/// placements are audited `queue.placed_by_operator` by who placed them): each placement
+/// (row, instance, its host's relay address) audited, and told, in one write each.
+async fn record_placements(
     state: &AppState,
-    row: &QueueRow,
-    vm: &VmRow,
-    relay_address: Option<&str>,
+    placed: &[(&QueueRow, &VmRow, Option<&str>)],
 ) -> AppResult<()> {
-    state
-        .store
-        .audit(
-            None,
-            "queue.placed",
-            Some(&row.id),
-            json!({"user_sub": row.user_sub, "gpu_type": row.gpu_type, "vm_id": vm.id,
-                   "queued_at": row.created_at}),
-            state.clock.now(),
-        )
-        .await?;
-    super::notices::queue_placed(state, &row.id, &row.user_sub, vm, relay_address).await;
+    if placed.is_empty() {
+        return Ok(());
+    }
+    let entries: Vec<NewAudit<'_>> = placed
+        .iter()
+        .map(|(row, vm, _)| NewAudit {
+            actor_sub: None,
+            action: "queue.placed",
+            target: Some(&row.id),
+            details: json!({"user_sub": row.user_sub, "gpu_type": row.gpu_type, "vm_id": vm.id,
+                            "queued_at": row.created_at}),
+        })
+        .collect();
+    state.store.audit_all(&entries, state.clock.now()).await?;
+    let told: Vec<_> = placed
+        .iter()
+        .map(|(row, vm, relay)| (row.id.as_str(), row.user_sub.as_str(), *vm, *relay))
+        .collect();
+    super::notices::queue_placed(state, &told).await;
     Ok(())
 }
 
@@ -181,19 +192,22 @@ pub async fn drain_once(state: &AppState) -> AppResult<DrainReport> {
     result
 }
 
-/// A run's candidates for one (gpu_type, user) within one claimed batch: picked once for
-/// the batch's rows, handed out one by one.
-type Candidates = HashMap<(String, String), (Vec<AgentTargetRow>, usize)>;
-
 /// The spread: past this many free hosts a pick's shared hosts are shuffled, so concurrent
 /// drainers do not all ask for the same first host (each collision is a skipped attempt).
 /// Below it the pick's order holds (a small fleet is where the order matters).
 pub const SPREAD_ABOVE: usize = CLAIM_BATCH as usize;
 
+/// A (gpu_type, user): the rows that share a pick.
+type Group = (String, String);
+
+fn group_of(row: &QueueRow) -> Group {
+    (row.gpu_type.clone(), row.user_sub.clone())
+}
+
 async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> {
     let mut report = DrainReport::default();
     // Per (gpu_type, user) a pick that came back empty this run: nothing to try again.
-    let mut no_capacity: HashSet<(String, String)> = HashSet::new();
+    let mut no_capacity: HashSet<Group> = HashSet::new();
     // gpu_types with no free host: a batch of them placed nothing and found no host. The
     // run claims none of them again, so an empty pick does not cost O(queue).
     let mut exhausted: Vec<String> = Vec::new();
@@ -218,37 +232,49 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
             .into_iter()
             .map(|(id, owner, public_key)| (id, (owner, public_key)))
             .collect();
-        let mut wanted: HashMap<(String, String), usize> = HashMap::new();
+        let mut wanted: HashMap<Group, usize> = HashMap::new();
         for row in &rows {
-            *wanted
-                .entry((row.gpu_type.clone(), row.user_sub.clone()))
-                .or_default() += 1;
+            *wanted.entry(group_of(row)).or_default() += 1;
         }
-        let mut candidates: Candidates = HashMap::new();
-        // Per gpu_type in this batch: (placed one, found no host).
-        let mut kinds: HashMap<String, (bool, bool)> = HashMap::new();
+        // Each row checked live first; those that may rent seek hosts together.
+        let mut live = LiveChecks {
+            staff_only: &mut staff_only,
+            roles: HashMap::new(),
+            billing: HashMap::new(),
+        };
+        let mut outcomes = Vec::new();
+        let mut seekers = Vec::new();
         for row in rows {
-            let group = (row.gpu_type.clone(), row.user_sub.clone());
+            if no_capacity.contains(&group_of(&row)) {
+                outcomes.push((row, RowOutcome::Waiting));
+                continue;
+            }
             let key = keys
                 .get(&row.ssh_key_id)
                 .filter(|(owner, _)| *owner == row.user_sub)
-                .map(|(_, public_key)| public_key.as_str());
-            let outcome = if no_capacity.contains(&group) {
-                RowOutcome::Waiting
-            } else {
-                let want = wanted.get(&group).copied().unwrap_or(1);
-                drain_row(
-                    state,
-                    token,
-                    &row,
+                .map(|(_, public_key)| public_key.clone());
+            match check_row(state, &row, key, &mut live).await? {
+                Ok(key) => seekers.push(Seeker {
+                    row,
                     key,
-                    want,
-                    &mut candidates,
-                    &mut report,
-                    &mut staff_only,
-                )
-                .await?
-            };
+                    tries: 0,
+                    picks: 0,
+                }),
+                Err(outcome) => outcomes.push((row, outcome)),
+            }
+        }
+        let mut placing = Placing {
+            wanted: &wanted,
+            no_capacity: &mut no_capacity,
+            report: &mut report,
+            groups: HashMap::new(),
+            used: HashSet::new(),
+            wave: 0,
+        };
+        outcomes.extend(place(state, token, seekers, &mut placing).await?);
+        // Per gpu_type in this batch: (placed one, found no host).
+        let mut kinds: HashMap<String, (bool, bool)> = HashMap::new();
+        for (row, outcome) in outcomes {
             let kind = kinds.entry(row.gpu_type.clone()).or_default();
             match outcome {
                 RowOutcome::Placed => {
@@ -265,7 +291,7 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
                 RowOutcome::Waiting => {
                     report.waiting += 1;
                     kind.1 = true;
-                    no_capacity.insert(group);
+                    no_capacity.insert(group_of(&row));
                 }
                 RowOutcome::Unplaced => report.waiting += 1,
                 RowOutcome::Pending => report.pending += 1,
@@ -280,40 +306,240 @@ async fn drain_claimed(state: &AppState, token: &str) -> AppResult<DrainReport> 
     }
 }
 
-/// The next candidate for `row`'s (gpu_type, user), picking (at most [`PICKS_PER_ROW`]
-/// times per row) when the batch's candidates ran out: enough for the batch's `want`
-/// rows of that group and a few over, the shared ones shuffled past [`SPREAD_ABOVE`].
-/// `None`: the pick came back empty.
-async fn next_candidate(
+/// What a batch's live checks read once per account (the staff-only flag once per run):
+/// still live, since a batch is claimed, checked and tried within moments.
+struct LiveChecks<'a> {
+    staff_only: &'a mut HashMap<String, bool>,
+    roles: HashMap<String, Vec<byo_wire::Role>>,
+    /// Per account, billing's refusal (`None`: it may be charged).
+    billing: HashMap<String, Option<String>>,
+}
+
+/// A row's turn before any host: an earlier attempt placed (closed now) or still being
+/// created, then the rules, live — the account's roles now, not when it queued; billing
+/// (E2: an intent may be days old); the key. `Ok(key)`: it may seek a host.
+async fn check_row(
     state: &AppState,
     row: &QueueRow,
-    want: usize,
-    candidates: &mut Candidates,
-    picks: &mut usize,
-) -> AppResult<Option<AgentTargetRow>> {
-    let group = (row.gpu_type.clone(), row.user_sub.clone());
-    let (hosts, next) = candidates.entry(group).or_default();
-    if *next >= hosts.len() {
-        if *picks >= PICKS_PER_ROW {
-            return Ok(None);
+    key: Option<String>,
+    live: &mut LiveChecks<'_>,
+) -> AppResult<Result<String, RowOutcome>> {
+    // An earlier attempt: placed (its host's heartbeat settled it running), still being
+    // created, or failed (try again).
+    if let Some(vm_id) = &row.vm_id
+        && let Some(vm) = state.store.vm(vm_id).await?
+        && vm.phase().is_live()
+    {
+        if vm.status == VmStatus::Creating {
+            return Ok(Err(RowOutcome::Pending));
         }
-        *picks += 1;
-        let n = i64::try_from(want * 2)
+        let closed = state
+            .store
+            .close_queue_placed(&row.id, vm_id, QueueClose::Placed, state.clock.now())
+            .await?;
+        if closed != GuardedWrite::Written {
+            return Ok(Err(RowOutcome::Lost));
+        }
+        // A placement the heartbeat settled (not the drain's own pick): its host read once.
+        let relay = match &vm.host_id {
+            Some(h) => state.store.host(h).await?.and_then(|h| h.relay_ip),
+            None => None,
+        };
+        record_placements(state, &[(row, &vm, relay.as_deref())]).await?;
+        return Ok(Err(RowOutcome::Placed));
+    }
+    let is_staff_only = match live.staff_only.get(&row.gpu_type) {
+        Some(s) => *s,
+        None => {
+            let s = state.store.gpu_type_staff_only(&row.gpu_type).await?;
+            live.staff_only.insert(row.gpu_type.clone(), s);
+            s
+        }
+    };
+    if is_staff_only {
+        if !live.roles.contains_key(&row.user_sub) {
+            let roles = state.store.roles_of(&row.user_sub).await?;
+            live.roles.insert(row.user_sub.clone(), roles);
+        }
+        let roles = &live.roles[&row.user_sub];
+        if let Err(e) = check_may_rent(state, roles, &row.gpu_type).await {
+            return Ok(Err(RowOutcome::Held(e.to_string())));
+        }
+    }
+    if !live.billing.contains_key(&row.user_sub) {
+        let refused = match state.billing.may_charge(&row.user_sub).await? {
+            Charge::Allowed => None,
+            Charge::Refused { reason } => Some(reason),
+        };
+        live.billing.insert(row.user_sub.clone(), refused);
+    }
+    if let Some(reason) = &live.billing[&row.user_sub] {
+        return Ok(Err(RowOutcome::Held(format!("billing refused: {reason}"))));
+    }
+    let Some(key) = key else {
+        return Ok(Err(RowOutcome::Held(
+            "the SSH key this create was queued with was removed; cancel it and create again"
+                .into(),
+        )));
+    };
+    Ok(Ok(key))
+}
+
+/// A claimed row the live checks passed, seeking a host this run.
+struct Seeker {
+    row: QueueRow,
+    /// The public key to install.
+    key: String,
+    /// Candidates written for it (started, or found taken).
+    tries: usize,
+    /// Picks it made.
+    picks: usize,
+}
+
+/// A group's candidates within one claimed batch: the pick's hosts, handed out one by one.
+#[derive(Default)]
+struct Candidates {
+    hosts: Vec<AgentTargetRow>,
+    next: usize,
+    /// The wave that last picked for the group.
+    picked_in: Option<usize>,
+}
+
+/// One claimed batch's placing: its picks per group, the hosts it has written attempts
+/// for (never two of its rows on one host), and the wave it is in.
+struct Placing<'a> {
+    wanted: &'a HashMap<Group, usize>,
+    no_capacity: &'a mut HashSet<Group>,
+    report: &'a mut DrainReport,
+    groups: HashMap<Group, Candidates>,
+    used: HashSet<String>,
+    wave: usize,
+}
+
+/// What a seeker gets next.
+enum Next {
+    Host(AgentTargetRow),
+    /// Its group picked already in this wave, and every host of that pick is handed out:
+    /// once this wave's attempts are written, a pick sees them taken.
+    Later,
+    Done(RowOutcome),
+}
+
+/// Place a batch's seekers (E2's steps 59–62, a batch at a time): in waves, give each a
+/// distinct candidate and write every wave's attempts in one statement (a candidate
+/// another writer took is skipped, never benched, and the row gets the next); then ask
+/// every started attempt's host at once and settle what they answered together. A
+/// refusal benches its host and its row seeks again; a silent host leaves its row for the
+/// heartbeat and no other host is tried for it.
+async fn place(
+    state: &AppState,
+    token: &str,
+    mut seekers: Vec<Seeker>,
+    p: &mut Placing<'_>,
+) -> AppResult<Vec<(QueueRow, RowOutcome)>> {
+    let mut done = Vec::new();
+    while !seekers.is_empty() {
+        let mut launches = Vec::new();
+        let mut waiting = seekers;
+        while !waiting.is_empty() {
+            p.wave += 1;
+            let mut assigned = Vec::new();
+            let mut later = Vec::new();
+            for mut s in waiting {
+                match next_candidate(state, &mut s, p).await? {
+                    Next::Host(host) => {
+                        p.used.insert(host.id.clone());
+                        s.tries += 1;
+                        assigned.push((s, host));
+                    }
+                    Next::Later => later.push(s),
+                    Next::Done(outcome) => done.push((s.row, outcome)),
+                }
+            }
+            if assigned.is_empty() {
+                // Nothing written this wave: the rest have no candidate this run.
+                done.extend(later.into_iter().map(|s| (s.row, RowOutcome::Unplaced)));
+                break;
+            }
+            waiting = later;
+            let started = start_attempts(state, token, &assigned).await?;
+            for ((s, host), start) in assigned.into_iter().zip(started) {
+                match start {
+                    QueueAttempt::Started(vm) => launches.push(Launch {
+                        seeker: s,
+                        host,
+                        vm: *vm,
+                    }),
+                    QueueAttempt::HostTaken => {
+                        p.report.skipped += 1;
+                        waiting.push(s);
+                    }
+                    QueueAttempt::Lost => done.push((s.row, RowOutcome::Lost)),
+                }
+            }
+        }
+        seekers = Vec::new();
+        for (s, tried) in launch(state, launches, 1, QueueClose::Placed).await? {
+            match tried {
+                Tried::Placed(_) => done.push((s.row, RowOutcome::Placed)),
+                Tried::Refused(_) => {
+                    p.report.refused += 1;
+                    seekers.push(s);
+                }
+                Tried::Silent(_) => done.push((s.row, RowOutcome::Pending)),
+            }
+        }
+    }
+    Ok(done)
+}
+
+/// The next candidate for a seeker: its group's pick handed out in order, hosts the batch
+/// already wrote an attempt for passed over; when they run out, picked again (once per
+/// wave per group, at most [`PICKS_PER_ROW`] times per row) — enough for the batch's rows
+/// of that group and a few over, the shared ones shuffled past [`SPREAD_ABOVE`].
+async fn next_candidate(state: &AppState, s: &mut Seeker, p: &mut Placing<'_>) -> AppResult<Next> {
+    let group = group_of(&s.row);
+    if p.no_capacity.contains(&group) {
+        return Ok(Next::Done(RowOutcome::Waiting));
+    }
+    if s.tries >= MAX_TRIES_PER_ROW {
+        return Ok(Next::Done(RowOutcome::Unplaced));
+    }
+    let want = p.wanted.get(&group).copied().unwrap_or(1);
+    let c = p.groups.entry(group.clone()).or_default();
+    loop {
+        if let Some(host) = c.hosts.get(c.next) {
+            c.next += 1;
+            if !p.used.contains(&host.id) {
+                return Ok(Next::Host(host.clone()));
+            }
+            continue;
+        }
+        if c.picked_in == Some(p.wave) {
+            return Ok(Next::Later);
+        }
+        if s.picks >= PICKS_PER_ROW {
+            return Ok(Next::Done(RowOutcome::Unplaced));
+        }
+        s.picks += 1;
+        c.picked_in = Some(p.wave);
+        let n = i64::try_from(want * PICK_PER_WANTED)
             .unwrap_or(i64::MAX)
             .max(CANDIDATES_PER_ROW);
         let picked = state
             .store
             .pick_first_hosts_for_gpu(
-                instances::host_pick(state, &row.gpu_type, &row.user_sub, None),
+                instances::host_pick(state, &s.row.gpu_type, &s.row.user_sub, None),
                 n,
             )
             .await?;
-        *hosts = spread(picked);
-        *next = 0;
+        c.hosts = spread(picked);
+        c.next = 0;
+        if c.hosts.is_empty() {
+            p.no_capacity.insert(group);
+            return Ok(Next::Done(RowOutcome::Waiting));
+        }
     }
-    let host = hosts.get(*next).cloned();
-    *next += 1;
-    Ok(host)
 }
 
 /// The pick's order, the user's dedicated boxes first; past [`SPREAD_ABOVE`] hosts the
@@ -333,185 +559,181 @@ fn spread(picked: Vec<PickedHost>) -> Vec<AgentTargetRow> {
         .collect()
 }
 
-/// One queued row's turn.
-#[allow(clippy::too_many_arguments)]
-async fn drain_row(
+/// Step 59 for a wave: per (row, host) mint the name for that host and write the
+/// attempt's row with it and its audit entry, the claim checked in the same statement.
+async fn start_attempts(
     state: &AppState,
     token: &str,
-    row: &QueueRow,
-    key: Option<&str>,
-    want: usize,
-    candidates: &mut Candidates,
-    report: &mut DrainReport,
-    staff_only: &mut HashMap<String, bool>,
-) -> AppResult<RowOutcome> {
-    // An earlier attempt: placed (its host's heartbeat settled it running), still being
-    // created, or failed (try again).
-    if let Some(vm_id) = &row.vm_id
-        && let Some(vm) = state.store.vm(vm_id).await?
-        && vm.phase().is_live()
-    {
-        if vm.status == VmStatus::Creating {
-            return Ok(RowOutcome::Pending);
-        }
-        let closed = state
-            .store
-            .close_queue_placed(&row.id, vm_id, QueueClose::Placed, state.clock.now())
-            .await?;
-        if closed != GuardedWrite::Written {
-            return Ok(RowOutcome::Lost);
-        }
-        // A placement the heartbeat settled (not the drain's own pick): its host read once.
-        let relay = match &vm.host_id {
-            Some(h) => state.store.host(h).await?.and_then(|h| h.relay_ip),
-            None => None,
-        };
-        record_placed(state, row, &vm, relay.as_deref()).await?;
-        return Ok(RowOutcome::Placed);
-    }
-    // The rules, live: the account's roles now, not when it queued.
-    let is_staff_only = match staff_only.get(&row.gpu_type) {
-        Some(s) => *s,
-        None => {
-            let s = state.store.gpu_type_staff_only(&row.gpu_type).await?;
-            staff_only.insert(row.gpu_type.clone(), s);
-            s
-        }
-    };
-    if is_staff_only {
-        let roles = state.store.roles_of(&row.user_sub).await?;
-        if let Err(e) = check_may_rent(state, &roles, &row.gpu_type).await {
-            return Ok(RowOutcome::Held(e.to_string()));
-        }
-    }
-    // Billing, live (E2: an intent may be days old).
-    if let Charge::Refused { reason } = state.billing.may_charge(&row.user_sub).await? {
-        return Ok(RowOutcome::Held(format!("billing refused: {reason}")));
-    }
-    let Some(key) = key else {
-        return Ok(RowOutcome::Held(
-            "the SSH key this create was queued with was removed; cancel it and create again"
-                .into(),
-        ));
-    };
-    // Candidates from the batch's pick: every one tried is afterwards occupied or benched,
-    // so each moves on; concurrent drainers may take some first (skipped).
-    let mut picks = 0;
-    for _ in 0..MAX_TRIES_PER_ROW {
-        // `None` comes only after a pick this row made (or its picks ran out).
-        let Some(host) = next_candidate(state, row, want, candidates, &mut picks).await? else {
-            return Ok(if report_no_host(candidates, row) {
-                RowOutcome::Waiting
-            } else {
-                RowOutcome::Unplaced
-            });
-        };
-        match try_host(state, token, row, &host, key, 1, QueueClose::Placed).await? {
-            Tried::Placed(_) => return Ok(RowOutcome::Placed),
-            Tried::Refused(_) => report.refused += 1,
-            Tried::Skipped => report.skipped += 1,
-            Tried::Silent(_) => return Ok(RowOutcome::Pending),
-            Tried::Lost => return Ok(RowOutcome::Lost),
-        }
-    }
-    Ok(RowOutcome::Unplaced)
-}
-
-/// Whether the group's last pick came back empty (no host free for it at all).
-fn report_no_host(candidates: &Candidates, row: &QueueRow) -> bool {
-    candidates
-        .get(&(row.gpu_type.clone(), row.user_sub.clone()))
-        .is_none_or(|(hosts, _)| hosts.is_empty())
-}
-
-/// How one candidate came out.
-enum Tried {
-    /// The host took it: the instance's id.
-    Placed(String),
-    Refused(AppError),
-    Skipped,
-    Silent(AppError),
-    Lost,
-}
-
-/// Steps 59–62 on one host: mint the name for it, write the attempt's row with it and its
-/// audit entry (the claim checked in the same statement), call the agent, and once the
-/// host took the instance mark it running and close the queue row, in one write.
-async fn try_host(
-    state: &AppState,
-    token: &str,
-    row: &QueueRow,
-    host: &AgentTargetRow,
-    public_key: &str,
-    bench_after: u32,
-    how: QueueClose,
-) -> AppResult<Tried> {
-    let name = mint_name();
-    let hostname = ssh_hostname(state, &name, &host.slug);
+    assigned: &[(Seeker, AgentTargetRow)],
+) -> AppResult<Vec<QueueAttempt>> {
+    let names: Vec<(String, String)> = assigned
+        .iter()
+        .map(|(_, host)| {
+            let name = mint_name();
+            let hostname = ssh_hostname(state, &name, &host.slug);
+            (name, hostname)
+        })
+        .collect();
+    let attempts: Vec<NewAttempt<'_>> = assigned
+        .iter()
+        .zip(&names)
+        .map(|((s, host), (name, hostname))| NewAttempt {
+            queue_id: &s.row.id,
+            vm: NewVm {
+                user_sub: &s.row.user_sub,
+                host_id: Some(&host.id),
+                name,
+                gpu_type: &s.row.gpu_type,
+                ssh_hostname: Some(hostname),
+            },
+            audit: json!({"host_id": host.id, "name": name, "gpu_type": s.row.gpu_type,
+                          "queue_id": s.row.id}),
+        })
+        .collect();
     let created_at = state.clock.now();
     let lease = created_at
         + TimeDelta::seconds(LEASE_SECS)
         + TimeDelta::from_std(state.waits.create).unwrap_or(TimeDelta::zero());
-    let new = NewVm {
-        user_sub: &row.user_sub,
-        host_id: Some(&host.id),
-        name: &name,
-        gpu_type: &row.gpu_type,
-        ssh_hostname: Some(&hostname),
-    };
-    let audit =
-        json!({"host_id": host.id, "name": name, "gpu_type": row.gpu_type, "queue_id": row.id});
-    let vm = match state
+    Ok(state
         .store
-        .start_queue_attempt(&row.id, token, new, created_at, lease, &audit)
-        .await?
-    {
-        QueueAttempt::Started(vm) => *vm,
-        QueueAttempt::HostTaken => return Ok(Tried::Skipped),
-        QueueAttempt::Lost => return Ok(Tried::Lost),
-    };
-    let request = CreateVm {
-        name: vm.name.clone(),
-        ssh_public_key: public_key.to_owned(),
-        ssh_hostname: vm.ssh_hostname.clone(),
-    };
+        .start_queue_attempts(token, &attempts, created_at, lease)
+        .await?)
+}
+
+/// An attempt written and about to be asked of its host.
+struct Launch {
+    seeker: Seeker,
+    host: AgentTargetRow,
+    vm: VmRow,
+}
+
+/// How a host answered an attempt, settled.
+enum Tried {
+    /// The host took it: the instance's id.
+    Placed(String),
+    Refused(AppError),
+    Silent(AppError),
+}
+
+/// The rest of steps 59–62 for started attempts (dispatch, and what the hosts said): every
+/// host asked at once (each within the create's wait), and the answers settled as they come — the accepted (a 2xx, read or not) in one
+/// write that runs each instance and closes its queue row, then audited and told to their
+/// customers together; a refusal or a silence settled on its own. One spawned task, as the
+/// dashboard's create: nothing cuts it between its writes.
+async fn launch(
+    state: &AppState,
+    launches: Vec<Launch>,
+    bench_after: u32,
+    how: QueueClose,
+) -> AppResult<Vec<(Seeker, Tried)>> {
+    if launches.is_empty() {
+        return Ok(Vec::new());
+    }
     let task_state = state.clone();
-    let target = host.clone();
-    let queued = row.clone();
+    tokio::spawn(async move { ask_and_settle(&task_state, launches, bench_after, how).await })
+        .await
+        .map_err(|e| AppError::Internal(anyhow::anyhow!("the drain's create task failed: {e}")))?
+}
+
+async fn ask_and_settle(
+    state: &AppState,
+    launches: Vec<Launch>,
+    bench_after: u32,
+    how: QueueClose,
+) -> AppResult<Vec<(Seeker, Tried)>> {
+    use futures::{FutureExt, StreamExt, stream::FuturesUnordered};
     let wait = state.waits.create;
-    // A spawned task, as the dashboard's create: nothing cuts it between its writes.
-    tokio::spawn(async move {
-        let state = &task_state;
-        Ok(match instances::ask_create(state, &target, &request, wait).await {
-            Answer::Accepted(created) => {
-                let placed = QueuePlaced {
-                    queue_id: &queued.id,
-                    vm_id: &vm.id,
-                    host_id: &target.id,
+    let mut asks: FuturesUnordered<_> = launches
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let state = state.clone();
+            let host = l.host.clone();
+            let request = CreateVm {
+                name: l.vm.name.clone(),
+                ssh_public_key: l.seeker.key.clone(),
+                ssh_hostname: l.vm.ssh_hostname.clone(),
+            };
+            tokio::spawn(async move {
+                (
+                    i,
+                    instances::ask_create(&state, &host, &request, wait).await,
+                )
+            })
+        })
+        .collect();
+    let mut tried: Vec<Option<Tried>> = launches.iter().map(|_| None).collect();
+    while let Some(first) = asks.next().await {
+        // Whatever else has answered meanwhile is settled with it.
+        let mut answers = vec![first];
+        while let Some(Some(more)) = asks.next().now_or_never() {
+            answers.push(more);
+        }
+        let mut accepted = Vec::new();
+        for answer in answers {
+            let (i, answer) = answer.map_err(|e| {
+                AppError::Internal(anyhow::anyhow!("a create's request task failed: {e}"))
+            })?;
+            let l = &launches[i];
+            match answer {
+                Answer::Accepted(created) => accepted.push((i, created)),
+                // The row stays this run's: the next candidate is tried under the same claim.
+                Answer::Refused(e) => {
+                    tried[i] = Some(Tried::Refused(
+                        instances::settle_refused(state, &l.host, &l.vm, e, bench_after).await?,
+                    ));
+                }
+                Answer::Silent => {
+                    tried[i] = Some(Tried::Silent(
+                        instances::settle_silent(state, &l.host, &l.vm, wait, bench_after).await?,
+                    ));
+                }
+            }
+        }
+        if accepted.is_empty() {
+            continue;
+        }
+        let placed: Vec<QueuePlaced<'_>> = accepted
+            .iter()
+            .map(|(i, created)| {
+                let l = &launches[*i];
+                QueuePlaced {
+                    queue_id: &l.seeker.row.id,
+                    vm_id: &l.vm.id,
+                    host_id: &l.host.id,
                     ssh_port: created.as_ref().map(|c| i32::from(c.ssh_port)),
                     how,
-                };
-                let closed = state
-                    .store
-                    .settle_queue_placed(placed, state.clock.now())
-                    .await?;
-                if closed == GuardedWrite::Written && how == QueueClose::Placed {
-                    record_placed(state, &queued, &vm, target.relay_ip.as_deref()).await?;
                 }
-                tracing::info!(vm = %vm.id, host = %target.slug, name = %vm.name, queue = %queued.id, "instance created");
-                Tried::Placed(vm.id)
+            })
+            .collect();
+        let closed = state
+            .store
+            .settle_queue_placements(&placed, state.clock.now())
+            .await?;
+        let mut records = Vec::new();
+        for ((i, _), closed) in accepted.iter().zip(closed) {
+            let l = &launches[*i];
+            tracing::info!(vm = %l.vm.id, host = %l.host.slug, name = %l.vm.name, queue = %l.seeker.row.id, "instance created");
+            if closed == GuardedWrite::Written && how == QueueClose::Placed {
+                records.push((&l.seeker.row, &l.vm, l.host.relay_ip.as_deref()));
             }
-            // The row stays this run's: the next candidate is tried under the same claim.
-            Answer::Refused(e) => Tried::Refused(
-                instances::settle_refused(state, &target, &vm, e, bench_after).await?,
-            ),
-            Answer::Silent => Tried::Silent(
-                instances::settle_silent(state, &target, &vm, wait, bench_after).await?,
-            ),
+            tried[*i] = Some(Tried::Placed(l.vm.id.clone()));
+        }
+        record_placements(state, &records).await?;
+    }
+    Ok(launches
+        .into_iter()
+        .zip(tried)
+        .map(|(l, t)| {
+            // Every task answered once, or the error above returned first.
+            let t = t.unwrap_or_else(|| {
+                Tried::Silent(AppError::Internal(anyhow::anyhow!(
+                    "a create went unanswered"
+                )))
+            });
+            (l.seeker, t)
         })
-    })
-    .await
-    .map_err(|e| AppError::Internal(anyhow::anyhow!("the drain's create task failed: {e}")))?
+        .collect())
 }
 
 /// E0's caller 4: an operator places a queued create on the host they name — the drain's
@@ -595,30 +817,27 @@ pub async fn place_by_operator(
         return Err(placing_now());
     }
     let bench_after = state.config.placement.bench_after_failures;
-    let tried = try_host(
-        state,
-        &token,
-        &row,
-        &target,
-        &key.public_key,
-        bench_after,
-        QueueClose::PlacedByOperator,
-    )
-    .await;
+    let seeker = Seeker {
+        row,
+        key: key.public_key,
+        tries: 0,
+        picks: 0,
+    };
+    let tried = place_on(state, &token, seeker, target, bench_after).await;
     state.store.release_queue_claims(&token).await?;
     let view = match tried? {
-        Tried::Placed(vm_id) => {
+        Placed::On(Tried::Placed(vm_id)) => {
             let vm = state.store.vm(&vm_id).await?.ok_or(AppError::NotFound)?;
             instances::view(state, &vm).await?
         }
-        Tried::Skipped => {
+        Placed::Taken(slug) => {
             return Err(AppError::conflict(
                 "host_occupied",
-                format!("{} holds a live instance; nothing was placed", target.slug),
+                format!("{slug} holds a live instance; nothing was placed"),
             ));
         }
-        Tried::Lost => return Err(placing_now()),
-        Tried::Refused(e) | Tried::Silent(e) => return Err(e),
+        Placed::Lost => return Err(placing_now()),
+        Placed::On(Tried::Refused(e) | Tried::Silent(e)) => return Err(e),
     };
     state
         .store
@@ -631,4 +850,46 @@ pub async fn place_by_operator(
         )
         .await?;
     Ok(view)
+}
+
+/// How an operator's placement on their host came out.
+enum Placed {
+    On(Tried),
+    /// The host holds a live instance: its slug.
+    Taken(String),
+    Lost,
+}
+
+/// The drain's steps for one row on one host the operator chose.
+async fn place_on(
+    state: &AppState,
+    token: &str,
+    seeker: Seeker,
+    host: AgentTargetRow,
+    bench_after: u32,
+) -> AppResult<Placed> {
+    let assigned = [(seeker, host)];
+    let started = start_attempts(state, token, &assigned).await?;
+    let [(seeker, host)] = assigned;
+    Ok(match started.into_iter().next() {
+        Some(QueueAttempt::Started(vm)) => {
+            let launched = launch(
+                state,
+                vec![Launch {
+                    seeker,
+                    host,
+                    vm: *vm,
+                }],
+                bench_after,
+                QueueClose::PlacedByOperator,
+            )
+            .await?;
+            match launched.into_iter().next() {
+                Some((_, tried)) => Placed::On(tried),
+                None => Placed::Lost,
+            }
+        }
+        Some(QueueAttempt::HostTaken) => Placed::Taken(host.slug),
+        Some(QueueAttempt::Lost) | None => Placed::Lost,
+    })
 }

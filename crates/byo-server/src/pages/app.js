@@ -71,7 +71,9 @@
 
   // Countdown: <time datetime="EXPIRY" data-now="SERVER NOW" data-countdown="ID"> writes
   // "expires in mm:ss" into #ID, measured on the server's clock (the difference between the
-  // two instants the server wrote), so a wrong clock in the browser does not matter.
+  // two instants the server wrote), so a wrong clock in the browser does not matter. With
+  // data-used-when="SELECTOR" it stops once the page holds what the selector names (the
+  // host's polled progress saying it enrolled): a used one-liner does not count down.
   function two(n) {
     return (n < 10 ? "0" : "") + n;
   }
@@ -86,26 +88,38 @@
     var left0 = expires - serverNow;
     var started = Date.now();
     var timer = null;
+    var usedWhen = time.getAttribute("data-used-when");
+    var finished = false;
+    function done(text, scopeClass) {
+      finished = true;
+      out.textContent = text;
+      var scope = time.closest("[data-expires-scope]");
+      if (scope) {
+        scope.classList.add(scopeClass);
+        scope.querySelectorAll("button[data-copy]").forEach(function (b) {
+          b.disabled = true;
+        });
+      }
+      clearInterval(timer);
+    }
     function tick() {
+      if (usedWhen && document.querySelector(usedWhen)) {
+        done("used: your machine enrolled — its progress is below", "used");
+        return;
+      }
       var left = Math.max(0, Math.ceil((left0 - (Date.now() - started)) / 1000));
       if (left <= 0) {
-        out.textContent = "expired — add the GPU again";
         out.classList.add("error");
-        var scope = time.closest("[data-expires-scope]");
-        if (scope) {
-          scope.classList.add("expired");
-          scope.querySelectorAll("button[data-copy]").forEach(function (b) {
-            b.disabled = true;
-          });
-        }
-        clearInterval(timer);
+        done("expired — add the GPU again", "expired");
         return;
       }
       out.textContent =
         "expires in " + two(Math.floor(left / 60)) + ":" + two(left % 60);
     }
     tick();
-    timer = setInterval(tick, 250);
+    if (!finished) {
+      timer = setInterval(tick, 250);
+    }
   }
 
   // Progress: <div data-progress="URL"> is replaced by the server's fragment at URL every

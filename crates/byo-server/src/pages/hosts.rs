@@ -68,14 +68,15 @@ fn enrollment_state(e: &EnrollmentView) -> String {
 fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTime<Utc>) -> Markup {
     let failed = step_failed;
     html! {
-        div.progress data-settled=(facts.settled(now)) {
+        div.progress data-settled=(facts.settled(now))
+            data-enrolled=(facts.enrollment == Some(byo_wire::states::EnrollmentState::Enrolled)) {
             span.state { (facts.summary()) }
             @if facts.active == Some(false) {
                 @if let Some(p) = facts.prepare_state {
                     br;
                     small.step.error[failed(p)] {
                         (if nodes.len() > 1 { "node 0: " } else { "last step: " }) (step_line(p))
-                        ", attempt " (p.attempt) ", at " (p.at_text())
+                        (step_when(p))
                     }
                     @if failed(p) { (failure_advice_line(p, now, facts.prepared_at.is_some())) }
                 }
@@ -86,7 +87,7 @@ fn progress_fragment(facts: &Onboarding<'_>, nodes: &[HostNodeRow], now: DateTim
                         @match &n.prepare_state {
                             Some(p) => {
                                 (step_line(&p.0))
-                                ", attempt " (p.0.attempt) ", at " (p.0.at_text())
+                                (step_when(&p.0))
                             }
                             None => "not started",
                         }
@@ -169,7 +170,8 @@ async fn gpus_page(
                     p { "Everything for " strong { (p.slug) } " is ready. Run this once, as a user who can sudo, on the machine itself. "
                         "It works until "
                         time #one-liner-expiry datetime=(p.expires_at.to_rfc3339_opts(SecondsFormat::Millis, true))
-                            data-now=(now.to_rfc3339_opts(SecondsFormat::Millis, true)) data-countdown="one-liner-countdown" {
+                            data-now=(now.to_rfc3339_opts(SecondsFormat::Millis, true)) data-countdown="one-liner-countdown"
+                            data-used-when={ "#progress-" (p.host_id) " [data-enrolled=\"true\"]" } {
                             (p.expires_at.format("%Y-%m-%d %H:%M:%S UTC"))
                         }
                         " (one hour) and only once. "
@@ -452,6 +454,27 @@ pub async fn progress(
 /// so its size is not ours to choose.
 const SHOWN_REQUEST_BYTES: usize = 4096;
 
+/// When a step was last reported, as a person reads it, and its attempt once it is a retry
+/// (issue #42, 8: no "attempt 1" that never moves, no raw timestamp).
+fn step_when(p: &byo_wire::prepare::PrepareState) -> Markup {
+    html! {
+        @if p.attempt > 1 { ", attempt " (p.attempt) }
+        ", " (super::instances::at(p.at))
+    }
+}
+
+/// The GPUs a machine reported, as a person reads them: a test host with none says so
+/// (issue #42, 8: not "? × 0").
+fn gpu_line(model: Option<&str>, count: Option<u64>) -> String {
+    match (model, count) {
+        (_, Some(0)) => "no GPU".into(),
+        (Some(m), Some(n)) => format!("{m} × {n}"),
+        (Some(m), None) => m.to_owned(),
+        (None, Some(n)) => format!("{n} GPU(s), model not reported"),
+        (None, None) => "—".into(),
+    }
+}
+
 /// What turned up, in a few words, from the enrolment's fingerprint (node 0's identity once
 /// enrolled, the whole request when rejected), with what was stored behind a toggle.
 fn turned_up(e: &EnrollmentView) -> Markup {
@@ -465,12 +488,7 @@ fn turned_up(e: &EnrollmentView) -> Markup {
         return html! { dl.facts { dt { "Machine" } dd { "nothing yet" } (when) } };
     };
     let text = |k: &str| f[k].as_str().filter(|s| !s.is_empty());
-    let gpu = match (text("gpu_model"), f["gpu_count"].as_u64()) {
-        (Some(m), Some(n)) => format!("{m} × {n}"),
-        (Some(m), None) => m.to_owned(),
-        (None, Some(n)) => format!("? × {n}"),
-        (None, None) => "—".into(),
-    };
+    let gpu = gpu_line(text("gpu_model"), f["gpu_count"].as_u64());
     let os = [text("os_id"), text("os_version")]
         .into_iter()
         .flatten()
@@ -718,5 +736,20 @@ pub async fn stop_hosting(
         )
             .into_response()),
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::gpu_line;
+
+    #[test]
+    fn gpus_are_named_as_a_person_reads_them() {
+        assert_eq!(gpu_line(Some("GB10"), Some(1)), "GB10 × 1");
+        assert_eq!(gpu_line(None, Some(0)), "no GPU");
+        assert_eq!(gpu_line(Some("none"), Some(0)), "no GPU");
+        assert_eq!(gpu_line(None, Some(2)), "2 GPU(s), model not reported");
+        assert_eq!(gpu_line(Some("GB10"), None), "GB10");
+        assert_eq!(gpu_line(None, None), "—");
     }
 }

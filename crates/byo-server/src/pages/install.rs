@@ -173,6 +173,9 @@ if [ -f /etc/enverge/credentials.json ]; then
   # its modes are what preparation handed serving (0711), and resetting them stops serving.
   printf '%s\n' "$server" > /etc/enverge/server
   echo "This machine is already enrolled; reusing its credentials."
+  if [ -n "$token" ] || [ -n "$token_file" ]; then
+    echo "The token given was not used (it stays unredeemed until it lapses): this machine keeps its enrolment. To enrol it afresh, hand it back first with install.sh --uninstall."
+  fi
 else
   if [ -z "$token" ] && [ -n "$token_file" ]; then
     token=$(cat "$token_file")

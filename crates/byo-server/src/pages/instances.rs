@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use axum::Form;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect};
 use byo_wire::states::{InstancePhase, VmStatus};
 use byo_wire::vm::{
@@ -107,6 +107,81 @@ struct Shown<'a> {
     create: Option<&'a CreateForm>,
     /// The refusal was billing's: the page links to /billing.
     pay: bool,
+    /// What the action before this page did ([`Done`]): said at the top, its row marked.
+    done: Option<&'a Done>,
+}
+
+/// What an action on this page did, carried by its redirect (`/instances?done=…&id=…`) so
+/// the page says so at the top and marks the row, instead of the browser jumping down to
+/// the row and scrolling the heading and navigation away (issue #42, 5).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Done {
+    done: Option<DoneKind>,
+    id: Option<String>,
+}
+
+#[derive(Clone, Copy, Debug, Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum DoneKind {
+    Created,
+    Queued,
+    KeptWaiting,
+    Deleted,
+    Started,
+    Stopped,
+    Rebooting,
+}
+
+impl DoneKind {
+    fn as_str(self) -> &'static str {
+        match self {
+            DoneKind::Created => "created",
+            DoneKind::Queued => "queued",
+            DoneKind::KeptWaiting => "kept_waiting",
+            DoneKind::Deleted => "deleted",
+            DoneKind::Started => "started",
+            DoneKind::Stopped => "stopped",
+            DoneKind::Rebooting => "rebooting",
+        }
+    }
+
+    /// Where an action that did this sends the browser.
+    fn to(self, id: &str) -> Redirect {
+        Redirect::to(&format!("/instances?done={}&id={id}", self.as_str()))
+    }
+}
+
+/// What to say of `done`, read against the lists as they are now (`None`: nothing of
+/// theirs by that id, say nothing).
+fn done_notice(done: &Done, list: &[InstanceView], queued: &[QueuedView]) -> Option<Markup> {
+    let (kind, id) = (done.done?, done.id.as_deref()?);
+    let instance = || list.iter().find(|i| i.id == id);
+    let waiting = || queued.iter().find(|q| q.id == id);
+    Some(match kind {
+        DoneKind::Created => html! {
+            (instance()?.name) " is created. Connect with the ssh line in its row; it is billed until you delete it."
+        },
+        DoneKind::Queued => {
+            let q = waiting()?;
+            html! {
+                "No " (q.gpu_type) " host is free, so your create is queued (place " (q.position)
+                " in line). It is placed on the next host that frees up, and nothing is billed until then; you are told when it starts."
+            }
+        }
+        DoneKind::KeptWaiting => {
+            html! { "Your queued create keeps waiting until " (at(waiting()?.expires_at)) "." }
+        }
+        DoneKind::Deleted => html! {
+            (instance()?.name) " is deleted: its host confirmed, and billing stopped then."
+        },
+        DoneKind::Started => html! { (instance()?.name) " is started." },
+        DoneKind::Stopped => html! {
+            (instance()?.name) " is stopped. Start it again from its row, or delete it."
+        },
+        DoneKind::Rebooting => html! {
+            (instance()?.name) " is rebooting: connect again in a minute."
+        },
+    })
 }
 
 /// The GPU kinds a user may ask for: those of every profile that is not staff-only, and
@@ -150,6 +225,7 @@ async fn customer_page(
             .map(|((k, _), _)| k.as_str())
     });
     let picked_key = s.create.map(|c| c.ssh_key_id.as_str());
+    let marked = s.done.and_then(|d| d.id.as_deref());
     Ok(layout(
         "Instances",
         Some(v),
@@ -159,12 +235,13 @@ async fn customer_page(
             @if let Some(e) = s.error { p.error role="alert" { (e) } }
             @if s.pay { p #pay { a.button href="/billing" { "Add a payment method" } } }
             @if let Some(n) = s.notice { p.notice role="status" { (n) } }
+            @if let Some(n) = s.done.and_then(|d| done_notice(d, &list, &queued)) { p.notice #done role="status" { (n) } }
             @if list.is_empty() {
                 p #no-instances { "No instances yet." }
             } @else {
                 div.scroll { table #instances {
                     thead { tr { th { "Name" } th { "GPU" } th { "Status" } th { "Connect" } th { "Created" } th { "Deleted" } th { "" } } }
-                    tbody { @for i in &list { (instance_row(i)) } }
+                    tbody { @for i in &list { (instance_row(i, marked == Some(i.id.as_str()))) } }
                 } }
                 p { small { "Billing runs from an instance's creation until its host confirms the delete. An instance that was never created is not billed." } }
             }
@@ -173,7 +250,7 @@ async fn customer_page(
                 p { small { "No host of that kind was free. Each is placed on the next host that frees up, in order; nothing is billed until a host takes it. One no host took by its expiry is closed; keep waiting moves its expiry " (state.config.instances.queue_expires_after_hours) " hours from now." } }
                 div.scroll { table #queued {
                     thead { tr { th { "GPU" } th { "Place in line" } th { "Queued" } th { "Expires" } th { "Last try" } th { "" } } }
-                    tbody { @for q in &queued { (queued_row(q)) } }
+                    tbody { @for q in &queued { (queued_row(q, marked == Some(q.id.as_str()))) } }
                 } }
             }
             @if !ended.is_empty() {
@@ -240,13 +317,14 @@ async fn customer_page(
     ))
 }
 
-fn instance_row(i: &InstanceView) -> Markup {
+/// `done`: the row the last action was about, marked.
+fn instance_row(i: &InstanceView, done: bool) -> Markup {
     let command = i
         .ssh_command
         .as_deref()
         .filter(|_| live(i) && i.status == VmStatus::Running);
     html! {
-        tr #{ "instance-" (i.id) } data-name=(i.name) {
+        tr id={ "instance-" (i.id) } class=[done.then_some("done")] data-name=(i.name) {
             td.name { code { (i.name) } }
             td.gpu { (i.gpu_type) }
             td.status { (status_line(i)) }
@@ -286,9 +364,9 @@ fn instance_row(i: &InstanceView) -> Markup {
     }
 }
 
-fn queued_row(q: &QueuedView) -> Markup {
+fn queued_row(q: &QueuedView, done: bool) -> Markup {
     html! {
-        tr #{ "queued-" (q.id) } {
+        tr id={ "queued-" (q.id) } class=[done.then_some("done")] {
             td.gpu { (q.gpu_type) }
             td.position { (q.position) }
             td.created { (at(q.created_at)) }
@@ -335,7 +413,7 @@ pub async fn extend_queued(
 ) -> PageResult {
     let v = signed_in(viewer)?;
     match queued::extend(&state, &v, &queue_id).await {
-        Ok(q) => Ok(Redirect::to(&format!("/instances#queued-{}", q.id)).into_response()),
+        Ok(q) => Ok(DoneKind::KeptWaiting.to(&q.id).into_response()),
         Err(e) => customer_refusal(&state, &v, e, "no such queued create", Shown::default()).await,
     }
 }
@@ -395,11 +473,17 @@ async fn customer_refusal(
     Ok((e.status(), page).into_response())
 }
 
-pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+pub async fn page(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Query(done): Query<Done>,
+) -> PageResult {
     let v = signed_in(viewer)?;
-    Ok(customer_page(&state, &v, Shown::default())
-        .await?
-        .into_response())
+    let s = Shown {
+        done: Some(&done),
+        ..Shown::default()
+    };
+    Ok(customer_page(&state, &v, s).await?.into_response())
 }
 
 /// `POST /instances`: E1, as `POST /api/vms`.
@@ -414,14 +498,10 @@ pub async fn create(
         ssh_key_id: form.ssh_key_id.clone(),
     };
     match instances::create(&state, &v, &req).await {
-        Ok(CreateOutcome::Created(created)) => Ok(Redirect::to(&format!(
-            "/instances#instance-{}",
-            created.instance.id
-        ))
-        .into_response()),
-        Ok(CreateOutcome::Queued(q)) => {
-            Ok(Redirect::to(&format!("/instances#queued-{}", q.queued.id)).into_response())
+        Ok(CreateOutcome::Created(created)) => {
+            Ok(DoneKind::Created.to(&created.instance.id).into_response())
         }
+        Ok(CreateOutcome::Queued(q)) => Ok(DoneKind::Queued.to(&q.queued.id).into_response()),
         Err(e) => {
             let s = Shown {
                 create: Some(&form),
@@ -525,7 +605,7 @@ pub async fn delete(
     let v = signed_in(viewer)?;
     match instances::delete(&state, Deleter::Owner(&v), &vm_id).await {
         Ok(d) if d.state == DeletionState::Deleted => {
-            Ok(Redirect::to(&format!("/instances#instance-{vm_id}")).into_response())
+            Ok(DoneKind::Deleted.to(&vm_id).into_response())
         }
         Ok(d) => {
             let notice = format!("{}: {}", d.instance.name, d.message);
@@ -567,7 +647,13 @@ pub async fn power(
 ) -> PageResult {
     let v = signed_in(viewer)?;
     match instance_power::change_power(&state, &v, &vm_id, form.action).await {
-        Ok(_) => Ok(Redirect::to(&format!("/instances#instance-{vm_id}")).into_response()),
+        Ok(_) => Ok(match form.action {
+            byo_wire::vm::VmAction::Start => DoneKind::Started,
+            byo_wire::vm::VmAction::Stop => DoneKind::Stopped,
+            byo_wire::vm::VmAction::Reboot => DoneKind::Rebooting,
+        }
+        .to(&vm_id)
+        .into_response()),
         Err(e) => {
             customer_refusal(
                 &state,

@@ -4,7 +4,7 @@
 //! a pin). Plain forms that POST and redirect; every rule is [`crate::app::prebookings`]'s.
 
 use axum::Form;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::response::{IntoResponse, Redirect};
 use byo_wire::Role;
 use byo_wire::prebooking::{PrebookingRequest, PrebookingState, PrebookingView};
@@ -92,24 +92,47 @@ fn parse_utc(field: &str, value: &str) -> Result<DateTime<Utc>, AppError> {
         })
 }
 
+/// What the action before this page did, carried by its redirect
+/// (`/prebookings?done=booked|cancelled&id=…`): said at the top and its row marked, instead of
+/// the browser jumping down to the row (issue #42, 5).
+#[derive(Clone, Debug, Default, Deserialize)]
+pub struct Done {
+    done: Option<String>,
+    id: Option<String>,
+}
+
 async fn customer_page(
     state: &AppState,
     v: &CurrentUser,
     error: Option<&str>,
     form: Option<&BookForm>,
     pay: bool,
+    done: &Done,
 ) -> Result<Markup, PageError> {
     let list = prebookings::mine(state, v).await?;
     let kinds = gpu_types(state, v).await?;
     let has_key = !state.store.ssh_keys_of(&v.user.sub).await?.is_empty();
     let picked = form.map(|f| f.gpu_type.as_str());
     let billing_on = state.billing.enabled();
+    let marked = done.id.as_deref();
+    let said = marked
+        .and_then(|id| list.iter().find(|b| b.id == id))
+        .and_then(|b| match done.done.as_deref() {
+            Some("booked") => Some(format!(
+                "Your {} booking is made: it launches by itself when its window opens{}.",
+                b.gpu_type,
+                if billing_on { ", once it is paid" } else { "" }
+            )),
+            Some("cancelled") => Some(format!("Your {} booking is cancelled.", b.gpu_type)),
+            _ => None,
+        });
     Ok(layout(
         "Pre-bookings",
         Some(v),
         html! {
             h1 { "Your pre-bookings" }
             @if let Some(e) = error { p.error role="alert" { (e) } }
+            @if let Some(n) = &said { p.notice #done role="status" { (n) } }
             @if pay { p #pay { a.button href="/billing" { "Add a payment method" } } }
             p { "A pre-booking holds one box for a window. It launches by itself when the window opens, once it is paid, and is torn down when the window ends." }
             @if billing_on {
@@ -124,7 +147,7 @@ async fn customer_page(
                 div.scroll { table #prebookings {
                     thead { tr { th { "GPU" } th { "Window (UTC)" } th { "State" } th { "" } } }
                     tbody { @for b in &list {
-                        tr #{ "prebooking-" (b.id) } {
+                        tr id={ "prebooking-" (b.id) } class=[(marked == Some(b.id.as_str())).then_some("done")] {
                             td.gpu { (b.gpu_type) }
                             td.window { (window(b)) }
                             td.state { (state_line(b))
@@ -186,13 +209,17 @@ async fn customer_refusal(
         ref other => other.to_string(),
     };
     let pay = e.code() == crate::app::instances::PAYMENT_REQUIRED;
-    let page = customer_page(state, v, Some(&message), form, pay).await?;
+    let page = customer_page(state, v, Some(&message), form, pay, &Done::default()).await?;
     Ok((e.status(), page).into_response())
 }
 
-pub async fn page(State(state): State<AppState>, viewer: Option<CurrentUser>) -> PageResult {
+pub async fn page(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Query(done): Query<Done>,
+) -> PageResult {
     let v = signed_in(viewer)?;
-    Ok(customer_page(&state, &v, None, None, false)
+    Ok(customer_page(&state, &v, None, None, false, &done)
         .await?
         .into_response())
 }
@@ -213,7 +240,7 @@ pub async fn book(
         (Err(e), _) | (_, Err(e)) => return customer_refusal(&state, &v, e, Some(&form)).await,
     };
     match prebookings::book(&state, &v, &req).await {
-        Ok(b) => Ok(Redirect::to(&format!("/prebookings#prebooking-{}", b.id)).into_response()),
+        Ok(b) => Ok(Redirect::to(&format!("/prebookings?done=booked&id={}", b.id)).into_response()),
         Err(e) => customer_refusal(&state, &v, e, Some(&form)).await,
     }
 }
@@ -226,9 +253,10 @@ pub async fn cancel(
 ) -> PageResult {
     let v = signed_in(viewer)?;
     match prebookings::cancel(&state, &v, &prebooking_id).await {
-        Ok(_) => {
-            Ok(Redirect::to(&format!("/prebookings#prebooking-{prebooking_id}")).into_response())
-        }
+        Ok(_) => Ok(
+            Redirect::to(&format!("/prebookings?done=cancelled&id={prebooking_id}"))
+                .into_response(),
+        ),
         Err(e) => customer_refusal(&state, &v, e, None).await,
     }
 }

@@ -365,6 +365,22 @@ async fn a_an_owner_adds_a_gpu_and_gets_the_one_liner_with_copy_and_countdown() 
         "{first:?} then {later:?}"
     );
 
+    // Issue #42, 8: once the machine ran it (the enrolment redeemed), the one-liner is used:
+    // the countdown stops and says so, and the copy button no longer offers it.
+    let e = site.enroll(token, spark("hw-used")).await;
+    assert_eq!(e.status, StatusCode::OK, "{}", e.text());
+    site.wait_text(
+        "#one-liner-countdown",
+        |t| t == "used: your machine enrolled — its progress is below",
+        "the one-liner used",
+    )
+    .await;
+    let copy = c.find(Locator::Css("#copy-one-liner")).await.unwrap();
+    assert!(
+        !copy.is_enabled().await.unwrap(),
+        "a used command is not offered"
+    );
+
     // At zero it says so, and the copy button stops offering a dead command.
     site.goto("/test/countdown").await;
     site.wait_text(
@@ -729,8 +745,10 @@ async fn c_the_owners_page_follows_preparation_live() {
             "node 1's step",
         )
         .await;
+    // A first attempt is not counted aloud, and the time is a person's (issue #42, 8).
     assert!(
-        progress.contains("node 0: lxd-install applied, attempt 1"),
+        progress.contains("node 0: lxd-install applied, 2026-11-29 12:05:00 UTC")
+            && !progress.contains("attempt"),
         "{progress}"
     );
     site.report(
@@ -872,6 +890,18 @@ async fn e1_g_a_customer_adds_a_key_creates_an_instance_sees_the_ssh_command_and
         .unwrap();
     site.wait_text("#instances td.status", |t| t == "running", "running")
         .await;
+    // Issue #42, 5: after the create the page says what happened at its top, with the
+    // heading and navigation in view: no jump down to the row, which is marked instead.
+    site.wait_text("#done", |t| t.contains(" is created."), "the create said")
+        .await;
+    let top = c
+        .execute(
+            "return [window.scrollY, document.querySelectorAll('#instances tr.done').length];",
+            vec![],
+        )
+        .await
+        .unwrap();
+    assert_eq!(top, serde_json::json!([0, 1]), "scrolled, or no row marked");
     let epoch = chrono::DateTime::<chrono::Utc>::UNIX_EPOCH;
     let rows = site.app.db.vms_of(&customer_sub, epoch).await.unwrap();
     assert_eq!(rows.len(), 1);

@@ -174,6 +174,23 @@ async fn m10_two_operators_changes_end_in_one_version_holding_both(w: World) {
     assert!(o["published"].is_null());
     let keys = o["draft"]["keys"].as_array().unwrap();
     assert_eq!(keys.len(), 2);
+    // Each key names its operator by email, beside the account id the list binds.
+    let mut named: Vec<(&str, &str)> = keys
+        .iter()
+        .map(|k| {
+            (
+                k["user_sub"].as_str().unwrap(),
+                k["email"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    named.sort();
+    let mut expected = vec![
+        (w.root.sub.as_str(), w.root.email.as_str()),
+        (w.op.sub.as_str(), w.op.email.as_str()),
+    ];
+    expected.sort();
+    assert_eq!(named, expected);
     let changes = o["draft_changes"].as_array().unwrap();
     let who: Vec<&str> = changes
         .iter()

@@ -1159,7 +1159,24 @@ async fn e3_the_prebooking_pages(w: World) {
         .clone();
     let b = row(&w, &id).await;
     assert_eq!((b.start_date, b.end_date), (at(2), at(6)));
+    // Issue #42, 5: back to the page, which says what happened and marks the row, with no
+    // jump down to it.
+    let back = r.headers[axum::http::header::LOCATION]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(back, format!("/prebookings?done=booked&id={id}"));
+    let said = w.customer.page(&back).await;
+    assert!(
+        said.contains("Your spark-1 booking is made: it launches by itself when its window opens."),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!(r#"<tr id="prebooking-{id}" class="done">"#)),
+        "{said}"
+    );
     let html = w.customer.page("/prebookings").await;
+    assert!(!html.contains(r#"class="done""#), "{html}");
     let line = row_html(&html, &id);
     assert!(line.contains("unpaid"), "{line}");
     assert!(line.contains("payment is collected off-band"), "{line}");

@@ -425,6 +425,62 @@ async fn e2_a_silent_host_leaves_the_row_for_its_heartbeat_and_no_other_host_is_
     );
 }
 
+/// #41.4: a claimed batch's hosts are asked at once, so one silent host holds up no other
+/// row: every host is contacted before the first one's silence is settled, the others are
+/// placed (settled together, each audited and its customer told), and the silent one's row
+/// waits for its heartbeat as alone.
+async fn e2_a_batchs_hosts_are_asked_at_once_and_a_silent_one_holds_up_no_other(w: World) {
+    enqueue_many(&w, 4).await;
+    for i in 1..=4 {
+        w.host(&format!("spark-{i}"), Spec::default()).await;
+    }
+    w.agents.then(Op::Create, agents::Answer::Hang);
+    let state = w.app.state.clone();
+    let drainer = tokio::spawn(async move { queue_drain::drain_once(&state).await.unwrap() });
+    let silent = w.agents.contacted(Op::Create, 1).await;
+    w.agents.contacted(Op::Create, 4).await;
+    assert!(
+        w.audits("vm.create_unanswered").await.is_empty(),
+        "every host was asked while the first was still within its wait"
+    );
+    let report = drainer.await.unwrap();
+    assert_eq!(
+        (
+            report.placed,
+            report.pending,
+            report.refused,
+            report.skipped
+        ),
+        (3, 1, 0, 0),
+        "{report}"
+    );
+    let hosts: HashSet<String> = w
+        .agents
+        .calls(Op::Create)
+        .into_iter()
+        .map(|c| c.host_id)
+        .collect();
+    assert_eq!(hosts.len(), 4, "one host per row");
+    assert_eq!(w.audits("queue.placed").await.len(), 3);
+    assert_eq!(w.audits("vm.create_unanswered").await.len(), 1);
+    let open = w.db().open_queue(Some(&w.customer.sub), 10).await.unwrap();
+    assert_eq!(open.len(), 1);
+    let vm = w.vm(open[0].row.vm_id.as_deref().unwrap()).await;
+    assert_eq!(
+        (vm.status, vm.host_id.as_deref(), vm.name.as_str()),
+        (
+            VmStatus::Creating,
+            Some(silent.host_id.as_str()),
+            silent.name.as_str()
+        )
+    );
+    let notices = w.db().notices(Some(&w.customer.sub), 10).await.unwrap();
+    assert_eq!(
+        notices.iter().filter(|n| n.kind == "queue.placed").count(),
+        3
+    );
+}
+
 async fn e2_concurrent_drainers_never_place_twice(w: World) {
     const ROWS: usize = 40;
     const HOSTS: usize = 25;
@@ -1382,6 +1438,7 @@ with_world!(
     e2_billing_is_rechecked_live,
     e2_a_silent_host_leaves_the_row_for_its_heartbeat_and_no_other_host_is_tried,
     e2_concurrent_drainers_never_place_twice,
+    e2_a_batchs_hosts_are_asked_at_once_and_a_silent_one_holds_up_no_other,
     e0_caller4_operator_places_a_queued_vm,
     admin_queue_page_lists_open_rows_with_place_and_close,
     staff_only_refused_to_customers_at_rent_time,

@@ -406,13 +406,15 @@ async fn install_sh_fails_loudly_leaves_nothing_behind_and_then_enrols() {
             .is_none()
     );
 
-    // An upgrade (already enrolled) is as before: no token needed, the credentials reused.
+    // An upgrade (already enrolled) is as before: no token needed, the credentials reused;
+    // a token given anyway is not used, and the owner is told so (issue #42, 8).
     let before = host.read("/etc/enverge/credentials.json");
-    let ran = one_liner(&host, &server, "", None);
+    let ran = one_liner(&host, &server, "byo_enr_not-used", None);
     assert_eq!(ran.code, Some(0), "{}", ran.terminal);
     assert!(
         ran.terminal
-            .contains("This machine is already enrolled; reusing its credentials."),
+            .contains("This machine is already enrolled; reusing its credentials.")
+            && ran.terminal.contains("The token given was not used"),
         "{}",
         ran.terminal
     );

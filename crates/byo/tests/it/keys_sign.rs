@@ -157,6 +157,8 @@ async fn byo_keys_sign_shows_the_bytes_signs_through_an_agent_and_publishes() {
         stdout.contains(&fingerprint) && stdout.contains("machine laptop"),
         "{stdout}"
     );
+    // The operator is named by their email, beside the account the list binds.
+    assert!(stdout.contains(&format!("operator {EMAIL} (")), "{stdout}");
     assert!(stdout.contains("published version 1"), "{stdout}");
     let o = overview(client).await;
     assert_eq!(o["published"]["version"], 1);

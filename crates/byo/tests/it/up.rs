@@ -89,4 +89,69 @@ async fn byo_up_prints_credentials_stops_on_ctrl_c_and_resumes() {
     let key = public.split_whitespace().nth(1).unwrap();
     assert!(published.body.contains(key), "{}", published.body);
     store.close().await;
+
+    // The banner says the list as it stands (issue #42, 8): after the admin adds a key and
+    // signs v2 with `byo keys sign` as the banner's line has it, a restart says v2.
+    if !byo_core::testing::have_tools(&["ssh-agent", "ssh-add", "ssh-keygen"]) {
+        return;
+    }
+    let third = start(dir.path());
+    assert!(
+        third.printed.contains("list v1 is published"),
+        "{}",
+        third.printed
+    );
+    let client = reqwest::Client::builder()
+        .cookie_store(true)
+        .build()
+        .unwrap();
+    let r = client
+        .post(format!("{}/api/auth/login", third.url))
+        .json(&json!({"email": email, "password": password}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let laptop = dir.path().join("laptop");
+    let made = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", "laptop", "-f"])
+        .arg(&laptop)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let laptop = std::fs::read_to_string(laptop.with_extension("pub")).unwrap();
+    let laptop: Vec<&str> = laptop.split_whitespace().take(2).collect();
+    let r = client
+        .post(format!("{}/api/admin/operator-keys/changes", third.url))
+        .json(&json!({"action": "add", "public_key": laptop.join(" "), "label": "laptop"}))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    let mut sign = std::process::Command::new(env!("CARGO_BIN_EXE_byo"))
+        .args([
+            "keys", "sign", "--yes", "--server", &third.url, "--email", &email,
+        ])
+        .env("BYO_PASSWORD", &password)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut sign.stdin.take().unwrap(), &signing_key).unwrap();
+    let signed = sign.wait_with_output().unwrap();
+    assert!(
+        signed.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&signed.stdout),
+        String::from_utf8_lossy(&signed.stderr)
+    );
+    interrupt(third);
+    let fourth = start(dir.path());
+    assert!(
+        fourth.printed.contains("list v2 is published"),
+        "{}",
+        fourth.printed
+    );
+    interrupt(fourth);
 }

@@ -169,15 +169,31 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     // No free host of that kind: queued (E2), shown with its place and a Cancel button.
     let r = w.create_on_page(&w.customer, "spark-2", &key.id).await;
     assert_eq!(r.status, StatusCode::SEE_OTHER, "{}", r.text());
-    let queued = location(&r)
-        .strip_prefix("/instances#queued-")
+    let to = location(&r);
+    let queued = to
+        .strip_prefix("/instances?done=queued&id=")
         .unwrap()
         .to_owned();
-    let page = w.customer.page("/instances").await;
+    // Issue #42, 5: the page says what happened at the top and marks the row; it does not
+    // send the browser down to the row (no fragment).
+    let page = w.customer.page(&to).await;
     let listed = row(&page, &format!("queued-{queued}")).unwrap().to_owned();
     assert!(
         listed.contains("spark-2") && listed.contains("Cancel"),
         "{listed}"
+    );
+    assert!(
+        page.contains(&format!(r#"<tr id="queued-{queued}" class="done">"#)),
+        "{page}"
+    );
+    assert!(
+        page.contains("No spark-2 host is free, so your create is queued (place 1 in line)"),
+        "{page}"
+    );
+    let plain = w.customer.page("/instances").await;
+    assert!(
+        !plain.contains(r#"class="done""#) && !plain.contains(r#"id="done""#),
+        "{plain}"
     );
     w.nothing_created(0, 0).await;
     let r = w
@@ -271,7 +287,15 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
     w.answer_creates(Answer::Ok);
     let r = w.create_on_page(&w.customer, "spark-1", &key.id).await;
     let to = location(&r);
-    let id = to.strip_prefix("/instances#instance-").unwrap().to_owned();
+    let id = to
+        .strip_prefix("/instances?done=created&id=")
+        .unwrap()
+        .to_owned();
+    let said = w.customer.page(&to).await;
+    assert!(
+        said.contains(" is created. Connect with the ssh line in its row"),
+        "{said}"
+    );
     let vm = w.vm(&id).await;
     assert_eq!(vm.status, VmStatus::Running);
     let page = w.customer.page("/instances").await;
@@ -344,7 +368,9 @@ async fn pages_show_each_refusal_in_place_and_change_nothing(w: World) {
         .customer
         .post_form(&format!("/instances/{id}/delete"), &[])
         .await;
-    assert_eq!(location(&r), format!("/instances#instance-{id}"));
+    assert_eq!(location(&r), format!("/instances?done=deleted&id={id}"));
+    let said = w.customer.page(&location(&r)).await;
+    assert!(said.contains(" is deleted: its host confirmed"), "{said}");
     let closed = w.vm(&id).await;
     assert_eq!(
         (closed.delete_requested_at, closed.deleted_at),
