@@ -119,10 +119,9 @@ impl Store {
         if ids.is_empty() {
             return Ok(Default::default());
         }
-        let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "select id, relay_ip from hosts where relay_ip is not null and id in ({})",
-            marks.join(", ")
+            crate::marks(1, ids.len())
         );
         let rows: Vec<(String, String)> = on_pool!(self, |p| {
             // Only the count of placeholders is formatted in; every id is bound.

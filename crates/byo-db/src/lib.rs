@@ -280,6 +280,16 @@ impl std::fmt::Display for Migrated {
 
 /// A fresh random id for a row; public so that a caller can seal a value for its row
 /// (`sealed`) before the row is written.
+/// `n` numbered placeholders from `$first` on, for an `in (…)` list of values each bound
+/// in turn (SQLite has no arrays): `marks(2, 3)` is `$2, $3, $4`. Only the count is
+/// formatted into a statement, never a value.
+pub(crate) fn marks(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("${i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 pub fn new_id() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -294,6 +304,16 @@ impl<S: FromStr<Err = String>> TryFrom<Option<String>> for MaybeState<S> {
     type Error = String;
     fn try_from(text: Option<String>) -> std::result::Result<Self, String> {
         text.map(|t| t.parse()).transpose().map(MaybeState)
+    }
+}
+
+#[cfg(test)]
+mod marks_tests {
+    #[test]
+    fn marks_number_from_the_first_and_count_n() {
+        assert_eq!(super::marks(1, 3), "$1, $2, $3");
+        assert_eq!(super::marks(5, 1), "$5");
+        assert_eq!(super::marks(2, 0), "");
     }
 }
 

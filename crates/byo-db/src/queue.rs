@@ -328,8 +328,7 @@ impl Store {
         let not_in = if skip.is_empty() {
             String::new()
         } else {
-            let marks: Vec<String> = (0..skip.len()).map(|i| format!("${}", i + 5)).collect();
-            format!(" and gpu_type not in ({})", marks.join(", "))
+            format!(" and gpu_type not in ({})", crate::marks(5, skip.len()))
         };
         let picked = format!(
             "select id from vm_queue
@@ -581,11 +580,10 @@ impl Store {
 
     /// Of `ids`, the open rows `token` holds with no live attempt.
     async fn queue_rows_held(&self, token: &str, ids: &[&str]) -> Result<Vec<String>> {
-        let marks: Vec<String> = (0..ids.len()).map(|i| format!("${}", i + 2)).collect();
         let sql = format!(
             "select id from vm_queue where claim_token = $1 and closed_at is null
                and not exists ({LIVE_ATTEMPT}) and id in ({})",
-            marks.join(", ")
+            crate::marks(2, ids.len())
         );
         on_pool!(self, |p| {
             let mut q =
@@ -726,10 +724,9 @@ impl Store {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let marks: Vec<String> = (1..=ids.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "select id, user_sub, public_key from ssh_keys where id in ({})",
-            marks.join(", ")
+            crate::marks(1, ids.len())
         );
         on_pool!(self, |p| {
             let mut q =

@@ -80,10 +80,9 @@ impl Store {
         if subs.is_empty() {
             return Ok(Vec::new());
         }
-        let marks: Vec<String> = (1..=subs.len()).map(|i| format!("${i}")).collect();
         let sql = format!(
             "select sub, email from users where sub in ({}) order by sub",
-            marks.join(", ")
+            crate::marks(1, subs.len())
         );
         on_pool!(self, |p| {
             let mut q = sqlx::query_as::<_, (String, String)>(sqlx::AssertSqlSafe(sql.clone()));
