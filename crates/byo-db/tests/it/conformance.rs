@@ -2112,6 +2112,17 @@ async fn accounts_a_user_is_read_by_id_and_email_and_the_overview_is_each_ones_o
             .unwrap()
             .is_none()
     );
+    // Several at once by id (the operator-key list's names): unknown ids left out.
+    let mut both = vec![
+        (a.clone(), "a@example.com".to_owned()),
+        (b.clone(), "b@example.com".to_owned()),
+    ];
+    both.sort();
+    assert_eq!(
+        store.emails_of(&[&b, "no-such-sub", &a]).await.unwrap(),
+        both
+    );
+    assert!(store.emails_of(&[]).await.unwrap().is_empty());
 
     store
         .set_password_hash(&a, "$argon2id$replaced")
