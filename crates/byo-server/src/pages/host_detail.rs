@@ -99,6 +99,9 @@ async fn page(
     let logins = store.operator_logins(host_id, SHOWN_LOGINS).await?;
     let now = state.clock.now();
     let bench = store.host_bench(host_id).await?;
+    let walk = store.latest_path_walk(host_id).await?;
+    // The walk activation reads: one since the preparation finished (issue #38, 4).
+    let walk_failed = matches!((&walk, host.prepared_at), (Some(w), Some(p)) if w.started_at >= p && w.passed == Some(false));
     let problems = crate::app::host_problems::problems(
         &crate::app::host_problems::Seen {
             host: &host,
@@ -220,6 +223,13 @@ async fn page(
                 }
                 @if nodes.len() > 1 { " — " (nodes.len()) " nodes" }
             }
+            h2 { "Customer path" }
+            p #walk {
+                @match &walk {
+                    Some(w) => { (cut(&crate::app::path_walk::sentence(w), SHOWN_CHARS)) }
+                    None => { "Not walked yet. Activation walks it first: a scratch instance is made, logged in to over ssh through the relay as a customer would, and deleted." }
+                }
+            }
             h2 { "Operator keys" }
             p #keys {
                 @match &push {
@@ -285,9 +295,24 @@ async fn page(
                     @if host.prepared_at.is_some() && !host.active && !revoking && revoke.is_none() {
                         form.inline method="post" action=(action("activate")) {
                             input type="hidden" name="placement" value="shared";
-                            button type="submit" { "Activate" }
+                            @if walk_failed {
+                                input type="text" name="walk_override" required maxlength=(REASON_MAX_CHARS) placeholder="why activate despite the failed walk";
+                                button type="submit" { "Activate anyway" }
+                            } @else {
+                                button type="submit" { "Activate" }
+                            }
                         }
-                        p.what { "Puts it in placement (shared): customers may land on it." }
+                        p.what {
+                            "Puts it in placement (shared): customers may land on it. "
+                            @if walk_failed { "Its customer path failed its walk (above): walk it again once mended, or give your reason to activate anyway (audited)." }
+                            @else { "Walks its customer path first unless that has passed since its preparation." }
+                        }
+                    }
+                    @if host.prepared_at.is_some() && !host.active && live == 0 && revoke.is_none() {
+                        form.inline method="post" action=(action("walk")) {
+                            button type="submit" { "Walk the customer path" }
+                        }
+                        p.what { "Makes a scratch instance, logs in to it over ssh through the relay exactly as a customer would, runs hostname and deletes it, timing each leg. Takes up to a few minutes." }
                     }
                     form.inline method="post" action=(action("depool")) {
                         input type="text" name="reason" required maxlength=(REASON_MAX_CHARS) placeholder="why";
@@ -469,6 +494,19 @@ pub async fn retire(
     let out = host_lifecycle::retire(&state, &op, &host_id)
         .await
         .map(|()| None);
+    answer(&state, &op, &host_id, out).await
+}
+
+/// Issue #38, 4: the host's customer path walked now; the page says how it went.
+pub async fn walk(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    let out = crate::app::path_walk::walk(&state, &host_id, Some(&op.0.user.sub))
+        .await
+        .map(|w| Some(crate::app::path_walk::sentence(&w)));
     answer(&state, &op, &host_id, out).await
 }
 

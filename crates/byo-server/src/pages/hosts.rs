@@ -616,6 +616,9 @@ pub struct ActivateForm {
     dedicated_to: Option<String>,
     #[serde(default)]
     change: bool,
+    /// The reason to activate despite a failed path walk (issue #38, 4).
+    #[serde(default)]
+    walk_override: Option<String>,
 }
 
 impl ActivateForm {
@@ -646,7 +649,12 @@ pub async fn activate(
     let placement = form.placement();
     let done = match placement {
         Ok(placement) => {
-            admin_host_action::activate(&state, &op, &host_id, &placement, form.change).await
+            let reason = form
+                .walk_override
+                .as_deref()
+                .filter(|r| !r.trim().is_empty());
+            admin_host_action::activate(&state, &op, &host_id, &placement, form.change, reason)
+                .await
         }
         Err(e) => Err(e),
     };

@@ -406,6 +406,7 @@ async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_ch
         .await
         .unwrap();
     w.app.idle_heartbeat(&host_token).await;
+    w.app.path_walked(&host_id).await;
     let path = format!("/api/admin/hosts/{host_id}/activate");
     for bad in [
         json!({"placement": "pool-of-mine"}),

@@ -164,7 +164,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     // real one takes ~1.5 s), so the host goes on after the backend has given up.
     let impatient = state.clone().with_waits(byo_server::agents::AgentWaits {
         create: Duration::from_millis(700),
-        delete: byo_server::agents::DELETE_WAIT,
+        ..byo_server::agents::AgentWaits::default()
     });
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
     let api = Api::new(&base);
