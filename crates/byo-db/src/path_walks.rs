@@ -108,14 +108,20 @@ impl Store {
 
     /// The host's newest walk, running or ended.
     pub async fn latest_path_walk(&self, host_id: &str) -> Result<Option<PathWalkRow>> {
+        Ok(self.path_walks_of(host_id, 1).await?.pop())
+    }
+
+    /// The host's `limit` newest walks, newest first.
+    pub async fn path_walks_of(&self, host_id: &str, limit: i64) -> Result<Vec<PathWalkRow>> {
         on_pool!(self, |p| sqlx::query_as::<_, PathWalkRow>(
             sqlx::AssertSqlSafe(format!(
                 "select {WALK_COLUMNS} from path_walks where host_id = $1
-                 order by started_at desc, id desc limit 1"
+                 order by started_at desc, id desc limit $2"
             ))
         )
         .bind(host_id)
-        .fetch_optional(p)
+        .bind(limit)
+        .fetch_all(p)
         .await)
         .map_err(Into::into)
     }
