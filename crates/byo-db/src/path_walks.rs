@@ -108,7 +108,29 @@ impl Store {
 
     /// The host's newest walk, running or ended.
     pub async fn latest_path_walk(&self, host_id: &str) -> Result<Option<PathWalkRow>> {
-        Ok(self.path_walks_of(host_id, 1).await?.pop())
+        Ok(self.latest_path_walks(&[host_id]).await?.pop())
+    }
+
+    /// Each of these hosts' newest walk (a host never walked has none), in host order.
+    pub async fn latest_path_walks(&self, host_ids: &[&str]) -> Result<Vec<PathWalkRow>> {
+        if host_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = format!(
+            "select {WALK_COLUMNS} from path_walks w where host_id in ({})
+             and not exists (select 1 from path_walks n where n.host_id = w.host_id
+                 and (n.started_at > w.started_at or (n.started_at = w.started_at and n.id > w.id)))
+             order by host_id",
+            crate::marks(1, host_ids.len())
+        );
+        on_pool!(self, |p| {
+            let mut q = sqlx::query_as::<_, PathWalkRow>(sqlx::AssertSqlSafe(sql.clone()));
+            for id in host_ids {
+                q = q.bind(*id);
+            }
+            q.fetch_all(p).await
+        })
+        .map_err(Into::into)
     }
 
     /// The host's `limit` newest walks, newest first.

@@ -2847,6 +2847,25 @@ async fn d_a_path_walk_runs_one_at_a_time_per_host_and_ends_once(db: TestDb) {
     );
     assert_eq!(
         store.latest_path_walk(&other).await.unwrap().map(|w| w.id),
-        Some(theirs.id)
+        Some(theirs.id.clone())
     );
+    // Several hosts' newest at once (the hosts list): one each, none for a host never walked.
+    let never = host(store, &owner, "never").await;
+    let mut both = vec![
+        (h.clone(), third.id.clone()),
+        (other.clone(), theirs.id.clone()),
+    ];
+    both.sort();
+    let newest = store
+        .latest_path_walks(&[&other, &never, &h])
+        .await
+        .unwrap();
+    assert_eq!(
+        newest
+            .into_iter()
+            .map(|w| (w.host_id, w.id))
+            .collect::<Vec<_>>(),
+        both
+    );
+    assert!(store.latest_path_walks(&[]).await.unwrap().is_empty());
 }

@@ -73,7 +73,7 @@ pub async fn activate(
         Activation::Activated => (
             "host.activate",
             json!({"placement": placement.as_str(), "dedicated_to": placement.dedicated_to(),
-                   "walk": walked}),
+                   "walk_id": walked.walk_id, "walk_override": walked.overridden}),
         ),
         Activation::Changed {
             placement: was,
@@ -91,6 +91,14 @@ pub async fn activate(
     Ok(())
 }
 
+/// What activation went on: the walk that passed, or the operator's reason and the walk it
+/// overrode (none for a placement change).
+#[derive(Default)]
+struct Walked {
+    walk_id: Option<String>,
+    overridden: Option<String>,
+}
+
 /// Issue #38, 4: a host goes into service only once its customers' path has been walked
 /// (`app::path_walk`) since its preparation finished — walked here and now when it has not
 /// been — or on the operator's stated reason when the walk failed or cannot be made. What
@@ -101,23 +109,30 @@ async fn require_walk(
     by: &Operator,
     host_id: &str,
     walk_override: Option<&str>,
-) -> AppResult<serde_json::Value> {
+) -> AppResult<Walked> {
     let store = &state.store;
     let Some(host) = store.host(host_id).await? else {
-        return Ok(serde_json::Value::Null);
+        return Ok(Walked::default());
     };
     let Some(prepared_at) = host.prepared_at.filter(|_| !host.active) else {
-        return Ok(serde_json::Value::Null);
+        return Ok(Walked::default());
+    };
+    let passed = |id: String| Walked {
+        walk_id: Some(id),
+        overridden: None,
     };
     let since_prepared = store
         .latest_path_walk(host_id)
         .await?
         .filter(|w| w.started_at >= prepared_at);
     if let Some(w) = since_prepared.as_ref().filter(|w| w.passed == Some(true)) {
-        return Ok(json!({"walk_id": w.id}));
+        return Ok(passed(w.id.clone()));
     }
     if let Some(reason) = walk_override.map(str::trim).filter(|r| !r.is_empty()) {
-        return Ok(json!({"walk_id": since_prepared.map(|w| w.id), "override": reason}));
+        return Ok(Walked {
+            walk_id: since_prepared.map(|w| w.id),
+            overridden: Some(reason.to_owned()),
+        });
     }
     let walked = match since_prepared {
         Some(w) if w.passed.is_none() => {
@@ -130,7 +145,7 @@ async fn require_walk(
         None => crate::app::path_walk::walk(state, host_id, Some(&by.0.user.sub)).await?,
     };
     if walked.passed == Some(true) {
-        return Ok(json!({"walk_id": walked.id}));
+        return Ok(passed(walked.id));
     }
     Err(AppError::conflict(
         "walk_failed",

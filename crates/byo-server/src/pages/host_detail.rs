@@ -24,6 +24,8 @@ const SHOWN_INSTANCES: i64 = 20;
 const SHOWN_AUDIT: i64 = 50;
 /// Attributable logins shown (#16, 5), newest first.
 pub(crate) const SHOWN_LOGINS: i64 = 20;
+/// The customer-path walks the host page lists, newest first.
+const SHOWN_WALKS: i64 = 5;
 
 /// `s` cut to `n` characters, with an ellipsis when cut.
 pub(crate) fn cut(s: &str, n: usize) -> String {
@@ -99,7 +101,8 @@ async fn page(
     let logins = store.operator_logins(host_id, SHOWN_LOGINS).await?;
     let now = state.clock.now();
     let bench = store.host_bench(host_id).await?;
-    let walk = store.latest_path_walk(host_id).await?;
+    let walks = store.path_walks_of(host_id, SHOWN_WALKS).await?;
+    let walk = walks.first().cloned();
     // The walk activation reads: one since the preparation finished (issue #38, 4).
     let walk_failed = matches!((&walk, host.prepared_at), (Some(w), Some(p)) if w.started_at >= p && w.passed == Some(false));
     let problems = crate::app::host_problems::problems(
@@ -224,11 +227,10 @@ async fn page(
                 @if nodes.len() > 1 { " — " (nodes.len()) " nodes" }
             }
             h2 { "Customer path" }
-            p #walk {
-                @match &walk {
-                    Some(w) => { (cut(&crate::app::path_walk::sentence(w), SHOWN_CHARS)) }
-                    None => { "Not walked yet. Activation walks it first: a scratch instance is made, logged in to over ssh through the relay as a customer would, and deleted." }
-                }
+            @if walks.is_empty() {
+                p #walks { "Not walked yet. Activation walks it first: a scratch instance is made, logged in to over ssh through the relay as a customer would, and deleted." }
+            } @else {
+                ul #walks { @for w in &walks { li { (cut(&crate::app::path_walk::sentence(w), SHOWN_CHARS)) } } }
             }
             h2 { "Operator keys" }
             p #keys {
@@ -293,14 +295,8 @@ async fn page(
             } @else {
                 div.actions #actions {
                     @if host.prepared_at.is_some() && !host.active && !revoking && revoke.is_none() {
-                        form.inline method="post" action=(action("activate")) {
-                            input type="hidden" name="placement" value="shared";
-                            @if walk_failed {
-                                input type="text" name="walk_override" required maxlength=(REASON_MAX_CHARS) placeholder="why activate despite the failed walk";
-                                button type="submit" { "Activate anyway" }
-                            } @else {
-                                button type="submit" { "Activate" }
-                            }
+                        @if let Some(prepared_at) = host.prepared_at {
+                            (super::hosts::activate_form(&host.id, prepared_at, walk.as_ref()))
                         }
                         p.what {
                             "Puts it in placement (shared): customers may land on it. "
