@@ -122,16 +122,29 @@ pub fn push<H: Host + ?Sized>(
         ("X-LXD-type", "file".to_owned()),
         ("Content-Type", "application/octet-stream".to_owned()),
     ];
-    call(
-        h,
-        "POST",
-        &format!("/1.0/instances/{instance}/files?path={path}"),
-        LxdBody::Raw {
+    let path = format!("/1.0/instances/{instance}/files?path={path}");
+    let mut tries = 1;
+    loop {
+        let body = LxdBody::Raw {
             bytes,
             headers: &headers,
-        },
-    )
-    .map(drop)
+        };
+        match call(h, "POST", &path, body) {
+            Err(e) if forkfile_raced(&e) && tries < FILE_CALL_TRIES => tries += 1,
+            done => return done.map(drop),
+        }
+    }
+}
+
+/// How many times a file call is made when it meets [`forkfile_raced`].
+pub const FILE_CALL_TRIES: usize = 3;
+
+/// LXD serves file calls through a helper (forkfile) it starts in the instance and stops
+/// once idle; a call that meets it stopping fails with `dial unix …/forkfile.sock: connect:
+/// no such file or directory` (canonical/lxd#18403, seen in our CI on a push into a
+/// just-copied container). The same call made again starts a new helper.
+pub fn forkfile_raced(error: &str) -> bool {
+    error.contains("forkfile.sock")
 }
 
 /// Change an instance's state (start, stop, restart), forced where that applies.
@@ -155,4 +168,77 @@ pub fn delete_instance<H: Host + ?Sized>(h: &mut H, instance: &str) -> Fallible<
         state(h, instance, "stop")?;
     }
     call(h, "DELETE", &path, LxdBody::None).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::host::{LxdReply, Output};
+
+    /// LXD whose file calls fail `raced` times with `error`, then succeed.
+    struct Racing {
+        raced: usize,
+        error: &'static str,
+        pushes: usize,
+    }
+
+    const RACE: &str =
+        "dial unix /proc/self/fd/79/forkfile.sock: connect: no such file or directory";
+
+    impl Host for Racing {
+        fn run(&mut self, argv: &[&str], _: Option<&[u8]>) -> Fallible<Output> {
+            Err(format!("no programs here: {argv:?}"))
+        }
+        fn read(&mut self, _: &str) -> Fallible<Option<Vec<u8>>> {
+            Ok(None)
+        }
+        fn write(&mut self, path: &str, _: &[u8], _: u32, _: &str) -> Fallible<()> {
+            Err(format!("no writes here: {path}"))
+        }
+        fn remove(&mut self, path: &str) -> Fallible<()> {
+            Err(format!("no removes here: {path}"))
+        }
+        fn lxd(&mut self, method: &str, path: &str, _: LxdBody<'_>) -> Fallible<LxdReply> {
+            assert_eq!(
+                (method, path),
+                ("POST", "/1.0/instances/c1/files?path=/etc/motd")
+            );
+            self.pushes += 1;
+            let body = if self.pushes <= self.raced {
+                json!({"type": "error", "error_code": 500, "error": self.error})
+            } else {
+                json!({"type": "sync", "metadata": {}})
+            };
+            let status = if self.pushes <= self.raced { 500 } else { 200 };
+            Ok(LxdReply {
+                status,
+                body: body.to_string().into_bytes(),
+            })
+        }
+        fn describe(&self) -> String {
+            "racing LXD".into()
+        }
+    }
+
+    #[test]
+    fn a_push_that_meets_forkfile_stopping_is_made_again_a_bounded_number_of_times() {
+        let racing = |raced, error| Racing {
+            raced,
+            error,
+            pushes: 0,
+        };
+        let mut lxd = racing(FILE_CALL_TRIES - 1, RACE);
+        push(&mut lxd, "c1", "/etc/motd", b"hi", 0o644).expect("the last try lands");
+        assert_eq!(lxd.pushes, FILE_CALL_TRIES);
+
+        let mut lxd = racing(usize::MAX, RACE);
+        let err = push(&mut lxd, "c1", "/etc/motd", b"hi", 0o644).unwrap_err();
+        assert!(err.contains("forkfile.sock"), "{err}");
+        assert_eq!(lxd.pushes, FILE_CALL_TRIES, "then it gives up, saying why");
+
+        let mut lxd = racing(1, "disk full");
+        let err = push(&mut lxd, "c1", "/etc/motd", b"hi", 0o644).unwrap_err();
+        assert!(err.contains("disk full"), "{err}");
+        assert_eq!(lxd.pushes, 1, "any other failure is not tried again");
+    }
 }

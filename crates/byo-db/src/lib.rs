@@ -68,6 +68,7 @@ pub mod lifecycle;
 pub mod logins;
 pub mod notices;
 pub mod operator_keys;
+pub mod path_walks;
 pub mod payouts;
 pub mod prebookings;
 pub mod profiles;

@@ -33,13 +33,20 @@ pub const CREATE_WAIT: Duration = Duration::from_secs(120);
 pub struct AgentWaits {
     pub create: Duration,
     pub delete: Duration,
+    /// How long a path walk keeps trying its first login (issue #38, 4).
+    pub login: Duration,
 }
+
+/// How long a path walk keeps trying its first login: a fresh container's sshd is up within
+/// seconds, the relay's mapping within a heartbeat.
+pub const LOGIN_WAIT: Duration = Duration::from_secs(60);
 
 impl Default for AgentWaits {
     fn default() -> Self {
         AgentWaits {
             create: CREATE_WAIT,
             delete: DELETE_WAIT,
+            login: LOGIN_WAIT,
         }
     }
 }

@@ -70,6 +70,8 @@ pub struct StateParts {
     pub stripe: Option<Arc<StripeBilling>>,
     /// Where notices go (`[notices]`): email, a webhook, or neither (the outbox only).
     pub notifier: Arc<crate::providers::notify::Notifier>,
+    /// The customer's way in, taken by a path walk (`app::path_walk`): OpenSSH's `ssh`.
+    pub customer_ssh: Arc<dyn crate::providers::customer_ssh::CustomerSsh>,
 }
 
 impl AppState {
@@ -114,6 +116,7 @@ impl AppState {
             billing,
             stripe,
             notifier,
+            customer_ssh: Arc::new(crate::providers::customer_ssh::OpenSsh::default()),
             rate_limits: Arc::new(crate::rate_limit::RateLimits::new(&config_limits)),
         }))
     }
@@ -130,6 +133,14 @@ impl AppState {
     ) -> Self {
         self.relays = relays;
         self.tunnels = tunnels;
+        self
+    }
+
+    pub fn with_customer_ssh(
+        mut self,
+        ssh: Arc<dyn crate::providers::customer_ssh::CustomerSsh>,
+    ) -> Self {
+        self.customer_ssh = ssh;
         self
     }
 

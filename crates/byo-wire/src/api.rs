@@ -358,7 +358,9 @@ impl Placement {
 
 /// `POST /api/admin/hosts/{id}/activate`: the single flag, plus the placement chosen with
 /// it. Activating a host that is already active changes its placement, and only when the
-/// request says so (`change: true`).
+/// request says so (`change: true`). A host whose customer path has not been walked since its
+/// preparation is walked first; one whose walk failed is activated only with
+/// `walk_override`, the operator's reason, kept in the audit (issue #38, 4).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ActivateRequest {
@@ -366,10 +368,13 @@ pub struct ActivateRequest {
     pub placement: Placement,
     #[serde(default)]
     pub change: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub walk_override: Option<String>,
 }
 
 impl crate::limits::Bounded for ActivateRequest {
     fn check_bounds(&self) -> Result<(), crate::limits::OutOfBounds> {
+        crate::limits::opt_text("walk_override", &self.walk_override, crate::limits::MESSAGE)?;
         match &self.placement {
             Placement::Shared => Ok(()),
             Placement::Dedicated { dedicated_to } => {
@@ -377,6 +382,26 @@ impl crate::limits::Bounded for ActivateRequest {
             }
         }
     }
+}
+
+/// A walk of a host's customer path (issue #38, 4): `POST /api/admin/hosts/{id}/walk`
+/// answers the one it ran, and a host's view carries its newest.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PathWalkView {
+    pub id: String,
+    /// The scratch instance it made.
+    pub vm_name: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    /// None while it runs.
+    pub passed: Option<bool>,
+    /// Where a failed walk stopped: `create`, `ssh` or `delete`.
+    pub stage: Option<String>,
+    pub error: Option<String>,
+    pub create_ms: Option<i32>,
+    pub ssh_ms: Option<i32>,
+    pub delete_ms: Option<i32>,
 }
 
 /// `POST /api/me/tokens` (issue #43): a named API token with one scope. `expires_in_days`

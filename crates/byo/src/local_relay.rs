@@ -55,10 +55,22 @@ pub fn missing() -> Vec<String> {
 }
 
 fn lxc(args: &[&str]) -> Result<String, ProviderError> {
-    let out = Command::new("lxc")
-        .args(args)
-        .output()
-        .map_err(|e| ProviderError(format!("local relay: running lxc: {e}")))?;
+    let run = || {
+        Command::new("lxc")
+            .args(args)
+            .output()
+            .map_err(|e| ProviderError(format!("local relay: running lxc: {e}")))
+    };
+    let mut out = run()?;
+    // A file push into a just-made container can meet LXD stopping its forkfile helper
+    // (canonical/lxd#18403); the same call made again starts a new one. Three tries, as the
+    // agent's pushes (byo-agent's `lxd::push`).
+    for _ in 1..3 {
+        if out.status.success() || !String::from_utf8_lossy(&out.stderr).contains("forkfile.sock") {
+            break;
+        }
+        out = run()?;
+    }
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     } else {

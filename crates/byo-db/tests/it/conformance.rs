@@ -87,6 +87,7 @@ conformance!(
     e2_keep_waiting_and_the_ended_rows,
     fleet_read_gauges_and_stopped_hosts,
     a36_8_sealed_values_are_read_by_version_and_replaced_only_where_unchanged,
+    d_a_path_walk_runs_one_at_a_time_per_host_and_ends_once,
 );
 
 // The Store rules of the files whose rules the server's suites drove alone (issue #19: a byo-db
@@ -2693,4 +2694,178 @@ async fn a_the_relay_ca_is_made_once_and_the_first_insert_wins(db: TestDb) {
         (read.cert_pem, read.sealed_key),
         ("first".into(), "sealed:first".into())
     );
+}
+
+/// Issue #38, 4: `path_walks`. One walk of a host runs at a time (a second start answers
+/// none, another host's is its own); the newest is read, running or ended; a verdict is
+/// written once, with its stage, error and legs; only a running walk's instance is passed
+/// over by orphan removal; a walk left open past `stale_before` is closed as abandoned by the
+/// next start.
+async fn d_a_path_walk_runs_one_at_a_time_per_host_and_ends_once(db: TestDb) {
+    use byo_db::path_walks::{WALK_ABANDONED, WalkEnd};
+    let store = &db.store;
+    let owner = user(store, "owner@example.com").await;
+    let h = host(store, &owner, "walked").await;
+    let other = host(store, &owner, "other").await;
+    let t0 = now();
+    assert!(store.latest_path_walk(&h).await.unwrap().is_none());
+    let first = store
+        .start_path_walk(
+            &h,
+            "vm-walk0001",
+            Some(&owner),
+            t0,
+            t0 - TimeDelta::hours(1),
+        )
+        .await
+        .unwrap()
+        .expect("the first walk starts");
+    assert_eq!(
+        (
+            first.host_id.as_str(),
+            first.vm_name.as_str(),
+            first.by_sub.as_deref(),
+            first.started_at,
+            first.passed
+        ),
+        (h.as_str(), "vm-walk0001", Some(owner.as_str()), t0, None)
+    );
+    assert!(
+        store
+            .start_path_walk(&h, "vm-walk0002", None, t0, t0 - TimeDelta::hours(1))
+            .await
+            .unwrap()
+            .is_none(),
+        "one at a time"
+    );
+    let theirs = store
+        .start_path_walk(&other, "vm-walk0003", None, t0, t0 - TimeDelta::hours(1))
+        .await
+        .unwrap()
+        .expect("another host's walk is its own");
+    assert_eq!(
+        store.walking_vm_names(&h).await.unwrap(),
+        vec!["vm-walk0001".to_owned()]
+    );
+    assert_eq!(
+        store.latest_path_walk(&h).await.unwrap(),
+        Some(first.clone())
+    );
+
+    let t1 = t0 + TimeDelta::seconds(9);
+    let failed = WalkEnd {
+        passed: false,
+        stage: Some("ssh"),
+        error: Some("Permission denied (publickey)."),
+        create_ms: Some(1200),
+        ssh_ms: None,
+        delete_ms: Some(800),
+    };
+    store
+        .finish_path_walk(&first.id, &failed, t1)
+        .await
+        .unwrap();
+    // Written once: a second verdict leaves the first.
+    let passed = WalkEnd {
+        passed: true,
+        ..Default::default()
+    };
+    store
+        .finish_path_walk(&first.id, &passed, t1 + TimeDelta::seconds(1))
+        .await
+        .unwrap();
+    let ended = store.latest_path_walk(&h).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            ended.finished_at,
+            ended.passed,
+            ended.stage.as_deref(),
+            ended.error.as_deref()
+        ),
+        (
+            Some(t1),
+            Some(false),
+            Some("ssh"),
+            Some("Permission denied (publickey).")
+        )
+    );
+    assert_eq!(
+        (ended.create_ms, ended.ssh_ms, ended.delete_ms),
+        (Some(1200), None, Some(800))
+    );
+    assert!(store.walking_vm_names(&h).await.unwrap().is_empty());
+    assert_eq!(
+        store.walking_vm_names(&other).await.unwrap(),
+        vec!["vm-walk0003".to_owned()]
+    );
+
+    // The next walk is the newest.
+    let t2 = t1 + TimeDelta::minutes(1);
+    let second = store
+        .start_path_walk(&h, "vm-walk0004", None, t2, t2 - TimeDelta::hours(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        store.latest_path_walk(&h).await.unwrap().map(|w| w.id),
+        Some(second.id.clone())
+    );
+    // Left open (its server stopped): closed as abandoned by a start after `stale_before`.
+    let t3 = t2 + TimeDelta::hours(2);
+    let third = store
+        .start_path_walk(&h, "vm-walk0005", None, t3, t3 - TimeDelta::hours(1))
+        .await
+        .unwrap()
+        .expect("the abandoned walk does not hold the host");
+    let walks = store.path_walks_of(&h, 10).await.unwrap();
+    assert_eq!(
+        walks.iter().map(|w| w.id.as_str()).collect::<Vec<_>>(),
+        vec![third.id.as_str(), second.id.as_str(), first.id.as_str()],
+        "newest first"
+    );
+    assert_eq!(
+        (
+            walks[1].finished_at,
+            walks[1].passed,
+            walks[1].error.as_deref(),
+            walks[1].stage.as_deref()
+        ),
+        (Some(t3), Some(false), Some(WALK_ABANDONED), None)
+    );
+    assert_eq!(store.path_walks_of(&h, 1).await.unwrap().len(), 1);
+    assert_eq!(
+        store.walking_vm_names(&h).await.unwrap(),
+        vec!["vm-walk0005".to_owned()]
+    );
+    assert!(
+        store
+            .start_path_walk(&other, "vm-walk0006", None, t3, t0 - TimeDelta::hours(1))
+            .await
+            .unwrap()
+            .is_none(),
+        "a walk newer than stale_before is not abandoned"
+    );
+    assert_eq!(
+        store.latest_path_walk(&other).await.unwrap().map(|w| w.id),
+        Some(theirs.id.clone())
+    );
+    // Several hosts' newest at once (the hosts list): one each, none for a host never walked.
+    let never = host(store, &owner, "never").await;
+    let mut both = vec![
+        (h.clone(), third.id.clone()),
+        (other.clone(), theirs.id.clone()),
+    ];
+    both.sort();
+    let newest = store
+        .latest_path_walks(&[&other, &never, &h])
+        .await
+        .unwrap();
+    assert_eq!(
+        newest
+            .into_iter()
+            .map(|w| (w.host_id, w.id))
+            .collect::<Vec<_>>(),
+        both
+    );
+    assert!(store.latest_path_walks(&[]).await.unwrap().is_empty());
 }

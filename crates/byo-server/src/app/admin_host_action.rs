@@ -16,13 +16,15 @@ use crate::state::AppState;
 /// Activate a host whose preparation finished: the single flag, plus the placement — one
 /// of the closed set (`shared`, or `dedicated` to one user). An already active host is
 /// refused (`already_active`) unless the request is an explicit change, which is audited
-/// with the placement it replaced.
+/// with the placement it replaced. A host going into service has its customers' path walked
+/// first ([`require_walk`]).
 pub async fn activate(
     state: &AppState,
     by: &Operator,
     host_id: &str,
     placement: &Placement,
     change: bool,
+    walk_override: Option<&str>,
 ) -> AppResult<()> {
     if let Placement::Dedicated { dedicated_to } = placement
         && state.store.user(dedicated_to).await?.is_none()
@@ -34,6 +36,7 @@ pub async fn activate(
     }
     let now = state.clock.now();
     refuse_unhealthy(state, host_id, now).await?;
+    let walked = require_walk(state, by, host_id, walk_override).await?;
     let done = state
         .store
         .activate_host(
@@ -69,7 +72,8 @@ pub async fn activate(
         }
         Activation::Activated => (
             "host.activate",
-            json!({"placement": placement.as_str(), "dedicated_to": placement.dedicated_to()}),
+            json!({"placement": placement.as_str(), "dedicated_to": placement.dedicated_to(),
+                   "walk_id": walked.walk_id, "walk_override": walked.overridden}),
         ),
         Activation::Changed {
             placement: was,
@@ -85,6 +89,72 @@ pub async fn activate(
         .audit(Some(&by.0.user.sub), action, Some(host_id), details, now)
         .await?;
     Ok(())
+}
+
+/// What activation went on: the walk that passed, or the operator's reason and the walk it
+/// overrode (none for a placement change).
+#[derive(Default)]
+struct Walked {
+    walk_id: Option<String>,
+    overridden: Option<String>,
+}
+
+/// Issue #38, 4: a host goes into service only once its customers' path has been walked
+/// (`app::path_walk`) since its preparation finished — walked here and now when it has not
+/// been — or on the operator's stated reason when the walk failed or cannot be made. What
+/// was decided goes into `host.activate`'s audit: the walk that passed, or the override
+/// with the walk it overrode. A placement change on a host in service is not held to it.
+async fn require_walk(
+    state: &AppState,
+    by: &Operator,
+    host_id: &str,
+    walk_override: Option<&str>,
+) -> AppResult<Walked> {
+    let store = &state.store;
+    let Some(host) = store.host(host_id).await? else {
+        return Ok(Walked::default());
+    };
+    let Some(prepared_at) = host.prepared_at.filter(|_| !host.active) else {
+        return Ok(Walked::default());
+    };
+    let passed = |id: String| Walked {
+        walk_id: Some(id),
+        overridden: None,
+    };
+    let since_prepared = store
+        .latest_path_walk(host_id)
+        .await?
+        .filter(|w| w.started_at >= prepared_at);
+    if let Some(w) = since_prepared.as_ref().filter(|w| w.passed == Some(true)) {
+        return Ok(passed(w.id.clone()));
+    }
+    if let Some(reason) = walk_override.map(str::trim).filter(|r| !r.is_empty()) {
+        return Ok(Walked {
+            walk_id: since_prepared.map(|w| w.id),
+            overridden: Some(reason.to_owned()),
+        });
+    }
+    let walked = match since_prepared {
+        Some(w) if w.passed.is_none() => {
+            return Err(AppError::conflict(
+                "walk_running",
+                "a walk of this host's customer path is under way; activate once it has                  passed. Nothing was changed",
+            ));
+        }
+        Some(w) => w,
+        None => crate::app::path_walk::walk(state, host_id, Some(&by.0.user.sub)).await?,
+    };
+    if walked.passed == Some(true) {
+        return Ok(passed(walked.id));
+    }
+    Err(AppError::conflict(
+        "walk_failed",
+        format!(
+            "the walk of this host's customer path failed at {}: {}. Nothing was changed:              mend the path and walk it again from the host's page, or activate with an              override and your reason",
+            walked.stage.as_deref().unwrap_or("an unknown stage"),
+            walked.error.as_deref().unwrap_or("no reason recorded")
+        ),
+    ))
 }
 
 /// Revoke an enrolment before it redeems (H); its allocation is handed back at once.

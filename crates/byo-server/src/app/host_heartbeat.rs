@@ -232,11 +232,18 @@ pub async fn reconcile(state: &AppState, host_id: &str, held: &[HeldVm]) -> AppR
             tracing::warn!(vm = %row.id, host = %host_id, name = %row.name, "a create left open is settled: the host does not hold it; nothing billed");
         }
     }
-    let orphans: Vec<String> = held
+    let mut orphans: Vec<String> = held
         .iter()
         .filter(|h| !rows.iter().any(|r| r.name == h.name))
         .map(|h| h.name.clone())
         .collect();
+    if orphans.is_empty() {
+        return Ok(());
+    }
+    // A path walk's scratch instance has no row while the walk runs (issue #38, 4); once
+    // the walk has ended, one it could not delete is an orphan like any other.
+    let walking = state.store.walking_vm_names(host_id).await?;
+    orphans.retain(|name| !walking.contains(name));
     if orphans.is_empty() {
         return Ok(());
     }

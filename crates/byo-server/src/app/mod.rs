@@ -34,6 +34,7 @@ pub mod notices;
 pub mod notify_stuck_deletes;
 pub mod operator_keys;
 pub mod owner_hosts;
+pub mod path_walk;
 pub mod payouts;
 pub mod placement;
 pub mod power_wait;

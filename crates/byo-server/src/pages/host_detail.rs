@@ -24,6 +24,8 @@ const SHOWN_INSTANCES: i64 = 20;
 const SHOWN_AUDIT: i64 = 50;
 /// Attributable logins shown (#16, 5), newest first.
 pub(crate) const SHOWN_LOGINS: i64 = 20;
+/// The customer-path walks the host page lists, newest first.
+const SHOWN_WALKS: i64 = 5;
 
 /// `s` cut to `n` characters, with an ellipsis when cut.
 pub(crate) fn cut(s: &str, n: usize) -> String {
@@ -99,6 +101,10 @@ async fn page(
     let logins = store.operator_logins(host_id, SHOWN_LOGINS).await?;
     let now = state.clock.now();
     let bench = store.host_bench(host_id).await?;
+    let walks = store.path_walks_of(host_id, SHOWN_WALKS).await?;
+    let walk = walks.first().cloned();
+    // The walk activation reads: one since the preparation finished (issue #38, 4).
+    let walk_failed = matches!((&walk, host.prepared_at), (Some(w), Some(p)) if w.started_at >= p && w.passed == Some(false));
     let problems = crate::app::host_problems::problems(
         &crate::app::host_problems::Seen {
             host: &host,
@@ -220,6 +226,12 @@ async fn page(
                 }
                 @if nodes.len() > 1 { " — " (nodes.len()) " nodes" }
             }
+            h2 { "Customer path" }
+            @if walks.is_empty() {
+                p #walks { "Not walked yet. Activation walks it first: a scratch instance is made, logged in to over ssh through the relay as a customer would, and deleted." }
+            } @else {
+                ul #walks { @for w in &walks { li { (cut(&crate::app::path_walk::sentence(w), SHOWN_CHARS)) } } }
+            }
             h2 { "Operator keys" }
             p #keys {
                 @match &push {
@@ -283,11 +295,20 @@ async fn page(
             } @else {
                 div.actions #actions {
                     @if host.prepared_at.is_some() && !host.active && !revoking && revoke.is_none() {
-                        form.inline method="post" action=(action("activate")) {
-                            input type="hidden" name="placement" value="shared";
-                            button type="submit" { "Activate" }
+                        @if let Some(prepared_at) = host.prepared_at {
+                            (super::hosts::activate_form(&host.id, prepared_at, walk.as_ref()))
                         }
-                        p.what { "Puts it in placement (shared): customers may land on it." }
+                        p.what {
+                            "Puts it in placement (shared): customers may land on it. "
+                            @if walk_failed { "Its customer path failed its walk (above): walk it again once mended, or give your reason to activate anyway (audited)." }
+                            @else { "Walks its customer path first unless that has passed since its preparation." }
+                        }
+                    }
+                    @if host.prepared_at.is_some() && !host.active && live == 0 && revoke.is_none() {
+                        form.inline method="post" action=(action("walk")) {
+                            button type="submit" { "Walk the customer path" }
+                        }
+                        p.what { "Makes a scratch instance, logs in to it over ssh through the relay exactly as a customer would, runs hostname and deletes it, timing each leg. Takes up to a few minutes." }
                     }
                     form.inline method="post" action=(action("depool")) {
                         input type="text" name="reason" required maxlength=(REASON_MAX_CHARS) placeholder="why";
@@ -469,6 +490,19 @@ pub async fn retire(
     let out = host_lifecycle::retire(&state, &op, &host_id)
         .await
         .map(|()| None);
+    answer(&state, &op, &host_id, out).await
+}
+
+/// Issue #38, 4: the host's customer path walked now; the page says how it went.
+pub async fn walk(
+    State(state): State<AppState>,
+    viewer: Option<CurrentUser>,
+    Path(host_id): Path<String>,
+) -> PageResult {
+    let op = require_operator(viewer)?;
+    let out = crate::app::path_walk::walk(&state, &host_id, Some(&op.0.user.sub))
+        .await
+        .map(|w| Some(crate::app::path_walk::sentence(&w)));
     answer(&state, &op, &host_id, out).await
 }
 

@@ -543,6 +543,19 @@ async fn admin_page(
         .into_iter()
         .map(|(id, step, since)| (id, (step.to_string(), since)))
         .collect();
+    // The newest walk of each host waiting for activation, beside its button.
+    let waiting: Vec<&str> = enrollments
+        .iter()
+        .filter(|e| e.prepared_at.is_some() && e.active == Some(false))
+        .filter_map(|e| e.host_id.as_deref())
+        .collect();
+    let walks: std::collections::HashMap<String, byo_db::path_walks::PathWalkRow> = state
+        .store
+        .latest_path_walks(&waiting)
+        .await?
+        .into_iter()
+        .map(|w| (w.host_id.clone(), w))
+        .collect();
     Ok(ops_layout(
         "Hosts",
         Some(&op.0),
@@ -586,11 +599,8 @@ async fn admin_page(
                     td { (e.relay_state.0.map_or("—", RelayState::as_str)) }
                     td.turned-up { (turned_up(e)) }
                     td.actions {
-                        @if let (Some(host_id), Some(_), Some(false)) = (&e.host_id, e.prepared_at, e.active) {
-                            form.inline method="post" action={ "/admin/hosts/" (host_id) "/activate" } {
-                                input type="hidden" name="placement" value="shared";
-                                button type="submit" { "Activate" }
-                            }
+                        @if let (Some(host_id), Some(prepared_at), Some(false)) = (&e.host_id, e.prepared_at, e.active) {
+                            (activate_form(host_id, prepared_at, walks.get(host_id.as_str())))
                         }
                         @if e.state.is_open() {
                             form.inline method="post" action={ "/admin/enrollments/" (e.id) "/revoke" } {
@@ -616,6 +626,9 @@ pub struct ActivateForm {
     dedicated_to: Option<String>,
     #[serde(default)]
     change: bool,
+    /// The reason to activate despite a failed path walk (issue #38, 4).
+    #[serde(default)]
+    walk_override: Option<String>,
 }
 
 impl ActivateForm {
@@ -636,6 +649,33 @@ impl ActivateForm {
     }
 }
 
+/// The Activate button with the host's customer-path walk beside it (issue #38, 4): the newest
+/// walk in a sentence; when the walk since preparation failed, the reason to activate anyway.
+pub(crate) fn activate_form(
+    host_id: &str,
+    prepared_at: DateTime<Utc>,
+    walk: Option<&byo_db::path_walks::PathWalkRow>,
+) -> Markup {
+    let failed = walk.is_some_and(|w| w.started_at >= prepared_at && w.passed == Some(false));
+    html! {
+        p.walk {
+            @match walk {
+                Some(w) => (crate::app::path_walk::sentence(w)),
+                None => "Path not walked yet: activation walks it first.",
+            }
+        }
+        form.inline method="post" action={ "/admin/hosts/" (host_id) "/activate" } {
+            input type="hidden" name="placement" value="shared";
+            @if failed {
+                input type="text" name="walk_override" required maxlength=(host_lifecycle::REASON_MAX_CHARS) aria-label="Why activate despite the failed walk" placeholder="why activate despite the failed walk";
+                button type="submit" { "Activate anyway" }
+            } @else {
+                button type="submit" { "Activate" }
+            }
+        }
+    }
+}
+
 pub async fn activate(
     State(state): State<AppState>,
     viewer: Option<CurrentUser>,
@@ -646,7 +686,12 @@ pub async fn activate(
     let placement = form.placement();
     let done = match placement {
         Ok(placement) => {
-            admin_host_action::activate(&state, &op, &host_id, &placement, form.change).await
+            let reason = form
+                .walk_override
+                .as_deref()
+                .filter(|r| !r.trim().is_empty());
+            admin_host_action::activate(&state, &op, &host_id, &placement, form.change, reason)
+                .await
         }
         Err(e) => Err(e),
     };

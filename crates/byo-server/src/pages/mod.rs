@@ -73,6 +73,7 @@ pub fn router() -> Router<AppState> {
         .route("/hosts/{host_id}/stop", post(hosts::stop_hosting))
         .route("/hosts/{host_id}/cancel", post(hosts::cancel_allocation))
         .route("/admin/hosts/{host_id}/activate", post(hosts::activate))
+        .route("/admin/hosts/{host_id}/walk", post(host_detail::walk))
         .route(
             "/admin/enrollments/{enrollment_id}/revoke",
             post(hosts::revoke),

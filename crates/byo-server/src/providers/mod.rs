@@ -3,6 +3,7 @@
 //! substitute fakes that reproduce the real APIs' shapes; `byo up` uses `local`.
 
 pub mod cloudflare;
+pub mod customer_ssh;
 pub mod gcp;
 pub mod local;
 pub mod notify;

@@ -98,6 +98,7 @@ pub fn api() -> OpenApiRouter<AppState> {
         .routes(routes!(host_report::post_rails))
         .routes(routes!(host_report::post_uninstalled))
         .routes(routes!(admin_host_action::post_activate))
+        .routes(routes!(admin_host_action::post_walk))
         .routes(routes!(admin_host_action::post_revoke))
         .routes(routes!(host_lifecycle::post_depool))
         .routes(routes!(host_lifecycle::post_revoke_host))

@@ -518,6 +518,13 @@ fn api_table() -> Vec<ApiRow> {
         },
         ApiRow {
             method: Method::POST,
+            path: "/api/admin/hosts/{host_id}/walk",
+            expect: [401, 403, 403, 403, 409, 409],
+            missing: Some([401, 403, 403, 403, 404, 404]),
+            body: none,
+        },
+        ApiRow {
+            method: Method::POST,
             path: "/api/admin/enrollments/{enrollment_id}/revoke",
             expect: [401, 403, 403, 403, 204, 204],
             missing: Some([401, 403, 403, 403, 409, 409]),
@@ -1022,6 +1029,12 @@ fn page_table() -> Vec<Row> {
             path: "/admin/hosts/{host_id}/activate",
             allowed: OPERATORS,
             body: |_| Some(json!("placement=shared")),
+        },
+        Row {
+            method: Method::POST,
+            path: "/admin/hosts/{host_id}/walk",
+            allowed: OPERATORS,
+            body: none,
         },
         Row {
             method: Method::POST,

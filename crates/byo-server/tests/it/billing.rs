@@ -18,7 +18,7 @@ use byo_server::providers::stripe::{StripeClient, StripeError};
 use byo_server::{AppState, Config};
 use chrono::{DateTime, TimeDelta, TimeZone, Utc};
 use serde_json::{Value, json};
-use support::agents::{FakeAgents, Op};
+use support::agents::{FakeAgents, FakeHosts, Op};
 use support::fake_stripe::{self, Fault, Shared, WEBHOOK_SECRET};
 use support::{Reply, TestApp, User};
 
@@ -54,7 +54,7 @@ async fn world_at(backend: Backend, price: u32) -> Option<World> {
     let agents = std::sync::Arc::new(FakeAgents::new().with_clock(clock.clone()));
     let state = AppState::new(db.store.clone(), config)
         .with_clock(clock.clone())
-        .with_agents(agents.clone());
+        .with_fake_hosts(&agents);
     let router = byo_server::router(state.clone());
     let app = TestApp { db, state, router };
     let customer = app.customer("payer@example.com").await;

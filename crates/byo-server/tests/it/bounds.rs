@@ -406,6 +406,7 @@ async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_ch
         .await
         .unwrap();
     w.app.idle_heartbeat(&host_token).await;
+    w.app.path_walked(&host_id).await;
     let path = format!("/api/admin/hosts/{host_id}/activate");
     for bad in [
         json!({"placement": "pool-of-mine"}),
@@ -423,6 +424,14 @@ async fn i3_placement_is_a_closed_set_and_reactivation_is_an_explicit_audited_ch
         assert!(r.json()["error"].is_string());
         assert!(!w.app.db.host(&host_id).await.unwrap().unwrap().active);
     }
+    // The override's reason is kept in the audit: bounded (`limits::MESSAGE`).
+    let long = json!({"placement": "shared", "walk_override": "x".repeat(2049)});
+    let r = w.op.post(&path, long).await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("too_long"))
+    );
+    assert!(!w.app.db.host(&host_id).await.unwrap().unwrap().active);
     let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     // Again, without saying it is a change: refused, nothing changed, nothing audited.

@@ -230,6 +230,7 @@ impl Site {
         )
         .await;
         self.heartbeat(&host_token).await;
+        self.app.path_walked(&host_id).await;
         activate(op, &host_id).await;
         (host_id, slug)
     }
@@ -483,6 +484,7 @@ async fn d_an_operator_grants_community_host_and_activates_only_a_prepared_host(
         "not offered before preparation finished"
     );
     site.heartbeat(ready_token).await;
+    site.app.path_walked(ready_id).await;
     c.find(Locator::XPath(&activate_in(ready_slug)))
         .await
         .unwrap()
@@ -778,6 +780,7 @@ async fn c_the_owners_page_follows_preparation_live() {
         .await;
     assert!(progress.contains("prepared at "), "{progress}");
     site.heartbeat(host_token).await;
+    site.app.path_walked(&host_id).await;
     activate(&op, &host_id).await;
     site.wait_text(state, |t| t == "active: renting to customers", "active")
         .await;

@@ -19,7 +19,7 @@ use byo_server::clock::Clock;
 use byo_server::config::RelayRelease;
 use byo_wire::states::{EnrollmentState, RevokeStep};
 use serde_json::{Value, json};
-use support::agents::{self, FakeAgents, Op};
+use support::agents::{self, FakeAgents, FakeCustomerSsh, Op, SshWay};
 use support::{TestApp, User, fake_cloudflare, fake_gcp};
 
 struct World {
@@ -31,6 +31,8 @@ struct World {
     owner: User,
     op: User,
     customer: User,
+    /// The customer's ssh a path walk takes (issue #38, 4).
+    ssh: Arc<FakeCustomerSsh>,
     _gcp_key: tempfile::TempDir,
 }
 
@@ -56,14 +58,17 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
     } = fake_gcp::start().await;
     let (cf, tunnels) = fake_cloudflare::start("cf-token").await;
     let relays = Arc::new(relays);
+    let ssh = Arc::new(FakeCustomerSsh::over(Some(agents.clone())));
     app.state = app
         .state
         .clone()
         .with_clock(clock.clone())
         .with_agents(agents.clone())
+        .with_customer_ssh(ssh.clone())
         .with_waits(AgentWaits {
             create: Duration::from_millis(400),
             delete: Duration::from_millis(400),
+            login: Duration::from_millis(400),
         })
         .with_providers(relays, Arc::new(tunnels));
     app.router = byo_server::router(app.state.clone());
@@ -79,6 +84,7 @@ async fn world(backend: byo_db::Backend) -> Option<World> {
         owner,
         op,
         customer,
+        ssh,
         _gcp_key: gcp_key,
     })
 }
@@ -108,7 +114,238 @@ with_world!(
     a_host_being_revoked_or_without_a_kept_relay_key_is_refused_and_nothing_changes,
     stop_hosting_depools_and_drains_the_owners_own_host_then_shows_uninstall,
     stop_hosting_a_host_an_operator_depooled_makes_it_the_owners_stop,
+    d_activation_walks_the_customer_path_first_and_a_failed_walk_holds_it_back,
+    d_a_walk_on_demand_is_refused_for_a_host_in_service_and_its_scratch_instance_outlives_no_walk,
 );
+
+/// Issue #38, 4 (the design's set-aside list: "the backend has never used the customer's own
+/// path (F) before a customer does"): activation walks a prepared host's customer path
+/// first — a scratch instance made with a key of the walk's own, logged in to at the relay's
+/// address, `hostname` answering its name, deleted — and records each leg. A failed walk
+/// refuses activation with where and why, the host unchanged, until the operator overrides
+/// it with a reason, which the audit keeps beside the walk it overrode.
+async fn d_activation_walks_the_customer_path_first_and_a_failed_walk_holds_it_back(w: World) {
+    let h = w.prepared_host_on("wa1k").await;
+    let path = format!("/api/admin/hosts/{}/activate", h.id);
+    w.ssh.set(SshWay::Fails(
+        "root@relay: Permission denied (publickey).".into(),
+    ));
+    let r = w.op.post(&path, json!({"placement": "shared"})).await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("walk_failed")),
+        "{}",
+        r.text()
+    );
+    assert!(
+        r.text().contains("failed at ssh") && r.text().contains("Permission denied"),
+        "{}",
+        r.text()
+    );
+    let host = w.db().host(&h.id).await.unwrap().unwrap();
+    assert!(!host.active && host.placement.is_none(), "nothing changed");
+    let walk = w.db().latest_path_walk(&h.id).await.unwrap().unwrap();
+    assert_eq!(
+        (walk.passed, walk.stage.as_deref(), walk.by_sub.as_deref()),
+        (Some(false), Some("ssh"), Some(w.op.sub.as_str()))
+    );
+    assert!(walk.create_ms.is_some() && walk.ssh_ms.is_none() && walk.delete_ms.is_some());
+    // The scratch instance: made on this host with a key no customer holds, logged in to at
+    // the relay's address, deleted; no row, so nothing is billed.
+    let creates = w.agents.calls(Op::Create);
+    assert_eq!(creates.len(), 1);
+    assert_eq!(
+        (creates[0].host_id.as_str(), creates[0].name.as_str()),
+        (h.id.as_str(), walk.vm_name.as_str())
+    );
+    let deletes = w.agents.calls(Op::Delete);
+    assert_eq!(deletes.len(), 1);
+    assert_eq!(deletes[0].name, walk.vm_name);
+    assert!(
+        w.agents.containers().is_empty(),
+        "nothing is left on the host"
+    );
+    // The customer's own address: the instance's name, published here (where DNS is not, the
+    // relay's address: `instances::ssh_command`).
+    let hostname = byo_server::app::instances::ssh_hostname(&w.app.state, &walk.vm_name, &h.slug);
+    assert!(hostname.contains(&walk.vm_name));
+    assert_eq!(*w.ssh.logins.lock().unwrap(), vec![hostname]);
+    assert!(w.db().live_vms_on_host(&h.id).await.unwrap().is_empty());
+    // Asked again, the failed walk stands (walking again is the operator's, once mended).
+    let r = w.op.post(&path, json!({"placement": "shared"})).await;
+    assert_eq!(r.json()["error"].as_str(), Some("walk_failed"));
+    assert_eq!(w.agents.calls(Op::Create).len(), 1, "not walked again");
+    // An override with a reason: in service, the reason and the walk in the audit.
+    let reason = "relay map mended by hand, walk queued for the morning";
+    let r =
+        w.op.post(
+            &path,
+            json!({"placement": "shared", "walk_override": format!("  {reason} ")}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    assert!(w.db().host(&h.id).await.unwrap().unwrap().active);
+    let audit = w.db().audit_of_host(&h.id, 50).await.unwrap();
+    let activated = audit.iter().find(|a| a.action == "host.activate").unwrap();
+    assert_eq!(
+        (
+            &activated.details["walk_id"],
+            &activated.details["walk_override"]
+        ),
+        (&json!(walk.id), &json!(reason))
+    );
+    let walked = audit.iter().find(|a| a.action == "host.path_walk").unwrap();
+    assert_eq!(
+        (
+            walked.details["passed"].as_bool(),
+            walked.details["stage"].as_str()
+        ),
+        (Some(false), Some("ssh"))
+    );
+
+    // A host whose path works: activation walks it and it goes into service on that walk,
+    // each leg timed as it took.
+    w.ssh.set(SshWay::Through);
+    w.agents.delay(Op::Create, Duration::from_millis(60));
+    w.agents.delay(Op::Delete, Duration::from_millis(60));
+    let h2 = w.prepared_host_on("wa2k").await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/activate", h2.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
+    let walk2 = w.db().latest_path_walk(&h2.id).await.unwrap().unwrap();
+    assert_eq!((walk2.passed, walk2.stage.as_deref()), (Some(true), None));
+    assert!(
+        walk2.create_ms >= Some(60) && walk2.delete_ms >= Some(60),
+        "{walk2:?}"
+    );
+    assert!(walk2.ssh_ms.is_some_and(|ms| ms < 60_000), "{walk2:?}");
+    let audit = w.db().audit_of_host(&h2.id, 50).await.unwrap();
+    let activated = audit.iter().find(|a| a.action == "host.activate").unwrap();
+    assert_eq!(
+        (
+            &activated.details["walk_id"],
+            &activated.details["walk_override"]
+        ),
+        (&json!(walk2.id), &json!(null))
+    );
+    assert!(w.agents.containers().is_empty());
+
+    // A login that lands somewhere else (the relay mapping :22 to another sshd that let the
+    // key in) is a failed walk, not a pass.
+    w.ssh.set(SshWay::Elsewhere("spark-owner-box".into()));
+    let h3 = w.prepared_host_on("wa3k").await;
+    let r =
+        w.op.post(
+            &format!("/api/admin/hosts/{}/activate", h3.id),
+            json!({"placement": "shared"}),
+        )
+        .await;
+    assert_eq!(
+        r.json()["error"].as_str(),
+        Some("walk_failed"),
+        "{}",
+        r.text()
+    );
+    assert!(
+        r.text().contains("not the scratch instance"),
+        "{}",
+        r.text()
+    );
+    assert!(!w.db().host(&h3.id).await.unwrap().unwrap().active);
+}
+
+/// Issue #38, 4: a walk asked for from the host's page (or the API) runs only on a host out
+/// of service with its slot free, one at a time; and its scratch instance is passed over by
+/// the heartbeat's orphan removal while the walk runs, and removed like any orphan after.
+async fn d_a_walk_on_demand_is_refused_for_a_host_in_service_and_its_scratch_instance_outlives_no_walk(
+    w: World,
+) {
+    let active = w.active_host().await;
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/walk", active.id))
+            .await;
+    assert_eq!(
+        (r.status, r.json()["error"].as_str()),
+        (StatusCode::CONFLICT, Some("in_service"))
+    );
+    assert!(w.agents.calls(Op::Create).is_empty(), "nothing was made");
+
+    let h = w.prepared_host_on("wa4k").await;
+    let walk =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/walk", h.id))
+            .await;
+    assert_eq!(walk.status, StatusCode::OK, "{}", walk.text());
+    let walk = walk.json();
+    assert_eq!(walk["passed"], json!(true));
+    assert!(walk["ssh_ms"].is_number());
+    // The host's page says so, beside the walk button.
+    let page = w.op.page(&format!("/admin/hosts/{}", h.id)).await;
+    assert!(
+        page.contains("a customer&#39;s ssh reaches its instance")
+            || page.contains("a customer's ssh reaches its instance"),
+        "{page}"
+    );
+
+    // A walk under way: a second is refused, and its container is no orphan to the beat.
+    let now = w.clock.now();
+    let running = w
+        .db()
+        .start_path_walk(&h.id, "vm-walking1", Some(&w.op.sub), now, now)
+        .await
+        .unwrap()
+        .unwrap();
+    let r =
+        w.op.post_empty(&format!("/api/admin/hosts/{}/walk", h.id))
+            .await;
+    assert_eq!(
+        r.json()["error"].as_str(),
+        Some("walk_running"),
+        "{}",
+        r.text()
+    );
+    let beat = || {
+        w.app.send(
+            Request::post("/api/host/heartbeat")
+                .header(header::AUTHORIZATION, format!("Bearer {}", h.token))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(
+                    json!({"agent_version": "0.7.3", "lxd": "ok", "relay": "ok", "tunnel": "ok",
+                           "gpu": "ok", "storage": "ok", "instances": 1,
+                           "vms": [{"name": "vm-walking1", "status": "Running"}]})
+                    .to_string(),
+                ))
+                .unwrap(),
+        )
+    };
+    let deletes = w.agents.calls(Op::Delete).len();
+    assert_eq!(beat().await.status, StatusCode::NO_CONTENT);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        w.agents.calls(Op::Delete).len(),
+        deletes,
+        "a running walk's instance is not an orphan"
+    );
+    let end = byo_db::path_walks::WalkEnd {
+        passed: false,
+        stage: Some("ssh"),
+        error: Some("x"),
+        ..Default::default()
+    };
+    w.db()
+        .finish_path_walk(&running.id, &end, now)
+        .await
+        .unwrap();
+    assert_eq!(beat().await.status, StatusCode::NO_CONTENT);
+    let removed = w.agents.contacted(Op::Delete, deletes + 1).await;
+    assert_eq!(
+        removed.name, "vm-walking1",
+        "once the walk has ended it is an orphan"
+    );
+}
 
 /// Issue #39 (6): a host that never redeemed but that an open pre-booking names (written
 /// by hand: no product path books such a host). The owner's cancel and the operator's
@@ -619,21 +856,29 @@ impl World {
         self.active_host_on("b41c").await
     }
 
+    /// A host enrolled from `hardware_id`, prepared, and beating healthy: one an operator
+    /// may activate.
+    async fn prepared_host_on(&self, hardware_id: &str) -> Host {
+        let host = self
+            .enrolled_on(hardware_id, &format!("m-{hardware_id}"))
+            .await;
+        self.db()
+            .mark_host_prepared(&host.id, self.clock.now())
+            .await
+            .unwrap();
+        // Its agent serves: an operator activates a host only on a fresh, healthy beat.
+        self.app.idle_heartbeat(&host.token).await;
+        host
+    }
+
     /// [`World::active_host`] on the machine whose hardware id is `hardware_id`.
     async fn active_host_on(&self, hardware_id: &str) -> Host {
         let Host {
             id,
             slug,
             token: host_token,
-        } = self
-            .enrolled_on(hardware_id, &format!("m-{hardware_id}"))
-            .await;
-        self.db()
-            .mark_host_prepared(&id, self.clock.now())
-            .await
-            .unwrap();
-        // Its agent serves: an operator activates a host only on a fresh, healthy beat.
-        self.app.idle_heartbeat(&host_token).await;
+        } = self.prepared_host_on(hardware_id).await;
+        self.app.path_walked(&id).await;
         let a = self
             .op
             .post(

@@ -440,8 +440,9 @@ async fn d3_activation_is_refused_until_preparation_finished(w: World) {
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
     assert!(!host.active && host.placement.is_none(), "nothing changed");
     assert_eq!(w.app.db.audit_log(1000).await.unwrap().len(), audits);
-    // A fresh, healthy beat: it goes into service.
+    // A fresh, healthy beat (and its customer path walked): it goes into service.
     w.app.idle_heartbeat(&host_token).await;
+    w.app.path_walked(&host_id).await;
     let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(r.status, StatusCode::NO_CONTENT, "{}", r.text());
     let host = w.app.db.host(&host_id).await.unwrap().unwrap();
@@ -692,6 +693,7 @@ async fn pages_let_an_owner_add_a_gpu_and_an_operator_activate_it(w: World) {
         .unwrap();
     assert!(w.op.get("/admin/hosts").await.text().contains(">Activate<"));
     w.app.idle_heartbeat(&host_token).await;
+    w.app.path_walked(&host_id).await;
     let ok = w
         .app
         .send(form(
@@ -808,6 +810,7 @@ async fn c_host_report_records_progress_and_completion_gates_activation(w: World
             .is_some()
     );
     w.app.idle_heartbeat(&host_token).await;
+    w.app.path_walked(&host_id).await;
     assert_eq!(act().await.status, StatusCode::NO_CONTENT);
 }
 

@@ -511,7 +511,7 @@ async fn e2_concurrent_drainers_never_place_twice(w: World) {
         let store = byo_db::Store::connect(&w.app.db.url).await.unwrap();
         byo_server::AppState::new(store, w.app.state.config.as_ref().clone())
             .with_clock(w.clock.clone())
-            .with_agents(w.agents.clone())
+            .with_fake_hosts(&w.agents)
             .with_waits(w.app.state.waits)
     };
     let states = [

@@ -164,7 +164,7 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     // real one takes ~1.5 s), so the host goes on after the backend has given up.
     let impatient = state.clone().with_waits(byo_server::agents::AgentWaits {
         create: Duration::from_millis(700),
-        delete: byo_server::agents::DELETE_WAIT,
+        ..byo_server::agents::AgentWaits::default()
     });
     tokio::spawn(byo_server::serve(state, listener, std::future::pending()));
     let api = Api::new(&base);
@@ -333,7 +333,85 @@ async fn golden_path_a_customer_reaches_their_container_on_an_onboarded_host_by_
     );
     host.sh_ok("systemctl daemon-reload && systemctl restart enverge-agent.service");
 
-    // D: the operator approves.
+    // D, with the customer's path walked first (issue #38, 4). First through a relay whose
+    // :22 is broken on purpose, sent to the host's own sshd ahead of the instance's mapping
+    // (a rule the heartbeat's map repair does not touch): the walk logs in nowhere it may,
+    // fails at ssh, and activation is refused with nothing changed.
+    let relay_nft = |args: &str| {
+        let out = relay
+            .exec(&["sh", "-c", &format!("nft {args}")])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "nft {args}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    relay_nft(
+        "insert rule ip lofispark LOFISPARK_VMSSH tcp dport 22 dnat to 10.8.0.2:22 comment broken-on-purpose",
+    );
+    let (status, body) = platform::activation(&api, &operator, &host_id).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("walk_failed")),
+        "{body}"
+    );
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("failed at ssh"),
+        "{body}"
+    );
+    assert!(
+        !store.host(&host_id).await.unwrap().unwrap().active,
+        "nothing changed"
+    );
+    let failed = store.latest_path_walk(&host_id).await.unwrap().unwrap();
+    assert_eq!(
+        (failed.passed, failed.stage.as_deref()),
+        (Some(false), Some("ssh")),
+        "{failed:?}"
+    );
+    assert!(
+        failed.create_ms.is_some() && failed.delete_ms.is_some(),
+        "{failed:?}"
+    );
+    let held = host.sh_ok("lxc list --format csv --columns n");
+    assert!(
+        !held.contains(&failed.vm_name),
+        "the scratch instance is gone: {held}"
+    );
+    phase(&format!(
+        "the walk through a broken relay failed: {}",
+        failed.error.unwrap_or_default()
+    ));
+    // Mended, the operator walks it again (the host's page's button is this call) and the
+    // walk passes; activation goes on it.
+    let handle = relay_nft("-a list chain ip lofispark LOFISPARK_VMSSH")
+        .lines()
+        .find(|l| l.contains("broken-on-purpose"))
+        .and_then(|l| l.rsplit("handle ").next())
+        .map(|h| h.trim().to_owned())
+        .expect("the broken rule's handle");
+    relay_nft(&format!(
+        "delete rule ip lofispark LOFISPARK_VMSSH handle {handle}"
+    ));
+    let (status, walk) = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/api/admin/hosts/{host_id}/walk"),
+            &operator,
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, walk["passed"].as_bool()),
+        (200, Some(true)),
+        "{walk}"
+    );
+    phase(&format!(
+        "the customer's path walked: create {} ms, first login {} ms, delete {} ms",
+        walk["create_ms"], walk["ssh_ms"], walk["delete_ms"]
+    ));
     platform::activate(&api, &operator, &host_id).await;
     phase("activated");
 

@@ -630,7 +630,9 @@ async fn the_readme_by_hand_flow_works_as_written_from_sign_in_to_delete() {
         .wait_text(
             "table.hosts td.state",
             |t| t.starts_with("active"),
-            Duration::from_secs(10),
+            // Activation walks the customer's path first (issue #38, 4): a scratch instance
+            // made, logged in to through the relay, deleted.
+            Duration::from_secs(120),
             true,
             "the host to be active",
         )

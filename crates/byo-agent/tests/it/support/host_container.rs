@@ -144,11 +144,7 @@ impl HostContainer {
 
     /// The contents of `remote`, or None when it does not exist (or cannot be read).
     pub fn read(&self, remote: &str) -> Option<Vec<u8>> {
-        let out = Command::new("lxc")
-            .args(["file", "pull", &format!("{}{remote}", self.name), "-"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("run lxc file pull");
+        let out = lxc_output(&["file", "pull", &format!("{}{remote}", self.name), "-"]);
         out.status.success().then_some(out.stdout)
     }
 
@@ -306,12 +302,28 @@ fn unique_name(prefix: &str) -> String {
     format!("{}-{}-{n}", clean.trim_end_matches('-'), std::process::id())
 }
 
+/// `lxc args…`'s output; a file call that meets LXD's forkfile race is made again, as the
+/// agent's own pushes are (`byo_agent::lxd::forkfile_raced`).
+fn lxc_output(args: &[&str]) -> Output {
+    let run = || {
+        Command::new("lxc")
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .expect("run lxc")
+    };
+    let mut out = run();
+    for _ in 1..byo_agent::lxd::FILE_CALL_TRIES {
+        if out.status.success() || !byo_agent::lxd::forkfile_raced(&show(&out)) {
+            break;
+        }
+        out = run();
+    }
+    out
+}
+
 fn lxc(args: &[&str]) {
-    let out = Command::new("lxc")
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run lxc");
+    let out = lxc_output(args);
     assert!(
         out.status.success(),
         "`lxc {}` failed ({}):\n{}",

@@ -7,7 +7,7 @@ pub(crate) use std::io::Write;
 pub(crate) use std::sync::{Arc, Mutex};
 pub(crate) use std::time::Duration;
 
-pub(crate) use crate::support::agents::{self, FakeAgents, Op};
+pub(crate) use crate::support::agents::{self, FakeAgents, FakeHosts, Op};
 pub(crate) use crate::support::{Reply, TestApp, User};
 pub(crate) use axum::body::Body;
 pub(crate) use axum::http::{Request, StatusCode, header};
@@ -158,11 +158,12 @@ pub(crate) async fn world_with(
         .state
         .clone()
         .with_clock(clock.clone())
-        .with_agents(agents.clone())
+        .with_fake_hosts(&agents)
         .with_drain(drain.clone())
         .with_waits(AgentWaits {
             create: WAIT,
             delete: WAIT,
+            login: WAIT,
         });
     app.router = byo_server::router(app.state.clone());
     let owner_sub = app.community_host("owner@example.com").await.sub;

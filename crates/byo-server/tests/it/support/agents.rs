@@ -467,3 +467,89 @@ impl HostAgents for FakeAgents {
         })
     }
 }
+
+/// How [`FakeCustomerSsh`] answers a login.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SshWay {
+    /// As the path does when it works: a login with the key a create on these fake hosts
+    /// carried lands in that container (`hostname` answers its name) while the host holds
+    /// it; any other is not let in.
+    Through,
+    /// The login fails with this (the relay's :22 blackholed, a refused key…).
+    Fails(String),
+    /// Logged in, but somewhere else: the command answers this.
+    Elsewhere(String),
+}
+
+/// The customer's ssh (`providers::customer_ssh`) over [`FakeAgents`]' containers. Records
+/// each login's address.
+pub struct FakeCustomerSsh {
+    agents: Option<std::sync::Arc<FakeAgents>>,
+    way: Mutex<SshWay>,
+    pub logins: Mutex<Vec<String>>,
+}
+
+impl FakeCustomerSsh {
+    /// Logins into `agents`' containers, or, without them, none at all.
+    pub fn over(agents: Option<std::sync::Arc<FakeAgents>>) -> Self {
+        let way = match agents {
+            Some(_) => SshWay::Through,
+            None => SshWay::Fails("ssh: connect to host port 22: Connection timed out".into()),
+        };
+        FakeCustomerSsh {
+            agents,
+            way: Mutex::new(way),
+            logins: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn set(&self, way: SshWay) {
+        *self.way.lock().unwrap() = way;
+    }
+}
+
+impl byo_server::providers::customer_ssh::CustomerSsh for FakeCustomerSsh {
+    fn run<'a>(
+        &'a self,
+        login: byo_server::providers::customer_ssh::Login<'a>,
+    ) -> BoxFuture<'a, Result<String, String>> {
+        Box::pin(async move {
+            self.logins.lock().unwrap().push(login.address.to_owned());
+            let public = login.key.public_key().to_openssh().unwrap();
+            match self.way.lock().unwrap().clone() {
+                SshWay::Fails(e) => Err(e),
+                SshWay::Elsewhere(out) => Ok(out),
+                SshWay::Through => {
+                    let agents = self.agents.as_ref().expect("Through needs agents");
+                    let created = agents.calls(Op::Create).into_iter().rev().find(|c| {
+                        c.create
+                            .as_ref()
+                            .is_some_and(|r| r.ssh_public_key == public)
+                    });
+                    let held = agents.containers();
+                    match created {
+                        Some(c) if held.contains(&(c.host_id.clone(), c.name.clone())) => {
+                            Ok(format!("{}\n", c.name))
+                        }
+                        _ => Err("root@…: Permission denied (publickey).".into()),
+                    }
+                }
+            }
+        })
+    }
+}
+
+/// A state's hosts faked: their agents are `agents`, and a path walk's login goes into
+/// their containers ([`FakeCustomerSsh`]).
+pub trait FakeHosts {
+    fn with_fake_hosts(self, agents: &std::sync::Arc<FakeAgents>) -> Self;
+}
+
+impl FakeHosts for byo_server::AppState {
+    fn with_fake_hosts(self, agents: &std::sync::Arc<FakeAgents>) -> Self {
+        self.with_agents(agents.clone())
+            .with_customer_ssh(std::sync::Arc::new(FakeCustomerSsh::over(Some(
+                agents.clone(),
+            ))))
+    }
+}

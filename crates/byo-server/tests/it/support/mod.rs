@@ -190,9 +190,28 @@ impl TestApp {
 
     pub async fn with_config(backend: Backend, config: Config) -> Option<TestApp> {
         let db = byo_db::testing::fresh(backend).await?;
-        let state = AppState::new(db.store.clone(), config);
+        // No test logs in over real ssh from here: a walk's login is the fake's (issue #38, 4).
+        let state = AppState::new(db.store.clone(), config)
+            .with_customer_ssh(std::sync::Arc::new(agents::FakeCustomerSsh::over(None)));
         let router = byo_server::router(state.clone());
         Some(TestApp { db, state, router })
+    }
+
+    /// A fixture: the host's customer path walked and passed now (issue #38, 4), for tests
+    /// of what follows activation on hosts with no path to walk.
+    pub async fn path_walked(&self, host_id: &str) {
+        let store = &self.state.store;
+        let now = self.state.clock.now();
+        let w = store
+            .start_path_walk(host_id, "vm-walked0", None, now, now)
+            .await
+            .unwrap()
+            .expect("no walk of the host is running");
+        let end = byo_db::path_walks::WalkEnd {
+            passed: true,
+            ..Default::default()
+        };
+        store.finish_path_walk(&w.id, &end, now).await.unwrap();
     }
 
     pub async fn request(

@@ -197,8 +197,16 @@ pub async fn publish_operator_key(
 
 /// D: the operator approves the host — once its agent has beaten with nothing wrong, which
 /// serving does as it starts: until then activation is refused (`not_healthy`) and the
-/// operator tries again, as they would.
+/// operator tries again, as they would. Activation walks the host's customer path first
+/// (issue #38, 4), which must pass.
 pub async fn activate(api: &Api, operator: &str, host_id: &str) {
+    let (status, body) = activation(api, operator, host_id).await;
+    assert!(status == 204 || status == 200, "{status} {body}");
+}
+
+/// The activation's first answer that is not `not_healthy` (retried for 90 s, as
+/// [`activate`]).
+pub async fn activation(api: &Api, operator: &str, host_id: &str) -> (u16, Value) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let (status, body) = api
@@ -209,13 +217,10 @@ pub async fn activate(api: &Api, operator: &str, host_id: &str) {
                 Some(serde_json::json!({"placement": "shared"})),
             )
             .await;
-        if status == 204 || status == 200 {
-            return;
+        if !(status == 409 && body["error"] == "not_healthy") {
+            return (status, body);
         }
-        assert!(
-            status == 409 && body["error"] == "not_healthy" && Instant::now() < deadline,
-            "{status} {body}"
-        );
+        assert!(Instant::now() < deadline, "{status} {body}");
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
 }
