@@ -121,10 +121,9 @@ async fn require_walk(
         walk_id: Some(id),
         overridden: None,
     };
-    let since_prepared = store
-        .latest_path_walk(host_id)
-        .await?
-        .filter(|w| w.started_at >= prepared_at);
+    let newest = store.latest_path_walk(host_id).await?;
+    let since_prepared =
+        crate::app::path_walk::since_prepared(newest.as_ref(), prepared_at).cloned();
     if let Some(w) = since_prepared.as_ref().filter(|w| w.passed == Some(true)) {
         return Ok(passed(w.id.clone()));
     }
@@ -138,7 +137,8 @@ async fn require_walk(
         Some(w) if w.passed.is_none() => {
             return Err(AppError::conflict(
                 "walk_running",
-                "a walk of this host's customer path is under way; activate once it has                  passed. Nothing was changed",
+                "a walk of this host's customer path is under way; activate once it has \
+                 passed. Nothing was changed",
             ));
         }
         Some(w) => w,
@@ -150,7 +150,9 @@ async fn require_walk(
     Err(AppError::conflict(
         "walk_failed",
         format!(
-            "the walk of this host's customer path failed at {}: {}. Nothing was changed:              mend the path and walk it again from the host's page, or activate with an              override and your reason",
+            "the walk of this host's customer path failed at {}: {}. Nothing was changed: \
+             mend the path and walk it again from the host's page, or activate with an \
+             override and your reason",
             walked.stage.as_deref().unwrap_or("an unknown stage"),
             walked.error.as_deref().unwrap_or("no reason recorded")
         ),

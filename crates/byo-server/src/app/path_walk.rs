@@ -230,6 +230,23 @@ async fn walk_legs(state: &AppState, target: &byo_db::hosts::AgentTargetRow, nam
     legs
 }
 
+/// The walk activation goes on: the newest, when it started since the host's preparation
+/// finished (one from before walked a host that has been prepared again since).
+pub fn since_prepared(
+    newest: Option<&PathWalkRow>,
+    prepared_at: chrono::DateTime<chrono::Utc>,
+) -> Option<&PathWalkRow> {
+    newest.filter(|w| w.started_at >= prepared_at)
+}
+
+/// Whether the walk activation goes on failed: activation then needs an override.
+pub fn failed_since(
+    newest: Option<&PathWalkRow>,
+    prepared_at: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    since_prepared(newest, prepared_at).is_some_and(|w| w.passed == Some(false))
+}
+
 /// A walk as the API shows it.
 pub fn view(w: PathWalkRow) -> byo_wire::api::PathWalkView {
     byo_wire::api::PathWalkView {

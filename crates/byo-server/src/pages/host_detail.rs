@@ -102,9 +102,11 @@ async fn page(
     let now = state.clock.now();
     let bench = store.host_bench(host_id).await?;
     let walks = store.path_walks_of(host_id, SHOWN_WALKS).await?;
-    let walk = walks.first().cloned();
+    let walk = walks.first();
     // The walk activation reads: one since the preparation finished (issue #38, 4).
-    let walk_failed = matches!((&walk, host.prepared_at), (Some(w), Some(p)) if w.started_at >= p && w.passed == Some(false));
+    let walk_failed = host
+        .prepared_at
+        .is_some_and(|p| crate::app::path_walk::failed_since(walk, p));
     let problems = crate::app::host_problems::problems(
         &crate::app::host_problems::Seen {
             host: &host,
@@ -296,7 +298,7 @@ async fn page(
                 div.actions #actions {
                     @if host.prepared_at.is_some() && !host.active && !revoking && revoke.is_none() {
                         @if let Some(prepared_at) = host.prepared_at {
-                            (super::hosts::activate_form(&host.id, prepared_at, walk.as_ref()))
+                            (super::hosts::activate_form(&host.id, prepared_at, walk))
                         }
                         p.what {
                             "Puts it in placement (shared): customers may land on it. "

@@ -656,7 +656,7 @@ pub(crate) fn activate_form(
     prepared_at: DateTime<Utc>,
     walk: Option<&byo_db::path_walks::PathWalkRow>,
 ) -> Markup {
-    let failed = walk.is_some_and(|w| w.started_at >= prepared_at && w.passed == Some(false));
+    let failed = crate::app::path_walk::failed_since(walk, prepared_at);
     html! {
         p.walk {
             @match walk {
@@ -686,10 +686,7 @@ pub async fn activate(
     let placement = form.placement();
     let done = match placement {
         Ok(placement) => {
-            let reason = form
-                .walk_override
-                .as_deref()
-                .filter(|r| !r.trim().is_empty());
+            let reason = form.walk_override.as_deref();
             admin_host_action::activate(&state, &op, &host_id, &placement, form.change, reason)
                 .await
         }

@@ -594,7 +594,9 @@ async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
     let measure = || async {
         c.execute(
             "const buttons = [...document.querySelectorAll('td.actions button')]; \
+             const box = document.querySelector('table.hosts').closest('.scroll'); \
              return {width: window.innerWidth, scroll: document.documentElement.scrollWidth, \
+               table: box.scrollWidth - box.clientWidth, \
                buttons: buttons.map(b => [b.textContent, b.getBoundingClientRect().right, \
                  b.getBoundingClientRect().right <= window.innerWidth])};",
             vec![],
@@ -622,6 +624,12 @@ async fn d_the_operators_hosts_page_keeps_every_action_on_screen_at_1280() {
         assert!(
             m["scroll"].as_f64().unwrap() <= width,
             "{when}: the page scrolls sideways: {m}"
+        );
+        // Nor the table inside its own scroller (the walk's sentence beside Activate once
+        // pushed it past the window while every button stayed in view).
+        assert!(
+            m["table"].as_f64().unwrap() <= 0.0,
+            "{when}: the table scrolls sideways: {m}"
         );
     };
     check(&measure().await, "as loaded");

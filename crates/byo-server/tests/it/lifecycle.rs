@@ -138,7 +138,11 @@ async fn d_activation_walks_the_customer_path_first_and_a_failed_walk_holds_it_b
         r.text()
     );
     assert!(
-        r.text().contains("failed at ssh") && r.text().contains("Permission denied"),
+        r.text().contains("failed at ssh")
+            && r.text().contains("Permission denied")
+            && r.json()["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("Nothing was changed: mend the path")),
         "{}",
         r.text()
     );
