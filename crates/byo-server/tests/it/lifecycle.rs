@@ -175,6 +175,16 @@ async fn d_activation_walks_the_customer_path_first_and_a_failed_walk_holds_it_b
     assert!(hostname.contains(&walk.vm_name));
     assert_eq!(*w.ssh.logins.lock().unwrap(), vec![hostname]);
     assert!(w.db().live_vms_on_host(&h.id).await.unwrap().is_empty());
+    // Both pages say so beside Activate, and ask for the reason to activate anyway.
+    for page in [format!("/admin/hosts/{}", h.id), "/admin/hosts".to_owned()] {
+        let page = w.op.page(&page).await;
+        assert!(
+            page.contains("failed at ssh")
+                && page.contains("name=\"walk_override\"")
+                && page.contains(">Activate anyway<"),
+            "{page}"
+        );
+    }
     // Asked again, the failed walk stands (walking again is the operator's, once mended).
     let r = w.op.post(&path, json!({"placement": "shared"})).await;
     assert_eq!(r.json()["error"].as_str(), Some("walk_failed"));
@@ -213,6 +223,11 @@ async fn d_activation_walks_the_customer_path_first_and_a_failed_walk_holds_it_b
     w.agents.delay(Op::Create, Duration::from_millis(60));
     w.agents.delay(Op::Delete, Duration::from_millis(60));
     let h2 = w.prepared_host_on("wa2k").await;
+    let page = w.op.page(&format!("/admin/hosts/{}", h2.id)).await;
+    assert!(
+        page.contains(">Activate<") && !page.contains(">Activate anyway<"),
+        "a host never walked is simply activated (and walked then): {page}"
+    );
     let r =
         w.op.post(
             &format!("/api/admin/hosts/{}/activate", h2.id),
